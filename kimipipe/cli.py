@@ -1,0 +1,135 @@
+"""What every kp-* command shares: option bundles, error handling, progress, exit codes.
+
+A command module defines a click command and exposes `main = run_command(cli)`; the
+console_scripts in setup.cfg point at `main`. `run_command` turns expected failures
+(KPError) into one line on stderr and their exit code, a closed stdout pipe
+(`kp-prompts x | head -1`) into a quiet exit, Ctrl-C into exit 130, and anything else
+into one line and exit 1; `--debug` or `KP_DEBUG=1` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+
+import click
+from tqdm import tqdm
+
+from .errors import ExitCode, KPError, redact
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 success; 1 unexpected error; 2 usage or input error (nothing done); "
+    "3 stopped by a budget or the balance (rerun to resume); 4 finished with permanent "
+    "failures; 130 interrupted (rerun to resume)."
+)
+
+
+def input_argument(multiple: bool = False):
+    """INPUT path(s); `-` (the default) is stdin; zstd is read transparently."""
+    if multiple:
+        return click.argument("inputs", nargs=-1, type=click.Path(allow_dash=True))
+    return click.argument("input", default="-", type=click.Path(allow_dash=True))
+
+
+def output_option(help_text: str = "Output file (`-` = stdout; `.zst` compresses)."):
+    return click.option(
+        "-o", "--output", default="-", show_default=True, type=click.Path(allow_dash=True),
+        help=help_text,
+    )
+
+
+def quiet_option(f):
+    return click.option(
+        "-q", "--quiet", is_flag=True, help="No progress bars, warnings or summaries on stderr."
+    )(f)
+
+
+def debug_option(f):
+    return click.option(
+        "--debug", is_flag=True, help="Show tracebacks of unexpected errors (or KP_DEBUG=1)."
+    )(f)
+
+
+def common_options(f):
+    return quiet_option(debug_option(f))
+
+
+def progress(total: int | None = None, desc: str = "", unit: str = "rec", quiet: bool = False,
+             **kwargs) -> tqdm:
+    """A progress bar on stderr (never stdout), silenced by --quiet."""
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=quiet,
+                dynamic_ncols=True, mininterval=0.5, **kwargs)
+
+
+def say(message: str, quiet: bool = False) -> None:
+    """A warning or summary line on stderr."""
+    if not quiet:
+        click.echo(redact(message), err=True)
+
+
+def _debug_wanted(argv: list[str]) -> bool:
+    return "--debug" in argv or os.environ.get("KP_DEBUG", "") not in ("", "0")
+
+
+def _silence_stdout() -> None:
+    # After EPIPE, Python would still try to flush stdout at exit and print a warning.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
+
+
+def run_command(command: click.Command) -> Callable[[], None]:
+    """Wrap a click command as a console_scripts entry point with kimipipe's conventions."""
+
+    def main(argv: list[str] | None = None) -> None:
+        args = sys.argv[1:] if argv is None else argv
+        prog = command.name or os.path.basename(sys.argv[0])
+        try:
+            code = command.main(args=args, prog_name=prog, standalone_mode=False)
+        except KPError as e:
+            click.echo(f"{prog}: {redact(e.message)}", err=True)
+            code = e.exit_code
+        except click.exceptions.Abort:
+            click.echo(f"{prog}: interrupted", err=True)
+            code = ExitCode.INTERRUPTED
+        except click.ClickException as e:
+            e.show()
+            code = e.exit_code
+        except BrokenPipeError:
+            _silence_stdout()
+            code = ExitCode.OK
+        except KeyboardInterrupt:
+            click.echo(f"{prog}: interrupted; rerun the same command to resume", err=True)
+            code = ExitCode.INTERRUPTED
+        except Exception as e:  # a bug: one line unless asked for the traceback
+            if _debug_wanted(args):
+                click.echo(redact(traceback.format_exc()), err=True)
+            else:
+                click.echo(
+                    f"{prog}: unexpected error: {type(e).__name__}: {redact(str(e))} "
+                    "(rerun with --debug or KP_DEBUG=1 for the traceback)",
+                    err=True,
+                )
+            code = ExitCode.ERROR
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _silence_stdout()
+        sys.exit(code if isinstance(code, int) else ExitCode.OK)
+
+    return main
+
+
+def not_yet_built(name: str, issue: str) -> click.Command:
+    """A placeholder command for a stage whose issue has not landed: exit 2, no output."""
+
+    @click.command(name=name, context_settings={"ignore_unknown_options": True})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def placeholder(args):
+        raise KPError(f"not yet built (see the issue: {issue})", exit_code=ExitCode.USAGE)
+
+    return placeholder

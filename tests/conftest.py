@@ -1,0 +1,56 @@
+"""Shared test helpers: run the kp-* commands as a user does, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: bytes
+    stderr: str
+
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in self.stdout.splitlines()]
+
+
+def kp(command: str, *args, input: bytes | None = None, env: dict | None = None,
+       cwd: str | os.PathLike | None = None, timeout: float = 120) -> Result:
+    """Run `kp-<command> ARGS` as a subprocess; return its exit code, stdout and stderr."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run(
+        [str(BIN / f"kp-{command}"), *map(str, args)],
+        input=input if input is not None else b"", capture_output=True, env=full_env,
+        cwd=cwd, timeout=timeout,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr.decode("utf-8", "replace"))
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] == b"\x28\xb5\x2f\xfd":
+        import zstandard
+        data = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read()
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def write_jsonl(path: str | os.PathLike, rows: list) -> Path:
+    Path(path).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return Path(path)
+
+
+@pytest.fixture
+def kp_run():
+    return kp

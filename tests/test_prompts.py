@@ -1,0 +1,215 @@
+"""kp-prompts, run as a user runs it: formats, stable IDs, turn selection, dedup, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import zstandard
+from conftest import BIN, kp, read_jsonl
+
+SHAREGPT = [
+    {"id": "conv-1", "conversations": [
+        {"from": "human", "value": "What is 2+2?"},
+        {"from": "gpt", "value": "4"},
+        {"from": "human", "value": "And 3+3?"},
+        {"from": "gpt", "value": "6"},
+    ]},
+    {"id": "conv-2", "conversations": [
+        {"from": "system", "value": "Be terse."},
+        {"from": "human", "value": "Hello"},
+        {"from": "gpt", "value": "Hi"},
+    ]},
+    {"id": "conv-3", "conversations": [{"from": "gpt", "value": "I talk alone"}]},
+]
+
+
+def write_json(path, obj):
+    path.write_text(json.dumps(obj, indent=2))
+    return path
+
+
+def test_sharegpt_array_keeps_conversation_up_to_last_user_turn(tmp_path):
+    src = write_json(tmp_path / "sharegpt.json", SHAREGPT)
+    r = kp("prompts", src, "--dataset", "B3")
+    assert r.code == 0, r.stderr
+    recs = r.records()
+    assert [x["id"] for x in recs] == ["conv-1", "conv-2"]
+    assert recs[0] == {"id": "conv-1", "dataset": "B3", "messages": [
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3+3?"}]}
+    assert recs[1]["messages"][0] == {"role": "system", "content": "Be terse."}
+    assert recs[1]["messages"][-1] == {"role": "user", "content": "Hello"}
+    assert "wrote 2 prompts" in r.stderr and "1 without a user turn" in r.stderr
+
+
+def test_turns_each_gives_one_prompt_per_user_turn_with_history(tmp_path):
+    src = write_json(tmp_path / "sharegpt.json", SHAREGPT[:1])
+    recs = kp("prompts", src, "--turns", "each").records()
+    assert [x["id"] for x in recs] == ["conv-1#1", "conv-1#2"]
+    assert [len(x["messages"]) for x in recs] == [1, 3]
+
+
+def test_text_file_gives_hash_ids_stable_byte_for_byte(tmp_path):
+    src = tmp_path / "questions.txt"
+    src.write_text("Why is the sky blue?\n\nName three primes.\nWhy is the sky blue?\n")
+    first = kp("prompts", src, "--format", "text", "--dataset", "B4")
+    second = kp("prompts", src, "--format", "text", "--dataset", "B4")
+    assert first.code == 0 and first.stdout == second.stdout
+    recs = first.records()
+    assert len(recs) == 2  # the repeated question is a duplicate
+    assert all(x["id"].startswith("B4-") and len(x["id"]) == 3 + 16 for x in recs)
+    assert recs[0]["messages"] == [{"role": "user", "content": "Why is the sky blue?"}]
+    assert "1 duplicates" in first.stderr
+    other = kp("prompts", src, "--format", "text", "--dataset", "B5").records()
+    assert {x["id"] for x in other}.isdisjoint({x["id"] for x in recs})
+
+
+def test_keep_duplicates_numbers_the_repeats(tmp_path):
+    src = tmp_path / "q.txt"
+    src.write_text("same\nsame\nsame\n")
+    recs = kp("prompts", src, "--format", "text", "--keep-duplicates").records()
+    ids = [x["id"] for x in recs]
+    assert len(set(ids)) == 3 and ids[1] == ids[0] + "-2" and ids[2] == ids[0] + "-3"
+
+
+def test_jsonl_mixed_formats_detected_per_record(tmp_path):
+    src = tmp_path / "mixed.jsonl"
+    rows = [
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "parts"}]}]},
+        {"instruction": "Translate", "input": "bonjour"},
+        {"prompt": "plain prompt", "meta": {"source": "x"}},
+        {"text": "text field"},
+        {"conversations": [{"role": "user", "content": "role/content sharegpt"}]},
+    ]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recs = kp("prompts", src).records()
+    assert [x["messages"][-1]["content"] for x in recs] == [
+        "parts", "Translate\n\nbonjour", "plain prompt", "text field", "role/content sharegpt"]
+    assert recs[2]["meta"] == {"source": "x"}
+
+
+def test_system_is_prepended_only_where_missing(tmp_path):
+    src = write_json(tmp_path / "s.json", SHAREGPT)
+    recs = kp("prompts", src, "--system", "You are Kimi.").records()
+    assert recs[0]["messages"][0] == {"role": "system", "content": "You are Kimi."}
+    assert recs[1]["messages"][0] == {"role": "system", "content": "Be terse."}
+
+
+def test_shuffle_is_deterministic_and_limit_samples(tmp_path):
+    src = tmp_path / "q.txt"
+    src.write_text("".join(f"question {i}\n" for i in range(100)))
+    a = kp("prompts", src, "--format", "text", "--shuffle", "--seed", "7", "--limit", "10")
+    b = kp("prompts", src, "--format", "text", "--shuffle", "--seed", "7", "--limit", "10")
+    c = kp("prompts", src, "--format", "text", "--shuffle", "--seed", "8", "--limit", "10")
+    assert a.stdout == b.stdout and a.stdout != c.stdout
+    assert len(a.records()) == 10
+    texts = [x["messages"][0]["content"] for x in a.records()]
+    assert texts != sorted(texts, key=lambda t: int(t.split()[1]))
+
+
+def test_max_chars_filter_and_limit(tmp_path):
+    src = tmp_path / "q.txt"
+    src.write_text("short\n" + "x" * 50 + "\nanother\nthird one\n")
+    recs = kp("prompts", src, "--format", "text", "--max-chars", "20", "--limit", "2").records()
+    assert [x["messages"][0]["content"] for x in recs] == ["short", "another"]
+
+
+def test_stdin_and_zstd_input_and_output(tmp_path):
+    data = zstandard.ZstdCompressor().compress(json.dumps(SHAREGPT).encode())
+    out = tmp_path / "p.jsonl.zst"
+    r = kp("prompts", "-", "-o", out, input=data)
+    assert r.code == 0, r.stderr
+    assert r.stdout == b""
+    assert [x["id"] for x in read_jsonl(out)] == ["conv-1", "conv-2"]
+
+
+def test_duplicate_id_with_different_content_is_an_error(tmp_path):
+    src = tmp_path / "d.jsonl"
+    src.write_text('{"id": 1, "prompt": "a"}\n{"id": 2, "prompt": "b"}\n{"id": 1, "prompt": "c"}\n')
+    out = tmp_path / "out.jsonl"
+    r = kp("prompts", src, "-o", out)
+    assert r.code == 2
+    assert r.stderr.strip() == (f"kp-prompts: {src}:3: duplicate id '1' with different content "
+                                f"(first seen at {src}:1)")
+    assert not out.exists()
+
+
+def check_error(tmp_path, content: bytes, expected: str, *args):
+    src = tmp_path / "bad.jsonl"
+    src.write_bytes(content)
+    out = tmp_path / "out.jsonl"
+    r = kp("prompts", src, "-o", out, *args)
+    assert r.code == 2, r.stderr
+    assert r.stderr.strip() == f"kp-prompts: {src}:{expected}"
+    assert r.stdout == b"" and not out.exists() and list(tmp_path.iterdir()) == [src]
+
+
+GOOD = b'{"prompt": "fine"}\n'
+
+
+def test_error_invalid_utf8(tmp_path):
+    check_error(tmp_path, GOOD + b'{"prompt": "caf\xe9"}\n', "2: invalid UTF-8")
+
+
+def test_error_missing_field(tmp_path):
+    check_error(tmp_path, GOOD + b'{"question": "x"}\n',
+                "2: cannot tell the format: expected a `conversations`, `messages`, `instruction`, "
+                "`prompt` or `text` field (or force one with --format) at `$`")
+
+
+def test_error_wrong_type_names_json_path(tmp_path):
+    check_error(tmp_path, GOOD + b'{"conversations": [{"from": "human", "value": 5}]}\n',
+                "2: expected a string, got number at `$.conversations[0].value`")
+
+
+def test_error_unknown_role(tmp_path):
+    check_error(tmp_path, b'{"conversations": [{"from": "robot", "value": "x"}]}\n',
+                "1: unknown role 'robot' at `$.conversations[0].from`")
+
+
+def test_error_truncated_final_line(tmp_path):
+    check_error(tmp_path, GOOD * 2 + b'{"prompt": "cut he',
+                "3: truncated final line (no newline at the end: the file was cut or is still "
+                "being written)")
+
+
+def test_error_empty_file(tmp_path):
+    src = tmp_path / "bad.jsonl"
+    src.write_bytes(b"")
+    r = kp("prompts", src)
+    assert r.code == 2 and r.stderr.strip() == f"kp-prompts: {src}: empty input: no records"
+
+
+def test_error_in_json_array_names_element_line(tmp_path):
+    src = tmp_path / "arr.json"
+    src.write_text('[\n  {"prompt": "a"},\n  {"prompt": "b"},\n  {"prompt": 3}\n]\n')
+    r = kp("prompts", src)
+    assert r.code == 2
+    assert r.stderr.strip() == f"kp-prompts: {src}:4: expected a string, got number at `$.prompt`"
+    assert r.stdout == b""
+
+
+def test_head_closes_pipe_quietly(tmp_path):
+    src = tmp_path / "many.txt"
+    src.write_text("".join(f"prompt number {i}\n" for i in range(50000)))
+    proc = subprocess.run(
+        f"'{BIN}/kp-prompts' --format text '{src}' | head -1", shell=True,
+        capture_output=True, timeout=60)
+    assert proc.returncode == 0
+    assert len(proc.stdout.splitlines()) == 1
+    assert json.loads(proc.stdout)["messages"][0]["content"] == "prompt number 0"
+    assert b"Traceback" not in proc.stderr and b"Error" not in proc.stderr
+
+
+def test_unknown_option_is_a_usage_error():
+    r = kp("prompts", "--no-such-flag")
+    assert r.code == 2 and "No such option" in r.stderr
+
+
+def test_placeholder_commands_exit_2_without_output():
+    for name in ("infer", "tokenize", "shard", "credits"):
+        r = kp(name, "x")
+        if "not yet built" in r.stderr:
+            assert r.code == 2 and r.stdout == b""
