@@ -323,13 +323,18 @@ def scan_done(path: str, *, repair: bool = True) -> set[str]:
                 "that record will be redone",
                 file=sys.stderr,
             )
-    done: set[str] = set()
+    return {record.id for record in iter_finished(path, _id_decoder)}
+
+
+def iter_finished(path: str, decoder: msgspec.json.Decoder) -> Iterator:
+    """The records of an output file written by an earlier run (after `scan_done` repaired it)."""
+    if path == "-" or not os.path.exists(path):
+        return
     for lineno, line, _ended in iter_lines(path):
         try:
-            done.add(_id_decoder.decode(line).id)
+            yield decoder.decode(line)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise InputError(describe_decode_error(e, True), path, lineno) from None
-    return done
 
 
 def require_distinct(out: str, *inputs: str) -> None:

@@ -1,0 +1,103 @@
+"""Money and tokens, exactly: what a run may still spend, with worst-case reservations.
+
+Spend is the sum of `usage.cost` as billed (never `upstream_inference_cost` on top),
+counted across runs from the output file (and the failures file: a routing violation
+was paid for too). Before a request is sent, its worst case is reserved:
+
+    prompt_token_bound x highest allowed prompt price + max_tokens x highest allowed
+    completion price
+
+where the token bound of a prompt is its UTF-8 byte count plus template overhead (a BPE
+token is at least one byte), so `spent + reserved <= max_cost` holds at every moment and
+the cap is never exceeded as long as the provider bills at most its listed price.
+A request is admitted only when its reservation fits; when it does not fit but requests
+are in flight, admission waits for them to settle; when nothing is in flight, the run
+stops with exit 3.
+
+The token budget caps recorded completion tokens. It is enforced on expectations, not
+worst cases (a worst-case reservation of max_tokens each would leave most of a 10M budget
+unused): a request is admitted while `recorded + in_flight x mean completion` stays
+under the budget. The overshoot is bounded by the work in flight: at most
+(in flight) x (max_tokens - mean), and in practice a few answers' worth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..openrouter.routing import PriceBound
+
+MESSAGE_OVERHEAD_TOKENS = 16
+PROMPT_OVERHEAD_TOKENS = 64
+
+
+def prompt_token_bound(messages) -> int:
+    """An upper bound on a prompt's tokens: one per UTF-8 byte, plus template overhead."""
+    return PROMPT_OVERHEAD_TOKENS + sum(
+        len(m.content.encode("utf-8")) + MESSAGE_OVERHEAD_TOKENS for m in messages)
+
+
+@dataclass
+class Budget:
+    max_cost: float | None
+    token_budget: int | None
+    price: PriceBound | None
+    max_tokens: int
+    spent: float = 0.0  # recorded, all runs
+    spent_this_run: float = 0.0
+    tokens: int = 0  # completion tokens recorded, all runs
+    reserved: float = 0.0
+    settled_answers: int = 0
+    settled_tokens: int = 0
+
+    def worst_case(self, prompt_tokens: int) -> float:
+        if self.price is None:
+            return 0.0
+        return prompt_tokens * self.price.prompt + self.max_tokens * self.price.completion
+
+    def cost_fits(self, amount: float) -> bool:
+        return self.max_cost is None or self.spent + self.reserved + amount <= self.max_cost
+
+    def reserve(self, amount: float) -> None:
+        self.reserved += amount
+
+    def release(self, amount: float) -> None:
+        self.reserved = max(0.0, self.reserved - amount)
+
+    def record(self, cost: float, completion_tokens: int) -> None:
+        self.spent += cost
+        self.spent_this_run += cost
+        self.tokens += completion_tokens
+        self.settled_answers += 1
+        self.settled_tokens += completion_tokens
+
+    def mean_completion(self) -> float:
+        if self.settled_answers:
+            return self.settled_tokens / self.settled_answers
+        return self.max_tokens / 4
+
+    def tokens_exhausted(self) -> bool:
+        return self.token_budget is not None and self.tokens >= self.token_budget
+
+    def tokens_fit(self, in_flight: int) -> bool:
+        if self.token_budget is None:
+            return True
+        if in_flight == 0:
+            return self.tokens < self.token_budget
+        return self.tokens + (in_flight + 1) * self.mean_completion() <= self.token_budget
+
+    def remaining_cost(self) -> float | None:
+        return None if self.max_cost is None else max(0.0, self.max_cost - self.spent)
+
+
+def parse_token_count(text: str) -> int:
+    """`10M`, `500k`, `2.5m`, `1_000_000` -> an integer count."""
+    t = text.strip().replace("_", "").replace(",", "")
+    scale = 1
+    if t and t[-1].lower() in "kmg":
+        scale = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}[t[-1].lower()]
+        t = t[:-1]
+    value = float(t)
+    if value < 0:
+        raise ValueError("must not be negative")
+    return int(round(value * scale))

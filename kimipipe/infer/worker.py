@@ -1,0 +1,78 @@
+"""A kp-infer worker process: attempts in on stdin, outcomes out on stdout (see workers.py).
+
+Started by WorkerPool as `python -m kimipipe.infer.worker --base-url URL --idle-timeout S`
+with the API key in OPENROUTER_API_KEY. Runs until its stdin closes, then finishes the
+attempts it holds and exits. Ignores SIGINT: the parent decides when work stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import struct
+import sys
+
+import msgspec
+
+from ..openrouter.client import Attempt, CompletionClient
+
+_HEADER = struct.Struct(">I")
+_request_decoder = msgspec.msgpack.Decoder(tuple[int, bool, bytes])
+_result_encoder = msgspec.msgpack.Encoder()
+
+
+async def serve(base_url: str, api_key: str, idle_timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 26, loop=loop)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), sys.stdin.buffer)
+    write_transport, write_protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, sys.stdout.buffer)
+    writer = asyncio.StreamWriter(write_transport, write_protocol, None, loop)
+    tasks: set[asyncio.Task] = set()
+
+    async with CompletionClient(base_url, api_key, idle_timeout=idle_timeout) as client:
+        async def run_one(request_id: int, stream: bool, body: bytes) -> None:
+            try:
+                attempt = await client.attempt(body, stream)
+            except Exception as e:  # a bug must not take the whole worker down
+                attempt = Attempt("retry", cause="worker", message=f"{type(e).__name__}: {e}"[:300])
+            payload = _result_encoder.encode((request_id, attempt))
+            writer.write(_HEADER.pack(len(payload)) + payload)
+
+        while True:
+            try:
+                header = await reader.readexactly(_HEADER.size)
+                (size,) = _HEADER.unpack(header)
+                request_id, stream, body = _request_decoder.decode(await reader.readexactly(size))
+            except asyncio.IncompleteReadError:
+                break
+            task = asyncio.create_task(run_one(request_id, stream, body))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        # The parent closes our stdin only when nothing is in flight, or when it died:
+        # then nobody would record these answers, so stop paying for them.
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parser = argparse.ArgumentParser(prog="kimipipe.infer.worker")
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--idle-timeout", type=float, required=True)
+    args = parser.parse_args()
+    api_key = os.environ.get("OPENROUTER_API_KEY", "")
+    try:
+        import uvloop
+
+        uvloop.run(serve(args.base_url, api_key, args.idle_timeout))
+    except ImportError:
+        asyncio.run(serve(args.base_url, api_key, args.idle_timeout))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Spreading the HTTP work of kp-infer over worker processes (`--workers N`).
+
+One event loop tops out at one core, and a live stream costs client CPU per chunk
+(../shared/PERFORMANCE.md): 2000 streams at ~40 chunks/s need more than one core. So the
+parent keeps everything that must be in one place (admission, budget reservations,
+routing checks, retries, the output file) and hands each *attempt* to a worker process
+that owns an aiohttp client, its connections and the SSE parsing. A worker sends back
+one small message per attempt, never per chunk, so the parent's cost per request does not
+grow with the length of the answer.
+
+Wire format between parent and worker, over the worker's stdin/stdout pipes: frames of a
+4-byte big-endian length and a msgpack body.
+    parent -> worker: [request_id, stream, body_bytes]
+    worker -> parent: [request_id, Attempt]
+The API key reaches workers through their environment, never their command line.
+
+`WorkerPool` has the same interface as `CompletionClient` (`async with`, `attempt(body,
+stream)`), so the engine cannot tell them apart and every rule of kp-infer holds with
+any number of workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import struct
+import sys
+
+import msgspec
+
+from ..openrouter.client import Attempt
+
+_HEADER = struct.Struct(">I")
+_request_encoder = msgspec.msgpack.Encoder()
+_result_decoder = msgspec.msgpack.Decoder(tuple[int, Attempt])
+
+
+class _Worker:
+    def __init__(self, proc: asyncio.subprocess.Process):
+        self.proc = proc
+        self.pending: dict[int, asyncio.Future] = {}
+        self.reader_task: asyncio.Task | None = None
+
+
+class WorkerPool:
+    """N worker processes, each with its own event loop and HTTP client."""
+
+    def __init__(self, workers: int, base_url: str, api_key: str, *, idle_timeout: float):
+        self.n = workers
+        self.base_url = base_url
+        self.api_key = api_key
+        self.idle_timeout = idle_timeout
+        self._workers: list[_Worker] = []
+        self._ids = itertools.count()
+        self._closing = False
+
+    async def __aenter__(self) -> WorkerPool:
+        for _ in range(self.n):
+            self._workers.append(await self._spawn())
+        return self
+
+    async def _spawn(self) -> _Worker:
+        env = {**os.environ, "OPENROUTER_API_KEY": self.api_key}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kimipipe.infer.worker", "--base-url", self.base_url,
+            "--idle-timeout", repr(self.idle_timeout),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+            limit=1 << 26,
+        )
+        worker = _Worker(proc)
+        worker.reader_task = asyncio.create_task(self._read_results(worker))
+        return worker
+
+    async def _read_results(self, worker: _Worker) -> None:
+        reader = worker.proc.stdout
+        try:
+            while True:
+                header = await reader.readexactly(_HEADER.size)
+                (size,) = _HEADER.unpack(header)
+                request_id, attempt = _result_decoder.decode(await reader.readexactly(size))
+                future = worker.pending.pop(request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(attempt)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            # A worker that died takes its attempts with it: they are retried elsewhere.
+            for future in worker.pending.values():
+                if not future.done():
+                    future.set_result(Attempt("retry", cause="worker", message="worker process ended"))
+            worker.pending.clear()
+
+    async def attempt(self, body: bytes, stream: bool) -> Attempt:
+        worker = min(self._workers, key=lambda w: len(w.pending))
+        if worker.proc.returncode is not None and not self._closing:
+            index = self._workers.index(worker)
+            worker = self._workers[index] = await self._spawn()
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        worker.pending[request_id] = future
+        payload = _request_encoder.encode((request_id, stream, body))
+        try:
+            worker.proc.stdin.write(_HEADER.pack(len(payload)) + payload)
+        except (ConnectionError, RuntimeError):
+            worker.pending.pop(request_id, None)
+            return Attempt("retry", cause="worker", message="worker process ended")
+        try:
+            return await future
+        except asyncio.CancelledError:
+            worker.pending.pop(request_id, None)
+            raise
+
+    async def __aexit__(self, *exc) -> None:
+        self._closing = True
+        for worker in self._workers:
+            if worker.proc.stdin:
+                worker.proc.stdin.close()
+        for worker in self._workers:
+            try:
+                await asyncio.wait_for(worker.proc.wait(), timeout=5)
+            except TimeoutError:
+                worker.proc.kill()
+                await worker.proc.wait()
+            if worker.reader_task:
+                await worker.reader_task

@@ -1,0 +1,374 @@
+"""One chat completion attempt against OpenRouter, classified: the HTTP layer of kp-infer.
+
+`CompletionClient.attempt(body, stream)` sends one request and returns an `Attempt`:
+either a complete answer (`kind == "ok"`) or what went wrong, sorted into what the
+caller must do about it (OPENROUTER.md, "Errors"):
+
+    ok         a complete answer: keep it
+    retry      transient (408/429/5xx/524/529, connection errors, idle stalls, 200 with an
+               error body, empty choices or empty output, mid-stream error, cut stream):
+               retry with backoff, honouring `retry_after`
+    permanent  400/403/413/422 and other 4xx: record as failed, no retry this run
+    payment    402: the balance cannot cover the request: stop admitting work
+    auth       401: bad key: stop the run
+    no_route   404 (e.g. constraint_filtered): a configuration error: stop the run
+
+Partial text is never returned as an answer. Streams are read with a read-idle timeout
+on *data*: keep-alive comments (`: OPENROUTER PROCESSING`) do not count as progress, so a
+stream that only sends heartbeats stalls out. A total timeout is never used: reasoning
+streams of many minutes are normal. TCP keepalive is on for every connection, so a
+connection a NAT dropped silently becomes an error instead of a hang.
+
+The client is built on aiohttp, not httpx's own pool: at 2000 connections httpx's pool
+costs ~49 ms of CPU per request against aiohttp's ~0.75 ms (../shared/PERFORMANCE.md).
+It holds no run state, so it can live in a worker process (kimipipe/infer/workers.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import aiohttp
+import msgspec
+
+from ..errors import redact
+
+DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
+RETRYABLE_STATUSES = {408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525, 526, 529}
+
+
+class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
+    """The outcome of one HTTP attempt (sent between processes as msgpack: keep it flat)."""
+
+    kind: str  # ok | retry | permanent | payment | auth | no_route
+    cause: str = ""  # for retries/failures: "429", "502", "timeout", "cut", "error200", ...
+    status: int = 0
+    code: str = ""
+    message: str = ""
+    retry_after: float | None = None
+    content: str = ""
+    reasoning: str | None = None
+    finish_reason: str | None = None
+    provider: str | None = None
+    model: str | None = None
+    generation_id: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost: float | None = None
+    chunks: int = 0
+
+
+# Typed views of what we read from the wire; msgspec skips every other field fast.
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning: str | None = None
+    reasoning_details: list[dict] | None = None
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+    reasoning: str | None = None
+    reasoning_details: list[dict] | None = None
+
+
+class _Choice(msgspec.Struct):
+    delta: _Delta | None = None
+    message: _Message | None = None
+    finish_reason: str | None = None
+    error: dict | None = None
+
+
+class _CompletionDetails(msgspec.Struct):
+    reasoning_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost: float | None = None
+    completion_tokens_details: _CompletionDetails | None = None
+
+
+class _Body(msgspec.Struct):
+    id: str | None = None
+    provider: str | None = None
+    model: str | None = None
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+    error: dict | None = None
+
+
+_body_decoder = msgspec.json.Decoder(_Body)
+
+
+def _keepalive_socket(addr_info) -> socket.socket:
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 15), ("TCP_KEEPCNT", 4)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    return sock
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def _reasoning_text(reasoning: str | None, details: list[dict] | None) -> str | None:
+    if reasoning:
+        return reasoning
+    if details:
+        text = "".join(d.get("text") or "" for d in details
+                       if isinstance(d, dict) and d.get("type") == "reasoning.text")
+        return text or None
+    return None
+
+
+def split_inline_think(content: str, reasoning: str | None) -> tuple[str, str | None]:
+    """Providers that put reasoning inline as a leading `<think>...</think>` in content."""
+    if reasoning is None and content.startswith("<think>"):
+        end = content.find("</think>")
+        if end >= 0:
+            return content[end + len("</think>"):], content[len("<think>"):end]
+    return content, reasoning
+
+
+def _error_attempt(status: int, payload: dict | None, retry_after: float | None,
+                   default_message: str) -> Attempt:
+    err = (payload or {}).get("error") if isinstance(payload, dict) else None
+    err = err if isinstance(err, dict) else {}
+    message = redact(str(err.get("message") or default_message))[:500]
+    code = str(err.get("code") or status)
+    availability = err.get("availability") or (payload or {}).get("availability")
+    if isinstance(availability, dict):
+        ra = availability.get("retry_after")
+        if isinstance(ra, (int, float)):
+            retry_after = float(ra)
+        avail_code = availability.get("code")
+        if avail_code:
+            code = str(avail_code)
+        if "retryable" in availability:
+            kind = "retry" if availability["retryable"] else ("no_route" if status == 404 else "permanent")
+            return Attempt(kind, cause=str(status), status=status, code=code, message=message,
+                           retry_after=retry_after)
+    if status == 401:
+        kind = "auth"
+    elif status == 402:
+        kind = "payment"
+    elif status == 404:
+        kind = "no_route"
+    elif status in RETRYABLE_STATUSES or status >= 500:
+        kind = "retry"
+    else:
+        kind = "permanent"
+    return Attempt(kind, cause=str(status), status=status, code=code, message=message,
+                   retry_after=retry_after)
+
+
+def _finish(body_id, provider, model, content, reasoning, finish_reason, usage: _Usage | None,
+            chunks: int = 0) -> Attempt:
+    content, reasoning = split_inline_think(content, reasoning or None)
+    if not content and not reasoning:
+        return Attempt("retry", cause="empty", status=200, message="empty output")
+    details = usage.completion_tokens_details if usage else None
+    return Attempt(
+        "ok", status=200, content=content, reasoning=reasoning, finish_reason=finish_reason,
+        provider=provider, model=model, generation_id=body_id,
+        prompt_tokens=(usage.prompt_tokens or 0) if usage else 0,
+        completion_tokens=(usage.completion_tokens or 0) if usage else 0,
+        reasoning_tokens=(details.reasoning_tokens or 0) if details else 0,
+        cost=usage.cost if usage else None, chunks=chunks,
+    )
+
+
+class CompletionClient:
+    """Sends chat completion attempts over one aiohttp session (many HTTP/1.1 connections)."""
+
+    def __init__(self, base_url: str, api_key: str, *, idle_timeout: float = 120.0,
+                 connect_timeout: float = 30.0, max_connections: int = 0,
+                 extra_headers: dict[str, str] | None = None):
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.idle_timeout = idle_timeout
+        self._headers = {
+            "Authorization": f"Bearer {api_key}",
+            "Content-Type": "application/json",
+            "HTTP-Referer": "https://github.com/kimipipe/kimipipe",
+            "X-Title": "kimipipe",
+            **(extra_headers or {}),
+        }
+        self._connect_timeout = connect_timeout
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        # request key -> time of the last data received, checked by one watchdog task
+        self._streams: dict[int, list] = {}
+        self._watchdog: asyncio.Task | None = None
+
+    async def __aenter__(self) -> CompletionClient:
+        connector = aiohttp.TCPConnector(
+            limit=self._max_connections, limit_per_host=0, ttl_dns_cache=300,
+            socket_factory=_keepalive_socket, keepalive_timeout=60,
+        )
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout,
+                                        sock_read=self.idle_timeout)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                              headers=self._headers, auto_decompress=True)
+        self._watchdog = asyncio.create_task(self._watch_idle_streams())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._watchdog:
+            self._watchdog.cancel()
+        if self._session:
+            await self._session.close()
+
+    async def _watch_idle_streams(self) -> None:
+        """Cancel streams that received no data for idle_timeout (heartbeats don't count).
+
+        One sweep a second for all streams, instead of a timer per chunk.
+        """
+        interval = min(1.0, max(0.05, self.idle_timeout / 4))
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for entry in list(self._streams.values()):
+                last, task = entry
+                if now - last > self.idle_timeout and not task.done():
+                    entry[0] = float("inf")  # cancel once
+                    task.cancel("idle")
+
+    async def attempt(self, body: bytes, stream: bool) -> Attempt:
+        assert self._session is not None, "use `async with CompletionClient(...)`"
+        try:
+            async with self._session.post(self.url, data=body) as resp:
+                if resp.status != 200:
+                    return await self._http_error(resp)
+                if stream:
+                    return await self._read_stream(resp)
+                return await self._read_plain(resp)
+        except asyncio.CancelledError as e:
+            if e.args and e.args[0] == "idle":
+                return Attempt("retry", cause="timeout", message=f"no data for {self.idle_timeout:g} s")
+            raise
+        except TimeoutError:
+            return Attempt("retry", cause="timeout", message=f"no bytes for {self.idle_timeout:g} s")
+        except aiohttp.ClientPayloadError as e:
+            return Attempt("retry", cause="cut", message=redact(str(e))[:300])
+        except (aiohttp.ClientError, OSError) as e:
+            return Attempt("retry", cause="connection", message=redact(f"{type(e).__name__}: {e}")[:300])
+
+    async def _http_error(self, resp: aiohttp.ClientResponse) -> Attempt:
+        retry_after = _retry_after_seconds(resp.headers.get("Retry-After"))
+        try:
+            raw = await resp.read()
+            payload = msgspec.json.decode(raw) if raw else None
+        except (msgspec.DecodeError, aiohttp.ClientError, OSError):
+            payload = None
+        return _error_attempt(resp.status, payload, retry_after, f"HTTP {resp.status}")
+
+    async def _read_plain(self, resp: aiohttp.ClientResponse) -> Attempt:
+        raw = await resp.read()
+        if not raw.strip():
+            return Attempt("retry", cause="empty", status=200, message="empty body")
+        try:
+            body = _body_decoder.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return Attempt("retry", cause="bad_json", status=200, message="body is not valid JSON")
+        if body.error is not None:
+            return self._body_error(body.error)
+        if not body.choices:
+            return Attempt("retry", cause="empty", status=200, message="no choices")
+        choice = body.choices[0]
+        if choice.error is not None or choice.finish_reason == "error":
+            return self._body_error(choice.error or {"message": "finish_reason: error"})
+        msg = choice.message or _Message()
+        if choice.finish_reason is None:
+            return Attempt("retry", cause="empty", status=200, message="no finish_reason")
+        return _finish(body.id, body.provider, body.model, msg.content or "",
+                       _reasoning_text(msg.reasoning, msg.reasoning_details),
+                       choice.finish_reason, body.usage)
+
+    @staticmethod
+    def _body_error(error: dict) -> Attempt:
+        code = error.get("code") if isinstance(error, dict) else None
+        message = redact(str(error.get("message") if isinstance(error, dict) else error))[:500]
+        status = code if isinstance(code, int) else 200
+        if status in (401, 402, 404) or (400 <= status < 500 and status not in RETRYABLE_STATUSES):
+            return _error_attempt(status, {"error": error}, None, message)
+        return Attempt("retry", cause="error200", status=200, code=str(code or ""), message=message)
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse) -> Attempt:
+        task = asyncio.current_task()
+        key = id(task)
+        entry = [time.monotonic(), task]
+        self._streams[key] = entry
+        content: list[str] = []
+        reasoning: list[str] = []
+        details: list[dict] = []
+        gen_id = provider = model = finish_reason = None
+        usage: _Usage | None = None
+        chunks = 0
+        done = False
+        buffer = b""
+        try:
+            async for data in resp.content.iter_any():
+                buffer += data
+                lines = buffer.split(b"\n")
+                buffer = lines.pop()
+                for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue  # blank separators, `: OPENROUTER PROCESSING` comments
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    entry[0] = time.monotonic()
+                    chunks += 1
+                    try:
+                        chunk = _body_decoder.decode(payload)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        return Attempt("retry", cause="bad_json", status=200,
+                                       message="stream chunk is not valid JSON")
+                    if chunk.error is not None:
+                        return self._midstream(chunk.error)
+                    if gen_id is None:
+                        gen_id, provider, model = chunk.id, chunk.provider, chunk.model
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                    for choice in chunk.choices or ():
+                        if choice.error is not None or choice.finish_reason == "error":
+                            return self._midstream(choice.error or {"message": "finish_reason: error"})
+                        delta = choice.delta
+                        if delta is not None:
+                            if delta.content:
+                                content.append(delta.content)
+                            if delta.reasoning:
+                                reasoning.append(delta.reasoning)
+                            elif delta.reasoning_details:
+                                details.extend(delta.reasoning_details)
+                        if choice.finish_reason is not None:
+                            finish_reason = choice.finish_reason
+                if done:
+                    break
+        finally:
+            self._streams.pop(key, None)
+        if finish_reason is None or (not done and usage is None):
+            # Without a finish_reason the answer is partial; without [DONE] and usage we
+            # cannot tell what was billed. Never saved as a result.
+            return Attempt("retry", cause="cut", status=200, message="stream ended early")
+        return _finish(gen_id, provider, model, "".join(content),
+                       _reasoning_text("".join(reasoning), details), finish_reason, usage, chunks)
+
+    def _midstream(self, error: dict) -> Attempt:
+        attempt = self._body_error(error)
+        if attempt.kind == "retry":
+            attempt.cause = "midstream"
+        return attempt

@@ -1,0 +1,172 @@
+"""Provider policy: what the run asks OpenRouter for, and checking what it actually got.
+
+The user's policy for Kimi K2.5 is "no further quantization": ignore Fireworks (NVFP4)
+and BaseTen (FP4), or allow only int4 (+ `unknown` for first-party endpoints). This
+module builds OpenRouter's `provider` object from the flags, reads the model's endpoints
+table (`GET /models/{author}/{slug}/endpoints`: providers, quantizations, prices), decides
+which endpoints the policy allows (for `--plan` and for the worst-case price a budget
+reservation needs), and verifies each answer's serving provider against the policy:
+routing is verified, not trusted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+
+@dataclass
+class Policy:
+    ignore: list[str] = field(default_factory=list)
+    only: list[str] = field(default_factory=list)
+    quantizations: list[str] = field(default_factory=list)
+    sort: str | None = None
+    allow_fallbacks: bool = True
+    data_collection: str | None = None
+    max_price_prompt: float | None = None  # USD per million tokens
+    max_price_completion: float | None = None
+
+    def provider_object(self) -> dict:
+        """OpenRouter's `provider` request field (only the keys the user set)."""
+        obj: dict = {}
+        if self.ignore:
+            obj["ignore"] = list(self.ignore)
+        if self.only:
+            obj["only"] = list(self.only)
+        if self.quantizations:
+            obj["quantizations"] = list(self.quantizations)
+        if self.sort:
+            obj["sort"] = self.sort
+        if not self.allow_fallbacks:
+            obj["allow_fallbacks"] = False
+        if self.data_collection:
+            obj["data_collection"] = self.data_collection
+        max_price = {}
+        if self.max_price_prompt is not None:
+            max_price["prompt"] = self.max_price_prompt
+        if self.max_price_completion is not None:
+            max_price["completion"] = self.max_price_completion
+        if max_price:
+            obj["max_price"] = max_price
+        return obj
+
+
+class Pricing(msgspec.Struct):
+    prompt: str | float | None = None
+    completion: str | float | None = None
+
+
+class Endpoint(msgspec.Struct):
+    provider_name: str
+    tag: str | None = None
+    quantization: str | None = None
+    pricing: Pricing = msgspec.field(default_factory=Pricing)
+    max_completion_tokens: int | None = None
+    context_length: int | None = None
+    status: int | None = None
+
+    @property
+    def prompt_price(self) -> float:
+        """USD per token."""
+        return float(self.pricing.prompt or 0)
+
+    @property
+    def completion_price(self) -> float:
+        return float(self.pricing.completion or 0)
+
+
+class _EndpointsData(msgspec.Struct):
+    endpoints: list[Endpoint] = msgspec.field(default_factory=list)
+
+
+class _EndpointsBody(msgspec.Struct):
+    data: _EndpointsData
+
+
+def parse_endpoints(raw: bytes) -> list[Endpoint]:
+    return msgspec.json.decode(raw, type=_EndpointsBody).data.endpoints
+
+
+def _slug_matches(wanted: str, endpoint: Endpoint) -> bool:
+    """A base slug matches its variants (`deepinfra` matches `deepinfra/turbo`)."""
+    w = wanted.lower()
+    names = {endpoint.provider_name.lower()}
+    if endpoint.tag:
+        names.add(endpoint.tag.lower())
+    for name in names:
+        if name == w or name.startswith(w + "/") or name.replace(" ", "") == w.replace(" ", ""):
+            return True
+    return False
+
+
+def slug_matches_name(wanted: str, provider_name: str) -> bool:
+    return _slug_matches(wanted, Endpoint(provider_name=provider_name))
+
+
+def why_excluded(policy: Policy, endpoint: Endpoint) -> str | None:
+    """Why POLICY rules ENDPOINT out, or None when it is allowed."""
+    if any(_slug_matches(s, endpoint) for s in policy.ignore):
+        return "ignored"
+    if policy.only and not any(_slug_matches(s, endpoint) for s in policy.only):
+        return "not in --only-provider"
+    if policy.quantizations and (endpoint.quantization or "unknown") not in policy.quantizations:
+        return f"quantization {endpoint.quantization or 'unknown'} not allowed"
+    if policy.max_price_prompt is not None and endpoint.prompt_price * 1e6 > policy.max_price_prompt:
+        return "prompt price above --max-price-prompt"
+    if policy.max_price_completion is not None and endpoint.completion_price * 1e6 > policy.max_price_completion:
+        return "completion price above --max-price-completion"
+    return None
+
+
+def allowed_endpoints(policy: Policy, endpoints: list[Endpoint]) -> list[Endpoint]:
+    return [e for e in endpoints if why_excluded(policy, e) is None]
+
+
+def routing_violation(policy: Policy, served: str | None, endpoints: list[Endpoint] | None) -> str | None:
+    """Why an answer served by provider SERVED breaks the policy, or None when it is fine.
+
+    Without an endpoints table only the provider's name can be checked (ignore/only); with
+    one, its quantization and prices are checked too. An answer with no provider named at
+    all passes (OpenRouter always names it; the stand-in too).
+    """
+    if not served:
+        return None
+    if endpoints:
+        matches = [e for e in endpoints if e.provider_name.lower() == served.lower()
+                   or (e.tag or "").lower() == served.lower()]
+        if matches:
+            reasons = [why_excluded(policy, e) for e in matches]
+            if all(reasons):
+                return f"served by {served}: {reasons[0]}"
+            return None
+    probe = Endpoint(provider_name=served)
+    if any(_slug_matches(s, probe) for s in policy.ignore):
+        return f"served by {served}: ignored"
+    if policy.only and not any(_slug_matches(s, probe) for s in policy.only):
+        return f"served by {served}: not in --only-provider"
+    return None
+
+
+@dataclass
+class PriceBound:
+    """The highest per-token prices the run may be charged (USD per token)."""
+
+    prompt: float
+    completion: float
+    source: str
+
+
+def price_bound(policy: Policy, endpoints: list[Endpoint] | None) -> PriceBound | None:
+    """Worst-case prices: from the allowed endpoints, capped by --max-price-* flags."""
+    flag_prompt = policy.max_price_prompt / 1e6 if policy.max_price_prompt is not None else None
+    flag_completion = (policy.max_price_completion / 1e6
+                       if policy.max_price_completion is not None else None)
+    allowed = allowed_endpoints(policy, endpoints or [])
+    if allowed:
+        prompt = max(e.prompt_price for e in allowed)
+        completion = max(e.completion_price for e in allowed)
+        return PriceBound(prompt, completion, "endpoints table")
+    if flag_prompt is not None and flag_completion is not None:
+        return PriceBound(flag_prompt, flag_completion, "--max-price flags")
+    return None

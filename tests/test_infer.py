@@ -1,0 +1,343 @@
+"""kp-infer against the OpenRouter stand-in, through real sockets, run as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import BIN, kp, read_jsonl, write_jsonl
+from kimipipe.standin.answers import expected_answer
+
+KEY = "sk-or-v1-testkey-0123456789abcdef"
+
+
+def make_prompts(path, n, dataset="B3", start=0):
+    rows = []
+    for i in range(start, start + n):
+        messages = [{"role": "user", "content": f"Question number {i}: why is {i} interesting? 你好"}]
+        if i % 5 == 0:
+            messages = [{"role": "system", "content": "Be brief."}, *messages]
+        rows.append({"id": f"p{i:05d}", "dataset": dataset, "messages": messages,
+                     "meta": {"n": i}})
+    return write_jsonl(path, rows)
+
+
+def infer(server, *args, env=None, timeout=180):
+    return kp("infer", "--base-url", server.base_url, "--backoff-base", "0.01", *args,
+              env={"OPENROUTER_API_KEY": server.api_key, **(env or {})}, timeout=timeout)
+
+
+def assert_correct(records, prompts_path, **answer_args):
+    prompts = {p["id"]: p for p in read_jsonl(prompts_path)}
+    for rec in records:
+        prompt = prompts[rec["id"]]
+        assert rec["messages"] == prompt["messages"] and rec["meta"] == prompt["meta"]
+        expected = expected_answer(prompt["messages"], model=rec["model"], seed=answer_args.get("seed"),
+                                   reasoning=answer_args.get("reasoning", True),
+                                   max_tokens=answer_args.get("max_tokens", 16384))
+        assert rec["response"]["content"] == expected.content
+        assert rec["response"]["reasoning"] == expected.reasoning
+        assert rec["finish_reason"] == expected.finish_reason
+        assert rec["usage"]["completion_tokens"] == expected.completion_tokens
+        assert rec["usage"]["cost"] > 0
+        assert rec["provider"] and rec["generation_id"]
+
+
+def ids_of(path):
+    ids = [r["id"] for r in read_jsonl(path)]
+    assert len(ids) == len(set(ids)), "an ID was written twice"
+    return ids
+
+
+@pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
+def test_every_prompt_gets_its_own_answer(standin, tmp_path, stream):
+    server = standin(ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 40)
+    out = tmp_path / "r.jsonl"
+    summary = tmp_path / "summary.json"
+    r = infer(server, prompts, "-o", out, stream, "--concurrency", "16", "--summary-json", summary)
+    assert r.code == 0, r.stderr
+    records = read_jsonl(out)
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(40)]
+    assert_correct(records, prompts)
+    ledger = server.ledger()
+    assert len(ledger) == 40
+    assert sum(x["cost"] for x in records) == pytest.approx(sum(x["cost"] for x in ledger), rel=1e-9)
+    s = json.loads(summary.read_text())
+    assert s["done"] == 40 and s["exit_code"] == 0
+    assert s["spend_this_run"] == pytest.approx(sum(x["cost"] for x in ledger), rel=1e-6)
+    assert "40 done" in r.stderr
+
+
+def test_stdout_output_and_stdin_input(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 5)
+    r = kp("infer", "-", "--base-url", server.base_url, "--quiet",
+           input=prompts.read_bytes(), env={"OPENROUTER_API_KEY": server.api_key})
+    assert r.code == 0, r.stderr
+    assert sorted(x["id"] for x in r.records()) == [f"p{i:05d}" for i in range(5)]
+    assert r.stderr == ""
+
+
+def test_fault_mix_still_gives_exactly_one_correct_record_each(standin, tmp_path):
+    faults = {"429": 0.08, "500": 0.03, "502": 0.03, "503": 0.03, "524": 0.02, "529": 0.02,
+              "error200": 0.04, "empty": 0.04, "midstream": 0.05, "cut": 0.05, "hang": 0.02,
+              "heartbeat": 0.02}
+    server = standin(faults=faults, retry_after=0.05, hang_seconds=60, ledger=True, seed=3)
+    prompts = make_prompts(tmp_path / "p.jsonl", 80)
+    out = tmp_path / "r.jsonl"
+    summary = tmp_path / "s.json"
+    r = infer(server, prompts, "-o", out, "--concurrency", "20", "--idle-timeout", "0.5",
+              "--max-attempts", "30", "--summary-json", summary)
+    assert r.code == 0, r.stderr
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(80)]
+    assert_correct(read_jsonl(out), prompts)
+    s = json.loads(summary.read_text())
+    stats = server.stats()
+    injected = stats["faults"]
+    assert sum(injected.values()) >= 10
+    # every injected fault was seen and retried, by cause
+    assert s["retries"].get("429", 0) == injected.get("429", 0)
+    assert s["retries"].get("timeout", 0) == injected.get("hang", 0) + injected.get("heartbeat", 0)
+    assert s["retries"].get("midstream", 0) == injected.get("midstream", 0)
+    assert s["retries"].get("cut", 0) == injected.get("cut", 0)
+    assert s["retries"].get("error200", 0) == injected.get("error200", 0)
+    assert s["retries"].get("empty", 0) == injected.get("empty", 0)
+    assert len(server.ledger()) == 80  # faults are never charged; each answer once
+
+
+def test_retries_exhausted_are_failures_and_exit_4(standin, tmp_path):
+    server = standin(faults={"503": 1.0})
+    prompts = make_prompts(tmp_path / "p.jsonl", 3)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    r = infer(server, prompts, "-o", out, "--max-attempts", "2", "--failures", failures)
+    assert r.code == 4, r.stderr
+    assert read_jsonl(out) == []
+    fails = read_jsonl(failures)
+    assert sorted(f["id"] for f in fails) == ["p00000", "p00001", "p00002"]
+    assert all(f["kind"] == "retries_exhausted" and f["status"] == 503 and f["attempts"] == 2 for f in fails)
+    server.configure(faults={})
+    r = infer(server, prompts, "-o", out, "--failures", failures)  # a later run retries them
+    assert r.code == 0 and len(ids_of(out)) == 3
+
+
+def test_permanent_error_is_recorded_not_retried(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 2)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    r = infer(server, prompts, "-o", out, "--failures", failures,
+              "--extra-body", '{"provider": {"no_such_key": 1}}')
+    assert r.code == 4, r.stderr
+    fails = read_jsonl(failures)
+    assert [f["status"] for f in fails] == [400, 400] and all(f["attempts"] == 1 for f in fails)
+    assert server.stats()["requests"] == 2 + 0  # completions only: no retry of a 400
+
+
+def test_kill_9_then_resume_loses_nothing_and_writes_no_id_twice(standin, tmp_path):
+    server = standin(latency=0.3, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 120)
+    out = tmp_path / "r.jsonl"
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
+    proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
+                             server.base_url, "--concurrency", "10", "--quiet"], env=env)
+    deadline = time.time() + 60
+    while time.time() < deadline and (not out.exists() or len(out.read_bytes().splitlines()) < 20):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    first = ids_of(out)
+    assert 20 <= len(first) < 120
+    with open(out, "ab") as f:  # what a crash mid-write would leave on a slower file system
+        f.write(b'{"id": "p00119", "dataset": "B3", "messa')
+    r = infer(server, prompts, "-o", out, "--concurrency", "10")
+    assert r.code == 0, r.stderr
+    assert "torn last line" in r.stderr
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(120)]
+    assert_correct(read_jsonl(out), prompts)
+    assert out.read_bytes().endswith(b"\n")
+
+
+def test_max_cost_is_never_exceeded_and_raising_it_resumes(standin, tmp_path):
+    server = standin(ledger=True, price_scale=1000.0)
+    prompts = make_prompts(tmp_path / "p.jsonl", 60)
+    out = tmp_path / "r.jsonl"
+    summary = tmp_path / "s.json"
+    r = infer(server, prompts, "-o", out, "--concurrency", "8", "--max-tokens", "200",
+              "--max-cost", "2.5", "--summary-json", summary)
+    assert r.code == 3, r.stderr
+    assert "--max-cost reached" in r.stderr
+    spent = sum(x["cost"] for x in server.ledger())
+    assert 0 < spent <= 2.5
+    recorded = sum(x["usage"]["cost"] for x in read_jsonl(out))
+    assert recorded == pytest.approx(spent, rel=1e-9)
+    done_first = len(ids_of(out))
+    assert 0 < done_first < 60
+    r = infer(server, prompts, "-o", out, "--concurrency", "8", "--max-tokens", "200", "--max-cost", "4")
+    assert r.code in (0, 3), r.stderr
+    total = sum(x["cost"] for x in server.ledger())
+    assert total <= 4 and len(ids_of(out)) > done_first
+
+
+def test_token_budget_stops_with_exit_3_and_bounded_overshoot(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 60)
+    out = tmp_path / "r.jsonl"
+    r = infer(server, prompts, "-o", out, "--concurrency", "4", "--token-budget", "1k")
+    assert r.code == 3, r.stderr
+    assert "--token-budget reached" in r.stderr
+    tokens = [x["usage"]["completion_tokens"] for x in read_jsonl(out)]
+    assert sum(tokens) >= 1000
+    assert sum(tokens) - 1000 < 4 * max(tokens)  # overshoot bounded by the work in flight
+    r = infer(server, prompts, "-o", out, "--concurrency", "4", "--token-budget", "1k")
+    assert r.code == 3 and "0 done" in r.stderr  # the budget counts across runs
+
+
+def test_402_mid_run_stops_admission_and_resumes_after_top_up(standin, tmp_path):
+    server = standin(balance=0.02, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 300)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    r = infer(server, prompts, "-o", out, "--concurrency", "4", "--max-tokens", "400",
+              "--failures", failures)
+    assert r.code == 3, r.stderr
+    assert "402" in r.stderr
+    first = ids_of(out)
+    assert 0 < len(first) < 300
+    assert not failures.exists() or read_jsonl(failures) == []  # a 402 is not a failure
+    server.configure(balance=100.0)
+    r = infer(server, prompts, "-o", out, "--concurrency", "16", "--max-tokens", "400")
+    assert r.code == 0, r.stderr
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(300)]
+
+
+def test_routing_violation_is_not_written_as_a_result(standin, tmp_path):
+    server = standin(faults={"misroute": 0.3}, seed=5)
+    prompts = make_prompts(tmp_path / "p.jsonl", 30)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    summary = tmp_path / "s.json"
+    r = infer(server, prompts, "-o", out, "--ignore-provider", "fireworks", "--ignore-provider", "baseten",
+              "--failures", failures, "--summary-json", summary)
+    assert r.code == 4, r.stderr
+    violations = [f for f in read_jsonl(failures) if f["kind"] == "routing_violation"]
+    assert violations and all(f["cost"] > 0 for f in violations)
+    assert all(("Fireworks" in f["message"] or "BaseTen" in f["message"]) for f in violations)
+    written = read_jsonl(out)
+    assert written and all(x["provider"] not in ("Fireworks", "BaseTen") for x in written)
+    assert len(written) + len(violations) == 30
+    s = json.loads(summary.read_text())
+    assert s["failed"]["routing_violation"] == len(violations)
+    assert s["spend_this_run"] == pytest.approx(
+        sum(x["usage"]["cost"] for x in written) + sum(f["cost"] for f in violations), rel=1e-6)
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"id": "a", "dataset": "B3", "messages": [{"role": "user", "content": "x"}]}\n'
+     '{"id": "a", "dataset": "B3", "messages": [{"role": "user", "content": "y"}]}\n',
+     ":2: duplicate id 'a' (first at line 1)"),
+    ('{"id": "a", "dataset": "B3", "messages": []}\n', ":1: empty `messages` at `$.messages`"),
+    ('{"id": "a", "dataset": "B3", "messages": [{"role": "bot", "content": "x"}]}\n',
+     ":1: Invalid enum value 'bot' at `$.messages[0].role`"),
+    ('{"id": "a", "dataset": "B3", "messages": [{"role": "user", "content": "x"}]}\n{"id": "b"',
+     ":2: truncated final line"),
+])
+def test_bad_input_sends_nothing(standin, tmp_path, content, message):
+    server = standin()
+    src = tmp_path / "bad.jsonl"
+    src.write_text(content)
+    r = infer(server, src, "-o", tmp_path / "r.jsonl")
+    assert r.code == 2
+    assert r.stderr.startswith(f"kp-infer: {src}{message}")
+    assert server.stats()["requests"] == 0
+
+
+def test_key_never_appears_in_output_logs_or_errors(standin, tmp_path):
+    server = standin(api_key=KEY, faults={"500": 0.2, "error200": 0.1}, seed=1)
+    prompts = make_prompts(tmp_path / "p.jsonl", 20)
+    out, failures, summary = tmp_path / "r.jsonl", tmp_path / "f.jsonl", tmp_path / "s.json"
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--summary-json", summary)
+    assert r.code == 0
+    wrong = kp("infer", prompts, "-o", tmp_path / "r2.jsonl", "--base-url", server.base_url,
+               env={"OPENROUTER_API_KEY": KEY + "-wrong"})
+    assert wrong.code == 2 and "401" in wrong.stderr
+    debug = kp("infer", prompts, "-o", tmp_path / "r3.jsonl", "--base-url", "http://127.0.0.1:9/api/v1",
+               "--max-attempts", "1", "--debug", env={"OPENROUTER_API_KEY": KEY})
+    for blob in (r.stdout, r.stderr.encode(), out.read_bytes(), summary.read_bytes(),
+                 wrong.stderr.encode(), debug.stderr.encode(), debug.stdout):
+        assert KEY.encode() not in blob
+        assert b"testkey" not in blob
+
+
+def test_missing_key_is_a_usage_error(tmp_path):
+    prompts = make_prompts(tmp_path / "p.jsonl", 1)
+    env = {k: v for k, v in os.environ.items() if k != "OPENROUTER_API_KEY"}
+    r = kp("infer", prompts, env={**env, "OPENROUTER_API_KEY": ""})
+    assert r.code == 2 and "OPENROUTER_API_KEY" in r.stderr
+
+
+def test_sigint_finishes_in_flight_then_resume_completes(standin, tmp_path):
+    server = standin(latency=1.0)
+    prompts = make_prompts(tmp_path / "p.jsonl", 40)
+    out = tmp_path / "r.jsonl"
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
+    proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
+                             server.base_url, "--concurrency", "5"], env=env,
+                            stderr=subprocess.PIPE)
+    deadline = time.time() + 30
+    while time.time() < deadline and server.stats()["in_flight"] < 5:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert b"interrupted" in err
+    first = ids_of(out)
+    assert len(first) >= 5  # the five in flight were finished and kept
+    assert server.stats()["completions_started"] == len(first)
+    r = infer(server, prompts, "-o", out, "--concurrency", "20")
+    assert r.code == 0 and sorted(ids_of(out)) == [f"p{i:05d}" for i in range(40)]
+
+
+def test_done_files_are_skipped(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 10)
+    first = tmp_path / "part1.jsonl"
+    assert infer(server, prompts, "-o", first).code == 0
+    r = infer(server, prompts, "-o", tmp_path / "part2.jsonl", "--done", first)
+    assert r.code == 0 and read_jsonl(tmp_path / "part2.jsonl") == []
+    assert "10 skipped" in r.stderr
+
+
+def test_plan_sends_no_completion_and_shows_routing(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 10)
+    r = infer(server, prompts, "--plan", "--ignore-provider", "fireworks", "--ignore-provider", "baseten",
+              "--max-cost", "95", "--max-tokens", "1000")
+    assert r.code == 0, r.stderr
+    assert server.stats()["completions_started"] == 0 and r.stdout == b""
+    lines = r.stderr.splitlines()
+    assert any("Fireworks" in x and "ignored" in x for x in lines)
+    assert any("BaseTen" in x and "ignored" in x for x in lines)
+    assert any(x.rstrip().endswith("allowed") for x in lines)
+    assert "worst case $" in r.stderr and "10 to do" in r.stderr
+
+
+def test_routing_that_allows_nothing_is_refused_before_sending(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 3)
+    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--only-provider", "nobody")
+    assert r.code == 2 and "--plan" in r.stderr
+    assert server.stats()["completions_started"] == 0
+
+
+def test_adaptive_concurrency_backs_off_under_429(standin, tmp_path):
+    server = standin(faults={"429": 0.5}, retry_after=0.01, latency=0.05)
+    prompts = make_prompts(tmp_path / "p.jsonl", 60)
+    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
+    r = infer(server, prompts, "-o", out, "--concurrency", "40", "--max-attempts", "50",
+              "--summary-json", summary)
+    assert r.code == 0, r.stderr
+    s = json.loads(summary.read_text())
+    assert s["retries"]["429"] > 10
+    assert s["concurrency_limit_end"] < 40
