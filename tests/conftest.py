@@ -54,3 +54,23 @@ def write_jsonl(path: str | os.PathLike, rows: list) -> Path:
 @pytest.fixture
 def kp_run():
     return kp
+
+
+@pytest.fixture
+def standin(tmp_path):
+    """Factory: `server = standin(balance=5, faults={"429": 0.1}, latency=0.05, ledger=True)`
+    starts `python -m kimipipe.standin` on a free port (see kimipipe/standin/testing.py);
+    every server started is stopped at teardown."""
+    from kimipipe.standin.testing import StandIn
+
+    servers = []
+
+    def start(**kwargs):
+        kwargs.setdefault("workdir", tmp_path / f"standin-{len(servers)}")
+        server = StandIn(**kwargs)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()

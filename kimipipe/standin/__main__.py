@@ -1,0 +1,118 @@
+"""python -m kimipipe.standin: run the OpenRouter stand-in on 127.0.0.1.
+
+Usage:
+    python -m kimipipe.standin --port-file /tmp/port --balance 5 --fault 429=0.1 --latency 2
+    OPENROUTER_BASE_URL=http://127.0.0.1:$(cat /tmp/port)/api/v1 OPENROUTER_API_KEY=sk-or-standin ...
+
+Prints `listening on http://127.0.0.1:PORT` to stderr once bound; `--port-file` gets the
+port number (written to a temporary name, then renamed). SIGTERM/SIGINT stop it cleanly.
+Test-only control endpoints: GET /_standin/stats, POST /_standin/config (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from .server import CREDITS_MODES, FAULT_KINDS, Config, StandIn
+
+
+def parse_fault(text: str) -> tuple[str, float]:
+    kind, sep, rate = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KIND=RATE, got {text!r}")
+    if kind not in FAULT_KINDS:
+        raise argparse.ArgumentTypeError(
+            f"unknown fault kind {kind!r} (kinds: {', '.join(FAULT_KINDS)})")
+    try:
+        value = float(rate)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"fault rate must be a number, got {rate!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"fault rate must be in [0, 1], got {value}")
+    return kind, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m kimipipe.standin",
+        description="A local OpenRouter stand-in for tests, benchmarks and the offline demo.")
+    p.add_argument("--port", type=int, default=0, help="TCP port (default 0: any free port)")
+    p.add_argument("--port-file", help="write the bound port number to this file")
+    p.add_argument("--api-key", default="sk-or-standin", help="the one accepted bearer token")
+    p.add_argument("--balance", type=float, default=100.0, help="account total_credits in USD")
+    p.add_argument("--key-limit", type=float, default=None, help="the key's limit in USD")
+    p.add_argument("--credits-mode", choices=CREDITS_MODES, default="normal",
+                   help="/credits answers normally, 403, or 200 with zeros")
+    p.add_argument("--latency", type=float, default=0.0,
+                   help="seconds before the first content (keep-alive comments meanwhile)")
+    p.add_argument("--tokens-per-second", type=float, default=0.0,
+                   help="streamed token rate (0: as fast as possible)")
+    p.add_argument("--keepalive-interval", type=float, default=1.0,
+                   help="seconds between `: OPENROUTER PROCESSING` comments")
+    p.add_argument("--fault", action="append", type=parse_fault, default=[],
+                   metavar="KIND=RATE", help=f"inject a fault; kinds: {', '.join(FAULT_KINDS)}")
+    p.add_argument("--retry-after", type=float, default=1.0, help="Retry-After of 429 faults")
+    p.add_argument("--hang-seconds", type=float, default=3600.0, help="how long a hang lasts")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fault draws")
+    p.add_argument("--ledger", help="append one JSON line per charged generation")
+    p.add_argument("--price-scale", type=float, default=1.0, help="multiply every price")
+    return p
+
+
+async def serve(config: Config, port: int, port_file: str | None) -> None:
+    standin = StandIn(config)
+    runner = web.AppRunner(standin.app(), access_log=None, handler_cancellation=True,
+                           shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096, reuse_address=True,
+                       shutdown_timeout=1.0)
+    await site.start()
+    bound = runner.addresses[0][1]
+    if port_file:
+        tmp = f"{port_file}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(f"{bound}\n")
+        os.replace(tmp, port_file)
+    print(f"listening on http://127.0.0.1:{bound}", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        standin.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    config = Config(
+        api_key=args.api_key, balance=args.balance, key_limit=args.key_limit,
+        credits_mode=args.credits_mode, latency=args.latency,
+        tokens_per_second=args.tokens_per_second, keepalive_interval=args.keepalive_interval,
+        faults=dict(args.fault), retry_after=args.retry_after, hang_seconds=args.hang_seconds,
+        seed=args.seed, ledger=args.ledger, price_scale=args.price_scale)
+    try:
+        config.check()
+    except ValueError as e:
+        print(f"standin: {e}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+    if uvloop is not None:
+        uvloop.run(serve(config, args.port, args.port_file))
+    else:
+        asyncio.run(serve(config, args.port, args.port_file))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""The stand-in's deterministic answers: a pure function of the request.
+
+Tests use `expected_answer` (or `answer_for_request`) to check that a record holds exactly
+the answer to its own prompt: the content names the first 12 hex digits of the sha256 of
+the last user message, and every word is drawn from an RNG seeded by that hash, the model
+and the request's `seed`.
+
+A "token" here is one whitespace-separated word together with its leading whitespace
+(" word", "\\nword"; the first token has none), so streaming one token per chunk and
+joining the deltas gives the text back exactly. The texts carry non-ASCII (CJK, emoji,
+accents) and, now and then, a literal `<|im_end|>` or `<think>` that a tokenizer must
+treat as plain text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# The models the stand-in serves; the value says whether reasoning is on by default.
+REASONING_DEFAULT = {
+    "moonshotai/kimi-k2.5": True,
+    "moonshotai/kimi-k2-thinking": True,
+    "moonshotai/kimi-k2-0905": False,
+}
+
+WORDS = (
+    "the", "model", "answer", "because", "value", "first", "then", "which", "returns", "a",
+    "list", "of", "tokens", "and", "we", "check", "each", "step", "carefully", "so", "that",
+    "result", "is", "correct", "in", "practice", "this", "means", "one", "more", "time",
+    "function", "data", "training", "drafter", "sequence", "probability", "naïve", "café",
+    "résumé", "数据", "模型", "训练", "答案", "思考", "東京", "🙂", "🚀", "∑", "→", "x²", "—",
+    "Ελληνικά", "русский", "(see", "above)", "42,", "3.14", "e.g.", "\"quoted\"", "it's",
+)
+# Literal special-token strings: plain text to the API, traps for a careless tokenizer.
+SPECIAL = ("<|im_end|>", "<think>", "</think>", "<|im_start|>")
+
+MIN_WORDS = 20
+MAX_WORDS = 120
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the stand-in returns for one request (before any fault)."""
+
+    reasoning: str | None
+    content: str
+    finish_reason: Literal["stop", "length"]
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    # The same texts split into tokens (one streamed delta each); joined they give the texts.
+    reasoning_pieces: tuple[str, ...] = field(default=(), repr=False)
+    content_pieces: tuple[str, ...] = field(default=(), repr=False)
+
+
+def message_text(content: Any) -> str:
+    """The text of a message's content: a string, or the text parts of a parts list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content
+                       if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def last_user_text(messages: list[dict]) -> str:
+    for m in reversed(messages):
+        if isinstance(m, dict) and m.get("role") == "user":
+            return message_text(m.get("content"))
+    return ""
+
+
+def user_text_sha256(messages: list[dict]) -> str:
+    """Hex sha256 of the last user message's text (UTF-8): the ledger's request key."""
+    return hashlib.sha256(last_user_text(messages).encode("utf-8")).hexdigest()
+
+
+def count_prompt_tokens(messages: list[dict]) -> int:
+    """Words in every message plus 4 per message (a stand-in for chat-template overhead)."""
+    total = 0
+    for m in messages:
+        total += 4 + len(message_text(m.get("content") if isinstance(m, dict) else None).split())
+    return total
+
+
+def wants_reasoning(body: dict, model: str) -> bool:
+    """Whether a request asks for reasoning, by OpenRouter's rules, with the model's default."""
+    r = body.get("reasoning")
+    if isinstance(r, dict):
+        if r.get("enabled") is False or r.get("effort") == "none":
+            return False
+        if r.get("enabled") or r.get("effort") or r.get("max_tokens") or r == {}:
+            return True
+    if body.get("reasoning_effort") == "none":
+        return False
+    if body.get("reasoning_effort") or body.get("include_reasoning") is True:
+        return True
+    if body.get("include_reasoning") is False:
+        return False
+    return REASONING_DEFAULT.get(model, False)
+
+
+def _pieces(rng: random.Random, first: list[str], n: int) -> list[str]:
+    """n tokens: the given opening words, then random words with leading whitespace;
+    about one answer in four carries one literal special-token string."""
+    words = list(first)
+    while len(words) < n:
+        words.append(rng.choice(WORDS))
+    if rng.random() < 0.25:
+        words[rng.randrange(len(first), n)] = rng.choice(SPECIAL)
+    pieces = [words[0]]
+    for i, w in enumerate(words[1:n], start=1):
+        pieces.append(("\n" if i >= len(first) and rng.random() < 0.05 else " ") + w)
+    return pieces
+
+
+def expected_answer(messages: list[dict], *, model: str, seed: int | None, reasoning: bool,
+                    max_tokens: int | None, exclude_reasoning: bool = False) -> Answer:
+    """The stand-in's answer to a chat request (see the module docstring).
+
+    `max_tokens` cuts the reasoning first, then the content; a cut answer ends with
+    `finish_reason: "length"` (content may be "" when the reasoning ate every token).
+    `exclude_reasoning` (the request's `reasoning.exclude`) keeps the reasoning tokens
+    (and their bill) but returns no reasoning text.
+    """
+    digest = user_text_sha256(messages)
+    tag = digest[:12]
+    rng = random.Random(hashlib.sha256(f"{digest}|{model}|{seed}".encode()).digest())
+    n_content = rng.randint(MIN_WORDS, MAX_WORDS)
+    n_reasoning = rng.randint(MIN_WORDS, MAX_WORDS)
+    content = _pieces(rng, ["Answer", f"[{tag}]:"], n_content)
+    thought = _pieces(rng, ["Thinking", "about", f"[{tag}]:"], n_reasoning) if reasoning else []
+    finish: Literal["stop", "length"] = "stop"
+    if max_tokens is not None and len(thought) + len(content) > max_tokens:
+        finish = "length"
+        if len(thought) >= max_tokens:
+            thought, content = thought[:max_tokens], []
+        else:
+            content = content[:max_tokens - len(thought)]
+    n_thought = len(thought)
+    if exclude_reasoning:
+        thought = []
+    return Answer(
+        reasoning="".join(thought) if reasoning and not exclude_reasoning else None,
+        content="".join(content),
+        finish_reason=finish,
+        prompt_tokens=count_prompt_tokens(messages),
+        completion_tokens=n_thought + len(content),
+        reasoning_tokens=n_thought,
+        reasoning_pieces=tuple(thought),
+        content_pieces=tuple(content),
+    )
+
+
+def answer_for_request(body: dict) -> Answer:
+    """The answer the stand-in gives to this chat request body (no faults)."""
+    model = body.get("model") or ""
+    r = body.get("reasoning")
+    exclude = isinstance(r, dict) and bool(r.get("exclude"))
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_completion_tokens")
+    return expected_answer(body.get("messages") or [], model=model, seed=body.get("seed"),
+                           reasoning=wants_reasoning(body, model), max_tokens=max_tokens,
+                           exclude_reasoning=exclude)

@@ -1,0 +1,174 @@
+"""Start a stand-in as a subprocess and talk to it: for tests, benchmarks and the demo.
+
+    with StandIn(balance=5, faults={"429": 0.1}, latency=0.05, ledger=True) as server:
+        env = {"OPENROUTER_BASE_URL": server.base_url, "OPENROUTER_API_KEY": server.api_key}
+        ...
+        server.configure(balance=0.01)      # e.g. provoke a 402 mid-run
+        assert server.stats()["charged"] == len(server.ledger())
+
+Keyword arguments map to the command-line options of `python -m kimipipe.standin`
+(`faults` is a dict {kind: rate}; `ledger=True` puts the ledger in the work directory,
+a string or path puts it there). Only the standard library is used to talk to the server,
+so any test can use it whatever its own event loop does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+DEFAULT_API_KEY = "sk-or-standin"
+
+
+class StandInError(RuntimeError):
+    pass
+
+
+class StandIn:
+    """A stand-in server in a subprocess on a free port of 127.0.0.1."""
+
+    def __init__(self, *, api_key: str = DEFAULT_API_KEY, balance: float | None = None,
+                 key_limit: float | None = None, credits_mode: str | None = None,
+                 latency: float | None = None, tokens_per_second: float | None = None,
+                 keepalive_interval: float | None = None, faults: dict | None = None,
+                 retry_after: float | None = None, hang_seconds: float | None = None,
+                 seed: int | None = None, ledger: bool | str | os.PathLike = False,
+                 price_scale: float | None = None, port: int = 0,
+                 workdir: str | os.PathLike | None = None, extra_args: tuple = (),
+                 start_timeout: float = 20.0):
+        self.api_key = api_key
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kp-standin-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if ledger is True:
+            self.ledger_path: Path | None = self.workdir / "ledger.jsonl"
+        elif ledger:
+            self.ledger_path = Path(ledger)
+        else:
+            self.ledger_path = None
+        self.port_file = self.workdir / "port"
+        self.log_path = self.workdir / "standin.log"
+        args = ["--port", str(port), "--port-file", str(self.port_file), "--api-key", api_key]
+        options = {"--balance": balance, "--key-limit": key_limit,
+                   "--credits-mode": credits_mode, "--latency": latency,
+                   "--tokens-per-second": tokens_per_second,
+                   "--keepalive-interval": keepalive_interval, "--retry-after": retry_after,
+                   "--hang-seconds": hang_seconds, "--seed": seed,
+                   "--price-scale": price_scale, "--ledger": self.ledger_path}
+        for flag, value in options.items():
+            if value is not None:
+                args += [flag, str(value)]
+        for kind, rate in (faults or {}).items():
+            args += ["--fault", f"{kind}={rate}"]
+        self.args = [*args, *map(str, extra_args)]
+        self.start_timeout = start_timeout
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> StandIn:
+        if self.port_file.exists():
+            self.port_file.unlink()
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "kimipipe.standin", *self.args],
+                                     stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=self._log)
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise StandInError(f"stand-in exited with {self.proc.returncode}: {self.log()}")
+            if self.port_file.exists():
+                text = self.port_file.read_text().strip()
+                if text:
+                    self.port = int(text)
+                    try:
+                        self.stats()
+                        return self
+                    except OSError:
+                        pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise StandInError(f"stand-in did not start within {self.start_timeout}s: "
+                                   f"{self.log()}")
+            time.sleep(0.02)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, wait, SIGKILL if needed; returns the exit code."""
+        proc, self.proc = self.proc, None
+        code = None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            code = proc.returncode
+            self._log.close()
+        if self._own_workdir and self.ledger_path is None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return code
+
+    def __enter__(self) -> StandIn:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- addresses ----------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/api/v1"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment variables that point kimipipe's commands at this stand-in."""
+        return {"OPENROUTER_BASE_URL": self.base_url, "OPENROUTER_API_KEY": self.api_key}
+
+    # -- control ------------------------------------------------------------------------
+    def _call(self, method: str, path: str, payload: dict | None = None) -> dict:
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            raise StandInError(f"{method} {path}: {e.code} {e.read().decode()}") from None
+
+    def stats(self) -> dict:
+        return self._call("GET", "/_standin/stats")
+
+    def configure(self, **changes) -> dict:
+        """Change balance, faults, latency, tokens_per_second, credits_mode, ... live."""
+        return self._call("POST", "/_standin/config", changes)
+
+    def ledger(self) -> list[dict]:
+        if self.ledger_path is None or not self.ledger_path.exists():
+            return []
+        with open(self.ledger_path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
