@@ -10,9 +10,13 @@ import time
 
 import pytest
 from conftest import BIN, kp, read_jsonl, write_jsonl
+
 from kimipipe.standin.answers import expected_answer
 
 KEY = "sk-or-v1-testkey-0123456789abcdef"
+
+# The rules that matter most run with the HTTP work in one worker process and in two.
+with_workers = pytest.mark.parametrize("workers", ["1", "2"], ids=["1worker", "2workers"])
 
 
 def make_prompts(path, n, dataset="B3", start=0):
@@ -66,7 +70,7 @@ def test_every_prompt_gets_its_own_answer(standin, tmp_path, stream):
     assert_correct(records, prompts)
     ledger = server.ledger()
     assert len(ledger) == 40
-    assert sum(x["cost"] for x in records) == pytest.approx(sum(x["cost"] for x in ledger), rel=1e-9)
+    assert sum(x["usage"]["cost"] for x in records) == pytest.approx(sum(x["cost"] for x in ledger), rel=1e-9)
     s = json.loads(summary.read_text())
     assert s["done"] == 40 and s["exit_code"] == 0
     assert s["spend_this_run"] == pytest.approx(sum(x["cost"] for x in ledger), rel=1e-6)
@@ -83,7 +87,8 @@ def test_stdout_output_and_stdin_input(standin, tmp_path):
     assert r.stderr == ""
 
 
-def test_fault_mix_still_gives_exactly_one_correct_record_each(standin, tmp_path):
+@with_workers
+def test_fault_mix_still_gives_exactly_one_correct_record_each(standin, tmp_path, workers):
     faults = {"429": 0.08, "500": 0.03, "502": 0.03, "503": 0.03, "524": 0.02, "529": 0.02,
               "error200": 0.04, "empty": 0.04, "midstream": 0.05, "cut": 0.05, "hang": 0.02,
               "heartbeat": 0.02}
@@ -91,7 +96,7 @@ def test_fault_mix_still_gives_exactly_one_correct_record_each(standin, tmp_path
     prompts = make_prompts(tmp_path / "p.jsonl", 80)
     out = tmp_path / "r.jsonl"
     summary = tmp_path / "s.json"
-    r = infer(server, prompts, "-o", out, "--concurrency", "20", "--idle-timeout", "0.5",
+    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "20", "--idle-timeout", "0.5",
               "--max-attempts", "30", "--summary-json", summary)
     assert r.code == 0, r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(80)]
@@ -137,13 +142,14 @@ def test_permanent_error_is_recorded_not_retried(standin, tmp_path):
     assert server.stats()["requests"] == 2 + 0  # completions only: no retry of a 400
 
 
-def test_kill_9_then_resume_loses_nothing_and_writes_no_id_twice(standin, tmp_path):
+@with_workers
+def test_kill_9_then_resume_loses_nothing_and_writes_no_id_twice(standin, tmp_path, workers):
     server = standin(latency=0.3, ledger=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 120)
     out = tmp_path / "r.jsonl"
     env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
     proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
-                             server.base_url, "--concurrency", "10", "--quiet"], env=env)
+                             server.base_url, "--concurrency", "10", "--quiet", "--workers", workers], env=env)
     deadline = time.time() + 60
     while time.time() < deadline and (not out.exists() or len(out.read_bytes().splitlines()) < 20):
         time.sleep(0.05)
@@ -153,7 +159,7 @@ def test_kill_9_then_resume_loses_nothing_and_writes_no_id_twice(standin, tmp_pa
     assert 20 <= len(first) < 120
     with open(out, "ab") as f:  # what a crash mid-write would leave on a slower file system
         f.write(b'{"id": "p00119", "dataset": "B3", "messa')
-    r = infer(server, prompts, "-o", out, "--concurrency", "10")
+    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "10")
     assert r.code == 0, r.stderr
     assert "torn last line" in r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(120)]
@@ -161,12 +167,13 @@ def test_kill_9_then_resume_loses_nothing_and_writes_no_id_twice(standin, tmp_pa
     assert out.read_bytes().endswith(b"\n")
 
 
-def test_max_cost_is_never_exceeded_and_raising_it_resumes(standin, tmp_path):
+@with_workers
+def test_max_cost_is_never_exceeded_and_raising_it_resumes(standin, tmp_path, workers):
     server = standin(ledger=True, price_scale=1000.0)
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
     out = tmp_path / "r.jsonl"
     summary = tmp_path / "s.json"
-    r = infer(server, prompts, "-o", out, "--concurrency", "8", "--max-tokens", "200",
+    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "8", "--max-tokens", "200",
               "--max-cost", "2.5", "--summary-json", summary)
     assert r.code == 3, r.stderr
     assert "--max-cost reached" in r.stderr
@@ -176,31 +183,33 @@ def test_max_cost_is_never_exceeded_and_raising_it_resumes(standin, tmp_path):
     assert recorded == pytest.approx(spent, rel=1e-9)
     done_first = len(ids_of(out))
     assert 0 < done_first < 60
-    r = infer(server, prompts, "-o", out, "--concurrency", "8", "--max-tokens", "200", "--max-cost", "4")
+    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "8", "--max-tokens", "200", "--max-cost", "4")
     assert r.code in (0, 3), r.stderr
     total = sum(x["cost"] for x in server.ledger())
     assert total <= 4 and len(ids_of(out)) > done_first
 
 
-def test_token_budget_stops_with_exit_3_and_bounded_overshoot(standin, tmp_path):
+@with_workers
+def test_token_budget_stops_with_exit_3_and_bounded_overshoot(standin, tmp_path, workers):
     server = standin()
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
     out = tmp_path / "r.jsonl"
-    r = infer(server, prompts, "-o", out, "--concurrency", "4", "--token-budget", "1k")
+    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "4", "--token-budget", "1k")
     assert r.code == 3, r.stderr
     assert "--token-budget reached" in r.stderr
     tokens = [x["usage"]["completion_tokens"] for x in read_jsonl(out)]
     assert sum(tokens) >= 1000
     assert sum(tokens) - 1000 < 4 * max(tokens)  # overshoot bounded by the work in flight
-    r = infer(server, prompts, "-o", out, "--concurrency", "4", "--token-budget", "1k")
+    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "4", "--token-budget", "1k")
     assert r.code == 3 and "0 done" in r.stderr  # the budget counts across runs
 
 
-def test_402_mid_run_stops_admission_and_resumes_after_top_up(standin, tmp_path):
+@with_workers
+def test_402_mid_run_stops_admission_and_resumes_after_top_up(standin, tmp_path, workers):
     server = standin(balance=0.02, ledger=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 300)
     out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
-    r = infer(server, prompts, "-o", out, "--concurrency", "4", "--max-tokens", "400",
+    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "4", "--max-tokens", "400",
               "--failures", failures)
     assert r.code == 3, r.stderr
     assert "402" in r.stderr
@@ -208,7 +217,7 @@ def test_402_mid_run_stops_admission_and_resumes_after_top_up(standin, tmp_path)
     assert 0 < len(first) < 300
     assert not failures.exists() or read_jsonl(failures) == []  # a 402 is not a failure
     server.configure(balance=100.0)
-    r = infer(server, prompts, "-o", out, "--concurrency", "16", "--max-tokens", "400")
+    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "16", "--max-tokens", "400")
     assert r.code == 0, r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(300)]
 
@@ -277,13 +286,14 @@ def test_missing_key_is_a_usage_error(tmp_path):
     assert r.code == 2 and "OPENROUTER_API_KEY" in r.stderr
 
 
-def test_sigint_finishes_in_flight_then_resume_completes(standin, tmp_path):
+@with_workers
+def test_sigint_finishes_in_flight_then_resume_completes(standin, tmp_path, workers):
     server = standin(latency=1.0)
     prompts = make_prompts(tmp_path / "p.jsonl", 40)
     out = tmp_path / "r.jsonl"
     env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
     proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
-                             server.base_url, "--concurrency", "5"], env=env,
+                             server.base_url, "--concurrency", "5", "--workers", workers], env=env,
                             stderr=subprocess.PIPE)
     deadline = time.time() + 30
     while time.time() < deadline and server.stats()["in_flight"] < 5:
@@ -295,7 +305,7 @@ def test_sigint_finishes_in_flight_then_resume_completes(standin, tmp_path):
     first = ids_of(out)
     assert len(first) >= 5  # the five in flight were finished and kept
     assert server.stats()["completions_started"] == len(first)
-    r = infer(server, prompts, "-o", out, "--concurrency", "20")
+    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "20")
     assert r.code == 0 and sorted(ids_of(out)) == [f"p{i:05d}" for i in range(40)]
 
 

@@ -321,9 +321,10 @@ class Run:
                 self.stop("token-budget")
                 return False
             fits_cost = self.budget.cost_fits(reservation)
-            if fits_cost and self.budget.tokens_fit(len(self.tasks)):
+            # in_progress, not tasks: a finished task leaves `tasks` only in a later callback
+            if fits_cost and self.budget.tokens_fit(len(self.in_progress)):
                 return True
-            if not self.tasks:  # nothing in flight will free budget
+            if not self.in_progress:  # nothing in flight will free budget
                 if not fits_cost:
                     self.stop("max-cost")
                     return False

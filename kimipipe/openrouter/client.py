@@ -338,14 +338,15 @@ class CompletionClient:
                         return Attempt("retry", cause="bad_json", status=200,
                                        message="stream chunk is not valid JSON")
                     if chunk.error is not None:
-                        return self._midstream(chunk.error)
+                        return self._midstream(chunk.error, bool(content or reasoning or details))
                     if gen_id is None:
                         gen_id, provider, model = chunk.id, chunk.provider, chunk.model
                     if chunk.usage is not None:
                         usage = chunk.usage
                     for choice in chunk.choices or ():
                         if choice.error is not None or choice.finish_reason == "error":
-                            return self._midstream(choice.error or {"message": "finish_reason: error"})
+                            return self._midstream(choice.error or {"message": "finish_reason: error"},
+                                                   bool(content or reasoning or details))
                         delta = choice.delta
                         if delta is not None:
                             if delta.content:
@@ -363,12 +364,15 @@ class CompletionClient:
         if finish_reason is None or (not done and usage is None):
             # Without a finish_reason the answer is partial; without [DONE] and usage we
             # cannot tell what was billed. Never saved as a result.
+            if done and not (content or reasoning or details):
+                return Attempt("retry", cause="empty", status=200, message="stream with no output")
             return Attempt("retry", cause="cut", status=200, message="stream ended early")
         return _finish(gen_id, provider, model, "".join(content),
                        _reasoning_text("".join(reasoning), details), finish_reason, usage, chunks)
 
-    def _midstream(self, error: dict) -> Attempt:
+    def _midstream(self, error: dict, after_output: bool) -> Attempt:
+        """An error chunk: `midstream` once output has flowed, else like a 200 error body."""
         attempt = self._body_error(error)
-        if attempt.kind == "retry":
+        if attempt.kind == "retry" and after_output:
             attempt.cause = "midstream"
         return attempt

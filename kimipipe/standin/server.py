@@ -326,7 +326,13 @@ class StandIn:
         model = f"{request.match_info['author']}/{request.match_info['slug']}"
         if model not in MODELS:
             return error_response(404, f"Model {model} not found")
-        return json_response(endpoints_document(model, int(time.time())))
+        document = endpoints_document(model, int(time.time()))
+        scale = self.config.price_scale
+        if scale != 1.0:  # list the prices that are billed
+            for endpoint in document["data"]["endpoints"]:
+                for kind in ("prompt", "completion"):
+                    endpoint["pricing"][kind] = f"{float(endpoint['pricing'][kind]) * scale:.12g}"
+        return json_response(document)
 
     # -- completions ----------------------------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
