@@ -284,8 +284,7 @@ class StandIn:
             "byok_usage_monthly": 0.0,
             "is_free_tier": False, "is_management_key": False, "is_provisioning_key": False,
             "rate_limit": {"requests": -1, "interval": "10s", "note": "deprecated"},
-            "free_model_daily_requests": {"limit": 1000, "used": 0, "remaining": 1000,
-                                          "reset_at": None},
+            "free_model_daily_requests": {"limit": 1000, "used": 0, "remaining": 1000},
             "allowed_data_regions": ["global"], "budgets": [], "effective_budget": None,
             "creator_user_id": None, "organization_id": None, "workspace_id": None,
         }})
