@@ -91,8 +91,21 @@ async def serve(config: Config, port: int, port_file: str | None) -> None:
         standin.close()
 
 
+def raise_open_file_limit() -> None:
+    """Thousands of connections need thousands of descriptors: lift the soft limit."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY
+                                                        else max(soft, 65536), hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    raise_open_file_limit()
     config = Config(
         api_key=args.api_key, balance=args.balance, key_limit=args.key_limit,
         credits_mode=args.credits_mode, latency=args.latency,
