@@ -123,7 +123,8 @@ def test_stream_joins_back_to_the_plain_answer(standin):
     assert server.stats()["charged"] == 1
 
 
-def test_server_cli_port_file_and_clean_sigterm(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_server_cli_port_file_and_clean_stop(tmp_path, sig):
     port_file = tmp_path / "port"
     proc = subprocess.Popen([sys.executable, "-m", "kimipipe.standin", "--port-file",
                              str(port_file)], stderr=subprocess.PIPE, text=True)
@@ -135,15 +136,21 @@ def test_server_cli_port_file_and_clean_sigterm(tmp_path):
                       headers={"Authorization": "Bearer sk-or-standin"})
         assert r.json() == {"data": {"total_credits": 100.0, "total_usage": 0.0}}
     finally:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         assert proc.wait(10) == 0
     assert not list(tmp_path.glob("port.tmp*"))
 
 
-def test_cli_rejects_bad_fault():
-    proc = subprocess.run([sys.executable, "-m", "kimipipe.standin", "--fault", "teapot=0.5"],
+@pytest.mark.parametrize("args, message", [
+    (["--fault", "teapot=0.5"], "unknown fault kind 'teapot'"),
+    (["--fault", "429=1.5"], "must be in [0, 1]"),
+    (["--fault", "429"], "expected KIND=RATE"),
+    (["--fault", "429=0.6", "--fault", "500=0.6"], "sum to at most 1"),
+])
+def test_cli_rejects_bad_faults(args, message):
+    proc = subprocess.run([sys.executable, "-m", "kimipipe.standin", *args],
                           capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "unknown fault kind 'teapot'" in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr
 
 
 def test_standin_class_as_context_manager():
@@ -436,6 +443,7 @@ def test_model_endpoints_table(srv):
 
 def test_config_endpoint_rejects_bad_settings(srv):
     for bad in ({"faults": {"teapot": 1}}, {"faults": {"429": 2}}, {"api_key": "x"},
+                {"faults": {"429": 0.7, "cut": 0.7}},
                 {"credits_mode": "weird"}, {"latency": -1}):
         r = httpx.post(srv.url + "/_standin/config", json=bad)
         assert r.status_code == 400, bad

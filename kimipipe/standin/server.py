@@ -70,6 +70,9 @@ class Config:
                 raise ValueError(f"unknown fault kind {kind!r} (kinds: {', '.join(FAULT_KINDS)})")
             if not 0.0 <= float(rate) <= 1.0:
                 raise ValueError(f"fault rate for {kind} must be in [0, 1], got {rate}")
+        if sum(float(r) for r in self.faults.values()) > 1.0 + 1e-9:
+            raise ValueError("fault rates must sum to at most 1 (one draw per request picks "
+                             "at most one fault)")
         if self.credits_mode not in CREDITS_MODES:
             raise ValueError(f"credits_mode must be one of {', '.join(CREDITS_MODES)}")
         for name in ("latency", "tokens_per_second", "hang_seconds", "retry_after"):
