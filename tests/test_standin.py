@@ -571,6 +571,7 @@ def test_in_flight_counts_open_requests_and_disconnects_end_them(srv):
 
     srv.configure(faults={"hang": 1.0})
     base = srv.stats()["in_flight"]
+    ok = srv.stats()["statuses"].get("200", 0)
     payload = json.dumps(body("hold", max_tokens=10)).encode()
     request = (f"POST /api/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                f"Authorization: Bearer {srv.api_key}\r\nContent-Type: application/json\r\n"
@@ -586,6 +587,7 @@ def test_in_flight_counts_open_requests_and_disconnects_end_them(srv):
     for s in socks:
         s.close()
     _wait_for(lambda: srv.stats()["in_flight"] == base)
+    assert srv.stats()["statuses"]["200"] == ok + 3           # headers were sent: 200
 
 
 def _wait_for(condition, seconds=10.0):

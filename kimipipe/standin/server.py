@@ -345,6 +345,9 @@ class StandIn:
             return response
         finally:
             self.in_flight -= 1
+            # a handler cancelled by a client that went away (hang, heartbeat) had sent its
+            # headers: count the status it sent
+            status = status or request.get("standin_status", 0)
             if status:
                 self.statuses[str(status)] += 1
 
@@ -396,11 +399,11 @@ class StandIn:
         if left < need:
             affordable = max(0, int((left - answer.prompt_tokens * endpoint.prompt * scale)
                                     / (endpoint.completion * scale)))
-            where = ("https://openrouter.ai/settings/keys and create a key with a higher "
-                     "total limit") if (self.config.key_limit is not None and
-                                        self.config.key_limit - self.usage <
-                                        self.config.balance - self.usage) else \
-                "https://openrouter.ai/settings/credits and add more credits"
+            key_is_the_cap = (self.config.key_limit is not None
+                              and self.config.key_limit < self.config.balance)
+            where = ("https://openrouter.ai/settings/keys and create a key with a higher total "
+                     "limit" if key_is_the_cap else
+                     "https://openrouter.ai/settings/credits and add more credits")
             return error_response(
                 402, f"This request requires more credits, or fewer max_tokens. You requested "
                      f"up to {asked} tokens, but can only afford {affordable}. To increase, "
@@ -496,6 +499,10 @@ class _Job:
         tps = self.config.tokens_per_second
         return self.answer.completion_tokens / tps if tps > 0 else 0.0
 
+    async def _prepare(self, resp: web.StreamResponse) -> None:
+        self.request["standin_status"] = resp.status
+        await resp.prepare(self.request)
+
     async def _abort(self) -> None:
         transport = self.request.transport
         if transport is not None:
@@ -507,7 +514,7 @@ class _Job:
         if fault in ("hang", "heartbeat"):
             resp = web.StreamResponse(status=200, headers=self.headers)
             resp.content_type = "application/json"
-            await resp.prepare(self.request)
+            await self._prepare(resp)
             await asyncio.sleep(self.config.hang_seconds)
             await self._abort()
             return resp
@@ -533,7 +540,7 @@ class _Job:
             resp = web.StreamResponse(status=200, headers=self.headers)
             resp.content_type = "application/json"
             resp.content_length = len(data)
-            await resp.prepare(self.request)
+            await self._prepare(resp)
             await resp.write(data[: len(data) // 2])
             await self._abort()
             return resp
@@ -567,7 +574,7 @@ class _Job:
     async def stream(self) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers={
             **self.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(self.request)
+        await self._prepare(resp)
         fault = self.fault
         if fault == "hang":
             await asyncio.sleep(self.config.hang_seconds)
