@@ -172,7 +172,7 @@ def shared(tmp_path_factory):
 
 @pytest.fixture
 def srv(shared):
-    shared.configure(faults={}, balance=100.0, key_limit=None, latency=0.0,
+    shared.configure(faults={}, balance=100.0, key_limit=None, latency=0.0, bill_cancelled=False,
                      tokens_per_second=0.0, credits_mode="normal", price_scale=1.0)
     return shared
 
@@ -597,6 +597,24 @@ def _wait_for(condition, seconds=10.0):
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize("bill", [False, True])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_is_billed_only_with_bill_cancelled(srv, bill, stream):
+    import socket
+
+    srv.configure(latency=30.0, bill_cancelled=bill)
+    before = srv.stats()
+    payload = json.dumps(body("leaving early", max_tokens=100, stream=stream)).encode()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        s.sendall((f"POST /api/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                   f"Authorization: Bearer {srv.api_key}\r\nContent-Length: {len(payload)}"
+                   "\r\n\r\n").encode() + payload)
+        _wait_for(lambda: srv.stats()["completions_started"] == before["completions_started"] + 1)
+    _wait_for(lambda: srv.stats()["in_flight"] == before["in_flight"])
+    srv.configure(bill_cancelled=False)
+    assert srv.stats()["charged"] == before["charged"] + bill
 
 
 def test_misroute_serves_from_an_excluded_provider_and_bills(srv):

@@ -63,6 +63,7 @@ class Config:
     seed: int = 0
     ledger: str | None = None
     price_scale: float = 1.0
+    bill_cancelled: bool = False     # charge a generation whose client went away mid-way
 
     def check(self) -> None:
         for kind, rate in self.faults.items():
@@ -85,7 +86,8 @@ class Config:
 # Settable at run time through POST /_standin/config, with their types.
 LIVE_SETTINGS = {"balance": float, "key_limit": float, "credits_mode": str, "latency": float,
                  "tokens_per_second": float, "keepalive_interval": float, "faults": dict,
-                 "retry_after": float, "hang_seconds": float, "price_scale": float}
+                 "retry_after": float, "hang_seconds": float, "price_scale": float,
+                 "bill_cancelled": bool}
 
 
 @dataclass
@@ -451,6 +453,7 @@ class _Job:
         self.started = started
         self.model = body["model"]
         self.headers = {"X-Generation-Id": gen_id}
+        self.charged = False
 
     # -- shared pieces ------------------------------------------------------------------
     def _cost(self) -> float:
@@ -459,6 +462,7 @@ class _Job:
             * self.config.price_scale
 
     def _charge(self, first_token_at: float, streamed: bool) -> float:
+        self.charged = True
         now = time.monotonic()
         cost = self._cost()
         self.server.charge(Generation(
@@ -510,6 +514,26 @@ class _Job:
 
     # -- plain --------------------------------------------------------------------------
     async def plain(self) -> web.StreamResponse:
+        try:
+            return await self._plain()
+        except (asyncio.CancelledError, ConnectionError):
+            self._bill_if_cancelled(streamed=False)
+            raise
+
+    async def stream(self) -> web.StreamResponse:
+        try:
+            return await self._stream()
+        except (asyncio.CancelledError, ConnectionError):
+            self._bill_if_cancelled(streamed=True)
+            raise
+
+    def _bill_if_cancelled(self, streamed: bool) -> None:
+        """Some providers finish (and bill) a generation whose client went away; with
+        `bill_cancelled` the stand-in does the same for an accepted, fault-free request."""
+        if self.config.bill_cancelled and not self.charged and self.fault in (None, "misroute"):
+            self._charge(time.monotonic(), streamed)
+
+    async def _plain(self) -> web.StreamResponse:
         fault = self.fault
         if fault in ("hang", "heartbeat"):
             resp = web.StreamResponse(status=200, headers=self.headers)
@@ -571,7 +595,7 @@ class _Job:
             if loop.time() >= end:
                 return
 
-    async def stream(self) -> web.StreamResponse:
+    async def _stream(self) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers={
             **self.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await self._prepare(resp)
