@@ -8,6 +8,22 @@ slow connections.
 Order of checks for `POST /api/v1/chat/completions`, as OpenRouter does it:
 auth (401) -> body (400) -> model (400) -> routing (400/404) -> pre-flight credit check
 (402) -> fault draw -> answer (with latency and token rate) -> charge -> last chunk.
+
+Faults (`--fault KIND=RATE`; one seeded draw per accepted request, rates sum to <= 1;
+a fault never charges, except `misroute`, which serves a real, billed answer):
+    429 500 502 503 524 529  that status with an error body (429: Retry-After header and
+                             error.availability {retryable, retry_after})
+    error200   HTTP 200, top-level `error`, no `choices` (stream: one such chunk, no [DONE])
+    empty      HTTP 200, `choices: []`, no error, no usage (stream: one such chunk, [DONE])
+    midstream  stream: half the tokens, then a chunk with `error` and finish_reason
+               "error", then the stream ends (no [DONE]); plain: like error200
+    cut        the connection is aborted mid-body (stream: after half the tokens; plain:
+               after half the JSON, whose Content-Length promised all of it)
+    hang       headers, then no byte at all (no keep-alive either) for --hang-seconds,
+               then the connection is aborted
+    heartbeat  stream: `: OPENROUTER PROCESSING` comments forever, never data; plain: a hang
+    misroute   served by an endpoint the request's preferences excluded (a no-op, and not
+               counted, when nothing was excluded)
 """
 
 from __future__ import annotations
