@@ -1,6 +1,128 @@
-"""kp-credits: placeholder until issue 3 lands; exits 2 with "not yet built", writes nothing."""
+"""kp-credits: the OpenRouter account's balance, and the key's limit; a guard for scripts.
 
-from ..cli import not_yet_built, run_command
+Usage:
+    kp-credits                     # human-readable on a terminal, one JSON record otherwise
+    kp-credits --json              # one JSON record, always
+    kp-credits --min 20 && make B3 # exit 3 when less than $20 can still be spent
 
-cli = not_yet_built("kp-credits", "issue 3")
+Schema (one JSON object, `--json`):
+    {"total_credits": float|null, "total_usage": float|null, "remaining": float|null,
+     "key_limit": float|null, "key_limit_remaining": float|null, "source": "credits"|"key"}
+
+Reads `GET /credits`; when that is refused (403) or answers zeros (a normal key, not a
+management key), falls back to `GET /key` (source "key": total_credits unknown, remaining =
+the key's limit_remaining) and says so on stderr. `--min` compares what can still be spent:
+the smaller of `remaining` and `key_limit_remaining`.
+
+The API key comes from OPENROUTER_API_KEY or `--api-key-file`; it never appears in any
+output or message. Base URL: `--base-url`, else OPENROUTER_BASE_URL, else
+https://openrouter.ai/api/v1.
+
+Exit codes: 0 ok; 1 network or API error, or `--min` with an unknown balance;
+2 no key, or the key was refused (401); 3 below `--min`.
+
+Examples:
+    OPENROUTER_API_KEY=sk-or-... kp-credits
+    kp-credits --api-key-file ~/.openrouter-key --json | jq .remaining
+    kp-credits --base-url http://127.0.0.1:8080/api/v1 --min 0.5
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from ..cli import common_options, run_command, say
+from ..errors import ExitCode, KPError
+from ..openrouter import DEFAULT_BASE_URL
+from ..openrouter.money import AuthError, Balance, BalanceError, NetworkError, fetch_balance
+
+
+def read_api_key(api_key_file: str | None) -> str:
+    if api_key_file:
+        try:
+            with open(api_key_file, encoding="utf-8") as f:
+                key = f.read().strip()
+        except OSError as e:
+            raise KPError(f"cannot read --api-key-file {api_key_file}: {e.strerror}",
+                          ExitCode.USAGE) from None
+        if not key:
+            raise KPError(f"--api-key-file {api_key_file} is empty", ExitCode.USAGE)
+        return key
+    key = os.environ.get("OPENROUTER_API_KEY", "").strip()
+    if not key:
+        raise KPError("no API key: set OPENROUTER_API_KEY or pass --api-key-file",
+                      ExitCode.USAGE)
+    return key
+
+
+def usd(value: float | None) -> str:
+    return "unknown" if value is None else f"${value:,.4f}"
+
+
+def human(b: Balance) -> str:
+    lines = [f"OpenRouter balance (from /{b.source})"]
+    if b.source == "credits":
+        lines += [f"  total credits  {usd(b.total_credits)}",
+                  f"  total usage    {usd(b.total_usage)}",
+                  f"  remaining      {usd(b.remaining)}"]
+    else:
+        lines += ["  total credits  unknown (/credits is for management keys)",
+                  f"  key usage      {usd(b.total_usage)}"]
+    if b.key_limit is not None:
+        lines.append(f"  key limit      {usd(b.key_limit)} "
+                     f"(remaining {usd(b.key_limit_remaining)})")
+    else:
+        lines.append("  key limit      none")
+    return "\n".join(lines)
+
+
+@click.command(name="kp-credits")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON record (the default "
+              "when stdout is not a terminal).")
+@click.option("--text", "as_text", is_flag=True, help="Print the human-readable form even "
+              "when stdout is not a terminal.")
+@click.option("--min", "minimum", type=float, default=None, metavar="USD",
+              help="Exit 3 when less than USD can still be spent.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
+              help="Read the API key from this file (else OPENROUTER_API_KEY).")
+@click.option("--base-url", default=None,
+              help=f"API base URL (else OPENROUTER_BASE_URL, else {DEFAULT_BASE_URL}).")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Seconds to wait for OpenRouter.")
+@common_options
+def cli(as_json, as_text, minimum, api_key_file, base_url, timeout, quiet, debug):
+    """Print the OpenRouter account's balance and the key's limit."""
+    if as_json and as_text:
+        raise KPError("--json and --text exclude each other", ExitCode.USAGE)
+    key = read_api_key(api_key_file)
+    base = base_url or os.environ.get("OPENROUTER_BASE_URL") or DEFAULT_BASE_URL
+    try:
+        balance = fetch_balance(key, base, timeout=timeout)
+    except AuthError as e:
+        raise KPError(str(e).replace(key, "***"), ExitCode.USAGE) from None
+    except NetworkError as e:
+        raise KPError(str(e).replace(key, "***"), ExitCode.ERROR) from None
+    except BalanceError as e:
+        raise KPError(str(e).replace(key, "***"), ExitCode.ERROR) from None
+    if balance.note:
+        say(f"kp-credits: {balance.note}", quiet)
+    if as_json or (not as_text and not sys.stdout.isatty()):
+        click.echo(json.dumps(balance.record()))
+    else:
+        click.echo(human(balance))
+    if minimum is not None:
+        spendable = balance.spendable
+        if spendable is None:
+            raise KPError("cannot check --min: the balance is unknown (/credits refused and "
+                          "the key has no limit)", ExitCode.ERROR)
+        if spendable < minimum:
+            raise KPError(f"{usd(spendable)} left, below --min {usd(minimum)}",
+                          ExitCode.BUDGET)
+    return ExitCode.OK
+
+
 main = run_command(cli)

@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the fault draws")
     p.add_argument("--ledger", help="append one JSON line per charged generation")
     p.add_argument("--price-scale", type=float, default=1.0, help="multiply every price")
+    p.add_argument("--bill-cancelled", action="store_true",
+                   help="charge a fault-free generation whose client disconnected mid-way "
+                        "(as some providers do)")
     return p
 
 
@@ -91,14 +94,28 @@ async def serve(config: Config, port: int, port_file: str | None) -> None:
         standin.close()
 
 
+def raise_open_file_limit() -> None:
+    """Thousands of connections need thousands of descriptors: lift the soft limit."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY
+                                                        else max(soft, 65536), hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    raise_open_file_limit()
     config = Config(
         api_key=args.api_key, balance=args.balance, key_limit=args.key_limit,
         credits_mode=args.credits_mode, latency=args.latency,
         tokens_per_second=args.tokens_per_second, keepalive_interval=args.keepalive_interval,
         faults=dict(args.fault), retry_after=args.retry_after, hang_seconds=args.hang_seconds,
-        seed=args.seed, ledger=args.ledger, price_scale=args.price_scale)
+        seed=args.seed, ledger=args.ledger, price_scale=args.price_scale,
+        bill_cancelled=args.bill_cancelled)
     try:
         config.check()
     except ValueError as e:

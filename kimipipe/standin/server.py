@@ -8,6 +8,22 @@ slow connections.
 Order of checks for `POST /api/v1/chat/completions`, as OpenRouter does it:
 auth (401) -> body (400) -> model (400) -> routing (400/404) -> pre-flight credit check
 (402) -> fault draw -> answer (with latency and token rate) -> charge -> last chunk.
+
+Faults (`--fault KIND=RATE`; one seeded draw per accepted request, rates sum to <= 1;
+a fault never charges, except `misroute`, which serves a real, billed answer):
+    429 500 502 503 524 529  that status with an error body (429: Retry-After header and
+                             error.availability {retryable, retry_after})
+    error200   HTTP 200, top-level `error`, no `choices` (stream: one such chunk, no [DONE])
+    empty      HTTP 200, `choices: []`, no error, no usage (stream: one such chunk, [DONE])
+    midstream  stream: half the tokens, then a chunk with `error` and finish_reason
+               "error", then the stream ends (no [DONE]); plain: like error200
+    cut        the connection is aborted mid-body (stream: after half the tokens; plain:
+               after half the JSON, whose Content-Length promised all of it)
+    hang       headers, then no byte at all (no keep-alive either) for --hang-seconds,
+               then the connection is aborted
+    heartbeat  stream: `: OPENROUTER PROCESSING` comments forever, never data; plain: a hang
+    misroute   served by an endpoint the request's preferences excluded (a no-op, and not
+               counted, when nothing was excluded)
 """
 
 from __future__ import annotations
@@ -63,6 +79,7 @@ class Config:
     seed: int = 0
     ledger: str | None = None
     price_scale: float = 1.0
+    bill_cancelled: bool = False     # charge a generation whose client went away mid-way
 
     def check(self) -> None:
         for kind, rate in self.faults.items():
@@ -70,6 +87,9 @@ class Config:
                 raise ValueError(f"unknown fault kind {kind!r} (kinds: {', '.join(FAULT_KINDS)})")
             if not 0.0 <= float(rate) <= 1.0:
                 raise ValueError(f"fault rate for {kind} must be in [0, 1], got {rate}")
+        if sum(float(r) for r in self.faults.values()) > 1.0 + 1e-9:
+            raise ValueError("fault rates must sum to at most 1 (one draw per request picks "
+                             "at most one fault)")
         if self.credits_mode not in CREDITS_MODES:
             raise ValueError(f"credits_mode must be one of {', '.join(CREDITS_MODES)}")
         for name in ("latency", "tokens_per_second", "hang_seconds", "retry_after"):
@@ -82,7 +102,8 @@ class Config:
 # Settable at run time through POST /_standin/config, with their types.
 LIVE_SETTINGS = {"balance": float, "key_limit": float, "credits_mode": str, "latency": float,
                  "tokens_per_second": float, "keepalive_interval": float, "faults": dict,
-                 "retry_after": float, "hang_seconds": float, "price_scale": float}
+                 "retry_after": float, "hang_seconds": float, "price_scale": float,
+                 "bill_cancelled": bool}
 
 
 @dataclass
@@ -284,8 +305,7 @@ class StandIn:
             "byok_usage_monthly": 0.0,
             "is_free_tier": False, "is_management_key": False, "is_provisioning_key": False,
             "rate_limit": {"requests": -1, "interval": "10s", "note": "deprecated"},
-            "free_model_daily_requests": {"limit": 1000, "used": 0, "remaining": 1000,
-                                          "reset_at": None},
+            "free_model_daily_requests": {"limit": 1000, "used": 0, "remaining": 1000},
             "allowed_data_regions": ["global"], "budgets": [], "effective_budget": None,
             "creator_user_id": None, "organization_id": None, "workspace_id": None,
         }})
@@ -349,6 +369,9 @@ class StandIn:
             return response
         finally:
             self.in_flight -= 1
+            # a handler cancelled by a client that went away (hang, heartbeat) had sent its
+            # headers: count the status it sent
+            status = status or request.get("standin_status", 0)
             if status:
                 self.statuses[str(status)] += 1
 
@@ -400,11 +423,11 @@ class StandIn:
         if left < need:
             affordable = max(0, int((left - answer.prompt_tokens * endpoint.prompt * scale)
                                     / (endpoint.completion * scale)))
-            where = ("https://openrouter.ai/settings/keys and create a key with a higher "
-                     "total limit") if (self.config.key_limit is not None and
-                                        self.config.key_limit - self.usage <
-                                        self.config.balance - self.usage) else \
-                "https://openrouter.ai/settings/credits and add more credits"
+            key_is_the_cap = (self.config.key_limit is not None
+                              and self.config.key_limit < self.config.balance)
+            where = ("https://openrouter.ai/settings/keys and create a key with a higher total "
+                     "limit" if key_is_the_cap else
+                     "https://openrouter.ai/settings/credits and add more credits")
             return error_response(
                 402, f"This request requires more credits, or fewer max_tokens. You requested "
                      f"up to {asked} tokens, but can only afford {affordable}. To increase, "
@@ -452,6 +475,7 @@ class _Job:
         self.started = started
         self.model = body["model"]
         self.headers = {"X-Generation-Id": gen_id}
+        self.charged = False
 
     # -- shared pieces ------------------------------------------------------------------
     def _cost(self) -> float:
@@ -460,6 +484,7 @@ class _Job:
             * self.config.price_scale
 
     def _charge(self, first_token_at: float, streamed: bool) -> float:
+        self.charged = True
         now = time.monotonic()
         cost = self._cost()
         self.server.charge(Generation(
@@ -500,6 +525,10 @@ class _Job:
         tps = self.config.tokens_per_second
         return self.answer.completion_tokens / tps if tps > 0 else 0.0
 
+    async def _prepare(self, resp: web.StreamResponse) -> None:
+        self.request["standin_status"] = resp.status
+        await resp.prepare(self.request)
+
     async def _abort(self) -> None:
         transport = self.request.transport
         if transport is not None:
@@ -507,11 +536,31 @@ class _Job:
 
     # -- plain --------------------------------------------------------------------------
     async def plain(self) -> web.StreamResponse:
+        try:
+            return await self._plain()
+        except (asyncio.CancelledError, ConnectionError):
+            self._bill_if_cancelled(streamed=False)
+            raise
+
+    async def stream(self) -> web.StreamResponse:
+        try:
+            return await self._stream()
+        except (asyncio.CancelledError, ConnectionError):
+            self._bill_if_cancelled(streamed=True)
+            raise
+
+    def _bill_if_cancelled(self, streamed: bool) -> None:
+        """Some providers finish (and bill) a generation whose client went away; with
+        `bill_cancelled` the stand-in does the same for an accepted, fault-free request."""
+        if self.config.bill_cancelled and not self.charged and self.fault in (None, "misroute"):
+            self._charge(time.monotonic(), streamed)
+
+    async def _plain(self) -> web.StreamResponse:
         fault = self.fault
         if fault in ("hang", "heartbeat"):
             resp = web.StreamResponse(status=200, headers=self.headers)
             resp.content_type = "application/json"
-            await resp.prepare(self.request)
+            await self._prepare(resp)
             await asyncio.sleep(self.config.hang_seconds)
             await self._abort()
             return resp
@@ -537,7 +586,7 @@ class _Job:
             resp = web.StreamResponse(status=200, headers=self.headers)
             resp.content_type = "application/json"
             resp.content_length = len(data)
-            await resp.prepare(self.request)
+            await self._prepare(resp)
             await resp.write(data[: len(data) // 2])
             await self._abort()
             return resp
@@ -568,10 +617,10 @@ class _Job:
             if loop.time() >= end:
                 return
 
-    async def stream(self) -> web.StreamResponse:
+    async def _stream(self) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers={
             **self.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(self.request)
+        await self._prepare(resp)
         fault = self.fault
         if fault == "hang":
             await asyncio.sleep(self.config.hang_seconds)

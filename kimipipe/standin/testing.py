@@ -42,7 +42,8 @@ class StandIn:
                  keepalive_interval: float | None = None, faults: dict | None = None,
                  retry_after: float | None = None, hang_seconds: float | None = None,
                  seed: int | None = None, ledger: bool | str | os.PathLike = False,
-                 price_scale: float | None = None, port: int = 0,
+                 price_scale: float | None = None, bill_cancelled: bool = False,
+                 port: int = 0,
                  workdir: str | os.PathLike | None = None, extra_args: tuple = (),
                  start_timeout: float = 20.0):
         self.api_key = api_key
@@ -69,6 +70,8 @@ class StandIn:
                 args += [flag, str(value)]
         for kind, rate in (faults or {}).items():
             args += ["--fault", f"{kind}={rate}"]
+        if bill_cancelled:
+            args.append("--bill-cancelled")
         self.args = [*args, *map(str, extra_args)]
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
