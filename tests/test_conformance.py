@@ -207,3 +207,25 @@ def test_error_bodies_conform(server, case):
     # `availability` is documented (OPENROUTER.md) though the spec's error models lack it
     conforms(models[case], body["error"], {"$.availability"})
     assert re.fullmatch(r"\d+", str(body["error"]["code"]))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_body_kp_infer_builds_conforms_to_chat_request(stream):
+    """Not a hand-written sample: the very bytes kp-infer's engine sends, every flag set."""
+    import json
+
+    from kimipipe.infer.engine import RequestOptions
+    from kimipipe.openrouter.routing import Policy
+    from kimipipe.records import Message, Prompt
+
+    policy = Policy(ignore=["fireworks", "baseten"], quantizations=["int4", "unknown"], sort="price",
+                    allow_fallbacks=False, data_collection="deny", max_price_prompt=1.0,
+                    max_price_completion=4.0)
+    options = RequestOptions(max_tokens=16000, temperature=0.6, top_p=0.95, seed=1, reasoning=True,
+                             reasoning_effort="high", stream=stream)
+    prompt = Prompt(id="x", dataset="B3", messages=[Message("system", "Be brief."), Message("user", "Hi")])
+    body = json.loads(options.body(prompt, policy))
+    parsed = conforms(orc.ChatRequest, body, REQUEST_DIALECT)
+    assert parsed.provider.ignore == ["fireworks", "baseten"]
+    assert parsed.provider.max_price.prompt == "1" and parsed.provider.max_price.completion == "4"
+    assert parsed.stream is stream and parsed.max_tokens == 16000

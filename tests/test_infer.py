@@ -351,3 +351,19 @@ def test_adaptive_concurrency_backs_off_under_429(standin, tmp_path):
     s = json.loads(summary.read_text())
     assert s["retries"]["429"] > 10
     assert s["concurrency_limit_end"] < 40
+
+
+def test_min_credits_stops_admission_when_the_balance_runs_low(standin, tmp_path):
+    server = standin(balance=0.2, price_scale=100.0, latency=0.05)
+    prompts = make_prompts(tmp_path / "p.jsonl", 200)
+    out = tmp_path / "r.jsonl"
+    r = infer(server, prompts, "-o", out, "--concurrency", "2", "--max-tokens", "300",
+              "--min-credits", "0.1", "--credits-interval", "0.2")
+    assert r.code == 3, r.stderr
+    assert "below --min-credits" in r.stderr
+    done = len(ids_of(out))
+    assert 0 < done < 200
+    # already below the threshold: nothing is sent at all
+    before = server.stats()["completions_started"]
+    r = infer(server, prompts, "-o", out, "--min-credits", "0.1")
+    assert r.code == 3 and server.stats()["completions_started"] == before

@@ -56,7 +56,9 @@ from ..infer.engine import (
     prepare,
 )
 from ..infer.workers import WorkerPool
-from ..openrouter.client import DEFAULT_BASE_URL, CompletionClient
+from ..openrouter import DEFAULT_BASE_URL
+from ..openrouter.client import CompletionClient
+from ..openrouter.money import fetch_balance_async
 from ..openrouter.routing import (
     Endpoint,
     Policy,
@@ -125,11 +127,11 @@ async def fetch_endpoints(base_url: str, api_key: str, model: str) -> list[Endpo
         raise KPError(f"unexpected endpoints table: {e}") from None
 
 
-async def fetch_remaining_balance(base_url: str, api_key: str) -> float | None:
-    from ..openrouter.money import fetch_balance_async
-
-    balance = await fetch_balance_async(base_url, api_key)
-    return balance.remaining
+async def fetch_spendable_balance(base_url: str, api_key: str) -> float | None:
+    """What the account (or the key's limit) still allows, as kp-credits reads it."""
+    async with aiohttp.ClientSession() as session:
+        balance = await fetch_balance_async(session, api_key, base_url)
+    return balance.spendable
 
 
 def _uvloop_run(coro):
@@ -295,7 +297,7 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         balance_check = None
         if min_credits is not None:
             async def balance_check():
-                return await fetch_remaining_balance(base_url, api_key)
+                return await fetch_spendable_balance(base_url, api_key)
 
         bar = progress(total=todo, desc="kp-infer", unit="req", quiet=quiet)
         n_workers = (os.cpu_count() or 1) if workers is None else workers

@@ -35,7 +35,6 @@ import msgspec
 
 from ..errors import redact
 
-DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 RETRYABLE_STATUSES = {408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525, 526, 529}
 
 

@@ -42,11 +42,12 @@ class Policy:
             obj["allow_fallbacks"] = False
         if self.data_collection:
             obj["data_collection"] = self.data_collection
+        # Strings, as the SDK's MaxPrice model types them (numbers fail its validation).
         max_price = {}
         if self.max_price_prompt is not None:
-            max_price["prompt"] = self.max_price_prompt
+            max_price["prompt"] = f"{self.max_price_prompt:g}"
         if self.max_price_completion is not None:
-            max_price["completion"] = self.max_price_completion
+            max_price["completion"] = f"{self.max_price_completion:g}"
         if max_price:
             obj["max_price"] = max_price
         return obj
