@@ -18,6 +18,7 @@ import click
 from tqdm import tqdm
 
 from .errors import ExitCode, KPError, redact
+from .partition import parse_partition
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success; 1 unexpected error; 2 usage or input error (nothing done); "
@@ -122,6 +123,24 @@ def run_command(command: click.Command) -> Callable[[], None]:
         sys.exit(code if isinstance(code, int) else ExitCode.OK)
 
     return main
+
+
+class PartitionType(click.ParamType):
+    name = "K/N"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_partition(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+def partition_option(f):
+    """`--partition K/N`: only the IDs whose hash falls in part K of N (kimipipe/partition.py)."""
+    return click.option("--partition", type=PartitionType(), default=None,
+                        help="Only the IDs whose hash falls in part K of N (one part per machine).")(f)
 
 
 def not_yet_built(name: str, issue: str) -> click.Command:

@@ -367,3 +367,20 @@ def test_min_credits_stops_admission_when_the_balance_runs_low(standin, tmp_path
     before = server.stats()["completions_started"]
     r = infer(server, prompts, "-o", out, "--min-credits", "0.1")
     assert r.code == 3 and server.stats()["completions_started"] == before
+
+
+def test_partitions_are_disjoint_and_cover_the_input(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 60)
+    parts = []
+    for k in (1, 2, 3):
+        out = tmp_path / f"part{k}.jsonl"
+        r = infer(server, prompts, "-o", out, "--partition", f"{k}/3")
+        assert r.code == 0, r.stderr
+        parts.append(set(ids_of(out)))
+    assert all(parts)  # every part got some work
+    assert not (parts[0] & parts[1]) and not (parts[0] & parts[2]) and not (parts[1] & parts[2])
+    assert parts[0] | parts[1] | parts[2] == {f"p{i:05d}" for i in range(60)}
+    assert server.stats()["completions_started"] == 60  # no prompt was sent twice
+    bad = infer(server, prompts, "--partition", "4/3")
+    assert bad.code == 2 and "K must be between 1 and N" in bad.stderr

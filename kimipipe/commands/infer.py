@@ -40,6 +40,7 @@ from ..cli import (
     common_options,
     input_argument,
     output_option,
+    partition_option,
     progress,
     run_command,
     say,
@@ -51,7 +52,6 @@ from ..infer.engine import (
     Run,
     RunConfig,
     format_summary,
-    in_partition,
     make_tmpdir,
     prepare,
 )
@@ -67,6 +67,7 @@ from ..openrouter.routing import (
     price_bound,
     why_excluded,
 )
+from ..partition import in_partition
 
 QUANTIZATIONS = ("int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32", "unknown")
 
@@ -81,21 +82,6 @@ class TokenCount(click.ParamType):
             return parse_token_count(value)
         except ValueError:
             self.fail(f"{value!r} is not a token count (e.g. 10M, 500k, 250000)", param, ctx)
-
-
-class Partition(click.ParamType):
-    name = "K/N"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        try:
-            k, n = (int(x) for x in value.split("/"))
-        except ValueError:
-            self.fail(f"{value!r} is not K/N (e.g. 1/2)", param, ctx)
-        if not 1 <= k <= n:
-            self.fail(f"{value!r}: K must be between 1 and N", param, ctx)
-        return k, n
 
 
 def read_api_key(api_key_file: str | None, required: bool = True) -> str:
@@ -234,8 +220,7 @@ def show_plan(policy: Policy, endpoints: list[Endpoint] | None, scan, todo: int,
 @click.option("--failures", type=click.Path(), default=None,
               help="Append permanent failures here (JSONL: id, kind, status, code, message, attempts).")
 @click.option("--summary-json", type=click.Path(), default=None, help="Write the final summary here as JSON.")
-@click.option("--partition", type=Partition(), default=None,
-              help="Only the IDs whose hash falls in part K of N (for N machines).")
+@partition_option
 @click.option("--base-url", envvar="OPENROUTER_BASE_URL", default=DEFAULT_BASE_URL, show_default=True,
               help="API base URL (or OPENROUTER_BASE_URL).")
 @click.option("--api-key-file", type=click.Path(), default=None,

@@ -36,6 +36,7 @@ from ..errors import ExitCode, InputError, KPError, redact
 from ..io import RecordWriter, iter_finished, iter_records, scan_done
 from ..openrouter.client import Attempt
 from ..openrouter.routing import Endpoint, Policy, routing_violation
+from ..partition import in_partition
 from ..records import CostOnly, Prompt, decode_passthrough, encode_line, merge_fields
 from .budget import Budget, prompt_token_bound
 from .limiter import AdaptiveLimiter
@@ -166,17 +167,6 @@ def spool_stdin(tmpdir: str) -> str:
     with open(path, "wb") as f:
         shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
     return path
-
-
-def partition_of(pid: str, parts: int) -> int:
-    """The part (0-based) of N that ID falls in: stable across machines and runs."""
-    import hashlib
-
-    return int.from_bytes(hashlib.sha256(pid.encode()).digest()[:8], "big") % parts
-
-
-def in_partition(pid: str, partition: tuple[int, int] | None) -> bool:
-    return partition is None or partition_of(pid, partition[1]) == partition[0] - 1
 
 
 def validate_input(path: str, shown: str) -> InputScan:
