@@ -354,18 +354,18 @@ def test_adaptive_concurrency_backs_off_under_429(standin, tmp_path):
 
 
 def test_min_credits_stops_admission_when_the_balance_runs_low(standin, tmp_path):
-    server = standin(balance=0.2, price_scale=100.0, latency=0.05)
+    server = standin(balance=0.5, price_scale=100.0, latency=0.3)
     prompts = make_prompts(tmp_path / "p.jsonl", 200)
     out = tmp_path / "r.jsonl"
-    r = infer(server, prompts, "-o", out, "--concurrency", "2", "--max-tokens", "300",
-              "--min-credits", "0.1", "--credits-interval", "0.2")
+    r = infer(server, prompts, "-o", out, "--concurrency", "1", "--max-tokens", "100",
+              "--min-credits", "0.3", "--credits-interval", "0.1")
     assert r.code == 3, r.stderr
     assert "below --min-credits" in r.stderr
     done = len(ids_of(out))
     assert 0 < done < 200
     # already below the threshold: nothing is sent at all
     before = server.stats()["completions_started"]
-    r = infer(server, prompts, "-o", out, "--min-credits", "0.1")
+    r = infer(server, prompts, "-o", out, "--min-credits", "0.3")
     assert r.code == 3 and server.stats()["completions_started"] == before
 
 
@@ -384,3 +384,54 @@ def test_partitions_are_disjoint_and_cover_the_input(standin, tmp_path):
     assert server.stats()["completions_started"] == 60  # no prompt was sent twice
     bad = infer(server, prompts, "--partition", "4/3")
     assert bad.code == 2 and "K must be between 1 and N" in bad.stderr
+
+
+def test_closed_output_pipe_stops_admission_quietly(standin, tmp_path):
+    server = standin(latency=0.05)
+    prompts = make_prompts(tmp_path / "p.jsonl", 400)
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
+    proc = subprocess.run(
+        f"'{BIN}/kp-infer' '{prompts}' --base-url {server.base_url} --concurrency 4 --quiet | head -1",
+        shell=True, capture_output=True, env=env, timeout=60)
+    assert len(proc.stdout.splitlines()) == 1 and json.loads(proc.stdout)["id"].startswith("p")
+    assert b"Traceback" not in proc.stderr
+    assert server.stats()["completions_started"] < 100  # it stopped paying for lost answers
+
+
+def test_second_sigint_cancels_in_flight_at_once(standin, tmp_path):
+    server = standin(latency=30)
+    prompts = make_prompts(tmp_path / "p.jsonl", 10)
+    out = tmp_path / "r.jsonl"
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
+    proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
+                             server.base_url, "--concurrency", "5"], env=env, stderr=subprocess.PIPE)
+    deadline = time.time() + 30
+    while time.time() < deadline and server.stats()["in_flight"] < 5:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert proc.poll() is None  # the first Ctrl-C waits for the requests in flight
+    started = time.time()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130 and time.time() - started < 10
+    assert b"Ctrl-C again" in err
+    assert read_jsonl(out) == []
+
+
+def test_grace_period_bounds_the_wait_for_in_flight(standin, tmp_path):
+    server = standin(latency=30, balance=100)
+    prompts = make_prompts(tmp_path / "p.jsonl", 10)
+    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
+    proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
+                             server.base_url, "--concurrency", "3", "--grace", "0.5",
+                             "--summary-json", str(summary)], env=env, stderr=subprocess.PIPE)
+    deadline = time.time() + 30
+    while time.time() < deadline and server.stats()["in_flight"] < 3:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    s = json.loads(summary.read_text())
+    assert s["abandoned_in_flight"] == 3 and s["stop_reason"] == "interrupted"

@@ -49,6 +49,7 @@ STOP_EXIT = {
     "interrupted": ExitCode.INTERRUPTED,
     "auth": ExitCode.USAGE,
     "no-route": ExitCode.USAGE,
+    "output": ExitCode.ERROR,
 }
 
 STOP_MESSAGES = {
@@ -59,6 +60,7 @@ STOP_MESSAGES = {
     "interrupted": "interrupted; rerun the same command to resume",
     "auth": "stopped: OpenRouter rejected the API key (401); check OPENROUTER_API_KEY",
     "no-route": "stopped: no provider matches the routing flags (404); check --ignore-provider/--only-provider/--quantization (try --plan)",
+    "output": "stopped: the output cannot be written (a closed pipe or a full disk); fix it and rerun with -o to resume",
 }
 
 _prompt_decoder = msgspec.json.Decoder(Prompt)
@@ -227,6 +229,7 @@ class Run:
         self._last_postfix = 0.0
         self._interrupts = 0
         self.in_progress: set[str] = set()
+        self.output_error: OSError | None = None
 
     # -- stopping -------------------------------------------------------------------------
     def stop(self, reason: str) -> None:
@@ -275,7 +278,10 @@ class Run:
                     loop.remove_signal_handler(sig)
                 except (NotImplementedError, RuntimeError):
                     pass
-            self.writer.close()
+            try:
+                self.writer.close()
+            except OSError:
+                pass  # already reported as an output stop
             if self.failures:
                 self.failures.close()
         return self.exit_code()
@@ -294,15 +300,32 @@ class Run:
             reservation = self.budget.worst_case(prompt_token_bound(prompt.messages))
             if not await self._wait_for_budget(reservation):
                 return
-            await self.limiter.acquire()
-            if self.stopping.is_set():
-                await self.limiter.release()
+            if not await self._acquire_unless_stopped():
                 return
             self.budget.reserve(reservation)
             self.in_progress.add(prompt.id)
             task = asyncio.create_task(self._handle(prompt, line, reservation))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+
+    async def _acquire_unless_stopped(self) -> bool:
+        """A concurrency slot for a new request; False (and no slot) once the run stops."""
+        if self.limiter.in_flight < self.limiter.current:
+            await self.limiter.acquire()
+        else:
+            acquire = asyncio.create_task(self.limiter.acquire())
+            stopped = asyncio.create_task(self.stopping.wait())
+            await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not acquire.done():
+                acquire.cancel()
+                await asyncio.wait({acquire})
+            if acquire.cancelled():
+                return False
+        if self.stopping.is_set():
+            await self.limiter.release()
+            return False
+        return True
 
     async def _wait_for_budget(self, reservation: float) -> bool:
         """Wait until the next request's worst case fits; False when the run must stop."""
@@ -417,7 +440,12 @@ class Run:
                       "reasoning_tokens": r.reasoning_tokens, "cost": cost},
             "attempts": attempts,
         }
-        self.writer.write_line(encode_line(merge_fields(decode_passthrough(line), owned)))
+        try:
+            self.writer.write_line(encode_line(merge_fields(decode_passthrough(line), owned)))
+        except OSError as e:  # no point paying for answers that cannot be kept
+            self.output_error = e
+            self.stop("output")
+            return
         self.done.add(prompt.id)
         self.budget.record(cost, r.completion_tokens)
         self.stats.done += 1
