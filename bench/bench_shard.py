@@ -10,7 +10,8 @@
    subprocess; wall time.
 3. Decompresses the shards it wrote into one plain file (the exact bytes kp-shard
    compressed) and times `zstd -3 -T0 -q -f FILE -o OUT` on it.
-Best of --repeat runs each, interleaved. Prints MB/s of shard rows (uncompressed) for both
+Best of --repeat runs each, interleaved (the machine may be shared), and the median
+ratio of the paired runs. Prints MB/s of shard rows (uncompressed) for both
 and the ratio kp-shard / zstd (target: at least 0.7). Both read from the page cache.
 """
 
@@ -21,6 +22,7 @@ import bisect
 import itertools
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -72,16 +74,20 @@ def generate(path: Path, target_bytes: int, seed: int = 1) -> int:
     return records
 
 
-def timed(cmd: list[str]) -> float:
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system, all threads) of one run of CMD."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--mb", type=int, default=300, help="size of the token-records file (MB)")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workdir", default=None, help="keep files here (default: a temp dir)")
     args = ap.parse_args()
     if not shutil.which("zstd"):
@@ -96,6 +102,7 @@ def main() -> None:
               f"in {time.perf_counter() - t:.0f} s", file=sys.stderr)
     out = work / "shards"
     rows = work / "rows.jsonl"
+    load = os.getloadavg()[0]
     kp_times, zstd_times = [], []
     for i in range(args.repeat):
         kp_times.append(timed([str(BIN / "kp-shard"), str(tokens), "--out", str(out), "-q"]))
@@ -110,12 +117,15 @@ def main() -> None:
     shard_bytes = sum(p.stat().st_size for p in out.glob("*.jsonl.zst"))
     print(f"input: {tokens.stat().st_size / 1e6:.0f} MB token records; "
           f"output: {size / 1e6:.0f} MB of rows -> {shard_bytes / 1e6:.0f} MB of shards; "
-          f"{os.cpu_count()} CPUs")
-    print(f"kp-shard      {kp:6.2f} s  {size / kp / 1e6:7.1f} MB/s of rows   (runs: "
-          + ", ".join(f"{t:.2f}" for t in kp_times) + ")")
-    print(f"zstd -3 -T0   {zs:6.2f} s  {size / zs / 1e6:7.1f} MB/s           (runs: "
-          + ", ".join(f"{t:.2f}" for t in zstd_times) + ")")
-    print(f"ratio kp-shard / zstd: {zs / kp:.2f} (target >= 0.7)")
+          f"{os.cpu_count()} CPUs; load average before: {load:.2f}")
+    for name, best, runs in (("kp-shard", kp, kp_times), ("zstd -3 -T0", zs, zstd_times)):
+        print(f"{name:<12} {best[0]:6.2f} s wall {size / best[0] / 1e6:7.1f} MB/s of rows, "
+              f"{best[1]:5.2f} CPU-s   (runs, wall/CPU: "
+              + ", ".join(f"{w:.2f}/{c:.2f}" for w, c in runs) + ")")
+    paired = sorted(z[0] / k[0] for k, z in zip(kp_times, zstd_times, strict=True))
+    print(f"ratio kp-shard / zstd throughput: {zs[0] / kp[0]:.2f} best vs best, "
+          f"{paired[len(paired) // 2]:.2f} median of paired runs (target >= 0.7); "
+          f"CPU per byte, zstd / kp-shard: {zs[1] / kp[1]:.2f}")
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -550,3 +550,47 @@ def test_a_second_run_on_the_same_directory_is_refused(tmp_path):
         r = kp("shard", src, "--out", out)
     assert r.code == 2 and "another kp-shard is writing here" in r.stderr
     assert kp("shard", src, "--out", out).code == 0
+
+
+# --- the fast decoder agrees with msgspec on every line ---------------------------------------
+
+def test_fast_decoder_agrees_with_the_full_parse_and_refuses_what_json_refuses():
+    import msgspec
+
+    from kimipipe.shard.rows import TokenRecordDecoder
+    dec = TokenRecordDecoder()
+    good = [
+        b'{"id":"a","dataset":"B","input_ids":[1,2,3],"output_ids":[4,0,50]}',
+        b'{"output_ids":[7],"id":"b","dataset":"B","input_ids":[]}',
+        b'{"id":"c","dataset":"B","meta":{"note":"\\"input_ids\\": [9]"},"input_ids":[0],'
+        b'"output_ids":[10,0]}',
+        b'{"id":"d","dataset":"B","meta":{"input_ids":[5]},"input_ids":[1],"output_ids":[2]}',
+        b'{"id":"e","dataset":"B","input\\u005fids":[1],"output_ids":[2]}',
+        b'{"id":"f","dataset":"B","input_ids": [1, 2],"output_ids":[3]}',
+        b'{"id":"g","dataset":"B","input_ids":[0,10,0,100,0],"output_ids":[0],"z":1}',
+        b'{"id":"h","dataset":"B","input_ids":[5],"output_ids":[6],"meta":{"output_ids":[9]}}',
+    ]
+    for line in good:
+        want = msgspec.json.decode(line)
+        got = dec.decode(line)
+        assert got.id == want["id"]
+        assert [int(x) for x in bytes(got.prompt).split(b",") if x] == want["input_ids"]
+        assert [int(x) for x in bytes(got.output).split(b",") if x] == want["output_ids"]
+        assert (got.n_in, got.n_out) == (len(want["input_ids"]), len(want["output_ids"]))
+    # d (a nested key) and e (an escaped key) must not be taken apart by the fast path
+    assert dec._fast(good[0]) is not None and dec._fast(good[3]) is None
+    assert dec._fast(good[4]) is None and dec._fast(good[6]) is not None
+    assert dec._fast(good[7]) is not None  # a nested key after the lists is just content
+    bad = [b"[1,,2]", b"[01]", b"[0,01]", b"[10,00]", b"[1,02,3]", b"[00]", b"[1,01]", b"[1,]", b"[,1]", b"[1.5]", b"[-1]", b'["1"]', b"[1x2]",
+           b"[1e3]", b"[[1]]", b"[true]", b"[null]", b"{}", b"5", b'[1]]', b"[1"]
+    for ids in bad:
+        line = b'{"id":"x","dataset":"B","input_ids":' + ids + b',"output_ids":[1]}'
+        with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
+            dec.decode(line)
+        line = b'{"id":"x","dataset":"B","input_ids":[1],"output_ids":' + ids + b'}'
+        with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
+            dec.decode(line)
+    with pytest.raises(msgspec.ValidationError, match=r"Expected `str`, got `int` - at `\$.id`"):
+        dec.decode(b'{"id":1,"dataset":"B","input_ids":[1],"output_ids":[2]}')
+    with pytest.raises(msgspec.DecodeError):
+        dec.decode(b'{"id":"x","dataset":"B","input_ids":[1],"output_ids":[2],"z":tru}')

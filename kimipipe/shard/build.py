@@ -11,7 +11,7 @@ from .. import __version__
 from ..errors import InputError, display_path
 from ..io import iter_records
 from .check import Lengths
-from .rows import TOKEN_IDS_DECODER, Drops, Row, RowBuilder, eval_point, id_fingerprint
+from .rows import TOKEN_RECORD_DECODER, Drops, Row, RowBuilder, eval_point, id_fingerprint
 from .shuffle import ExternalShuffle
 from .writer import DirectoryLock, ShardInfo, ShardSet, shard_info_dicts
 
@@ -65,10 +65,10 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
     def rows() -> Iterator[tuple[int, int, str, Row]]:
         nonlocal read
         for source, path in enumerate(inputs):
-            for lineno, rec, line in iter_records(path, TOKEN_IDS_DECODER):
+            for lineno, rec, line in iter_records(path, TOKEN_RECORD_DECODER):
                 read += 1
                 on_record()
-                row = builder.build(rec, line, path, lineno)
+                row = builder.build(rec, line)
                 if row is not None:
                     split = "eval" if eval_point(row.id) < opts.eval_fraction else "train"
                     yield source, lineno, split, row

@@ -37,8 +37,7 @@ MANIFEST = "manifest.json"
 LOCK = ".kp-shard.lock"
 SHARD_SUFFIX = ".jsonl.zst"
 _TEMP = re.compile(r"^\..+\.tmp-\d+$|^\.kp-shard-spill-\d+$")
-_BATCH = 4 << 20
-_JOB_SIZE = 0  # zstd picks it from the level  # bytes handed to the compressor at once (multi-threaded zstd wants big jobs)
+_JOB_SIZE = 0  # zstd picks it from the level
 
 
 def temp_name(final: str) -> str:
@@ -95,8 +94,6 @@ class ShardFile:
         self.final = os.path.join(directory, name)
         self._file = _HashingFile(self.tmp)
         self._zst = cctx.stream_writer(self._file, closefd=False)
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
         self.records = 0
         self.input_tokens = 0
         self.output_tokens = 0
@@ -107,22 +104,15 @@ class ShardFile:
         return self.input_tokens + self.output_tokens
 
     def add(self, row: Row) -> None:
-        self._pending.append(row.data)
-        self._pending_bytes += len(row.data)
+        # Straight into zstd: it copies into its own job buffers (multi-threaded zstd
+        # compresses whole jobs of a few MB in worker threads), so no batching here.
+        self._zst.write(row.data)
+        self.uncompressed += len(row.data)
         self.records += 1
         self.input_tokens += row.input_tokens
         self.output_tokens += row.output_tokens
-        if self._pending_bytes >= _BATCH:
-            self._drain()
-
-    def _drain(self) -> None:
-        self.uncompressed += self._pending_bytes
-        self._zst.write(b"".join(self._pending))
-        self._pending.clear()
-        self._pending_bytes = 0
 
     def close(self) -> ShardInfo:
-        self._drain()
         self._zst.flush(zstandard.FLUSH_FRAME)
         self._zst.close()
         self._file.f.flush()
