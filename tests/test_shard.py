@@ -594,3 +594,24 @@ def test_fast_decoder_agrees_with_the_full_parse_and_refuses_what_json_refuses()
         dec.decode(b'{"id":1,"dataset":"B","input_ids":[1],"output_ids":[2]}')
     with pytest.raises(msgspec.DecodeError):
         dec.decode(b'{"id":"x","dataset":"B","input_ids":[1],"output_ids":[2],"z":tru}')
+
+
+def test_everything_dropped_gives_an_empty_set_and_a_warning(tmp_path):
+    out = tmp_path / "shards"
+    assert kp("shard", write_jsonl(tmp_path / "a.jsonl", records(4)), "--out", out).code == 0
+    src = write_jsonl(tmp_path / "t.jsonl", [token_record("e", 3, 0), token_record("f", 2, 0)])
+    r = kp("shard", src, "--out", out)
+    assert r.code == 0, r.stderr
+    assert "every record was dropped" in r.stderr
+    m = manifest_of(out)
+    assert m["shards"] == [] and m["totals"]["records"] == 0 and m["dropped"]["empty_output"] == 2
+    assert visible_files(out) == ["manifest.json"]
+    assert kp("shard", "verify", out).code == 0
+
+
+def test_out_that_is_a_file_is_a_usage_error(tmp_path):
+    src = write_jsonl(tmp_path / "t.jsonl", records(2))
+    r = kp("shard", src, "--out", src)
+    assert r.code == 2 and "is a file" in r.stderr
+    r = kp("shard", src, "--out", src / "sub")
+    assert r.code == 2 and "cannot use as the output directory" in r.stderr

@@ -265,8 +265,12 @@ class DirectoryLock:
         self._fd: int | None = None
 
     def __enter__(self) -> DirectoryLock:
-        os.makedirs(self.directory, exist_ok=True)
-        self._fd = os.open(os.path.join(self.directory, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            self._fd = os.open(os.path.join(self.directory, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise KPError(f"{self.directory}: cannot use as the output directory: {e.strerror}",
+                          exit_code=2) from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
