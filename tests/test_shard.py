@@ -446,6 +446,7 @@ def test_rerun_replaces_the_set_and_removes_only_stale_shards(tmp_path):
     out = tmp_path / "shards"
     (tmp_path / "shards").mkdir()
     (out / "notes.txt").write_text("mine")
+    (out / ".editor.tmp-1").write_text("not ours either")
     assert kp("shard", src, "--out", out, "--records-per-shard", "2").code == 0
     assert len(manifest_of(out)["shards"]) == 5
     assert kp("shard", src, "--out", out, "--records-per-shard", "4").code == 0
@@ -453,6 +454,7 @@ def test_rerun_replaces_the_set_and_removes_only_stale_shards(tmp_path):
                                   "shard-00001.jsonl.zst", "shard-00002.jsonl.zst"]
     assert kp("shard", src, "--out", out, "--name", "other").code == 0
     assert visible_files(out) == ["manifest.json", "notes.txt", "other-00000.jsonl.zst"]
+    assert (out / ".editor.tmp-1").exists()
     assert kp("shard", "verify", out).code == 0
 
 

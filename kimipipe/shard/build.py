@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -84,14 +85,18 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
                 spill = ExternalShuffle(spill_dir, opts.seed, opts.shuffle_memory)
                 for source, lineno, split, row in rows():
                     spill.add(split, row, source, lineno)
-                previous = None
+                # Repeats of an id share its key, so they arrive in one run of equal keys,
+                # in input order; a run almost always holds a single id.
+                run_key, run_ids = None, set()
                 for item in spill.drain():
-                    if previous is not None and item.key == previous[0] and item.row.id == previous[1]:
+                    if item.key != run_key:
+                        run_key, run_ids = item.key, set()
+                    elif item.row.id in run_ids:
                         if opts.on_duplicate == "error":
                             raise _duplicate(item.row.id, display_path(inputs[item.source]), item.line)
                         drops.duplicate_id += 1
                         continue
-                    previous = (item.key, item.row.id)
+                    run_ids.add(item.row.id)
                     shards.add(item.split, item.row)
                     if collect_lengths:
                         lengths.add(item.row.input_tokens, item.row.output_tokens)
@@ -114,7 +119,6 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
         except BaseException:
             shards.discard()
             if spill is not None:
-                import shutil
                 shutil.rmtree(spill.directory, ignore_errors=True)
             raise
     return BuildResult(manifest, finished, drops, read, lengths)

@@ -36,7 +36,8 @@ from .rows import Row
 MANIFEST = "manifest.json"
 LOCK = ".kp-shard.lock"
 SHARD_SUFFIX = ".jsonl.zst"
-_TEMP = re.compile(r"^\..+\.tmp-\d+$|^\.kp-shard-spill-\d+$")
+_TEMP = re.compile(r"^\..+\.jsonl\.zst\.tmp-\d+$|^\.manifest\.json\.tmp-\d+$"
+                   r"|^\.kp-shard-spill-\d+$")  # our temporary names, and only those
 _JOB_SIZE = 0  # zstd picks it from the level
 
 
