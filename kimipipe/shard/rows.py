@@ -1,14 +1,10 @@
 """Token records in, training rows out: validation, filters, and the two row formats.
 
 The hot path never turns token IDs into Python ints, nor lets msgspec parse them (number
-parsing is ~90% of msgspec's time on a token record). `TokenRecordDecoder` cuts the two ID
-lists out of the line at their keys, checks with numpy that each holds only digits and
-commas (and counts them), and has msgspec parse the rest of the line with `[]` in their
-place, which validates every other byte and field. Lines it cannot take apart safely go
-through msgspec whole. An `eagle` row is then spliced from the raw bytes: the prompt's
-list, the output's list, and a `loss_mask` built by repeating `0,` and `1,`. Only
-truncation (`--max-length --truncate`) decodes a list of ints, and only for the rows it
-cuts.
+parsing is ~90% of msgspec's time on a token record): see `TokenRecordDecoder`. An `eagle`
+row is then spliced from the raw bytes: the prompt's list, the output's list, and a
+`loss_mask` built by repeating `0,` and `1,`. Only truncation (`--max-length --truncate`)
+decodes a list of ints, and only for the rows it cuts.
 """
 
 from __future__ import annotations
@@ -99,13 +95,14 @@ def _check_bodies(a: np.ndarray) -> int | None:
 class TokenRecordDecoder:
     """Decodes a token-record line into TokenLists; plugs into `io.iter_records`.
 
-    Fast path (lines as kimipipe writes them: compact lists, keys written plainly): the
-    two ID lists are cut out of the line at their keys, checked and counted with numpy,
-    and only the rest of the line, with `[]` in their place, is parsed by msgspec. That
-    parse still validates every other byte and field, so the line is proven valid JSON
-    and well-typed; it skips msgspec's number parsing, which is ~90% of its time here.
-    Anything unusual (whitespace or an empty list, output_ids before input_ids, a key
-    nested under another field or spelled with escapes) takes the slow path: msgspec parses the whole
+    Fast path (lines as kimipipe writes them: compact lists, `input_ids` before
+    `output_ids`): the two ID lists are cut out of the line at their keys, checked and
+    counted with numpy, and the rest of the line, a marker string in place of each list,
+    is parsed by msgspec. That parse validates every other byte and field, so the line is
+    proven valid JSON and well-typed, and the marker coming back as the record's own
+    `input_ids` and `output_ids` proves the lists cut out were the record's own (not a
+    key nested in another field). Anything else (whitespace or an empty list, another
+    field order, escapes spelling a key) takes the slow path: msgspec parses the whole
     line and the lists are checked from its raw values. Errors come out of either path as
     msgspec errors, which `iter_records` reports as `PATH:LINE: what is wrong`.
     """
