@@ -617,3 +617,22 @@ def test_out_that_is_a_file_is_a_usage_error(tmp_path):
     assert r.code == 2 and "is a file" in r.stderr
     r = kp("shard", src, "--out", src / "sub")
     assert r.code == 2 and "cannot use as the output directory" in r.stderr
+
+
+def test_id_list_check_matches_json_on_random_bodies():
+    import random
+
+    import numpy as np
+
+    from kimipipe.shard.rows import _check_bodies
+    rng = random.Random(0)
+    for _ in range(5000):
+        body = "".join(rng.choice("0123456789,,00") for _ in range(rng.randint(1, 9)))
+        try:
+            values = json.loads(f"[{body}]")
+            want = body.count(",")
+        except ValueError:
+            want = None
+        assert _check_bodies(np.frombuffer(body.encode(), np.uint8)) == want, body
+        if want is not None:
+            assert len(values) == want + 1
