@@ -583,6 +583,10 @@ def test_fast_decoder_agrees_with_the_full_parse_and_refuses_what_json_refuses()
     assert dec._fast(good[0]) is not None and dec._fast(good[3]) is None
     assert dec._fast(good[4]) is None and dec._fast(good[6]) is not None
     assert dec._fast(good[7]) is not None  # a nested key after the lists is just content
+    assert dec._fast(good[1]) is None  # empty input_ids: slow path
+    swapped = b'{"output_ids":[7,8],"id":"b","dataset":"B","input_ids":[1],"x":"]"}'
+    got = dec._fast(swapped)
+    assert (bytes(got.prompt), got.n_in, bytes(got.output), got.n_out) == (b"1", 1, b"7,8", 2)
     bad = [b"[1,,2]", b"[01]", b"[0,01]", b"[10,00]", b"[1,02,3]", b"[00]", b"[1,01]", b"[1,]", b"[,1]", b"[1.5]", b"[-1]", b'["1"]', b"[1x2]",
            b"[1e3]", b"[[1]]", b"[true]", b"[null]", b"{}", b"5", b'[1]]', b"[1"]
     for ids in bad:

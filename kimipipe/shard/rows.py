@@ -95,14 +95,13 @@ def _check_bodies(a: np.ndarray) -> int | None:
 class TokenRecordDecoder:
     """Decodes a token-record line into TokenLists; plugs into `io.iter_records`.
 
-    Fast path (lines as kimipipe writes them: compact lists, `input_ids` before
-    `output_ids`): the two ID lists are cut out of the line at their keys, checked and
+    Fast path (lines as kimipipe writes them: compact, non-empty lists): the two ID lists are cut out of the line at their keys, checked and
     counted with numpy, and the rest of the line, a marker string in place of each list,
     is parsed by msgspec. That parse validates every other byte and field, so the line is
     proven valid JSON and well-typed, and the marker coming back as the record's own
     `input_ids` and `output_ids` proves the lists cut out were the record's own (not a
-    key nested in another field). Anything else (whitespace or an empty list, another
-    field order, escapes spelling a key) takes the slow path: msgspec parses the whole
+    key nested in another field). Anything else (whitespace or an empty list, escapes
+    spelling a key) takes the slow path: msgspec parses the whole
     line and the lists are checked from its raw values. Errors come out of either path as
     msgspec errors, which `iter_records` reports as `PATH:LINE: what is wrong`.
     """
@@ -117,8 +116,12 @@ class TokenRecordDecoder:
             return None
         i0 = i + _IN_LEN + 2
         i1 = line.find(b"]", i0)
+        if i1 < 0:
+            return None
         o = line.find(_OUTPUT_KEY, i1)  # kimipipe writes output_ids after input_ids
-        if i1 < 0 or o < 0 or line[o + _OUT_LEN:o + _OUT_LEN + 2] != b":[":
+        if o < 0:
+            o = line.find(_OUTPUT_KEY, 0, i)
+        if o < 0 or line[o + _OUT_LEN:o + _OUT_LEN + 2] != b":[":
             return None
         o0 = o + _OUT_LEN + 2
         o1 = line.find(b"]", o0)
@@ -137,8 +140,12 @@ class TokenRecordDecoder:
         # are not exactly our markers, the keys we found were not its own (nested, or
         # the record spells a key with an escape): the slow path decides.
         view = memoryview(line)
-        rec = _full_decoder.decode(b"".join((view[:i0 - 1], _MARKER, view[i1 + 1:o0 - 1],
-                                             _MARKER, view[o1 + 1:])))
+        (a0, a1), (b0, b1) = sorted(((i0, i1), (o0, o1)))
+        try:
+            rec = _full_decoder.decode(b"".join((view[:a0 - 1], _MARKER, view[a1 + 1:b0 - 1],
+                                                 _MARKER, view[b1 + 1:])))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None  # the slow path reports it, with byte offsets into the real line
         if rec.input_ids != _MARKER_RAW or rec.output_ids != _MARKER_RAW:
             return None
         return TokenLists(rec.id, view[i0:i1], n_in, view[o0:o1], n_out)
