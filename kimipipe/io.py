@@ -102,7 +102,7 @@ def iter_lines(path: str) -> Iterator[tuple[int, bytes, bool]]:
                 lineno += 1
                 ended = line.endswith(b"\n")
                 body = line.rstrip(b"\r\n") if ended else line
-                if not body.strip():
+                if not body or body.isspace():  # no copy of every line
                     continue
                 yield lineno, body, ended
         except zstandard.ZstdError as e:

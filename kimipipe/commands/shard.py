@@ -1,6 +1,216 @@
-"""kp-shard: placeholder until issue 7 lands; exits 2 with "not yet built", writes nothing."""
+"""kp-shard: token records in, training-ready zstd JSONL shards and a manifest out.
 
-from ..cli import not_yet_built, run_command
+Usage:
+    kp-tokenize B3.responses.jsonl --tokenizer ./kimi-k2.5 | kp-shard --out shards/B3
+    kp-shard B3.tokens.jsonl B4.tokens.jsonl.zst --out shards/all --shuffle --seed 1 \\
+        --eval-fraction 0.01 --max-length 32768 --truncate --tokens-per-shard 50M
+    kp-shard verify shards/all          # or: kp-shard --verify shards/all
+    kp-shard stats shards/all           # length histogram on stderr (or --stats on a build)
 
-cli = not_yet_built("kp-shard", "issue 7")
+Schema (one compact JSON object per line, in DIR/<name>-00000.jsonl.zst ...):
+    --format eagle (default), what speculators and SpecForge (`data.prompts_path`) read:
+        {"id": str, "input_ids": [int, ...], "loss_mask": [0|1, ...]}
+        input_ids = the record's input_ids (prompt) + output_ids (generation);
+        loss_mask = 0 per prompt token, 1 per output token (same length, at least one 1).
+    --format raw: the token records as they came (records.Tokens with its pass-through
+        fields), compacted; with --truncate, output_ids cut.
+    DIR/manifest.json: per shard its file, split, records, input_tokens (mask 0),
+        output_tokens (mask 1), bytes, uncompressed_bytes, sha256; per-split and overall
+        totals; the command line, the format, the options, and the drop counts.
+
+Rows kept: records with no output_ids, shorter than --min-output-tokens, or (with
+--max-length, unless --truncate) longer than --max-length tokens are dropped and counted;
+a repeated id keeps its first row (--on-duplicate error stops instead). --eval-fraction F
+puts a row in the eval split (<name>-eval-00000.jsonl.zst ...) when a hash of its id alone
+falls below F: stable across reruns, inputs and datasets. --shuffle orders rows by a seeded
+hash of their id, computed by an external bucket sort whose memory stays near
+--shuffle-memory whatever the input size (kimipipe/shard/shuffle.py).
+
+Streaming: rows are written as they are read; every file is written under a hidden
+temporary name and the whole set is swapped in when complete, so an interrupted run
+leaves the previous set (or no manifest) and never a file that looks finished. Rerunning
+replaces the set; shards of the old set are removed only after the new manifest is in place.
+
+Examples:
+    kp-shard tokens.jsonl --out shards --records-per-shard 5000 --name b3
+    kp-shard tokens.jsonl --out shards --format raw --compression-level 9
+    zstd -dc shards/shard-00000.jsonl.zst | head -1
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+
+import click
+
+from ..cli import EXIT_CODES_HELP, common_options, input_argument, progress, run_command, say
+from ..errors import ExitCode, InputError, KPError
+from ..shard import ShardOptions, build_shards, read_lengths, render_histogram, verify
+
+_SUFFIX = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*$")
+
+
+class _Quantity(click.ParamType):
+    """An integer with an optional K/M/G/T suffix (decimal for counts, binary for bytes)."""
+
+    def __init__(self, name: str, base: int, minimum: int = 1):
+        self.name = name
+        self.base = base
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            number = value
+        else:
+            m = _SUFFIX.match(str(value))
+            if not m:
+                self.fail(f"{value!r} is not a number (suffixes K, M, G, T allowed)", param, ctx)
+            power = " KMGT".index(m.group(2).upper() or " ")
+            number = int(float(m.group(1)) * self.base**power)
+        if number < self.minimum:
+            self.fail(f"{value!r} is below {self.minimum}", param, ctx)
+        return number
+
+
+COUNT = _Quantity("count", 1000)
+SIZE = _Quantity("size", 1024)
+DEFAULT_RECORDS_PER_SHARD = 10_000
+
+
+class _ShardCommand(click.Command):
+    """`kp-shard verify DIR` and `kp-shard stats DIR` are spelled as words too."""
+
+    def parse_args(self, ctx, args):
+        args = list(args)
+        ctx.meta["kp_shard_argv"] = list(args)
+        if len(args) >= 2 and args[0] in ("verify", "stats") and not args[1].startswith("-"):
+            args = [f"--{args[0] if args[0] == 'verify' else 'stats-of'}", *args[1:]]
+        return super().parse_args(ctx, args)
+
+
+@click.command(name="kp-shard", cls=_ShardCommand, epilog=(
+    "Also: `kp-shard verify DIR` (= --verify DIR) and `kp-shard stats DIR` (= --stats-of DIR). "
+    + EXIT_CODES_HELP))
+@input_argument(multiple=True)
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False),
+              help="Directory for the shards and manifest.json (created if missing).")
+@click.option("--format", "fmt", type=click.Choice(["eagle", "raw"]), default="eagle",
+              show_default=True,
+              help="eagle: {id, input_ids, loss_mask} rows for speculators/SpecForge; "
+                   "raw: the token records as they came.")
+@click.option("--records-per-shard", type=COUNT, default=None,
+              help=f"Rows per shard (default {DEFAULT_RECORDS_PER_SHARD:,} unless "
+                   "--tokens-per-shard is given; both may be set: the first limit reached).")
+@click.option("--tokens-per-shard", type=COUNT, default=None,
+              help="At most N tokens (prompt + output) per shard, e.g. 50M; a single longer "
+                   "row gets a shard of its own.")
+@click.option("--compression-level", type=click.IntRange(1, 22), default=3, show_default=True,
+              help="zstd level (multi-threaded over all cores).")
+@click.option("--name", "prefix", default="shard", show_default=True,
+              help="Shard file prefix: PREFIX-00000.jsonl.zst, PREFIX-eval-00000.jsonl.zst.")
+@click.option("--shuffle", is_flag=True,
+              help="Order rows by a seeded hash of their id (bounded memory, deterministic).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
+@click.option("--shuffle-memory", type=SIZE, default="1G", show_default=True,
+              help="Memory for --shuffle's in-memory stage (bigger buckets are split again).")
+@click.option("--tmp-dir", type=click.Path(file_okay=False), default=None,
+              help="Where --shuffle spills rows (default: inside --out; ~1/4 of the rows' size).")
+@click.option("--eval-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.0,
+              show_default=True,
+              help="Share of ids (by a hash of the id alone) written to the eval split.")
+@click.option("--min-output-tokens", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Drop rows with fewer output tokens (after --truncate).")
+@click.option("--max-length", type=click.IntRange(min=1), default=None,
+              help="Drop rows longer than N tokens (prompt + output), or cut them with --truncate.")
+@click.option("--truncate", is_flag=True,
+              help="With --max-length: cut long rows' output instead of dropping them "
+                   "(rows whose prompt alone reaches N are still dropped).")
+@click.option("--on-duplicate", type=click.Choice(["drop", "error"]), default="drop",
+              show_default=True, help="A repeated id: keep the first row, or stop (exit 2).")
+@click.option("--stats", "show_stats", is_flag=True,
+              help="After the build, print the length histogram to stderr.")
+@click.option("--verify", "verify_dir", type=click.Path(file_okay=False), default=None,
+              help="Check the set in DIR against its manifest and the format; exit 0 or 2.")
+@click.option("--stats-of", "stats_dir", type=click.Path(file_okay=False), default=None,
+              help="Print the length histogram of the set in DIR to stderr and exit.")
+@common_options
+def cli(inputs, out_dir, fmt, records_per_shard, tokens_per_shard, compression_level, prefix,
+        shuffle, seed, shuffle_memory, tmp_dir, eval_fraction, min_output_tokens, max_length,
+        truncate, on_duplicate, show_stats, verify_dir, stats_dir, quiet, debug):
+    """Write token records (default: stdin) as training shards in --out DIR."""
+    if verify_dir is not None:
+        return _verify(verify_dir, quiet)
+    if stats_dir is not None:
+        manifest, lengths = read_lengths(stats_dir)
+        click.echo(render_histogram(lengths, _stats_title(stats_dir, manifest)), err=True)
+        return ExitCode.OK
+    if out_dir is None:
+        raise InputError("--out DIR is required (or use verify DIR / stats DIR)")
+    inputs = list(inputs) or ["-"]
+    if inputs.count("-") > 1:
+        raise InputError("stdin (`-`) can be read only once")
+    if truncate and max_length is None:
+        raise InputError("--truncate needs --max-length")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", prefix):
+        raise InputError(f"--name {prefix!r}: use letters, digits, `.`, `_` and `-`")
+    if records_per_shard is None and tokens_per_shard is None:
+        records_per_shard = DEFAULT_RECORDS_PER_SHARD
+    opts = ShardOptions(
+        fmt=fmt, prefix=prefix, records_per_shard=records_per_shard,
+        tokens_per_shard=tokens_per_shard, compression_level=compression_level,
+        shuffle=shuffle, seed=seed, shuffle_memory=shuffle_memory, tmp_dir=tmp_dir,
+        eval_fraction=eval_fraction, min_output_tokens=min_output_tokens,
+        max_length=max_length, truncate=truncate, on_duplicate=on_duplicate)
+    argv = click.get_current_context().meta.get("kp_shard_argv", sys.argv[1:])
+    command = shlex.join(["kp-shard", *argv])
+    with progress(desc="kp-shard", unit="rec", quiet=quiet) as bar:
+        result = build_shards(inputs, out_dir, opts, command, on_record=lambda: bar.update(1),
+                              collect_lengths=show_stats)
+    _summary(result, out_dir, quiet)
+    if show_stats and not quiet:
+        click.echo(render_histogram(result.lengths, _stats_title(out_dir, result.manifest)),
+                   err=True)
+    return ExitCode.OK
+
+
+def _summary(result, out_dir: str, quiet: bool) -> None:
+    m = result.manifest
+    parts = []
+    for split, totals in m["splits"].items():
+        tokens = totals["input_tokens"] + totals["output_tokens"]
+        parts.append(f"{split} {totals['records']:,} rows, {tokens:,} tokens "
+                     f"in {totals['shards']} shards")
+    dropped = {k: v for k, v in m["dropped"].items() if v}
+    text = f"kp-shard: read {result.read:,} records; wrote " + (
+        "; ".join(parts) if parts else "no rows") + f" to {out_dir} ({m['totals']['bytes']:,} bytes)"
+    if m["truncated"]:
+        text += f"; truncated {m['truncated']:,}"
+    if dropped:
+        text += "; dropped " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in dropped.items())
+    say(text, quiet)
+    if not parts:
+        say("kp-shard: warning: every record was dropped; the set is empty", quiet)
+
+
+def _stats_title(directory: str, manifest: dict) -> str:
+    splits = ", ".join(f"{k} {v['records']:,}" for k, v in manifest.get("splits", {}).items())
+    return (f"kp-shard stats: {directory} ({manifest.get('format')}, "
+            f"{len(manifest.get('shards', []))} shards; rows: {splits or 'none'})")
+
+
+def _verify(directory: str, quiet: bool) -> int:
+    report = verify(directory)
+    for problem in report.problems:
+        click.echo(os.path.join(directory, problem), err=True)
+    if report.problems:
+        raise KPError(f"verify: {directory}: {len(report.problems)} problem(s)",
+                      exit_code=ExitCode.USAGE)
+    say(f"kp-shard verify: {directory}: OK ({report.shards} shards, {report.records:,} rows, "
+        f"{report.tokens:,} tokens)", quiet)
+    return ExitCode.OK
+
+
 main = run_command(cli)

@@ -1,0 +1,25 @@
+"""kp-shard's logic: token records -> compressed training shards + a manifest you can check.
+
+- `rows`: validation of token IDs, the filters, the `eagle` and `raw` row formats, the
+  eval split (a hash of the ID alone) and ID fingerprints.
+- `writer`: shard files under temporary names, rolling by records or tokens, SHA-256 as
+  written, and the crash-safe swap of a whole set (see its docstring).
+- `shuffle`: the deterministic shuffle in bounded memory (hash buckets on disk, each
+  sorted in memory; see its docstring).
+- `build`: the run itself, and the manifest.
+- `check`: `verify` and `stats` for a finished set.
+
+Duplicate IDs: an ID is one training row. Without `--shuffle` the first row with an ID
+wins and later ones are dropped and counted (`dropped.duplicate_id`); duplicates are found
+through a set of 64-bit ID fingerprints (about 70 bytes of memory per row kept; a false
+match needs ~4 billion rows to become likely). With `--shuffle` they are found exactly, by
+ID, inside the hash buckets, in bounded memory; the first row in input order still wins.
+`--on-duplicate error` stops instead, `PATH:LINE: duplicate id`, exit 2, and the old set
+stays in place.
+"""
+
+from .build import BuildResult, ShardOptions, build_shards
+from .check import read_lengths, render_histogram, verify
+
+__all__ = ["BuildResult", "ShardOptions", "build_shards", "read_lengths", "render_histogram",
+           "verify"]

@@ -1,0 +1,172 @@
+"""The build: token records from many inputs -> a new shard set in DIR, swapped in whole."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .. import __version__
+from ..errors import InputError, display_path
+from ..io import iter_records
+from .check import Lengths
+from .rows import TOKEN_RECORD_DECODER, Drops, Row, RowBuilder, eval_point, id_fingerprint
+from .shuffle import ExternalShuffle
+from .writer import DirectoryLock, ShardInfo, ShardSet, shard_info_dicts
+
+MANIFEST_VERSION = 1
+
+
+@dataclass
+class ShardOptions:
+    fmt: str = "eagle"
+    prefix: str = "shard"
+    records_per_shard: int | None = None
+    tokens_per_shard: int | None = None
+    compression_level: int = 3
+    shuffle: bool = False
+    seed: int = 0
+    shuffle_memory: int = 1 << 30
+    tmp_dir: str | None = None
+    eval_fraction: float = 0.0
+    min_output_tokens: int = 1
+    max_length: int | None = None
+    truncate: bool = False
+    on_duplicate: str = "drop"
+
+
+@dataclass
+class BuildResult:
+    manifest: dict
+    shards: list[ShardInfo]
+    drops: Drops
+    read: int
+    lengths: Lengths = field(default_factory=Lengths)
+
+
+def _duplicate(rid: str, path: str, line: int) -> InputError:
+    return InputError(f"duplicate id {rid!r} (an earlier input row has it; "
+                      "--on-duplicate drop keeps the first)", path, line)
+
+
+def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: str,
+                 on_record: Callable[[], None] = lambda: None,
+                 collect_lengths: bool = False) -> BuildResult:
+    """Read every input, write the new set under temporary names, then swap it in.
+
+    A bad input line raises InputError before anything is swapped: the old set stays.
+    """
+    builder = RowBuilder(opts.fmt, opts.min_output_tokens, opts.max_length, opts.truncate)
+    drops = builder.drops
+    lengths = Lengths()
+    read = 0
+
+    def rows() -> Iterator[tuple[int, int, str, Row]]:
+        nonlocal read
+        for source, path in enumerate(inputs):
+            for lineno, rec, line in iter_records(path, TOKEN_RECORD_DECODER):
+                read += 1
+                on_record()
+                row = builder.build(rec, line)
+                if row is not None:
+                    split = "eval" if eval_point(row.id) < opts.eval_fraction else "train"
+                    yield source, lineno, split, row
+
+    with DirectoryLock(out_dir):
+        shards = ShardSet(out_dir, opts.prefix, level=opts.compression_level,
+                          records_per_shard=opts.records_per_shard,
+                          tokens_per_shard=opts.tokens_per_shard)
+        spill = None
+        try:
+            if opts.shuffle:
+                spill_dir = os.path.join(opts.tmp_dir or out_dir, f".kp-shard-spill-{os.getpid()}")
+                spill = ExternalShuffle(spill_dir, opts.seed, opts.shuffle_memory)
+                for source, lineno, split, row in rows():
+                    spill.add(split, row, source, lineno)
+                # Repeats of an id share its key, so they arrive in one run of equal keys,
+                # in input order; a run almost always holds a single id.
+                run_key, run_ids = None, set()
+                for item in spill.drain():
+                    if item.key != run_key:
+                        run_key, run_ids = item.key, set()
+                    elif item.row.id in run_ids:
+                        if opts.on_duplicate == "error":
+                            raise _duplicate(item.row.id, display_path(inputs[item.source]), item.line)
+                        drops.duplicate_id += 1
+                        continue
+                    run_ids.add(item.row.id)
+                    shards.add(item.split, item.row)
+                    if collect_lengths:
+                        lengths.add(item.row.input_tokens, item.row.output_tokens)
+            else:
+                seen: set[int] = set()
+                for source, lineno, split, row in rows():
+                    fp = id_fingerprint(row.id)
+                    if fp in seen:
+                        if opts.on_duplicate == "error":
+                            raise _duplicate(row.id, display_path(inputs[source]), lineno)
+                        drops.duplicate_id += 1
+                        continue
+                    seen.add(fp)
+                    shards.add(split, row)
+                    if collect_lengths:
+                        lengths.add(row.input_tokens, row.output_tokens)
+            finished = shards.close()
+            manifest = make_manifest(finished, opts, inputs, command, drops, builder.truncated, read)
+            shards.commit(manifest)
+        except BaseException:
+            shards.discard()
+            if spill is not None:
+                shutil.rmtree(spill.directory, ignore_errors=True)
+            raise
+    return BuildResult(manifest, finished, drops, read, lengths)
+
+
+def _sum(shards: list[ShardInfo], split: str | None = None) -> dict:
+    chosen = [s for s in shards if split is None or s.split == split]
+    return {
+        "shards": len(chosen),
+        "records": sum(s.records for s in chosen),
+        "input_tokens": sum(s.input_tokens for s in chosen),
+        "output_tokens": sum(s.output_tokens for s in chosen),
+        "bytes": sum(s.bytes for s in chosen),
+        "uncompressed_bytes": sum(s.uncompressed_bytes for s in chosen),
+    }
+
+
+def make_manifest(shards: list[ShardInfo], opts: ShardOptions, inputs: list[str], command: str,
+                  drops: Drops, truncated: int, read: int) -> dict:
+    return {
+        "manifest_version": MANIFEST_VERSION,
+        "kimipipe_version": __version__,
+        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": command,
+        "format": opts.fmt,
+        "row_schema": ({"id": "str", "input_ids": "prompt + output token IDs",
+                        "loss_mask": "0 per prompt token, 1 per output token"}
+                       if opts.fmt == "eagle" else "token records as read (records.Tokens)"),
+        "options": {
+            "name": opts.prefix,
+            "records_per_shard": opts.records_per_shard,
+            "tokens_per_shard": opts.tokens_per_shard,
+            "compression_level": opts.compression_level,
+            "shuffle": opts.shuffle,
+            "seed": opts.seed if opts.shuffle else None,
+            "eval_fraction": opts.eval_fraction,
+            "eval_split": "blake2b(id, digest_size=8, person='kp-shard-eval') / 2**64 < eval_fraction",
+            "min_output_tokens": opts.min_output_tokens,
+            "max_length": opts.max_length,
+            "truncate": opts.truncate,
+            "on_duplicate": opts.on_duplicate,
+        },
+        "inputs": [display_path(p) for p in inputs],
+        "records_read": read,
+        "dropped": drops.as_dict(),
+        "truncated": truncated,
+        "splits": {split: _sum(shards, split) for split in ("train", "eval")
+                   if any(s.split == split for s in shards)},
+        "totals": _sum(shards),
+        "shards": shard_info_dicts(shards),
+    }

@@ -1,0 +1,302 @@
+"""Reading a finished shard set back: `verify` (trust nothing) and `stats` (lengths).
+
+verify checks the set against its manifest and every row against the format:
+- the manifest is readable and names only plain files in its directory;
+- each shard exists, has the manifest's size and SHA-256, and decompresses;
+- each row is one JSON object per line; `eagle` rows have `id` (string), `input_ids` and
+  `loss_mask` of equal length, the mask only 0s and 1s with at least one 1; `raw` rows
+  have `input_ids` and a non-empty `output_ids`;
+- each shard's counts of records, input (mask 0) and output (mask 1) tokens match the
+  manifest, and so do the totals; no ID appears twice in the set;
+- no `*.jsonl.zst` lies in the directory that the manifest does not list (a trainer that
+  globs the directory would read it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+import zstandard
+from msgspec import Raw, Struct
+
+from ..errors import InputError
+from .rows import id_fingerprint
+from .writer import MANIFEST, SHARD_SUFFIX
+
+MAX_ROW_PROBLEMS = 10
+
+
+class EagleRow(Struct):
+    id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+class RawRow(Struct):
+    id: str
+    input_ids: list[int]
+    output_ids: list[int]
+
+
+class EagleLengths(Struct):
+    input_ids: Raw
+    loss_mask: Raw
+
+
+class RawLengths(Struct):
+    input_ids: Raw
+    output_ids: Raw
+
+
+def load_manifest(directory: str) -> dict:
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise InputError("no manifest.json: not a kp-shard directory, or its run did not finish",
+                         directory) from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"unreadable manifest: {e}", path) from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+        raise InputError("manifest has no `shards` list", path)
+    return manifest
+
+
+def iter_shard_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a shard; zstd errors propagate as zstandard.ZstdError."""
+    with open(path, "rb") as raw:
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+        with io.BufferedReader(_Readable(reader), buffer_size=1 << 20) as f:
+            yield from enumerate(f, 1)
+
+
+class _Readable(io.RawIOBase):
+    def __init__(self, reader):
+        self._reader = reader
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self._reader.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+@dataclass
+class VerifyReport:
+    problems: list[str] = field(default_factory=list)
+    shards: int = 0
+    records: int = 0
+    tokens: int = 0
+
+    def problem(self, text: str) -> None:
+        self.problems.append(text)
+
+
+def _check_row(fmt: str, line: bytes, decoder) -> tuple[str, int, int] | str:
+    """(id, input tokens, output tokens) of a good row, or what is wrong with it."""
+    if not line.endswith(b"\n"):
+        return "last line has no newline (cut short?)"
+    try:
+        row = decoder.decode(line)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        return str(e).replace(" - at `", " at `")
+    if fmt == "eagle":
+        if len(row.input_ids) != len(row.loss_mask):
+            return f"input_ids has {len(row.input_ids)} tokens but loss_mask {len(row.loss_mask)}"
+        ones = row.loss_mask.count(1)
+        zeros = row.loss_mask.count(0)
+        if ones + zeros != len(row.loss_mask):
+            return "loss_mask holds values other than 0 and 1"
+        if ones == 0:
+            return "loss_mask has no 1: the row teaches nothing (trainers drop it)"
+        return row.id, zeros, ones
+    if not row.output_ids:
+        return "output_ids is empty"
+    return row.id, len(row.input_ids), len(row.output_ids)
+
+
+def verify(directory: str) -> VerifyReport:
+    report = VerifyReport()
+    manifest = load_manifest(directory)
+    fmt = manifest.get("format", "eagle")
+    if fmt not in ("eagle", "raw"):
+        report.problem(f"{MANIFEST}: unknown format {fmt!r}")
+        return report
+    decoder = msgspec.json.Decoder(EagleRow if fmt == "eagle" else RawRow)
+    seen_ids: dict[int, str] = {}
+    listed: set[str] = set()
+    sums = {"records": 0, "input_tokens": 0, "output_tokens": 0, "bytes": 0}
+    for entry in manifest["shards"]:
+        name = entry.get("file") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or os.path.basename(name) != name or not name:
+            report.problem(f"{MANIFEST}: bad shard entry {entry!r}")
+            continue
+        listed.add(name)
+        report.shards += 1
+        for key in sums:
+            sums[key] += entry.get(key, 0) if isinstance(entry.get(key), int) else 0
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            report.problem(f"{name}: missing (listed in the manifest)")
+            continue
+        size = os.path.getsize(path)
+        if size != entry.get("bytes"):
+            report.problem(f"{name}: {size} bytes, the manifest says {entry.get('bytes')}")
+        sha = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                sha.update(chunk)
+        if sha.hexdigest() != entry.get("sha256"):
+            report.problem(f"{name}: sha256 {sha.hexdigest()} does not match the manifest's "
+                           f"{entry.get('sha256')} (corrupted or replaced)")
+        records = in_tokens = out_tokens = 0
+        row_problems = 0
+        try:
+            for lineno, line in iter_shard_lines(path):
+                result = _check_row(fmt, line, decoder)
+                if isinstance(result, str):
+                    row_problems += 1
+                    if row_problems <= MAX_ROW_PROBLEMS:
+                        report.problem(f"{name}:{lineno}: {result}")
+                    continue
+                rid, n_in, n_out = result
+                records += 1
+                in_tokens += n_in
+                out_tokens += n_out
+                fp = id_fingerprint(rid)
+                first = seen_ids.get(fp)
+                if first is not None:
+                    report.problem(f"{name}:{lineno}: id {rid!r} repeats (first in {first})")
+                else:
+                    seen_ids[fp] = f"{name}:{lineno}"
+        except zstandard.ZstdError as e:
+            report.problem(f"{name}: cannot decompress: {e}")
+            continue
+        if row_problems > MAX_ROW_PROBLEMS:
+            report.problem(f"{name}: ... and {row_problems - MAX_ROW_PROBLEMS} more bad rows")
+        report.records += records
+        report.tokens += in_tokens + out_tokens
+        for key, found in (("records", records), ("input_tokens", in_tokens),
+                           ("output_tokens", out_tokens)):
+            if row_problems == 0 and entry.get(key) != found:
+                report.problem(f"{name}: holds {found} {key.replace('_', ' ')}, "
+                               f"the manifest says {entry.get(key)}")
+    totals = manifest.get("totals")
+    if isinstance(totals, dict):
+        for key, value in sums.items():
+            if totals.get(key) != value:
+                report.problem(f"{MANIFEST}: totals.{key} is {totals.get(key)}, "
+                               f"the shards add up to {value}")
+    else:
+        report.problem(f"{MANIFEST}: no totals")
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(SHARD_SUFFIX) and name not in listed:
+            report.problem(f"{name}: not in the manifest (a trainer globbing *{SHARD_SUFFIX} "
+                           "would read it)")
+    return report
+
+
+@dataclass
+class Lengths:
+    """Token counts per row, for the histogram (4 bytes per row per column)."""
+
+    prompt: array = field(default_factory=lambda: array("I"))
+    output: array = field(default_factory=lambda: array("I"))
+
+    def add(self, n_in: int, n_out: int) -> None:
+        self.prompt.append(n_in)
+        self.output.append(n_out)
+
+
+def _count_ids(raw: Raw) -> int:
+    text = bytes(raw)
+    return text.count(b",") + 1 if text.strip(b" []\t\r\n") else 0
+
+
+def read_lengths(directory: str) -> tuple[dict, Lengths]:
+    """The manifest and the prompt/output lengths of every row of the set in DIRECTORY."""
+    manifest = load_manifest(directory)
+    fmt = manifest.get("format", "eagle")
+    lengths = Lengths()
+    decoder = msgspec.json.Decoder(EagleLengths if fmt == "eagle" else RawLengths)
+    for entry in manifest["shards"]:
+        path = os.path.join(directory, entry["file"])
+        try:
+            for lineno, line in iter_shard_lines(path):
+                try:
+                    row = decoder.decode(line)
+                except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                    raise InputError(str(e), path, lineno) from None
+                if fmt == "eagle":
+                    ones = bytes(row.loss_mask).count(b"1")
+                    lengths.add(_count_ids(row.input_ids) - ones, ones)
+                else:
+                    lengths.add(_count_ids(row.input_ids), _count_ids(row.output_ids))
+        except FileNotFoundError:
+            raise InputError("missing shard (run verify)", path) from None
+        except zstandard.ZstdError as e:
+            raise InputError(f"cannot decompress: {e} (run verify)", path) from None
+    return manifest, lengths
+
+
+EDGES = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+
+
+def _percentile(sorted_values: list[int], q: float) -> int:
+    if not sorted_values:
+        return 0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def _human(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def render_histogram(lengths: Lengths, title: str) -> str:
+    """A table of prompt, output and total lengths: percentiles, then rows per length bin
+    with the share of rows a trainer's `max_length` of that size keeps whole."""
+    prompt = sorted(lengths.prompt)
+    output = sorted(lengths.output)
+    total = sorted(a + b for a, b in zip(lengths.prompt, lengths.output, strict=True))
+    n = len(total)
+    lines = [title, f"{'tokens per row':<16}{'prompt':>10}{'output':>10}{'total':>10}"]
+    if n == 0:
+        lines.append("  (no rows)")
+        return "\n".join(lines)
+    for label, q in (("min", 0.0), ("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+        lines.append(f"  {label:<14}" + "".join(
+            f"{_percentile(col, q):>10}" for col in (prompt, output, total)))
+    lines.append(f"  {'max':<14}{prompt[-1]:>10}{output[-1]:>10}{total[-1]:>10}")
+    lines.append(f"  {'mean':<14}" + "".join(
+        f"{sum(col) / n:>10.0f}" for col in (prompt, output, total)))
+    lines.append("")
+    lines.append(f"{'length up to':<16}{'prompt':>10}{'output':>10}{'total':>10}"
+                 f"{'kept whole':>12}  rows by total length")
+    edges = [e for e in EDGES if e < total[-1]]
+    edges.append(next((e for e in EDGES if e >= total[-1]), total[-1]))
+    columns = (prompt, output, total)
+    widest = 1
+    rows = []
+    below = [0, 0, 0]
+    for edge in edges:
+        upto = [bisect_right(col, edge) for col in columns]
+        counts = [u - b for u, b in zip(upto, below, strict=True)]
+        below = upto
+        widest = max(widest, counts[2])
+        rows.append((edge, counts, upto[2]))
+    for edge, (cp, co, ct), kept in rows:
+        bar = "#" * round(40 * ct / widest)
+        lines.append(f"  {_human(edge):<14}{cp:>10}{co:>10}{ct:>10}"
+                     f"{100 * kept / n:>11.1f}%  {bar}")
+    return "\n".join(lines)

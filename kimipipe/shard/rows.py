@@ -1,0 +1,274 @@
+"""Token records in, training rows out: validation, filters, and the two row formats.
+
+The hot path never turns token IDs into Python ints, nor lets msgspec parse them (number
+parsing is ~90% of msgspec's time on a token record): see `TokenRecordDecoder`. An `eagle`
+row is then spliced from the raw bytes: the prompt's list, the output's list, and a
+`loss_mask` built by repeating `0,` and `1,`. Only truncation (`--max-length --truncate`)
+decodes a list of ints, and only for the rows it cuts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
+from msgspec import Raw, Struct
+
+from ..records import decode_passthrough, merge_fields
+
+
+class TokenIds(Struct):
+    """What kp-shard needs from a token record (records.Tokens), IDs left undecoded."""
+
+    id: str
+    dataset: str
+    input_ids: Raw
+    output_ids: Raw
+    finish_reason: str | None = None
+
+
+@dataclass
+class TokenLists:
+    """A decoded token record: its id, and each ID list as the compact text between its
+    brackets (a view into the line where possible) with its length."""
+
+    id: str
+    prompt: memoryview | bytes
+    n_in: int
+    output: memoryview | bytes
+    n_out: int
+
+
+_full_decoder = msgspec.json.Decoder(TokenIds)
+_COMMA = ord(",")
+_ZERO = ord("0")
+_encode = msgspec.json.Encoder().encode
+_int_list = msgspec.json.Decoder(list[int])
+_INPUT_KEY = b'"input_ids"'
+_OUTPUT_KEY = b'"output_ids"'
+_IN_LEN = len(_INPUT_KEY)
+_OUT_LEN = len(_OUTPUT_KEY)
+_NINE = ord("9")
+_COMMA_ARRAY = np.array([_COMMA], np.uint8)
+_MARKER = b'"\\u0000kp-shard"'  # what no token record holds as its input_ids
+_MARKER_RAW = Raw(_MARKER)
+
+
+def _bad_list(name: str) -> msgspec.ValidationError:
+    return msgspec.ValidationError(f"`{name}` must be a list of non-negative integer token IDs")
+
+
+def _count_ids(body, name: str) -> int:
+    """Length of a list body that must read `N(,N)*` with N a JSON non-negative integer
+    (digits, no leading zero). Raises otherwise. (The slow path's check.)"""
+    if not body:
+        return 0
+    n_commas = _check_bodies(np.frombuffer(body, np.uint8))
+    if n_commas is None:
+        raise _bad_list(name)
+    return n_commas + 1
+
+
+def _check_bodies(a: np.ndarray) -> int | None:
+    """The commas in A if A reads `N(,N)*` (N a JSON non-negative integer), else None.
+
+    A handful of whole-array numpy passes: numpy's per-call cost is what shows here, so
+    the fast path checks both lists of a record in one array."""
+    if a.max() > _NINE or a.min() < _COMMA:  # only , - . / and digits may remain
+        return None
+    comma = a == _COMMA
+    commas = int(np.count_nonzero(comma))
+    if (int(np.count_nonzero(a < _ZERO)) != commas or comma[0] or comma[-1]
+            or np.count_nonzero(comma[1:] & comma[:-1])):
+        return None
+    # `01` is not JSON: a 0 that starts a number (first, or after a comma) and is followed
+    # by a digit (not by a comma).
+    zero_start = a[:-1] == _ZERO
+    zero_start[1:] &= comma[:-2]
+    if np.count_nonzero(zero_start > comma[1:]):
+        return None
+    return commas
+
+
+class TokenRecordDecoder:
+    """Decodes a token-record line into TokenLists; plugs into `io.iter_records`.
+
+    Fast path (lines as kimipipe writes them: compact, non-empty lists): the two ID lists are cut out of the line at their keys, checked and
+    counted with numpy, and the rest of the line, a marker string in place of each list,
+    is parsed by msgspec. That parse validates every other byte and field, so the line is
+    proven valid JSON and well-typed, and the marker coming back as the record's own
+    `input_ids` and `output_ids` proves the lists cut out were the record's own (not a
+    key nested in another field). Anything else (whitespace or an empty list, escapes
+    spelling a key) takes the slow path: msgspec parses the whole
+    line and the lists are checked from its raw values. Errors come out of either path as
+    msgspec errors, which `iter_records` reports as `PATH:LINE: what is wrong`.
+    """
+
+    def decode(self, line: bytes) -> TokenLists:
+        fast = self._fast(line)
+        return fast if fast is not None else self._slow(line)
+
+    def _fast(self, line: bytes) -> TokenLists | None:
+        i = line.find(_INPUT_KEY)
+        if i < 0 or line[i + _IN_LEN:i + _IN_LEN + 2] != b":[":
+            return None
+        i0 = i + _IN_LEN + 2
+        i1 = line.find(b"]", i0)
+        if i1 < 0:
+            return None
+        o = line.find(_OUTPUT_KEY, i1)  # kimipipe writes output_ids after input_ids
+        if o < 0:
+            o = line.find(_OUTPUT_KEY, 0, i)
+        if o < 0 or line[o + _OUT_LEN:o + _OUT_LEN + 2] != b":[":
+            return None
+        o0 = o + _OUT_LEN + 2
+        o1 = line.find(b"]", o0)
+        if o1 < 0 or i1 == i0 or o1 == o0:
+            return None  # (an empty list: rare, left to the slow path)
+        # Both lists, joined by a comma, checked and counted in one go.
+        a = np.frombuffer(line, np.uint8)
+        both = np.concatenate((a[i0:i1], _COMMA_ARRAY, a[o0:o1]))
+        commas = _check_bodies(both)
+        if commas is None:
+            return None  # let the slow path name the error exactly
+        n_in = int(np.count_nonzero(both[:i1 - i0] == _COMMA)) + 1
+        n_out = commas - n_in + 1
+        # The rest of the line, each list replaced by a marker string, goes through
+        # msgspec, which checks every byte and field of it. If the record's own fields
+        # are not exactly our markers, the keys we found were not its own (nested, or
+        # the record spells a key with an escape): the slow path decides.
+        view = memoryview(line)
+        (a0, a1), (b0, b1) = sorted(((i0, i1), (o0, o1)))
+        try:
+            rec = _full_decoder.decode(b"".join((view[:a0 - 1], _MARKER, view[a1 + 1:b0 - 1],
+                                                 _MARKER, view[b1 + 1:])))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None  # the slow path reports it, with byte offsets into the real line
+        if rec.input_ids != _MARKER_RAW or rec.output_ids != _MARKER_RAW:
+            return None
+        return TokenLists(rec.id, view[i0:i1], n_in, view[o0:o1], n_out)
+
+    def _slow(self, line: bytes) -> TokenLists:
+        rec = _full_decoder.decode(line)
+        prompt, n_in = _raw_list_body(rec.input_ids, "input_ids")
+        output, n_out = _raw_list_body(rec.output_ids, "output_ids")
+        return TokenLists(rec.id, prompt, n_in, output, n_out)
+
+
+def _raw_list_body(raw: Raw, name: str) -> tuple[bytes, int]:
+    """The compact body of a list msgspec has parsed (so valid JSON) and its length."""
+    text = bytes(raw)
+    if text[:1] != b"[":
+        raise _bad_list(name)
+    text = text.translate(None, b" \t\r\n")
+    body = text[1:-1]
+    return body, _count_ids(body, name)
+
+
+TOKEN_RECORD_DECODER = TokenRecordDecoder()
+
+
+@dataclass
+class Drops:
+    """Rows left out, by reason (the manifest's `dropped`)."""
+
+    empty_output: int = 0
+    too_long: int = 0
+    prompt_too_long: int = 0
+    short_output: int = 0
+    duplicate_id: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+    def total(self) -> int:
+        return sum(self.__dict__.values())
+
+
+@dataclass
+class Row:
+    """One training row, encoded: `data` is its compact JSON line, newline included."""
+
+    id: str
+    input_tokens: int
+    output_tokens: int
+    data: bytes
+
+
+def eval_point(record_id: str) -> float:
+    """Where an ID falls in [0, 1): rows below `--eval-fraction` form the eval split.
+
+    A hash of the ID alone (no seed, no dataset, no position), so an ID lands in the same
+    split on every rerun and in every dataset it appears in. Reproduce it elsewhere as
+    `int.from_bytes(blake2b(id.encode(), digest_size=8, person=b"kp-shard-eval").digest(),
+    "big") / 2**64`.
+    """
+    digest = hashlib.blake2b(record_id.encode(), digest_size=8, person=b"kp-shard-eval").digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def id_fingerprint(record_id: str) -> int:
+    """A 64-bit fingerprint of an ID, for duplicate detection in bounded memory."""
+    digest = hashlib.blake2b(record_id.encode(), digest_size=8, person=b"kp-shard-dup").digest()
+    return int.from_bytes(digest, "big")
+
+
+@dataclass
+class RowBuilder:
+    """Turns token records into rows of FORMAT, applying the length filters.
+
+    `build` returns the Row, or None when the record is dropped (counted in `drops`).
+    """
+
+    fmt: str = "eagle"
+    min_output_tokens: int = 1
+    max_length: int | None = None
+    truncate: bool = False
+    drops: Drops = field(default_factory=Drops)
+    truncated: int = 0
+
+    def build(self, rec: TokenLists, line: bytes) -> Row | None:
+        prompt, n_in, output, n_out = rec.prompt, rec.n_in, rec.output, rec.n_out
+        if n_out == 0:
+            self.drops.empty_output += 1
+            return None
+        cut = False
+        if self.max_length is not None and n_in + n_out > self.max_length:
+            if not self.truncate:
+                self.drops.too_long += 1
+                return None
+            if n_in >= self.max_length:
+                self.drops.prompt_too_long += 1
+                return None
+            n_out = self.max_length - n_in
+            output = _encode(_int_list.decode(b"[" + output + b"]")[:n_out])[1:-1]
+            cut = True
+        if n_out < self.min_output_tokens:
+            self.drops.short_output += 1
+            return None
+        if cut:
+            self.truncated += 1
+        if self.fmt == "eagle":
+            data = eagle_row(rec.id, prompt, n_in, output, n_out)
+        else:
+            data = raw_row(line, output if cut else None)
+        return Row(rec.id, n_in, n_out, data)
+
+
+def eagle_row(record_id: str, prompt: bytes, n_in: int, output: bytes, n_out: int) -> bytes:
+    """`{"id","input_ids": prompt+output,"loss_mask": [0]*n_in+[1]*n_out}` as one line."""
+    return b"".join((
+        b'{"id":', _encode(record_id),
+        b',"input_ids":[', prompt, b"," if n_in else b"", output,
+        b'],"loss_mask":[', b"0," * n_in, b"1," * (n_out - 1), b'1]}\n',
+    ))
+
+
+def raw_row(line: bytes, cut_output: bytes | None) -> bytes:
+    """The token record as it came, made compact; with its output cut when truncated."""
+    if cut_output is not None:
+        fields = decode_passthrough(line)
+        line = _encode(merge_fields(fields, {"output_ids": Raw(b"[" + cut_output + b"]")}))
+    return msgspec.json.format(line, indent=-1) + b"\n"

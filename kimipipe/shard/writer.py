@@ -1,0 +1,294 @@
+"""Shard files and the shard set: temporary names, rolling, checksums, and the swap.
+
+Every file is written under a hidden temporary name that never ends in `.jsonl.zst` or
+`manifest.json` (`.<name>.tmp-<pid>`), fsynced, and renamed only when the whole set is
+complete. The swap from an old set to a new one (`ShardSet.commit`):
+
+1. all new shards and the new manifest are complete under temporary names;
+2. if a new shard would take the name of an existing file, the old manifest is removed
+   first (so no manifest ever describes a file whose content is changing); otherwise the
+   old manifest stays until step 4 replaces it atomically;
+3. the new shards are renamed to their names;
+4. the new manifest is renamed to `manifest.json`;
+5. only then are the old set's shards that the new set does not reuse deleted.
+
+A crash at any point leaves either the old manifest with all of its files intact, the new
+manifest with all of its files, or (between 2 and 4) no manifest at all; never a manifest
+that names a missing or half-written file. Leftover temporary files are removed by the next
+run in the same directory (an exclusive lock on `DIR/.kp-shard.lock` keeps two runs apart).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass
+
+import zstandard
+
+from ..errors import KPError
+from .rows import Row
+
+MANIFEST = "manifest.json"
+LOCK = ".kp-shard.lock"
+SHARD_SUFFIX = ".jsonl.zst"
+_TEMP = re.compile(r"^\..+\.jsonl\.zst\.tmp-\d+$|^\.manifest\.json\.tmp-\d+$"
+                   r"|^\.kp-shard-spill-\d+$")  # our temporary names, and only those
+_JOB_SIZE = 0  # zstd picks it from the level
+
+
+def temp_name(final: str) -> str:
+    return f".{final}.tmp-{os.getpid()}"
+
+
+def shard_name(prefix: str, split: str, index: int) -> str:
+    middle = "" if split == "train" else f"{split}-"
+    return f"{prefix}-{middle}{index:05d}{SHARD_SUFFIX}"
+
+
+def shard_pattern(prefix: str) -> re.Pattern:
+    return re.compile(rf"^{re.escape(prefix)}-(?:eval-)?\d{{5,}}{re.escape(SHARD_SUFFIX)}$")
+
+
+@dataclass
+class ShardInfo:
+    """A finished shard as the manifest lists it."""
+
+    file: str
+    split: str
+    records: int
+    input_tokens: int
+    output_tokens: int
+    bytes: int
+    uncompressed_bytes: int
+    sha256: str
+
+
+class _HashingFile:
+    """The file under the compressor: counts and hashes the compressed bytes as they pass."""
+
+    def __init__(self, path: str):
+        self.f = open(path, "wb")
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+class ShardFile:
+    """One shard being written: rows in, zstd out, under a temporary name."""
+
+    def __init__(self, directory: str, name: str, split: str, cctx: zstandard.ZstdCompressor):
+        self.name = name
+        self.split = split
+        self.tmp = os.path.join(directory, temp_name(name))
+        self.final = os.path.join(directory, name)
+        self._file = _HashingFile(self.tmp)
+        self._zst = cctx.stream_writer(self._file, closefd=False)
+        self.records = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.uncompressed = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def add(self, row: Row) -> None:
+        # Straight into zstd: it copies into its own job buffers (multi-threaded zstd
+        # compresses whole jobs of a few MB in worker threads), so no batching here.
+        self._zst.write(row.data)
+        self.uncompressed += len(row.data)
+        self.records += 1
+        self.input_tokens += row.input_tokens
+        self.output_tokens += row.output_tokens
+
+    def close(self) -> ShardInfo:
+        self._zst.flush(zstandard.FLUSH_FRAME)
+        self._zst.close()
+        self._file.f.flush()
+        os.fsync(self._file.f.fileno())
+        self._file.f.close()
+        return ShardInfo(self.name, self.split, self.records, self.input_tokens,
+                         self.output_tokens, self._file.size, self.uncompressed,
+                         self._file.sha256.hexdigest())
+
+    def abandon(self) -> None:
+        try:
+            self._file.f.close()
+        finally:
+            if os.path.exists(self.tmp):
+                os.unlink(self.tmp)
+
+
+class ShardSequence:
+    """The shards of one split: a new shard starts when the open one is full."""
+
+    def __init__(self, owner: ShardSet, split: str):
+        self.owner = owner
+        self.split = split
+        # One compressor per split: a ZstdCompressor serves one stream at a time.
+        params = zstandard.ZstdCompressionParameters.from_level(
+            owner.level, threads=-1, job_size=_JOB_SIZE, write_checksum=True)
+        self.cctx = zstandard.ZstdCompressor(compression_params=params)
+        self.open: ShardFile | None = None
+        self.index = 0
+
+    def add(self, row: Row) -> None:
+        shard = self.open
+        if shard is not None and self._full_with(shard, row):
+            self.owner.finished.append(shard.close())
+            shard = self.open = None
+        if shard is None:
+            name = shard_name(self.owner.prefix, self.split, self.index)
+            self.index += 1
+            shard = self.open = ShardFile(self.owner.directory, name, self.split, self.cctx)
+        shard.add(row)
+
+    def _full_with(self, shard: ShardFile, row: Row) -> bool:
+        limit_records = self.owner.records_per_shard
+        limit_tokens = self.owner.tokens_per_shard
+        if limit_records is not None and shard.records >= limit_records:
+            return True
+        row_tokens = row.input_tokens + row.output_tokens
+        return limit_tokens is not None and shard.tokens + row_tokens > limit_tokens
+
+    def close(self) -> None:
+        if self.open is not None:
+            self.owner.finished.append(self.open.close())
+            self.open = None
+
+
+class ShardSet:
+    """A new set of shards in DIRECTORY, invisible until `commit`."""
+
+    def __init__(self, directory: str, prefix: str, *, level: int = 3,
+                 records_per_shard: int | None = None, tokens_per_shard: int | None = None):
+        self.directory = directory
+        self.prefix = prefix
+        self.level = level
+        self.records_per_shard = records_per_shard
+        self.tokens_per_shard = tokens_per_shard
+        self.finished: list[ShardInfo] = []
+        self._splits: dict[str, ShardSequence] = {}
+
+    def add(self, split: str, row: Row) -> None:
+        seq = self._splits.get(split)
+        if seq is None:
+            seq = self._splits[split] = ShardSequence(self, split)
+        seq.add(row)
+
+    def close(self) -> list[ShardInfo]:
+        for seq in self._splits.values():
+            seq.close()
+        order = {"train": 0, "eval": 1}
+        self.finished.sort(key=lambda s: (order.get(s.split, 2), s.file))
+        return self.finished
+
+    def discard(self) -> None:
+        for seq in self._splits.values():
+            if seq.open is not None:
+                seq.open.abandon()
+                seq.open = None
+        for info in self.finished:
+            tmp = os.path.join(self.directory, temp_name(info.file))
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def commit(self, manifest: dict) -> None:
+        """Swap the finished set in for the old one (see the module docstring)."""
+        d = self.directory
+        old = read_manifest_files(d)
+        new_names = {s.file for s in self.finished}
+        manifest_tmp = os.path.join(d, temp_name(MANIFEST))
+        with open(manifest_tmp, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        manifest_path = os.path.join(d, MANIFEST)
+        if any(os.path.exists(os.path.join(d, n)) for n in new_names) and os.path.exists(manifest_path):
+            os.unlink(manifest_path)
+            fsync_dir(d)
+        for name in sorted(new_names):
+            os.replace(os.path.join(d, temp_name(name)), os.path.join(d, name))
+        fsync_dir(d)
+        os.replace(manifest_tmp, manifest_path)
+        fsync_dir(d)
+        mine = shard_pattern(self.prefix)
+        stale = {n for n in old if n not in new_names}
+        stale |= {n for n in os.listdir(d) if mine.match(n) and n not in new_names}
+        for name in sorted(stale):
+            path = os.path.join(d, name)
+            if os.path.isfile(path) and os.path.basename(name) == name:
+                os.unlink(path)
+        if stale:
+            fsync_dir(d)
+
+
+def shard_info_dicts(shards: list[ShardInfo]) -> list[dict]:
+    return [asdict(s) for s in shards]
+
+
+def read_manifest_files(directory: str) -> set[str]:
+    """The shard file names the current manifest in DIRECTORY lists (none if unreadable)."""
+    try:
+        with open(os.path.join(directory, MANIFEST)) as f:
+            manifest = json.load(f)
+        return {s["file"] for s in manifest.get("shards", []) if isinstance(s.get("file"), str)}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return set()
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DirectoryLock:
+    """One kp-shard run per output directory; leftovers of crashed runs are removed on entry."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self._fd: int | None = None
+
+    def __enter__(self) -> DirectoryLock:
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            self._fd = os.open(os.path.join(self.directory, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise KPError(f"{self.directory}: cannot use as the output directory: {e.strerror}",
+                          exit_code=2) from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise KPError(f"{self.directory}: another kp-shard is writing here", exit_code=2) from None
+        for name in os.listdir(self.directory):
+            if _TEMP.match(name):
+                path = os.path.join(self.directory, name)
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

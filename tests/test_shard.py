@@ -1,0 +1,642 @@
+"""kp-shard, run as a user runs it: rows trainers read, manifest, splits, shuffle, filters,
+verify, stats, crash safety, and interop with the zstd command-line tool."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import zstandard
+from conftest import BIN, kp, read_jsonl, write_jsonl
+
+from kimipipe.shard.rows import eval_point
+
+
+def token_record(rid: str, n_in: int, n_out: int, dataset: str = "B3", start: int = 1000,
+                 **extra) -> dict:
+    return {"id": rid, "dataset": dataset,
+            "messages": [{"role": "user", "content": f"question {rid}"}],
+            "response": {"content": "answer", "reasoning": "thinking"},
+            "finish_reason": "stop", "model": "moonshotai/kimi-k2.5", **extra,
+            "input_ids": list(range(start, start + n_in)),
+            "output_ids": list(range(start + 50_000, start + 50_000 + n_out))}
+
+
+def records(n: int, prefix: str = "r", **kw) -> list[dict]:
+    return [token_record(f"{prefix}{i}", 3 + i % 5, 2 + i % 7, start=i, **kw) for i in range(n)]
+
+
+def shard_rows(directory) -> list[dict]:
+    manifest = json.loads((directory / "manifest.json").read_text())
+    rows = []
+    for shard in manifest["shards"]:
+        rows += read_jsonl(directory / shard["file"])
+    return rows
+
+
+def manifest_of(directory) -> dict:
+    return json.loads((directory / "manifest.json").read_text())
+
+
+def visible_files(directory) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if not n.startswith("."))
+
+
+# --- the eagle format, the manifest, interop ------------------------------------------
+
+def test_eagle_rows_are_prompt_plus_output_with_mask_and_manifest_matches(tmp_path):
+    src = write_jsonl(tmp_path / "tokens.jsonl", [
+        token_record("a", 3, 2), token_record("b", 1, 4, start=7)])
+    out = tmp_path / "shards"
+    r = kp("shard", src, "--out", out)
+    assert r.code == 0, r.stderr
+    assert r.stdout == b""
+    assert visible_files(out) == ["manifest.json", "shard-00000.jsonl.zst"]
+    raw = zstandard.ZstdDecompressor().stream_reader(
+        (out / "shard-00000.jsonl.zst").read_bytes(), read_across_frames=True).read()
+    lines = raw.splitlines()
+    assert json.loads(lines[0]) == {
+        "id": "a", "input_ids": [1000, 1001, 1002, 51000, 51001], "loss_mask": [0, 0, 0, 1, 1]}
+    assert json.loads(lines[1]) == {
+        "id": "b", "input_ids": [7, 50007, 50008, 50009, 50010], "loss_mask": [0, 1, 1, 1, 1]}
+    for line in lines:  # compact JSON, exactly one object per line
+        assert line == json.dumps(json.loads(line), separators=(",", ":")).encode()
+    m = manifest_of(out)
+    assert m["format"] == "eagle"
+    assert m["command"].startswith("kp-shard ") and "--out" in m["command"]
+    [shard] = m["shards"]
+    data = (out / "shard-00000.jsonl.zst").read_bytes()
+    assert shard == {"file": "shard-00000.jsonl.zst", "split": "train", "records": 2,
+                     "input_tokens": 4, "output_tokens": 6, "bytes": len(data),
+                     "uncompressed_bytes": len(raw),
+                     "sha256": hashlib.sha256(data).hexdigest()}
+    assert m["totals"]["records"] == 2 and m["totals"]["bytes"] == len(data)
+    assert m["records_read"] == 2 and set(m["dropped"].values()) == {0}
+    assert "wrote train 2 rows, 10 tokens in 1 shards" in r.stderr
+
+
+def test_interop_zstd_cli_and_plain_json_loads(tmp_path):
+    if shutil.which("zstd") is None:
+        pytest.skip("the zstd command-line tool is not installed (apt-get install zstd)")
+    src = write_jsonl(tmp_path / "tokens.jsonl", records(50))
+    out = tmp_path / "shards"
+    assert kp("shard", src, "--out", out, "--records-per-shard", "20", "-q").code == 0
+    total = 0
+    for shard in manifest_of(out)["shards"]:
+        path = out / shard["file"]
+        subprocess.run(["zstd", "-tq", str(path)], check=True)  # frame checksum too
+        text = subprocess.run(["zstd", "-dc", str(path)], check=True,
+                              capture_output=True).stdout.decode()
+        assert text.endswith("\n")
+        for line in text.splitlines():
+            row = json.loads(line)
+            assert len(row["input_ids"]) == len(row["loss_mask"]) and 1 in row["loss_mask"]
+            assert all(isinstance(x, int) for x in row["input_ids"])
+            total += 1
+        # the zstandard module reads it the same
+        with open(path, "rb") as f:
+            assert zstandard.ZstdDecompressor().stream_reader(f).read().decode() == text
+    assert total == 50
+
+
+def test_many_inputs_stdin_and_zstd_input(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", records(3, "a"))
+    b = tmp_path / "b.jsonl.zst"
+    b.write_bytes(zstandard.ZstdCompressor().compress(
+        "".join(json.dumps(x) + "\n" for x in records(2, "b")).encode()))
+    c = "".join(json.dumps(x) + "\n" for x in records(2, "c")).encode()
+    out = tmp_path / "shards"
+    r = kp("shard", a, b, "-", "--out", out, input=c)
+    assert r.code == 0, r.stderr
+    assert [x["id"] for x in shard_rows(out)] == ["a0", "a1", "a2", "b0", "b1", "c0", "c1"]
+    assert manifest_of(out)["inputs"] == [str(a), str(b), "<stdin>"]
+
+
+def test_ids_with_whitespace_are_read_and_written_compact(tmp_path):
+    src = tmp_path / "pretty.jsonl"
+    src.write_text('{"id": "p", "dataset": "B3", "input_ids": [ 1, 2 ,3 ], '
+                   '"output_ids": [\t4 , 5 ]}\n')
+    out = tmp_path / "shards"
+    assert kp("shard", src, "--out", out).code == 0
+    raw = read_raw_lines(out / "shard-00000.jsonl.zst")
+    assert raw == [b'{"id":"p","input_ids":[1,2,3,4,5],"loss_mask":[0,0,0,1,1]}']
+
+
+def read_raw_lines(path) -> list[bytes]:
+    with open(path, "rb") as f:
+        return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True).read().splitlines()
+
+
+def test_raw_format_keeps_the_records_as_they_came(tmp_path):
+    recs = [token_record("a", 2, 3, usage={"cost": 0.5}), token_record("b", 1, 1)]
+    src = write_jsonl(tmp_path / "tokens.jsonl", recs)
+    out = tmp_path / "shards"
+    assert kp("shard", src, "--out", out, "--format", "raw").code == 0
+    lines = read_raw_lines(out / "shard-00000.jsonl.zst")
+    assert [json.loads(x) for x in lines] == recs
+    assert lines[0] == json.dumps(recs[0], separators=(",", ":")).encode()
+    m = manifest_of(out)
+    assert m["format"] == "raw" and m["shards"][0]["input_tokens"] == 3
+    assert kp("shard", "verify", out).code == 0
+
+
+# --- shard sizes and names --------------------------------------------------------------
+
+def test_records_per_shard_and_name(tmp_path):
+    src = write_jsonl(tmp_path / "t.jsonl", records(7))
+    out = tmp_path / "shards"
+    assert kp("shard", src, "--out", out, "--records-per-shard", "3", "--name", "b3").code == 0
+    assert visible_files(out) == ["b3-00000.jsonl.zst", "b3-00001.jsonl.zst",
+                                  "b3-00002.jsonl.zst", "manifest.json"]
+    assert [s["records"] for s in manifest_of(out)["shards"]] == [3, 3, 1]
+    assert kp("shard", src, "--out", out, "--name", "../x").code == 2
+
+
+def test_tokens_per_shard_never_exceeded_except_by_one_long_row(tmp_path):
+    recs = [token_record(f"r{i}", 5, 5, start=i) for i in range(6)]
+    recs.insert(3, token_record("long", 20, 30))
+    src = write_jsonl(tmp_path / "t.jsonl", recs)
+    out = tmp_path / "shards"
+    assert kp("shard", src, "--out", out, "--tokens-per-shard", "25").code == 0
+    shards = manifest_of(out)["shards"]
+    tokens = [s["input_tokens"] + s["output_tokens"] for s in shards]
+    assert tokens == [20, 10, 50, 20, 10]
+    assert [x["id"] for x in shard_rows(out)] == ["r0", "r1", "r2", "long", "r3", "r4", "r5"]
+
+
+# --- eval split -----------------------------------------------------------------------------
+
+def test_eval_split_by_id_hash_is_stable_across_runs_inputs_and_datasets(tmp_path):
+    recs = records(400)
+    src = write_jsonl(tmp_path / "t.jsonl", recs)
+    out = tmp_path / "shards"
+    assert kp("shard", src, "--out", out, "--eval-fraction", "0.1").code == 0
+    m = manifest_of(out)
+    eval_files = [s["file"] for s in m["shards"] if s["split"] == "eval"]
+    assert eval_files == ["shard-eval-00000.jsonl.zst"]
+    eval_ids = {x["id"] for x in read_jsonl(out / eval_files[0])}
+    assert eval_ids == {x["id"] for x in recs if eval_point(x["id"]) < 0.1}
+    assert 15 < len(eval_ids) < 70
+    assert m["splits"]["eval"]["records"] == len(eval_ids)
+    assert m["splits"]["train"]["records"] == 400 - len(eval_ids)
+    # Another dataset, another order, a subset: the same ids land in eval.
+    other = [dict(x, dataset="B9") for x in reversed(recs[::2])]
+    src2 = write_jsonl(tmp_path / "t2.jsonl", other)
+    out2 = tmp_path / "shards2"
+    assert kp("shard", src2, "--out", out2, "--eval-fraction", "0.1", "--shuffle").code == 0
+    eval2 = {x["id"] for x in read_jsonl(out2 / "shard-eval-00000.jsonl.zst")}
+    assert eval2 == {x["id"] for x in other} & eval_ids
+
+
+def test_eval_point_is_the_documented_hash():
+    digest = hashlib.blake2b(b"conv-1", digest_size=8, person=b"kp-shard-eval").digest()
+    assert eval_point("conv-1") == int.from_bytes(digest, "big") / 2**64
+
+
+# --- shuffle --------------------------------------------------------------------------------
+
+def test_shuffle_is_deterministic_and_independent_of_input_order(tmp_path):
+    recs = records(300)
+    a = write_jsonl(tmp_path / "a.jsonl", recs)
+    b1 = write_jsonl(tmp_path / "b1.jsonl", list(reversed(recs))[:150])
+    b2 = write_jsonl(tmp_path / "b2.jsonl", list(reversed(recs))[150:])
+    runs = {}
+    for name, inputs, seed in (("a", [a], "7"), ("a2", [a], "7"), ("b", [b2, b1], "7"),
+                               ("s8", [a], "8")):
+        out = tmp_path / name
+        r = kp("shard", *inputs, "--out", out, "--shuffle", "--seed", seed,
+               "--records-per-shard", "100")
+        assert r.code == 0, r.stderr
+        runs[name] = [x["id"] for x in shard_rows(out)]
+    assert runs["a"] == runs["a2"] == runs["b"]
+    assert runs["a"] != [x["id"] for x in recs]
+    assert sorted(runs["a"]) == sorted(x["id"] for x in recs)
+    assert runs["s8"] != runs["a"] and sorted(runs["s8"]) == sorted(runs["a"])
+    assert not [n for n in os.listdir(tmp_path / "a") if "spill" in n]
+
+
+def test_shuffle_splits_buckets_larger_than_its_memory_and_keeps_the_order(tmp_path):
+    recs = records(300)
+    src = write_jsonl(tmp_path / "a.jsonl", recs)
+    ids = {}
+    for mem in ("64K", "1G"):
+        out = tmp_path / mem
+        spill = tmp_path / f"spill-{mem}"
+        r = kp("shard", src, "--out", out, "--shuffle", "--seed", "3", "--shuffle-memory", mem,
+               "--tmp-dir", spill)
+        assert r.code == 0, r.stderr
+        ids[mem] = [x["id"] for x in shard_rows(out)]
+        assert not os.listdir(spill)
+    assert ids["64K"] == ids["1G"]
+
+
+def test_external_shuffle_bounded_buckets_directly(tmp_path):
+    from kimipipe.shard.rows import Row
+    from kimipipe.shard.shuffle import ExternalShuffle, shuffle_key
+    shuffle = ExternalShuffle(str(tmp_path / "spill"), seed=5, memory_budget=3_000)
+    for i in range(2000):
+        shuffle.add("train", Row(f"id{i}", 1, 1, b"x" * 50 + b"\n"), 0, i + 1)
+    out = list(shuffle.drain())
+    assert shuffle.buckets_split > 0
+    assert [o.row.id for o in out] == sorted((f"id{i}" for i in range(2000)),
+                                             key=lambda s: shuffle_key(5, s))
+    assert not (tmp_path / "spill").exists()
+
+
+# --- filters and duplicates -------------------------------------------------------------------
+
+def test_filters_are_applied_and_counted(tmp_path):
+    recs = [token_record("ok", 4, 4), token_record("empty", 4, 0), token_record("short", 4, 1),
+            token_record("long", 6, 10), token_record("hugeprompt", 12, 3)]
+    src = write_jsonl(tmp_path / "t.jsonl", recs)
+    out = tmp_path / "drop"
+    r = kp("shard", src, "--out", out, "--min-output-tokens", "2", "--max-length", "10")
+    assert r.code == 0, r.stderr
+    assert [x["id"] for x in shard_rows(out)] == ["ok"]
+    m = manifest_of(out)
+    assert m["dropped"] == {"empty_output": 1, "too_long": 2, "prompt_too_long": 0,
+                            "short_output": 1, "duplicate_id": 0}
+    assert "dropped 1 empty output, 2 too long, 1 short output" in r.stderr
+
+    out = tmp_path / "cut"
+    r = kp("shard", src, "--out", out, "--min-output-tokens", "2", "--max-length", "10",
+           "--truncate")
+    assert r.code == 0, r.stderr
+    rows = {x["id"]: x for x in shard_rows(out)}
+    assert set(rows) == {"ok", "long"}
+    assert rows["long"]["input_ids"] == list(range(1000, 1006)) + list(range(51000, 51004))
+    assert rows["long"]["loss_mask"] == [0] * 6 + [1] * 4
+    m = manifest_of(out)
+    assert m["truncated"] == 1 and m["dropped"]["prompt_too_long"] == 1
+
+    out = tmp_path / "rawcut"
+    assert kp("shard", src, "--out", out, "--format", "raw", "--max-length", "10",
+              "--truncate").code == 0
+    long_row = [x for x in shard_rows(out) if x["id"] == "long"][0]
+    assert long_row["output_ids"] == list(range(51000, 51004))
+    assert long_row["messages"] == recs[3]["messages"]
+    assert kp("shard", src, "--out", out, "--truncate").code == 2
+
+
+def test_duplicate_ids_keep_the_first_row_or_stop(tmp_path):
+    first = write_jsonl(tmp_path / "a.jsonl", [token_record("x", 2, 2), token_record("y", 2, 2)])
+    again = write_jsonl(tmp_path / "b.jsonl", [token_record("y", 5, 5), token_record("z", 2, 2)])
+    for extra in ([], ["--shuffle"]):
+        out = tmp_path / f"d{len(extra)}"
+        r = kp("shard", first, again, "--out", out, *extra)
+        assert r.code == 0, r.stderr
+        rows = {x["id"]: x for x in shard_rows(out)}
+        assert set(rows) == {"x", "y", "z"} and len(rows["y"]["input_ids"]) == 4
+        assert manifest_of(out)["dropped"]["duplicate_id"] == 1
+        r = kp("shard", first, again, "--out", tmp_path / "e", "--on-duplicate", "error", *extra)
+        assert r.code == 2
+        assert f"{again}:1: duplicate id 'y'" in r.stderr
+        assert not (tmp_path / "e" / "manifest.json").exists()
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("line, message", [
+    ('{"id": "b", "dataset": "B3", "input_ids": [1, "2"], "output_ids": [3]}',
+     "`input_ids` must be a list of non-negative integer token IDs"),
+    ('{"id": "b", "dataset": "B3", "input_ids": [1], "output_ids": [-3]}', "`output_ids` must"),
+    ('{"id": "b", "dataset": "B3", "input_ids": [1.5], "output_ids": [3]}', "`input_ids` must"),
+    ('{"id": "b", "dataset": "B3", "input_ids": [1e3], "output_ids": [3]}', "`input_ids` must"),
+    ('{"id": "b", "dataset": "B3", "input_ids": [[1]], "output_ids": [3]}', "`input_ids` must"),
+    ('{"id": "b", "dataset": "B3", "input_ids": [1], "output_ids": [null]}', "`output_ids` must"),
+    ('{"id": "b", "dataset": "B3", "input_ids": 5, "output_ids": [3]}', "`input_ids` must"),
+    ('{"id": "b", "dataset": "B3", "input_ids": [1]}', "missing required field `output_ids`"),
+    ('{"id": "b", "dataset": "B3", "input_ids": [1,], "output_ids": [3]}', ""),
+    ('{"id": 5, "dataset": "B3", "input_ids": [1], "output_ids": [3]}', "at `$.id`"),
+])
+def test_bad_input_names_path_and_line_and_keeps_the_old_set(tmp_path, line, message):
+    out = tmp_path / "shards"
+    good = write_jsonl(tmp_path / "good.jsonl", records(3))
+    assert kp("shard", good, "--out", out).code == 0
+    before = manifest_of(out)
+    src = tmp_path / "bad.jsonl"
+    src.write_text(json.dumps(token_record("a", 2, 2)) + "\n" + line + "\n")
+    r = kp("shard", src, "--out", out)
+    assert r.code == 2
+    assert f"\nkp-shard: {src}:2: " in r.stderr and message in r.stderr, r.stderr
+    assert manifest_of(out) == before
+    assert visible_files(out) == ["manifest.json", "shard-00000.jsonl.zst"]
+    assert not [n for n in os.listdir(out) if ".tmp-" in n]
+
+
+def test_empty_input_is_an_error(tmp_path):
+    src = tmp_path / "empty.jsonl"
+    src.write_text("")
+    r = kp("shard", src, "--out", tmp_path / "o")
+    assert r.code == 2 and "empty input" in r.stderr
+    assert kp("shard", src).code == 2  # --out missing
+
+
+# --- verify ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def built(tmp_path):
+    src = write_jsonl(tmp_path / "t.jsonl", records(30))
+    out = tmp_path / "shards"
+    assert kp("shard", src, "--out", out, "--records-per-shard", "10", "--eval-fraction",
+              "0.2").code == 0
+    return out
+
+
+def rewrite_shard(out, name: str, lines: list[bytes], fix_manifest: bool = True) -> None:
+    data = zstandard.ZstdCompressor().compress(b"".join(x + b"\n" for x in lines))
+    (out / name).write_bytes(data)
+    if fix_manifest:
+        m = manifest_of(out)
+        for s in m["shards"]:
+            if s["file"] == name:
+                s["bytes"] = len(data)
+                s["sha256"] = hashlib.sha256(data).hexdigest()
+        (out / "manifest.json").write_text(json.dumps(m))
+
+
+def test_verify_passes_a_good_set_both_spellings(built):
+    for args in (["verify", built], ["--verify", built]):
+        r = kp("shard", *args)
+        assert r.code == 0, r.stderr
+        assert "OK (" in r.stderr and r.stdout == b""
+
+
+def test_verify_detects_a_flipped_byte(built):
+    path = built / "shard-00001.jsonl.zst"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    r = kp("shard", "verify", built)
+    assert r.code == 2
+    assert f"{built}/shard-00001.jsonl.zst: sha256 " in r.stderr and "does not match" in r.stderr
+
+
+def test_verify_detects_a_wrong_count(built):
+    m = manifest_of(built)
+    m["shards"][0]["records"] += 1
+    (built / "manifest.json").write_text(json.dumps(m))
+    r = kp("shard", "verify", built)
+    assert r.code == 2
+    assert "shard-00000.jsonl.zst: holds 10 records, the manifest says 11" in r.stderr
+    assert "totals.records" in r.stderr
+
+
+def test_verify_detects_unequal_lengths_and_a_mask_without_a_one(built):
+    lines = read_raw_lines(built / "shard-00000.jsonl.zst")
+    row = json.loads(lines[2])
+    row["loss_mask"] = row["loss_mask"][:-1]
+    lines[2] = json.dumps(row).encode()
+    row = json.loads(lines[4])
+    row["loss_mask"] = [0] * len(row["loss_mask"])
+    lines[4] = json.dumps(row).encode()
+    rewrite_shard(built, "shard-00000.jsonl.zst", lines)
+    r = kp("shard", "verify", built)
+    assert r.code == 2
+    assert "shard-00000.jsonl.zst:3: input_ids has" in r.stderr
+    assert "shard-00000.jsonl.zst:5: loss_mask has no 1" in r.stderr
+
+
+def test_verify_detects_a_missing_shard_and_a_stray_one(built):
+    (built / "shard-eval-00000.jsonl.zst").rename(built / "shard-99999.jsonl.zst")
+    r = kp("shard", "verify", built)
+    assert r.code == 2
+    assert "shard-eval-00000.jsonl.zst: missing" in r.stderr
+    assert "shard-99999.jsonl.zst: not in the manifest" in r.stderr
+
+
+def test_verify_without_a_manifest(tmp_path):
+    r = kp("shard", "verify", tmp_path)
+    assert r.code == 2 and "no manifest.json" in r.stderr
+
+
+# --- stats ----------------------------------------------------------------------------------
+
+def test_stats_prints_a_length_histogram_to_stderr(tmp_path):
+    recs = [token_record(f"r{i}", 100 + i, 300 * (i + 1), start=i) for i in range(10)]
+    src = write_jsonl(tmp_path / "t.jsonl", recs)
+    out = tmp_path / "shards"
+    r = kp("shard", src, "--out", out, "--stats")
+    assert r.code == 0 and r.stdout == b""
+    s = kp("shard", "stats", out)
+    assert s.code == 0 and s.stdout == b""
+    for text in (r.stderr, s.stderr):
+        assert "tokens per row" in text and "kept whole" in text
+        assert re.search(r"\n  max +109 +3000 +3109\n", text)
+        assert re.search(r"\n  4K +0 +4 +4 +100.0% +#{40}\n", text)
+    assert s.stderr.split("tokens per row")[1] == r.stderr.split("tokens per row")[1]
+
+
+# --- crash safety and reruns ------------------------------------------------------------------
+
+def looks_finished(name: str) -> bool:
+    return name.endswith(".jsonl.zst") or name == "manifest.json"
+
+
+def test_rerun_replaces_the_set_and_removes_only_stale_shards(tmp_path):
+    src = write_jsonl(tmp_path / "t.jsonl", records(10))
+    out = tmp_path / "shards"
+    (tmp_path / "shards").mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / ".editor.tmp-1").write_text("not ours either")
+    assert kp("shard", src, "--out", out, "--records-per-shard", "2").code == 0
+    assert len(manifest_of(out)["shards"]) == 5
+    assert kp("shard", src, "--out", out, "--records-per-shard", "4").code == 0
+    assert visible_files(out) == ["manifest.json", "notes.txt", "shard-00000.jsonl.zst",
+                                  "shard-00001.jsonl.zst", "shard-00002.jsonl.zst"]
+    assert kp("shard", src, "--out", out, "--name", "other").code == 0
+    assert visible_files(out) == ["manifest.json", "notes.txt", "other-00000.jsonl.zst"]
+    assert (out / ".editor.tmp-1").exists()
+    assert kp("shard", "verify", out).code == 0
+
+
+def test_a_crash_at_any_step_of_the_swap_leaves_a_consistent_directory(tmp_path, monkeypatch):
+    from kimipipe.shard import ShardOptions, build_shards, verify, writer
+    src = write_jsonl(tmp_path / "t.jsonl", records(12))
+    real_replace = os.replace
+    for crash_at in range(8):
+        out = tmp_path / f"o{crash_at}"
+        build_shards([str(src)], str(out), ShardOptions(records_per_shard=2), "old")
+        calls = []
+
+        def replace(a, b, crash_at=crash_at, calls=calls):
+            calls.append(b)
+            if len(calls) > crash_at:
+                raise KeyboardInterrupt("crash")
+            real_replace(a, b)
+
+        monkeypatch.setattr(writer.os, "replace", replace)
+        try:
+            build_shards([str(src)], str(out), ShardOptions(records_per_shard=3), "new")
+        except KeyboardInterrupt:
+            pass
+        monkeypatch.setattr(writer.os, "replace", real_replace)
+        # either no manifest (mid-swap) or a manifest whose every file is there and whole
+        if (out / "manifest.json").exists():
+            assert verify(str(out)).problems == []
+        else:
+            assert crash_at < 5
+        # whatever happened, a rerun gives a clean, complete set
+        build_shards([str(src)], str(out), ShardOptions(records_per_shard=3), "again")
+        assert verify(str(out)).problems == []
+        assert len(manifest_of(out)["shards"]) == 4
+        assert not [n for n in os.listdir(out) if ".tmp-" in n]
+
+
+def big_input_lines(n: int, ids_per_row: int = 4000) -> list[bytes]:
+    ids = ",".join(str(100_000 + i) for i in range(ids_per_row))
+    return [(f'{{"id":"big{i}","dataset":"B","input_ids":[{ids}],'
+             f'"output_ids":[{ids}]}}\n').encode() for i in range(n)]
+
+
+def wait_for(predicate, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("with_old_set", [False, True])
+def test_kill_9_mid_run_leaves_nothing_that_looks_finished(tmp_path, with_old_set):
+    out = tmp_path / "shards"
+    if with_old_set:
+        assert kp("shard", write_jsonl(tmp_path / "old.jsonl", records(5)), "--out", out).code == 0
+        old = {n: (out / n).read_bytes() for n in visible_files(out)}
+    lines = big_input_lines(400)
+    proc = subprocess.Popen([str(BIN / "kp-shard"), "-", "--out", str(out),
+                             "--records-per-shard", "50", "-q"],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for line in lines[:300]:  # feed most of it, keep the run open
+            proc.stdin.write(line)
+        proc.stdin.flush()
+        # a finished shard of the new set exists, under its temporary name
+        wait_for(lambda: any(n.startswith(".shard-00002.jsonl.zst.tmp-") for n in os.listdir(out)))
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+        proc.stdin.close()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    names = os.listdir(out)
+    assert any(".tmp-" in n for n in names)  # the run's work really was on disk
+    new_looking = [n for n in names if looks_finished(n)]
+    if with_old_set:
+        assert {n: (out / n).read_bytes() for n in new_looking} == old
+        assert kp("shard", "verify", out).code == 0
+    else:
+        assert new_looking == []
+    # rerun: completes, cleans the leftovers, replaces the set
+    r = kp("shard", "-", "--out", out, "--records-per-shard", "50", input=b"".join(lines))
+    assert r.code == 0, r.stderr
+    assert not [n for n in os.listdir(out) if ".tmp-" in n]
+    assert manifest_of(out)["totals"]["records"] == 400
+    assert visible_files(out) == ["manifest.json"] + [f"shard-{i:05d}.jsonl.zst" for i in range(8)]
+    assert kp("shard", "verify", out).code == 0
+
+
+def test_a_second_run_on_the_same_directory_is_refused(tmp_path):
+    out = tmp_path / "shards"
+    out.mkdir()
+    src = write_jsonl(tmp_path / "t.jsonl", records(3))
+    with open(out / ".kp-shard.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = kp("shard", src, "--out", out)
+    assert r.code == 2 and "another kp-shard is writing here" in r.stderr
+    assert kp("shard", src, "--out", out).code == 0
+
+
+# --- the fast decoder agrees with msgspec on every line ---------------------------------------
+
+def test_fast_decoder_agrees_with_the_full_parse_and_refuses_what_json_refuses():
+    import msgspec
+
+    from kimipipe.shard.rows import TokenRecordDecoder
+    dec = TokenRecordDecoder()
+    good = [
+        b'{"id":"a","dataset":"B","input_ids":[1,2,3],"output_ids":[4,0,50]}',
+        b'{"output_ids":[7],"id":"b","dataset":"B","input_ids":[]}',
+        b'{"id":"c","dataset":"B","meta":{"note":"\\"input_ids\\": [9]"},"input_ids":[0],'
+        b'"output_ids":[10,0]}',
+        b'{"id":"d","dataset":"B","meta":{"input_ids":[5]},"input_ids":[1],"output_ids":[2]}',
+        b'{"id":"e","dataset":"B","input\\u005fids":[1],"output_ids":[2]}',
+        b'{"id":"f","dataset":"B","input_ids": [1, 2],"output_ids":[3]}',
+        b'{"id":"g","dataset":"B","input_ids":[0,10,0,100,0],"output_ids":[0],"z":1}',
+        b'{"id":"h","dataset":"B","input_ids":[5],"output_ids":[6],"meta":{"output_ids":[9]}}',
+    ]
+    for line in good:
+        want = msgspec.json.decode(line)
+        got = dec.decode(line)
+        assert got.id == want["id"]
+        assert [int(x) for x in bytes(got.prompt).split(b",") if x] == want["input_ids"]
+        assert [int(x) for x in bytes(got.output).split(b",") if x] == want["output_ids"]
+        assert (got.n_in, got.n_out) == (len(want["input_ids"]), len(want["output_ids"]))
+    # d (a nested key) and e (an escaped key) must not be taken apart by the fast path
+    assert dec._fast(good[0]) is not None and dec._fast(good[3]) is None
+    assert dec._fast(good[4]) is None and dec._fast(good[6]) is not None
+    assert dec._fast(good[7]) is not None  # a nested key after the lists is just content
+    assert dec._fast(good[1]) is None  # empty input_ids: slow path
+    swapped = b'{"output_ids":[7,8],"id":"b","dataset":"B","input_ids":[1],"x":"]"}'
+    got = dec._fast(swapped)
+    assert (bytes(got.prompt), got.n_in, bytes(got.output), got.n_out) == (b"1", 1, b"7,8", 2)
+    bad = [b"[1,,2]", b"[01]", b"[0,01]", b"[10,00]", b"[1,02,3]", b"[00]", b"[1,01]", b"[1,]", b"[,1]", b"[1.5]", b"[-1]", b'["1"]', b"[1x2]",
+           b"[1e3]", b"[[1]]", b"[true]", b"[null]", b"{}", b"5", b'[1]]', b"[1"]
+    for ids in bad:
+        line = b'{"id":"x","dataset":"B","input_ids":' + ids + b',"output_ids":[1]}'
+        with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
+            dec.decode(line)
+        line = b'{"id":"x","dataset":"B","input_ids":[1],"output_ids":' + ids + b'}'
+        with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
+            dec.decode(line)
+    with pytest.raises(msgspec.ValidationError, match=r"Expected `str`, got `int` - at `\$.id`"):
+        dec.decode(b'{"id":1,"dataset":"B","input_ids":[1],"output_ids":[2]}')
+    with pytest.raises(msgspec.DecodeError):
+        dec.decode(b'{"id":"x","dataset":"B","input_ids":[1],"output_ids":[2],"z":tru}')
+
+
+def test_everything_dropped_gives_an_empty_set_and_a_warning(tmp_path):
+    out = tmp_path / "shards"
+    assert kp("shard", write_jsonl(tmp_path / "a.jsonl", records(4)), "--out", out).code == 0
+    src = write_jsonl(tmp_path / "t.jsonl", [token_record("e", 3, 0), token_record("f", 2, 0)])
+    r = kp("shard", src, "--out", out)
+    assert r.code == 0, r.stderr
+    assert "every record was dropped" in r.stderr
+    m = manifest_of(out)
+    assert m["shards"] == [] and m["totals"]["records"] == 0 and m["dropped"]["empty_output"] == 2
+    assert visible_files(out) == ["manifest.json"]
+    assert kp("shard", "verify", out).code == 0
+
+
+def test_out_that_is_a_file_is_a_usage_error(tmp_path):
+    src = write_jsonl(tmp_path / "t.jsonl", records(2))
+    r = kp("shard", src, "--out", src)
+    assert r.code == 2 and "is a file" in r.stderr
+    r = kp("shard", src, "--out", src / "sub")
+    assert r.code == 2 and "cannot use as the output directory" in r.stderr
+
+
+def test_id_list_check_matches_json_on_random_bodies():
+    import random
+
+    import numpy as np
+
+    from kimipipe.shard.rows import _check_bodies
+    rng = random.Random(0)
+    for _ in range(5000):
+        body = "".join(rng.choice("0123456789,,00") for _ in range(rng.randint(1, 9)))
+        try:
+            values = json.loads(f"[{body}]")
+            want = body.count(",")
+        except ValueError:
+            want = None
+        assert _check_bodies(np.frombuffer(body.encode(), np.uint8)) == want, body
+        if want is not None:
+            assert len(values) == want + 1
