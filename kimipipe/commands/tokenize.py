@@ -1,6 +1,184 @@
-"""kp-tokenize: placeholder until issue 6 lands; exits 2 with "not yet built", writes nothing."""
+"""kp-tokenize: response records in, the target model's exact token IDs out.
 
-from ..cli import not_yet_built, run_command
+Usage:
+    kp-tokenize B3.responses.jsonl --tokenizer ./kimi-k2.5 --trust-remote-code -o B3.tokens.jsonl
+    kp-tokenize responses.jsonl.zst --tokenizer ./kimi-k2.5 --trust-remote-code --drop-text \\
+        --max-length 32768 --drop-long --rejects B3.rejects.jsonl | kp-shard --out shards/B3
+    kp-tokenize r.jsonl --tokenizer Qwen/Qwen3-8B --preset qwen3 --no-thinking --strict
 
-cli = not_yet_built("kp-tokenize", "issue 6")
+Schema (one JSON object per line): the response record's fields, passed through, plus
+    {"input_ids": [int], "output_ids": [int], "over_max_length": true?}
+`input_ids` is the record's messages rendered by the model's chat template with the
+generation prompt (thinking on: ending `<think>`; --no-thinking: `<think></think>`), as the
+serving stack tokenizes it. `output_ids` is the generated turn: for Kimi K2.5
+`enc(reasoning) + [</think>] + enc(content) + [<|im_end|>]`; a `finish_reason: "length"`
+turn ends where its text ends. --drop-text leaves out `messages` and `response`.
+Rejects file lines: {"id", "line", "reason"}.
+
+Every row is verified (decode(input_ids + output_ids) == rendered prompt + rendered turn,
+and no control token inside the model's text); failures go to --rejects and make the exit
+code 4 (--strict: stop at the first one, exit 2). Streaming, bounded memory; --workers
+processes keep the input order. With -o FILE, records whose id is already in FILE are
+skipped and new ones appended (a torn last line is repaired first). A bad input line stops
+the command with PATH:LINE (records before it are already written; rerun resumes).
+Nothing is downloaded: --tokenizer is a directory or a name in the local Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from contextlib import closing
+
+import click
+import msgspec
+
+from ..cli import (
+    EXIT_CODES_HELP,
+    common_options,
+    input_argument,
+    output_option,
+    progress,
+    run_command,
+    say,
+)
+from ..errors import ExitCode, KPError
+from ..io import RecordWriter, iter_records, require_distinct, scan_done
+from ..records import Response, encode_line
+from ..tokenize.engine import Engine, Settings, init_worker, process_in_worker
+from ..tokenize.load import prepare_tokenizer_dir
+from ..tokenize.render import PRESETS
+from ..tokenize.stats import Summary
+
+BATCH_RECORDS = 64
+BATCH_BYTES = 1 << 20
+
+
+def _batches(path: str, done: set[str], summary: Summary):
+    """(line number, raw line) batches of the records still to do, validated as responses."""
+    batch: list[tuple[int, bytes]] = []
+    size = 0
+    for lineno, rec, line in iter_records(path, msgspec.json.Decoder(Response)):
+        if rec.id in done:
+            summary.skipped_done += 1
+            continue
+        batch.append((lineno, line))
+        size += len(line)
+        if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _outcomes_inline(engine: Engine, batches):
+    for batch in batches:
+        yield engine.process(batch)
+
+
+def _outcomes_in_pool(settings: Settings, workers: int, batches):
+    """Each batch's outcomes, in input order, from WORKERS processes; at most 2 per worker in flight."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    rayon_threads = max(1, (os.cpu_count() or 1) // workers)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=init_worker, initargs=(settings, rayon_threads))
+    in_flight: deque = deque()
+    try:
+        for batch in batches:
+            in_flight.append(pool.submit(process_in_worker, batch))
+            if len(in_flight) >= 2 * workers:
+                yield in_flight.popleft().result()
+        while in_flight:
+            yield in_flight.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _record_outcome(o, summary: Summary, writer: RecordWriter, reject_writer: RecordWriter | None,
+                    strict: bool, quiet: bool) -> None:
+    summary.add(o)
+    if o.kind == "ok":
+        writer.write_line(o.payload)
+    elif o.kind == "reject":
+        if reject_writer:
+            reject_writer.write_line(encode_line({"id": o.id, "line": o.line, "reason": o.reason}))
+        if strict:
+            raise KPError(f"{o.id} (input line {o.line}): {o.reason}", exit_code=ExitCode.USAGE)
+        if summary.rejected <= 3:
+            say(f"kp-tokenize: rejected {o.id} (input line {o.line}): {o.reason}", quiet)
+
+
+@click.command(name="kp-tokenize", epilog=EXIT_CODES_HELP)
+@input_argument()
+@click.option("--tokenizer", "tokenizer_spec", required=True, metavar="DIR",
+              help="The target model's tokenizer: a local directory, or a model name already in "
+                   "the local Hugging Face cache (nothing is downloaded).")
+@output_option("Output file (`-` = stdout; `.zst` compresses). An existing file is resumed.")
+@click.option("--trust-remote-code", is_flag=True,
+              help="Run the tokenizer code the directory ships (Kimi K2.5's tokenization_kimi.py).")
+@click.option("--chat-template", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A Jinja chat template file to use instead of the directory's.")
+@click.option("--preset", type=click.Choice(["auto", *PRESETS]), default="auto", show_default=True,
+              help="Layout of the generated turn; `auto` picks it from the tokenizer's tokens.")
+@click.option("--thinking/--no-thinking", default=True, show_default=True,
+              help="How the prompts were rendered: with thinking (prompt ends <think>) or without.")
+@click.option("--drop-truncated", is_flag=True, help="Leave out turns cut by finish_reason length.")
+@click.option("--max-length", type=click.IntRange(min=1), default=None,
+              help="Rows with more IDs in all are flagged (`over_max_length`), or dropped with --drop-long.")
+@click.option("--drop-long", is_flag=True, help="With --max-length: leave longer rows out.")
+@click.option("--drop-text", is_flag=True, help="Leave `messages` and `response` out of the output.")
+@click.option("--rejects", type=click.Path(dir_okay=False, allow_dash=False), default=None,
+              help="Write records that fail verification here, with the reason (JSON lines).")
+@click.option("--strict", is_flag=True, help="Stop at the first record that fails verification (exit 2).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes (default: all cores).")
+@common_options
+def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset, thinking,
+        drop_truncated, max_length, drop_long, drop_text, rejects, strict, workers, quiet, debug):
+    """Rebuild the token IDs the target model saw and produced, from response records."""
+    if drop_long and max_length is None:
+        raise click.UsageError("--drop-long needs --max-length")
+    require_distinct(output, input)
+    if rejects:
+        require_distinct(rejects, input)
+    template_text = None
+    if chat_template:
+        with open(chat_template, encoding="utf-8") as f:
+            template_text = f.read()
+    directory = prepare_tokenizer_dir(tokenizer_spec, trust_remote_code)
+    settings = Settings(
+        tokenizer_dir=str(directory), trust_remote_code=trust_remote_code,
+        chat_template=template_text, preset=preset, thinking=thinking, max_length=max_length,
+        drop_long=drop_long, drop_truncated=drop_truncated, drop_text=drop_text, debug=debug,
+    )
+    engine = Engine(settings)  # loads and checks everything before any output is touched
+    workers = workers or os.cpu_count() or 1
+    summary = Summary()
+    done = scan_done(output) if output != "-" else set()
+    writer = RecordWriter(output, append=True) if output != "-" else RecordWriter("-")
+    reject_writer = RecordWriter(rejects) if rejects else None
+    bar = progress(desc="kp-tokenize", unit="rec", quiet=quiet)
+    try:
+        batches = _batches(input, done, summary)
+        if workers > 1:
+            del engine
+            results = _outcomes_in_pool(settings, workers, batches)
+        else:
+            results = _outcomes_inline(engine, batches)
+        with closing(results):
+            for outcomes in results:
+                for o in outcomes:
+                    _record_outcome(o, summary, writer, reject_writer, strict, quiet)
+                bar.update(len(outcomes))
+    finally:
+        bar.close()
+        writer.close()
+        if reject_writer:
+            reject_writer.close()
+    say(summary.report(output, rejects), quiet)
+    return ExitCode.PARTIAL if summary.rejected else ExitCode.OK
+
+
 main = run_command(cli)
