@@ -6,32 +6,19 @@ the model's page) or a model name already in the local cache, which is resolved 
 snapshot directory here.
 
 Tokenizers that ship their own code (Kimi K2.5: `tokenization_kimi.py`, importing tiktoken
-and a sibling module) need `trust_remote_code`. Two things go wrong with them, and both are
-handled here:
-- a package their code imports is missing: one line naming the package;
-- the Hugging Face cache keeps files as symlinks into `blobs/`, and transformers (>= 5.10)
-  follows the symlink before resolving the code's relative imports, which then look for
-  `blobs/tool_declaration_ts.py`. Such a snapshot is copied (small files only) into a
-  private temporary directory of real files first.
+and a sibling module by a relative import) need `trust_remote_code`; without it, or when a
+package their code imports is missing, the error is one line saying what to do.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..errors import ExitCode, KPError
-
-# Weights and other big files are never needed to tokenize.
-_SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".onnx")
-_MAX_COPY_BYTES = 200 << 20
-
 
 _HUB_NAME = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
@@ -68,20 +55,6 @@ def resolve_tokenizer_dir(spec: str) -> Path:
         f"Face cache (nothing is downloaded; see README, kp-tokenize: getting the tokenizer)")
 
 
-def _materialized(directory: Path) -> Path:
-    """DIRECTORY itself, or a temporary copy of its small files if any of them is a symlink."""
-    files = [p for p in directory.iterdir() if p.is_file()]
-    if not any(p.is_symlink() for p in files):
-        return directory
-    tmp = Path(tempfile.mkdtemp(prefix="kp-tokenizer-"))
-    atexit.register(shutil.rmtree, tmp, True)
-    for p in files:
-        if p.name.endswith(_SKIP_SUFFIXES) or p.stat().st_size > _MAX_COPY_BYTES:
-            continue
-        shutil.copyfile(p, tmp / p.name)
-    return tmp
-
-
 def prepare_tokenizer_dir(spec: str, trust_remote_code: bool) -> Path:
     """Resolve SPEC and check what can be checked before transformers runs anything."""
     directory = resolve_tokenizer_dir(spec)
@@ -103,7 +76,7 @@ def prepare_tokenizer_dir(spec: str, trust_remote_code: bool) -> Path:
     if not config and not (directory / "tokenizer.json").is_file():
         raise TokenizerLoadError(
             f"{directory}: no tokenizer_config.json or tokenizer.json: not a tokenizer directory")
-    return _materialized(directory) if trust_remote_code else directory
+    return directory
 
 
 _MISSING_PACKAGES = re.compile(r"not found in your environment: ([^.]+)\.")
