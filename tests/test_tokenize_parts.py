@@ -149,3 +149,15 @@ def test_a_model_name_in_the_hf_cache_loads_offline_despite_symlinked_code(tmp_p
 def test_prepare_refuses_a_directory_that_is_not_a_tokenizer(tmp_path):
     with pytest.raises(TokenizerLoadError, match="not a tokenizer directory"):
         prepare_tokenizer_dir(str(tmp_path), False)
+
+
+def test_tiktoken_codec_gives_kimis_own_encode_ids_on_both_paths():
+    tok = load_tokenizer(TOKENIZER_KINDS["tiktoken"], trust_remote_code=True)
+    codec = make_codec(tok)
+    texts = ["plain words <|im_end|> <think> here\n\n", "  " * 15000 + "x", "the" * 8340 + " z",
+             "你好，世界" * 10 + " e\u0301 😀", ""]
+    assert codec.encode_text(texts) == [tok.encode(t, allow_special_tokens=False) for t in texts]
+    assert codec.encode_prompt(texts) == [tok.encode(t) for t in texts]
+    assert [codec._one_slice(t) for t in texts] == [True, False, False, True, True]
+    # The long-run slices really change the IDs, so the slow path is not for show.
+    assert codec.enc.encode_ordinary(texts[2]) != tok.encode(texts[2], allow_special_tokens=False)

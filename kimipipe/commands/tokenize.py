@@ -45,7 +45,7 @@ from ..cli import (
 from ..errors import ExitCode, KPError
 from ..io import RecordWriter, iter_records, require_distinct, scan_done
 from ..records import Response, encode_line
-from ..tokenize.engine import Engine, Settings, init_worker, process_in_worker
+from ..tokenize.engine import Engine, Settings, init_worker, process_in_worker, set_worker_engine
 from ..tokenize.load import prepare_tokenizer_dir
 from ..tokenize.render import PRESETS
 from ..tokenize.stats import Summary
@@ -76,14 +76,21 @@ def _outcomes_inline(engine: Engine, batches):
         yield engine.process(batch)
 
 
-def _outcomes_in_pool(settings: Settings, workers: int, batches):
-    """Each batch's outcomes, in input order, from WORKERS processes; at most 2 per worker in flight."""
+def _outcomes_in_pool(engine: Engine, workers: int, batches):
+    """Each batch's outcomes, in input order, from WORKERS processes; at most 2 per worker in flight.
+
+    Workers are forked from this process where the platform allows, so they start with the
+    tokenizer already loaded (a spawned worker would import transformers and load it again).
+    """
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    rayon_threads = max(1, (os.cpu_count() or 1) // workers)
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=init_worker, initargs=(settings, rayon_threads))
+    if "fork" in multiprocessing.get_all_start_methods():
+        set_worker_engine(engine)
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
+    else:
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=init_worker, initargs=(engine.settings,))
     in_flight: deque = deque()
     try:
         for batch in batches:
@@ -96,18 +103,24 @@ def _outcomes_in_pool(settings: Settings, workers: int, batches):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _record_outcome(o, summary: Summary, writer: RecordWriter, reject_writer: RecordWriter | None,
-                    strict: bool, quiet: bool) -> None:
-    summary.add(o)
-    if o.kind == "ok":
-        writer.write_line(o.payload)
-    elif o.kind == "reject":
-        if reject_writer:
-            reject_writer.write_line(encode_line({"id": o.id, "line": o.line, "reason": o.reason}))
-        if strict:
-            raise KPError(f"{o.id} (input line {o.line}): {o.reason}", exit_code=ExitCode.USAGE)
-        if summary.rejected <= 3:
-            say(f"kp-tokenize: rejected {o.id} (input line {o.line}): {o.reason}", quiet)
+def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
+                    reject_writer: RecordWriter | None, strict: bool, quiet: bool) -> None:
+    """One batch's outcomes: records written in one go, rejects logged (fatal with --strict)."""
+    lines: list[bytes] = []
+    for o in outcomes:
+        summary.add(o)
+        if o.kind == "ok":
+            lines.append(o.payload)
+        elif o.kind == "reject":
+            if reject_writer:
+                reject_writer.write_line(encode_line({"id": o.id, "line": o.line, "reason": o.reason}))
+            if strict:
+                writer.write_line(b"".join(lines))
+                raise KPError(f"{o.id} (input line {o.line}): {o.reason}", exit_code=ExitCode.USAGE)
+            if summary.rejected <= 3:
+                say(f"kp-tokenize: rejected {o.id} (input line {o.line}): {o.reason}", quiet)
+    if lines:
+        writer.write_line(b"".join(lines))
 
 
 @click.command(name="kp-tokenize", epilog=EXIT_CODES_HELP)
@@ -153,8 +166,12 @@ def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset,
         chat_template=template_text, preset=preset, thinking=thinking, max_length=max_length,
         drop_long=drop_long, drop_truncated=drop_truncated, drop_text=drop_text, debug=debug,
     )
-    engine = Engine(settings)  # loads and checks everything before any output is touched
     workers = workers or os.cpu_count() or 1
+    if workers > 1:
+        # One process per core does the work; the tokenizers library's own threads would only
+        # compete (and it refuses them after a fork anyway).
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    engine = Engine(settings)  # loads and checks everything before any output is touched
     summary = Summary()
     done = scan_done(output) if output != "-" else set()
     writer = RecordWriter(output, append=True) if output != "-" else RecordWriter("-")
@@ -163,14 +180,12 @@ def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset,
     try:
         batches = _batches(input, done, summary)
         if workers > 1:
-            del engine
-            results = _outcomes_in_pool(settings, workers, batches)
+            results = _outcomes_in_pool(engine, workers, batches)
         else:
             results = _outcomes_inline(engine, batches)
         with closing(results):
             for outcomes in results:
-                for o in outcomes:
-                    _record_outcome(o, summary, writer, reject_writer, strict, quiet)
+                _write_outcomes(outcomes, summary, writer, reject_writer, strict, quiet)
                 bar.update(len(outcomes))
     finally:
         bar.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from typing import Any
 
 from .load import TokenizerLoadError
@@ -80,21 +81,42 @@ class FastCodec(Codec):
 
 
 class TiktokenCodec(Codec):
+    """Kimi's TikTokenTokenizer, called the way its own `encode` works, minus its Python loop.
+
+    Kimi's `encode` cuts the text into slices (at most 400,000 characters, and no run of more
+    than 25,000 spaces or non-spaces) with a per-character Python loop, then tiktoken-encodes
+    each slice. A text with no such long run is one slice, so tiktoken's own encode of the
+    whole text gives the same IDs at Rust speed; texts with a long run (or a tokenizer whose
+    `pre_tokenizer_process` splits text) go through the tokenizer's `encode` itself. A test
+    holds both paths to `encode`'s output.
+    """
+
     kind = "tiktoken"
+    _LONG_RUN = re.compile(r"\s{25001}|\S{25001}")
+    _MAX_CHARS = 400_000
 
     def __init__(self, hf_tokenizer: Any):
         self.tok = hf_tokenizer
+        self.enc = hf_tokenizer.model
         ids = set(getattr(hf_tokenizer, "special_tokens", {}).values())
         ids.update(int(i) for i in getattr(hf_tokenizer, "added_tokens_decoder", {}))
         self.control_ids = frozenset(ids)
+        probe = "a  b\n"
+        self.whole_text_ok = (hf_tokenizer.pre_tokenizer_process(probe) == [probe]
+                              if hasattr(hf_tokenizer, "pre_tokenizer_process") else False)
+
+    def _one_slice(self, text: str) -> bool:
+        return self.whole_text_ok and len(text) <= self._MAX_CHARS and not self._LONG_RUN.search(text)
 
     def encode_text(self, texts):
-        encode = self.tok.encode
-        return [encode(t, allow_special_tokens=False) for t in texts]
+        enc, encode = self.enc, self.tok.encode
+        return [enc.encode_ordinary(t) if self._one_slice(t) else encode(t, allow_special_tokens=False)
+                for t in texts]
 
     def encode_prompt(self, texts):
-        encode = self.tok.encode
-        return [encode(t, allow_special_tokens=True) for t in texts]
+        enc, encode = self.enc, self.tok.encode
+        return [enc.encode(t, allowed_special="all") if self._one_slice(t)
+                else encode(t, allow_special_tokens=True) for t in texts]
 
     def decode(self, sequences):
         decode = self.tok.decode

@@ -11,6 +11,7 @@ call, all text runs of the generated turns in another, and all rows decoded in a
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import msgspec
 from ..records import Response, decode_passthrough, encode_line, merge_fields
 from .codec import make_codec
 from .load import load_tokenizer
-from .render import PRESETS, SetupError, TurnLayout, detect_preset, render_prompt
+from .render import PRESETS, PromptRenderer, SetupError, TurnLayout, detect_preset, render_prompt
 from .verify import check_prompt_end, check_roundtrip, check_text_ids
 
 TEXT_FIELDS = ("messages", "response")
@@ -69,6 +70,7 @@ class Engine:
             preset = PRESETS[settings.preset]
         self.layout = TurnLayout.resolve(preset, settings.thinking, self.codec.token_id)
         self._check_template()
+        self.renderer = PromptRenderer(self.tok, settings.thinking)
 
     def _check_template(self) -> None:
         """Fail fast when the template and the preset disagree about the generation prompt."""
@@ -90,30 +92,31 @@ class Engine:
     def process(self, batch: list[tuple[int, bytes]]) -> list[Outcome]:
         s = self.settings
         outcomes: list[Outcome | None] = [None] * len(batch)
-        work = []  # (index, record, passthrough, prompt_text, segments, truncated)
+        work = []  # (index, record, line, prompt_text, segments, truncated, no_reasoning)
+        pending = []  # (index, record, line, truncated) waiting for their prompt text
         for k, (lineno, line) in enumerate(batch):
             rec = _response_decoder.decode(line)
             truncated = rec.finish_reason == "length"
             if truncated and s.drop_truncated:
                 outcomes[k] = Outcome("drop", rec.id, lineno, reason="truncated", truncated=True)
-                continue
-            reasoning = rec.response.reasoning
-            content = rec.response.content
-            if not s.thinking and reasoning:
+            elif not s.thinking and rec.response.reasoning:
                 outcomes[k] = Outcome("reject", rec.id, lineno, reason=(
                     "the response has reasoning but --no-thinking says the prompt closed the think block"))
-                continue
-            messages = [{"role": m.role, "content": m.content} for m in rec.messages]
-            try:
-                prompt_text = render_prompt(self.tok, messages, s.thinking)
-            except Exception as e:  # a template's raise_exception, or a bad message shape
-                outcomes[k] = Outcome("reject", rec.id, lineno, reason=f"chat template failed: {e}")
+            else:
+                pending.append((k, rec, line, truncated))
+        prompts = self.renderer.render(
+            [[{"role": m.role, "content": m.content} for m in rec.messages] for _, rec, _, _ in pending])
+        for (k, rec, line, truncated), prompt_text in zip(pending, prompts, strict=True):
+            lineno = batch[k][0]
+            if isinstance(prompt_text, Exception):
+                outcomes[k] = Outcome("reject", rec.id, lineno, reason=f"chat template failed: {prompt_text}")
                 continue
             problem = check_prompt_end(prompt_text, self.layout.prompt_end, s.thinking)
             if problem:
                 outcomes[k] = Outcome("reject", rec.id, lineno, reason=problem)
                 continue
-            segments = self.layout.segments(reasoning or "", content, truncated)
+            reasoning = rec.response.reasoning
+            segments = self.layout.segments(reasoning or "", rec.response.content, truncated)
             if not segments:
                 outcomes[k] = Outcome("reject", rec.id, lineno, reason="nothing was generated (empty cut turn)")
                 continue
@@ -164,16 +167,19 @@ class Engine:
         return outcomes
 
 
-# Worker-process side: one Engine per process, built once by the pool's initializer.
+# Worker-process side: one Engine per process, forked with the parent's or built once by the
+# pool's initializer.
 _engine: Engine | None = None
 
 
-def init_worker(settings: Settings, rayon_threads: int) -> None:
-    import os
-
-    os.environ["RAYON_NUM_THREADS"] = str(rayon_threads)
+def set_worker_engine(engine: Engine) -> None:
     global _engine
-    _engine = Engine(settings)
+    _engine = engine
+
+
+def init_worker(settings: Settings) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    set_worker_engine(Engine(settings))
 
 
 def process_in_worker(batch: list[tuple[int, bytes]]) -> list[Outcome]:

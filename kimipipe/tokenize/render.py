@@ -136,3 +136,58 @@ def render_prompt(tok, messages: list[dict], thinking: bool) -> str:
     """The prompt text exactly as the model's chat template renders it for generation."""
     return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                    thinking=thinking, enable_thinking=thinking)
+
+
+_PROBES = [
+    [{"role": "user", "content": "ping"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "<|im_end|> 你好"}],
+]
+
+
+class PromptRenderer:
+    """`render_prompt` for a batch of conversations.
+
+    A tokenizer class that keeps transformers' own `apply_chat_template` is rendered through
+    the function that method calls (`render_jinja_template`, with the same variables), once
+    per batch, which halves the cost per record; the two are compared on probe conversations
+    first. A class with its own `apply_chat_template` (Kimi's) is always called per record.
+    Each item of the result is the text, or the exception the template raised.
+    """
+
+    def __init__(self, tok, thinking: bool):
+        self.tok = tok
+        self.thinking = thinking
+        self.batched = False
+        try:
+            from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+            from transformers.utils.chat_template_utils import render_jinja_template
+        except ImportError:
+            return
+        if type(tok).apply_chat_template is not PreTrainedTokenizerBase.apply_chat_template:
+            return
+        self._render = render_jinja_template
+        self._kwargs = {**tok.special_tokens_map, "thinking": thinking, "enable_thinking": thinking}
+        try:
+            self.batched = self._render_batch(_PROBES) == [render_prompt(tok, m, thinking) for m in _PROBES]
+        except Exception:
+            self.batched = False
+
+    def _render_batch(self, conversations):
+        rendered, _ = self._render(conversations=conversations, chat_template=self.tok.chat_template,
+                                   add_generation_prompt=True, **self._kwargs)
+        return rendered
+
+    def render(self, conversations: list[list[dict]]) -> list[str | Exception]:
+        if self.batched:
+            try:
+                return self._render_batch(conversations)
+            except Exception:
+                pass  # one bad conversation: find it below
+        out: list[str | Exception] = []
+        for messages in conversations:
+            try:
+                out.append(render_prompt(self.tok, messages, self.thinking))
+            except Exception as e:  # a template's raise_exception, or a bad message shape
+                out.append(e)
+        return out

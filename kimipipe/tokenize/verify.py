@@ -30,10 +30,10 @@ def check_prompt_end(prompt_text: str, prompt_end: str, thinking: bool) -> str |
 
 
 def check_text_ids(ids: list[int], control_ids: frozenset[int]) -> str | None:
-    bad = [i for i in ids if i in control_ids]
-    if bad:
-        return f"generated text encoded to control token ID {bad[0]}"
-    return None
+    if control_ids.isdisjoint(ids):
+        return None
+    bad = next(i for i in ids if i in control_ids)
+    return f"generated text encoded to control token ID {bad}"
 
 
 def check_roundtrip(decoded: str, expected: str) -> str | None:
