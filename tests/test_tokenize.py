@@ -330,3 +330,35 @@ def test_workers_keep_input_order_and_match_one_process(tmp_path):
     assert one.code == 0 and two.code == 0, two.stderr
     assert two.stdout == one.stdout
     assert [x["id"] for x in two.records()] == [r["id"] for r in rows]
+
+
+def test_stdin_in_stdout_out_and_empty_input(tmp_path, kimi_tokenizer):
+    line = (json.dumps(response_record("s", "Hi", content="ok")) + "\n").encode()
+    r = tokenize("--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", input=line)
+    assert r.code == 0 and [x["id"] for x in r.records()] == ["s"]
+    r = tokenize("-", "--tokenizer", kimi_tokenizer, "--trust-remote-code", input=b"")
+    assert r.code == 2 and "<stdin>: empty input" in r.stderr
+
+
+def test_rerun_with_everything_done_writes_nothing(tmp_path, kimi_tokenizer):
+    src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
+    out = tmp_path / "t.jsonl"
+    base = (src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", "-o", out)
+    assert tokenize(*base).code == 0
+    before = out.read_bytes()
+    r = tokenize(*base)
+    assert r.code == 0 and out.read_bytes() == before
+    assert "wrote 0 records" in r.stderr and "skipped 1 already in the output" in r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_strict_with_worker_processes_stops_cleanly(tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text(TEMPLATE_THAT_FAILS_SOMETIMES)
+    rows = [response_record(f"g{i}", "fine", content="a") for i in range(150)]
+    rows.insert(140, response_record("bad", "REJECT", content="x"))
+    src = write_jsonl(tmp_path / "r.jsonl", rows)
+    r = kp("tokenize", src, "--tokenizer", TOKENIZER_KINDS["fast"], "--workers", "2", "--strict",
+           "--chat-template", template, timeout=60)
+    assert r.code == 2 and "bad (input line 141)" in r.stderr
+    assert [x["id"] for x in r.records()] == [f"g{i}" for i in range(140)]
