@@ -336,7 +336,7 @@ def test_stdin_in_stdout_out_and_empty_input(tmp_path, kimi_tokenizer):
     line = (json.dumps(response_record("s", "Hi", content="ok")) + "\n").encode()
     r = tokenize("--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", input=line)
     assert r.code == 0 and [x["id"] for x in r.records()] == ["s"]
-    r = tokenize("-", "--tokenizer", kimi_tokenizer, "--trust-remote-code", input=b"")
+    r = tokenize("-", "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", input=b"")
     assert r.code == 2 and "<stdin>: empty input" in r.stderr
 
 
@@ -362,3 +362,14 @@ def test_strict_with_worker_processes_stops_cleanly(tmp_path):
            "--chat-template", template, timeout=60)
     assert r.code == 2 and "bad (input line 141)" in r.stderr
     assert [x["id"] for x in r.records()] == [f"g{i}" for i in range(140)]
+
+
+@pytest.mark.timeout(120)
+def test_bad_line_with_worker_processes_keeps_the_records_before_it(tmp_path):
+    rows = [json.dumps(response_record(f"g{i}", "fine", content="a")) for i in range(150)]
+    src = tmp_path / "r.jsonl"
+    src.write_text("\n".join(rows[:130] + ['{"id": "broken"'] + rows[130:]) + "\n")
+    out = tmp_path / "t.jsonl"
+    r = kp("tokenize", src, "--tokenizer", TOKENIZER_KINDS["fast"], "--workers", "2", "-o", out, timeout=60)
+    assert r.code == 2 and f"{src}:131: " in r.stderr
+    assert [x["id"] for x in read_jsonl(out)] == [f"g{i}" for i in range(130)]

@@ -58,15 +58,20 @@ def _batches(path: str, done: set[str], summary: Summary):
     """(line number, raw line) batches of the records still to do, validated as responses."""
     batch: list[tuple[int, bytes]] = []
     size = 0
-    for lineno, rec, line in iter_records(path, msgspec.json.Decoder(Response)):
-        if rec.id in done:
-            summary.skipped_done += 1
-            continue
-        batch.append((lineno, line))
-        size += len(line)
-        if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
+    try:
+        for lineno, rec, line in iter_records(path, msgspec.json.Decoder(Response)):
+            if rec.id in done:
+                summary.skipped_done += 1
+                continue
+            batch.append((lineno, line))
+            size += len(line)
+            if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
+                yield batch
+                batch, size = [], 0
+    except KPError:  # a bad line: the records before it are still done, then it stops
+        if batch:
             yield batch
-            batch, size = [], 0
+        raise
     if batch:
         yield batch
 
@@ -92,13 +97,19 @@ def _outcomes_in_pool(engine: Engine, workers: int, batches):
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=init_worker, initargs=(engine.settings,))
     in_flight: deque = deque()
+    bad_input = None
     try:
-        for batch in batches:
-            in_flight.append(pool.submit(process_in_worker, batch))
-            if len(in_flight) >= 2 * workers:
-                yield in_flight.popleft().result()
+        try:
+            for batch in batches:
+                in_flight.append(pool.submit(process_in_worker, batch))
+                if len(in_flight) >= 2 * workers:
+                    yield in_flight.popleft().result()
+        except KPError as e:  # a bad input line: the records before it are still written
+            bad_input = e
         while in_flight:
             yield in_flight.popleft().result()
+        if bad_input is not None:
+            raise bad_input
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
