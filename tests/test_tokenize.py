@@ -318,9 +318,9 @@ def test_tiktoken_kind_needs_trust_remote_code(tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_workers_keep_input_order_and_match_one_process(tmp_path):
+def test_workers_keep_input_order_and_match_one_process(tmp_path, kimi_tokenizer):
     """Subprocesses, as a user runs it: 2 worker processes give byte-identical output."""
-    d = TOKENIZER_KINDS["tiktoken"]
+    d = kimi_tokenizer
     rows = [response_record(f"w{i}", f"Question number {i}: {'why ' * (i % 7)}?",
                             content=f"Answer {i} " * (1 + i % 5), reasoning="think " * (i % 4),
                             finish_reason="length" if i % 11 == 0 else "stop") for i in range(300)]
@@ -352,24 +352,25 @@ def test_rerun_with_everything_done_writes_nothing(tmp_path, kimi_tokenizer):
 
 
 @pytest.mark.timeout(120)
-def test_strict_with_worker_processes_stops_cleanly(tmp_path):
+def test_strict_with_worker_processes_stops_cleanly(tmp_path, kimi_tokenizer):
     template = tmp_path / "t.jinja"
     template.write_text(TEMPLATE_THAT_FAILS_SOMETIMES)
     rows = [response_record(f"g{i}", "fine", content="a") for i in range(150)]
     rows.insert(140, response_record("bad", "REJECT", content="x"))
     src = write_jsonl(tmp_path / "r.jsonl", rows)
-    r = kp("tokenize", src, "--tokenizer", TOKENIZER_KINDS["fast"], "--workers", "2", "--strict",
+    r = kp("tokenize", src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "2", "--strict",
            "--chat-template", template, timeout=60)
     assert r.code == 2 and "bad (input line 141)" in r.stderr
     assert [x["id"] for x in r.records()] == [f"g{i}" for i in range(140)]
 
 
 @pytest.mark.timeout(120)
-def test_bad_line_with_worker_processes_keeps_the_records_before_it(tmp_path):
+def test_bad_line_with_worker_processes_keeps_the_records_before_it(tmp_path, kimi_tokenizer):
     rows = [json.dumps(response_record(f"g{i}", "fine", content="a")) for i in range(150)]
     src = tmp_path / "r.jsonl"
     src.write_text("\n".join(rows[:130] + ['{"id": "broken"'] + rows[130:]) + "\n")
     out = tmp_path / "t.jsonl"
-    r = kp("tokenize", src, "--tokenizer", TOKENIZER_KINDS["fast"], "--workers", "2", "-o", out, timeout=60)
+    r = kp("tokenize", src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "2", "-o", out,
+           timeout=60)
     assert r.code == 2 and f"{src}:131: " in r.stderr
     assert [x["id"] for x in read_jsonl(out)] == [f"g{i}" for i in range(130)]

@@ -183,6 +183,7 @@ def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset,
         # compete (and it refuses them after a fork anyway).
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     engine = Engine(settings)  # loads and checks everything before any output is touched
+    say(f"kp-tokenize: {engine.describe()}, {workers} worker{'s' if workers > 1 else ''}", quiet)
     summary = Summary()
     done = scan_done(output) if output != "-" else set()
     writer = RecordWriter(output, append=True) if output != "-" else RecordWriter("-")

@@ -12,7 +12,7 @@ call, all text runs of the generated turns in another, and all rows decoded in a
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -90,10 +90,17 @@ class Engine:
                 f"thinking {'on' if s.thinking else 'off'}")
 
     def process(self, batch: list[tuple[int, bytes]]) -> list[Outcome]:
-        s = self.settings
+        """One Outcome per (line number, raw line) of BATCH, in order."""
         outcomes: list[Outcome | None] = [None] * len(batch)
-        work = []  # (index, record, line, prompt_text, segments, truncated, no_reasoning)
-        pending = []  # (index, record, line, truncated) waiting for their prompt text
+        rows = self._rows_to_render(batch, outcomes)
+        rows = self._render_prompts(rows, outcomes)
+        if rows:
+            self._encode_and_verify(rows, outcomes)
+        return outcomes
+
+    def _rows_to_render(self, batch, outcomes) -> list[_Row]:
+        s = self.settings
+        rows = []
         for k, (lineno, line) in enumerate(batch):
             rec = _response_decoder.decode(line)
             truncated = rec.finish_reason == "length"
@@ -103,68 +110,89 @@ class Engine:
                 outcomes[k] = Outcome("reject", rec.id, lineno, reason=(
                     "the response has reasoning but --no-thinking says the prompt closed the think block"))
             else:
-                pending.append((k, rec, line, truncated))
-        prompts = self.renderer.render(
-            [[{"role": m.role, "content": m.content} for m in rec.messages] for _, rec, _, _ in pending])
-        for (k, rec, line, truncated), prompt_text in zip(pending, prompts, strict=True):
-            lineno = batch[k][0]
-            if isinstance(prompt_text, Exception):
-                outcomes[k] = Outcome("reject", rec.id, lineno, reason=f"chat template failed: {prompt_text}")
-                continue
-            problem = check_prompt_end(prompt_text, self.layout.prompt_end, s.thinking)
-            if problem:
-                outcomes[k] = Outcome("reject", rec.id, lineno, reason=problem)
-                continue
-            reasoning = rec.response.reasoning
-            segments = self.layout.segments(reasoning or "", rec.response.content, truncated)
-            if not segments:
-                outcomes[k] = Outcome("reject", rec.id, lineno, reason="nothing was generated (empty cut turn)")
-                continue
-            work.append((k, rec, line, prompt_text, segments, truncated, not reasoning))
+                rows.append(_Row(k, lineno, line, rec, truncated))
+        return rows
 
-        if work:
-            prompt_ids = self.codec.encode_prompt([w[3] for w in work])
-            texts = [text for w in work for is_tok, text in w[4] if not is_tok]
-            text_ids = iter(self.codec.encode_text(texts))
-            token_ids = self.layout.token_ids
-            rows = []
-            for w, p_ids in zip(work, prompt_ids, strict=True):
-                out_ids: list[int] = []
-                problem = None
-                for is_tok, text in w[4]:
-                    if is_tok:
-                        out_ids.append(token_ids[text])
-                    else:
-                        ids = next(text_ids)
-                        problem = problem or check_text_ids(ids, self.codec.control_ids)
-                        out_ids.extend(ids)
-                rows.append((p_ids, out_ids, problem))
-            decoded = self.codec.decode([p + o for p, o, _ in rows])
-            for w, (p_ids, out_ids, problem), text in zip(work, rows, decoded, strict=True):
-                k, rec, line, prompt_text, segments, truncated, no_reasoning = w
-                lineno = batch[k][0]
-                expected = prompt_text + "".join(t for _, t in segments)
-                problem = problem or check_roundtrip(text, expected)
-                if problem:
-                    outcomes[k] = Outcome("reject", rec.id, lineno, reason=problem)
-                    continue
-                n = len(p_ids) + len(out_ids)
-                long = s.max_length is not None and n > s.max_length
-                if long and s.drop_long:
-                    outcomes[k] = Outcome("drop", rec.id, lineno, reason="long", long=True,
-                                          n_in=len(p_ids), n_out=len(out_ids))
-                    continue
-                passthrough = decode_passthrough(line)
-                if s.drop_text:
-                    for name in TEXT_FIELDS:
-                        passthrough.pop(name, None)
-                owned = {"input_ids": p_ids, "output_ids": out_ids}
-                if long:
-                    owned["over_max_length"] = True
-                outcomes[k] = Outcome("ok", rec.id, lineno, payload=encode_line(merge_fields(passthrough, owned)),
-                                      n_in=len(p_ids), n_out=len(out_ids), truncated=truncated,
-                                      long=long, no_reasoning=no_reasoning and s.thinking)
-        return outcomes
+    def _render_prompts(self, rows: list[_Row], outcomes) -> list[_Row]:
+        """Render each row's prompt and lay out its generated turn; failures become rejects."""
+        conversations = [[{"role": m.role, "content": m.content} for m in r.rec.messages] for r in rows]
+        ready = []
+        for row, prompt in zip(rows, self.renderer.render(conversations), strict=True):
+            if isinstance(prompt, Exception):
+                outcomes[row.k] = row.reject(f"chat template failed: {prompt}")
+                continue
+            problem = check_prompt_end(prompt, self.layout.prompt_end, self.settings.thinking)
+            if problem:
+                outcomes[row.k] = row.reject(problem)
+                continue
+            response = row.rec.response
+            row.prompt_text = prompt
+            row.segments = self.layout.segments(response.reasoning or "", response.content, row.truncated)
+            if not row.segments:
+                outcomes[row.k] = row.reject("nothing was generated (empty cut turn)")
+                continue
+            ready.append(row)
+        return ready
+
+    def _encode_and_verify(self, rows: list[_Row], outcomes) -> None:
+        """All prompts in one batch call, all text runs in another, all rows decoded in a third."""
+        s = self.settings
+        prompt_ids = self.codec.encode_prompt([r.prompt_text for r in rows])
+        text_ids = iter(self.codec.encode_text(
+            [text for r in rows for is_token, text in r.segments if not is_token]))
+        structural = self.layout.token_ids
+        for row, p_ids in zip(rows, prompt_ids, strict=True):
+            row.input_ids = p_ids
+            for is_token, text in row.segments:
+                if is_token:
+                    row.output_ids.append(structural[text])
+                else:
+                    ids = next(text_ids)
+                    row.problem = row.problem or check_text_ids(ids, self.codec.control_ids)
+                    row.output_ids.extend(ids)
+        decoded = self.codec.decode([r.input_ids + r.output_ids for r in rows])
+        for row, text in zip(rows, decoded, strict=True):
+            expected = row.prompt_text + "".join(t for _, t in row.segments)
+            problem = row.problem or check_roundtrip(text, expected)
+            if problem:
+                outcomes[row.k] = row.reject(problem)
+                continue
+            n_in, n_out = len(row.input_ids), len(row.output_ids)
+            long = s.max_length is not None and n_in + n_out > s.max_length
+            if long and s.drop_long:
+                outcomes[row.k] = Outcome("drop", row.rec.id, row.lineno, reason="long", long=True,
+                                          n_in=n_in, n_out=n_out)
+                continue
+            passthrough = decode_passthrough(row.line)
+            if s.drop_text:
+                for name in TEXT_FIELDS:
+                    passthrough.pop(name, None)
+            owned = {"input_ids": row.input_ids, "output_ids": row.output_ids}
+            if long:
+                owned["over_max_length"] = True
+            outcomes[row.k] = Outcome(
+                "ok", row.rec.id, row.lineno, payload=encode_line(merge_fields(passthrough, owned)),
+                n_in=n_in, n_out=n_out, truncated=row.truncated, long=long,
+                no_reasoning=s.thinking and not row.rec.response.reasoning)
+
+
+@dataclass
+class _Row:
+    """One record on its way through a batch."""
+
+    k: int  # position in the batch
+    lineno: int
+    line: bytes
+    rec: Response
+    truncated: bool
+    prompt_text: str = ""
+    segments: list = field(default_factory=list)
+    input_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    problem: str | None = None
+
+    def reject(self, reason: str) -> Outcome:
+        return Outcome("reject", self.rec.id, self.lineno, reason=reason)
 
 
 # Worker-process side: one Engine per process, forked with the parent's or built once by the
