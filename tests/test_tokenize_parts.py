@@ -161,3 +161,16 @@ def test_tiktoken_codec_gives_kimis_own_encode_ids_on_both_paths():
     assert [codec._one_slice(t) for t in texts] == [True, False, False, True, True]
     # The long-run slices really change the IDs, so the slow path is not for show.
     assert codec.enc.encode_ordinary(texts[2]) != tok.encode(texts[2], allow_special_tokens=False)
+
+
+def test_model_config_code_in_the_directory_is_not_run(tmp_path):
+    """A full model snapshot has config.json whose code may import torch: not needed to tokenize."""
+    d = _kimi_copy(tmp_path)
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "kimi_k25", "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config"}}))
+    (d / "configuration_kimi_k25.py").write_text(
+        "import kp_not_a_real_package\nfrom transformers import PretrainedConfig\n\n\n"
+        "class KimiK25Config(PretrainedConfig):\n    model_type = 'kimi_k25'\n")
+    tok = load_tokenizer(prepare_tokenizer_dir(str(d), True), trust_remote_code=True)
+    assert type(tok).__name__ == "TikTokenTokenizer"
+    assert tok.decode(tok.encode("hello <|im_end|>")) == "hello <|im_end|>"

@@ -79,6 +79,14 @@ def prepare_tokenizer_dir(spec: str, trust_remote_code: bool) -> Path:
     return directory
 
 
+def _has_custom_model_config(directory: Path) -> bool:
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("auto_map"))
+
+
 _MISSING_PACKAGES = re.compile(r"not found in your environment: ([^.]+)\.")
 
 
@@ -88,9 +96,15 @@ def load_tokenizer(directory: Path, *, trust_remote_code: bool = False,
     offline_environment(debug)
     from transformers import AutoTokenizer
 
+    extra: dict[str, Any] = {}
+    if _has_custom_model_config(directory):
+        # AutoTokenizer loads the model's config first, running its code (which may need
+        # torch); a tokenizer never needs it, so hand it an empty one.
+        from transformers import PretrainedConfig
+        extra["config"] = PretrainedConfig()
     try:
         tok = AutoTokenizer.from_pretrained(
-            str(directory), trust_remote_code=trust_remote_code, local_files_only=True)
+            str(directory), trust_remote_code=trust_remote_code, local_files_only=True, **extra)
     except ImportError as e:
         missing = getattr(e, "name", None)
         m = _MISSING_PACKAGES.search(str(e))
