@@ -13,7 +13,8 @@ generation prompt (thinking on: ending `<think>`; --no-thinking: `<think></think
 serving stack tokenizes it. `output_ids` is the generated turn: for Kimi K2.5
 `enc(reasoning) + [</think>] + enc(content) + [<|im_end|>]`; a `finish_reason: "length"`
 turn ends where its text ends. --drop-text leaves out `messages` and `response`.
-Rejects file lines: {"id", "line", "reason"}.
+Rejects file lines: {"id", "line", "reason"}; it is rewritten on each run, and as rejected
+records are never in the output, a rerun tries them again and lists those that fail still.
 
 Every row is verified (decode(input_ids + output_ids) == rendered prompt + rendered turn,
 and no control token inside the model's text); failures go to --rejects and make the exit
@@ -186,7 +187,7 @@ def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset,
     say(f"kp-tokenize: {engine.describe()}, {workers} worker{'s' if workers > 1 else ''}", quiet)
     summary = Summary()
     done = scan_done(output) if output != "-" else set()
-    writer = RecordWriter(output, append=True) if output != "-" else RecordWriter("-")
+    writer = RecordWriter(output, append=True)
     reject_writer = RecordWriter(rejects) if rejects else None
     bar = progress(desc="kp-tokenize", unit="rec", quiet=quiet)
     try:
