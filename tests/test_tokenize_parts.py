@@ -174,3 +174,54 @@ def test_model_config_code_in_the_directory_is_not_run(tmp_path):
     tok = load_tokenizer(prepare_tokenizer_dir(str(d), True), trust_remote_code=True)
     assert type(tok).__name__ == "TikTokenTokenizer"
     assert tok.decode(tok.encode("hello <|im_end|>")) == "hello <|im_end|>"
+
+
+QWEN3_LIKE_TEMPLATE = """\
+{%- for m in messages -%}
+{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|im_start|>assistant\\n' -}}
+{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}
+{%- endif -%}"""
+
+
+def test_qwen3_preset_end_to_end_with_non_special_think_tokens(tmp_path):
+    """A Qwen3-shaped fast tokenizer: <think> and </think> are added tokens that are NOT special."""
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bare = fixtures.train_bpe()  # the BPE alone: no added token can match in it
+    bpe = Tokenizer.from_str(bare.to_str())
+    bpe.add_special_tokens([AddedToken("<|im_start|>", special=True, normalized=False),
+                            AddedToken("<|im_end|>", special=True, normalized=False)])
+    bpe.add_tokens([AddedToken("<think>", special=False, normalized=False),
+                    AddedToken("</think>", special=False, normalized=False)])
+    d = tmp_path / "qwen3-mini"
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>")
+    tok.chat_template = QWEN3_LIKE_TEMPLATE
+    tok.save_pretrained(d)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<think>", "</think>", "<|im_end|>")}
+
+    def plain(text):
+        return bare.encode(text).ids
+
+    reasoning, content = "Is </think> text? Yes.", "Use <think> and <|im_end|> literally."
+    rows = [response_record("q", "Hi", content=content, reasoning=reasoning),
+            response_record("c", "Hi", content="", reasoning="cut", finish_reason="length")]
+    src = write_jsonl(tmp_path / "r.jsonl", rows)
+    r = kp("tokenize", src, "--tokenizer", d, "--workers", "1")
+    assert r.code == 0, r.stderr
+    assert "preset qwen3" in r.stderr
+    q, c = r.records()
+    assert q["output_ids"] == ([ids["<think>"]] + plain("\n" + reasoning + "\n") + [ids["</think>"]]
+                               + plain("\n\n" + content) + [ids["<|im_end|>"]])
+    assert c["output_ids"] == [ids["<think>"]] + plain("\ncut")
+    assert tok.decode(q["input_ids"] + q["output_ids"]) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n" + reasoning
+        + "\n</think>\n\n" + content + "<|im_end|>")
+    off = kp("tokenize", write_jsonl(tmp_path / "n.jsonl", [response_record("n", "Hi", content="ok")]),
+             "--tokenizer", d, "--workers", "1", "--no-thinking")
+    [n] = off.records()
+    assert tok.decode(n["input_ids"]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert n["output_ids"] == plain("ok") + [ids["<|im_end|>"]]
