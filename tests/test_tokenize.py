@@ -374,3 +374,16 @@ def test_bad_line_with_worker_processes_keeps_the_records_before_it(tmp_path, ki
            timeout=60)
     assert r.code == 2 and f"{src}:131: " in r.stderr
     assert [x["id"] for x in read_jsonl(out)] == [f"g{i}" for i in range(130)]
+
+
+def test_template_that_renders_finished_turns_unlike_the_preset_is_refused(tmp_path, kimi_tokenizer):
+    template = (kimi_tokenizer / "chat_template.jinja").read_text()
+    bad = template.replace("<think>{{- message['reasoning_content'] -}}</think>",
+                           "<think>{{- message['reasoning_content'] -}}</think>{{ '\\n' }}")
+    assert bad != template
+    (tmp_path / "t.jinja").write_text(bad)
+    src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
+    r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--chat-template",
+                 tmp_path / "t.jinja")
+    assert r.code == 2 and r.stdout == b""
+    assert "renders a finished turn as 'REASONING-7f3a</think>\\nCONTENT-7f3a<|im_end|>'" in r.stderr

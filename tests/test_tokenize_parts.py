@@ -178,7 +178,11 @@ def test_model_config_code_in_the_directory_is_not_run(tmp_path):
 
 QWEN3_LIKE_TEMPLATE = """\
 {%- for m in messages -%}
+{%- if m['role'] == 'assistant' -%}
+{{- '<|im_start|>assistant\\n<think>\\n' + (m.get('reasoning_content') or '') + '\\n</think>\\n\\n' + m['content'] + '<|im_end|>\\n' -}}
+{%- else -%}
 {{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}
+{%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}
 {{- '<|im_start|>assistant\\n' -}}
@@ -212,7 +216,7 @@ def test_qwen3_preset_end_to_end_with_non_special_think_tokens(tmp_path):
     src = write_jsonl(tmp_path / "r.jsonl", rows)
     r = kp("tokenize", src, "--tokenizer", d, "--workers", "1")
     assert r.code == 0, r.stderr
-    assert "preset qwen3" in r.stderr
+    assert "preset qwen3 (confirmed by the template)" in r.stderr
     q, c = r.records()
     assert q["output_ids"] == ([ids["<think>"]] + plain("\n" + reasoning + "\n") + [ids["</think>"]]
                                + plain("\n\n" + content) + [ids["<|im_end|>"]])

@@ -73,20 +73,48 @@ class Engine:
         self.renderer = PromptRenderer(self.tok, settings.thinking)
 
     def _check_template(self) -> None:
-        """Fail fast when the template and the preset disagree about the generation prompt."""
+        """Fail fast when the template and the preset disagree.
+
+        The generation prompt must end as the preset says. And where the template can render
+        a finished assistant turn with its reasoning (the last turn, or `preserve_thinking`),
+        that rendering must start with prompt + the preset's turn: the layout is then
+        confirmed by the template itself (`layout_confirmed`). Templates that drop the
+        reasoning of finished turns (Kimi K2 Thinking's history) cannot confirm it.
+        """
+        thinking = self.settings.thinking
         probe = [{"role": "user", "content": "ping"}]
         try:
-            text = render_prompt(self.tok, probe, self.settings.thinking)
+            prompt = render_prompt(self.tok, probe, thinking)
         except Exception as e:
             raise SetupError(f"the chat template fails on a one-message conversation: {e}") from None
-        problem = check_prompt_end(text, self.layout.prompt_end, self.settings.thinking)
+        problem = check_prompt_end(prompt, self.layout.prompt_end, thinking)
         if problem:
             raise SetupError(f"preset {self.layout.preset.name}: {problem}; check --preset, "
                              "--thinking/--no-thinking and the chat template")
+        reasoning, content = ("REASONING-7f3a", "CONTENT-7f3a")
+        answer = {"role": "assistant", "content": content}
+        if thinking:
+            answer["reasoning_content"] = reasoning
+        try:
+            finished = self.tok.apply_chat_template(
+                [*probe, answer], tokenize=False, add_generation_prompt=False, thinking=thinking,
+                enable_thinking=thinking, preserve_thinking=True)
+        except Exception:
+            finished = ""
+        turn = "".join(t for _, t in self.layout.segments(reasoning if thinking else "", content, False))
+        self.layout_confirmed = False
+        if content in finished and (not thinking or reasoning in finished):
+            if not finished.startswith(prompt + turn):
+                got = finished[len(prompt):] if finished.startswith(prompt) else finished
+                raise SetupError(
+                    f"preset {self.layout.preset.name}: the chat template renders a finished turn "
+                    f"as {got!r}, the preset as {turn!r}; check --preset and the chat template")
+            self.layout_confirmed = True
 
     def describe(self) -> str:
         s = self.settings
-        return (f"{self.codec.kind} tokenizer, preset {self.layout.preset.name}, "
+        source = "confirmed by the template" if self.layout_confirmed else "not renderable by the template"
+        return (f"{self.codec.kind} tokenizer, preset {self.layout.preset.name} ({source}), "
                 f"thinking {'on' if s.thinking else 'off'}")
 
     def process(self, batch: list[tuple[int, bytes]]) -> list[Outcome]:
