@@ -2,9 +2,11 @@
 
 The prompt comes from the model's own chat template (`add_generation_prompt=True`, the
 `thinking`/`enable_thinking` variable set from `--thinking/--no-thinking`, no extra system
-prompt). The generated turn is not something a template renders (Kimi's template drops the
-reasoning of assistant turns), so its layout comes from a preset: a pattern over the
-reasoning, the content and the structural token *strings*, e.g. for Kimi K2.5 with thinking
+prompt). The generated turn is not something every template renders (Kimi K2 Thinking's
+drops the reasoning of finished turns), so its layout comes from a preset, checked against
+the template wherever the template can render a finished turn with its reasoning
+(`Engine._check_template`). A preset is a pattern over the reasoning, the content and the
+structural token *strings*, e.g. for Kimi K2.5 with thinking
 
     {reasoning}</think>{content}<|im_end|>
 
