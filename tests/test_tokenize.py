@@ -387,3 +387,34 @@ def test_template_that_renders_finished_turns_unlike_the_preset_is_refused(tmp_p
                  tmp_path / "t.jinja")
     assert r.code == 2 and r.stdout == b""
     assert "renders a finished turn as 'REASONING-7f3a</think>\\nCONTENT-7f3a<|im_end|>'" in r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_with_workers_exits_130_and_a_rerun_completes_exactly(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import BIN, REPO
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_tokenize import make_responses
+
+    src = tmp_path / "r.jsonl"
+    make_responses(src, 4000)
+    out = tmp_path / "t.jsonl"
+    args = [str(BIN / "kp-tokenize"), str(src), "--tokenizer", str(TOKENIZER_KINDS["fast"]),
+            "--workers", "2", "--drop-text", "-q", "-o", str(out)]
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE)
+    while proc.poll() is None and (not out.exists() or out.stat().st_size == 0):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 130:
+        assert err.decode().strip() == "kp-tokenize: interrupted"
+        partial = read_jsonl(out)
+        assert 0 < len(partial) < 4000
+    else:  # it had already finished: nothing to interrupt
+        assert proc.returncode == 0
+    assert subprocess.run(args).returncode == 0
+    assert [x["id"] for x in read_jsonl(out)] == [f"b-{i}" for i in range(4000)]

@@ -46,7 +46,14 @@ from ..cli import (
 from ..errors import ExitCode, KPError
 from ..io import RecordWriter, iter_records, require_distinct, scan_done
 from ..records import Response, encode_line
-from ..tokenize.engine import Engine, Settings, init_worker, process_in_worker, set_worker_engine
+from ..tokenize.engine import (
+    Engine,
+    Settings,
+    ignore_interrupts,
+    init_worker,
+    process_in_worker,
+    set_worker_engine,
+)
 from ..tokenize.load import prepare_tokenizer_dir
 from ..tokenize.render import PRESETS
 from ..tokenize.stats import Summary
@@ -93,7 +100,8 @@ def _outcomes_in_pool(engine: Engine, workers: int, batches):
 
     if "fork" in multiprocessing.get_all_start_methods():
         set_worker_engine(engine)
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=ignore_interrupts)
     else:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=init_worker, initargs=(engine.settings,))

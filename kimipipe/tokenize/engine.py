@@ -12,6 +12,7 @@ call, all text runs of the generated turns in another, and all rows decoded in a
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -233,7 +234,13 @@ def set_worker_engine(engine: Engine) -> None:
     _engine = engine
 
 
+def ignore_interrupts() -> None:
+    """Ctrl-C is the parent's to handle: it stops feeding work and shuts the pool down."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def init_worker(settings: Settings) -> None:
+    ignore_interrupts()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     set_worker_engine(Engine(settings))
 
