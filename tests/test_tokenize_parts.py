@@ -229,3 +229,16 @@ def test_qwen3_preset_end_to_end_with_non_special_think_tokens(tmp_path):
     [n] = off.records()
     assert tok.decode(n["input_ids"]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert n["output_ids"] == plain("ok") + [ids["<|im_end|>"]]
+
+
+def test_code_written_for_another_transformers_is_not_called_a_missing_package(tmp_path):
+    """Kimi K2's older tokenization_kimi.py imports bytes_to_unicode from where transformers 5 dropped it."""
+    d = _kimi_copy(tmp_path)
+    code = d / "tokenization_kimi.py"
+    code.write_text(code.read_text().replace(
+        "from transformers.convert_slow_tokenizer import bytes_to_unicode",
+        "from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode_gone as bytes_to_unicode"))
+    with pytest.raises(TokenizerLoadError) as e:
+        load_tokenizer(prepare_tokenizer_dir(str(d), True), trust_remote_code=True)
+    assert "does not import with the installed packages" in e.value.message
+    assert "cannot import name 'bytes_to_unicode_gone'" in e.value.message

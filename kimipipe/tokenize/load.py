@@ -106,16 +106,20 @@ def load_tokenizer(directory: Path, *, trust_remote_code: bool = False,
         tok = AutoTokenizer.from_pretrained(
             str(directory), trust_remote_code=trust_remote_code, local_files_only=True, **extra)
     except ImportError as e:
-        missing = getattr(e, "name", None)
+        # A module that is not there at all (transformers checks the code's imports first and
+        # says so in its message) is a missing package; "cannot import name X from Y" is code
+        # written for another version of Y.
         m = _MISSING_PACKAGES.search(str(e))
-        if m:
-            missing = m.group(1).strip()
+        missing = m.group(1).strip() if m else (
+            e.name if isinstance(e, ModuleNotFoundError) else None)
         if missing:
-            top = missing.split(".")[0]
+            top = missing.split(",")[0].split(".")[0].strip()
             raise TokenizerLoadError(
                 f"the tokenizer code in {directory} needs the Python package `{top}`, which is "
                 f"not installed (pip install {top})") from None
-        raise TokenizerLoadError(f"cannot load the tokenizer in {directory}: {e}") from None
+        raise TokenizerLoadError(
+            f"the tokenizer code in {directory} does not import with the installed packages: {e}"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise TokenizerLoadError(
             f"cannot load the tokenizer in {directory}: {type(e).__name__}: {e}") from None
