@@ -74,3 +74,31 @@ def standin(tmp_path):
     yield start
     for server in servers:
         server.stop()
+
+
+# --- kp-tokenize: the bundled Kimi-shaped tokenizer directories (both kinds) ---
+TOKENIZERS = REPO / "kimipipe" / "data" / "tokenizers"
+TOKENIZER_KINDS = {
+    "fast": TOKENIZERS / "kimi-k2.5-mini-fast",  # tokenizer.json (tokenizers library)
+    "tiktoken": TOKENIZERS / "kimi-k2.5-mini-tiktoken",  # tokenization_kimi.py, trust_remote_code
+}
+
+
+@pytest.fixture(params=sorted(TOKENIZER_KINDS))
+def kimi_tokenizer(request) -> Path:
+    """Each bundled Kimi-shaped tokenizer directory in turn (load with trust_remote_code)."""
+    return TOKENIZER_KINDS[request.param]
+
+
+def response_record(rid: str, messages, content: str, reasoning: str | None = None,
+                    finish_reason: str | None = "stop", dataset: str = "T") -> dict:
+    """A kp-infer response record, as kp-tokenize reads it."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    response = {"content": content}
+    if reasoning is not None:
+        response["reasoning"] = reasoning
+    return {"id": rid, "dataset": dataset, "messages": messages, "response": response,
+            "finish_reason": finish_reason, "model": "moonshotai/kimi-k2.5", "provider": "P",
+            "generation_id": f"gen-{rid}",
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "reasoning_tokens": 0, "cost": 0.0}}

@@ -1,6 +1,220 @@
-"""kp-tokenize: placeholder until issue 6 lands; exits 2 with "not yet built", writes nothing."""
+"""kp-tokenize: response records in, the target model's exact token IDs out.
 
-from ..cli import not_yet_built, run_command
+Usage:
+    kp-tokenize B3.responses.jsonl --tokenizer ./kimi-k2.5 --trust-remote-code -o B3.tokens.jsonl
+    kp-tokenize responses.jsonl.zst --tokenizer ./kimi-k2.5 --trust-remote-code --drop-text \\
+        --max-length 32768 --drop-long --rejects B3.rejects.jsonl | kp-shard --out shards/B3
+    kp-tokenize r.jsonl --tokenizer Qwen/Qwen3-8B --preset qwen3 --no-thinking --strict
 
-cli = not_yet_built("kp-tokenize", "issue 6")
+Schema (one JSON object per line): the response record's fields, passed through, plus
+    {"input_ids": [int], "output_ids": [int], "over_max_length": true?}
+`input_ids` is the record's messages rendered by the model's chat template with the
+generation prompt (thinking on: ending `<think>`; --no-thinking: `<think></think>`), as the
+serving stack tokenizes it. `output_ids` is the generated turn: for Kimi K2.5
+`enc(reasoning) + [</think>] + enc(content) + [<|im_end|>]`; a `finish_reason: "length"`
+turn ends where its text ends. --drop-text leaves out `messages` and `response`.
+Rejects file lines: {"id", "line", "reason"}; it is rewritten on each run, and as rejected
+records are never in the output, a rerun tries them again and lists those that fail still.
+
+Every row is verified (decode(input_ids + output_ids) == rendered prompt + rendered turn,
+and no control token inside the model's text); failures go to --rejects and make the exit
+code 4 (--strict: stop at the first one, exit 2). Streaming, bounded memory; --workers
+processes keep the input order. With -o FILE, records whose id is already in FILE are
+skipped and new ones appended (a torn last line is repaired first). A bad input line stops
+the command with PATH:LINE (records before it are already written; rerun resumes).
+Nothing is downloaded: --tokenizer is a directory or a name in the local Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from contextlib import closing
+
+import click
+import msgspec
+
+from ..cli import (
+    EXIT_CODES_HELP,
+    common_options,
+    input_argument,
+    output_option,
+    progress,
+    run_command,
+    say,
+)
+from ..errors import ExitCode, KPError
+from ..io import RecordWriter, iter_records, require_distinct, scan_done
+from ..records import Response, encode_line
+from ..tokenize.engine import (
+    Engine,
+    Settings,
+    ignore_interrupts,
+    init_worker,
+    process_in_worker,
+    set_worker_engine,
+)
+from ..tokenize.load import prepare_tokenizer_dir
+from ..tokenize.render import PRESETS
+from ..tokenize.stats import Summary
+
+BATCH_RECORDS = 64
+BATCH_BYTES = 1 << 20
+
+
+def _batches(path: str, done: set[str], summary: Summary):
+    """(line number, raw line) batches of the records still to do, validated as responses."""
+    batch: list[tuple[int, bytes]] = []
+    size = 0
+    try:
+        for lineno, rec, line in iter_records(path, msgspec.json.Decoder(Response)):
+            if rec.id in done:
+                summary.skipped_done += 1
+                continue
+            batch.append((lineno, line))
+            size += len(line)
+            if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
+                yield batch
+                batch, size = [], 0
+    except KPError:  # a bad line: the records before it are still done, then it stops
+        if batch:
+            yield batch
+        raise
+    if batch:
+        yield batch
+
+
+def _outcomes_inline(engine: Engine, batches):
+    for batch in batches:
+        yield engine.process(batch)
+
+
+def _outcomes_in_pool(engine: Engine, workers: int, batches):
+    """Each batch's outcomes, in input order, from WORKERS processes; at most 2 per worker in flight.
+
+    Workers are forked from this process where the platform allows, so they start with the
+    tokenizer already loaded (a spawned worker would import transformers and load it again).
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if "fork" in multiprocessing.get_all_start_methods():
+        set_worker_engine(engine)
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=ignore_interrupts)
+    else:
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=init_worker, initargs=(engine.settings,))
+    in_flight: deque = deque()
+    bad_input = None
+    try:
+        try:
+            for batch in batches:
+                in_flight.append(pool.submit(process_in_worker, batch))
+                if len(in_flight) >= 2 * workers:
+                    yield in_flight.popleft().result()
+        except KPError as e:  # a bad input line: the records before it are still written
+            bad_input = e
+        while in_flight:
+            yield in_flight.popleft().result()
+        if bad_input is not None:
+            raise bad_input
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
+                    reject_writer: RecordWriter | None, strict: bool, quiet: bool) -> None:
+    """One batch's outcomes: records written in one go, rejects logged (fatal with --strict)."""
+    lines: list[bytes] = []
+    for o in outcomes:
+        summary.add(o)
+        if o.kind == "ok":
+            lines.append(o.payload)
+        elif o.kind == "reject":
+            if reject_writer:
+                reject_writer.write_line(encode_line({"id": o.id, "line": o.line, "reason": o.reason}))
+            if strict:
+                writer.write_line(b"".join(lines))
+                raise KPError(f"{o.id} (input line {o.line}): {o.reason}", exit_code=ExitCode.USAGE)
+            if summary.rejected <= 3:
+                say(f"kp-tokenize: rejected {o.id} (input line {o.line}): {o.reason}", quiet)
+    if lines:
+        writer.write_line(b"".join(lines))
+
+
+@click.command(name="kp-tokenize", epilog=EXIT_CODES_HELP)
+@input_argument()
+@click.option("--tokenizer", "tokenizer_spec", required=True, metavar="DIR",
+              help="The target model's tokenizer: a local directory, or a model name already in "
+                   "the local Hugging Face cache (nothing is downloaded).")
+@output_option("Output file (`-` = stdout; `.zst` compresses). An existing file is resumed.")
+@click.option("--trust-remote-code", is_flag=True,
+              help="Run the tokenizer code the directory ships (Kimi K2.5's tokenization_kimi.py).")
+@click.option("--chat-template", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A Jinja chat template file to use instead of the directory's.")
+@click.option("--preset", type=click.Choice(["auto", *PRESETS]), default="auto", show_default=True,
+              help="Layout of the generated turn; `auto` picks it from the tokenizer's tokens.")
+@click.option("--thinking/--no-thinking", default=True, show_default=True,
+              help="How the prompts were rendered: with thinking (prompt ends <think>) or without.")
+@click.option("--drop-truncated", is_flag=True, help="Leave out turns cut by finish_reason length.")
+@click.option("--max-length", type=click.IntRange(min=1), default=None,
+              help="Rows with more IDs in all are flagged (`over_max_length`), or dropped with --drop-long.")
+@click.option("--drop-long", is_flag=True, help="With --max-length: leave longer rows out.")
+@click.option("--drop-text", is_flag=True, help="Leave `messages` and `response` out of the output.")
+@click.option("--rejects", type=click.Path(dir_okay=False, allow_dash=False), default=None,
+              help="Write records that fail verification here, with the reason (JSON lines).")
+@click.option("--strict", is_flag=True, help="Stop at the first record that fails verification (exit 2).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes (default: all cores).")
+@common_options
+def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset, thinking,
+        drop_truncated, max_length, drop_long, drop_text, rejects, strict, workers, quiet, debug):
+    """Rebuild the token IDs the target model saw and produced, from response records."""
+    if drop_long and max_length is None:
+        raise click.UsageError("--drop-long needs --max-length")
+    require_distinct(output, input)
+    if rejects:
+        require_distinct(rejects, input)
+    template_text = None
+    if chat_template:
+        with open(chat_template, encoding="utf-8") as f:
+            template_text = f.read()
+    directory = prepare_tokenizer_dir(tokenizer_spec, trust_remote_code)
+    settings = Settings(
+        tokenizer_dir=str(directory), trust_remote_code=trust_remote_code,
+        chat_template=template_text, preset=preset, thinking=thinking, max_length=max_length,
+        drop_long=drop_long, drop_truncated=drop_truncated, drop_text=drop_text, debug=debug,
+    )
+    workers = workers or os.cpu_count() or 1
+    if workers > 1:
+        # One process per core does the work; the tokenizers library's own threads would only
+        # compete (and it refuses them after a fork anyway).
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    engine = Engine(settings)  # loads and checks everything before any output is touched
+    say(f"kp-tokenize: {engine.describe()}, {workers} worker{'s' if workers > 1 else ''}", quiet)
+    summary = Summary()
+    done = scan_done(output) if output != "-" else set()
+    writer = RecordWriter(output, append=True)
+    reject_writer = RecordWriter(rejects) if rejects else None
+    bar = progress(desc="kp-tokenize", unit="rec", quiet=quiet)
+    try:
+        batches = _batches(input, done, summary)
+        if workers > 1:
+            results = _outcomes_in_pool(engine, workers, batches)
+        else:
+            results = _outcomes_inline(engine, batches)
+        with closing(results):
+            for outcomes in results:
+                _write_outcomes(outcomes, summary, writer, reject_writer, strict, quiet)
+                bar.update(len(outcomes))
+    finally:
+        bar.close()
+        writer.close()
+        if reject_writer:
+            reject_writer.close()
+    say(summary.report(output, rejects), quiet)
+    return ExitCode.PARTIAL if summary.rejected else ExitCode.OK
+
+
 main = run_command(cli)

@@ -1,0 +1,249 @@
+"""Response records in, token records out, a batch at a time (the work one process does).
+
+`Settings` is everything a worker needs to rebuild the same `Engine` (it is pickled to each
+worker process, which loads the tokenizer once). `Engine.process(batch)` takes
+(line number, raw line) pairs and returns one `Outcome` per line, in order: a token record
+line, a rejection with its reason, or a drop (`--drop-truncated`, `--drop-long`).
+
+Batches keep the tokenizer's batch calls busy: all prompts of a batch are encoded in one
+call, all text runs of the generated turns in another, and all rows decoded in a third.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from ..records import Response, decode_passthrough, encode_line, merge_fields
+from .codec import make_codec
+from .load import load_tokenizer
+from .render import PRESETS, PromptRenderer, SetupError, TurnLayout, detect_preset, render_prompt
+from .verify import check_prompt_end, check_roundtrip, check_text_ids
+
+TEXT_FIELDS = ("messages", "response")
+
+
+@dataclass(frozen=True)
+class Settings:
+    tokenizer_dir: str
+    trust_remote_code: bool = False
+    chat_template: str | None = None
+    preset: str = "auto"
+    thinking: bool = True
+    max_length: int | None = None
+    drop_long: bool = False
+    drop_truncated: bool = False
+    drop_text: bool = False
+    debug: bool = False
+
+
+@dataclass
+class Outcome:
+    kind: str  # "ok", "reject", "drop"
+    id: str
+    line: int
+    payload: bytes = b""  # the token record line (ok)
+    reason: str = ""  # why rejected or dropped ("truncated", "long")
+    n_in: int = 0
+    n_out: int = 0
+    truncated: bool = False
+    long: bool = False
+    no_reasoning: bool = False
+
+
+_response_decoder = msgspec.json.Decoder(Response)
+
+
+class Engine:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.tok = load_tokenizer(Path(settings.tokenizer_dir),
+                                  trust_remote_code=settings.trust_remote_code,
+                                  chat_template=settings.chat_template, debug=settings.debug)
+        self.codec = make_codec(self.tok)
+        if settings.preset == "auto":
+            preset = detect_preset(lambda t: self.codec.token_id(t) is not None)
+        else:
+            preset = PRESETS[settings.preset]
+        self.layout = TurnLayout.resolve(preset, settings.thinking, self.codec.token_id)
+        self._check_template()
+        self.renderer = PromptRenderer(self.tok, settings.thinking)
+
+    def _check_template(self) -> None:
+        """Fail fast when the template and the preset disagree.
+
+        The generation prompt must end as the preset says. And where the template can render
+        a finished assistant turn with its reasoning (the last turn, or `preserve_thinking`),
+        that rendering must start with prompt + the preset's turn: the layout is then
+        confirmed by the template itself (`layout_confirmed`). Templates that drop the
+        reasoning of finished turns (Kimi K2 Thinking's history) cannot confirm it.
+        """
+        thinking = self.settings.thinking
+        probe = [{"role": "user", "content": "ping"}]
+        try:
+            prompt = render_prompt(self.tok, probe, thinking)
+        except Exception as e:
+            raise SetupError(f"the chat template fails on a one-message conversation: {e}") from None
+        problem = check_prompt_end(prompt, self.layout.prompt_end, thinking)
+        if problem:
+            raise SetupError(f"preset {self.layout.preset.name}: {problem}; check --preset, "
+                             "--thinking/--no-thinking and the chat template")
+        reasoning, content = ("REASONING-7f3a", "CONTENT-7f3a")
+        answer = {"role": "assistant", "content": content}
+        if thinking:
+            answer["reasoning_content"] = reasoning
+        try:
+            finished = self.tok.apply_chat_template(
+                [*probe, answer], tokenize=False, add_generation_prompt=False, thinking=thinking,
+                enable_thinking=thinking, preserve_thinking=True)
+        except Exception:
+            finished = ""
+        turn = "".join(t for _, t in self.layout.segments(reasoning if thinking else "", content, False))
+        self.layout_confirmed = False
+        if content in finished and (not thinking or reasoning in finished):
+            if not finished.startswith(prompt + turn):
+                got = finished[len(prompt):] if finished.startswith(prompt) else finished
+                raise SetupError(
+                    f"preset {self.layout.preset.name}: the chat template renders a finished turn "
+                    f"as {got!r}, the preset as {turn!r}; check --preset and the chat template")
+            self.layout_confirmed = True
+
+    def describe(self) -> str:
+        s = self.settings
+        source = "confirmed by the template" if self.layout_confirmed else "not renderable by the template"
+        return (f"{self.codec.kind} tokenizer, preset {self.layout.preset.name} ({source}), "
+                f"thinking {'on' if s.thinking else 'off'}")
+
+    def process(self, batch: list[tuple[int, bytes]]) -> list[Outcome]:
+        """One Outcome per (line number, raw line) of BATCH, in order."""
+        outcomes: list[Outcome | None] = [None] * len(batch)
+        rows = self._rows_to_render(batch, outcomes)
+        rows = self._render_prompts(rows, outcomes)
+        if rows:
+            self._encode_and_verify(rows, outcomes)
+        return outcomes
+
+    def _rows_to_render(self, batch, outcomes) -> list[_Row]:
+        s = self.settings
+        rows = []
+        for k, (lineno, line) in enumerate(batch):
+            rec = _response_decoder.decode(line)
+            truncated = rec.finish_reason == "length"
+            if truncated and s.drop_truncated:
+                outcomes[k] = Outcome("drop", rec.id, lineno, reason="truncated", truncated=True)
+            elif not s.thinking and rec.response.reasoning:
+                outcomes[k] = Outcome("reject", rec.id, lineno, reason=(
+                    "the response has reasoning but --no-thinking says the prompt closed the think block"))
+            else:
+                rows.append(_Row(k, lineno, line, rec, truncated))
+        return rows
+
+    def _render_prompts(self, rows: list[_Row], outcomes) -> list[_Row]:
+        """Render each row's prompt and lay out its generated turn; failures become rejects."""
+        conversations = [[{"role": m.role, "content": m.content} for m in r.rec.messages] for r in rows]
+        ready = []
+        for row, prompt in zip(rows, self.renderer.render(conversations), strict=True):
+            if isinstance(prompt, Exception):
+                outcomes[row.k] = row.reject(f"chat template failed: {prompt}")
+                continue
+            problem = check_prompt_end(prompt, self.layout.prompt_end, self.settings.thinking)
+            if problem:
+                outcomes[row.k] = row.reject(problem)
+                continue
+            response = row.rec.response
+            row.prompt_text = prompt
+            row.segments = self.layout.segments(response.reasoning or "", response.content, row.truncated)
+            if not row.segments:
+                outcomes[row.k] = row.reject("nothing was generated (empty cut turn)")
+                continue
+            ready.append(row)
+        return ready
+
+    def _encode_and_verify(self, rows: list[_Row], outcomes) -> None:
+        """All prompts in one batch call, all text runs in another, all rows decoded in a third."""
+        s = self.settings
+        prompt_ids = self.codec.encode_prompt([r.prompt_text for r in rows])
+        text_ids = iter(self.codec.encode_text(
+            [text for r in rows for is_token, text in r.segments if not is_token]))
+        structural = self.layout.token_ids
+        for row, p_ids in zip(rows, prompt_ids, strict=True):
+            row.input_ids = p_ids
+            for is_token, text in row.segments:
+                if is_token:
+                    row.output_ids.append(structural[text])
+                else:
+                    ids = next(text_ids)
+                    row.problem = row.problem or check_text_ids(ids, self.codec.control_ids)
+                    row.output_ids.extend(ids)
+        decoded = self.codec.decode([r.input_ids + r.output_ids for r in rows])
+        for row, text in zip(rows, decoded, strict=True):
+            expected = row.prompt_text + "".join(t for _, t in row.segments)
+            problem = row.problem or check_roundtrip(text, expected)
+            if problem:
+                outcomes[row.k] = row.reject(problem)
+                continue
+            n_in, n_out = len(row.input_ids), len(row.output_ids)
+            long = s.max_length is not None and n_in + n_out > s.max_length
+            if long and s.drop_long:
+                outcomes[row.k] = Outcome("drop", row.rec.id, row.lineno, reason="long", long=True,
+                                          n_in=n_in, n_out=n_out)
+                continue
+            passthrough = decode_passthrough(row.line)
+            if s.drop_text:
+                for name in TEXT_FIELDS:
+                    passthrough.pop(name, None)
+            owned = {"input_ids": row.input_ids, "output_ids": row.output_ids}
+            if long:
+                owned["over_max_length"] = True
+            outcomes[row.k] = Outcome(
+                "ok", row.rec.id, row.lineno, payload=encode_line(merge_fields(passthrough, owned)),
+                n_in=n_in, n_out=n_out, truncated=row.truncated, long=long,
+                no_reasoning=s.thinking and not row.rec.response.reasoning)
+
+
+@dataclass
+class _Row:
+    """One record on its way through a batch."""
+
+    k: int  # position in the batch
+    lineno: int
+    line: bytes
+    rec: Response
+    truncated: bool
+    prompt_text: str = ""
+    segments: list = field(default_factory=list)
+    input_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    problem: str | None = None
+
+    def reject(self, reason: str) -> Outcome:
+        return Outcome("reject", self.rec.id, self.lineno, reason=reason)
+
+
+# Worker-process side: one Engine per process, forked with the parent's or built once by the
+# pool's initializer.
+_engine: Engine | None = None
+
+
+def set_worker_engine(engine: Engine) -> None:
+    global _engine
+    _engine = engine
+
+
+def ignore_interrupts() -> None:
+    """Ctrl-C is the parent's to handle: it stops feeding work and shuts the pool down."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def init_worker(settings: Settings) -> None:
+    ignore_interrupts()
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    set_worker_engine(Engine(settings))
+
+
+def process_in_worker(batch: list[tuple[int, bytes]]) -> list[Outcome]:
+    return _engine.process(batch)

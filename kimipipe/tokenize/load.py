@@ -1,0 +1,131 @@
+"""Loading a tokenizer offline, from a local directory or the local Hugging Face cache.
+
+Nothing is ever fetched: `HF_HUB_OFFLINE=1` is set before transformers is imported and every
+call passes `local_files_only=True`. `--tokenizer` is either a directory (as downloaded from
+the model's page) or a model name already in the local cache, which is resolved to its
+snapshot directory here.
+
+Tokenizers that ship their own code (Kimi K2.5: `tokenization_kimi.py`, importing tiktoken
+and a sibling module by a relative import) need `trust_remote_code`; without it, or when a
+package their code imports is missing, the error is one line saying what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import ExitCode, KPError
+
+_HUB_NAME = re.compile(r"[\w.-]+(/[\w.-]+)?")
+
+
+def offline_environment(debug: bool = False) -> None:
+    """Make huggingface_hub/transformers offline and quiet; call before importing them."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    if not debug:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+class TokenizerLoadError(KPError):
+    exit_code = ExitCode.USAGE
+
+
+def resolve_tokenizer_dir(spec: str) -> Path:
+    """The local directory holding SPEC's tokenizer files (a path, or a cached model name)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise TokenizerLoadError(f"--tokenizer {spec}: not a directory")
+    if _HUB_NAME.fullmatch(spec) and not spec.startswith("."):
+        offline_environment()
+        try:
+            from huggingface_hub import snapshot_download
+            return Path(snapshot_download(spec, local_files_only=True))
+        except Exception:
+            pass
+    raise TokenizerLoadError(
+        f"--tokenizer {spec}: no such directory, and no model of that name in the local Hugging "
+        f"Face cache (nothing is downloaded; see README, kp-tokenize: getting the tokenizer)")
+
+
+def prepare_tokenizer_dir(spec: str, trust_remote_code: bool) -> Path:
+    """Resolve SPEC and check what can be checked before transformers runs anything."""
+    directory = resolve_tokenizer_dir(spec)
+    config_path = directory / "tokenizer_config.json"
+    config: dict[str, Any] = {}
+    if config_path.is_file():
+        try:
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise TokenizerLoadError(f"{config_path}: unreadable: {e}") from None
+    auto_map = config.get("auto_map") or {}
+    custom = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else None
+    if custom and not trust_remote_code:
+        names = [c for c in (custom if isinstance(custom, list) else [custom]) if c]
+        module = names[0].split(".")[0] + ".py" if names else "its own code"
+        raise TokenizerLoadError(
+            f"{directory} ships its own tokenizer code ({module}); rerun with "
+            "--trust-remote-code to run it")
+    if not config and not (directory / "tokenizer.json").is_file():
+        raise TokenizerLoadError(
+            f"{directory}: no tokenizer_config.json or tokenizer.json: not a tokenizer directory")
+    return directory
+
+
+def _has_custom_model_config(directory: Path) -> bool:
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("auto_map"))
+
+
+_MISSING_PACKAGES = re.compile(r"not found in your environment: ([^.]+)\.")
+
+
+def load_tokenizer(directory: Path, *, trust_remote_code: bool = False,
+                   chat_template: str | None = None, debug: bool = False):
+    """The transformers tokenizer in DIRECTORY (offline), with CHAT_TEMPLATE if given."""
+    offline_environment(debug)
+    from transformers import AutoTokenizer
+
+    extra: dict[str, Any] = {}
+    if _has_custom_model_config(directory):
+        # AutoTokenizer loads the model's config first, running its code (which may need
+        # torch); a tokenizer never needs it, so hand it an empty one.
+        from transformers import PretrainedConfig
+        extra["config"] = PretrainedConfig()
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            str(directory), trust_remote_code=trust_remote_code, local_files_only=True, **extra)
+    except ImportError as e:
+        # A module that is not there at all (transformers checks the code's imports first and
+        # says so in its message) is a missing package; "cannot import name X from Y" is code
+        # written for another version of Y.
+        m = _MISSING_PACKAGES.search(str(e))
+        missing = m.group(1).strip() if m else (
+            e.name if isinstance(e, ModuleNotFoundError) else None)
+        if missing:
+            top = missing.split(",")[0].split(".")[0].strip()
+            raise TokenizerLoadError(
+                f"the tokenizer code in {directory} needs the Python package `{top}`, which is "
+                f"not installed (pip install {top})") from None
+        raise TokenizerLoadError(
+            f"the tokenizer code in {directory} does not import with the installed packages: {e}"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise TokenizerLoadError(
+            f"cannot load the tokenizer in {directory}: {type(e).__name__}: {e}") from None
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    if not getattr(tok, "chat_template", None):
+        raise TokenizerLoadError(
+            f"the tokenizer in {directory} has no chat template; pass --chat-template FILE")
+    return tok

@@ -1,0 +1,195 @@
+"""The prompt as the target model saw it, and the generated turn as the model emitted it.
+
+The prompt comes from the model's own chat template (`add_generation_prompt=True`, the
+`thinking`/`enable_thinking` variable set from `--thinking/--no-thinking`, no extra system
+prompt). The generated turn is not something every template renders (Kimi K2 Thinking's
+drops the reasoning of finished turns), so its layout comes from a preset, checked against
+the template wherever the template can render a finished turn with its reasoning
+(`Engine._check_template`). A preset is a pattern over the reasoning, the content and the
+structural token *strings*, e.g. for Kimi K2.5 with thinking
+
+    {reasoning}</think>{content}<|im_end|>
+
+Structural tokens are looked up in the tokenizer by their string (never a hard-coded ID) and
+inserted by ID; the text between them (reasoning and content, plus any literal newlines of
+the layout) is encoded as plain text in one run, as the template's rendering would be.
+A turn cut by `finish_reason: "length"` ends where its text ends: after the reasoning if
+there is no content (no `</think>`), else after the content (no end-of-turn token).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..errors import ExitCode, KPError
+
+
+class SetupError(KPError):
+    exit_code = ExitCode.USAGE
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    structural: tuple[str, ...]
+    # What the rendered prompt ends with, and the generated turn's layout, by thinking on/off.
+    prompt_ends: dict[bool, str]
+    turn: dict[bool, str]
+    # Token strings that identify the model family (for --preset auto).
+    detect: tuple[str, ...] = field(default=())
+
+
+PRESETS: dict[str, Preset] = {
+    "kimi-k2.5": Preset(
+        name="kimi-k2.5",
+        description="Kimi K2.5 / K2 Thinking: prompt ends <think>; reasoning</think>content<|im_end|>",
+        structural=("<think>", "</think>", "<|im_end|>"),
+        prompt_ends={True: "<think>", False: "<think></think>"},
+        turn={True: "{reasoning}</think>{content}<|im_end|>", False: "{content}<|im_end|>"},
+        detect=("<|im_assistant|>", "<|im_middle|>"),
+    ),
+    "qwen3": Preset(
+        name="qwen3",
+        description="Qwen3: <think>\\nreasoning\\n</think>\\n\\ncontent<|im_end|>",
+        structural=("<think>", "</think>", "<|im_end|>"),
+        prompt_ends={True: "<|im_start|>assistant\n", False: "<think>\n\n</think>\n\n"},
+        turn={True: "<think>\n{reasoning}\n</think>\n\n{content}<|im_end|>",
+              False: "{content}<|im_end|>"},
+        detect=("<|im_start|>",),
+    ),
+    "deepseek-r1": Preset(
+        name="deepseek-r1",
+        description="DeepSeek-R1: prompt ends <think>\\n; reasoning\\n</think>\\n\\ncontent<｜end▁of▁sentence｜>",
+        structural=("</think>", "<｜end▁of▁sentence｜>"),
+        prompt_ends={True: "<think>\n"},
+        turn={True: "{reasoning}\n</think>\n\n{content}<｜end▁of▁sentence｜>"},
+        detect=("<｜Assistant｜>",),
+    ),
+}
+
+_FIELD = re.compile(r"\{(reasoning|content)\}")
+
+
+def detect_preset(has_token) -> Preset:
+    """The preset whose identifying tokens the tokenizer has (HAS_TOKEN: str -> bool)."""
+    for preset in PRESETS.values():
+        if all(has_token(t) for t in preset.detect):
+            return preset
+    raise SetupError("cannot tell which model family this tokenizer belongs to; pass --preset "
+                     f"({', '.join(PRESETS)})")
+
+
+@dataclass(frozen=True)
+class TurnLayout:
+    """A preset resolved against one tokenizer and one thinking mode."""
+
+    preset: Preset
+    thinking: bool
+    token_ids: dict[str, int]
+    _pattern: re.Pattern = field(repr=False, compare=False, default=None)
+
+    @classmethod
+    def resolve(cls, preset: Preset, thinking: bool, token_id) -> TurnLayout:
+        if thinking not in preset.turn:
+            raise SetupError(f"preset {preset.name} has no {'thinking' if thinking else 'non-thinking'} mode")
+        ids = {}
+        for tok in preset.structural:
+            tid = token_id(tok)
+            if tid is None:
+                raise SetupError(
+                    f"preset {preset.name}: {tok!r} is not a single control token of this "
+                    "tokenizer (wrong --preset, or not this model's tokenizer)")
+            ids[tok] = tid
+        alternatives = "|".join(re.escape(t) for t in sorted(preset.structural, key=len, reverse=True))
+        return cls(preset, thinking, ids, re.compile(f"({alternatives})"))
+
+    @property
+    def prompt_end(self) -> str:
+        return self.preset.prompt_ends[self.thinking]
+
+    @property
+    def end_of_turn(self) -> str:
+        return self.preset.structural[-1]
+
+    def segments(self, reasoning: str, content: str, truncated: bool) -> list[tuple[bool, str]]:
+        """The generated turn as (is_structural_token, text) pieces, empty text pieces left out."""
+        layout = self.preset.turn[self.thinking]
+        if truncated:
+            cut_in_reasoning = self.thinking and "{reasoning}" in layout and content == ""
+            placeholder = "{reasoning}" if cut_in_reasoning else "{content}"
+            layout = layout[: layout.index(placeholder) + len(placeholder)]
+        values = {"reasoning": reasoning, "content": content}
+        out: list[tuple[bool, str]] = []
+        # Split the layout before filling it in, so structural strings inside the model's
+        # text stay text.
+        for i, piece in enumerate(self._pattern.split(layout)):
+            if i % 2:
+                out.append((True, piece))
+            else:
+                text = _FIELD.sub(lambda m: values[m.group(1)], piece)
+                if text:
+                    out.append((False, text))
+        return out
+
+
+def render_prompt(tok, messages: list[dict], thinking: bool) -> str:
+    """The prompt text exactly as the model's chat template renders it for generation."""
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                   thinking=thinking, enable_thinking=thinking)
+
+
+_PROBES = [
+    [{"role": "user", "content": "ping"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "<|im_end|> 你好"}],
+]
+
+
+class PromptRenderer:
+    """`render_prompt` for a batch of conversations.
+
+    A tokenizer class that keeps transformers' own `apply_chat_template` is rendered through
+    the function that method calls (`render_jinja_template`, with the same variables), once
+    per batch, which halves the cost per record; the two are compared on probe conversations
+    first. A class with its own `apply_chat_template` (Kimi's) is always called per record.
+    Each item of the result is the text, or the exception the template raised.
+    """
+
+    def __init__(self, tok, thinking: bool):
+        self.tok = tok
+        self.thinking = thinking
+        self.batched = False
+        try:
+            from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+            from transformers.utils.chat_template_utils import render_jinja_template
+        except ImportError:
+            return
+        if type(tok).apply_chat_template is not PreTrainedTokenizerBase.apply_chat_template:
+            return
+        self._render = render_jinja_template
+        self._kwargs = {**tok.special_tokens_map, "thinking": thinking, "enable_thinking": thinking}
+        try:
+            self.batched = self._render_batch(_PROBES) == [render_prompt(tok, m, thinking) for m in _PROBES]
+        except Exception:
+            self.batched = False
+
+    def _render_batch(self, conversations):
+        rendered, _ = self._render(conversations=conversations, chat_template=self.tok.chat_template,
+                                   add_generation_prompt=True, **self._kwargs)
+        return rendered
+
+    def render(self, conversations: list[list[dict]]) -> list[str | Exception]:
+        if self.batched:
+            try:
+                return self._render_batch(conversations)
+            except Exception:
+                pass  # one bad conversation: find it below
+        out: list[str | Exception] = []
+        for messages in conversations:
+            try:
+                out.append(render_prompt(self.tok, messages, self.thinking))
+            except Exception as e:  # a template's raise_exception, or a bad message shape
+                out.append(e)
+        return out

@@ -1,0 +1,420 @@
+"""kp-tokenize on both tokenizer kinds (HF fast, and Kimi-style tiktoken with its own code).
+
+Expected IDs are computed independently through transformers itself: the prompt with
+`apply_chat_template(..., tokenize=True)`, the model's text with each kind's documented way
+of encoding plain text. The command runs in-process through its real entry point (click,
+run_command's exit codes, real files); the --workers test runs it as a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import cache
+
+import pytest
+import zstandard
+from click.testing import CliRunner
+from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
+
+from kimipipe.commands.tokenize import main as tokenize_main
+from kimipipe.tokenize.load import load_tokenizer
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+@dataclass
+class Run:
+    code: int
+    stdout: bytes
+    stderr: str
+
+    def records(self) -> list[dict]:
+        return [json.loads(x) for x in self.stdout.splitlines()]
+
+
+def tokenize(*args, input: bytes | None = None) -> Run:
+    """kp-tokenize ARGS through its console entry point, in this process."""
+    runner = CliRunner()
+    with runner.isolation(input=input) as (out, err, _):
+        try:
+            tokenize_main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    return Run(code, out.getvalue(), err.getvalue().decode("utf-8", "replace"))
+
+
+@cache
+def hf(directory) -> object:
+    return load_tokenizer(directory, trust_remote_code=True)
+
+
+def plain(directory, text: str) -> list[int]:
+    """TEXT as ordinary text (special-token strings not matched), each kind's own way."""
+    tok = hf(directory)
+    if directory == TOKENIZER_KINDS["tiktoken"]:
+        return tok.encode(text, allow_special_tokens=False)
+    return tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+def tid(directory, token: str) -> int:
+    return hf(directory).convert_tokens_to_ids(token)
+
+
+def prompt_ids(directory, messages, thinking=True) -> list[int]:
+    out = hf(directory).apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                            thinking=thinking, return_dict=False)
+    return list(out)
+
+
+def run_one(tmp_path, directory, record, *extra) -> Run:
+    src = write_jsonl(tmp_path / "responses.jsonl", [record])
+    return tokenize(src, "--tokenizer", directory, "--trust-remote-code", "--workers", "1", *extra)
+
+
+def test_single_turn_ids_are_template_prompt_then_reasoning_think_content_end(tmp_path, kimi_tokenizer):
+    d = kimi_tokenizer
+    rec = response_record("r1", "What is 2+2?", content="It is 4.", reasoning="Two and two make four.")
+    r = run_one(tmp_path, d, rec)
+    assert r.code == 0, r.stderr
+    [out] = r.records()
+    assert out["input_ids"] == prompt_ids(d, rec["messages"])
+    assert out["input_ids"][-1] == tid(d, "<think>")
+    assert out["output_ids"] == (plain(d, "Two and two make four.") + [tid(d, "</think>")]
+                                 + plain(d, "It is 4.") + [tid(d, "<|im_end|>")])
+    # Fields of the response record pass through, in order, before the new ones.
+    assert list(out)[:len(rec)] == list(rec) and out["finish_reason"] == "stop"
+    assert hf(d).decode(out["input_ids"] + out["output_ids"]) == (
+        "<|im_user|>user<|im_middle|>What is 2+2?<|im_end|><|im_assistant|>assistant<|im_middle|>"
+        "<think>Two and two make four.</think>It is 4.<|im_end|>")
+    assert "wrote 1 records" in r.stderr and "rejected 0" in r.stderr
+
+
+def test_multi_turn_history_renders_with_empty_think_and_no_extra_system(tmp_path, kimi_tokenizer):
+    d = kimi_tokenizer
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye?"}]
+    r = run_one(tmp_path, d, response_record("m", messages, content="Bye.", reasoning="ok"))
+    assert r.code == 0, r.stderr
+    [out] = r.records()
+    assert out["input_ids"] == prompt_ids(d, messages)
+    assert hf(d).decode(out["input_ids"]) == (
+        "<|im_system|>system<|im_middle|>Be brief.<|im_end|><|im_user|>user<|im_middle|>Hi<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|><think></think>Hello!<|im_end|>"
+        "<|im_user|>user<|im_middle|>Bye?<|im_end|><|im_assistant|>assistant<|im_middle|><think>")
+
+
+def test_no_thinking_prompt_closes_think_and_turn_is_content_end(tmp_path, kimi_tokenizer):
+    d = kimi_tokenizer
+    rec = response_record("n", "Hi", content="Hello there.")
+    r = run_one(tmp_path, d, rec, "--no-thinking")
+    assert r.code == 0, r.stderr
+    [out] = r.records()
+    assert out["input_ids"] == prompt_ids(d, rec["messages"], thinking=False)
+    assert out["input_ids"][-2:] == [tid(d, "<think>"), tid(d, "</think>")]
+    assert out["output_ids"] == plain(d, "Hello there.") + [tid(d, "<|im_end|>")]
+
+
+def test_no_thinking_rejects_a_response_that_has_reasoning(tmp_path, kimi_tokenizer):
+    rejects = tmp_path / "rejects.jsonl"
+    rec = response_record("x", "Hi", content="Hello", reasoning="hmm")
+    r = run_one(tmp_path, kimi_tokenizer, rec, "--no-thinking", "--rejects", rejects)
+    assert r.code == 4 and r.stdout == b""
+    [rej] = read_jsonl(rejects)
+    assert rej["id"] == "x" and rej["line"] == 1 and "--no-thinking" in rej["reason"]
+
+
+def test_thinking_without_reasoning_closes_think_at_once(tmp_path, kimi_tokenizer):
+    d = kimi_tokenizer
+    r = run_one(tmp_path, d, response_record("e", "Hi", content="Hello"))
+    [out] = r.records()
+    assert out["output_ids"] == [tid(d, "</think>")] + plain(d, "Hello") + [tid(d, "<|im_end|>")]
+    assert "1 with no reasoning" in r.stderr
+
+
+def test_truncated_in_reasoning_has_no_think_close_and_no_end(tmp_path, kimi_tokenizer):
+    d = kimi_tokenizer
+    rec = response_record("t1", "Hi", content="", reasoning="Let me think about th", finish_reason="length")
+    [out] = run_one(tmp_path, d, rec).records()
+    assert out["output_ids"] == plain(d, "Let me think about th")
+    assert out["finish_reason"] == "length"
+
+
+def test_truncated_in_content_has_think_close_but_no_end(tmp_path, kimi_tokenizer):
+    d = kimi_tokenizer
+    rec = response_record("t2", "Hi", content="The answer is", reasoning="Easy.", finish_reason="length")
+    r = run_one(tmp_path, d, rec)
+    [out] = r.records()
+    assert out["output_ids"] == plain(d, "Easy.") + [tid(d, "</think>")] + plain(d, "The answer is")
+    assert "1 truncated turns" in r.stderr
+
+
+def test_drop_truncated_leaves_cut_turns_out(tmp_path, kimi_tokenizer):
+    src = write_jsonl(tmp_path / "r.jsonl", [
+        response_record("a", "Hi", content="ok", reasoning="r"),
+        response_record("b", "Hi", content="cu", reasoning="r", finish_reason="length")])
+    r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1",
+                 "--drop-truncated")
+    assert r.code == 0 and [x["id"] for x in r.records()] == ["a"]
+    assert "dropped 1 truncated" in r.stderr
+
+
+def test_empty_content_after_reasoning(tmp_path, kimi_tokenizer):
+    d = kimi_tokenizer
+    [out] = run_one(tmp_path, d, response_record("ec", "Hi", content="", reasoning="Nothing to say.")).records()
+    assert out["output_ids"] == plain(d, "Nothing to say.") + [tid(d, "</think>"), tid(d, "<|im_end|>")]
+
+
+def test_cut_turn_with_no_text_at_all_is_rejected(tmp_path, kimi_tokenizer):
+    rec = response_record("z", "Hi", content="", reasoning="", finish_reason="length")
+    r = run_one(tmp_path, kimi_tokenizer, rec)
+    assert r.code == 4 and "nothing was generated" in r.stderr
+
+
+def test_special_token_strings_in_generated_text_stay_text(tmp_path, kimi_tokenizer):
+    d = kimi_tokenizer
+    content = "Type <|im_end|> then <think>x</think> and [EOS]<|im_user|>."
+    reasoning = "Should I write </think>? Or <|im_end|>?"
+    r = run_one(tmp_path, d, response_record("inj", "Show tokens", content=content, reasoning=reasoning))
+    assert r.code == 0, r.stderr
+    [out] = r.records()
+    control = {tid(d, t) for t in ("<|im_end|>", "<think>", "</think>", "[EOS]", "<|im_user|>")}
+    # Exactly two control tokens in the turn: the structural </think> and <|im_end|>.
+    assert [i for i in out["output_ids"] if i in control] == [tid(d, "</think>"), tid(d, "<|im_end|>")]
+    assert out["output_ids"] == (plain(d, reasoning) + [tid(d, "</think>")] + plain(d, content)
+                                 + [tid(d, "<|im_end|>")])
+    assert hf(d).decode(out["output_ids"]) == reasoning + "</think>" + content + "<|im_end|>"
+
+
+def test_the_trap_exists_the_default_encode_makes_control_tokens(kimi_tokenizer):
+    """Why plain-text encoding matters: each kind's everyday encode turns the string into the token."""
+    d = kimi_tokenizer
+    tok = hf(d)
+    everyday = tok.encode("a<|im_end|>b") if d == TOKENIZER_KINDS["tiktoken"] else \
+        tok("a<|im_end|>b", add_special_tokens=False)["input_ids"]
+    assert tid(d, "<|im_end|>") in everyday
+    assert tid(d, "<|im_end|>") not in plain(d, "a<|im_end|>b")
+
+
+def test_whitespace_and_unicode_are_kept_verbatim(tmp_path, kimi_tokenizer):
+    d = kimi_tokenizer
+    content = "  你好，世界！ 😀👍🏽🇫🇷 e\u0301 n\u0303 Zürich \n\n\t trailing  \n"
+    reasoning = "\n  思考中… ∑∫√∞  \n"
+    [out] = run_one(tmp_path, d, response_record("u", "多语言 🎉 e\u0301?", content=content,
+                                                  reasoning=reasoning)).records()
+    assert out["output_ids"] == (plain(d, reasoning) + [tid(d, "</think>")] + plain(d, content)
+                                 + [tid(d, "<|im_end|>")])
+    assert hf(d).decode(out["output_ids"]).startswith(reasoning + "</think>" + content)
+    assert out["response"]["content"] == content
+
+
+def test_max_length_flags_or_drops_long_rows(tmp_path, kimi_tokenizer):
+    src = write_jsonl(tmp_path / "r.jsonl", [
+        response_record("short", "Hi", content="ok"),
+        response_record("long", "Hi " * 40, content="word " * 40)])
+    args = (src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", "--max-length", "30")
+    flagged = tokenize(*args).records()
+    assert [x.get("over_max_length", False) for x in flagged] == [False, True]
+    r = tokenize(*args, "--drop-long")
+    assert [x["id"] for x in r.records()] == ["short"] and "1 over --max-length" in r.stderr
+    assert tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--drop-long").code == 2
+
+
+def test_drop_text_keeps_ids_and_metadata_only(tmp_path, kimi_tokenizer):
+    [out] = run_one(tmp_path, kimi_tokenizer, response_record("d", "Hi", content="ok"), "--drop-text").records()
+    assert "messages" not in out and "response" not in out
+    assert {"id", "dataset", "finish_reason", "usage", "input_ids", "output_ids"} <= set(out)
+
+
+def test_resume_skips_ids_already_in_output_and_repairs_a_torn_line(tmp_path, kimi_tokenizer):
+    rows = [response_record(f"r{i}", f"Question {i}?", content=f"Answer {i}.", reasoning="r") for i in range(6)]
+    src = write_jsonl(tmp_path / "r.jsonl", rows[:3])
+    out = tmp_path / "tokens.jsonl"
+    base = ("--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", "-o", out)
+    assert tokenize(src, *base).code == 0
+    with open(out, "ab") as f:
+        f.write(b'{"id": "r9", "input_ids": [1, 2')  # a crash mid-line
+    write_jsonl(src, rows)
+    r = tokenize(src, *base)
+    assert r.code == 0, r.stderr
+    assert "skipped 3 already in the output" in r.stderr and "wrote 3 records" in r.stderr
+    assert [x["id"] for x in read_jsonl(out)] == [f"r{i}" for i in range(6)]
+    fresh = tokenize(src, *base[:-2])
+    assert [json.dumps(x) for x in read_jsonl(out)] == [json.dumps(x) for x in fresh.records()]
+
+
+def test_zstd_in_and_out(tmp_path, kimi_tokenizer):
+    raw = write_jsonl(tmp_path / "r.jsonl", [response_record("z", "Hi", content="ok")]).read_bytes()
+    src = tmp_path / "r.jsonl.zst"
+    src.write_bytes(zstandard.ZstdCompressor().compress(raw))
+    out = tmp_path / "t.jsonl.zst"
+    r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", "-o", out, "-q")
+    assert r.code == 0 and r.stderr == "" and r.stdout == b""
+    assert [x["id"] for x in read_jsonl(out)] == ["z"]
+
+
+TEMPLATE_THAT_FAILS_SOMETIMES = """\
+{%- for m in messages -%}
+{%- if 'REJECT' in m['content'] -%}{{ raise_exception('refusing ' + m['content']) }}{%- endif -%}
+<|im_user|>user<|im_middle|>{{ m['content'] }}<|im_end|>
+{%- endfor -%}
+<|im_assistant|>assistant<|im_middle|>{% if 'OPEN' in messages[-1]['content'] %}<think></think>{% else %}<think>{% endif %}"""
+
+
+def test_failures_go_to_rejects_exit_4_and_strict_stops_with_2(tmp_path, kimi_tokenizer):
+    template = tmp_path / "t.jinja"
+    template.write_text(TEMPLATE_THAT_FAILS_SOMETIMES)
+    src = write_jsonl(tmp_path / "r.jsonl", [
+        response_record("good1", "fine", content="a"),
+        response_record("bad1", "REJECT me", content="b"),
+        response_record("bad2", "OPEN wrong", content="c"),
+        response_record("good2", "fine too", content="d")])
+    rejects = tmp_path / "rejects.jsonl"
+    base = (src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1",
+            "--chat-template", template)
+    r = tokenize(*base, "--rejects", rejects)
+    assert r.code == 4, r.stderr
+    assert [x["id"] for x in r.records()] == ["good1", "good2"]
+    rej = read_jsonl(rejects)
+    assert [(x["id"], x["line"]) for x in rej] == [("bad1", 2), ("bad2", 3)]
+    assert "refusing REJECT me" in rej[0]["reason"] and "does not end with '<think>'" in rej[1]["reason"]
+    assert "rejected 2 (see" in r.stderr
+    s = tokenize(*base, "--strict")
+    assert s.code == 2 and [x["id"] for x in s.records()] == ["good1"]
+    assert "bad1 (input line 2): chat template failed" in s.stderr
+
+
+def test_bad_input_line_stops_with_path_and_line(tmp_path, kimi_tokenizer):
+    src = tmp_path / "r.jsonl"
+    src.write_text(json.dumps(response_record("a", "Hi", content="ok")) + "\n" + '{"id": "b"}\n')
+    r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1")
+    assert r.code == 2
+    assert f"{src}:2: " in r.stderr and "missing required field" in r.stderr
+
+
+def test_wrong_preset_is_a_usage_error_before_any_output(tmp_path, kimi_tokenizer):
+    out = tmp_path / "t.jsonl"
+    src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
+    r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--preset", "qwen3", "-o", out)
+    assert r.code == 2 and "preset qwen3" in r.stderr and not out.exists()
+    r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--preset", "deepseek-r1")
+    assert r.code == 2 and "'<｜end▁of▁sentence｜>' is not a single control token" in r.stderr
+
+
+def test_missing_tokenizer_is_one_line_exit_2(tmp_path):
+    src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
+    r = tokenize(src, "--tokenizer", tmp_path / "nope")
+    assert r.code == 2 and r.stderr.count("\n") == 1 and "no such directory" in r.stderr
+    r = tokenize(src, "--tokenizer", "someone/not-in-the-cache")
+    assert r.code == 2 and "local Hugging Face cache" in r.stderr
+
+
+def test_tiktoken_kind_needs_trust_remote_code(tmp_path):
+    src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
+    r = tokenize(src, "--tokenizer", TOKENIZER_KINDS["tiktoken"])
+    assert r.code == 2 and "tokenization_kimi.py" in r.stderr and "--trust-remote-code" in r.stderr
+
+
+@pytest.mark.timeout(180)
+def test_workers_keep_input_order_and_match_one_process(tmp_path, kimi_tokenizer):
+    """Subprocesses, as a user runs it: 2 worker processes give byte-identical output."""
+    d = kimi_tokenizer
+    rows = [response_record(f"w{i}", f"Question number {i}: {'why ' * (i % 7)}?",
+                            content=f"Answer {i} " * (1 + i % 5), reasoning="think " * (i % 4),
+                            finish_reason="length" if i % 11 == 0 else "stop") for i in range(300)]
+    src = write_jsonl(tmp_path / "r.jsonl", rows)
+    one = kp("tokenize", src, "--tokenizer", d, "--trust-remote-code", "--workers", "1")
+    two = kp("tokenize", src, "--tokenizer", d, "--trust-remote-code", "--workers", "2")
+    assert one.code == 0 and two.code == 0, two.stderr
+    assert two.stdout == one.stdout
+    assert [x["id"] for x in two.records()] == [r["id"] for r in rows]
+
+
+def test_stdin_in_stdout_out_and_empty_input(tmp_path, kimi_tokenizer):
+    line = (json.dumps(response_record("s", "Hi", content="ok")) + "\n").encode()
+    r = tokenize("--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", input=line)
+    assert r.code == 0 and [x["id"] for x in r.records()] == ["s"]
+    r = tokenize("-", "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", input=b"")
+    assert r.code == 2 and "<stdin>: empty input" in r.stderr
+
+
+def test_rerun_with_everything_done_writes_nothing(tmp_path, kimi_tokenizer):
+    src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
+    out = tmp_path / "t.jsonl"
+    base = (src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", "-o", out)
+    assert tokenize(*base).code == 0
+    before = out.read_bytes()
+    r = tokenize(*base)
+    assert r.code == 0 and out.read_bytes() == before
+    assert "wrote 0 records" in r.stderr and "skipped 1 already in the output" in r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_strict_with_worker_processes_stops_cleanly(tmp_path, kimi_tokenizer):
+    template = tmp_path / "t.jinja"
+    template.write_text(TEMPLATE_THAT_FAILS_SOMETIMES)
+    rows = [response_record(f"g{i}", "fine", content="a") for i in range(150)]
+    rows.insert(140, response_record("bad", "REJECT", content="x"))
+    src = write_jsonl(tmp_path / "r.jsonl", rows)
+    r = kp("tokenize", src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "2", "--strict",
+           "--chat-template", template, timeout=60)
+    assert r.code == 2 and "bad (input line 141)" in r.stderr
+    assert [x["id"] for x in r.records()] == [f"g{i}" for i in range(140)]
+
+
+@pytest.mark.timeout(120)
+def test_bad_line_with_worker_processes_keeps_the_records_before_it(tmp_path, kimi_tokenizer):
+    rows = [json.dumps(response_record(f"g{i}", "fine", content="a")) for i in range(150)]
+    src = tmp_path / "r.jsonl"
+    src.write_text("\n".join(rows[:130] + ['{"id": "broken"'] + rows[130:]) + "\n")
+    out = tmp_path / "t.jsonl"
+    r = kp("tokenize", src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "2", "-o", out,
+           timeout=60)
+    assert r.code == 2 and f"{src}:131: " in r.stderr
+    assert [x["id"] for x in read_jsonl(out)] == [f"g{i}" for i in range(130)]
+
+
+def test_template_that_renders_finished_turns_unlike_the_preset_is_refused(tmp_path, kimi_tokenizer):
+    template = (kimi_tokenizer / "chat_template.jinja").read_text()
+    bad = template.replace("<think>{{- message['reasoning_content'] -}}</think>",
+                           "<think>{{- message['reasoning_content'] -}}</think>{{ '\\n' }}")
+    assert bad != template
+    (tmp_path / "t.jinja").write_text(bad)
+    src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
+    r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--chat-template",
+                 tmp_path / "t.jinja")
+    assert r.code == 2 and r.stdout == b""
+    assert "renders a finished turn as 'REASONING-7f3a</think>\\nCONTENT-7f3a<|im_end|>'" in r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_with_workers_exits_130_and_a_rerun_completes_exactly(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import BIN, REPO
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_tokenize import make_responses
+
+    src = tmp_path / "r.jsonl"
+    make_responses(src, 4000)
+    out = tmp_path / "t.jsonl"
+    args = [str(BIN / "kp-tokenize"), str(src), "--tokenizer", str(TOKENIZER_KINDS["fast"]),
+            "--workers", "2", "--drop-text", "-q", "-o", str(out)]
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE)
+    while proc.poll() is None and (not out.exists() or out.stat().st_size == 0):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 130:
+        assert err.decode().strip() == "kp-tokenize: interrupted"
+        partial = read_jsonl(out)
+        assert 0 < len(partial) < 4000
+    else:  # it had already finished: nothing to interrupt
+        assert proc.returncode == 0
+    assert subprocess.run(args).returncode == 0
+    assert [x["id"] for x in read_jsonl(out)] == [f"b-{i}" for i in range(4000)]

@@ -1,0 +1,244 @@
+"""kimipipe.tokenize's parts: fixtures, loading (offline, remote code, HF cache), codecs, layouts."""
+
+from __future__ import annotations
+
+import filecmp
+import hashlib
+import json
+import os
+import shutil
+
+import pytest
+from conftest import TOKENIZER_KINDS, TOKENIZERS, kp, response_record, write_jsonl
+
+from kimipipe.tokenize import fixtures
+from kimipipe.tokenize.codec import FastCodec, make_codec
+from kimipipe.tokenize.load import TokenizerLoadError, load_tokenizer, prepare_tokenizer_dir
+from kimipipe.tokenize.render import PRESETS, TurnLayout
+from kimipipe.tokenize.verify import check_roundtrip, check_text_ids
+
+
+def test_bundled_tokenizers_are_what_the_builder_makes(tmp_path):
+    built = fixtures.build_all(tmp_path)
+    for kind, path in built.items():
+        bundled = TOKENIZER_KINDS[kind]
+        cmp = filecmp.dircmp(path, bundled)
+        assert not cmp.left_only and not cmp.right_only, kind
+        _, mismatch, errors = filecmp.cmpfiles(path, bundled, cmp.common_files, shallow=False)
+        assert mismatch == [] and errors == [], (kind, mismatch)
+    total = sum(p.stat().st_size for p in TOKENIZERS.rglob("*") if p.is_file())
+    assert total < 512 * 1024
+
+
+def test_special_tokens_sit_at_kimis_offsets_in_both_kinds():
+    for directory in TOKENIZER_KINDS.values():
+        tok = load_tokenizer(directory, trust_remote_code=True)
+        base = tok.convert_tokens_to_ids("[BOS]")
+        got = {t: tok.convert_tokens_to_ids(t) - base for t in fixtures.KIMI_SPECIAL_OFFSETS}
+        assert got == fixtures.KIMI_SPECIAL_OFFSETS
+
+
+def test_fast_codec_keeps_non_special_added_tokens_as_text():
+    """Qwen3/DeepSeek-R1 add <think> as a NON-special token: split_special_tokens misses it."""
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_file(str(TOKENIZER_KINDS["fast"] / "tokenizer.json"))
+    backend.add_tokens([AddedToken("<reflect>", special=False, normalized=False)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
+    reflect = tok.convert_tokens_to_ids("<reflect>")
+    text = "a <reflect> b <|im_end|>"
+    assert reflect in tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    codec = FastCodec(tok)
+    [ids] = codec.encode_text([text])
+    assert reflect not in ids and tok.convert_tokens_to_ids("<|im_end|>") not in ids
+    assert codec.decode([ids]) == [text]
+    assert check_text_ids(ids, codec.control_ids) is None
+    assert codec.encode_prompt([text])[0].count(reflect) == 1
+
+
+def test_fast_codec_ignores_truncation_configured_in_tokenizer_json():
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_file(str(TOKENIZER_KINDS["fast"] / "tokenizer.json"))
+    backend.enable_truncation(max_length=4)
+    codec = FastCodec(PreTrainedTokenizerFast(tokenizer_object=backend))
+    text = "a long answer that is far more than four tokens"
+    assert codec.decode(codec.encode_text([text])) == [text]
+
+
+def test_layout_splits_structure_before_filling_in_text():
+    tok = load_tokenizer(TOKENIZER_KINDS["fast"])
+    codec = make_codec(tok)
+    kimi = TurnLayout.resolve(PRESETS["kimi-k2.5"], True, codec.token_id)
+    assert kimi.segments("r</think>", "c<|im_end|>", False) == [
+        (False, "r</think>"), (True, "</think>"), (False, "c<|im_end|>"), (True, "<|im_end|>")]
+    assert kimi.segments("{content}", "x", False)[0] == (False, "{content}")
+    assert kimi.segments("r", "", True) == [(False, "r")]
+    assert kimi.segments("r", "c", True) == [(False, "r"), (True, "</think>"), (False, "c")]
+    assert kimi.segments("", "", False) == [(True, "</think>"), (True, "<|im_end|>")]
+    # A layout with literal newlines around the fields (Qwen3's): they join the text runs.
+    qwen = TurnLayout.resolve(PRESETS["qwen3"], True, codec.token_id)
+    assert qwen.segments("r", "c", False) == [
+        (True, "<think>"), (False, "\nr\n"), (True, "</think>"), (False, "\n\nc"), (True, "<|im_end|>")]
+    assert qwen.segments("r", "", True) == [(True, "<think>"), (False, "\nr")]
+
+
+def test_roundtrip_check_names_where_texts_part():
+    assert check_roundtrip("same", "same") is None
+    reason = check_roundtrip("abcX", "abcd")
+    assert "at character 3 of 4" in reason and "'d'" in reason and "'X'" in reason
+
+
+def test_engine_rejects_a_row_whose_ids_do_not_decode_to_the_text(tmp_path):
+    """A lossy decoder (as some tokenizers have) must be caught by the round-trip check."""
+    from kimipipe.tokenize.engine import Engine, Settings
+
+    engine = Engine(Settings(str(TOKENIZER_KINDS["fast"])))
+    real_decode = engine.codec.decode
+    engine.codec.decode = lambda seqs: [s.replace("  ", " ") for s in real_decode(seqs)]
+    line = json.dumps(response_record("w", "Hi", content="two  spaces")).encode()
+    [bad] = engine.process([(1, line)])
+    assert bad.kind == "reject" and "differs from the rendered text" in bad.reason
+    [ok] = engine.process([(2, json.dumps(response_record("v", "Hi", content="one space")).encode())])
+    assert ok.kind == "ok"
+
+
+def _kimi_copy(tmp_path, extra_import: str | None = None):
+    d = tmp_path / "kimi"
+    shutil.copytree(TOKENIZER_KINDS["tiktoken"], d)
+    if extra_import:
+        code = d / "tokenization_kimi.py"
+        code.write_text(code.read_text().replace("import tiktoken\n", f"import tiktoken\nimport {extra_import}\n", 1))
+    return d
+
+
+def test_missing_package_of_the_tokenizer_code_is_named_in_one_line(tmp_path):
+    d = _kimi_copy(tmp_path, "kp_not_a_real_package")
+    src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
+    r = kp("tokenize", src, "--tokenizer", d, "--trust-remote-code",
+           env={"HF_HOME": str(tmp_path / "hf")})
+    assert r.code == 2
+    assert r.stderr.strip().splitlines() == [
+        f"kp-tokenize: the tokenizer code in {d} needs the Python package `kp_not_a_real_package`, "
+        "which is not installed (pip install kp_not_a_real_package)"]
+
+
+def test_a_model_name_in_the_hf_cache_loads_offline_despite_symlinked_code(tmp_path):
+    """The cache keeps files as symlinks into blobs/; the code's relative import must still work."""
+    hf_home = tmp_path / "hf"
+    repo = hf_home / "hub" / "models--moonshotai--Kimi-K2.5"
+    snap = repo / "snapshots" / "0123abcd"
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    for f in TOKENIZER_KINDS["tiktoken"].iterdir():
+        blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copyfile(f, blob)
+        os.symlink(os.path.relpath(blob, snap), snap / f.name)
+    src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
+    env = {"HF_HOME": str(hf_home), "HF_HUB_CACHE": str(hf_home / "hub")}
+    by_name = kp("tokenize", src, "--tokenizer", "moonshotai/Kimi-K2.5", "--trust-remote-code", env=env)
+    by_dir = kp("tokenize", src, "--tokenizer", TOKENIZER_KINDS["tiktoken"], "--trust-remote-code", env=env)
+    assert by_name.code == 0, by_name.stderr
+    assert by_name.stdout == by_dir.stdout and by_name.records()[0]["output_ids"]
+
+
+def test_prepare_refuses_a_directory_that_is_not_a_tokenizer(tmp_path):
+    with pytest.raises(TokenizerLoadError, match="not a tokenizer directory"):
+        prepare_tokenizer_dir(str(tmp_path), False)
+
+
+def test_tiktoken_codec_gives_kimis_own_encode_ids_on_both_paths():
+    tok = load_tokenizer(TOKENIZER_KINDS["tiktoken"], trust_remote_code=True)
+    codec = make_codec(tok)
+    texts = ["plain words <|im_end|> <think> here\n\n", "  " * 15000 + "x", "the" * 8340 + " z",
+             "你好，世界" * 10 + " e\u0301 😀", ""]
+    assert codec.encode_text(texts) == [tok.encode(t, allow_special_tokens=False) for t in texts]
+    assert codec.encode_prompt(texts) == [tok.encode(t) for t in texts]
+    assert [codec._one_slice(t) for t in texts] == [True, False, False, True, True]
+    # The long-run slices really change the IDs, so the slow path is not for show.
+    assert codec.enc.encode_ordinary(texts[2]) != tok.encode(texts[2], allow_special_tokens=False)
+
+
+def test_model_config_code_in_the_directory_is_not_run(tmp_path):
+    """A full model snapshot has config.json whose code may import torch: not needed to tokenize."""
+    d = _kimi_copy(tmp_path)
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "kimi_k25", "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config"}}))
+    (d / "configuration_kimi_k25.py").write_text(
+        "import kp_not_a_real_package\nfrom transformers import PretrainedConfig\n\n\n"
+        "class KimiK25Config(PretrainedConfig):\n    model_type = 'kimi_k25'\n")
+    tok = load_tokenizer(prepare_tokenizer_dir(str(d), True), trust_remote_code=True)
+    assert type(tok).__name__ == "TikTokenTokenizer"
+    assert tok.decode(tok.encode("hello <|im_end|>")) == "hello <|im_end|>"
+
+
+QWEN3_LIKE_TEMPLATE = """\
+{%- for m in messages -%}
+{%- if m['role'] == 'assistant' -%}
+{{- '<|im_start|>assistant\\n<think>\\n' + (m.get('reasoning_content') or '') + '\\n</think>\\n\\n' + m['content'] + '<|im_end|>\\n' -}}
+{%- else -%}
+{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|im_start|>assistant\\n' -}}
+{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}
+{%- endif -%}"""
+
+
+def test_qwen3_preset_end_to_end_with_non_special_think_tokens(tmp_path):
+    """A Qwen3-shaped fast tokenizer: <think> and </think> are added tokens that are NOT special."""
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bare = fixtures.train_bpe()  # the BPE alone: no added token can match in it
+    bpe = Tokenizer.from_str(bare.to_str())
+    bpe.add_special_tokens([AddedToken("<|im_start|>", special=True, normalized=False),
+                            AddedToken("<|im_end|>", special=True, normalized=False)])
+    bpe.add_tokens([AddedToken("<think>", special=False, normalized=False),
+                    AddedToken("</think>", special=False, normalized=False)])
+    d = tmp_path / "qwen3-mini"
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>")
+    tok.chat_template = QWEN3_LIKE_TEMPLATE
+    tok.save_pretrained(d)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<think>", "</think>", "<|im_end|>")}
+
+    def plain(text):
+        return bare.encode(text).ids
+
+    reasoning, content = "Is </think> text? Yes.", "Use <think> and <|im_end|> literally."
+    rows = [response_record("q", "Hi", content=content, reasoning=reasoning),
+            response_record("c", "Hi", content="", reasoning="cut", finish_reason="length")]
+    src = write_jsonl(tmp_path / "r.jsonl", rows)
+    r = kp("tokenize", src, "--tokenizer", d, "--workers", "1")
+    assert r.code == 0, r.stderr
+    assert "preset qwen3 (confirmed by the template)" in r.stderr
+    q, c = r.records()
+    assert q["output_ids"] == ([ids["<think>"]] + plain("\n" + reasoning + "\n") + [ids["</think>"]]
+                               + plain("\n\n" + content) + [ids["<|im_end|>"]])
+    assert c["output_ids"] == [ids["<think>"]] + plain("\ncut")
+    assert tok.decode(q["input_ids"] + q["output_ids"]) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n" + reasoning
+        + "\n</think>\n\n" + content + "<|im_end|>")
+    off = kp("tokenize", write_jsonl(tmp_path / "n.jsonl", [response_record("n", "Hi", content="ok")]),
+             "--tokenizer", d, "--workers", "1", "--no-thinking")
+    [n] = off.records()
+    assert tok.decode(n["input_ids"]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert n["output_ids"] == plain("ok") + [ids["<|im_end|>"]]
+
+
+def test_code_written_for_another_transformers_is_not_called_a_missing_package(tmp_path):
+    """Kimi K2's older tokenization_kimi.py imports bytes_to_unicode from where transformers 5 dropped it."""
+    d = _kimi_copy(tmp_path)
+    code = d / "tokenization_kimi.py"
+    code.write_text(code.read_text().replace(
+        "from transformers.convert_slow_tokenizer import bytes_to_unicode",
+        "from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode_gone as bytes_to_unicode"))
+    with pytest.raises(TokenizerLoadError) as e:
+        load_tokenizer(prepare_tokenizer_dir(str(d), True), trust_remote_code=True)
+    assert "does not import with the installed packages" in e.value.message
+    assert "cannot import name 'bytes_to_unicode_gone'" in e.value.message
