@@ -31,7 +31,7 @@ MAX_COST ?= 95
 TOKEN_BUDGET ?= 10M
 MAX_TOKENS ?= 16384
 IGNORE_PROVIDERS ?= fireworks baseten
-QUANTIZATIONS ?=
+QUANTIZATIONS ?= int4 unknown
 MIN_CREDITS ?= 5
 TOKENIZER ?= ./kimi-k2.5
 BASE_URL ?= https://openrouter.ai/api/v1
@@ -105,10 +105,11 @@ $(WORK)/%.responses.done: $(WORK)/%.prompts.jsonl $(WORK)/%.infer-flags | venv
 	else exit $$code; fi
 
 # Stage 3: tokens (kp-tokenize resumes from a partial file; the stamp marks it finished).
+# Exit 4: finished, some records failed verification (WORK/<D>.rejects.jsonl); kept out.
 $(WORK)/%.tokens.done: $(WORK)/%.responses.done | venv
-	$(BIN)/kp-tokenize $(WORK)/$*.responses.jsonl --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS) \
-	  -o $(WORK)/$*.tokens.jsonl.zst --rejects $(WORK)/$*.rejects.jsonl
-	touch $@
+	@set +e; $(BIN)/kp-tokenize $(WORK)/$*.responses.jsonl --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS) \
+	  -o $(WORK)/$*.tokens.jsonl.zst --rejects $(WORK)/$*.rejects.jsonl; code=$$?; \
+	if [ $$code -eq 0 ] || [ $$code -eq 4 ]; then touch $@; else exit $$code; fi
 
 # Stage 4: shards (kp-shard writes the set and its manifest atomically).
 $(SHARDS)/%/manifest.json: $(WORK)/%.tokens.done | venv $(SHARDS)
