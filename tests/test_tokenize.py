@@ -418,3 +418,20 @@ def test_ctrl_c_with_workers_exits_130_and_a_rerun_completes_exactly(tmp_path):
         assert proc.returncode == 0
     assert subprocess.run(args).returncode == 0
     assert [x["id"] for x in read_jsonl(out)] == [f"b-{i}" for i in range(4000)]
+
+
+def test_partitions_split_the_records_disjointly_and_completely(tmp_path):
+    from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
+
+    rows = [response_record(f"r{i}", f"question {i}", f"answer {i}", reasoning=f"think {i}")
+            for i in range(40)]
+    src = write_jsonl(tmp_path / "responses.jsonl", rows)
+    parts = []
+    for k in (1, 2):
+        out = tmp_path / f"t{k}.jsonl"
+        r = kp("tokenize", src, "--tokenizer", TOKENIZER_KINDS["fast"], "-o", out,
+               "--partition", f"{k}/2", "--quiet")
+        assert r.code == 0, r.stderr
+        parts.append({x["id"] for x in read_jsonl(out)})
+    assert parts[0] and parts[1] and not parts[0] & parts[1]
+    assert parts[0] | parts[1] == {f"r{i}" for i in range(40)}

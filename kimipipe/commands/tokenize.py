@@ -39,12 +39,14 @@ from ..cli import (
     common_options,
     input_argument,
     output_option,
+    partition_option,
     progress,
     run_command,
     say,
 )
 from ..errors import ExitCode, KPError
 from ..io import RecordWriter, iter_records, require_distinct, scan_done
+from ..partition import in_partition
 from ..records import Response, encode_line
 from ..tokenize.engine import (
     Engine,
@@ -62,7 +64,7 @@ BATCH_RECORDS = 64
 BATCH_BYTES = 1 << 20
 
 
-def _batches(path: str, done: set[str], summary: Summary):
+def _batches(path: str, done: set[str], summary: Summary, partition=None):
     """(line number, raw line) batches of the records still to do, validated as responses."""
     batch: list[tuple[int, bytes]] = []
     size = 0
@@ -70,6 +72,8 @@ def _batches(path: str, done: set[str], summary: Summary):
         for lineno, rec, line in iter_records(path, msgspec.json.Decoder(Response)):
             if rec.id in done:
                 summary.skipped_done += 1
+                continue
+            if not in_partition(rec.id, partition):
                 continue
             batch.append((lineno, line))
             size += len(line)
@@ -167,9 +171,11 @@ def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
 @click.option("--strict", is_flag=True, help="Stop at the first record that fails verification (exit 2).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes (default: all cores).")
+@partition_option
 @common_options
 def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset, thinking,
-        drop_truncated, max_length, drop_long, drop_text, rejects, strict, workers, quiet, debug):
+        drop_truncated, max_length, drop_long, drop_text, rejects, strict, workers, partition, quiet,
+        debug):
     """Rebuild the token IDs the target model saw and produced, from response records."""
     if drop_long and max_length is None:
         raise click.UsageError("--drop-long needs --max-length")
@@ -199,7 +205,7 @@ def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset,
     reject_writer = RecordWriter(rejects) if rejects else None
     bar = progress(desc="kp-tokenize", unit="rec", quiet=quiet)
     try:
-        batches = _batches(input, done, summary)
+        batches = _batches(input, done, summary, partition)
         if workers > 1:
             results = _outcomes_in_pool(engine, workers, batches)
         else:
