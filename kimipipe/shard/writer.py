@@ -38,7 +38,7 @@ LOCK = ".kp-shard.lock"
 SHARD_SUFFIX = ".jsonl.zst"
 _TEMP = re.compile(r"^\..+\.jsonl\.zst\.tmp-\d+$|^\.manifest\.json\.tmp-\d+$"
                    r"|^\.kp-shard-spill-\d+$")  # our temporary names, and only those
-_JOB_SIZE = 0  # zstd picks it from the level
+_JOB_SIZE = 0  # zstd picks it from the level (measured: smaller jobs were not faster)
 
 
 def temp_name(final: str) -> str:
