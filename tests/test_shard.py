@@ -80,7 +80,7 @@ def test_eagle_rows_are_prompt_plus_output_with_mask_and_manifest_matches(tmp_pa
                      "sha256": hashlib.sha256(data).hexdigest()}
     assert m["totals"]["records"] == 2 and m["totals"]["bytes"] == len(data)
     assert m["records_read"] == 2 and set(m["dropped"].values()) == {0}
-    assert "wrote train 2 rows, 10 tokens in 1 shards" in r.stderr
+    assert "wrote train 2 rows, 10 tokens in 1 shard" in r.stderr
 
 
 def test_interop_zstd_cli_and_plain_json_loads(tmp_path):

@@ -184,8 +184,9 @@ def _summary(result, out_dir: str, quiet: bool) -> None:
     parts = []
     for split, totals in m["splits"].items():
         tokens = totals["input_tokens"] + totals["output_tokens"]
+        shards = totals["shards"]
         parts.append(f"{split} {totals['records']:,} rows, {tokens:,} tokens "
-                     f"in {totals['shards']} shards")
+                     f"in {shards} shard{'s' if shards != 1 else ''}")
     dropped = {k: v for k, v in m["dropped"].items() if v}
     text = f"kp-shard: read {result.read:,} records; wrote " + (
         "; ".join(parts) if parts else "no rows") + f" to {out_dir} ({m['totals']['bytes']:,} bytes)"
