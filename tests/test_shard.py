@@ -80,7 +80,7 @@ def test_eagle_rows_are_prompt_plus_output_with_mask_and_manifest_matches(tmp_pa
                      "sha256": hashlib.sha256(data).hexdigest()}
     assert m["totals"]["records"] == 2 and m["totals"]["bytes"] == len(data)
     assert m["records_read"] == 2 and set(m["dropped"].values()) == {0}
-    assert "wrote train 2 rows, 10 tokens in 1 shards" in r.stderr
+    assert "wrote train 2 rows, 10 tokens in 1 shard" in r.stderr
 
 
 def test_interop_zstd_cli_and_plain_json_loads(tmp_path):
@@ -623,12 +623,12 @@ def test_out_that_is_a_file_is_a_usage_error(tmp_path):
     assert r.code == 2 and "cannot use as the output directory" in r.stderr
 
 
-def test_id_list_check_matches_json_on_random_bodies():
+def test_id_list_checks_match_json_on_random_bodies():
     import random
 
     import numpy as np
 
-    from kimipipe.shard.rows import _check_bodies
+    from kimipipe.shard.rows import _check_bodies, _check_small
     rng = random.Random(0)
     for _ in range(5000):
         body = "".join(rng.choice("0123456789,,00") for _ in range(rng.randint(1, 9)))
@@ -638,5 +638,6 @@ def test_id_list_check_matches_json_on_random_bodies():
         except ValueError:
             want = None
         assert _check_bodies(np.frombuffer(body.encode(), np.uint8)) == want, body
+        assert _check_small(body.encode()) == want, body
         if want is not None:
             assert len(values) == want + 1

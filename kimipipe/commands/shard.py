@@ -44,11 +44,14 @@ import re
 import shlex
 import sys
 
-import click
+# kp-shard uses numpy for byte counting only: no BLAS threads to start (and spin) at import.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from ..cli import EXIT_CODES_HELP, common_options, input_argument, progress, run_command, say
-from ..errors import ExitCode, InputError, KPError
-from ..shard import ShardOptions, build_shards, read_lengths, render_histogram, verify
+import click  # noqa: E402
+
+from ..cli import EXIT_CODES_HELP, common_options, input_argument, progress, run_command, say  # noqa: E402
+from ..errors import ExitCode, InputError, KPError  # noqa: E402
+from ..shard import ShardOptions, build_shards, read_lengths, render_histogram, verify  # noqa: E402
 
 _SUFFIX = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*$")
 
@@ -181,8 +184,9 @@ def _summary(result, out_dir: str, quiet: bool) -> None:
     parts = []
     for split, totals in m["splits"].items():
         tokens = totals["input_tokens"] + totals["output_tokens"]
+        shards = totals["shards"]
         parts.append(f"{split} {totals['records']:,} rows, {tokens:,} tokens "
-                     f"in {totals['shards']} shards")
+                     f"in {shards} shard{'s' if shards != 1 else ''}")
     dropped = {k: v for k, v in m["dropped"].items() if v}
     text = f"kp-shard: read {result.read:,} records; wrote " + (
         "; ".join(parts) if parts else "no rows") + f" to {out_dir} ({m['totals']['bytes']:,} bytes)"

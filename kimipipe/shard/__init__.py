@@ -11,8 +11,8 @@
 
 Duplicate IDs: an ID is one training row. Without `--shuffle` the first row with an ID
 wins and later ones are dropped and counted (`dropped.duplicate_id`); duplicates are found
-through a set of 64-bit ID fingerprints (about 70 bytes of memory per row kept; a false
-match needs ~4 billion rows to become likely). With `--shuffle` they are found exactly, by
+through a set of 64-bit ID hashes (Python's string hash: about 70 bytes of memory per row
+kept; a false match, which would drop a row, needs billions of rows to become likely). With `--shuffle` they are found exactly, by
 ID, inside the hash buckets, in bounded memory; the first row in input order still wins.
 `--on-duplicate error` stops instead, `PATH:LINE: duplicate id`, exit 2, and the old set
 stays in place.

@@ -52,6 +52,8 @@ _IN_LEN = len(_INPUT_KEY)
 _OUT_LEN = len(_OUTPUT_KEY)
 _NINE = ord("9")
 _COMMA_ARRAY = np.array([_COMMA], np.uint8)
+_DIGITS = b"0123456789"
+_SMALL = 4096  # bytes of ID text below which bytes methods beat numpy
 _MARKER = b'"\\u0000kp-shard"'  # what no token record holds as its input_ids
 _MARKER_RAW = Raw(_MARKER)
 
@@ -92,6 +94,20 @@ def _check_bodies(a: np.ndarray) -> int | None:
     return commas
 
 
+def _check_small(text: bytes) -> int | None:
+    """`_check_bodies` for a short bytes body, without numpy."""
+    punctuation = text.translate(None, _DIGITS)
+    if (punctuation.strip(b",") or text[:1] == b"," or text[-1:] == b","
+            or b",," in text or (text[:1] == b"0" and text[1:2] not in (b"", b","))):
+        return None
+    k = text.find(b",0")
+    while k >= 0:
+        if text[k + 2:k + 3] not in (b"", b","):
+            return None
+        k = text.find(b",0", k + 2)
+    return len(punctuation)
+
+
 class TokenRecordDecoder:
     """Decodes a token-record line into TokenLists; plugs into `io.iter_records`.
 
@@ -127,13 +143,20 @@ class TokenRecordDecoder:
         o1 = line.find(b"]", o0)
         if o1 < 0 or i1 == i0 or o1 == o0:
             return None  # (an empty list: rare, left to the slow path)
-        # Both lists, joined by a comma, checked and counted in one go.
-        a = np.frombuffer(line, np.uint8)
-        both = np.concatenate((a[i0:i1], _COMMA_ARRAY, a[o0:o1]))
-        commas = _check_bodies(both)
-        if commas is None:
-            return None  # let the slow path name the error exactly
-        n_in = int(np.count_nonzero(both[:i1 - i0] == _COMMA)) + 1
+        # Both lists, joined by a comma, checked and counted in one go: with numpy, or
+        # for short lists (where numpy's per-call cost would dominate) with bytes methods.
+        if i1 - i0 + o1 - o0 < _SMALL:
+            commas = _check_small(b"".join((line[i0:i1], b",", line[o0:o1])))
+            if commas is None:
+                return None  # let the slow path name the error exactly
+            n_in = line.count(b",", i0, i1) + 1
+        else:
+            a = np.frombuffer(line, np.uint8)
+            both = np.concatenate((a[i0:i1], _COMMA_ARRAY, a[o0:o1]))
+            commas = _check_bodies(both)
+            if commas is None:
+                return None
+            n_in = int(np.count_nonzero(both[:i1 - i0] == _COMMA)) + 1
         n_out = commas - n_in + 1
         # The rest of the line, each list replaced by a marker string, goes through
         # msgspec, which checks every byte and field of it. If the record's own fields
@@ -210,9 +233,9 @@ def eval_point(record_id: str) -> float:
 
 
 def id_fingerprint(record_id: str) -> int:
-    """A 64-bit fingerprint of an ID, for duplicate detection in bounded memory."""
-    digest = hashlib.blake2b(record_id.encode(), digest_size=8, person=b"kp-shard-dup").digest()
-    return int.from_bytes(digest, "big")
+    """A 64-bit fingerprint of an ID, for duplicate detection within one process (Python's
+    own string hash: cached on the string, and all that a set of fingerprints needs)."""
+    return hash(record_id)
 
 
 @dataclass

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import zstandard
@@ -38,7 +39,7 @@ LOCK = ".kp-shard.lock"
 SHARD_SUFFIX = ".jsonl.zst"
 _TEMP = re.compile(r"^\..+\.jsonl\.zst\.tmp-\d+$|^\.manifest\.json\.tmp-\d+$"
                    r"|^\.kp-shard-spill-\d+$")  # our temporary names, and only those
-_JOB_SIZE = 0  # zstd picks it from the level
+_JOB_SIZE = 0  # zstd picks it from the level (measured: smaller jobs were not faster)
 
 
 def temp_name(final: str) -> str:
@@ -132,28 +133,44 @@ class ShardFile:
 
 
 class ShardSequence:
-    """The shards of one split: a new shard starts when the open one is full."""
+    """The shards of one split: a new shard starts when the open one is full.
+
+    A full shard is finished (its last zstd jobs compressed, fsynced) by a background
+    thread while the next one fills, so shard boundaries do not stall the run. Two
+    compressors take turns: a ZstdCompressor serves one stream at a time, and the one a
+    new shard takes has finished the shard before last.
+    """
 
     def __init__(self, owner: ShardSet, split: str):
         self.owner = owner
         self.split = split
-        # One compressor per split: a ZstdCompressor serves one stream at a time.
         params = zstandard.ZstdCompressionParameters.from_level(
             owner.level, threads=-1, job_size=_JOB_SIZE, write_checksum=True)
-        self.cctx = zstandard.ZstdCompressor(compression_params=params)
+        self.cctxs = [zstandard.ZstdCompressor(compression_params=params) for _ in range(2)]
+        self.closing: list[Future | None] = [None, None]
         self.open: ShardFile | None = None
         self.index = 0
 
     def add(self, row: Row) -> None:
         shard = self.open
         if shard is not None and self._full_with(shard, row):
-            self.owner.finished.append(shard.close())
+            self._finish(shard)
             shard = self.open = None
         if shard is None:
+            turn = self.index % 2
+            if self.closing[turn] is not None:
+                self.closing[turn].result()  # its compressor is free again
             name = shard_name(self.owner.prefix, self.split, self.index)
             self.index += 1
-            shard = self.open = ShardFile(self.owner.directory, name, self.split, self.cctx)
+            self.owner.started.append(name)
+            shard = self.open = ShardFile(self.owner.directory, name, self.split,
+                                          self.cctxs[turn])
         shard.add(row)
+
+    def _finish(self, shard: ShardFile) -> None:
+        future = self.owner.closer.submit(shard.close)
+        self.closing[(self.index - 1) % 2] = future
+        self.owner.closing.append(future)
 
     def _full_with(self, shard: ShardFile, row: Row) -> bool:
         limit_records = self.owner.records_per_shard
@@ -165,7 +182,7 @@ class ShardSequence:
 
     def close(self) -> None:
         if self.open is not None:
-            self.owner.finished.append(self.open.close())
+            self._finish(self.open)
             self.open = None
 
 
@@ -180,6 +197,9 @@ class ShardSet:
         self.records_per_shard = records_per_shard
         self.tokens_per_shard = tokens_per_shard
         self.finished: list[ShardInfo] = []
+        self.started: list[str] = []
+        self.closing: list[Future] = []
+        self.closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kp-shard-close")
         self._splits: dict[str, ShardSequence] = {}
 
     def add(self, split: str, row: Row) -> None:
@@ -191,17 +211,26 @@ class ShardSet:
     def close(self) -> list[ShardInfo]:
         for seq in self._splits.values():
             seq.close()
+        self.finished = [future.result() for future in self.closing]
+        self.closer.shutdown()
         order = {"train": 0, "eval": 1}
         self.finished.sort(key=lambda s: (order.get(s.split, 2), s.file))
         return self.finished
 
     def discard(self) -> None:
+        """Remove every temporary file of this set (after any shard being finished)."""
         for seq in self._splits.values():
             if seq.open is not None:
                 seq.open.abandon()
                 seq.open = None
-        for info in self.finished:
-            tmp = os.path.join(self.directory, temp_name(info.file))
+        for future in self.closing:
+            try:
+                future.result()
+            except Exception:
+                pass  # the error that matters is already on its way up
+        self.closer.shutdown()
+        for name in self.started:
+            tmp = os.path.join(self.directory, temp_name(name))
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
