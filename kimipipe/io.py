@@ -85,9 +85,14 @@ def open_input(path: str) -> io.BufferedReader:
     head = raw.read(4)
     stream = _Prefixed(head, raw)
     if head == ZSTD_MAGIC:
-        reader = zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
-        return io.BufferedReader(_ZstdRaw(reader), buffer_size=1 << 20)
+        return zstd_reader(stream)
     return io.BufferedReader(stream, buffer_size=1 << 20)
+
+
+def zstd_reader(compressed: BinaryIO) -> io.BufferedReader:
+    """A buffered, line-iterable reader of zstd data (all frames) from a binary stream."""
+    reader = zstandard.ZstdDecompressor().stream_reader(compressed, read_across_frames=True)
+    return io.BufferedReader(_ZstdRaw(reader), buffer_size=1 << 20)
 
 
 def iter_lines(path: str) -> Iterator[tuple[int, bytes, bool]]:

@@ -15,7 +15,6 @@ verify checks the set against its manifest and every row against the format:
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 from array import array
@@ -28,6 +27,7 @@ import zstandard
 from msgspec import Raw, Struct
 
 from ..errors import InputError
+from ..io import zstd_reader
 from .rows import id_fingerprint
 from .writer import MANIFEST, SHARD_SUFFIX
 
@@ -73,23 +73,9 @@ def load_manifest(directory: str) -> dict:
 
 def iter_shard_lines(path: str) -> Iterator[tuple[int, bytes]]:
     """(line number, line) of a shard; zstd errors propagate as zstandard.ZstdError."""
-    with open(path, "rb") as raw:
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-        with io.BufferedReader(_Readable(reader), buffer_size=1 << 20) as f:
-            yield from enumerate(f, 1)
+    with open(path, "rb") as raw, zstd_reader(raw) as f:
+        yield from enumerate(f, 1)
 
-
-class _Readable(io.RawIOBase):
-    def __init__(self, reader):
-        self._reader = reader
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        data = self._reader.read(len(b))
-        b[: len(data)] = data
-        return len(data)
 
 
 @dataclass

@@ -21,7 +21,6 @@ next to each other, which is where they are found (exactly, by ID) in this mode.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import shutil
 import struct
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 
 import zstandard
 
+from ..io import zstd_reader
 from .rows import Row
 
 FANOUT_BITS = 6
@@ -98,27 +98,13 @@ class _Buckets:
 
 
 def _read_bucket(path: str) -> Iterator[Spilled]:
-    with open(path, "rb") as raw:
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-        f = io.BufferedReader(_Readable(reader), buffer_size=1 << 20)
+    with open(path, "rb") as raw, zstd_reader(raw) as f:
         while head := f.read(_HEADER.size):
             key, split, source, line, n_in, n_out, id_len, row_len = _HEADER.unpack(head)
             ident = f.read(id_len).decode()
             data = f.read(row_len)
             yield Spilled(key, SPLITS[split], source, line, Row(ident, n_in, n_out, data))
 
-
-class _Readable(io.RawIOBase):
-    def __init__(self, reader):
-        self._reader = reader
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        data = self._reader.read(len(b))
-        b[: len(data)] = data
-        return len(data)
 
 
 class ExternalShuffle:
