@@ -375,7 +375,7 @@ class StreamPool:
         self.connect_timeout = connect_timeout
         self._idle: list[_Connection] = []
         self._active: set[_Connection] = set()
-        self._addresses: list | None = None
+        self._addresses: asyncio.Task | None = None
         self._addresses_at = 0.0
         self._watchdog: asyncio.Task | None = None
 
@@ -425,10 +425,17 @@ class StreamPool:
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         if self._addresses is None or time.monotonic() - self._addresses_at > 300:
-            self._addresses = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            # one lookup shared by the thousand connects of a cold start
+            self._addresses = loop.create_task(
+                loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM))
             self._addresses_at = time.monotonic()
+        try:
+            addresses = await asyncio.shield(self._addresses)
+        except OSError:
+            self._addresses = None
+            raise
         error: BaseException | None = None
-        for family, type_, proto, _, address in self._addresses:
+        for family, type_, proto, _, address in addresses:
             sock = keepalive_socket(family, type_, proto)
             sock.setblocking(False)
             try:
