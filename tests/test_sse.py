@@ -344,3 +344,72 @@ def test_refused_connection_is_a_connection_retry():
 
     attempt = asyncio.run(go())
     assert (attempt.kind, attempt.cause) == ("retry", "connection")
+
+
+# -- plain (non-streamed) bodies over the same connections ----------------------------------
+
+PLAIN_BODY = json.dumps({
+    "id": "gen-2", "provider": "Moonshot AI", "model": "moonshotai/kimi-k2.5",
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "数据 🚀", "reasoning": "思考"}}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 4, "cost": 0.5},
+}, ensure_ascii=False).encode()
+
+
+def check_plain(attempt) -> None:
+    assert attempt.kind == "ok", attempt
+    assert (attempt.content, attempt.reasoning, attempt.finish_reason) == ("数据 🚀", "思考", "stop")
+    assert (attempt.prompt_tokens, attempt.completion_tokens, attempt.cost) == (3, 4, 0.5)
+
+
+def run_plain(scripts, requests: int = 1, idle_timeout: float = 5.0):
+    async def go():
+        async with ScriptedServer(scripts) as server:
+            async with CompletionClient(server.base_url, KEY, idle_timeout=idle_timeout) as client:
+                results = []
+                for _ in range(requests):
+                    results.append(await client.attempt(b'{"stream": false}', False))
+            return results, server
+
+    return asyncio.run(go())
+
+
+def test_plain_bodies_length_chunked_gzip_and_until_close():
+    gz = gzip.compress(PLAIN_BODY)
+    with_length = head(200, Content_Length=len(PLAIN_BODY)) + PLAIN_BODY
+    scripts = [
+        (pieces_at(with_length, [b"\r\n\r\n", "数".encode(), "🚀".encode()]), "keep"),
+        (pieces_at(head(200, Transfer_Encoding="chunked") + chunked([PLAIN_BODY[:30], PLAIN_BODY[30:]]),
+                   ["思".encode(), b"\r\n0"]), "keep"),
+        ([head(200, Content_Encoding="gzip", Content_Length=len(gz)) + gz[:20], gz[20:]], "keep"),
+        ([head(200, Content_Type="application/json") + PLAIN_BODY[:40], PLAIN_BODY[40:]], "close"),
+    ]
+    results, server = run_plain(scripts, requests=4)
+    for attempt in results:
+        check_plain(attempt)
+    assert server.connections == 1  # the first three on one connection; the last ends it
+    assert b"Accept: application/json" in server.requests[0]
+
+
+def test_plain_faults():
+    half = head(200, Content_Length=len(PLAIN_BODY)) + PLAIN_BODY[:50]
+    empty_choices = json.dumps({"id": "g", "choices": []}).encode()
+    error_body = json.dumps({"id": "g", "error": {"code": 502, "message": "upstream"}}).encode()
+    scripts = [
+        ([half], "close"),                                                        # cut
+        ([head(200, Content_Length=len(empty_choices)) + empty_choices], "keep"),  # empty
+        ([head(200, Content_Length=len(error_body)) + error_body], "keep"),        # error200
+        ([head(200, Content_Length=4) + b"{not"], "keep"),                         # bad_json
+    ]
+    results, _ = run_plain(scripts, requests=4)
+    assert [(a.kind, a.cause) for a in results] == [
+        ("retry", "cut"), ("retry", "empty"), ("retry", "error200"), ("retry", "bad_json")]
+
+
+def test_plain_silence_is_a_timeout_but_slow_bytes_are_not():
+    trickle = head(200, Content_Length=len(PLAIN_BODY)) + PLAIN_BODY
+    slow = [trickle[i:i + 40] for i in range(0, len(trickle), 40)]  # 5 ms apart, under the limit
+    (ok, stalled), _ = run_plain([(slow, "keep"), ([head(200, Content_Length=10)], "hang")],
+                                 requests=2, idle_timeout=0.3)
+    check_plain(ok)
+    assert (stalled.kind, stalled.cause) == ("retry", "timeout")

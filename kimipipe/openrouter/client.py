@@ -19,22 +19,21 @@ stream that only sends heartbeats stalls out. A total timeout is never used: rea
 streams of many minutes are normal. TCP keepalive is on for every connection, so a
 connection a NAT dropped silently becomes an error instead of a hang.
 
-Plain requests go through aiohttp, not httpx's own pool: at 2000 connections httpx's pool
-costs ~49 ms of CPU per request against aiohttp's ~0.75 ms (../shared/PERFORMANCE.md).
-Streamed requests go through `sse.StreamPool`, an asyncio Protocol that decodes chunked
-transfer and SSE inside `data_received` and assembles the answer (`StreamAnswer`) without
-waking a coroutine per TCP segment: that is where aiohttp spent most of a stream's CPU
-(sse.py, bench/README.md). The client holds no run state, so it can live in a worker
-process (kimipipe/infer/workers.py).
+Requests go through `sse.StreamPool`: keep-alive HTTP/1.1 connections read by an asyncio
+Protocol that decodes chunked transfer and SSE inside `data_received` and assembles a
+streamed answer (`StreamAnswer`) without waking a coroutine per TCP segment. Measured
+at 1000-2000 in flight (../shared/PERFORMANCE.md, bench/README.md): httpx's own pool ~49
+ms of CPU per request, aiohttp ~0.5-0.75 ms and ~22-26 µs per streamed event (most of it
+in waking the reading task per segment), StreamPool less on both. The client holds no
+run state, so it can live in a worker process (kimipipe/infer/workers.py).
 """
 
 from __future__ import annotations
 
-import aiohttp
 import msgspec
 
 from ..errors import redact
-from .sse import Broken, HTTPStatus, Stalled, StreamPool, keepalive_socket
+from .sse import Broken, HTTPStatus, Stalled, StreamPool
 
 RETRYABLE_STATUSES = {408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525, 526, 529}
 
@@ -109,11 +108,6 @@ class _Body(msgspec.Struct, gc=False):
 
 
 _body_decoder = msgspec.json.Decoder(_Body)
-
-
-def _keepalive_socket(addr_info):
-    family, type_, proto, _, _ = addr_info
-    return keepalive_socket(family, type_, proto)
 
 
 def _retry_after_seconds(value: str | None) -> float | None:
@@ -192,63 +186,36 @@ def _finish(body_id, provider, model, content, reasoning, finish_reason, usage: 
 
 
 class CompletionClient:
-    """Sends chat completion attempts: plain ones over one aiohttp session, streamed ones
-    over a `StreamPool` (both hold many keep-alive HTTP/1.1 connections)."""
+    """Sends chat completion attempts over one StreamPool (many keep-alive connections)."""
 
     def __init__(self, base_url: str, api_key: str, *, idle_timeout: float = 120.0,
-                 connect_timeout: float = 30.0, max_connections: int = 0,
-                 extra_headers: dict[str, str] | None = None):
+                 connect_timeout: float = 30.0, extra_headers: dict[str, str] | None = None):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.idle_timeout = idle_timeout
-        self._headers = {
+        self._connect_timeout = connect_timeout
+        headers = {
             "Authorization": f"Bearer {api_key}",
             "Content-Type": "application/json",
             "HTTP-Referer": "https://github.com/kimipipe/kimipipe",
             "X-Title": "kimipipe",
             **(extra_headers or {}),
         }
-        self._connect_timeout = connect_timeout
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
-        self._pool = StreamPool(self.url, self._headers, idle_timeout=idle_timeout,
+        self._pool = StreamPool(self.url, headers, idle_timeout=idle_timeout,
                                 connect_timeout=connect_timeout)
+        self._entered = False
 
     async def __aenter__(self) -> CompletionClient:
-        connector = aiohttp.TCPConnector(
-            limit=self._max_connections, limit_per_host=0, ttl_dns_cache=300,
-            socket_factory=_keepalive_socket, keepalive_timeout=60,
-        )
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout,
-                                        sock_read=self.idle_timeout)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                              headers=self._headers, auto_decompress=True)
         await self._pool.__aenter__()
+        self._entered = True
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self._pool.__aexit__(*exc)
-        if self._session:
-            await self._session.close()
 
     async def attempt(self, body: bytes, stream: bool) -> Attempt:
-        assert self._session is not None, "use `async with CompletionClient(...)`"
-        if stream:
-            return await self._stream(body)
+        assert self._entered, "use `async with CompletionClient(...)`"
         try:
-            async with self._session.post(self.url, data=body) as resp:
-                if resp.status != 200:
-                    return await self._http_error(resp)
-                return await self._read_plain(resp)
-        except TimeoutError:
-            return Attempt("retry", cause="timeout", message=f"no bytes for {self.idle_timeout:g} s")
-        except aiohttp.ClientPayloadError as e:
-            return Attempt("retry", cause="cut", message=redact(str(e))[:300])
-        except (aiohttp.ClientError, OSError) as e:
-            return Attempt("retry", cause="connection", message=redact(f"{type(e).__name__}: {e}")[:300])
-
-    async def _stream(self, body: bytes) -> Attempt:
-        try:
-            outcome = await self._pool.post(body, StreamAnswer())
+            outcome = await self._pool.post(body, StreamAnswer() if stream else None)
         except TimeoutError:
             return Attempt("retry", cause="timeout", message=f"no connection within {self._connect_timeout:g} s")
         except OSError as e:
@@ -256,6 +223,8 @@ class CompletionClient:
         if isinstance(outcome, Attempt):
             return outcome
         if isinstance(outcome, HTTPStatus):
+            if outcome.status == 200:
+                return self._read_plain(outcome.body)
             try:
                 payload = msgspec.json.decode(outcome.body) if outcome.body.strip() else None
             except msgspec.DecodeError:
@@ -264,22 +233,14 @@ class CompletionClient:
                                   _retry_after_seconds(outcome.headers.get("retry-after")),
                                   f"HTTP {outcome.status}")
         if isinstance(outcome, Stalled):
-            return Attempt("retry", cause="timeout", message=f"no data for {outcome.seconds:g} s")
+            what = "data" if stream else "bytes"
+            return Attempt("retry", cause="timeout", message=f"no {what} for {outcome.seconds:g} s")
         assert isinstance(outcome, Broken), outcome
         return Attempt("retry", cause="cut" if outcome.cut else "connection",
                        message=redact(outcome.message)[:300])
 
-    async def _http_error(self, resp: aiohttp.ClientResponse) -> Attempt:
-        retry_after = _retry_after_seconds(resp.headers.get("Retry-After"))
-        try:
-            raw = await resp.read()
-            payload = msgspec.json.decode(raw) if raw else None
-        except (msgspec.DecodeError, aiohttp.ClientError, OSError):
-            payload = None
-        return _error_attempt(resp.status, payload, retry_after, f"HTTP {resp.status}")
-
-    async def _read_plain(self, resp: aiohttp.ClientResponse) -> Attempt:
-        raw = await resp.read()
+    @staticmethod
+    def _read_plain(raw: bytes) -> Attempt:
         if not raw.strip():
             return Attempt("retry", cause="empty", status=200, message="empty body")
         try:
