@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import shutil
+import ssl
+import subprocess
 
 import pytest
 
-from kimipipe.openrouter.client import CompletionClient
+from kimipipe.openrouter.client import CompletionClient, StreamAnswer
 from kimipipe.openrouter.sse import Broken, HTTPStatus, StreamPool, _Connection
 
 KEY = "sk-or-test"
@@ -96,8 +99,6 @@ class _FakeTransport:
 
 def feed(pieces: list[bytes]):
     """Feed one response to a parser in PIECES; return (outcome, connection, pool)."""
-    from kimipipe.openrouter.client import StreamAnswer
-
     async def run():
         pool = StreamPool("http://127.0.0.1:9/api/v1/chat/completions", {})
         conn = _Connection(pool)
@@ -211,15 +212,17 @@ class ScriptedServer:
     a list of byte pieces (written one by one, with a pause so they arrive as separate
     segments) and then "keep" (wait for the next request), "close" or "hang"."""
 
-    def __init__(self, scripts: list[tuple[list[bytes], str]]):
+    def __init__(self, scripts: list[tuple[list[bytes], str]], ssl_context=None):
         self.scripts = list(scripts)
+        self.ssl_context = ssl_context
         self.connections = 0
         self.requests: list[bytes] = []
 
     async def __aenter__(self):
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.ssl_context)
         self.port = self.server.sockets[0].getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{self.port}/api/v1"
+        scheme = "https" if self.ssl_context else "http"
+        self.base_url = f"{scheme}://127.0.0.1:{self.port}/api/v1"
         return self
 
     async def __aexit__(self, *exc):
@@ -413,3 +416,51 @@ def test_plain_silence_is_a_timeout_but_slow_bytes_are_not():
                                  requests=2, idle_timeout=0.3)
     check_plain(ok)
     assert (stalled.kind, stalled.cause) == ("retry", "timeout")
+
+
+# -- TLS (what OpenRouter speaks) -------------------------------------------------------------
+
+@pytest.fixture
+def certificate(tmp_path):
+    if not shutil.which("openssl"):
+        pytest.skip("openssl not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(cafile=str(cert))
+    return server, client
+
+
+def test_tls_stream_and_plain_on_one_connection(certificate):
+    server_ctx, client_ctx = certificate
+
+    async def go():
+        scripts = [(AWKWARD, "keep"), ([head(200, Content_Length=len(PLAIN_BODY)) + PLAIN_BODY], "keep")]
+        async with ScriptedServer(scripts, ssl_context=server_ctx) as server:
+            pool = StreamPool(server.base_url + "/chat/completions", {}, ssl_context=client_ctx)
+            async with pool:
+                streamed = await pool.post(b"{}", StreamAnswer())
+                await asyncio.sleep(0.1)
+                plain = await pool.post(b"{}")
+            return streamed, plain, server.connections
+
+    streamed, plain, connections = asyncio.run(go())
+    check_answer(streamed)
+    assert isinstance(plain, HTTPStatus) and plain.status == 200 and plain.body == PLAIN_BODY
+    assert connections == 1
+
+
+def test_tls_untrusted_certificate_is_refused(certificate):
+    server_ctx, _ = certificate
+
+    async def go():
+        async with ScriptedServer([([RESPONSE], "keep")], ssl_context=server_ctx) as server:
+            async with CompletionClient(server.base_url, KEY) as client:  # system trust store
+                return await client.attempt(b"{}", True)
+
+    attempt = asyncio.run(go())
+    assert (attempt.kind, attempt.cause) == ("retry", "connection")
+    assert "certificate" in attempt.message.lower()

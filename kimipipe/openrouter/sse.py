@@ -370,13 +370,15 @@ class StreamPool:
     """Keep-alive HTTP/1.1 connections to one URL for streamed POSTs (module docstring)."""
 
     def __init__(self, url: str, headers: dict[str, str], *, idle_timeout: float = 120.0,
-                 connect_timeout: float = 30.0):
+                 connect_timeout: float = 30.0, ssl_context: ssl.SSLContext | None = None):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"unsupported URL scheme: {url}")
         self.host = parts.hostname or "localhost"
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if parts.scheme == "https" else None
+        self.ssl: ssl.SSLContext | None = None
+        if parts.scheme == "https":
+            self.ssl = ssl_context or ssl.create_default_context()
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         default_port = self.port == (443 if self.ssl else 80)
         host_header = self.host if default_port else f"{self.host}:{self.port}"
