@@ -38,6 +38,7 @@ so a connection a NAT dropped becomes an error instead of a hang. TLS for https 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import ssl
 import time
@@ -362,6 +363,26 @@ class _ProtocolError(Exception):
     pass
 
 
+async def _sock_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, address) -> None:
+    """loop.sock_connect for an address getaddrinfo already gave: uvloop's own resolves it
+    again in its thread pool on every call (~100 µs each, 2000 times on a cold start)."""
+    try:
+        sock.connect(address)
+        return
+    except BlockingIOError:
+        pass
+    fd = sock.fileno()
+    writable = loop.create_future()
+    loop.add_writer(fd, lambda: writable.done() or writable.set_result(None))
+    try:
+        await writable
+    finally:
+        loop.remove_writer(fd)
+    error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if error:
+        raise OSError(error, f"connect to {address[0]}:{address[1]} failed: {os.strerror(error)}")
+
+
 def _describe(exc: BaseException | None, default: str) -> str:
     return f"{type(exc).__name__}: {exc}" if exc is not None else default
 
@@ -460,7 +481,7 @@ class StreamPool:
             sock.setblocking(False)
             try:
                 async with asyncio.timeout(self.connect_timeout):
-                    await loop.sock_connect(sock, address)
+                    await _sock_connect(loop, sock, address)
                     _, conn = await loop.create_connection(
                         lambda: _Connection(self), sock=sock, ssl=self.ssl,
                         server_hostname=self.host if self.ssl else None)
