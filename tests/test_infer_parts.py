@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from kimipipe.infer.budget import Budget, parse_token_count
 from kimipipe.infer.limiter import AdaptiveLimiter
-from kimipipe.openrouter.client import _Message, _reasoning_text, split_inline_think
+from kimipipe.openrouter.client import (
+    _Message,
+    _reasoning_text,
+    _ReasoningDetail,
+    split_inline_think,
+)
 from kimipipe.openrouter.routing import (
     Endpoint,
     Policy,
@@ -80,10 +86,13 @@ def test_worst_case_reservation_keeps_spend_under_cap():
 
 
 def test_reasoning_extraction_order():
-    assert _reasoning_text("direct", [{"type": "reasoning.text", "text": "x"}]) == "direct"
-    assert _reasoning_text(None, [{"type": "reasoning.text", "text": "a"},
-                                  {"type": "reasoning.summary", "summary": "s"},
-                                  {"type": "reasoning.text", "text": "b"}]) == "ab"
+    def details(rows):  # as the client decodes them from the wire
+        return msgspec.json.decode(msgspec.json.encode(rows), type=list[_ReasoningDetail])
+
+    assert _reasoning_text("direct", details([{"type": "reasoning.text", "text": "x"}])) == "direct"
+    assert _reasoning_text(None, details([{"type": "reasoning.text", "text": "a"},
+                                          {"type": "reasoning.summary", "summary": "s"},
+                                          {"type": "reasoning.text", "text": "b"}])) == "ab"
     assert _reasoning_text("", None) is None
     assert split_inline_think("<think>plan</think>answer", None) == ("answer", "plan")
     assert split_inline_think("<think>plan</think>answer", "real") == ("<think>plan</think>answer", "real")

@@ -55,6 +55,7 @@ from ..infer.engine import (
     make_tmpdir,
     prepare,
 )
+from ..infer.worker import freeze_startup_objects
 from ..infer.workers import WorkerPool
 from ..openrouter import DEFAULT_BASE_URL
 from ..openrouter.client import CompletionClient
@@ -287,6 +288,8 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         bar = progress(total=todo, desc="kp-infer", unit="req", quiet=quiet)
         n_workers = (os.cpu_count() or 1) if workers is None else workers
         n_workers = min(n_workers, max(1, todo)) if n_workers else 0
+
+        freeze_startup_objects()
 
         async def go():
             if n_workers:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import signal
 import struct
@@ -59,8 +60,21 @@ async def serve(base_url: str, api_key: str, idle_timeout: float) -> None:
             await asyncio.wait(tasks)
 
 
+def freeze_startup_objects() -> None:
+    """Move everything alive now (imported modules, mostly) out of the garbage collector's sight.
+
+    With thousands of requests in flight, full collections are triggered again and again,
+    and each one walked every object the imports made: ~10-15% of a streaming worker's CPU
+    (py-spy, 1000 streams). Those objects live for the whole run; freezing them leaves the
+    collector only the objects the run itself creates.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    freeze_startup_objects()
     parser = argparse.ArgumentParser(prog="kimipipe.infer.worker")
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--idle-timeout", type=float, required=True)

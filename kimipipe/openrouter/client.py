@@ -19,21 +19,21 @@ stream that only sends heartbeats stalls out. A total timeout is never used: rea
 streams of many minutes are normal. TCP keepalive is on for every connection, so a
 connection a NAT dropped silently becomes an error instead of a hang.
 
-The client is built on aiohttp, not httpx's own pool: at 2000 connections httpx's pool
-costs ~49 ms of CPU per request against aiohttp's ~0.75 ms (../shared/PERFORMANCE.md).
-It holds no run state, so it can live in a worker process (kimipipe/infer/workers.py).
+Requests go through `sse.StreamPool`: keep-alive HTTP/1.1 connections read by an asyncio
+Protocol that decodes chunked transfer and SSE inside `data_received` and assembles a
+streamed answer (`StreamAnswer`) without waking a coroutine per TCP segment. Measured
+at 1000-2000 in flight (../shared/PERFORMANCE.md, bench/README.md): httpx's own pool ~49
+ms of CPU per request, aiohttp ~0.5-0.75 ms and ~22-26 µs per streamed event (most of it
+in waking the reading task per segment), StreamPool less on both. The client holds no
+run state, so it can live in a worker process (kimipipe/infer/workers.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import time
-
-import aiohttp
 import msgspec
 
 from ..errors import redact
+from .sse import Broken, HTTPStatus, Stalled, StreamPool
 
 RETRYABLE_STATUSES = {408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525, 526, 529}
 
@@ -61,37 +61,44 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
 
 
 # Typed views of what we read from the wire; msgspec skips every other field fast.
-class _Delta(msgspec.Struct):
+# gc=False: decoded JSON cannot form reference cycles, and thousands of these are made
+# per second while streaming; the garbage collector need not track them.
+class _ReasoningDetail(msgspec.Struct, gc=False):
+    type: str | None = None
+    text: str | None = None
+
+
+class _Delta(msgspec.Struct, gc=False):
     content: str | None = None
     reasoning: str | None = None
-    reasoning_details: list[dict] | None = None
+    reasoning_details: list[_ReasoningDetail] | None = None
 
 
-class _Message(msgspec.Struct):
+class _Message(msgspec.Struct, gc=False):
     content: str | None = None
     reasoning: str | None = None
-    reasoning_details: list[dict] | None = None
+    reasoning_details: list[_ReasoningDetail] | None = None
 
 
-class _Choice(msgspec.Struct):
+class _Choice(msgspec.Struct, gc=False):
     delta: _Delta | None = None
     message: _Message | None = None
     finish_reason: str | None = None
     error: dict | None = None
 
 
-class _CompletionDetails(msgspec.Struct):
+class _CompletionDetails(msgspec.Struct, gc=False):
     reasoning_tokens: int | None = None
 
 
-class _Usage(msgspec.Struct):
+class _Usage(msgspec.Struct, gc=False):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cost: float | None = None
     completion_tokens_details: _CompletionDetails | None = None
 
 
-class _Body(msgspec.Struct):
+class _Body(msgspec.Struct, gc=False):
     id: str | None = None
     provider: str | None = None
     model: str | None = None
@@ -103,16 +110,6 @@ class _Body(msgspec.Struct):
 _body_decoder = msgspec.json.Decoder(_Body)
 
 
-def _keepalive_socket(addr_info) -> socket.socket:
-    family, type_, proto, _, _ = addr_info
-    sock = socket.socket(family=family, type=type_, proto=proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 15), ("TCP_KEEPCNT", 4)):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-    return sock
-
-
 def _retry_after_seconds(value: str | None) -> float | None:
     if not value:
         return None
@@ -122,12 +119,11 @@ def _retry_after_seconds(value: str | None) -> float | None:
         return None
 
 
-def _reasoning_text(reasoning: str | None, details: list[dict] | None) -> str | None:
+def _reasoning_text(reasoning: str | None, details: list[_ReasoningDetail] | None) -> str | None:
     if reasoning:
         return reasoning
     if details:
-        text = "".join(d.get("text") or "" for d in details
-                       if isinstance(d, dict) and d.get("type") == "reasoning.text")
+        text = "".join(d.text or "" for d in details if d.type == "reasoning.text")
         return text or None
     return None
 
@@ -190,91 +186,61 @@ def _finish(body_id, provider, model, content, reasoning, finish_reason, usage: 
 
 
 class CompletionClient:
-    """Sends chat completion attempts over one aiohttp session (many HTTP/1.1 connections)."""
+    """Sends chat completion attempts over one StreamPool (many keep-alive connections)."""
 
     def __init__(self, base_url: str, api_key: str, *, idle_timeout: float = 120.0,
-                 connect_timeout: float = 30.0, max_connections: int = 0,
-                 extra_headers: dict[str, str] | None = None):
+                 connect_timeout: float = 30.0, extra_headers: dict[str, str] | None = None):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.idle_timeout = idle_timeout
-        self._headers = {
+        self._connect_timeout = connect_timeout
+        headers = {
             "Authorization": f"Bearer {api_key}",
             "Content-Type": "application/json",
             "HTTP-Referer": "https://github.com/kimipipe/kimipipe",
             "X-Title": "kimipipe",
             **(extra_headers or {}),
         }
-        self._connect_timeout = connect_timeout
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
-        # request key -> time of the last data received, checked by one watchdog task
-        self._streams: dict[int, list] = {}
-        self._watchdog: asyncio.Task | None = None
+        self._pool = StreamPool(self.url, headers, idle_timeout=idle_timeout,
+                                connect_timeout=connect_timeout)
+        self._entered = False
 
     async def __aenter__(self) -> CompletionClient:
-        connector = aiohttp.TCPConnector(
-            limit=self._max_connections, limit_per_host=0, ttl_dns_cache=300,
-            socket_factory=_keepalive_socket, keepalive_timeout=60,
-        )
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout,
-                                        sock_read=self.idle_timeout)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                              headers=self._headers, auto_decompress=True)
-        self._watchdog = asyncio.create_task(self._watch_idle_streams())
+        await self._pool.__aenter__()
+        self._entered = True
         return self
 
     async def __aexit__(self, *exc) -> None:
-        if self._watchdog:
-            self._watchdog.cancel()
-        if self._session:
-            await self._session.close()
-
-    async def _watch_idle_streams(self) -> None:
-        """Cancel streams that received no data for idle_timeout (heartbeats don't count).
-
-        One sweep a second for all streams, instead of a timer per chunk.
-        """
-        interval = min(1.0, max(0.05, self.idle_timeout / 4))
-        while True:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            for entry in list(self._streams.values()):
-                last, task = entry
-                if now - last > self.idle_timeout and not task.done():
-                    entry[0] = float("inf")  # cancel once
-                    task.cancel("idle")
+        await self._pool.__aexit__(*exc)
 
     async def attempt(self, body: bytes, stream: bool) -> Attempt:
-        assert self._session is not None, "use `async with CompletionClient(...)`"
+        assert self._entered, "use `async with CompletionClient(...)`"
         try:
-            async with self._session.post(self.url, data=body) as resp:
-                if resp.status != 200:
-                    return await self._http_error(resp)
-                if stream:
-                    return await self._read_stream(resp)
-                return await self._read_plain(resp)
-        except asyncio.CancelledError as e:
-            if e.args and e.args[0] == "idle":
-                return Attempt("retry", cause="timeout", message=f"no data for {self.idle_timeout:g} s")
-            raise
+            outcome = await self._pool.post(body, StreamAnswer() if stream else None)
         except TimeoutError:
-            return Attempt("retry", cause="timeout", message=f"no bytes for {self.idle_timeout:g} s")
-        except aiohttp.ClientPayloadError as e:
-            return Attempt("retry", cause="cut", message=redact(str(e))[:300])
-        except (aiohttp.ClientError, OSError) as e:
+            return Attempt("retry", cause="timeout", message=f"no connection within {self._connect_timeout:g} s")
+        except OSError as e:
             return Attempt("retry", cause="connection", message=redact(f"{type(e).__name__}: {e}")[:300])
+        if isinstance(outcome, Attempt):
+            return outcome
+        if isinstance(outcome, HTTPStatus):
+            if outcome.status == 200:
+                return self._read_plain(outcome.body)
+            try:
+                payload = msgspec.json.decode(outcome.body) if outcome.body.strip() else None
+            except msgspec.DecodeError:
+                payload = None
+            return _error_attempt(outcome.status, payload,
+                                  _retry_after_seconds(outcome.headers.get("retry-after")),
+                                  f"HTTP {outcome.status}")
+        if isinstance(outcome, Stalled):
+            what = "data" if stream else "bytes"
+            return Attempt("retry", cause="timeout", message=f"no {what} for {outcome.seconds:g} s")
+        assert isinstance(outcome, Broken), outcome
+        return Attempt("retry", cause="cut" if outcome.cut else "connection",
+                       message=redact(outcome.message)[:300])
 
-    async def _http_error(self, resp: aiohttp.ClientResponse) -> Attempt:
-        retry_after = _retry_after_seconds(resp.headers.get("Retry-After"))
-        try:
-            raw = await resp.read()
-            payload = msgspec.json.decode(raw) if raw else None
-        except (msgspec.DecodeError, aiohttp.ClientError, OSError):
-            payload = None
-        return _error_attempt(resp.status, payload, retry_after, f"HTTP {resp.status}")
-
-    async def _read_plain(self, resp: aiohttp.ClientResponse) -> Attempt:
-        raw = await resp.read()
+    @staticmethod
+    def _read_plain(raw: bytes) -> Attempt:
         if not raw.strip():
             return Attempt("retry", cause="empty", status=200, message="empty body")
         try:
@@ -282,12 +248,12 @@ class CompletionClient:
         except (msgspec.DecodeError, msgspec.ValidationError):
             return Attempt("retry", cause="bad_json", status=200, message="body is not valid JSON")
         if body.error is not None:
-            return self._body_error(body.error)
+            return _body_error(body.error)
         if not body.choices:
             return Attempt("retry", cause="empty", status=200, message="no choices")
         choice = body.choices[0]
         if choice.error is not None or choice.finish_reason == "error":
-            return self._body_error(choice.error or {"message": "finish_reason: error"})
+            return _body_error(choice.error or {"message": "finish_reason: error"})
         msg = choice.message or _Message()
         if choice.finish_reason is None:
             return Attempt("retry", cause="empty", status=200, message="no finish_reason")
@@ -295,83 +261,83 @@ class CompletionClient:
                        _reasoning_text(msg.reasoning, msg.reasoning_details),
                        choice.finish_reason, body.usage)
 
-    @staticmethod
-    def _body_error(error: dict) -> Attempt:
-        code = error.get("code") if isinstance(error, dict) else None
-        message = redact(str(error.get("message") if isinstance(error, dict) else error))[:500]
-        status = code if isinstance(code, int) else 200
-        if status in (401, 402, 404) or (400 <= status < 500 and status not in RETRYABLE_STATUSES):
-            return _error_attempt(status, {"error": error}, None, message)
-        return Attempt("retry", cause="error200", status=200, code=str(code or ""), message=message)
 
-    async def _read_stream(self, resp: aiohttp.ClientResponse) -> Attempt:
-        task = asyncio.current_task()
-        key = id(task)
-        entry = [time.monotonic(), task]
-        self._streams[key] = entry
-        content: list[str] = []
-        reasoning: list[str] = []
-        details: list[dict] = []
-        gen_id = provider = model = finish_reason = None
-        usage: _Usage | None = None
-        chunks = 0
-        done = False
-        buffer = b""
+
+def _body_error(error: dict) -> Attempt:
+    code = error.get("code") if isinstance(error, dict) else None
+    message = redact(str(error.get("message") if isinstance(error, dict) else error))[:500]
+    status = code if isinstance(code, int) else 200
+    if status in (401, 402, 404) or (400 <= status < 500 and status not in RETRYABLE_STATUSES):
+        return _error_attempt(status, {"error": error}, None, message)
+    return Attempt("retry", cause="error200", status=200, code=str(code or ""), message=message)
+
+
+def _midstream(error: dict, after_output: bool) -> Attempt:
+    """An error chunk: `midstream` once output has flowed, else like a 200 error body."""
+    attempt = _body_error(error)
+    if attempt.kind == "retry" and after_output:
+        attempt.cause = "midstream"
+    return attempt
+
+
+class StreamAnswer:
+    """Assembles one streamed answer from its SSE `data:` payloads (the StreamPool assembler).
+
+    `event(payload)` returns an Attempt once the answer is decided ([DONE], an error chunk,
+    a chunk that is not JSON), else None; `end()` gives the Attempt for a body that ended
+    without [DONE]. Partial text is never returned as an answer.
+    """
+
+    __slots__ = ("content", "reasoning", "details", "gen_id", "provider", "model",
+                 "finish_reason", "usage", "chunks")
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.details: list[_ReasoningDetail] = []
+        self.gen_id = self.provider = self.model = self.finish_reason = None
+        self.usage: _Usage | None = None
+        self.chunks = 0
+
+    def _has_output(self) -> bool:
+        return bool(self.content or self.reasoning or self.details)
+
+    def event(self, payload: bytes) -> Attempt | None:
+        if payload == b"[DONE]":
+            return self.end(done=True)
+        self.chunks += 1
         try:
-            async for data in resp.content.iter_any():
-                buffer += data
-                lines = buffer.split(b"\n")
-                buffer = lines.pop()
-                for line in lines:
-                    if not line.startswith(b"data:"):
-                        continue  # blank separators, `: OPENROUTER PROCESSING` comments
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        done = True
-                        break
-                    entry[0] = time.monotonic()
-                    chunks += 1
-                    try:
-                        chunk = _body_decoder.decode(payload)
-                    except (msgspec.DecodeError, msgspec.ValidationError):
-                        return Attempt("retry", cause="bad_json", status=200,
-                                       message="stream chunk is not valid JSON")
-                    if chunk.error is not None:
-                        return self._midstream(chunk.error, bool(content or reasoning or details))
-                    if gen_id is None:
-                        gen_id, provider, model = chunk.id, chunk.provider, chunk.model
-                    if chunk.usage is not None:
-                        usage = chunk.usage
-                    for choice in chunk.choices or ():
-                        if choice.error is not None or choice.finish_reason == "error":
-                            return self._midstream(choice.error or {"message": "finish_reason: error"},
-                                                   bool(content or reasoning or details))
-                        delta = choice.delta
-                        if delta is not None:
-                            if delta.content:
-                                content.append(delta.content)
-                            if delta.reasoning:
-                                reasoning.append(delta.reasoning)
-                            elif delta.reasoning_details:
-                                details.extend(delta.reasoning_details)
-                        if choice.finish_reason is not None:
-                            finish_reason = choice.finish_reason
-                if done:
-                    break
-        finally:
-            self._streams.pop(key, None)
-        if finish_reason is None or (not done and usage is None):
+            chunk = _body_decoder.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return Attempt("retry", cause="bad_json", status=200, message="stream chunk is not valid JSON")
+        if chunk.error is not None:
+            return _midstream(chunk.error, self._has_output())
+        if self.gen_id is None:
+            self.gen_id, self.provider, self.model = chunk.id, chunk.provider, chunk.model
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        for choice in chunk.choices or ():
+            if choice.error is not None or choice.finish_reason == "error":
+                return _midstream(choice.error or {"message": "finish_reason: error"}, self._has_output())
+            delta = choice.delta
+            if delta is not None:
+                if delta.content:
+                    self.content.append(delta.content)
+                if delta.reasoning:
+                    self.reasoning.append(delta.reasoning)
+                elif delta.reasoning_details:
+                    self.details.extend(delta.reasoning_details)
+            if choice.finish_reason is not None:
+                self.finish_reason = choice.finish_reason
+        return None
+
+    def end(self, done: bool = False) -> Attempt:
+        if self.finish_reason is None or (not done and self.usage is None):
             # Without a finish_reason the answer is partial; without [DONE] and usage we
             # cannot tell what was billed. Never saved as a result.
-            if done and not (content or reasoning or details):
+            if done and not self._has_output():
                 return Attempt("retry", cause="empty", status=200, message="stream with no output")
             return Attempt("retry", cause="cut", status=200, message="stream ended early")
-        return _finish(gen_id, provider, model, "".join(content),
-                       _reasoning_text("".join(reasoning), details), finish_reason, usage, chunks)
-
-    def _midstream(self, error: dict, after_output: bool) -> Attempt:
-        """An error chunk: `midstream` once output has flowed, else like a 200 error body."""
-        attempt = self._body_error(error)
-        if attempt.kind == "retry" and after_output:
-            attempt.cause = "midstream"
-        return attempt
+        return _finish(self.gen_id, self.provider, self.model, "".join(self.content),
+                       _reasoning_text("".join(self.reasoning), self.details), self.finish_reason,
+                       self.usage, self.chunks)

@@ -1,0 +1,519 @@
+"""Completions over HTTP/1.1 without waking a coroutine per TCP segment.
+
+Why not aiohttp for streams: a live stream's events arrive a few at a time, each write in
+its own TCP segment. Through aiohttp every segment costs its C parser call, a StreamReader
+feed, a read-timeout timer reschedule and a wake-up of the reading task (an async-for step),
+before any of our code runs: ~22-26 µs of CPU per SSE event at 1000 streams
+(bench/README.md), which caps one worker at ~1000 live 40-event/s streams. Here the bytes
+are taken straight from the socket by an `asyncio.Protocol`: chunked transfer decoding and
+SSE line splitting run inside `data_received`, each `data:` line goes to the caller's
+assembler synchronously, and one future per request is resolved when the answer is decided
+(or the stream ends, stalls or breaks). Plain (non-streamed) requests use the same
+connections: their body is collected whole, which at 2000 in flight costs less CPU than
+aiohttp (bench/README.md) and keeps aiohttp out of the worker processes.
+
+    pool = StreamPool(url, headers, idle_timeout=120, connect_timeout=30)
+    async with pool:
+        outcome = await pool.post(body, assembler)   # streamed
+        outcome = await pool.post(body)              # plain: HTTPStatus with the whole body
+
+`assembler` is any object with `event(payload: bytes) -> result | None` (one `data:` line's
+payload, stripped; a non-None result decides the request, e.g. `[DONE]` or an error chunk)
+and `end() -> result` (the body ended without a decision). `post` returns that result, or
+one of the outcome objects below, which the caller maps to its own error kinds:
+    HTTPStatus(status, headers, body)  a non-200 answer (or any plain one), its whole body
+                                       (decompressed)
+    Stalled(seconds)                   streamed: no `data:` line (or no response head) for
+                                       idle_timeout; keep-alive comments (`: ...`) do not
+                                       count as data. Plain: no bytes at all for idle_timeout
+    Broken(message, cut)               the connection failed; cut=True once the 200 head arrived
+                                       (the answer is partial and must not be used)
+
+Connections are reused (HTTP/1.1 keep-alive) once a response has been read to its end; a
+reused connection that closes before answering a single byte is retried once on a new one
+(the server closed it while idle and never saw the request). Sockets have TCP keepalive on,
+so a connection a NAT dropped becomes an error instead of a hang. TLS for https URLs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+import time
+import zlib
+from urllib.parse import urlsplit
+
+_HEAD, _SIZE, _DATA, _DATA_END, _TRAILER, _LENGTH, _UNTIL_CLOSE, _IDLE = range(8)
+_MAX_HEAD = 64 * 1024
+_MAX_ERROR_BODY = 1 << 20
+_MAX_PLAIN_BODY = 256 << 20
+_POOL_IDLE_SECONDS = 30.0  # below the usual server keep-alive (aiohttp 75 s, nginx 75 s)
+
+
+class HTTPStatus:
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes):
+        self.status, self.headers, self.body = status, headers, body
+
+
+class Stalled:
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+
+class Broken:
+    __slots__ = ("message", "cut")
+
+    def __init__(self, message: str, cut: bool):
+        self.message, self.cut = message, cut
+
+
+def keepalive_socket(family: int, type_: int, proto: int) -> socket.socket:
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 15), ("TCP_KEEPCNT", 4)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    if hasattr(socket, "TCP_NODELAY"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection; parses one response at a time (see the module docstring)."""
+
+    def __init__(self, pool: StreamPool):
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.requests = 0
+        self.idle_since = 0.0
+        self.phase = _IDLE
+        self.future: asyncio.Future | None = None
+        self.assembler = None
+        self.decided = True
+        self.received = 0
+        self.last_data = 0.0
+        self.head = b""
+        self.line = b""
+        self.sse = b""
+        self.remaining = 0
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.keep_alive = False
+        self.collected: list[bytes] | None = None  # error and plain bodies
+        self.collected_size = 0
+        self.collect_limit = 0
+        self.inflate = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.pool._forget(self)
+        if self.decided:
+            return
+        if self.phase == _UNTIL_CLOSE:
+            self._message_end()
+        elif self.phase == _HEAD:
+            self._resolve(Broken(_describe(exc, "server closed the connection before answering"),
+                                 cut=False))
+        else:
+            self._resolve(Broken(_describe(exc, "stream ended early"), cut=self.status == 200))
+
+    def eof_received(self):
+        return False  # close our side too; connection_lost finishes the request
+
+    def data_received(self, data: bytes) -> None:
+        self.received += len(data)
+        if self.assembler is None:
+            self.last_data = time.monotonic()  # plain: any byte is progress
+        try:
+            if self.phase == _HEAD:
+                data = self._read_head(data)
+                if not data:
+                    return
+            if self.phase == _DATA and len(data) < self.remaining:
+                self.remaining -= len(data)  # the common case: a segment inside one chunk
+                self._body(data)
+            else:
+                self._framing(data)
+        except _ProtocolError as e:
+            self._fail(Broken(f"bad HTTP response: {e}", cut=self.status == 200))
+
+    # -- requests ----------------------------------------------------------------------------
+    def start(self, request: bytes, future: asyncio.Future, assembler) -> None:
+        self.future = future
+        self.assembler = assembler
+        self.decided = False
+        self.received = 0
+        self.requests += 1
+        self.phase = _HEAD
+        self.head = self.line = self.sse = b""
+        self.status = 0
+        self.headers = {}
+        self.collected = None
+        self.inflate = None
+        self.last_data = time.monotonic()
+        self.transport.write(request)
+
+    def _resolve(self, outcome) -> None:
+        self.decided = True
+        future = self.future
+        if future is not None and not future.done():
+            future.set_result(outcome)
+
+    def _fail(self, outcome) -> None:
+        """Resolve (if still open) and drop the connection: its framing can't be trusted."""
+        if not self.decided:
+            self._resolve(outcome)
+        self.abort()
+
+    def abort(self) -> None:
+        self.closed = True
+        self.phase = _IDLE
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- parsing -----------------------------------------------------------------------------
+    def _read_head(self, data: bytes) -> bytes:
+        while True:
+            buf = self.head + data
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > _MAX_HEAD:
+                    raise _ProtocolError("response head too large")
+                self.head = buf
+                return b""
+            self.head = b""
+            lines = buf[:end].split(b"\r\n")
+            data = buf[end + 4:]
+            parts = lines[0].split(None, 2)
+            if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+                raise _ProtocolError(f"status line {lines[0][:80]!r}")
+            status = int(parts[1])
+            headers: dict[str, str] = {}
+            for line in lines[1:]:
+                name, sep, value = line.partition(b":")
+                if not sep:
+                    raise _ProtocolError(f"header line {line[:80]!r}")
+                key = name.strip().lower().decode("latin-1")
+                value = value.strip().decode("latin-1")
+                headers[key] = f"{headers[key]}, {value}" if key in headers else value
+            if 100 <= status < 200:
+                continue  # 100 Continue / 103 Early Hints: the real head follows
+            break
+        self.status = status
+        self.headers = headers
+        self.last_data = time.monotonic()
+        connection = headers.get("connection", "").lower()
+        self.keep_alive = ("close" not in connection) if parts[0] == b"HTTP/1.1" \
+            else ("keep-alive" in connection)
+        if status != 200 or self.assembler is None:
+            self.collected = []
+            self.collected_size = 0
+            self.collect_limit = _MAX_PLAIN_BODY if status == 200 else _MAX_ERROR_BODY
+        encoding = headers.get("content-encoding", "identity").lower()
+        if encoding in ("gzip", "deflate", "x-gzip"):
+            self.inflate = zlib.decompressobj(47)  # zlib or gzip wrapper, detected
+        elif encoding not in ("identity", ""):
+            raise _ProtocolError(f"unsupported content-encoding {encoding!r}")
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            self.phase = _SIZE
+        elif "content-length" in headers:
+            try:
+                self.remaining = int(headers["content-length"])
+            except ValueError:
+                raise _ProtocolError("bad content-length") from None
+            self.phase = _LENGTH
+            if self.remaining == 0 or status in (204, 304):
+                self._message_end()
+                return b""
+        elif status in (204, 304):
+            self._message_end()
+            return b""
+        else:
+            self.phase = _UNTIL_CLOSE
+            self.keep_alive = False
+        return data
+
+    def _framing(self, data: bytes) -> None:
+        pos, n = 0, len(data)
+        while pos < n:
+            phase = self.phase
+            if phase == _DATA:
+                take = min(self.remaining, n - pos)
+                self.remaining -= take
+                if self.remaining == 0:
+                    self.phase = _DATA_END
+                self._body(data[pos:pos + take] if take != n else data)
+                pos += take
+            elif phase == _DATA_END:
+                byte = data[pos]
+                pos += 1
+                if byte == 10:  # "\n" ends the chunk; a "\r" before it is skipped
+                    self.phase = _SIZE
+                elif byte != 13:
+                    raise _ProtocolError("chunk not followed by CRLF")
+            elif phase == _SIZE or phase == _TRAILER:
+                nl = data.find(b"\n", pos)
+                if nl < 0:
+                    self.line += data[pos:]
+                    if len(self.line) > _MAX_HEAD:
+                        raise _ProtocolError("chunk size line too long")
+                    return
+                line = (self.line + data[pos:nl]) if self.line else data[pos:nl]
+                self.line = b""
+                pos = nl + 1
+                if phase == _TRAILER:
+                    if not line.strip():
+                        self._message_end()
+                        if pos < n:
+                            self.keep_alive = False  # bytes nobody asked for: don't reuse
+                            self.abort()
+                        return
+                    continue
+                try:
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    raise _ProtocolError(f"chunk size {line[:40]!r}") from None
+                if size == 0:
+                    self.phase = _TRAILER
+                else:
+                    self.remaining = size
+                    self.phase = _DATA
+            elif phase == _LENGTH:
+                take = min(self.remaining, n - pos)
+                self.remaining -= take
+                self._body(data[pos:pos + take] if take != n else data)
+                pos += take
+                if self.remaining == 0:
+                    self._message_end()
+                    if pos < n:
+                        self.keep_alive = False
+                        self.abort()
+                    return
+            elif phase == _UNTIL_CLOSE:
+                self._body(data[pos:] if pos else data)
+                return
+            else:  # bytes on an idle connection, or after a decided, aborted response
+                self.keep_alive = False
+                self.abort()
+                return
+
+    def _body(self, data: bytes) -> None:
+        if self.inflate is not None:
+            try:
+                data = self.inflate.decompress(data)
+            except zlib.error as e:
+                raise _ProtocolError(f"bad compressed body: {e}") from None
+        if self.collected is not None:
+            self.collected_size += len(data)
+            if self.collected_size > self.collect_limit:
+                if self.status == 200:
+                    raise _ProtocolError("body too large")
+                return  # an error body: its first megabyte says enough
+            self.collected.append(data)
+            return
+        if self.decided:
+            return  # the answer is known (e.g. after [DONE]): read on only to reuse the connection
+        if self.sse:
+            data = self.sse + data
+        start = 0
+        find = data.find
+        while True:
+            nl = find(b"\n", start)
+            if nl < 0:
+                break
+            if data.startswith(b"data:", start):
+                self.last_data = time.monotonic()
+                outcome = self.assembler.event(data[start + 5:nl].strip())
+                if outcome is not None:
+                    self._resolve(outcome)
+                    self.sse = b""
+                    return
+            start = nl + 1
+        self.sse = data[start:] if start < len(data) else b""
+
+    def _message_end(self) -> None:
+        phase_was_until_close = self.phase == _UNTIL_CLOSE
+        self.phase = _IDLE
+        if not self.decided:
+            if self.collected is not None:
+                self._resolve(HTTPStatus(self.status, self.headers, b"".join(self.collected)))
+            else:
+                self._resolve(self.assembler.end())
+        self.future = self.assembler = self.collected = None
+        if self.closed or phase_was_until_close:
+            return
+        if self.keep_alive:
+            self.pool._release(self)
+        else:
+            self.abort()
+
+
+class _ProtocolError(Exception):
+    pass
+
+
+async def _sock_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, address) -> None:
+    """loop.sock_connect for an address getaddrinfo already gave: uvloop's own resolves it
+    again in its thread pool on every call (~100 µs each, 2000 times on a cold start)."""
+    try:
+        sock.connect(address)
+        return
+    except BlockingIOError:
+        pass
+    fd = sock.fileno()
+    writable = loop.create_future()
+    loop.add_writer(fd, lambda: writable.done() or writable.set_result(None))
+    try:
+        await writable
+    finally:
+        loop.remove_writer(fd)
+    error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if error:
+        raise OSError(error, f"connect to {address[0]}:{address[1]} failed: {os.strerror(error)}")
+
+
+def _describe(exc: BaseException | None, default: str) -> str:
+    return f"{type(exc).__name__}: {exc}" if exc is not None else default
+
+
+class StreamPool:
+    """Keep-alive HTTP/1.1 connections to one URL for streamed POSTs (module docstring)."""
+
+    def __init__(self, url: str, headers: dict[str, str], *, idle_timeout: float = 120.0,
+                 connect_timeout: float = 30.0, ssl_context: ssl.SSLContext | None = None):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"unsupported URL scheme: {url}")
+        self.host = parts.hostname or "localhost"
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl: ssl.SSLContext | None = None
+        if parts.scheme == "https":
+            self.ssl = ssl_context or ssl.create_default_context()
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        default_port = self.port == (443 if self.ssl else 80)
+        host_header = self.host if default_port else f"{self.host}:{self.port}"
+        if ":" in self.host and not default_port:
+            host_header = f"[{self.host}]:{self.port}"
+        fixed = {"Host": host_header, "Accept-Encoding": "identity", "Connection": "keep-alive",
+                 "User-Agent": "kimipipe", **headers}
+        head = f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fixed.items()
+                                                     if k.lower() not in ("content-length", "accept"))
+        self._stream_head = (head + "Accept: text/event-stream\r\n").encode("latin-1")
+        self._plain_head = (head + "Accept: application/json\r\n").encode("latin-1")
+        self.idle_timeout = idle_timeout
+        self.connect_timeout = connect_timeout
+        self._idle: list[_Connection] = []
+        self._active: set[_Connection] = set()
+        self._addresses: asyncio.Task | None = None
+        self._addresses_at = 0.0
+        self._watchdog: asyncio.Task | None = None
+
+    async def __aenter__(self) -> StreamPool:
+        self._watchdog = asyncio.create_task(self._watch())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._watchdog:
+            self._watchdog.cancel()
+        for conn in [*self._idle, *self._active]:
+            conn.abort()
+        self._idle.clear()
+        self._active.clear()
+
+    async def post(self, body: bytes, assembler=None):
+        head = self._plain_head if assembler is None else self._stream_head
+        request = head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        for _ in range(2):
+            conn, reused = await self._acquire()
+            future = asyncio.get_running_loop().create_future()
+            conn.start(request, future, assembler)
+            try:
+                outcome = await future
+            except asyncio.CancelledError:
+                conn.abort()
+                raise
+            if reused and isinstance(outcome, Broken) and not outcome.cut and conn.received == 0:
+                continue  # the server had closed this idle connection: it never saw the request
+            return outcome
+        return outcome
+
+    async def _acquire(self) -> tuple[_Connection, bool]:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.closed or conn.transport is None or conn.transport.is_closing():
+                continue
+            if now - conn.idle_since > _POOL_IDLE_SECONDS:
+                conn.abort()
+                continue
+            self._active.add(conn)
+            return conn, True
+        conn = await self._connect()
+        self._active.add(conn)
+        return conn, False
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        if self._addresses is None or time.monotonic() - self._addresses_at > 300:
+            # one lookup shared by the thousand connects of a cold start
+            self._addresses = loop.create_task(
+                loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM))
+            self._addresses_at = time.monotonic()
+        try:
+            addresses = await asyncio.shield(self._addresses)
+        except OSError:
+            self._addresses = None
+            raise
+        error: BaseException | None = None
+        for family, type_, proto, _, address in addresses:
+            sock = keepalive_socket(family, type_, proto)
+            sock.setblocking(False)
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    await _sock_connect(loop, sock, address)
+                    _, conn = await loop.create_connection(
+                        lambda: _Connection(self), sock=sock, ssl=self.ssl,
+                        server_hostname=self.host if self.ssl else None)
+                return conn
+            except (OSError, TimeoutError, ssl.SSLError) as e:
+                sock.close()
+                error = e
+        raise error if error else OSError(f"cannot resolve {self.host}")
+
+    def _release(self, conn: _Connection) -> None:
+        self._active.discard(conn)
+        conn.idle_since = time.monotonic()
+        self._idle.append(conn)
+
+    def _forget(self, conn: _Connection) -> None:
+        self._active.discard(conn)
+
+    async def _watch(self) -> None:
+        """One sweep for all streams instead of a timer per chunk: stalls, and old idle sockets."""
+        interval = min(1.0, max(0.05, self.idle_timeout / 4))
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for conn in list(self._active):
+                if now - conn.last_data > self.idle_timeout:
+                    conn._fail(Stalled(self.idle_timeout))
+                    self._active.discard(conn)
+            if self._idle and now - self._idle[0].idle_since > _POOL_IDLE_SECONDS:
+                keep = []
+                for conn in self._idle:
+                    if now - conn.idle_since > _POOL_IDLE_SECONDS:
+                        conn.abort()
+                    else:
+                        keep.append(conn)
+                self._idle = keep
