@@ -189,7 +189,8 @@ class CompletionClient:
     """Sends chat completion attempts over one StreamPool (many keep-alive connections)."""
 
     def __init__(self, base_url: str, api_key: str, *, idle_timeout: float = 120.0,
-                 connect_timeout: float = 30.0, extra_headers: dict[str, str] | None = None):
+                 connect_timeout: float = 30.0, extra_headers: dict[str, str] | None = None,
+                 http_client: str = "native"):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.idle_timeout = idle_timeout
         self._connect_timeout = connect_timeout
@@ -200,8 +201,14 @@ class CompletionClient:
             "X-Title": "kimipipe",
             **(extra_headers or {}),
         }
-        self._pool = StreamPool(self.url, headers, idle_timeout=idle_timeout,
-                                connect_timeout=connect_timeout)
+        if http_client == "aiohttp":  # the escape hatch (aiohttp_pool.py)
+            from .aiohttp_pool import AiohttpPool
+
+            self._pool = AiohttpPool(self.url, headers, idle_timeout=idle_timeout,
+                                     connect_timeout=connect_timeout)
+        else:
+            self._pool = StreamPool(self.url, headers, idle_timeout=idle_timeout,
+                                    connect_timeout=connect_timeout)
         self._entered = False
 
     async def __aenter__(self) -> CompletionClient:
