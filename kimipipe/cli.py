@@ -10,6 +10,7 @@ into one line and exit 1; `--debug` or `KP_DEBUG=1` shows the traceback instead.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -123,6 +124,43 @@ def run_command(command: click.Command) -> Callable[[], None]:
         sys.exit(code if isinstance(code, int) else ExitCode.OK)
 
     return main
+
+
+_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*$")
+
+
+def parse_quantity(text: str, base: int = 1000) -> int:
+    """`10M`, `500k`, `2.5m`, `1_000_000`, `1G` (base 1024 for sizes: `1GiB`) -> an integer."""
+    m = _QUANTITY.match(str(text).replace("_", "").replace(",", ""))
+    if not m:
+        raise ValueError(f"{text!r} is not a number (suffixes K, M, G, T allowed)")
+    power = " KMGT".index(m.group(2).upper() or " ")
+    return int(round(float(m.group(1)) * base**power))
+
+
+class Quantity(click.ParamType):
+    """An integer option with an optional K/M/G/T suffix (decimal for counts, binary for bytes)."""
+
+    def __init__(self, name: str, base: int, minimum: int = 1):
+        self.name = name
+        self.base = base
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            number = value
+        else:
+            try:
+                number = parse_quantity(value, self.base)
+            except ValueError as e:
+                self.fail(str(e), param, ctx)
+        if number < self.minimum:
+            self.fail(f"{value!r} is below {self.minimum}", param, ctx)
+        return number
+
+
+COUNT = Quantity("count", 1000)
+SIZE = Quantity("size", 1024)
 
 
 class PartitionType(click.ParamType):

@@ -7,7 +7,8 @@ import asyncio
 import msgspec
 import pytest
 
-from kimipipe.infer.budget import Budget, parse_token_count
+from kimipipe.cli import parse_quantity
+from kimipipe.infer.budget import Budget
 from kimipipe.infer.limiter import AdaptiveLimiter
 from kimipipe.openrouter.client import (
     _Message,
@@ -26,14 +27,18 @@ from kimipipe.openrouter.routing import (
 
 
 @pytest.mark.parametrize("text, value", [("10M", 10_000_000), ("500k", 500_000), ("2.5m", 2_500_000),
-                                         ("1_000", 1000), ("42", 42)])
+                                         ("1_000", 1000), ("42", 42), ("1,000", 1000)])
 def test_token_counts(text, value):
-    assert parse_token_count(text) == value
+    assert parse_quantity(text) == value
+
+
+def test_sizes_are_binary():
+    assert parse_quantity("1G", 1024) == 1 << 30 and parse_quantity("512MiB", 1024) == 512 << 20
 
 
 def test_token_count_rejects_garbage():
     with pytest.raises(ValueError):
-        parse_token_count("ten")
+        parse_quantity("ten")
 
 
 ENDPOINTS = [

@@ -36,6 +36,7 @@ import click
 import msgspec
 
 from ..cli import (
+    COUNT,
     EXIT_CODES_HELP,
     common_options,
     input_argument,
@@ -46,7 +47,7 @@ from ..cli import (
     say,
 )
 from ..errors import ExitCode, InputError, KPError, redact
-from ..infer.budget import Budget, parse_token_count
+from ..infer.budget import Budget
 from ..infer.engine import (
     RequestOptions,
     Run,
@@ -71,18 +72,6 @@ from ..openrouter.routing import (
 from ..partition import in_partition
 
 QUANTIZATIONS = ("int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32", "unknown")
-
-
-class TokenCount(click.ParamType):
-    name = "N"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_token_count(value)
-        except ValueError:
-            self.fail(f"{value!r} is not a token count (e.g. 10M, 500k, 250000)", param, ctx)
 
 
 def read_api_key(api_key_file: str | None, required: bool = True) -> str:
@@ -212,7 +201,7 @@ def show_plan(policy: Policy, endpoints: list[Endpoint] | None, scan, todo: int,
               help="Seconds a stop waits for requests in flight (they are paid for) before cancelling.")
 @click.option("--max-cost", type=click.FloatRange(min=0), default=None, metavar="USD",
               help="Cap on the cost recorded in OUTPUT across all runs; never exceeded.")
-@click.option("--token-budget", type=TokenCount(), default=None,
+@click.option("--token-budget", type=COUNT, default=None,
               help="Cap on completion tokens recorded in OUTPUT across runs (accepts 10M, 500k).")
 @click.option("--min-credits", type=click.FloatRange(min=0), default=None, metavar="USD",
               help="Stop admitting work when the account balance falls below USD (polled).")

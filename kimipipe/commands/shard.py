@@ -49,37 +49,19 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
-from ..cli import EXIT_CODES_HELP, common_options, input_argument, progress, run_command, say  # noqa: E402
+from ..cli import (  # noqa: E402
+    COUNT,
+    EXIT_CODES_HELP,
+    SIZE,
+    common_options,
+    input_argument,
+    progress,
+    run_command,
+    say,
+)
 from ..errors import ExitCode, InputError, KPError  # noqa: E402
 from ..shard import ShardOptions, build_shards, read_lengths, render_histogram, verify  # noqa: E402
 
-_SUFFIX = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*$")
-
-
-class _Quantity(click.ParamType):
-    """An integer with an optional K/M/G/T suffix (decimal for counts, binary for bytes)."""
-
-    def __init__(self, name: str, base: int, minimum: int = 1):
-        self.name = name
-        self.base = base
-        self.minimum = minimum
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            number = value
-        else:
-            m = _SUFFIX.match(str(value))
-            if not m:
-                self.fail(f"{value!r} is not a number (suffixes K, M, G, T allowed)", param, ctx)
-            power = " KMGT".index(m.group(2).upper() or " ")
-            number = int(float(m.group(1)) * self.base**power)
-        if number < self.minimum:
-            self.fail(f"{value!r} is below {self.minimum}", param, ctx)
-        return number
-
-
-COUNT = _Quantity("count", 1000)
-SIZE = _Quantity("size", 1024)
 DEFAULT_RECORDS_PER_SHARD = 10_000
 
 

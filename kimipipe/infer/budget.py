@@ -88,16 +88,3 @@ class Budget:
 
     def remaining_cost(self) -> float | None:
         return None if self.max_cost is None else max(0.0, self.max_cost - self.spent)
-
-
-def parse_token_count(text: str) -> int:
-    """`10M`, `500k`, `2.5m`, `1_000_000` -> an integer count."""
-    t = text.strip().replace("_", "").replace(",", "")
-    scale = 1
-    if t and t[-1].lower() in "kmg":
-        scale = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}[t[-1].lower()]
-        t = t[:-1]
-    value = float(t)
-    if value < 0:
-        raise ValueError("must not be negative")
-    return int(round(value * scale))
