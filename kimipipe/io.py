@@ -318,17 +318,22 @@ def scan_done(path: str, *, repair: bool = True) -> set[str]:
     A torn last line is repaired first (when `repair`), so its ID is redone. Any other
     unreadable line is an error: it may hold paid work, and it is not ours to drop.
     """
-    if path == "-" or not os.path.exists(path):
-        return set()
     if repair:
-        torn = repair_torn_tail(path)
-        if torn is not None:
-            print(
-                f"kimipipe: {path}:{torn}: removed a torn last line left by an interrupted run; "
-                "that record will be redone",
-                file=sys.stderr,
-            )
+        repair_and_report(path)
     return {record.id for record in iter_finished(path, _id_decoder)}
+
+
+def repair_and_report(path: str) -> None:
+    """Cut a torn last line off an output file before resuming it, and say so on stderr."""
+    if path == "-" or not os.path.exists(path):
+        return
+    torn = repair_torn_tail(path)
+    if torn is not None:
+        print(
+            f"kimipipe: {path}:{torn}: removed a torn last line left by an interrupted run; "
+            "that record will be redone",
+            file=sys.stderr,
+        )
 
 
 def iter_finished(path: str, decoder: msgspec.json.Decoder) -> Iterator:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ..errors import ExitCode, InputError, KPError, redact
-from ..io import RecordWriter, iter_finished, iter_records, scan_done
+from ..io import RecordWriter, iter_finished, iter_records, repair_and_report, scan_done
 from ..openrouter.client import Attempt
 from ..openrouter.routing import Endpoint, Policy, routing_violation
 from ..partition import in_partition
@@ -192,17 +192,21 @@ def validate_input(path: str, shown: str) -> InputScan:
     return InputScan(path, shown, set(first_line), records, prompt_bytes, token_bound)
 
 
-def previous_spend(output: str, failures: str | None) -> tuple[float, int]:
-    """(USD, completion tokens) recorded by earlier runs in OUTPUT and the failures file."""
+def previous_work(output: str, failures: str | None) -> tuple[set[str], float, int]:
+    """(IDs done, USD, completion tokens) recorded by earlier runs, in one pass over OUTPUT
+    (after repairing a torn last line) plus the failures file's costs."""
+    repair_and_report(output)
+    done: set[str] = set()
     cost = 0.0
     tokens = 0
     for rec in iter_finished(output, _cost_decoder):
+        done.add(rec.id)
         cost += rec.usage.cost
         tokens += rec.usage.completion_tokens
     if failures and os.path.exists(failures):
         for rec in iter_finished(failures, _failure_decoder):
             cost += rec.cost
-    return cost, tokens
+    return done, cost, tokens
 
 
 class Run:
@@ -575,12 +579,11 @@ def prepare(config: RunConfig, tmpdir: str) -> tuple[InputScan, set[str], float,
             if p != "-" and os.path.exists(p) and os.path.exists(config.output) \
                     and os.path.samefile(p, config.output):
                 raise KPError(f"output {config.output} is also an input", ExitCode.USAGE)
-    done = scan_done(config.output)
+    done, spent, tokens = previous_work(config.output, config.failures)
     for extra in config.done_files:
         if not os.path.exists(extra):
             raise InputError("no such file", extra)
         done |= scan_done(extra, repair=False)
-    spent, tokens = previous_spend(config.output, config.failures)
     return scan, done, spent, tokens
 
 
