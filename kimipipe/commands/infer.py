@@ -30,6 +30,7 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 
 import aiohttp
 import click
@@ -53,7 +54,6 @@ from ..infer.engine import (
     Run,
     RunConfig,
     format_summary,
-    make_tmpdir,
     prepare,
 )
 from ..infer.worker import freeze_startup_objects
@@ -244,8 +244,8 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
                        done_files=list(done_files), failures=failures, concurrency=concurrency,
                        max_attempts=max_attempts, backoff_base=backoff_base, max_cost=max_cost,
                        token_budget=token_budget, min_credits=min_credits,
-                       credits_interval=credits_interval, grace=grace, quiet=quiet, partition=partition)
-    with make_tmpdir() as tmpdir:
+                       credits_interval=credits_interval, grace=grace, partition=partition)
+    with tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
         scan, done, spent, tokens = prepare(config, tmpdir)
         in_part = [i for i in scan.ids if in_partition(i, partition)]
         skipped = sum(1 for i in in_part if i in done)

@@ -25,15 +25,21 @@ import random
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 import msgspec
 
-from ..errors import ExitCode, InputError, KPError, redact
-from ..io import RecordWriter, iter_finished, iter_records, repair_and_report, scan_done
+from ..errors import ExitCode, InputError, redact
+from ..io import (
+    RecordWriter,
+    iter_finished,
+    iter_records,
+    repair_and_report,
+    require_distinct,
+    scan_done,
+)
 from ..openrouter.client import Attempt
 from ..openrouter.routing import Endpoint, Policy, routing_violation
 from ..partition import in_partition
@@ -134,7 +140,6 @@ class RunConfig:
     min_credits: float | None = None
     credits_interval: float = 60.0
     grace: float = 300.0
-    quiet: bool = False
     partition: tuple[int, int] | None = None
 
 
@@ -574,18 +579,10 @@ def prepare(config: RunConfig, tmpdir: str) -> tuple[InputScan, set[str], float,
     if path == "-":
         path, shown = spool_stdin(tmpdir), "<stdin>"
     scan = validate_input(path, shown)
-    if config.output != "-":
-        for p in [config.input, *config.done_files]:
-            if p != "-" and os.path.exists(p) and os.path.exists(config.output) \
-                    and os.path.samefile(p, config.output):
-                raise KPError(f"output {config.output} is also an input", ExitCode.USAGE)
+    require_distinct(config.output, config.input, *config.done_files)
     done, spent, tokens = previous_work(config.output, config.failures)
     for extra in config.done_files:
         if not os.path.exists(extra):
             raise InputError("no such file", extra)
         done |= scan_done(extra, repair=False)
     return scan, done, spent, tokens
-
-
-def make_tmpdir() -> tempfile.TemporaryDirectory:
-    return tempfile.TemporaryDirectory(prefix="kp-infer-")
