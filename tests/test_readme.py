@@ -26,6 +26,8 @@ def options_of(text: str) -> set[str]:
 
 HELP = {name: help_text([str(BIN / f"kp-{name}")]) for name in COMMANDS}
 STANDIN_HELP = help_text([sys.executable, "-m", "kimipipe.standin"])
+BENCH_HELP = {script.name: help_text([sys.executable, str(script)])
+              for script in sorted((REPO / "bench").glob("bench_*.py"))}
 
 
 def invocations():
@@ -53,9 +55,19 @@ def test_every_example_invocation_uses_options_its_command_has():
 
 
 def test_every_option_named_anywhere_exists_somewhere():
-    known = set().union(*(options_of(h) for h in HELP.values()), options_of(STANDIN_HELP), FOREIGN)
+    known = set().union(*(options_of(h) for h in [*HELP.values(), *BENCH_HELP.values()]),
+                        options_of(STANDIN_HELP), FOREIGN)
     unknown = options_of(README) - known
     assert not unknown, f"README names options no command has: {sorted(unknown)}"
+
+
+def test_every_benchmark_command_uses_options_its_script_has():
+    seen = 0
+    for script, args in re.findall(r"bench/(bench_\w+\.py)((?:[ \t]+--?[\w-]+(?:[ \t]+[^\s`|-][^\s`|]*)?)*)", README):
+        seen += 1
+        unknown = options_of(args) - options_of(BENCH_HELP[script])
+        assert not unknown, f"{script} has no {sorted(unknown)}"
+    assert seen >= 5
 
 
 def test_make_variables_and_targets_named_exist():
