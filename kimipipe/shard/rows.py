@@ -167,15 +167,19 @@ def _lists_by_key(line: bytes) -> tuple[int, int, int, int] | None:
 class TokenRecordDecoder:
     """Decodes a token-record line into TokenLists; plugs into `io.iter_records`.
 
-    Fast path (lines as kimipipe writes them: compact, non-empty lists): the two ID lists are cut out of the line at their keys, checked and
-    counted with numpy, and the rest of the line, a marker string in place of each list,
-    is parsed by msgspec. That parse validates every other byte and field, so the line is
-    proven valid JSON and well-typed, and the marker coming back as the record's own
-    `input_ids` and `output_ids` proves the lists cut out were the record's own (not a
-    key nested in another field). Anything else (whitespace or an empty list, escapes
-    spelling a key) takes the slow path: msgspec parses the whole
-    line and the lists are checked from its raw values. Errors come out of either path as
-    msgspec errors, which `iter_records` reports as `PATH:LINE: what is wrong`.
+    Fast path (lines as kimipipe writes them: compact, non-empty lists): the two ID lists
+    are cut out of the line, checked and counted with numpy (bytes methods for short
+    ones), and the rest of the line, a marker string in place of each list, is parsed by
+    msgspec. The lists are looked for first where kimipipe puts them, ending the record
+    (`_lists_at_end`: searched backwards, one byte at a time, so the text before them is
+    never scanned), then at their keys (`_lists_by_key`). The msgspec parse validates
+    every other byte and field, so the line is proven valid JSON and well-typed, and the
+    marker coming back as the record's own `input_ids` and `output_ids` proves the lists
+    cut out were the record's own (not a key nested in another field). Anything else
+    (whitespace or an empty list, escapes spelling a key) takes the slow path: msgspec
+    parses the whole line and the lists are checked from its raw values. Errors come out
+    of either path as msgspec errors, which `iter_records` reports as
+    `PATH:LINE: what is wrong`.
     """
 
     def decode(self, line: bytes) -> TokenLists:
