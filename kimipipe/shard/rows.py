@@ -56,6 +56,10 @@ _DIGITS = b"0123456789"
 _SMALL = 4096  # bytes of ID text below which bytes methods beat numpy
 _MARKER = b'"\\u0000kp-shard"'  # what no token record holds as its input_ids
 _MARKER_RAW = Raw(_MARKER)
+_OUTPUT_AT_END = b'],"output_ids":['  # what precedes the output list when the lists end a record
+_OUTPUT_AT_END_LEN = len(_OUTPUT_AT_END)
+_INPUT_OPEN = b'"input_ids":['
+_INPUT_OPEN_LEN = len(_INPUT_OPEN)
 
 
 def _bad_list(name: str) -> msgspec.ValidationError:
@@ -130,14 +134,13 @@ def _lists_at_end(line: bytes) -> tuple[int, int, int, int] | None:
     single-byte searches (a list holds no `[`), so the text before them is never
     scanned. None if the line does not end that way."""
     o0 = line.rfind(b"[") + 1
-    o1 = line.find(b"]", o0)
-    if (o0 <= _OUT_LEN + 1 or o1 < 0 or line[o0 - _OUT_LEN - 2:o0] != _OUTPUT_KEY + b":["
-            or line[o0 - _OUT_LEN - 3:o0 - _OUT_LEN - 2] != b","):
+    i1 = o0 - _OUTPUT_AT_END_LEN  # (a negative start would count from the end)
+    if i1 < _INPUT_OPEN_LEN or not line.startswith(_OUTPUT_AT_END, i1):
         return None
-    i0 = line.rfind(b"[", 0, o0 - _OUT_LEN - 3) + 1
-    i1 = o0 - _OUT_LEN - 4
-    if (i0 <= _IN_LEN + 1 or line[i1:i1 + 1] != b"]" or line[i0 - _IN_LEN - 2:i0] != _INPUT_KEY + b":["
-            or i1 == i0 or o1 == o0):
+    o1 = line.find(b"]", o0)
+    i0 = line.rfind(b"[", 0, i1) + 1
+    if (o1 <= o0 or i1 <= i0 or i0 < _INPUT_OPEN_LEN
+            or not line.startswith(_INPUT_OPEN, i0 - _INPUT_OPEN_LEN)):
         return None
     return i0, i1, o0, o1
 
@@ -183,7 +186,8 @@ class TokenRecordDecoder:
     """
 
     def decode(self, line: bytes) -> TokenLists:
-        fast = self._at_end(line)
+        spans = _lists_at_end(line)  # (`_at_end`, inlined: this runs once per record)
+        fast = self._checked(line, *spans) if spans is not None else None
         if fast is None:
             fast = self._fast(line)
         return fast if fast is not None else self._slow(line)
