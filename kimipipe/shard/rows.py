@@ -129,10 +129,10 @@ def _check_small(text: bytes) -> int | None:
 
 
 def _lists_at_end(line: bytes) -> tuple[int, int, int, int] | None:
-    """Where the two lists are when they end the record, as kimipipe writes them
-    (`...,"input_ids":[...],"output_ids":[...]}`): found backwards from the end with
-    single-byte searches (a list holds no `[`), so the text before them is never
-    scanned. None if the line does not end that way."""
+    """Where the two lists are when they come last, as kimipipe writes them
+    (`...,"input_ids":[...],"output_ids":[...]` and then nothing holding a `[`): found
+    backwards from the end with single-byte searches (a list holds no `[`), so the text
+    before them is never scanned. None if the line is not laid out that way."""
     o0 = line.rfind(b"[") + 1
     i1 = o0 - _OUTPUT_AT_END_LEN  # (a negative start would count from the end)
     if i1 < _INPUT_OPEN_LEN or not line.startswith(_OUTPUT_AT_END, i1):
