@@ -641,3 +641,78 @@ def test_id_list_checks_match_json_on_random_bodies():
         assert _check_small(body.encode()) == want, body
         if want is not None:
             assert len(values) == want + 1
+
+
+def test_lists_that_end_the_record_are_found_from_the_end_and_checked_like_the_rest():
+    import msgspec
+
+    from kimipipe.shard.rows import TokenRecordDecoder
+    dec = TokenRecordDecoder()
+    big = ",".join(str(i) for i in range(1000, 3000))  # over 4 KiB: the numpy check
+    good = [
+        # (line, taken by the end path?)
+        (b'{"id":"a","dataset":"B","input_ids":[1,2,3],"output_ids":[4,0,50]}', True),
+        (b'{"id":"b","dataset":"B","input_ids":[' + big.encode() + b'],"output_ids":[0,'
+         + big.encode() + b'],"over_max_length":true}', True),
+        (b'{"id":"c","dataset":"B","meta":{"input_ids":[5],"output_ids":[6]},'
+         b'"input_ids":[1],"output_ids":[2]}', True),  # nested keys before: not the last `[`
+        (b'{"id":"d","dataset":"B","input_ids":[5],"output_ids":[6],"meta":{"x":[9]}}', False),
+        (b'{"id":"e","dataset":"B","input_ids":[1],"output_ids":[2],'
+         b'"meta":{"input_ids":[3],"output_ids":[4]}}', False),  # the nested pair is refused
+        (b'{"id":"f","dataset":"B","output_ids":[7],"input_ids":[8]}', False),  # other order
+        (b'{"id":"g","dataset":"B","x":"\\"input_ids\\":[1],\\"output_ids\\":[2]"}'[:-1]
+         + b',"input_ids":[3],"output_ids":[4]}', True),
+    ]
+    for line, at_end in good:
+        want = msgspec.json.decode(line)
+        got = dec.decode(line)
+        assert got.id == want["id"]
+        assert [int(x) for x in bytes(got.prompt).split(b",")] == want["input_ids"], line
+        assert [int(x) for x in bytes(got.output).split(b",")] == want["output_ids"], line
+        assert (got.n_in, got.n_out) == (len(want["input_ids"]), len(want["output_ids"]))
+        assert (dec._at_end(line) is not None) == at_end, line
+    for ids in (b"[1,,2]", b"[01]", b"[1,02]", b"[1.5]", b"[-1]", b"[1 2]", b"[" + big.encode() + b",07]",
+                b"[" + big.encode() + b",,7]", b"[" + big.encode() + b"x]"):
+        for line in (b'{"id":"x","dataset":"B","input_ids":' + ids + b',"output_ids":[1]}',
+                     b'{"id":"x","dataset":"B","input_ids":[1],"output_ids":' + ids + b'}'):
+            assert dec._at_end(line) is None, line
+            with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
+                dec.decode(line)
+
+
+def test_id_list_check_on_long_lists_with_zeros_and_errors_far_in():
+    import numpy as np
+
+    from kimipipe.shard.rows import _check_bodies
+    base = ",".join(str(i) for i in range(1, 2000))
+    for body, want in ((base, 1998), (base + ",0", 1999), ("0," + base, 1999),
+                       (base + ",0,5", 2000), (base + ",05", None), (base + ",,5", None),
+                       (base + ",", None), ("," + base, None), ("05," + base, None),
+                       (base + ",-5", None), (base + ",5/", None), (base + ",5:", None)):
+        assert _check_bodies(np.frombuffer(body.encode(), np.uint8)) == want, body[-8:]
+
+
+def test_shards_synced_in_the_background_while_written_are_complete(tmp_path, monkeypatch):
+    from kimipipe.shard import ShardOptions, build_shards, verify, writer
+    monkeypatch.setattr(writer, "_SYNC_EVERY", 1)  # a background sync after every write
+    src = write_jsonl(tmp_path / "t.jsonl", records(300))
+    out = tmp_path / "shards"
+    result = build_shards([str(src)], str(out), ShardOptions(records_per_shard=100), "test")
+    assert [s.records for s in result.shards] == [100, 100, 100]
+    report = verify(str(out))
+    assert report.problems == [] and report.records == 300
+    assert len(shard_rows(out)) == 300
+
+
+def test_an_error_from_a_background_sync_fails_the_shard(tmp_path, monkeypatch):
+    from kimipipe.shard import writer
+    monkeypatch.setattr(writer, "_SYNC_EVERY", 1)
+
+    def broken(fd):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(writer.os, "fdatasync", broken)
+    f = writer._HashingFile(str(tmp_path / "x"))
+    f.write(b"data")
+    with pytest.raises(OSError, match="Input/output error"):
+        f.sync()
+    f.f.close()

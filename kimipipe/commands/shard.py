@@ -151,9 +151,12 @@ def cli(inputs, out_dir, fmt, records_per_shard, tokens_per_shard, compression_l
         max_length=max_length, truncate=truncate, on_duplicate=on_duplicate)
     argv = click.get_current_context().meta.get("kp_shard_argv", sys.argv[1:])
     command = shlex.join(["kp-shard", *argv])
-    with progress(desc="kp-shard", unit="rec", quiet=quiet) as bar:
-        result = build_shards(inputs, out_dir, opts, command, on_record=lambda: bar.update(1),
-                              collect_lengths=show_stats)
+    if quiet:  # (no bar: tqdm is not even imported)
+        result = build_shards(inputs, out_dir, opts, command, collect_lengths=show_stats)
+    else:
+        with progress(desc="kp-shard", unit="rec", quiet=quiet) as bar:
+            result = build_shards(inputs, out_dir, opts, command,
+                                  on_record=lambda: bar.update(1), collect_lengths=show_stats)
     _summary(result, out_dir, quiet)
     if show_stats and not quiet:
         click.echo(render_histogram(result.lengths, _stats_title(out_dir, result.manifest)),

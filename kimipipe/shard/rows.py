@@ -56,6 +56,10 @@ _DIGITS = b"0123456789"
 _SMALL = 4096  # bytes of ID text below which bytes methods beat numpy
 _MARKER = b'"\\u0000kp-shard"'  # what no token record holds as its input_ids
 _MARKER_RAW = Raw(_MARKER)
+_OUTPUT_AT_END = b'],"output_ids":['  # what precedes the output list when the lists end a record
+_OUTPUT_AT_END_LEN = len(_OUTPUT_AT_END)
+_INPUT_OPEN = b'"input_ids":['
+_INPUT_OPEN_LEN = len(_INPUT_OPEN)
 
 
 def _bad_list(name: str) -> msgspec.ValidationError:
@@ -74,24 +78,40 @@ def _count_ids(body, name: str) -> int:
 
 
 def _check_bodies(a: np.ndarray) -> int | None:
-    """The commas in A if A reads `N(,N)*` (N a JSON non-negative integer), else None.
+    """The commas in A if A reads `N(,N)*` (N a JSON non-negative integer), else None."""
+    checked = _check_array(a)
+    return None if checked is None else checked[0]
 
-    A handful of whole-array numpy passes: numpy's per-call cost is what shows here, so
-    the fast path checks both lists of a record in one array."""
-    if a.max() > _NINE or a.min() < _COMMA:  # only , - . / and digits may remain
+
+def _check_array(a: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """`_check_bodies`, with the array marking A's commas (to count part of A's IDs).
+
+    Whole-array numpy passes, as few as the common case allows: bytes only `,` and
+    digits, no `,` first or last, and no `,` followed by `,` or `0`. Only a list holding
+    a `,0` (the ID 0, or an error) or a `,,` gets the exact, longer check."""
+    if a.max() > _NINE:
         return None
     comma = a == _COMMA
     commas = int(np.count_nonzero(comma))
-    if (int(np.count_nonzero(a < _ZERO)) != commas or comma[0] or comma[-1]
-            or np.count_nonzero(comma[1:] & comma[:-1])):
+    # Every byte below `0` must be a comma: this refuses `-./` and all that sorts below `,`.
+    if int(np.count_nonzero(a < _ZERO)) != commas or comma[0] or comma[-1]:
         return None
-    # `01` is not JSON: a 0 that starts a number (first, or after a comma) and is followed
-    # by a digit (not by a comma).
-    zero_start = a[:-1] == _ZERO
-    zero_start[1:] &= comma[:-2]
-    if np.count_nonzero(zero_start > comma[1:]):
+    if a[0] == _ZERO and len(a) > 1 and not comma[1]:
+        return None  # `01...`: a leading zero
+    after = a[1:] <= _ZERO  # (only `,` and `0` are left at or below `0`)
+    after &= comma[:-1]
+    if np.count_nonzero(after) and not _no_empty_or_leading_zero(a, comma):
         return None
-    return commas
+    return commas, comma
+
+
+def _no_empty_or_leading_zero(a: np.ndarray, comma: np.ndarray) -> bool:
+    """No `,,`, and every `0` right after a comma is a whole number (`,0,` or `,0` last)."""
+    if np.count_nonzero(comma[1:] & comma[:-1]):
+        return False
+    zero_start = a[1:-1] == _ZERO
+    zero_start &= comma[:-2]
+    return not np.count_nonzero(zero_start > comma[2:])
 
 
 def _check_small(text: bytes) -> int | None:
@@ -108,41 +128,82 @@ def _check_small(text: bytes) -> int | None:
     return len(punctuation)
 
 
+def _lists_at_end(line: bytes) -> tuple[int, int, int, int] | None:
+    """Where the two lists are when they come last, as kimipipe writes them
+    (`...,"input_ids":[...],"output_ids":[...]` and then nothing holding a `[`): found
+    backwards from the end with single-byte searches (a list holds no `[`), so the text
+    before them is never scanned. None if the line is not laid out that way."""
+    o0 = line.rfind(b"[") + 1
+    i1 = o0 - _OUTPUT_AT_END_LEN  # (a negative start would count from the end)
+    if i1 < _INPUT_OPEN_LEN or not line.startswith(_OUTPUT_AT_END, i1):
+        return None
+    o1 = line.find(b"]", o0)
+    i0 = line.rfind(b"[", 0, i1) + 1
+    if (o1 <= o0 or i1 <= i0 or i0 < _INPUT_OPEN_LEN
+            or not line.startswith(_INPUT_OPEN, i0 - _INPUT_OPEN_LEN)):
+        return None
+    return i0, i1, o0, o1
+
+
+def _lists_by_key(line: bytes) -> tuple[int, int, int, int] | None:
+    """Where the two lists are, at the first `"input_ids":[` and the `"output_ids":[`
+    after it (or before it); None if either is missing or empty."""
+    i = line.find(_INPUT_KEY)
+    if i < 0 or line[i + _IN_LEN:i + _IN_LEN + 2] != b":[":
+        return None
+    i0 = i + _IN_LEN + 2
+    i1 = line.find(b"]", i0)
+    if i1 < 0:
+        return None
+    o = line.find(_OUTPUT_KEY, i1)  # kimipipe writes output_ids after input_ids
+    if o < 0:
+        o = line.find(_OUTPUT_KEY, 0, i)
+    if o < 0 or line[o + _OUT_LEN:o + _OUT_LEN + 2] != b":[":
+        return None
+    o0 = o + _OUT_LEN + 2
+    o1 = line.find(b"]", o0)
+    if o1 < 0 or i1 == i0 or o1 == o0:
+        return None  # (an empty list: rare, left to the slow path)
+    return i0, i1, o0, o1
+
+
 class TokenRecordDecoder:
     """Decodes a token-record line into TokenLists; plugs into `io.iter_records`.
 
-    Fast path (lines as kimipipe writes them: compact, non-empty lists): the two ID lists are cut out of the line at their keys, checked and
-    counted with numpy, and the rest of the line, a marker string in place of each list,
-    is parsed by msgspec. That parse validates every other byte and field, so the line is
-    proven valid JSON and well-typed, and the marker coming back as the record's own
-    `input_ids` and `output_ids` proves the lists cut out were the record's own (not a
-    key nested in another field). Anything else (whitespace or an empty list, escapes
-    spelling a key) takes the slow path: msgspec parses the whole
-    line and the lists are checked from its raw values. Errors come out of either path as
-    msgspec errors, which `iter_records` reports as `PATH:LINE: what is wrong`.
+    Fast path (lines as kimipipe writes them: compact, non-empty lists): the two ID lists
+    are cut out of the line, checked and counted with numpy (bytes methods for short
+    ones), and the rest of the line, a marker string in place of each list, is parsed by
+    msgspec. The lists are looked for first where kimipipe puts them, ending the record
+    (`_lists_at_end`: searched backwards, one byte at a time, so the text before them is
+    never scanned), then at their keys (`_lists_by_key`). The msgspec parse validates
+    every other byte and field, so the line is proven valid JSON and well-typed, and the
+    marker coming back as the record's own `input_ids` and `output_ids` proves the lists
+    cut out were the record's own (not a key nested in another field). Anything else
+    (whitespace or an empty list, escapes spelling a key) takes the slow path: msgspec
+    parses the whole line and the lists are checked from its raw values. Errors come out
+    of either path as msgspec errors, which `iter_records` reports as
+    `PATH:LINE: what is wrong`.
     """
 
     def decode(self, line: bytes) -> TokenLists:
-        fast = self._fast(line)
+        spans = _lists_at_end(line)  # (`_at_end`, inlined: this runs once per record)
+        fast = self._checked(line, *spans) if spans is not None else None
+        if fast is None:
+            fast = self._fast(line)
         return fast if fast is not None else self._slow(line)
 
+    def _at_end(self, line: bytes) -> TokenLists | None:
+        """The fast path for lists that end the record (see `_lists_at_end`)."""
+        spans = _lists_at_end(line)
+        return self._checked(line, *spans) if spans is not None else None
+
     def _fast(self, line: bytes) -> TokenLists | None:
-        i = line.find(_INPUT_KEY)
-        if i < 0 or line[i + _IN_LEN:i + _IN_LEN + 2] != b":[":
-            return None
-        i0 = i + _IN_LEN + 2
-        i1 = line.find(b"]", i0)
-        if i1 < 0:
-            return None
-        o = line.find(_OUTPUT_KEY, i1)  # kimipipe writes output_ids after input_ids
-        if o < 0:
-            o = line.find(_OUTPUT_KEY, 0, i)
-        if o < 0 or line[o + _OUT_LEN:o + _OUT_LEN + 2] != b":[":
-            return None
-        o0 = o + _OUT_LEN + 2
-        o1 = line.find(b"]", o0)
-        if o1 < 0 or i1 == i0 or o1 == o0:
-            return None  # (an empty list: rare, left to the slow path)
+        """The fast path for lists anywhere, found at their keys (see `_lists_by_key`)."""
+        spans = _lists_by_key(line)
+        return self._checked(line, *spans) if spans is not None else None
+
+    def _checked(self, line: bytes, i0: int, i1: int, o0: int, o1: int) -> TokenLists | None:
+        """The record if the lists at [i0:i1] and [o0:o1] are its own and valid, else None."""
         # Both lists, joined by a comma, checked and counted in one go: with numpy, or
         # for short lists (where numpy's per-call cost would dominate) with bytes methods.
         if i1 - i0 + o1 - o0 < _SMALL:
@@ -152,16 +213,19 @@ class TokenRecordDecoder:
             n_in = line.count(b",", i0, i1) + 1
         else:
             a = np.frombuffer(line, np.uint8)
+            # (a fresh, aligned array: numpy's passes over it are faster than over views)
             both = np.concatenate((a[i0:i1], _COMMA_ARRAY, a[o0:o1]))
-            commas = _check_bodies(both)
-            if commas is None:
+            checked = _check_array(both)
+            if checked is None:
                 return None
-            n_in = int(np.count_nonzero(both[:i1 - i0] == _COMMA)) + 1
+            commas, comma = checked
+            n_in = int(np.count_nonzero(comma[:i1 - i0])) + 1
         n_out = commas - n_in + 1
         # The rest of the line, each list replaced by a marker string, goes through
         # msgspec, which checks every byte and field of it. If the record's own fields
         # are not exactly our markers, the keys we found were not its own (nested, or
-        # the record spells a key with an escape): the slow path decides.
+        # the record spells a key with an escape): the caller tries elsewhere or the slow
+        # path decides.
         view = memoryview(line)
         (a0, a1), (b0, b1) = sorted(((i0, i1), (o0, o1)))
         try:

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -39,6 +40,7 @@ LOCK = ".kp-shard.lock"
 SHARD_SUFFIX = ".jsonl.zst"
 _TEMP = re.compile(r"^\..+\.jsonl\.zst\.tmp-\d+$|^\.manifest\.json\.tmp-\d+$"
                    r"|^\.kp-shard-spill-\d+$")  # our temporary names, and only those
+_SYNC_EVERY = 16 << 20  # compressed bytes between background syncs of a shard
 _JOB_SIZE = 0  # zstd picks it from the level (measured: smaller jobs were not faster)
 
 
@@ -70,20 +72,55 @@ class ShardInfo:
 
 
 class _HashingFile:
-    """The file under the compressor: counts and hashes the compressed bytes as they pass."""
+    """The file under the compressor: counts and hashes the compressed bytes as they pass.
+
+    Every `_SYNC_EVERY` bytes it has the data written so far synced by a background thread
+    (one at a time), so the fsync when the shard is finished has little left to wait for.
+    """
 
     def __init__(self, path: str):
         self.f = open(path, "wb")
         self.sha256 = hashlib.sha256()
         self.size = 0
+        self._unsynced = 0
+        self._syncing: threading.Thread | None = None
+        self._sync_error: OSError | None = None
 
     def write(self, data) -> int:
         self.sha256.update(data)
         self.size += len(data)
-        return self.f.write(data)
+        n = self.f.write(data)
+        self._unsynced += len(data)
+        if self._unsynced >= _SYNC_EVERY and (self._syncing is None
+                                              or not self._syncing.is_alive()):
+            self._unsynced = 0
+            self._syncing = threading.Thread(target=self._sync_behind, args=(self.f.fileno(),),
+                                             name="kp-shard-sync", daemon=True)
+            self._syncing.start()
+        return n
+
+    def _sync_behind(self, fd: int) -> None:
+        try:
+            os.fdatasync(fd)
+        except OSError as e:  # reported by sync(): the error is consumed on this fd
+            self._sync_error = e
 
     def flush(self) -> None:
         self.f.flush()
+
+    def wait(self) -> None:
+        """Wait for a background sync (before the file is synced for good or closed)."""
+        if self._syncing is not None:
+            self._syncing.join()
+            self._syncing = None
+
+    def sync(self) -> None:
+        """Flush, and fsync: the file's content is on disk when this returns."""
+        self.f.flush()
+        self.wait()
+        if self._sync_error is not None:
+            raise self._sync_error
+        os.fsync(self.f.fileno())
 
 
 class ShardFile:
@@ -117,8 +154,7 @@ class ShardFile:
     def close(self) -> ShardInfo:
         self._zst.flush(zstandard.FLUSH_FRAME)
         self._zst.close()
-        self._file.f.flush()
-        os.fsync(self._file.f.fileno())
+        self._file.sync()
         self._file.f.close()
         return ShardInfo(self.name, self.split, self.records, self.input_tokens,
                          self.output_tokens, self._file.size, self.uncompressed,
@@ -126,6 +162,7 @@ class ShardFile:
 
     def abandon(self) -> None:
         try:
+            self._file.wait()
             self._file.f.close()
         finally:
             if os.path.exists(self.tmp):
