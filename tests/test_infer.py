@@ -462,3 +462,12 @@ def test_fault_mix_plain_and_in_process(standin, tmp_path, mode, workers, http):
     assert s["retries"].get("timeout", 0) == injected.get("hang", 0) + injected.get("heartbeat", 0)
     assert s["retries"].get("cut", 0) == injected.get("cut", 0)
     assert len(server.ledger()) == 60
+
+
+def test_quiet_means_nothing_on_stderr_even_for_a_stop(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 30)
+    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--concurrency", "2",
+              "--token-budget", "500", "--quiet")
+    assert r.code == 3  # the exit code says it; --quiet keeps stderr empty
+    assert r.stderr == "" and r.stdout == b""

@@ -240,13 +240,18 @@ class Run:
         self.in_progress: set[str] = set()
         self.output_error: OSError | None = None
 
+    def _note(self, message: str) -> None:
+        """A line on stderr between progress bar updates; --quiet (a disabled bar) silences it."""
+        if not getattr(self.progress, "disable", False):
+            self.progress.write(redact(message), file=sys.stderr)
+
     # -- stopping -------------------------------------------------------------------------
     def stop(self, reason: str) -> None:
         if self.stop_reason is None:
             self.stop_reason = reason
-            self.progress.write(f"kp-infer: {STOP_MESSAGES[reason]}"
-                                + (f"; waiting for {self.limiter.in_flight} requests in flight"
-                                   if self.limiter.in_flight else ""), file=sys.stderr)
+            self._note(f"kp-infer: {STOP_MESSAGES[reason]}"
+                       + (f"; waiting for {self.limiter.in_flight} requests in flight"
+                          if self.limiter.in_flight else ""))
         self.stopping.set()
         self.settled.set()
 
@@ -254,8 +259,7 @@ class Run:
         self._interrupts += 1
         if self._interrupts == 1:
             self.stop("interrupted")
-            self.progress.write("kp-infer: press Ctrl-C again to cancel requests in flight now",
-                                file=sys.stderr)
+            self._note("kp-infer: press Ctrl-C again to cancel requests in flight now")
         else:
             for task in list(self.tasks):
                 task.cancel()
@@ -409,7 +413,7 @@ class Run:
                     self.stop("auth")
                     return
                 if result.kind == "no_route":
-                    self.progress.write(f"kp-infer: {result.message}", file=sys.stderr)
+                    self._note(f"kp-infer: {result.message}")
                     self.stop("no-route")
                     return
                 self._fail(prompt, "permanent", result, attempts)
@@ -487,8 +491,7 @@ class Run:
         try:
             remaining = await self.balance_check()
         except Exception as e:  # a failed poll is not a reason to stop paid work
-            self.progress.write(f"kp-infer: warning: could not read the balance: {redact(str(e))}",
-                                file=sys.stderr)
+            self._note(f"kp-infer: warning: could not read the balance: {e}")
             return
         if remaining is not None and remaining < self.c.min_credits:
             self.stop("min-credits")
