@@ -471,3 +471,17 @@ def test_quiet_means_nothing_on_stderr_even_for_a_stop(standin, tmp_path):
               "--token-budget", "500", "--quiet")
     assert r.code == 3  # the exit code says it; --quiet keeps stderr empty
     assert r.stderr == "" and r.stdout == b""
+
+
+def test_zstd_output_is_resumed_too(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 30)
+    out = tmp_path / "r.jsonl.zst"
+    r = infer(server, prompts, "-o", out, "--concurrency", "2", "--token-budget", "800")
+    assert r.code == 3, r.stderr
+    first = ids_of(out)
+    assert 0 < len(first) < 30 and out.read_bytes()[:4] == b"\x28\xb5\x2f\xfd"
+    r = infer(server, prompts, "-o", out, "--concurrency", "8")
+    assert r.code == 0, r.stderr
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(30)]
+    assert_correct(read_jsonl(out), prompts)
