@@ -76,6 +76,25 @@ def say(message: str, quiet: bool = False) -> None:
         click.echo(redact(message), err=True)
 
 
+def read_api_key(api_key_file: str | None, required: bool = True) -> str:
+    """The OpenRouter key from --api-key-file or OPENROUTER_API_KEY (exit 2 when missing)."""
+    if api_key_file:
+        try:
+            with open(api_key_file, encoding="utf-8") as f:
+                key = f.read().strip()
+        except OSError as e:
+            raise KPError(f"cannot read --api-key-file {api_key_file}: {e.strerror}",
+                          ExitCode.USAGE) from None
+        if not key and required:
+            raise KPError(f"--api-key-file {api_key_file} is empty", ExitCode.USAGE)
+        return key
+    key = os.environ.get("OPENROUTER_API_KEY", "").strip()
+    if not key and required:
+        raise KPError("no API key: set OPENROUTER_API_KEY or pass --api-key-file",
+                      ExitCode.USAGE)
+    return key
+
+
 def _debug_wanted(argv: list[str]) -> bool:
     return "--debug" in argv or os.environ.get("KP_DEBUG", "") not in ("", "0")
 

@@ -35,28 +35,10 @@ import sys
 
 import click
 
-from ..cli import common_options, run_command, say
+from ..cli import common_options, read_api_key, run_command, say
 from ..errors import ExitCode, KPError
 from ..openrouter import DEFAULT_BASE_URL
 from ..openrouter.money import AuthError, Balance, BalanceError, NetworkError, fetch_balance
-
-
-def read_api_key(api_key_file: str | None) -> str:
-    if api_key_file:
-        try:
-            with open(api_key_file, encoding="utf-8") as f:
-                key = f.read().strip()
-        except OSError as e:
-            raise KPError(f"cannot read --api-key-file {api_key_file}: {e.strerror}",
-                          ExitCode.USAGE) from None
-        if not key:
-            raise KPError(f"--api-key-file {api_key_file} is empty", ExitCode.USAGE)
-        return key
-    key = os.environ.get("OPENROUTER_API_KEY", "").strip()
-    if not key:
-        raise KPError("no API key: set OPENROUTER_API_KEY or pass --api-key-file",
-                      ExitCode.USAGE)
-    return key
 
 
 def usd(value: float | None) -> str:

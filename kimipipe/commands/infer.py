@@ -44,10 +44,11 @@ from ..cli import (
     output_option,
     partition_option,
     progress,
+    read_api_key,
     run_command,
     say,
 )
-from ..errors import ExitCode, InputError, KPError, redact
+from ..errors import ExitCode, KPError, redact
 from ..infer.budget import Budget
 from ..infer.engine import (
     RequestOptions,
@@ -72,20 +73,6 @@ from ..openrouter.routing import (
 from ..partition import in_partition
 
 QUANTIZATIONS = ("int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32", "unknown")
-
-
-def read_api_key(api_key_file: str | None, required: bool = True) -> str:
-    if api_key_file:
-        try:
-            with open(api_key_file) as f:
-                key = f.read().strip()
-        except OSError as e:
-            raise InputError(f"cannot read the API key file: {e.strerror}", api_key_file) from None
-    else:
-        key = os.environ.get("OPENROUTER_API_KEY", "").strip()
-    if not key and required:
-        raise KPError("no API key: set OPENROUTER_API_KEY or pass --api-key-file", ExitCode.USAGE)
-    return key
 
 
 async def fetch_endpoints(base_url: str, api_key: str, model: str) -> list[Endpoint]:
