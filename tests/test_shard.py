@@ -626,19 +626,21 @@ def test_out_that_is_a_file_is_a_usage_error(tmp_path):
 def test_id_list_checks_match_json_on_random_bodies():
     import random
 
-    import numpy as np
-
-    from kimipipe.shard.rows import _check_bodies, _check_small
+    from kimipipe.shard.rows import IdListChecker
+    check = IdListChecker()
     rng = random.Random(0)
     for _ in range(5000):
-        body = "".join(rng.choice("0123456789,,00") for _ in range(rng.randint(1, 9)))
+        body = "".join(rng.choice("0123456789,,00") for _ in range(rng.randint(1, 9))).encode()
         try:
-            values = json.loads(f"[{body}]")
-            want = body.count(",")
+            values = json.loads(b"[" + body + b"]")
+            want = body.count(b",")
         except ValueError:
             want = None
-        assert _check_bodies(np.frombuffer(body.encode(), np.uint8)) == want, body
-        assert _check_small(body.encode()) == want, body
+        assert check.commas(body, 0, len(body)) == want, body
+        # in place, inside a line, with neighbours that would pass or fail the check
+        for left, right in ((b"1,", b",2"), (b",", b","), (b"[", b"]")):
+            line = left + body + right
+            assert check.commas(line, len(left), len(line) - len(right)) == want, line
         if want is not None:
             assert len(values) == want + 1
 
@@ -648,7 +650,7 @@ def test_lists_that_end_the_record_are_found_from_the_end_and_checked_like_the_r
 
     from kimipipe.shard.rows import TokenRecordDecoder
     dec = TokenRecordDecoder()
-    big = ",".join(str(i) for i in range(1000, 3000))  # over 4 KiB: the numpy check
+    big = ",".join(str(i) for i in range(1000, 3000))
     good = [
         # (line, taken by the end path?)
         (b'{"id":"a","dataset":"B","input_ids":[1,2,3],"output_ids":[4,0,50]}', True),
@@ -681,15 +683,19 @@ def test_lists_that_end_the_record_are_found_from_the_end_and_checked_like_the_r
 
 
 def test_id_list_check_on_long_lists_with_zeros_and_errors_far_in():
-    import numpy as np
-
-    from kimipipe.shard.rows import _check_bodies
-    base = ",".join(str(i) for i in range(1, 2000))
-    for body, want in ((base, 1998), (base + ",0", 1999), ("0," + base, 1999),
-                       (base + ",0,5", 2000), (base + ",05", None), (base + ",,5", None),
+    from kimipipe.shard.rows import IdListChecker
+    check = IdListChecker()
+    base = ",".join(str(i) for i in range(1, 20000))  # longer than the scratch buffer
+    for body, want in ((base, 19998), (base + ",0", 19999), ("0," + base, 19999),
+                       (base + ",0,5", 20000), (base + ",05", None), (base + ",,5", None),
                        (base + ",", None), ("," + base, None), ("05," + base, None),
-                       (base + ",-5", None), (base + ",5/", None), (base + ",5:", None)):
-        assert _check_bodies(np.frombuffer(body.encode(), np.uint8)) == want, body[-8:]
+                       (base + ",-5", None), (base + ",5/", None), (base + ",5:", None),
+                       ("0", 0), ("00", None), ("0,0,0", 2), ("0,00", None), ("10,0", 1),
+                       (base + ",5 ", None), (base.replace(",777,", ",7,,7,"), None)):
+        assert check.commas(body.encode(), 0, len(body)) == want, body[-8:]
+        line = b'x"input_ids":[' + body.encode() + b"]}"
+        assert check.commas(line, 14, len(line) - 2) == want, body[-8:]
+    assert check.commas(b"12", 1, 1) is None  # an empty span
 
 
 def test_shards_synced_in_the_background_while_written_are_complete(tmp_path, monkeypatch):

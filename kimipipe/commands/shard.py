@@ -44,12 +44,9 @@ import re
 import shlex
 import sys
 
-# kp-shard uses numpy for byte counting only: no BLAS threads to start (and spin) at import.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import click
 
-import click  # noqa: E402
-
-from ..cli import (  # noqa: E402
+from ..cli import (
     COUNT,
     EXIT_CODES_HELP,
     SIZE,
@@ -59,8 +56,8 @@ from ..cli import (  # noqa: E402
     run_command,
     say,
 )
-from ..errors import ExitCode, InputError, KPError  # noqa: E402
-from ..shard import ShardOptions, build_shards, read_lengths, render_histogram, verify  # noqa: E402
+from ..errors import ExitCode, InputError, KPError
+from ..shard import ShardOptions, build_shards, read_lengths, render_histogram, verify
 
 DEFAULT_RECORDS_PER_SHARD = 10_000
 

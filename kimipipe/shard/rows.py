@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 import msgspec
-import numpy as np
+import stringzilla as sz
 from msgspec import Raw, Struct
 
 from ..records import decode_passthrough, merge_fields
@@ -50,82 +50,64 @@ _INPUT_KEY = b'"input_ids"'
 _OUTPUT_KEY = b'"output_ids"'
 _IN_LEN = len(_INPUT_KEY)
 _OUT_LEN = len(_OUTPUT_KEY)
-_NINE = ord("9")
-_COMMA_ARRAY = np.array([_COMMA], np.uint8)
-_DIGITS = b"0123456789"
-_SMALL = 4096  # bytes of ID text below which bytes methods beat numpy
 _MARKER = b'"\\u0000kp-shard"'  # what no token record holds as its input_ids
 _MARKER_RAW = Raw(_MARKER)
 _OUTPUT_AT_END = b'],"output_ids":['  # what precedes the output list when the lists end a record
 _OUTPUT_AT_END_LEN = len(_OUTPUT_AT_END)
 _INPUT_OPEN = b'"input_ids":['
 _INPUT_OPEN_LEN = len(_INPUT_OPEN)
+_ID_BYTES = b"0123456789,"
+_COMMA_IS_ONE = bytes(int(i == _COMMA) for i in range(256))  # bytesum of the image = commas
+_DIGIT_CLASS = bytes.maketrans(b"123456789", b"111111111")  # `0` and `,` kept, 1-9 -> `1`
 
 
 def _bad_list(name: str) -> msgspec.ValidationError:
     return msgspec.ValidationError(f"`{name}` must be a list of non-negative integer token IDs")
 
 
-def _count_ids(body, name: str) -> int:
-    """Length of a list body that must read `N(,N)*` with N a JSON non-negative integer
-    (digits, no leading zero). Raises otherwise. (The slow path's check.)"""
-    if not body:
-        return 0
-    n_commas = _check_bodies(np.frombuffer(body, np.uint8))
-    if n_commas is None:
-        raise _bad_list(name)
-    return n_commas + 1
+class IdListChecker:
+    """Checks and counts the body of an ID list in place: `N(,N)*`, N a JSON non-negative
+    integer (digits, no leading zero), as the bytes [a:b] of a line, without copying it.
 
+    Whole-span SIMD scans (stringzilla): no byte but digits and commas, no `,,`, no comma
+    first or last, and no `,0` unless each such zero is a whole number (checked exactly,
+    on a copy, only for a list holding one); the commas are counted by mapping each byte
+    to 0 or 1 and summing. Holds the scratch buffer of that map, so one per thread.
+    """
 
-def _check_bodies(a: np.ndarray) -> int | None:
-    """The commas in A if A reads `N(,N)*` (N a JSON non-negative integer), else None."""
-    checked = _check_array(a)
-    return None if checked is None else checked[0]
+    def __init__(self) -> None:
+        self._scratch = bytearray(1 << 16)
 
-
-def _check_array(a: np.ndarray) -> tuple[int, np.ndarray] | None:
-    """`_check_bodies`, with the array marking A's commas (to count part of A's IDs).
-
-    Whole-array numpy passes, as few as the common case allows: bytes only `,` and
-    digits, no `,` first or last, and no `,` followed by `,` or `0`. Only a list holding
-    a `,0` (the ID 0, or an error) or a `,,` gets the exact, longer check."""
-    if a.max() > _NINE:
-        return None
-    comma = a == _COMMA
-    commas = int(np.count_nonzero(comma))
-    # Every byte below `0` must be a comma: this refuses `-./` and all that sorts below `,`.
-    if int(np.count_nonzero(a < _ZERO)) != commas or comma[0] or comma[-1]:
-        return None
-    if a[0] == _ZERO and len(a) > 1 and not comma[1]:
-        return None  # `01...`: a leading zero
-    after = a[1:] <= _ZERO  # (only `,` and `0` are left at or below `0`)
-    after &= comma[:-1]
-    if np.count_nonzero(after) and not _no_empty_or_leading_zero(a, comma):
-        return None
-    return commas, comma
-
-
-def _no_empty_or_leading_zero(a: np.ndarray, comma: np.ndarray) -> bool:
-    """No `,,`, and every `0` right after a comma is a whole number (`,0,` or `,0` last)."""
-    if np.count_nonzero(comma[1:] & comma[:-1]):
-        return False
-    zero_start = a[1:-1] == _ZERO
-    zero_start &= comma[:-2]
-    return not np.count_nonzero(zero_start > comma[2:])
-
-
-def _check_small(text: bytes) -> int | None:
-    """`_check_bodies` for a short bytes body, without numpy."""
-    punctuation = text.translate(None, _DIGITS)
-    if (punctuation.strip(b",") or text[:1] == b"," or text[-1:] == b","
-            or b",," in text or (text[:1] == b"0" and text[1:2] not in (b"", b","))):
-        return None
-    k = text.find(b",0")
-    while k >= 0:
-        if text[k + 2:k + 3] not in (b"", b","):
+    def commas(self, buf, a: int, b: int) -> int | None:
+        """The commas in buf[a:b] if it is a valid, non-empty list body, else None."""
+        if (b <= a or sz.find_first_not_of(buf, _ID_BYTES, a, b) >= 0
+                or buf[a] == _COMMA or buf[b - 1] == _COMMA or sz.find(buf, b",,", a, b) >= 0):
             return None
-        k = text.find(b",0", k + 2)
-    return len(punctuation)
+        if (buf[a] == _ZERO or sz.find(buf, b",0", a, b) >= 0) and not _zeros_whole(buf, a, b):
+            return None
+        n = b - a
+        if n > len(self._scratch):
+            self._scratch = bytearray(n)
+        ones = memoryview(self._scratch)[:n]
+        sz.translate(buf, _COMMA_IS_ONE, start=a, end=b, out=ones)
+        return sz.bytesum(ones)
+
+    def count(self, body, name: str) -> int:
+        """The IDs in a list body (empty: 0). Raises naming NAME unless it is valid.
+        (The slow path's check.)"""
+        if not body:
+            return 0
+        commas = self.commas(body, 0, len(body))
+        if commas is None:
+            raise _bad_list(name)
+        return commas + 1
+
+
+def _zeros_whole(buf, a: int, b: int) -> bool:
+    """No number in buf[a:b] (digits and commas, no empty number) has a leading zero."""
+    classes = sz.translate(buf, _DIGIT_CLASS, start=a, end=b)  # a copy: rare, so fine
+    return (classes[:2] not in (b"00", b"01") and sz.find(classes, b",00") < 0
+            and sz.find(classes, b",01") < 0)
 
 
 def _lists_at_end(line: bytes) -> tuple[int, int, int, int] | None:
@@ -171,8 +153,7 @@ class TokenRecordDecoder:
     """Decodes a token-record line into TokenLists; plugs into `io.iter_records`.
 
     Fast path (lines as kimipipe writes them: compact, non-empty lists): the two ID lists
-    are cut out of the line, checked and counted with numpy (bytes methods for short
-    ones), and the rest of the line, a marker string in place of each list, is parsed by
+    are checked and counted where they lie in the line (`IdListChecker`), and the rest of the line, a marker string in place of each list, is parsed by
     msgspec. The lists are looked for first where kimipipe puts them, ending the record
     (`_lists_at_end`: searched backwards, one byte at a time, so the text before them is
     never scanned), then at their keys (`_lists_by_key`). The msgspec parse validates
@@ -184,6 +165,9 @@ class TokenRecordDecoder:
     of either path as msgspec errors, which `iter_records` reports as
     `PATH:LINE: what is wrong`.
     """
+
+    def __init__(self) -> None:
+        self.ids = IdListChecker()
 
     def decode(self, line: bytes) -> TokenLists:
         spans = _lists_at_end(line)  # (`_at_end`, inlined: this runs once per record)
@@ -204,23 +188,13 @@ class TokenRecordDecoder:
 
     def _checked(self, line: bytes, i0: int, i1: int, o0: int, o1: int) -> TokenLists | None:
         """The record if the lists at [i0:i1] and [o0:o1] are its own and valid, else None."""
-        # Both lists, joined by a comma, checked and counted in one go: with numpy, or
-        # for short lists (where numpy's per-call cost would dominate) with bytes methods.
-        if i1 - i0 + o1 - o0 < _SMALL:
-            commas = _check_small(b"".join((line[i0:i1], b",", line[o0:o1])))
-            if commas is None:
-                return None  # let the slow path name the error exactly
-            n_in = line.count(b",", i0, i1) + 1
-        else:
-            a = np.frombuffer(line, np.uint8)
-            # (a fresh, aligned array: numpy's passes over it are faster than over views)
-            both = np.concatenate((a[i0:i1], _COMMA_ARRAY, a[o0:o1]))
-            checked = _check_array(both)
-            if checked is None:
-                return None
-            commas, comma = checked
-            n_in = int(np.count_nonzero(comma[:i1 - i0])) + 1
-        n_out = commas - n_in + 1
+        # Each list checked and counted where it lies in the line (no copy).
+        check = self.ids.commas
+        in_commas = check(line, i0, i1)
+        out_commas = check(line, o0, o1) if in_commas is not None else None
+        if out_commas is None:
+            return None  # let the slow path name the error exactly
+        n_in, n_out = in_commas + 1, out_commas + 1
         # The rest of the line, each list replaced by a marker string, goes through
         # msgspec, which checks every byte and field of it. If the record's own fields
         # are not exactly our markers, the keys we found were not its own (nested, or
@@ -239,19 +213,19 @@ class TokenRecordDecoder:
 
     def _slow(self, line: bytes) -> TokenLists:
         rec = _full_decoder.decode(line)
-        prompt, n_in = _raw_list_body(rec.input_ids, "input_ids")
-        output, n_out = _raw_list_body(rec.output_ids, "output_ids")
+        prompt, n_in = _raw_list_body(rec.input_ids, "input_ids", self.ids)
+        output, n_out = _raw_list_body(rec.output_ids, "output_ids", self.ids)
         return TokenLists(rec.id, prompt, n_in, output, n_out)
 
 
-def _raw_list_body(raw: Raw, name: str) -> tuple[bytes, int]:
+def _raw_list_body(raw: Raw, name: str, ids: IdListChecker) -> tuple[bytes, int]:
     """The compact body of a list msgspec has parsed (so valid JSON) and its length."""
     text = bytes(raw)
     if text[:1] != b"[":
         raise _bad_list(name)
     text = text.translate(None, b" \t\r\n")
     body = text[1:-1]
-    return body, _count_ids(body, name)
+    return body, ids.count(body, name)
 
 
 TOKEN_RECORD_DECODER = TokenRecordDecoder()
