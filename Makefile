@@ -58,6 +58,11 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@# Byte-compile the checkout, as pip does for an installed package: an editable
+	@# install is not compiled, and with PYTHONDONTWRITEBYTECODE set (common in
+	@# containers) every command would compile kimipipe again on each start (~15 ms).
+	@# Not the bundled tokenizers: their code is data, copied as it is.
+	$(BIN)/python -m compileall -q -x 'kimipipe/data/' kimipipe
 	touch $@
 
 test: venv

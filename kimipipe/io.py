@@ -95,10 +95,12 @@ def zstd_reader(compressed: BinaryIO) -> io.BufferedReader:
     return io.BufferedReader(_ZstdRaw(reader), buffer_size=1 << 20)
 
 
-def iter_lines(path: str) -> Iterator[tuple[int, bytes, bool]]:
+def iter_lines(path: str, keep_newline: bool = False) -> Iterator[tuple[int, bytes, bool]]:
     """(line number, line without its newline, whether it ended with a newline).
 
     Blank lines are skipped. A corrupt or truncated zstd stream is an input error.
+    KEEP_NEWLINE leaves the line as read, newline included (no copy of each line: for a
+    consumer that takes trailing whitespace, as msgspec's decoders do).
     """
     with open_input(path) as f:
         lineno = 0
@@ -106,7 +108,7 @@ def iter_lines(path: str) -> Iterator[tuple[int, bytes, bool]]:
             for line in f:
                 lineno += 1
                 ended = line.endswith(b"\n")
-                body = line.rstrip(b"\r\n") if ended else line
+                body = line.rstrip(b"\r\n") if ended and not keep_newline else line
                 if not body or body.isspace():  # no copy of every line
                     continue
                 yield lineno, body, ended
@@ -123,14 +125,15 @@ def describe_decode_error(err: Exception, ended: bool) -> str:
     return text.replace(" - at `", " at `")
 
 
-def iter_records(path: str, decoder: msgspec.json.Decoder) -> Iterator[tuple[int, object, bytes]]:
+def iter_records(path: str, decoder: msgspec.json.Decoder,
+                 keep_newline: bool = False) -> Iterator[tuple[int, object, bytes]]:
     """(line number, record, raw line) for every record of PATH, validated by DECODER.
 
     Raises InputError naming PATH and the line for a bad line, and for an input with no
-    records at all.
+    records at all. KEEP_NEWLINE: see `iter_lines`.
     """
     count = 0
-    for lineno, line, ended in iter_lines(path):
+    for lineno, line, ended in iter_lines(path, keep_newline):
         try:
             record = decoder.decode(line)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:

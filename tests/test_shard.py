@@ -42,6 +42,14 @@ def shard_rows(directory) -> list[dict]:
     return rows
 
 
+def shard_bytes(directory) -> bytes:
+    """The rows of every shard, decompressed, as one byte string (in manifest order)."""
+    dctx = zstandard.ZstdDecompressor()
+    return b"".join(dctx.stream_reader((directory / s["file"]).read_bytes(),
+                                       read_across_frames=True).read()
+                    for s in manifest_of(directory)["shards"])
+
+
 def manifest_of(directory) -> dict:
     return json.loads((directory / "manifest.json").read_text())
 
@@ -621,6 +629,34 @@ def test_out_that_is_a_file_is_a_usage_error(tmp_path):
     assert r.code == 2 and "is a file" in r.stderr
     r = kp("shard", src, "--out", src / "sub")
     assert r.code == 2 and "cannot use as the output directory" in r.stderr
+
+
+def test_crlf_line_ends_and_blank_lines_give_the_same_rows_in_both_formats(tmp_path):
+    """kp-shard reads lines with their line end kept (no copy per line): a `\r\n` file
+    with blank lines, with and without a final newline, gives the rows an `\n` file gives."""
+    recs = records(6)
+    plain = write_jsonl(tmp_path / "lf.jsonl", recs)
+    lines = [json.dumps(r, separators=(",", ":")).encode() for r in recs]
+    variants = {"crlf": b"\r\n".join(lines) + b"\r\n",
+                "blank": b"\n\n".join(lines[:3]) + b"\n \r\n" + b"\n".join(lines[3:]) + b"\n",
+                "unended": b"\n".join(lines)}  # (no newline after the last record)
+    for fmt in ("eagle", "raw"):
+        want_dir = tmp_path / f"want-{fmt}"
+        assert kp("shard", plain, "--out", want_dir, "--format", fmt).code == 0
+        want = shard_bytes(want_dir)
+        assert len(want.splitlines()) == 6 and b"\r" not in want
+        for name, data in variants.items():
+            src = tmp_path / f"{name}.jsonl"
+            src.write_bytes(data)
+            out = tmp_path / f"{name}-{fmt}"
+            r = kp("shard", src, "--out", out, "--format", fmt, "--max-length", "8", "--truncate")
+            assert r.code == 0, (name, r.stderr)
+            cut = kp("shard", plain, "--out", tmp_path / "cut", "--format", fmt,
+                     "--max-length", "8", "--truncate")
+            assert cut.code == 0
+            assert shard_bytes(out) == shard_bytes(tmp_path / "cut"), (name, fmt)
+            r = kp("shard", src, "--out", out, "--format", fmt)
+            assert r.code == 0 and shard_bytes(out) == want, (name, fmt)
 
 
 def test_id_list_checks_match_json_on_random_bodies():

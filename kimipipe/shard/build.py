@@ -66,7 +66,7 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
     def rows() -> Iterator[tuple[int, int, str, Row]]:
         nonlocal read
         for source, path in enumerate(inputs):
-            for lineno, rec, line in iter_records(path, TOKEN_RECORD_DECODER):
+            for lineno, rec, line in iter_records(path, TOKEN_RECORD_DECODER, keep_newline=True):
                 read += 1
                 on_record()
                 row = builder.build(rec, line)
