@@ -727,9 +727,11 @@ def test_id_list_check_on_long_lists_with_zeros_and_errors_far_in():
                        (base + ",", None), ("," + base, None), ("05," + base, None),
                        (base + ",-5", None), (base + ",5/", None), (base + ",5:", None),
                        ("0", 0), ("00", None), ("0,0,0", 2), ("0,00", None), ("10,0", 1),
-                       (base + ",5 ", None), (base.replace(",777,", ",7,,7,"), None)):
-        assert check.commas(body.encode(), 0, len(body)) == want, body[-8:]
-        line = b'x"input_ids":[' + body.encode() + b"]}"
+                       (base + ",5 ", None), (base.replace(",777,", ",7,,7,"), None),
+                       ("1,\x002", None), ("1,\xff", None), ("\x80", None), ("1\n", None)):
+        data = body.encode("latin-1")  # (one byte per character, as written)
+        assert check.commas(data, 0, len(data)) == want, body[-8:]
+        line = b'x"input_ids":[' + data + b"]}"
         assert check.commas(line, 14, len(line) - 2) == want, body[-8:]
     assert check.commas(b"12", 1, 1) is None  # an empty span
 
