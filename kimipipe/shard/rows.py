@@ -153,10 +153,11 @@ class TokenRecordDecoder:
     """Decodes a token-record line into TokenLists; plugs into `io.iter_records`.
 
     Fast path (lines as kimipipe writes them: compact, non-empty lists): the two ID lists
-    are checked and counted where they lie in the line (`IdListChecker`), and the rest of the line, a marker string in place of each list, is parsed by
-    msgspec. The lists are looked for first where kimipipe puts them, ending the record
-    (`_lists_at_end`: searched backwards, one byte at a time, so the text before them is
-    never scanned), then at their keys (`_lists_by_key`). The msgspec parse validates
+    are checked and counted where they lie in the line (`IdListChecker`), and the rest of
+    the line, a marker string in place of each list, is parsed by msgspec. The lists are
+    looked for first where kimipipe puts them, ending the record (`_lists_at_end`:
+    searched backwards, one byte at a time, so the text before them is never scanned),
+    then at their keys (`_lists_by_key`). The msgspec parse validates
     every other byte and field, so the line is proven valid JSON and well-typed, and the
     marker coming back as the record's own `input_ids` and `output_ids` proves the lists
     cut out were the record's own (not a key nested in another field). Anything else
