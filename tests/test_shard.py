@@ -42,12 +42,15 @@ def shard_rows(directory) -> list[dict]:
     return rows
 
 
+def read_raw(path) -> bytes:
+    """A shard's rows, decompressed, exactly as written."""
+    with open(path, "rb") as f:
+        return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True).read()
+
+
 def shard_bytes(directory) -> bytes:
     """The rows of every shard, decompressed, as one byte string (in manifest order)."""
-    dctx = zstandard.ZstdDecompressor()
-    return b"".join(dctx.stream_reader((directory / s["file"]).read_bytes(),
-                                       read_across_frames=True).read()
-                    for s in manifest_of(directory)["shards"])
+    return b"".join(read_raw(directory / s["file"]) for s in manifest_of(directory)["shards"])
 
 
 def manifest_of(directory) -> dict:
@@ -139,8 +142,7 @@ def test_ids_with_whitespace_are_read_and_written_compact(tmp_path):
 
 
 def read_raw_lines(path) -> list[bytes]:
-    with open(path, "rb") as f:
-        return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True).read().splitlines()
+    return read_raw(path).splitlines()
 
 
 def test_raw_format_keeps_the_records_as_they_came(tmp_path):
