@@ -52,7 +52,7 @@ class Selection:
     """Pass one's verdicts: which candidates are written, and the counts for the summary."""
 
     kept: dict[tuple, str] = field(default_factory=dict)  # position -> id
-    seen_ids: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # id -> (hash, file, line)
+    seen_ids: dict[str, tuple[str, str, int | str]] = field(default_factory=dict)  # id -> (hash, file, where)
     seen_content: set[str] = field(default_factory=set)
     no_user_turn: int = 0
     duplicates: int = 0

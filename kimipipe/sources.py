@@ -44,8 +44,14 @@ class FormatError(Exception):
 
 @dataclass
 class SourceRecord:
-    line: int
+    line: int  # where the record starts, for error messages (several share a line in a one-line array)
     obj: Any
+    index: int = 0  # the record's position in its file: what tells records apart
+    element: bool = False  # an element of a JSON array (errors then name its number)
+
+    def where(self, message: str) -> str:
+        """MESSAGE located inside the record: `element N: ...` for JSON array elements."""
+        return f"element {self.index + 1}: {message}" if self.element else message
 
 
 def read_source(path: str, fmt: str, display: str | None = None) -> Iterator[SourceRecord]:
@@ -57,11 +63,11 @@ def read_source(path: str, fmt: str, display: str | None = None) -> Iterator[Sou
         with open_input(path) as f:
             head = f.peek(1 << 12)[: 1 << 12].lstrip()
         records = _read_json_array(path, shown) if head.startswith(b"[") else _read_jsonl(path, shown)
-    empty = True
-    for record in records:
-        empty = False
+    index = -1
+    for index, record in enumerate(records):
+        record.index = index
         yield record
-    if empty:
+    if index < 0:
         raise InputError("empty input: no records", shown)
 
 
@@ -132,7 +138,7 @@ def _read_json_array(path: str, shown: str) -> Iterator[SourceRecord]:
             obj, end = decoder.raw_decode(text, start)
         except json.JSONDecodeError as e:
             raise InputError(f"invalid JSON: {e.msg}", shown, e.lineno) from None
-        yield SourceRecord(line, obj)
+        yield SourceRecord(line, obj, element=True)
         line += text.count("\n", start, end)
         pos = end
         expect_value = False

@@ -232,9 +232,13 @@ def test_routing_violation_is_not_written_as_a_result(standin, tmp_path):
     assert r.code == 4, r.stderr
     violations = [f for f in read_jsonl(failures) if f["kind"] == "routing_violation"]
     assert violations and all(f["cost"] > 0 for f in violations)
-    assert all(("Fireworks" in f["message"] or "BaseTen" in f["message"]) for f in violations)
+    # the names ignored, and (the Kimi default allows int4/unknown only) DeepInfra's FP4 turbo
+    assert {f["provider"] for f in violations} <= {"Fireworks", "BaseTen", "DeepInfra Turbo"}
+    for f in violations:
+        assert f["message"] == (f"served by {f['provider']}: quantization fp4 not allowed"
+                                if f["provider"] == "DeepInfra Turbo" else f"served by {f['provider']}: ignored")
     written = read_jsonl(out)
-    assert written and all(x["provider"] not in ("Fireworks", "BaseTen") for x in written)
+    assert written and all(x["provider"] in NATIVE for x in written)
     assert len(written) + len(violations) == 30
     s = json.loads(summary.read_text())
     assert s["failed"]["routing_violation"] == len(violations)
@@ -485,3 +489,46 @@ def test_zstd_output_is_resumed_too(standin, tmp_path):
     assert r.code == 0, r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(30)]
     assert_correct(read_jsonl(out), prompts)
+
+
+NATIVE = {"Moonshot AI", "Together", "DeepInfra", "Parasail"}  # int4 or unknown in the stand-in
+
+
+def test_kimi_native_weights_are_the_routing_default(standin, tmp_path):
+    """No routing flags: only int4/unknown endpoints serve (the stand-in's price-weighted
+    pick would land on FP4/NVFP4 ones about half the time), and no warning is printed."""
+    server = standin(ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 60)
+    out = tmp_path / "r.jsonl"
+    r = infer(server, prompts, "-o", out, "--concurrency", "16")
+    assert r.code == 0, r.stderr
+    assert {x["provider"] for x in read_jsonl(out)} <= NATIVE
+    assert {x["provider"] for x in server.ledger()} <= NATIVE and len(server.ledger()) == 60
+    assert "warning" not in r.stderr
+    # the same prompts with the default lifted do reach re-quantized endpoints, with a warning
+    out2 = tmp_path / "r2.jsonl"
+    r = infer(server, prompts, "-o", out2, "--concurrency", "16", "--any-quantization",
+              "--ignore-provider", "fireworks", "--ignore-provider", "baseten")
+    assert r.code == 0, r.stderr
+    assert ("kp-infer: warning: DeepInfra Turbo serves moonshotai/kimi-k2.5 as fp4, re-quantized "
+            "from its native int4 weights") in r.stderr
+    assert "Fireworks" not in r.stderr and "BaseTen" not in r.stderr
+    assert "DeepInfra Turbo" in {x["provider"] for x in read_jsonl(out2)}
+
+
+def test_plan_warns_when_flags_allow_requantized_endpoints(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 5)
+    r = infer(server, prompts, "--plan", "--quantization", "int4", "--quantization", "fp4")
+    assert r.code == 0, r.stderr
+    warned = sorted(x for x in r.stderr.splitlines() if x.startswith("warning:"))
+    assert warned == [
+        "warning: BaseTen serves moonshotai/kimi-k2.5 as fp4, re-quantized from its native int4 weights",
+        "warning: DeepInfra Turbo serves moonshotai/kimi-k2.5 as fp4, re-quantized from its native int4 weights",
+        "warning: to keep to the native weights, pass --quantization int4 --quantization unknown (the default)",
+    ]
+    r = infer(server, prompts, "--plan")
+    assert r.code == 0 and "warning" not in r.stderr
+    verdicts = {x.split()[0]: x for x in r.stderr.splitlines() if x.startswith("  ")}
+    assert "quantization nvfp4 not allowed" in verdicts["Fireworks"]
+    assert verdicts["Together"].rstrip().endswith("allowed")

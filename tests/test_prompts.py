@@ -187,8 +187,68 @@ def test_error_in_json_array_names_element_line(tmp_path):
     src.write_text('[\n  {"prompt": "a"},\n  {"prompt": "b"},\n  {"prompt": 3}\n]\n')
     r = kp("prompts", src)
     assert r.code == 2
-    assert r.stderr.strip() == f"kp-prompts: {src}:4: expected a string, got number at `$.prompt`"
+    assert r.stderr.strip() == (f"kp-prompts: {src}:4: element 3: expected a string, got number "
+                                "at `$.prompt`")
     assert r.stdout == b""
+
+
+def _conversations(n: int, with_ids: bool) -> list[dict]:
+    convs = []
+    for i in range(n):
+        conv = {"conversations": [
+            {"from": "human", "value": f"question {i}"}, {"from": "gpt", "value": f"answer {i}"},
+            {"from": "human", "value": f"follow-up {i}"}, {"from": "gpt", "value": "ok"}]}
+        if with_ids:
+            conv = {"id": f"c{i}", **conv}
+        convs.append(conv)
+    return convs
+
+
+def _write_source(path, convs, layout):
+    if layout == "one-line":  # what plain json.dump(data, f) writes
+        path.write_text(json.dumps(convs))
+    elif layout == "pretty":
+        path.write_text(json.dumps(convs, indent=2))
+    else:
+        path.write_text("".join(json.dumps(c) + "\n" for c in convs))
+
+
+def test_every_layout_gives_one_record_per_element_with_its_own_id(tmp_path):
+    """One-line arrays (json.dump), pretty arrays and JSONL of the same data give the same
+    records: one per element (two with --turns each), ids distinct, with and without ids."""
+    for with_ids in (True, False):
+        convs = _conversations(300, with_ids)
+        for turns, per_conv in (("last", 1), ("each", 2)):
+            outputs = {}
+            for layout, name in (("one-line", "a.json"), ("pretty", "b.json"), ("jsonl", "c.jsonl")):
+                src = tmp_path / name
+                _write_source(src, convs, layout)
+                r = kp("prompts", src, "--dataset", "B3", "--turns", turns)
+                assert r.code == 0, r.stderr
+                recs = r.records()
+                assert len(recs) == 300 * per_conv, (layout, turns, with_ids)
+                assert len({x["id"] for x in recs}) == 300 * per_conv, (layout, turns, with_ids)
+                outputs[layout] = r.stdout
+            assert outputs["one-line"] == outputs["pretty"] == outputs["jsonl"], (turns, with_ids)
+            if with_ids:
+                expected = [f"c{i}" for i in range(300)] if turns == "last" else \
+                    [f"c{i}#{k}" for i in range(300) for k in (1, 2)]
+                assert [x["id"] for x in r.records()] == expected
+
+
+def test_one_line_array_error_names_the_element(tmp_path):
+    src = tmp_path / "one.json"
+    src.write_text(json.dumps([{"prompt": "a"}, {"prompt": "b"}, {"prompt": 3}]))
+    r = kp("prompts", src)
+    assert r.code == 2 and r.stdout == b""
+    assert r.stderr.strip() == (f"kp-prompts: {src}:1: element 3: expected a string, got number "
+                                "at `$.prompt`")
+    dup = tmp_path / "dup.json"
+    dup.write_text(json.dumps([{"id": 7, "prompt": "a"}, {"id": 7, "prompt": "b"}]))
+    r = kp("prompts", dup)
+    assert r.code == 2
+    assert r.stderr.strip() == (f"kp-prompts: {dup}:1: element 2: duplicate id '7' with different "
+                                f"content (first seen at {dup}:1 (element 1))")
 
 
 def test_head_closes_pipe_quietly(tmp_path):

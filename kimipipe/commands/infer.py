@@ -2,9 +2,11 @@
 
 Usage:
     export OPENROUTER_API_KEY=sk-or-...
-    kp-infer B3.prompts.jsonl --plan --ignore-provider fireworks --ignore-provider baseten
+    kp-infer B3.prompts.jsonl --plan --quantization int4 --quantization unknown
     kp-infer B3.prompts.jsonl -o B3.responses.jsonl --concurrency 2000 \\
-        --ignore-provider fireworks --ignore-provider baseten --max-cost 95 --token-budget 10M
+        --quantization int4 --quantization unknown --max-cost 95 --token-budget 10M
+
+For Kimi K2.5, no --quantization flag means int4 and unknown (its native weights).
 
 Schema (one JSON object per line): the prompt record's fields plus
     {"response": {"content": str, "reasoning": str|null}, "finish_reason": str,
@@ -61,6 +63,13 @@ from ..infer.worker import freeze_startup_objects
 from ..infer.workers import WorkerPool
 from ..openrouter import DEFAULT_BASE_URL
 from ..openrouter.client import CompletionClient
+from ..openrouter.models import (
+    QUANTIZATIONS,
+    default_quantizations,
+    preset_for,
+    requantized_allowed,
+    requantized_in_flags,
+)
 from ..openrouter.money import fetch_balance_async
 from ..openrouter.routing import (
     Endpoint,
@@ -71,8 +80,6 @@ from ..openrouter.routing import (
     why_excluded,
 )
 from ..partition import in_partition
-
-QUANTIZATIONS = ("int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32", "unknown")
 
 
 async def fetch_endpoints(base_url: str, api_key: str, model: str) -> list[Endpoint]:
@@ -106,6 +113,25 @@ def _uvloop_run(coro):
         return asyncio.run(coro)
 
 
+def requantization_warnings(model: str, policy: Policy, endpoints: list[Endpoint] | None) -> list[str]:
+    """Endpoints the routing flags let through although they re-quantize the model's weights."""
+    preset = preset_for(model)
+    if preset is None:
+        return []
+    if endpoints is not None:
+        found = requantized_allowed(model, [(e.provider_name, e.quantization)
+                                            for e in allowed_endpoints(policy, endpoints)])
+    else:
+        named = requantized_in_flags(model, policy.quantizations) if policy.quantizations else \
+            sorted(preset.requantized)
+        found = [f"the routing flags allow {', '.join(named)} endpoints, re-quantized from "
+                 f"{model}'s native {preset.native_quantization} weights"] if named else []
+    if found:
+        found.append(f"to keep to the native weights, pass --quantization "
+                     f"{' --quantization '.join(preset.allowed_quantizations)} (the default)")
+    return found
+
+
 def show_plan(policy: Policy, endpoints: list[Endpoint] | None, scan, todo: int, budget: Budget,
               request: RequestOptions) -> None:
     out = []
@@ -120,6 +146,8 @@ def show_plan(policy: Policy, endpoints: list[Endpoint] | None, scan, todo: int,
                        f"{e.prompt_price * 1e6:>8.3f} {e.completion_price * 1e6:>8.3f}  {verdict}")
         if not allowed_endpoints(policy, endpoints):
             out.append("  no provider is allowed: requests would fail with 404 constraint_filtered")
+    for warning in requantization_warnings(request.model, policy, endpoints):
+        out.append(f"warning: {warning}")
     out.append(f"prompts: {scan.records} in the input, {todo} to do")
     if budget.price is not None and todo:
         allowed = allowed_endpoints(policy, endpoints or [])
@@ -161,7 +189,10 @@ def show_plan(policy: Policy, endpoints: list[Endpoint] | None, scan, todo: int,
               help="Never route to this provider (repeatable; `deepinfra` also ignores `deepinfra/turbo`).")
 @click.option("--only-provider", multiple=True, metavar="SLUG", help="Route only to these providers (repeatable).")
 @click.option("--quantization", multiple=True, type=click.Choice(QUANTIZATIONS),
-              help="Allowed quantizations (repeatable), e.g. --quantization int4 --quantization unknown.")
+              help="Allowed quantizations (repeatable). Default for Kimi K2.5: int4 and unknown "
+                   "(its native weights; first-party endpoints report unknown).")
+@click.option("--any-quantization", is_flag=True,
+              help="Drop the model's native-quantization default (re-quantized endpoints allowed).")
 @click.option("--sort", type=click.Choice(["price", "throughput", "latency"]), default=None,
               help="OpenRouter's provider sort (turns off load balancing).")
 @click.option("--no-fallbacks", is_flag=True, help="provider.allow_fallbacks = false.")
@@ -207,7 +238,7 @@ def show_plan(policy: Policy, endpoints: list[Endpoint] | None, scan, todo: int,
 @click.option("--plan", is_flag=True, help="Send nothing: show allowed providers and the cost estimate.")
 @common_options
 def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, reasoning_effort,
-        extra_body, ignore_provider, only_provider, quantization, sort, no_fallbacks, data_collection,
+        extra_body, ignore_provider, only_provider, quantization, any_quantization, sort, no_fallbacks, data_collection,
         max_price_prompt, max_price_completion, concurrency, max_attempts, idle_timeout, workers, http_client, stream,
         backoff_base, grace, max_cost, token_budget, min_credits, credits_interval, done_files,
         failures, summary_json, partition, base_url, api_key_file, plan, quiet, debug):
@@ -221,7 +252,8 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         if not isinstance(extra, dict):
             raise KPError("--extra-body must be a JSON object", ExitCode.USAGE)
     api_key = read_api_key(api_key_file, required=not plan)
-    policy = Policy(ignore=list(ignore_provider), only=list(only_provider), quantizations=list(quantization),
+    quantizations = default_quantizations(model, quantization, any_quantization)
+    policy = Policy(ignore=list(ignore_provider), only=list(only_provider), quantizations=quantizations,
                     sort=sort, allow_fallbacks=not no_fallbacks, data_collection=data_collection,
                     max_price_prompt=max_price_prompt, max_price_completion=max_price_completion)
     request = RequestOptions(model=model, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
@@ -246,6 +278,8 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
             say(f"kp-infer: warning: cannot read the endpoints table ({redact(str(e))}); "
                 "routing is checked by provider name only", quiet)
             endpoints = None
+        for warning in requantization_warnings(model, policy, endpoints):
+            say(f"kp-infer: warning: {warning}", quiet)
         bound = price_bound(policy, endpoints)
         if endpoints is not None and not allowed_endpoints(policy, endpoints) and not plan:
             raise KPError("no provider in the endpoints table matches the routing flags "

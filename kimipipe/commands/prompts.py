@@ -44,21 +44,22 @@ from ..sources import FORMATS, FormatError, read_source, source_id, to_messages
 
 def _candidates(sources: list[tuple[str, str]], fmt: str, id_field: str, dataset: str,
                 system: str | None, turns: str, counts: Selection) -> Iterator[tuple]:
-    """(position, id or None, messages, meta, shown path, line) for every prompt candidate."""
+    """(position, id or None, messages, meta, shown path, SourceRecord) for every prompt candidate."""
     for file_index, (path, shown) in enumerate(sources):
         for rec in read_source(path, fmt, shown):
             try:
                 messages = to_messages(rec.obj, fmt)
                 sid = source_id(rec.obj, id_field)
             except FormatError as e:
-                raise InputError(f"{e.message} at `{e.json_path}`", shown, rec.line) from None
+                raise InputError(rec.where(f"{e.message} at `{e.json_path}`"), shown, rec.line) from None
             found = False
             for k, conversation in prompt_turns(messages, turns):
                 found = True
                 conversation = with_system(conversation, system)
                 pid = None if sid is None else (f"{sid}#{k}" if turns == "each" else sid)
                 meta = rec.obj.get("meta") if isinstance(rec.obj, dict) else None
-                yield (file_index, rec.line, k), pid, conversation, meta, shown, rec.line
+                # By element, not by line: a one-line JSON array holds every record on line 1.
+                yield (file_index, rec.index, k), pid, conversation, meta, shown, rec
             if not found:
                 counts.no_user_turn += 1
 
@@ -104,7 +105,7 @@ def cli(inputs, output, dataset, fmt, id_field, system, turns, keep_duplicates, 
             return _candidates(sources, fmt, id_field, dataset, system, turns, sel)
 
         # Pass one: validate everything, decide what is written.
-        for position, pid, messages, _meta, shown, line in candidates():
+        for position, pid, messages, _meta, shown, rec in candidates():
             if max_chars is not None and sum(len(m["content"]) for m in messages) > max_chars:
                 sel.too_long += 1
                 continue
@@ -124,11 +125,13 @@ def cli(inputs, output, dataset, fmt, id_field, system, turns, keep_duplicates, 
             if first is not None:
                 if first[0] != digest:
                     raise InputError(
-                        f"duplicate id {pid!r} with different content (first seen at {first[1]}:{first[2]})",
-                        shown, line)
+                        rec.where(f"duplicate id {pid!r} with different content "
+                                  f"(first seen at {first[1]}:{first[2]})"),
+                        shown, rec.line)
                 sel.duplicates += 1
                 continue
-            sel.seen_ids[pid] = (digest, shown, line)
+            sel.seen_ids[pid] = (digest, shown, rec.line if not rec.element else
+                                 f"{rec.line} (element {rec.index + 1})")
             sel.seen_content.add(digest)
             sel.kept[position] = pid
 
@@ -144,7 +147,7 @@ def cli(inputs, output, dataset, fmt, id_field, system, turns, keep_duplicates, 
         out = AtomicOutput(output)
         try:
             buffered: list[bytes | None] = [None] * len(rank) if shuffle else []
-            for position, _pid, messages, meta, _shown, _line in _candidates(
+            for position, _pid, messages, meta, _shown, _rec in _candidates(
                     sources, fmt, id_field, dataset, system, turns, Selection()):
                 i = rank.get(position)
                 if i is None:

@@ -1,0 +1,75 @@
+"""What kimipipe knows about a model beyond its slug: its native weights, and so its routing default.
+
+Kimi K2.5 ships natively as INT4 (quantization-aware training): `int4` endpoints serve the
+official weights, and first-party endpoints report `unknown`. Fireworks (NVFP4), BaseTen
+(FP4) and DeepInfra's turbo variant (FP4) re-quantize those weights to another 4-bit format,
+which changes what the model emits; training data for a drafter must come from the model
+as it is served natively. So, with no `--quantization` flag, kp-infer allows only the
+preset's `allowed_quantizations`; `--any-quantization` lifts the default, and any
+quantization the flags allow that is in `requantized` draws a warning.
+
+An unknown model gets no preset: no routing default, no warning (kimipipe cannot know its
+native weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# OpenRouter's `provider.quantizations` values (ProviderPreferences.quantizations).
+QUANTIZATIONS = ("int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16",
+                 "fp32", "unknown")
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    slug: str
+    native_quantization: str
+    allowed_quantizations: tuple[str, ...]  # the routing default
+    requantized: frozenset[str]  # quantizations below the native weights' fidelity
+
+
+_KIMI_NATIVE_INT4 = dict(
+    native_quantization="int4",
+    allowed_quantizations=("int4", "unknown"),
+    requantized=frozenset({"fp4", "mxfp4", "nvfp4"}),
+)
+
+PRESETS: dict[str, ModelPreset] = {
+    slug: ModelPreset(slug=slug, **_KIMI_NATIVE_INT4)
+    for slug in ("moonshotai/kimi-k2.5", "moonshotai/kimi-k2-thinking")
+}
+
+
+def preset_for(model: str) -> ModelPreset | None:
+    return PRESETS.get(model.lower())
+
+
+def default_quantizations(model: str, given: list[str] | tuple[str, ...], any_quantization: bool
+                          ) -> list[str]:
+    """The quantizations a run allows: the flags given, else the model's native default."""
+    if given or any_quantization:
+        return list(given)
+    preset = preset_for(model)
+    return list(preset.allowed_quantizations) if preset else []
+
+
+def requantized_allowed(model: str, allowed: list[tuple[str, str | None]]) -> list[str]:
+    """Warnings for endpoints the routing allows whose weights are re-quantized.
+
+    ALLOWED: (provider name, quantization) of every endpoint the policy lets through.
+    """
+    preset = preset_for(model)
+    if preset is None:
+        return []
+    return [f"{name} serves {model} as {quant}, re-quantized from its native "
+            f"{preset.native_quantization} weights"
+            for name, quant in allowed if quant in preset.requantized]
+
+
+def requantized_in_flags(model: str, quantizations: list[str]) -> list[str]:
+    """The re-quantized formats a `--quantization` list names (for runs without an endpoints table)."""
+    preset = preset_for(model)
+    if preset is None:
+        return []
+    return [q for q in quantizations if q in preset.requantized]
