@@ -497,11 +497,14 @@ NATIVE = {"Moonshot AI", "Together", "DeepInfra", "Parasail"}  # int4 or unknown
 def test_kimi_native_weights_are_the_routing_default(standin, tmp_path):
     """No routing flags: only int4/unknown endpoints serve (the stand-in's price-weighted
     pick would land on FP4/NVFP4 ones about half the time), and no warning is printed."""
-    server = standin(ledger=True)
+    server = standin(ledger=True, request_log=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
     out = tmp_path / "r.jsonl"
     r = infer(server, prompts, "-o", out, "--concurrency", "16")
     assert r.code == 0, r.stderr
+    sent = server.requests()
+    assert len(sent) == 60
+    assert all(body["provider"]["quantizations"] == ["int4", "unknown"] for body in sent)
     assert {x["provider"] for x in read_jsonl(out)} <= NATIVE
     assert {x["provider"] for x in server.ledger()} <= NATIVE and len(server.ledger()) == 60
     assert "warning" not in r.stderr

@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hang-seconds", type=float, default=3600.0, help="how long a hang lasts")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault draws")
     p.add_argument("--ledger", help="append one JSON line per charged generation")
+    p.add_argument("--request-log",
+                   help="append every completion request body (after auth), one per line")
     p.add_argument("--price-scale", type=float, default=1.0, help="multiply every price")
     p.add_argument("--bill-cancelled", action="store_true",
                    help="charge a fault-free generation whose client disconnected mid-way "
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         credits_mode=args.credits_mode, latency=args.latency,
         tokens_per_second=args.tokens_per_second, keepalive_interval=args.keepalive_interval,
         faults=dict(args.fault), retry_after=args.retry_after, hang_seconds=args.hang_seconds,
-        seed=args.seed, ledger=args.ledger, price_scale=args.price_scale,
+        seed=args.seed, ledger=args.ledger, request_log=args.request_log, price_scale=args.price_scale,
         bill_cancelled=args.bill_cancelled)
     try:
         config.check()

@@ -78,6 +78,7 @@ class Config:
     hang_seconds: float = 3600.0
     seed: int = 0
     ledger: str | None = None
+    request_log: str | None = None   # every completion request body as received, one per line
     price_scale: float = 1.0
     bill_cancelled: bool = False     # charge a generation whose client went away mid-way
 
@@ -168,11 +169,21 @@ class StandIn:
         self.rng = random.Random(config.seed)
         self._ids = random.Random()
         self._ledger = open(config.ledger, "a", encoding="utf-8") if config.ledger else None
+        self._request_log = open(config.request_log, "ab") if config.request_log else None
 
     def close(self) -> None:
         if self._ledger:
             self._ledger.close()
             self._ledger = None
+        if self._request_log:
+            self._request_log.close()
+            self._request_log = None
+
+    def log_request(self, raw: bytes) -> None:
+        """What the client sent, byte for byte (one line; JSON bodies hold no raw newline)."""
+        if self._request_log:
+            self._request_log.write(raw.replace(b"\n", b" ") + b"\n")
+            self._request_log.flush()
 
     # -- application ------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -407,6 +418,7 @@ class StandIn:
         if (denied := self.auth_error(request)) is not None:
             return denied
         raw = await request.read()
+        self.log_request(raw)
         body = self._parse(raw)
         model = body["model"]
         try:

@@ -43,6 +43,7 @@ class StandIn:
                  retry_after: float | None = None, hang_seconds: float | None = None,
                  seed: int | None = None, ledger: bool | str | os.PathLike = False,
                  price_scale: float | None = None, bill_cancelled: bool = False,
+                 request_log: bool = False,
                  port: int = 0,
                  workdir: str | os.PathLike | None = None, extra_args: tuple = (),
                  start_timeout: float = 20.0):
@@ -56,6 +57,7 @@ class StandIn:
             self.ledger_path = Path(ledger)
         else:
             self.ledger_path = None
+        self.request_log_path = self.workdir / "requests.jsonl" if request_log else None
         self.port_file = self.workdir / "port"
         self.log_path = self.workdir / "standin.log"
         args = ["--port", str(port), "--port-file", str(self.port_file), "--api-key", api_key]
@@ -64,7 +66,8 @@ class StandIn:
                    "--tokens-per-second": tokens_per_second,
                    "--keepalive-interval": keepalive_interval, "--retry-after": retry_after,
                    "--hang-seconds": hang_seconds, "--seed": seed,
-                   "--price-scale": price_scale, "--ledger": self.ledger_path}
+                   "--price-scale": price_scale, "--ledger": self.ledger_path,
+                   "--request-log": self.request_log_path}
         for flag, value in options.items():
             if value is not None:
                 args += [flag, str(value)]
@@ -168,6 +171,15 @@ class StandIn:
         if self.ledger_path is None or not self.ledger_path.exists():
             return []
         with open(self.ledger_path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def requests(self) -> list[dict]:
+        """The completion request bodies the server received (needs request_log=True)."""
+        if self.request_log_path is None:
+            raise StandInError("start the stand-in with request_log=True to read its requests")
+        if not self.request_log_path.exists():
+            return []
+        with open(self.request_log_path, "rb") as f:
             return [json.loads(line) for line in f if line.strip()]
 
     def log(self) -> str:
