@@ -31,7 +31,7 @@ class Job:
 
     def __init__(self, server: StandIn, request: web.Request, body: dict, answer: Answer,
                  endpoint: Endpoint, fault: str | None, created: int, gen_id: str,
-                 started: float):
+                 started: float, ledger_extra: dict | None = None):
         self.server = server
         self.config = server.config
         self.request = request
@@ -45,6 +45,7 @@ class Job:
         self.model = body["model"]
         self.headers = {"X-Generation-Id": gen_id}
         self.charged = False
+        self.ledger_extra = ledger_extra   # what the ledger line adds (sampling, quirks)
 
     # -- shared pieces ------------------------------------------------------------------
     def _cost(self) -> float:
@@ -60,7 +61,8 @@ class Job:
             self.gen_id, self.endpoint.provider_name, self.model, self.answer.prompt_tokens,
             self.answer.completion_tokens, self.answer.reasoning_tokens, cost,
             self.answer.finish_reason, self.created, first_token_at - self.started,
-            now - first_token_at, streamed), user_text_sha256(self.body["messages"]))
+            now - first_token_at, streamed), user_text_sha256(self.body["messages"]),
+            self.ledger_extra)
         return cost
 
     def _usage(self, cost: float) -> dict:
