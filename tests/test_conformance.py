@@ -229,3 +229,155 @@ def test_the_body_kp_infer_builds_conforms_to_chat_request(stream):
     assert parsed.provider.ignore == ["fireworks", "baseten"]
     assert parsed.provider.max_price.prompt == "1" and parsed.provider.max_price.completion == "4"
     assert parsed.stream is stream and parsed.max_tokens == 16000
+
+
+# -- the credit limits and provider quirks (issues 13 and 14) ------------------------------
+
+@pytest.fixture(scope="module")
+def limits_server(tmp_path_factory):
+    """Every limit on: a $1 balance with an in-flight budget of half of it that keeps
+    finished requests for an hour, a key limit, workspace and guardrail budgets, a
+    moderation marker, and the three provider quirks."""
+    with StandIn(workdir=tmp_path_factory.mktemp("conformance-limits"), balance=1.0,
+                 inflight_ratio=0.5, settle=3600, key_limit=0.9, workspace_budget=0.95,
+                 guardrail_budget=0.99, limit_reset="daily", moderation_marker="FLAGME",
+                 drop_reasoning={"together": 1.0}, inline_reasoning=["parasail"],
+                 ignore_sampling=["deepinfra"]) as s:
+        yield s
+
+
+def post_to(server, request, **kw):
+    return httpx.post(server.base_url + "/chat/completions", headers=auth(server),
+                      json=request, **kw)
+
+
+def limits_request(text: str, max_tokens: int, **provider) -> dict:
+    return kimipipe_request(text, max_tokens=max_tokens,
+                            provider={"only": ["together"], "require_parameters": False,
+                                      **provider})
+
+
+def test_the_request_with_require_parameters_and_distillation_conforms():
+    request = kimipipe_request("strict", top_p=0.95,
+                               provider={"ignore": ["fireworks"], "require_parameters": True,
+                                         "enforce_distillable_text": True})
+    parsed = conforms(orc.ChatRequest, request, REQUEST_DIALECT)
+    assert parsed.provider.require_parameters is True
+    assert parsed.provider.enforce_distillable_text is True
+
+
+def test_every_402_of_the_credit_limits_conforms(limits_server):
+    s = limits_server
+    bodies = {}
+    # one request larger than the in-flight budget ($0.5)
+    r = post_to(s, limits_request("weight", 200_000))
+    bodies["weight_exceeds_budget"] = r
+    # the first big one fits and then settles for an hour; the second does not fit beside it
+    assert post_to(s, limits_request("first", 150_000)).status_code == 200
+    r = post_to(s, limits_request("second", 150_000))
+    bodies["in_flight_budget_exhausted"] = r
+    assert int(r.headers["Retry-After"]) >= 1
+    for reason, r in bodies.items():
+        assert r.status_code == 402
+        err = conforms(orc.PaymentRequiredResponseErrorData, r.json()["error"])
+        assert err.code == 402 and err.metadata["reason"] == reason
+    assert bodies["weight_exceeds_budget"].json()["error"]["metadata"]["limit_source"] == \
+        "openrouter_credits"
+    assert bodies["in_flight_budget_exhausted"].json()["error"]["metadata"]["limit_source"] == \
+        "openrouter_in_flight_budget"
+    used = s.stats()["total_usage"]
+    try:
+        s.configure(key_limit=used + 0.001, inflight_ratio=None)   # the key's remaining binds
+        r = post_to(s, limits_request("key binds", 10_000))
+        assert r.status_code == 402
+        err = conforms(orc.PaymentRequiredResponseErrorData, r.json()["error"])
+        assert err.metadata["limit_source"] == "openrouter_key_limit"
+        s.configure(balance=used)                                   # the balance gone
+        r = post_to(s, limits_request("broke", 100))
+        assert r.status_code == 402
+        err = conforms(orc.PaymentRequiredResponseErrorData, r.json()["error"])
+        assert err.metadata == {"limit_source": "openrouter_credits"}
+    finally:
+        s.configure(balance=1.0, key_limit=0.9, inflight_ratio=0.5)
+
+
+@pytest.mark.parametrize("status", [403, 402])
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_every_budget_refusal_conforms_and_key_lists_the_budgets(limits_server, status):
+    s = limits_server
+    used = s.stats()["total_usage"]
+    models = {403: orc.ForbiddenResponseErrorData, 402: orc.PaymentRequiredResponseErrorData}
+    layers = [("guardrail_budget", "openrouter_guardrail_budget"),
+              ("workspace_budget", "openrouter_workspace_budget"),
+              ("key_limit", "openrouter_key_limit")]
+    try:
+        s.configure(limit_status=status, **{name: used for name, _ in layers})
+        key = conforms(orop.GetCurrentKeyResponse,
+                       httpx.get(s.base_url + "/key", headers=auth(s)).json())
+        assert [b.scope for b in key.data.budgets] == ["api_key", "workspace", "key_limit"]
+        assert key.data.effective_budget.scope == "api_key"
+        assert key.data.limit_reset == "daily" and key.data.limit_remaining == 0
+        for name, source in layers:
+            r = post_to(s, limits_request("over budget", 100))
+            assert r.status_code == status
+            err = conforms(models[status], r.json()["error"])
+            assert err.message == "Budget limit exceeded"
+            assert err.metadata["limit_source"] == source
+            assert set(err.metadata) == {"limit_source", "scope", "limit_usd", "spend_usd",
+                                         "resets_at"}
+            s.configure(**{name: used + 1})
+    finally:
+        s.configure(limit_status=403, key_limit=0.9, workspace_budget=0.95,
+                    guardrail_budget=0.99)
+
+
+def test_moderation_403_conforms(limits_server):
+    r = post_to(limits_server, limits_request("please FLAGME now", 100))
+    assert r.status_code == 403
+    err = conforms(orc.ForbiddenResponseErrorData, r.json()["error"])
+    assert "limit_source" not in err.metadata and err.metadata["reasons"]
+    assert err.metadata["flagged_input"] == "please FLAGME now"
+
+
+def test_no_route_for_distillation_conforms(limits_server):
+    try:
+        limits_server.configure(not_distillable=True)
+        r = post_to(limits_server, kimipipe_request(
+            "distil", provider={"enforce_distillable_text": True}))
+    finally:
+        limits_server.configure(not_distillable=False)
+    assert r.status_code == 404
+    err = conforms(orc.NotFoundResponseErrorData, r.json()["error"], {"$.availability"})
+    assert r.json()["error"]["availability"]["code"] == "constraint_filtered"
+    assert err.code == 404
+
+
+def test_models_documents_conform(limits_server):
+    # `is_trainable_text`: the property OpenRouter's distillation guide names; the SDK's
+    # Model lacks it (its GET /models has the `distillable` filter instead)
+    listed = conforms(orc.ModelsListResponse,
+                      httpx.get(limits_server.base_url + "/models").json(),
+                      {"$.data[].is_trainable_text"})
+    assert MODEL in {m.id for m in listed.data} and listed.total_count == len(listed.data)
+    one = conforms(orc.ModelResponse,
+                   httpx.get(limits_server.base_url + f"/model/{MODEL}").json(),
+                   {"$.data.is_trainable_text"})
+    assert one.data.default_parameters.temperature == 1.0
+    doc = conforms(orop.ListEndpointsResponse, httpx.get(
+        limits_server.base_url + "/models/moonshotai/kimi-k2.5/endpoints").json())
+    deepinfra = {e.tag: e.supported_parameters for e in doc.data.endpoints}["deepinfra"]
+    assert "temperature" not in deepinfra and "max_tokens" in deepinfra
+
+
+def test_quirky_answers_conform(limits_server):
+    dropped = post_to(limits_server, limits_request("dropped", 500))
+    result = conforms(orc.ChatResult, dropped.json(), DIALECT)
+    assert result.choices[0].message.reasoning is None
+    inline = kimipipe_request("inline", max_tokens=500, stream=True,
+                              provider={"only": ["parasail"]})
+    with httpx.stream("POST", limits_server.base_url + "/chat/completions",
+                      headers=auth(limits_server), json=inline) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: {")]
+    parsed = [conforms(orc.ChatStreamChunk, c, DIALECT) for c in chunks]
+    assert parsed[0].choices[0].delta.content == "<think>\n"

@@ -7,6 +7,35 @@ Usage:
 Prints `listening on http://127.0.0.1:PORT` to stderr once bound; `--port-file` gets the
 port number (written to a temporary name, then renamed). SIGTERM/SIGINT stop it cleanly.
 Test-only control endpoints: GET /_standin/stats, POST /_standin/config (JSON).
+
+Credit limits, as OpenRouter's limits docs describe them (bodies in refusals.py; all off
+by default):
+    --inflight-ratio R --settle S   in-flight spending budget: the worst cases of requests
+                                    running or finished within S seconds, capped at R x the
+                                    balance left; past it 402 in_flight_budget_exhausted
+                                    with Retry-After; one request larger than the whole
+                                    budget 402 weight_exceeds_budget
+    --key-limit USD                 the key's limit: spent, 403 "Budget limit exceeded"
+                                    (openrouter_key_limit); `/key` limit, limit_remaining
+    --workspace-budget USD, --guardrail-budget USD
+                                    the same refusal, openrouter_workspace_budget /
+                                    openrouter_guardrail_budget
+    --limit-status 402              those three refuse with 402 instead of 403
+    --limit-reset daily|weekly|monthly
+                                    their window (resets_at in bodies and /key)
+    --moderation-marker WORD        prompts holding WORD get moderation's 403 (metadata
+                                    reasons, flagged_input; no limit_source); also
+                                    --fault moderation=RATE
+Provider quirks (PROVIDER: a tag or provider name, as provider.only takes it):
+    --drop-reasoning PROVIDER=RATE  that provider loses the reasoning at RATE (content
+                                    only, reasoning_tokens 0)
+    --inline-reasoning PROVIDER     that provider puts it in content as <think>...</think>
+    --ignore-sampling PROVIDER      that provider does not support temperature/top_p: it
+                                    samples at its own values, drops what is sent, and
+                                    provider.require_parameters routes around it
+    --not-distillable               the models' authors do not allow distillation
+                                    (is_trainable_text false; enforce_distillable_text
+                                    requests get the no-route 404)
 """
 
 from __future__ import annotations
@@ -19,7 +48,30 @@ import sys
 
 from aiohttp import web
 
-from .server import CREDITS_MODES, FAULT_KINDS, Config, StandIn
+from .config import CREDITS_MODES, FAULT_KINDS, Config
+from .providers import known_provider
+from .refusals import LIMIT_RESETS
+from .server import StandIn
+
+
+def parse_provider(text: str) -> str:
+    if not known_provider(text):
+        raise argparse.ArgumentTypeError(
+            f"unknown provider {text!r} (a tag or provider name of the endpoints table)")
+    return text
+
+
+def parse_provider_rate(text: str) -> tuple[str, float]:
+    slug, sep, rate = text.rpartition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected PROVIDER=RATE, got {text!r}")
+    try:
+        value = float(rate)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"rate must be a number, got {rate!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"rate must be in [0, 1], got {value}")
+    return parse_provider(slug), value
 
 
 def parse_fault(text: str) -> tuple[str, float]:
@@ -46,7 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port-file", help="write the bound port number to this file")
     p.add_argument("--api-key", default="sk-or-standin", help="the one accepted bearer token")
     p.add_argument("--balance", type=float, default=100.0, help="account total_credits in USD")
-    p.add_argument("--key-limit", type=float, default=None, help="the key's limit in USD")
+    p.add_argument("--key-limit", type=float, default=None,
+                   help="the key's limit in USD: its remaining part caps one request's worst "
+                        "case (402), and once spent every request gets 403 \"Budget limit "
+                        "exceeded\" (limit_source openrouter_key_limit)")
     p.add_argument("--credits-mode", choices=CREDITS_MODES, default="normal",
                    help="/credits answers normally, 403, or 200 with zeros")
     p.add_argument("--latency", type=float, default=0.0,
@@ -67,6 +122,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bill-cancelled", action="store_true",
                    help="charge a fault-free generation whose client disconnected mid-way "
                         "(as some providers do)")
+    limits = p.add_argument_group("credit limits (OpenRouter's limits docs; all off by default)")
+    limits.add_argument("--inflight-ratio", type=float, default=None, metavar="R",
+                        help="in-flight spending budget: the worst cases (prompt + max_tokens "
+                             "at the endpoint's prices) of requests running or settling may "
+                             "sum to R x the balance left; past it 402 "
+                             "in_flight_budget_exhausted with Retry-After")
+    limits.add_argument("--settle", type=float, default=1.0, metavar="S",
+                        help="seconds a finished request's worst case still counts against "
+                             "the in-flight budget (default 1)")
+    limits.add_argument("--workspace-budget", type=float, default=None, metavar="USD",
+                        help="a workspace budget: once spent, 403 \"Budget limit exceeded\" "
+                             "(limit_source openrouter_workspace_budget)")
+    limits.add_argument("--guardrail-budget", type=float, default=None, metavar="USD",
+                        help="a guardrail budget: once spent, 403 \"Budget limit exceeded\" "
+                             "(limit_source openrouter_guardrail_budget)")
+    limits.add_argument("--limit-status", type=int, choices=(403, 402), default=403,
+                        help="status of the key-limit, workspace and guardrail refusals "
+                             "(OpenRouter has been seen to send both; default 403)")
+    limits.add_argument("--limit-reset", choices=LIMIT_RESETS, default=None,
+                        help="the window of those budgets: resets_at in their refusals and in "
+                             "/key (default: lifetime, resets_at null)")
+    limits.add_argument("--moderation-marker", default=None, metavar="WORD",
+                        help="a prompt whose last user message holds WORD is refused by "
+                             "moderation: 403 with metadata reasons and flagged_input, no "
+                             "limit_source (random ones: --fault moderation=RATE)")
+    quirks = p.add_argument_group(
+        "provider quirks (PROVIDER: a tag or provider name, as provider.only takes it; a base "
+        "slug takes its variants)")
+    quirks.add_argument("--drop-reasoning", action="append", type=parse_provider_rate,
+                        default=[], metavar="PROVIDER=RATE",
+                        help="that provider returns no reasoning for a share RATE of its "
+                             "answers (content only, reasoning_tokens 0)")
+    quirks.add_argument("--inline-reasoning", action="append", type=parse_provider, default=[],
+                        metavar="PROVIDER",
+                        help="that provider puts the reasoning in content as "
+                             "<think>...</think> (stream: in content deltas)")
+    quirks.add_argument("--ignore-sampling", action="append", type=parse_provider, default=[],
+                        metavar="PROVIDER",
+                        help="that provider does not support temperature/top_p (absent from "
+                             "its supported_parameters): it samples at its own values and "
+                             "drops what is sent, unless provider.require_parameters is true, "
+                             "which routes around it")
+    quirks.add_argument("--not-distillable", action="store_true",
+                        help="the models' authors do not allow distillation: "
+                             "is_trainable_text false in /models, and a request with "
+                             "provider.enforce_distillable_text gets the no-route 404")
     return p
 
 
@@ -116,8 +217,13 @@ def main(argv: list[str] | None = None) -> None:
         credits_mode=args.credits_mode, latency=args.latency,
         tokens_per_second=args.tokens_per_second, keepalive_interval=args.keepalive_interval,
         faults=dict(args.fault), retry_after=args.retry_after, hang_seconds=args.hang_seconds,
-        seed=args.seed, ledger=args.ledger, request_log=args.request_log, price_scale=args.price_scale,
-        bill_cancelled=args.bill_cancelled)
+        seed=args.seed, ledger=args.ledger, request_log=args.request_log,
+        price_scale=args.price_scale, bill_cancelled=args.bill_cancelled,
+        inflight_ratio=args.inflight_ratio, settle=args.settle, limit_status=args.limit_status,
+        limit_reset=args.limit_reset, workspace_budget=args.workspace_budget,
+        guardrail_budget=args.guardrail_budget, moderation_marker=args.moderation_marker,
+        drop_reasoning=dict(args.drop_reasoning), inline_reasoning=args.inline_reasoning,
+        ignore_sampling=args.ignore_sampling, not_distillable=args.not_distillable)
     try:
         config.check()
     except ValueError as e:

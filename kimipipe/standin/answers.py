@@ -10,6 +10,20 @@ A "token" here is one whitespace-separated word together with its leading whites
 joining the deltas gives the text back exactly. The texts carry non-ASCII (CJK, emoji,
 accents) and, now and then, a literal `<|im_end|>` or `<think>` that a tokenizer must
 treat as plain text.
+
+Sampling: the words also depend on the temperature and top_p the serving provider applied,
+but only where those differ from the values the model is served at by default
+(`SERVED_SAMPLING`: Kimi K2.5 thinking at temperature 1.0, top_p 0.95; instant at 0.6,
+0.95), so a request that sends the model's own values gets the same answer as one that
+sends none, and an answer sampled otherwise is observably different. A provider that does
+not support temperature/top_p serves at its own fixed `PROVIDER_OWN_SAMPLING` whatever the
+request says (`answer_for_request(body, honours_sampling=False)`).
+
+Provider quirks (`answer_for_request(..., drop_reasoning=True)` or `inline_reasoning=True`):
+a dropped reasoning leaves the content only (reasoning_tokens 0); an inline one moves the
+reasoning into the content as `<think>\n...\n</think>\n\n` (reasoning_tokens 0, the
+completion tokens unchanged; with the reasoning cut by max_tokens and no content, the
+`</think>` never comes).
 """
 
 from __future__ import annotations
@@ -39,6 +53,22 @@ SPECIAL = ("<|im_end|>", "<think>", "</think>", "<|im_start|>")
 
 MIN_WORDS = 20
 MAX_WORDS = 120
+
+SAMPLING_PARAMETERS = ("temperature", "top_p")
+# The sampling each model is served at when a request leaves it out, by reasoning on/off
+# (Moonshot's model card: thinking at temperature 1.0, top_p 0.95; instant at 0.6).
+SERVED_SAMPLING: dict[str, dict[bool, dict[str, float]]] = {
+    "moonshotai/kimi-k2.5": {True: {"temperature": 1.0, "top_p": 0.95},
+                             False: {"temperature": 0.6, "top_p": 0.95}},
+    "moonshotai/kimi-k2-thinking": {True: {"temperature": 1.0, "top_p": 0.95},
+                                    False: {"temperature": 0.6, "top_p": 0.95}},
+    "moonshotai/kimi-k2-0905": {True: {"temperature": 0.6, "top_p": 1.0},
+                                False: {"temperature": 0.6, "top_p": 1.0}},
+}
+# What a provider that does not support temperature/top_p samples at, whatever is sent.
+PROVIDER_OWN_SAMPLING = {"temperature": 0.7, "top_p": 1.0}
+THINK_OPEN = "<think>\n"
+THINK_CLOSE = "\n</think>\n\n"
 
 
 @dataclass(frozen=True)
@@ -117,22 +147,61 @@ def _pieces(rng: random.Random, first: list[str], n: int) -> list[str]:
     return pieces
 
 
+def served_sampling(model: str, reasoning: bool) -> dict[str, float]:
+    """The temperature and top_p a model is served at when the request sends none."""
+    return dict(SERVED_SAMPLING.get(model, {}).get(reasoning, {}))
+
+
+def sampling_key(model: str, reasoning: bool, temperature: float | None,
+                 top_p: float | None) -> str:
+    """What the sampling adds to an answer's RNG seed: nothing at the model's own values."""
+    served = served_sampling(model, reasoning)
+    applied = {"temperature": temperature if temperature is not None
+               else served.get("temperature"),
+               "top_p": top_p if top_p is not None else served.get("top_p")}
+    if all(applied[k] == served.get(k) for k in SAMPLING_PARAMETERS):
+        return ""
+    return "".join(f"|{k}={float(v)!r}" for k, v in applied.items() if v is not None)
+
+
+def applied_sampling(body: dict, *, honours_sampling: bool = True
+                     ) -> tuple[dict[str, float], list[str]]:
+    """(the temperature/top_p a provider samples this request at, the names it dropped).
+
+    A provider that honours them applies what was sent and its served defaults for the
+    rest; one that does not applies `PROVIDER_OWN_SAMPLING` and drops what was sent."""
+    model = body.get("model") or ""
+    sent = {k: float(body[k]) for k in SAMPLING_PARAMETERS
+            if isinstance(body.get(k), (int, float)) and not isinstance(body.get(k), bool)}
+    if not honours_sampling:
+        return dict(PROVIDER_OWN_SAMPLING), sorted(sent)
+    return {**served_sampling(model, wants_reasoning(body, model)), **sent}, []
+
+
 def expected_answer(messages: list[dict], *, model: str, seed: int | None, reasoning: bool,
-                    max_tokens: int | None, exclude_reasoning: bool = False) -> Answer:
+                    max_tokens: int | None, exclude_reasoning: bool = False,
+                    temperature: float | None = None, top_p: float | None = None,
+                    drop_reasoning: bool = False) -> Answer:
     """The stand-in's answer to a chat request (see the module docstring).
 
     `max_tokens` cuts the reasoning first, then the content; a cut answer ends with
     `finish_reason: "length"` (content may be "" when the reasoning ate every token).
     `exclude_reasoning` (the request's `reasoning.exclude`) keeps the reasoning tokens
-    (and their bill) but returns no reasoning text.
+    (and their bill) but returns no reasoning text. `temperature`/`top_p` are the values
+    applied (None: the model's served default). `drop_reasoning`: the same words as the
+    reasoned answer, without its reasoning (a provider that lost it, not a different
+    sample).
     """
     digest = user_text_sha256(messages)
     tag = digest[:12]
-    rng = random.Random(hashlib.sha256(f"{digest}|{model}|{seed}".encode()).digest())
+    key = f"{digest}|{model}|{seed}" + sampling_key(model, reasoning, temperature, top_p)
+    rng = random.Random(hashlib.sha256(key.encode()).digest())
     n_content = rng.randint(MIN_WORDS, MAX_WORDS)
     n_reasoning = rng.randint(MIN_WORDS, MAX_WORDS)
     content = _pieces(rng, ["Answer", f"[{tag}]:"], n_content)
     thought = _pieces(rng, ["Thinking", "about", f"[{tag}]:"], n_reasoning) if reasoning else []
+    if drop_reasoning:
+        thought, reasoning = [], False
     finish: Literal["stop", "length"] = "stop"
     if max_tokens is not None and len(thought) + len(content) > max_tokens:
         finish = "length"
@@ -155,14 +224,35 @@ def expected_answer(messages: list[dict], *, model: str, seed: int | None, reaso
     )
 
 
-def answer_for_request(body: dict) -> Answer:
-    """The answer the stand-in gives to this chat request body (no faults)."""
+def answer_for_request(body: dict, *, honours_sampling: bool = True,
+                       drop_reasoning: bool = False, inline_reasoning: bool = False) -> Answer:
+    """The answer the stand-in gives to this chat request body (no faults), from a provider
+    that honours (or not) temperature/top_p, and drops or inlines the reasoning (or not)."""
     model = body.get("model") or ""
     r = body.get("reasoning")
     exclude = isinstance(r, dict) and bool(r.get("exclude"))
     max_tokens = body.get("max_tokens")
     if max_tokens is None:
         max_tokens = body.get("max_completion_tokens")
-    return expected_answer(body.get("messages") or [], model=model, seed=body.get("seed"),
-                           reasoning=wants_reasoning(body, model), max_tokens=max_tokens,
-                           exclude_reasoning=exclude)
+    applied, _ = applied_sampling(body, honours_sampling=honours_sampling)
+    reasoning = wants_reasoning(body, model)
+    answer = expected_answer(body.get("messages") or [], model=model, seed=body.get("seed"),
+                             reasoning=reasoning, max_tokens=max_tokens,
+                             exclude_reasoning=exclude, drop_reasoning=drop_reasoning,
+                             temperature=applied.get("temperature"), top_p=applied.get("top_p"))
+    if inline_reasoning:
+        answer = with_inline_reasoning(answer)
+    return answer
+
+
+def with_inline_reasoning(answer: Answer) -> Answer:
+    """The answer as a provider that puts the reasoning in the content gives it."""
+    if answer.reasoning is None:
+        return answer
+    pieces = [THINK_OPEN, *answer.reasoning_pieces]
+    if answer.content_pieces or answer.finish_reason == "stop":
+        pieces += [THINK_CLOSE, *answer.content_pieces]
+    return Answer(reasoning=None, content="".join(pieces), finish_reason=answer.finish_reason,
+                  prompt_tokens=answer.prompt_tokens,
+                  completion_tokens=answer.completion_tokens, reasoning_tokens=0,
+                  reasoning_pieces=(), content_pieces=tuple(pieces))

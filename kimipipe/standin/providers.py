@@ -6,10 +6,21 @@ endpoints that re-quantize it (Fireworks NVFP4, BaseTen FP4, DeepInfra Turbo FP4
 cheapest, so `sort: price` without an `ignore` list lands on one of them: exactly the
 mistake a training-data run must avoid.
 
-`route(model, provider_prefs, request_key)` applies `only`, `ignore`, `quantizations`,
-`max_price`, then `order`, then `sort`, else a deterministic price-weighted pick (the hash
-of the request), and returns the chosen endpoint plus the endpoints the filters removed
-(the `misroute` fault serves from one of those).
+`route(model, provider_prefs, request_key, ...)` applies `enforce_distillable_text`
+(every model here is distillable unless `--not-distillable`: then such a request is
+OpenRouter's no-route 404), `only`, `ignore` (a base slug takes its variants),
+`quantizations`, `max_price`, `require_parameters` (only endpoints whose
+`supported_parameters` hold every parameter the request sends; an endpoint that ignores
+temperature/top_p, `--ignore-sampling PROVIDER`, does not list them), then `order`, then
+`sort`, else a deterministic price-weighted pick (the hash of the request), and returns the
+chosen endpoint plus the endpoints the filters removed (the `misroute` fault serves from
+one of those). Filters that leave nothing: 404 with `availability.code`
+`constraint_filtered`.
+
+`endpoints_document` is `GET /models/{author}/{slug}/endpoints`; `model_document` is one
+entry of `GET /models` (and the `data` of `GET /model/{author}/{slug}`), which carries
+`is_trainable_text`: the property OpenRouter's distillation guide names for "the author
+allows text distillation" (the `?distillable=true|false` filter of `GET /models` uses it).
 """
 
 from __future__ import annotations
@@ -78,6 +89,45 @@ PROVIDER_KEYS = frozenset({
 QUANTIZATIONS = frozenset({"int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8",
                            "fp16", "bf16", "fp32", "unknown"})
 SORTS = frozenset({"price", "throughput", "latency"})
+# OpenRouter's request parameters (the SDK's `Parameter`): what `require_parameters` checks.
+PARAMETERS = frozenset({
+    "temperature", "top_p", "top_k", "min_p", "top_a", "frequency_penalty",
+    "presence_penalty", "repetition_penalty", "max_tokens", "max_completion_tokens",
+    "logit_bias", "logprobs", "top_logprobs", "prediction", "seed", "response_format",
+    "structured_outputs", "stop", "tools", "tool_choice", "parallel_tool_calls",
+    "include_reasoning", "reasoning", "reasoning_effort", "web_search_options", "verbosity",
+})
+# What every endpoint of the table supports (as Kimi K2.5's endpoints list them) ...
+SUPPORTED_PARAMETERS = (
+    "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "seed", "stop",
+    "logit_bias", "logprobs", "top_logprobs", "reasoning", "include_reasoning",
+    "reasoning_effort", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+    "structured_outputs",
+)
+# ... except an endpoint set to ignore sampling (`--ignore-sampling`), which lacks these.
+SAMPLING_PARAMETERS = ("temperature", "top_p")
+# Whether each model's author allows text distillation (`--not-distillable` turns it off).
+DISTILLABLE = {model: True for model in MODELS}
+
+
+def matches_any(endpoint: Endpoint, slugs) -> bool:
+    return any(endpoint.matches(s) for s in slugs)
+
+
+def supported_parameters(endpoint: Endpoint, no_sampling=()) -> list[str]:
+    if matches_any(endpoint, no_sampling):
+        return [p for p in SUPPORTED_PARAMETERS if p not in SAMPLING_PARAMETERS]
+    return list(SUPPORTED_PARAMETERS)
+
+
+def request_parameters(body: dict) -> frozenset[str]:
+    """The parameters a request body sends (non-null), as `require_parameters` sees them."""
+    return frozenset(k for k, v in body.items() if k in PARAMETERS and v is not None)
+
+
+def known_provider(slug: str) -> bool:
+    return any(e.matches(slug) for endpoints in MODELS.values() for e in endpoints)
 
 
 class RoutingError(Exception):
@@ -116,8 +166,14 @@ def _price_limit(value, key: str) -> float | None:
         raise RoutingError(400, f"provider.max_price.{key} must be a number") from None
 
 
-def route(model: str, prefs: dict | None, request_key: bytes) -> Route:
-    """Choose the endpoint that serves a request, by OpenRouter's provider preferences."""
+def route(model: str, prefs: dict | None, request_key: bytes, *,
+          params: frozenset[str] = frozenset(), no_sampling=(),
+          distillable: bool = True) -> Route:
+    """Choose the endpoint that serves a request, by OpenRouter's provider preferences.
+
+    `params`: the parameters the request sends (for `require_parameters`); `no_sampling`:
+    provider slugs whose endpoints do not support temperature/top_p; `distillable`: whether
+    the model's author allows distillation (for `enforce_distillable_text`)."""
     endpoints = MODELS[model]
     prefs = prefs or {}
     if not isinstance(prefs, dict):
@@ -125,6 +181,13 @@ def route(model: str, prefs: dict | None, request_key: bytes) -> Route:
     unknown = sorted(set(prefs) - PROVIDER_KEYS)
     if unknown:
         raise RoutingError(400, f"Unrecognized key(s) in provider: {', '.join(unknown)}")
+    for flag in ("require_parameters", "enforce_distillable_text", "allow_fallbacks", "zdr"):
+        if prefs.get(flag) is not None and not isinstance(prefs[flag], bool):
+            raise RoutingError(400, f"provider.{flag} must be a boolean")
+    if prefs.get("enforce_distillable_text") and not distillable:
+        raise no_route(model, prefs, "The model's author does not allow text distillation "
+                                     "(provider.enforce_distillable_text)")
+    require = bool(prefs.get("require_parameters"))
     only = _slug_list(prefs, "only")
     ignore = _slug_list(prefs, "ignore")
     order = _slug_list(prefs, "order")
@@ -156,6 +219,8 @@ def route(model: str, prefs: dict | None, request_key: bytes) -> Route:
             continue
         if max_completion is not None and e.completion > max_completion * (1 + 1e-9):
             continue
+        if require and not params <= set(supported_parameters(e, no_sampling)):
+            continue
         left.append(e)
     if order:
         def rank(e: Endpoint) -> int:
@@ -166,11 +231,8 @@ def route(model: str, prefs: dict | None, request_key: bytes) -> Route:
         left = ranked
     excluded = tuple(e for e in endpoints if e not in left)
     if not left:
-        raise RoutingError(
-            404, no_endpoints_message(),
-            {"model": model, "provider_preferences": prefs},
-            {"code": "constraint_filtered", "retryable": False,
-             "message": "All endpoints were filtered out by the request's provider preferences"})
+        raise no_route(model, prefs, "All endpoints were filtered out by the request's "
+                                     "provider preferences")
     if order:
         chosen = left[0]
     elif sort == "price":
@@ -196,22 +258,65 @@ def load_balanced(endpoints: list[Endpoint], request_key: bytes) -> Endpoint:
     return endpoints[-1]
 
 
+def no_route(model: str, prefs: dict, why: str) -> RoutingError:
+    """OpenRouter's no-route 404: a configuration error, never retried."""
+    return RoutingError(404, no_endpoints_message(),
+                        {"model": model, "provider_preferences": prefs},
+                        {"code": "constraint_filtered", "retryable": False, "message": why})
+
+
 def no_endpoints_message() -> str:
     return ("No endpoints found matching your data policy (Free model publication) and "
             "provider preferences. Configure: https://openrouter.ai/settings/privacy")
 
 
-def endpoints_document(model: str, now: int) -> dict:
+def model_name(model: str) -> str:
+    slug = model.partition("/")[2]
+    return {"moonshotai/kimi-k2.5": "MoonshotAI: Kimi K2.5"}.get(model, f"MoonshotAI: {slug}")
+
+
+ARCHITECTURE = {"input_modalities": ["text"], "output_modalities": ["text"],
+                "modality": "text->text", "tokenizer": "Other", "instruct_type": None}
+
+
+def model_document(model: str, now: int, *, distillable: bool, price_scale: float = 1.0,
+                   default_sampling: dict | None = None) -> dict:
+    """One model as `GET /models` lists it (OpenRouter's `Model`, plus `is_trainable_text`)."""
+    first = MODELS[model][0]
+    return {
+        "id": model,
+        "canonical_slug": model,
+        "hugging_face_id": None,
+        "name": model_name(model),
+        "created": now,
+        "description": f"{model_name(model)}, served by the kimipipe stand-in.",
+        "context_length": first.context_length,
+        "architecture": dict(ARCHITECTURE),
+        "pricing": {"prompt": f"{first.prompt * price_scale:.12g}",
+                    "completion": f"{first.completion * price_scale:.12g}",
+                    "request": "0", "image": "0", "web_search": "0", "internal_reasoning": "0"},
+        "top_provider": {"context_length": first.context_length,
+                         "max_completion_tokens": first.max_completion_tokens,
+                         "is_moderated": False},
+        "per_request_limits": None,
+        "supported_parameters": list(SUPPORTED_PARAMETERS),
+        "default_parameters": {"temperature": None, "top_p": None, "frequency_penalty": None,
+                               **(default_sampling or {})},
+        "supported_voices": None,
+        "links": {"details": f"/api/v1/models/{model}/endpoints"},
+        "is_trainable_text": distillable,
+    }
+
+
+def endpoints_document(model: str, now: int, no_sampling=()) -> dict:
     """`GET /models/{author}/{slug}/endpoints` for one model, in OpenRouter's shape."""
-    author, _, slug = model.partition("/")
-    name = {"moonshotai/kimi-k2.5": "MoonshotAI: Kimi K2.5"}.get(model, f"MoonshotAI: {slug}")
+    name = model_name(model)
     return {"data": {
         "id": model,
         "name": name,
         "created": now,
         "description": f"{name}, served by the kimipipe stand-in.",
-        "architecture": {"input_modalities": ["text"], "output_modalities": ["text"],
-                         "modality": "text->text", "tokenizer": "Other", "instruct_type": None},
+        "architecture": dict(ARCHITECTURE),
         "endpoints": [{
             "name": f"{e.provider_name} | {model}",
             "model_id": model,
@@ -234,9 +339,7 @@ def endpoints_document(model: str, now: int) -> dict:
                                  "p90": e.latency * 1800, "p99": e.latency * 3000},
             "throughput_last_30m": {"p50": e.throughput, "p75": e.throughput * 0.9,
                                     "p90": e.throughput * 0.7, "p99": e.throughput * 0.4},
-            "supported_parameters": ["max_tokens", "temperature", "top_p", "seed", "stop",
-                                     "reasoning", "include_reasoning", "tools", "tool_choice",
-                                     "response_format"],
+            "supported_parameters": supported_parameters(e, no_sampling),
             "supports_implicit_caching": False,
             "supports_diarization": False,
             "supports_tool_choice": {"auto": True, "none": True, "required": True,

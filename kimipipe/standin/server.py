@@ -3,11 +3,27 @@
 One aiohttp application, one event loop. The hot path (a completion) does no heavy work:
 the answer is a few hundred words from a seeded RNG, stream chunks are assembled from
 pre-encoded byte templates, and access logging is off, so one core carries thousands of
-slow connections.
+slow connections. This module holds every check that can refuse a completion; serving an
+accepted one is `jobs.py`, the metadata endpoints `metadata.py`, the 402/403 bodies and
+the in-flight ledger `refusals.py`, the settings `config.py`.
 
 Order of checks for `POST /api/v1/chat/completions`, as OpenRouter does it:
-auth (401) -> body (400) -> model (400) -> routing (400/404) -> pre-flight credit check
-(402) -> fault draw -> answer (with latency and token rate) -> charge -> last chunk.
+auth (401) -> body (400) -> model (400) -> budget layers: guardrail, workspace, key limit
+spent (403, or 402 with --limit-status 402) -> balance gone (402) -> routing (400/404,
+including require_parameters and enforce_distillable_text) -> moderation marker (403) ->
+one request's worst case against what it may reserve (402 weight_exceeds_budget, or the
+key limit's 402) -> in-flight budget (402 in_flight_budget_exhausted + Retry-After; else
+the worst case is reserved until the request ends + --settle) -> fault draw -> the
+provider's quirks (dropped/inline reasoning, ignored sampling) -> answer (with latency and
+token rate) -> charge -> last chunk. Every 402/403 is counted in stats `refusals` by
+status and reason (or limit_source, or "moderation").
+
+The ledger (`--ledger`) has one line per charged generation: generation_id, provider (the
+endpoint that served it), model, prompt/completion/reasoning tokens, cost, finish_reason,
+request_user_text_sha256, and, when the request sent temperature or top_p or the provider
+ignores them, `sampling` (the temperature/top_p applied) and `sampling_dropped` (the names
+sent but not applied); `reasoning_dropped: true` / `reasoning_inline: true` when a quirk
+changed the answer.
 
 Faults (`--fault KIND=RATE`; one seeded draw per accepted request, rates sum to <= 1;
 a fault never charges, except `misroute`, which serves a real, billed answer):
@@ -24,25 +40,56 @@ a fault never charges, except `misroute`, which serves a real, billed answer):
     heartbeat  stream: `: OPENROUTER PROCESSING` comments forever, never data; plain: a hang
     misroute   served by an endpoint the request's preferences excluded (a no-op, and not
                counted, when nothing was excluded)
+    moderation 403 with metadata {reasons, flagged_input, provider_name, model_slug}, no
+               limit_source (nothing reserved stays settling)
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
+import math
 import random
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 
-import msgspec
 from aiohttp import web
 
-from .answers import Answer, answer_for_request, user_text_sha256
-from .providers import MODELS, Endpoint, RoutingError, endpoints_document, route
+from .answers import (
+    SAMPLING_PARAMETERS,
+    THINK_OPEN,
+    answer_for_request,
+    applied_sampling,
+    count_prompt_tokens,
+    last_user_text,
+    wants_reasoning,
+)
+from .config import CREDITS_MODES, FAULT_KINDS, Config, changed
+from .jobs import Job
+from .metadata import MetadataEndpoints
+from .providers import (
+    DISTILLABLE,
+    MODELS,
+    Endpoint,
+    RoutingError,
+    matches_any,
+    request_parameters,
+    route,
+)
+from .refusals import (
+    BudgetLayer,
+    InFlight,
+    balance_gone,
+    budget_exceeded,
+    budget_layers,
+    flagged,
+    in_flight_budget_exhausted,
+    moderation,
+    weight_exceeds_budget,
+)
+from .wire import Generation, error_response, json_response
 
-FAULT_KINDS = ("429", "500", "502", "503", "524", "529", "error200", "empty", "midstream",
-               "cut", "hang", "heartbeat", "misroute")
+__all__ = ["CREDITS_MODES", "FAULT_KINDS", "Config", "StandIn"]
+
 STATUS_FAULTS = {
     "429": "Rate limit exceeded",
     "500": "Internal Server Error",
@@ -53,74 +100,7 @@ STATUS_FAULTS = {
 }
 STATUS_ERROR_TYPES = {"429": "rate_limit_exceeded", "500": "server", "502": "provider_unavailable",
                       "503": "provider_unavailable", "524": "timeout", "529": "provider_overloaded"}
-CREDITS_MODES = ("normal", "forbidden", "zeros")
 DEFAULT_MAX_COMPLETION = 262144
-COMMENT = b": OPENROUTER PROCESSING\n\n"
-DONE = b"data: [DONE]\n\n"
-MIN_WRITE_INTERVAL = 0.05   # streamed tokens due within one tick go out in one write
-
-_encode = msgspec.json.encode
-
-
-@dataclass
-class Config:
-    """What a run of the stand-in is told; `POST /_standin/config` changes it live."""
-
-    api_key: str = "sk-or-standin"
-    balance: float = 100.0
-    key_limit: float | None = None
-    credits_mode: str = "normal"
-    latency: float = 0.0
-    tokens_per_second: float = 0.0
-    keepalive_interval: float = 1.0
-    faults: dict[str, float] = field(default_factory=dict)
-    retry_after: float = 1.0
-    hang_seconds: float = 3600.0
-    seed: int = 0
-    ledger: str | None = None
-    request_log: str | None = None   # every completion request body as received, one per line
-    price_scale: float = 1.0
-    bill_cancelled: bool = False     # charge a generation whose client went away mid-way
-
-    def check(self) -> None:
-        for kind, rate in self.faults.items():
-            if kind not in FAULT_KINDS:
-                raise ValueError(f"unknown fault kind {kind!r} (kinds: {', '.join(FAULT_KINDS)})")
-            if not 0.0 <= float(rate) <= 1.0:
-                raise ValueError(f"fault rate for {kind} must be in [0, 1], got {rate}")
-        if sum(float(r) for r in self.faults.values()) > 1.0 + 1e-9:
-            raise ValueError("fault rates must sum to at most 1 (one draw per request picks "
-                             "at most one fault)")
-        if self.credits_mode not in CREDITS_MODES:
-            raise ValueError(f"credits_mode must be one of {', '.join(CREDITS_MODES)}")
-        for name in ("latency", "tokens_per_second", "hang_seconds", "retry_after"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
-        if self.keepalive_interval <= 0:
-            raise ValueError("keepalive_interval must be > 0")
-
-
-# Settable at run time through POST /_standin/config, with their types.
-LIVE_SETTINGS = {"balance": float, "key_limit": float, "credits_mode": str, "latency": float,
-                 "tokens_per_second": float, "keepalive_interval": float, "faults": dict,
-                 "retry_after": float, "hang_seconds": float, "price_scale": float,
-                 "bill_cancelled": bool}
-
-
-@dataclass
-class Generation:
-    id: str
-    provider: str
-    model: str
-    prompt_tokens: int
-    completion_tokens: int
-    reasoning_tokens: int
-    cost: float
-    finish_reason: str
-    created: int
-    latency: float
-    generation_time: float
-    streamed: bool
 
 
 class HTTPDone(Exception):
@@ -130,27 +110,7 @@ class HTTPDone(Exception):
         self.response = response
 
 
-def error_body(status: int, message: str, metadata: dict | None = None,
-               availability: dict | None = None) -> dict:
-    err: dict = {"code": status, "message": message}
-    if metadata is not None:
-        err["metadata"] = metadata
-    if availability is not None:
-        err["availability"] = availability
-    return {"error": err}
-
-
-def json_response(obj, status: int = 200, headers: dict | None = None) -> web.Response:
-    return web.Response(body=_encode(obj), status=status, headers=headers,
-                        content_type="application/json")
-
-
-def error_response(status: int, message: str, metadata: dict | None = None,
-                   availability: dict | None = None, headers: dict | None = None) -> web.Response:
-    return json_response(error_body(status, message, metadata, availability), status, headers)
-
-
-class StandIn:
+class StandIn(MetadataEndpoints):
     """The server's state: config, balance, counters, remembered generations, ledger."""
 
     def __init__(self, config: Config):
@@ -167,7 +127,11 @@ class StandIn:
         self.endpoint_requests: Counter[str] = Counter()
         self.generations: dict[str, Generation] = {}
         self.rng = random.Random(config.seed)
+        self.quirk_rng = random.Random(f"quirks|{config.seed}")   # apart from the fault draws
         self._ids = random.Random()
+        self.inflight = InFlight()
+        self.refusals: dict[str, Counter[str]] = {"402": Counter(), "403": Counter()}
+        self.quirks: Counter[str] = Counter()
         self._ledger = open(config.ledger, "a", encoding="utf-8") if config.ledger else None
         self._request_log = open(config.request_log, "ab") if config.request_log else None
 
@@ -195,6 +159,8 @@ class StandIn:
         r.add_get("/api/v1/auth/key", self.key)
         r.add_get("/api/v1/generation", self.generation)
         r.add_get("/api/v1/models/{author}/{slug}/endpoints", self.model_endpoints)
+        r.add_get("/api/v1/models", self.models)
+        r.add_get("/api/v1/model/{author}/{slug}", self.model)
         r.add_get("/_standin/stats", self.stats_handler)
         r.add_post("/_standin/config", self.config_handler)
         return app
@@ -209,12 +175,16 @@ class StandIn:
             return error_response(401, "User not found.")
         return None
 
-    def remaining(self) -> float:
-        """What the account can still spend: the balance, capped by the key's limit."""
-        left = self.config.balance - self.usage
-        if self.config.key_limit is not None:
-            left = min(left, self.config.key_limit - self.usage)
-        return left
+    def budget_layers(self) -> list[BudgetLayer]:
+        c = self.config
+        return budget_layers(c.guardrail_budget, c.workspace_budget, c.key_limit, c.limit_reset)
+
+    def inflight_cap(self) -> float | None:
+        ratio = self.config.inflight_ratio
+        return None if ratio is None else ratio * (self.config.balance - self.usage)
+
+    def distillable(self, model: str) -> bool:
+        return DISTILLABLE[model] and not self.config.not_distillable
 
     def draw_fault(self) -> str | None:
         """One draw per request: each kind fires at its own rate (rates sum to at most 1)."""
@@ -231,7 +201,7 @@ class StandIn:
     def new_generation_id(self, created: int) -> str:
         return f"gen-{created}-{self._ids.getrandbits(80):020x}"
 
-    def charge(self, gen: Generation, user_sha: str) -> None:
+    def charge(self, gen: Generation, user_sha: str, extra: dict | None = None) -> None:
         self.usage += gen.cost
         self.charged += 1
         self.generations[gen.id] = gen
@@ -241,6 +211,7 @@ class StandIn:
                 "prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
                 "reasoning_tokens": gen.reasoning_tokens, "cost": gen.cost,
                 "finish_reason": gen.finish_reason, "request_user_text_sha256": user_sha,
+                **(extra or {}),
             }, ensure_ascii=False) + "\n")
             self._ledger.flush()
 
@@ -256,6 +227,13 @@ class StandIn:
             "max_in_flight": self.max_in_flight,
             "statuses": dict(self.statuses),
             "endpoint_requests": dict(self.endpoint_requests),
+            "refusals": {status: dict(kinds) for status, kinds in self.refusals.items()},
+            "inflight_reserved": self.inflight.reserved(time.monotonic()),
+            "inflight_cap": self.inflight_cap(),
+            "inflight_peak_reserved": self.inflight.peak,
+            "inflight_running": self.inflight.running_count,
+            "inflight_settling": self.inflight.settling_count,
+            "quirks": dict(self.quirks),
         }
 
     # -- control endpoints --------------------------------------------------------------
@@ -264,106 +242,11 @@ class StandIn:
 
     async def config_handler(self, request: web.Request) -> web.Response:
         try:
-            changes = json.loads(await request.read())
-            if not isinstance(changes, dict):
-                raise ValueError("expected a JSON object")
-            unknown = sorted(set(changes) - set(LIVE_SETTINGS))
-            if unknown:
-                raise ValueError(f"cannot change {', '.join(unknown)} "
-                                 f"(settable: {', '.join(LIVE_SETTINGS)})")
-            new = Config(**asdict(self.config))
-            for name, value in changes.items():
-                if name == "key_limit" and value is None:
-                    new.key_limit = None
-                elif name == "faults":
-                    new.faults = {str(k): float(v) for k, v in dict(value).items()}
-                else:
-                    setattr(new, name, LIVE_SETTINGS[name](value))
-            new.check()
+            new = changed(self.config, json.loads(await request.read()))
         except (ValueError, TypeError) as e:
             return error_response(400, f"bad config: {e}")
         self.config = new
-        return json_response({k: v for k, v in asdict(new).items() if k != "api_key"})
-
-    # -- money and metadata endpoints ---------------------------------------------------
-    async def credits(self, request: web.Request) -> web.Response:
-        self.endpoint_requests["credits"] += 1
-        if (denied := self.auth_error(request)) is not None:
-            return denied
-        mode = self.config.credits_mode
-        if mode == "forbidden":
-            return error_response(403, "Only management keys can fetch credits",
-                                  {"error_type": "permission_denied"})
-        if mode == "zeros":
-            return json_response({"data": {"total_credits": 0, "total_usage": 0}})
-        return json_response({"data": {"total_credits": self.config.balance,
-                                       "total_usage": self.usage}})
-
-    async def key(self, request: web.Request) -> web.Response:
-        self.endpoint_requests["key"] += 1
-        if (denied := self.auth_error(request)) is not None:
-            return denied
-        limit = self.config.key_limit
-        return json_response({"data": {
-            "label": "standin-key",
-            "limit": limit,
-            "limit_remaining": None if limit is None else limit - self.usage,
-            "limit_reset": None,
-            "include_byok_in_limit": False,
-            "usage": self.usage, "usage_daily": self.usage, "usage_weekly": self.usage,
-            "usage_monthly": self.usage,
-            "byok_usage": 0.0, "byok_usage_daily": 0.0, "byok_usage_weekly": 0.0,
-            "byok_usage_monthly": 0.0,
-            "is_free_tier": False, "is_management_key": False, "is_provisioning_key": False,
-            "rate_limit": {"requests": -1, "interval": "10s", "note": "deprecated"},
-            "free_model_daily_requests": {"limit": 1000, "used": 0, "remaining": 1000},
-            "allowed_data_regions": ["global"], "budgets": [], "effective_budget": None,
-            "creator_user_id": None, "organization_id": None, "workspace_id": None,
-        }})
-
-    async def generation(self, request: web.Request) -> web.Response:
-        self.endpoint_requests["generation"] += 1
-        if (denied := self.auth_error(request)) is not None:
-            return denied
-        gid = request.query.get("id", "")
-        if not gid:
-            return error_response(400, "Missing required query parameter: id")
-        g = self.generations.get(gid)
-        if g is None:
-            return error_response(404, f"Generation {gid} not found")
-        return json_response({"data": {
-            "id": g.id, "model": g.model, "provider_name": g.provider, "api_type": "completions",
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(g.created)),
-            "total_cost": g.cost, "usage": g.cost, "upstream_inference_cost": g.cost,
-            "cache_discount": None, "is_byok": False, "cancelled": False,
-            "finish_reason": g.finish_reason, "native_finish_reason": g.finish_reason,
-            "tokens_prompt": g.prompt_tokens, "tokens_completion": g.completion_tokens,
-            "native_tokens_prompt": g.prompt_tokens,
-            "native_tokens_completion": g.completion_tokens,
-            "native_tokens_reasoning": g.reasoning_tokens, "native_tokens_cached": 0,
-            "native_tokens_completion_images": None,
-            "latency": round(g.latency * 1000), "generation_time": round(g.generation_time * 1000),
-            "moderation_latency": None, "streamed": g.streamed, "origin": "",
-            "app_id": None, "external_user": None, "http_referer": None, "user_agent": None,
-            "num_fetches": None, "num_input_audio_prompt": None, "num_media_completion": None,
-            "num_media_prompt": None, "num_search_results": None, "preset_id": None,
-            "provider_responses": None, "router": None, "service_tier": None,
-            "upstream_id": None, "web_search_engine": None, "workspace_id": None,
-            "data_region": "global",
-        }})
-
-    async def model_endpoints(self, request: web.Request) -> web.Response:
-        self.endpoint_requests["endpoints"] += 1
-        model = f"{request.match_info['author']}/{request.match_info['slug']}"
-        if model not in MODELS:
-            return error_response(404, f"Model {model} not found")
-        document = endpoints_document(model, int(time.time()))
-        scale = self.config.price_scale
-        if scale != 1.0:  # list the prices that are billed
-            for endpoint in document["data"]["endpoints"]:
-                for kind in ("prompt", "completion"):
-                    endpoint["pricing"][kind] = f"{float(endpoint['pricing'][kind]) * scale:.12g}"
-        return json_response(document)
+        return json_response(new.public())
 
     # -- completions ----------------------------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -380,6 +263,10 @@ class StandIn:
             return response
         finally:
             self.in_flight -= 1
+            reserved = request.get("standin_reserved")
+            if reserved is not None:   # a refusal before any provider ran does not settle
+                settle = 0.0 if request.get("standin_unsettled") else self.config.settle
+                self.inflight.release(reserved, time.monotonic(), settle)
             # a handler cancelled by a client that went away (hang, heartbeat) had sent its
             # headers: count the status it sent
             status = status or request.get("standin_status", 0)
@@ -421,30 +308,31 @@ class StandIn:
         self.log_request(raw)
         body = self._parse(raw)
         model = body["model"]
+        cfg = self.config
+        if (refused := self.budget_refusal()) is not None:
+            return refused
+        if cfg.balance - self.usage <= 0:
+            return self.refuse(balance_gone(), "openrouter_credits")
         try:
-            chosen = route(model, body.get("provider"), raw)
+            chosen = route(model, body.get("provider"), raw, params=request_parameters(body),
+                           no_sampling=cfg.ignore_sampling, distillable=self.distillable(model))
         except RoutingError as e:
             return error_response(e.status, e.message, e.metadata, e.availability)
         endpoint = chosen.endpoint
-        scale = self.config.price_scale
-        answer = answer_for_request(body)
+        text = last_user_text(body["messages"])
+        if cfg.moderation_marker and cfg.moderation_marker in text:
+            return self.refuse(moderation(model, endpoint.provider_name,
+                                          flagged(text, cfg.moderation_marker)), "moderation")
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         asked = max_tokens or min(endpoint.max_completion_tokens, DEFAULT_MAX_COMPLETION)
-        need = (answer.prompt_tokens * endpoint.prompt + asked * endpoint.completion) * scale
-        left = self.remaining()
-        if left < need:
-            affordable = max(0, int((left - answer.prompt_tokens * endpoint.prompt * scale)
-                                    / (endpoint.completion * scale)))
-            key_is_the_cap = (self.config.key_limit is not None
-                              and self.config.key_limit < self.config.balance)
-            where = ("https://openrouter.ai/settings/keys and create a key with a higher total "
-                     "limit" if key_is_the_cap else
-                     "https://openrouter.ai/settings/credits and add more credits")
-            return error_response(
-                402, f"This request requires more credits, or fewer max_tokens. You requested "
-                     f"up to {asked} tokens, but can only afford {affordable}. To increase, "
-                     f"visit {where}", {"error_type": "payment_required"})
+        if (refused := self.credit_refusal(request, endpoint, body, asked)) is not None:
+            return refused
         fault = self.draw_fault()
+        if fault == "moderation":
+            self.faults[fault] += 1
+            request["standin_unsettled"] = True
+            return self.refuse(moderation(model, endpoint.provider_name, flagged(text, None)),
+                               "moderation")
         if fault == "misroute":
             if chosen.excluded:
                 endpoint = chosen.excluded[self.rng.randrange(len(chosen.excluded))]
@@ -454,248 +342,93 @@ class StandIn:
             self.faults[fault] += 1
         self.completions_started += 1
         if fault in STATUS_FAULTS:
-            headers = {"Retry-After": f"{self.config.retry_after:g}"} if fault == "429" else None
+            headers = {"Retry-After": f"{cfg.retry_after:g}"} if fault == "429" else None
             availability = ({"code": "rate_limited", "retryable": True,
-                             "retry_after": self.config.retry_after} if fault == "429" else None)
+                             "retry_after": cfg.retry_after} if fault == "429" else None)
             return error_response(int(fault), STATUS_FAULTS[fault], {
                 "provider_name": endpoint.provider_name,
                 "raw": f"{endpoint.tag}: upstream error {fault}",
                 "error_type": STATUS_ERROR_TYPES[fault]}, availability, headers)
+        answer, extra = self.served_answer(body, endpoint)
         created = int(time.time())
-        job = _Job(self, request, body, answer, endpoint, fault, created,
-                   self.new_generation_id(created), started)
+        job = Job(self, request, body, answer, endpoint, fault, created,
+                  self.new_generation_id(created), started, extra)
         if body.get("stream"):
             return await job.stream()
         return await job.plain()
 
+    # -- the limits and quirks of one request --------------------------------------------
+    def refuse(self, body: dict, kind: str, headers: dict | None = None) -> web.Response:
+        """Answer with a 402/403 body, counted by status and reason (or limit source)."""
+        status = body["error"]["code"]
+        self.refusals.setdefault(str(status), Counter())[kind] += 1
+        return json_response(body, status, headers)
 
-class _Job:
-    """One accepted completion: serves it plain or streamed, with its fault if any."""
+    def budget_refusal(self) -> web.Response | None:
+        """The first budget layer (guardrail, workspace, key) whose spend reached its limit."""
+        for layer in self.budget_layers():
+            if self.usage >= layer.limit_usd:
+                return self.refuse(budget_exceeded(layer, self.usage, self.config.limit_status),
+                                   layer.limit_source)
+        return None
 
-    def __init__(self, server: StandIn, request: web.Request, body: dict, answer: Answer,
-                 endpoint: Endpoint, fault: str | None, created: int, gen_id: str,
-                 started: float):
-        self.server = server
-        self.config = server.config
-        self.request = request
-        self.body = body
-        self.answer = answer
-        self.endpoint = endpoint
-        self.fault = fault
-        self.created = created
-        self.gen_id = gen_id
-        self.started = started
-        self.model = body["model"]
-        self.headers = {"X-Generation-Id": gen_id}
-        self.charged = False
-
-    # -- shared pieces ------------------------------------------------------------------
-    def _cost(self) -> float:
-        a, e = self.answer, self.endpoint
-        return (a.prompt_tokens * e.prompt + a.completion_tokens * e.completion) \
-            * self.config.price_scale
-
-    def _charge(self, first_token_at: float, streamed: bool) -> float:
-        self.charged = True
+    def credit_refusal(self, request: web.Request, endpoint: Endpoint, body: dict,
+                       asked: int) -> web.Response | None:
+        """The worst case against what one request may reserve, then against the in-flight
+        budget; a request let through reserves its worst case (with the budget on)."""
+        cfg = self.config
+        scale = cfg.price_scale
+        prompt_cost = count_prompt_tokens(body["messages"]) * endpoint.prompt * scale
+        per_token = endpoint.completion * scale
+        worst = prompt_cost + asked * per_token
+        cap = self.inflight_cap()
+        if cap is None:
+            cap = cfg.balance - self.usage
+        key = next((la for la in self.budget_layers()
+                    if la.limit_source == "openrouter_key_limit"), None)
+        key_left = math.inf if key is None else key.limit_usd - self.usage
+        budget = min(cap, key_left)
+        if worst > budget:
+            affordable = max(0, int((budget - prompt_cost) / per_token))
+            if key_left < cap:
+                return self.refuse(weight_exceeds_budget(asked, affordable, key, self.usage),
+                                   "openrouter_key_limit")
+            return self.refuse(weight_exceeds_budget(asked, affordable), "weight_exceeds_budget")
+        if cfg.inflight_ratio is None:
+            return None
         now = time.monotonic()
-        cost = self._cost()
-        self.server.charge(Generation(
-            self.gen_id, self.endpoint.provider_name, self.model, self.answer.prompt_tokens,
-            self.answer.completion_tokens, self.answer.reasoning_tokens, cost,
-            self.answer.finish_reason, self.created, first_token_at - self.started,
-            now - first_token_at, streamed), user_text_sha256(self.body["messages"]))
-        return cost
+        if self.inflight.reserved(now) + worst > cap:
+            wait = self.inflight.retry_after(now, cfg.settle)
+            return self.refuse(in_flight_budget_exhausted(), "in_flight_budget_exhausted",
+                               {"Retry-After": str(wait)})
+        self.inflight.reserve(worst, now)
+        request["standin_reserved"] = worst
+        return None
 
-    def _usage(self, cost: float) -> dict:
-        a, e, scale = self.answer, self.endpoint, self.config.price_scale
-        return {
-            "prompt_tokens": a.prompt_tokens,
-            "completion_tokens": a.completion_tokens,
-            "total_tokens": a.prompt_tokens + a.completion_tokens,
-            "completion_tokens_details": {"reasoning_tokens": a.reasoning_tokens},
-            "prompt_tokens_details": {"cached_tokens": 0},
-            "cost": cost,
-            "is_byok": False,
-            "cost_details": {
-                "upstream_inference_cost": cost,
-                "upstream_inference_prompt_cost": a.prompt_tokens * e.prompt * scale,
-                "upstream_inference_completions_cost": a.completion_tokens * e.completion * scale,
-            },
-        }
-
-    def _error_obj(self) -> dict:
-        return {"code": 502, "message": "Provider returned error",
-                "metadata": {"error_type": "provider_unavailable",
-                             "provider_code": "upstream_error",
-                             "provider_name": self.endpoint.provider_name}}
-
-    def _head(self, obj: str) -> dict:
-        return {"id": self.gen_id, "provider": self.endpoint.provider_name, "model": self.model,
-                "object": obj, "created": self.created}
-
-    def _generation_seconds(self) -> float:
-        tps = self.config.tokens_per_second
-        return self.answer.completion_tokens / tps if tps > 0 else 0.0
-
-    async def _prepare(self, resp: web.StreamResponse) -> None:
-        self.request["standin_status"] = resp.status
-        await resp.prepare(self.request)
-
-    async def _abort(self) -> None:
-        transport = self.request.transport
-        if transport is not None:
-            transport.abort()
-
-    # -- plain --------------------------------------------------------------------------
-    async def plain(self) -> web.StreamResponse:
-        try:
-            return await self._plain()
-        except (asyncio.CancelledError, ConnectionError):
-            self._bill_if_cancelled(streamed=False)
-            raise
-
-    async def stream(self) -> web.StreamResponse:
-        try:
-            return await self._stream()
-        except (asyncio.CancelledError, ConnectionError):
-            self._bill_if_cancelled(streamed=True)
-            raise
-
-    def _bill_if_cancelled(self, streamed: bool) -> None:
-        """Some providers finish (and bill) a generation whose client went away; with
-        `bill_cancelled` the stand-in does the same for an accepted, fault-free request."""
-        if self.config.bill_cancelled and not self.charged and self.fault in (None, "misroute"):
-            self._charge(time.monotonic(), streamed)
-
-    async def _plain(self) -> web.StreamResponse:
-        fault = self.fault
-        if fault in ("hang", "heartbeat"):
-            resp = web.StreamResponse(status=200, headers=self.headers)
-            resp.content_type = "application/json"
-            await self._prepare(resp)
-            await asyncio.sleep(self.config.hang_seconds)
-            await self._abort()
-            return resp
-        await asyncio.sleep(self.config.latency + self._generation_seconds())
-        head = self._head("chat.completion")
-        if fault in ("error200", "midstream"):
-            return json_response({**head, "error": self._error_obj()}, headers=self.headers)
-        if fault == "empty":
-            return json_response({**head, "choices": [], "system_fingerprint": None},
-                                 headers=self.headers)
-        a = self.answer
-        message: dict = {"role": "assistant", "content": a.content, "refusal": None,
-                         "reasoning": a.reasoning}
-        if a.reasoning is not None:
-            message["reasoning_details"] = [{"type": "reasoning.text", "text": a.reasoning,
-                                             "format": "unknown", "index": 0}]
-        body = {**head, "system_fingerprint": None, "choices": [{
-            "index": 0, "logprobs": None, "finish_reason": a.finish_reason,
-            "native_finish_reason": a.finish_reason, "message": message}]}
-        if fault == "cut":
-            body["usage"] = self._usage(self._cost())
-            data = _encode(body)
-            resp = web.StreamResponse(status=200, headers=self.headers)
-            resp.content_type = "application/json"
-            resp.content_length = len(data)
-            await self._prepare(resp)
-            await resp.write(data[: len(data) // 2])
-            await self._abort()
-            return resp
-        first = time.monotonic()
-        body["usage"] = self._usage(self._charge(first, streamed=False))
-        return web.Response(body=_encode(body), headers=self.headers,
-                            content_type="application/json")
-
-    # -- streamed -----------------------------------------------------------------------
-    def _templates(self) -> tuple[bytes, bytes]:
-        head = _encode(self._head("chat.completion.chunk"))[:-1]   # drop the closing brace
-        return (b"data: " + head + b',"choices":[{"index":0,"delta":{"role":"assistant",',
-                b'},"finish_reason":null,"native_finish_reason":null,"logprobs":null}]}\n\n')
-
-    async def _keepalive(self, resp: web.StreamResponse, seconds: float) -> None:
-        """Keep-alive comments while the model "thinks": one now, then every interval."""
-        if seconds <= 0:
-            return
-        loop = asyncio.get_running_loop()
-        end = loop.time() + seconds
-        interval = min(self.config.keepalive_interval, seconds)
-        while True:
-            await resp.write(COMMENT)
-            left = end - loop.time()
-            if left <= 0:
-                return
-            await asyncio.sleep(min(interval, left))
-            if loop.time() >= end:
-                return
-
-    async def _stream(self) -> web.StreamResponse:
-        resp = web.StreamResponse(status=200, headers={
-            **self.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await self._prepare(resp)
-        fault = self.fault
-        if fault == "hang":
-            await asyncio.sleep(self.config.hang_seconds)
-            await self._abort()
-            return resp
-        if fault == "heartbeat":
-            while True:
-                await resp.write(COMMENT)
-                await asyncio.sleep(self.config.keepalive_interval)
-        await self._keepalive(resp, self.config.latency)
-        prefix, suffix = self._templates()
-        if fault == "error200":
-            await resp.write(b"data: " + _encode({**self._head("chat.completion.chunk"),
-                                                  "error": self._error_obj()}) + b"\n\n")
-            return resp
-        if fault == "empty":
-            await resp.write(b"data: " + _encode({**self._head("chat.completion.chunk"),
-                                                  "choices": []}) + b"\n\n" + DONE)
-            return resp
-        a = self.answer
-        chunks = [prefix + b'"content":"","reasoning":' + _encode(p)
-                  + b',"reasoning_details":[{"type":"reasoning.text","text":' + _encode(p)
-                  + b',"format":"unknown","index":0}]' + suffix for p in a.reasoning_pieces]
-        chunks += [prefix + b'"content":' + _encode(p) + suffix for p in a.content_pieces]
-        if fault in ("midstream", "cut"):
-            chunks = chunks[: max(1, len(chunks) // 2)]
-        first = time.monotonic()
-        await self._send_tokens(resp, chunks)
-        if fault == "cut":
-            await self._abort()
-            return resp
-        if fault == "midstream":
-            await resp.write(b"data: " + _encode({
-                **self._head("chat.completion.chunk"), "error": self._error_obj(),
-                "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error",
-                             "native_finish_reason": "error"}]}) + b"\n\n")
-            return resp
-        cost = self._charge(first, streamed=True)
-        finish = _encode(a.finish_reason)
-        tail = (prefix + b'"content":""},"finish_reason":' + finish
-                + b',"native_finish_reason":' + finish + b',"logprobs":null}]}\n\n'
-                + b"data: " + _encode({**self._head("chat.completion.chunk"), "choices": [],
-                                       "usage": self._usage(cost)}) + b"\n\n" + DONE)
-        await resp.write(tail)
-        return resp
-
-    async def _send_tokens(self, resp: web.StreamResponse, chunks: list[bytes]) -> None:
-        """One SSE event per token at the configured rate; the tokens due within one tick
-        share one write (so the timer count stays bounded at high rates)."""
-        tps = self.config.tokens_per_second
-        if tps <= 0 or not chunks:
-            if chunks:
-                await resp.write(b"".join(chunks))
-            return
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        sent = 0
-        n = len(chunks)
-        while sent < n:
-            due = min(n, int((loop.time() - t0) * tps) + 1)
-            if due > sent:
-                await resp.write(b"".join(chunks[sent:due]))
-                sent = due
-            if sent < n:
-                next_at = t0 + (sent + 1) / tps
-                await asyncio.sleep(max(MIN_WRITE_INTERVAL, next_at - loop.time()))
+    def served_answer(self, body: dict, endpoint: Endpoint):
+        """The answer as this endpoint serves it (its quirks), and what the ledger adds."""
+        cfg = self.config
+        honours = not matches_any(endpoint, cfg.ignore_sampling)
+        reasoning = wants_reasoning(body, body["model"])
+        drop = False
+        if reasoning:
+            rate = next((r for slug, r in cfg.drop_reasoning.items() if endpoint.matches(slug)),
+                        0.0)
+            drop = rate > 0 and self.quirk_rng.random() < rate
+        inline = reasoning and not drop and matches_any(endpoint, cfg.inline_reasoning)
+        answer = answer_for_request(body, honours_sampling=honours, drop_reasoning=drop,
+                                    inline_reasoning=inline)
+        extra: dict = {}
+        applied, dropped = applied_sampling(body, honours_sampling=honours)
+        if not honours or any(k in body for k in SAMPLING_PARAMETERS):
+            extra["sampling"] = applied
+            extra["sampling_dropped"] = dropped
+            if dropped:
+                self.quirks["sampling_dropped"] += 1
+        if drop:
+            extra["reasoning_dropped"] = True
+            self.quirks["drop_reasoning"] += 1
+        if inline and answer.content.startswith(THINK_OPEN):
+            extra["reasoning_inline"] = True
+            self.quirks["inline_reasoning"] += 1
+        return answer, extra

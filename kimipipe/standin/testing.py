@@ -8,7 +8,11 @@
 
 Keyword arguments map to the command-line options of `python -m kimipipe.standin`
 (`faults` is a dict {kind: rate}; `ledger=True` puts the ledger in the work directory,
-a string or path puts it there). Only the standard library is used to talk to the server,
+a string or path puts it there). The credit limits: `inflight_ratio`, `settle`,
+`key_limit`, `workspace_budget`, `guardrail_budget`, `limit_status` (403|402),
+`limit_reset`, `moderation_marker`; the provider quirks: `drop_reasoning` (a dict
+{provider: rate}), `inline_reasoning` and `ignore_sampling` (lists of providers),
+`not_distillable`. Each can also be changed live with `configure(...)`. Only the standard library is used to talk to the server,
 so any test can use it whatever its own event loop does.
 """
 
@@ -44,6 +48,12 @@ class StandIn:
                  seed: int | None = None, ledger: bool | str | os.PathLike = False,
                  price_scale: float | None = None, bill_cancelled: bool = False,
                  request_log: bool = False,
+                 inflight_ratio: float | None = None, settle: float | None = None,
+                 workspace_budget: float | None = None, guardrail_budget: float | None = None,
+                 limit_status: int | None = None, limit_reset: str | None = None,
+                 moderation_marker: str | None = None, drop_reasoning: dict | None = None,
+                 inline_reasoning: list | tuple = (), ignore_sampling: list | tuple = (),
+                 not_distillable: bool = False,
                  port: int = 0,
                  workdir: str | os.PathLike | None = None, extra_args: tuple = (),
                  start_timeout: float = 20.0):
@@ -67,7 +77,11 @@ class StandIn:
                    "--keepalive-interval": keepalive_interval, "--retry-after": retry_after,
                    "--hang-seconds": hang_seconds, "--seed": seed,
                    "--price-scale": price_scale, "--ledger": self.ledger_path,
-                   "--request-log": self.request_log_path}
+                   "--request-log": self.request_log_path,
+                   "--inflight-ratio": inflight_ratio, "--settle": settle,
+                   "--workspace-budget": workspace_budget, "--guardrail-budget": guardrail_budget,
+                   "--limit-status": limit_status, "--limit-reset": limit_reset,
+                   "--moderation-marker": moderation_marker}
         for flag, value in options.items():
             if value is not None:
                 args += [flag, str(value)]
@@ -75,6 +89,14 @@ class StandIn:
             args += ["--fault", f"{kind}={rate}"]
         if bill_cancelled:
             args.append("--bill-cancelled")
+        for provider, rate in (drop_reasoning or {}).items():
+            args += ["--drop-reasoning", f"{provider}={rate}"]
+        for provider in inline_reasoning:
+            args += ["--inline-reasoning", provider]
+        for provider in ignore_sampling:
+            args += ["--ignore-sampling", provider]
+        if not_distillable:
+            args.append("--not-distillable")
         self.args = [*args, *map(str, extra_args)]
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
@@ -164,7 +186,8 @@ class StandIn:
         return self._call("GET", "/_standin/stats")
 
     def configure(self, **changes) -> dict:
-        """Change balance, faults, latency, tokens_per_second, credits_mode, ... live."""
+        """Change balance, faults, latency, key_limit, inflight_ratio, drop_reasoning, ...
+        live (every setting but the key, the port, the seed and the log files)."""
         return self._call("POST", "/_standin/config", changes)
 
     def ledger(self) -> list[dict]:

@@ -1,0 +1,128 @@
+"""What a run of the stand-in is told (`python -m kimipipe.standin` options, the `StandIn`
+test helper's keyword arguments), checked once, and changed live by `POST /_standin/config`.
+
+Every setting added for the credit limits and the provider quirks is off by default, so a
+stand-in started without them answers as it always did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .providers import known_provider
+from .refusals import LIMIT_RESETS, LIMIT_STATUSES
+
+FAULT_KINDS = ("429", "500", "502", "503", "524", "529", "error200", "empty", "midstream",
+               "cut", "hang", "heartbeat", "misroute", "moderation")
+CREDITS_MODES = ("normal", "forbidden", "zeros")
+
+
+@dataclass
+class Config:
+    api_key: str = "sk-or-standin"
+    balance: float = 100.0
+    key_limit: float | None = None
+    credits_mode: str = "normal"
+    latency: float = 0.0
+    tokens_per_second: float = 0.0
+    keepalive_interval: float = 1.0
+    faults: dict[str, float] = field(default_factory=dict)
+    retry_after: float = 1.0
+    hang_seconds: float = 3600.0
+    seed: int = 0
+    ledger: str | None = None
+    request_log: str | None = None   # every completion request body as received, one per line
+    price_scale: float = 1.0
+    bill_cancelled: bool = False     # charge a generation whose client went away mid-way
+    # -- credit limits (refusals.py) --
+    inflight_ratio: float | None = None   # in-flight budget = ratio x balance left; None: off
+    settle: float = 1.0                   # seconds a finished request's reservation still counts
+    limit_status: int = 403               # status of key-limit/workspace/guardrail refusals
+    limit_reset: str | None = None        # daily|weekly|monthly window of those budgets
+    workspace_budget: float | None = None
+    guardrail_budget: float | None = None
+    moderation_marker: str | None = None  # prompts holding it are refused by moderation
+    # -- provider quirks (slugs as provider.only/ignore take them) --
+    drop_reasoning: dict[str, float] = field(default_factory=dict)   # slug -> rate
+    inline_reasoning: list[str] = field(default_factory=list)
+    ignore_sampling: list[str] = field(default_factory=list)
+    not_distillable: bool = False
+
+    def check(self) -> None:
+        for kind, rate in self.faults.items():
+            if kind not in FAULT_KINDS:
+                raise ValueError(f"unknown fault kind {kind!r} (kinds: {', '.join(FAULT_KINDS)})")
+            if not 0.0 <= float(rate) <= 1.0:
+                raise ValueError(f"fault rate for {kind} must be in [0, 1], got {rate}")
+        if sum(float(r) for r in self.faults.values()) > 1.0 + 1e-9:
+            raise ValueError("fault rates must sum to at most 1 (one draw per request picks "
+                             "at most one fault)")
+        if self.credits_mode not in CREDITS_MODES:
+            raise ValueError(f"credits_mode must be one of {', '.join(CREDITS_MODES)}")
+        for name in ("latency", "tokens_per_second", "hang_seconds", "retry_after", "settle"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.keepalive_interval <= 0:
+            raise ValueError("keepalive_interval must be > 0")
+        if self.inflight_ratio is not None and self.inflight_ratio <= 0:
+            raise ValueError("inflight_ratio must be > 0")
+        for name in ("key_limit", "workspace_budget", "guardrail_budget"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.limit_status not in LIMIT_STATUSES:
+            raise ValueError(f"limit_status must be 403 or 402, got {self.limit_status}")
+        if self.limit_reset is not None and self.limit_reset not in LIMIT_RESETS:
+            raise ValueError(f"limit_reset must be one of {', '.join(LIMIT_RESETS)}")
+        if self.moderation_marker is not None and not self.moderation_marker:
+            raise ValueError("moderation_marker must not be empty")
+        for slug, rate in self.drop_reasoning.items():
+            if not 0.0 <= float(rate) <= 1.0:
+                raise ValueError(f"drop_reasoning rate for {slug} must be in [0, 1], got {rate}")
+        for slug in [*self.drop_reasoning, *self.inline_reasoning, *self.ignore_sampling]:
+            if not known_provider(slug):
+                raise ValueError(f"unknown provider {slug!r} (a tag or provider name of the "
+                                 "endpoints table)")
+
+    def public(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "api_key"}
+
+
+def _nullable(kind):
+    return lambda v: None if v is None else kind(v)
+
+
+def _slugs(value) -> list[str]:
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise TypeError("expected a list of provider slugs")
+    return list(value)
+
+
+# Settable at run time through POST /_standin/config, with their conversions.
+LIVE_SETTINGS = {
+    "balance": float, "key_limit": _nullable(float), "credits_mode": str, "latency": float,
+    "tokens_per_second": float, "keepalive_interval": float,
+    "faults": lambda v: {str(k): float(r) for k, r in dict(v).items()},
+    "retry_after": float, "hang_seconds": float, "price_scale": float, "bill_cancelled": bool,
+    "inflight_ratio": _nullable(float), "settle": float, "limit_status": int,
+    "limit_reset": _nullable(str), "workspace_budget": _nullable(float),
+    "guardrail_budget": _nullable(float), "moderation_marker": _nullable(str),
+    "drop_reasoning": lambda v: {str(k): float(r) for k, r in dict(v).items()},
+    "inline_reasoning": _slugs, "ignore_sampling": _slugs, "not_distillable": bool,
+}
+
+
+def changed(config: Config, changes: dict) -> Config:
+    """A checked copy of `config` with `changes` (a JSON object) applied; ValueError or
+    TypeError when a name is not settable or a value is wrong."""
+    if not isinstance(changes, dict):
+        raise ValueError("expected a JSON object")
+    unknown = sorted(set(changes) - set(LIVE_SETTINGS))
+    if unknown:
+        raise ValueError(f"cannot change {', '.join(unknown)} "
+                         f"(settable: {', '.join(LIVE_SETTINGS)})")
+    new = Config(**asdict(config))
+    for name, value in changes.items():
+        setattr(new, name, LIVE_SETTINGS[name](value))
+    new.check()
+    return new

@@ -1,0 +1,260 @@
+"""One accepted completion, served plain or streamed, with its fault if any.
+
+The server (`server.py`) does every check that can refuse a request; a `Job` is what is
+left: latency (with keep-alive comments), the answer at the configured token rate, the
+charge, and the faults that happen after the headers (error bodies at HTTP 200, empty
+choices, mid-stream errors, cut connections, hangs, keep-alive-only streams).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from .answers import Answer, user_text_sha256
+from .providers import Endpoint
+from .wire import Generation, encode, json_response
+
+if TYPE_CHECKING:
+    from .server import StandIn
+
+COMMENT = b": OPENROUTER PROCESSING\n\n"
+DONE = b"data: [DONE]\n\n"
+MIN_WRITE_INTERVAL = 0.05   # streamed tokens due within one tick go out in one write
+
+
+class Job:
+    """One accepted completion: serves it plain or streamed, with its fault if any."""
+
+    def __init__(self, server: StandIn, request: web.Request, body: dict, answer: Answer,
+                 endpoint: Endpoint, fault: str | None, created: int, gen_id: str,
+                 started: float, ledger_extra: dict | None = None):
+        self.server = server
+        self.config = server.config
+        self.request = request
+        self.body = body
+        self.answer = answer
+        self.endpoint = endpoint
+        self.fault = fault
+        self.created = created
+        self.gen_id = gen_id
+        self.started = started
+        self.model = body["model"]
+        self.headers = {"X-Generation-Id": gen_id}
+        self.charged = False
+        self.ledger_extra = ledger_extra   # what the ledger line adds (sampling, quirks)
+
+    # -- shared pieces ------------------------------------------------------------------
+    def _cost(self) -> float:
+        a, e = self.answer, self.endpoint
+        return (a.prompt_tokens * e.prompt + a.completion_tokens * e.completion) \
+            * self.config.price_scale
+
+    def _charge(self, first_token_at: float, streamed: bool) -> float:
+        self.charged = True
+        now = time.monotonic()
+        cost = self._cost()
+        self.server.charge(Generation(
+            self.gen_id, self.endpoint.provider_name, self.model, self.answer.prompt_tokens,
+            self.answer.completion_tokens, self.answer.reasoning_tokens, cost,
+            self.answer.finish_reason, self.created, first_token_at - self.started,
+            now - first_token_at, streamed), user_text_sha256(self.body["messages"]),
+            self.ledger_extra)
+        return cost
+
+    def _usage(self, cost: float) -> dict:
+        a, e, scale = self.answer, self.endpoint, self.config.price_scale
+        return {
+            "prompt_tokens": a.prompt_tokens,
+            "completion_tokens": a.completion_tokens,
+            "total_tokens": a.prompt_tokens + a.completion_tokens,
+            "completion_tokens_details": {"reasoning_tokens": a.reasoning_tokens},
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "cost": cost,
+            "is_byok": False,
+            "cost_details": {
+                "upstream_inference_cost": cost,
+                "upstream_inference_prompt_cost": a.prompt_tokens * e.prompt * scale,
+                "upstream_inference_completions_cost": a.completion_tokens * e.completion * scale,
+            },
+        }
+
+    def _error_obj(self) -> dict:
+        return {"code": 502, "message": "Provider returned error",
+                "metadata": {"error_type": "provider_unavailable",
+                             "provider_code": "upstream_error",
+                             "provider_name": self.endpoint.provider_name}}
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.gen_id, "provider": self.endpoint.provider_name, "model": self.model,
+                "object": obj, "created": self.created}
+
+    def _generation_seconds(self) -> float:
+        tps = self.config.tokens_per_second
+        return self.answer.completion_tokens / tps if tps > 0 else 0.0
+
+    async def _prepare(self, resp: web.StreamResponse) -> None:
+        self.request["standin_status"] = resp.status
+        await resp.prepare(self.request)
+
+    async def _abort(self) -> None:
+        transport = self.request.transport
+        if transport is not None:
+            transport.abort()
+
+    # -- plain --------------------------------------------------------------------------
+    async def plain(self) -> web.StreamResponse:
+        try:
+            return await self._plain()
+        except (asyncio.CancelledError, ConnectionError):
+            self._bill_if_cancelled(streamed=False)
+            raise
+
+    async def stream(self) -> web.StreamResponse:
+        try:
+            return await self._stream()
+        except (asyncio.CancelledError, ConnectionError):
+            self._bill_if_cancelled(streamed=True)
+            raise
+
+    def _bill_if_cancelled(self, streamed: bool) -> None:
+        """Some providers finish (and bill) a generation whose client went away; with
+        `bill_cancelled` the stand-in does the same for an accepted, fault-free request."""
+        if self.config.bill_cancelled and not self.charged and self.fault in (None, "misroute"):
+            self._charge(time.monotonic(), streamed)
+
+    async def _plain(self) -> web.StreamResponse:
+        fault = self.fault
+        if fault in ("hang", "heartbeat"):
+            resp = web.StreamResponse(status=200, headers=self.headers)
+            resp.content_type = "application/json"
+            await self._prepare(resp)
+            await asyncio.sleep(self.config.hang_seconds)
+            await self._abort()
+            return resp
+        await asyncio.sleep(self.config.latency + self._generation_seconds())
+        head = self._head("chat.completion")
+        if fault in ("error200", "midstream"):
+            return json_response({**head, "error": self._error_obj()}, headers=self.headers)
+        if fault == "empty":
+            return json_response({**head, "choices": [], "system_fingerprint": None},
+                                 headers=self.headers)
+        a = self.answer
+        message: dict = {"role": "assistant", "content": a.content, "refusal": None,
+                         "reasoning": a.reasoning}
+        if a.reasoning is not None:
+            message["reasoning_details"] = [{"type": "reasoning.text", "text": a.reasoning,
+                                             "format": "unknown", "index": 0}]
+        body = {**head, "system_fingerprint": None, "choices": [{
+            "index": 0, "logprobs": None, "finish_reason": a.finish_reason,
+            "native_finish_reason": a.finish_reason, "message": message}]}
+        if fault == "cut":
+            body["usage"] = self._usage(self._cost())
+            data = encode(body)
+            resp = web.StreamResponse(status=200, headers=self.headers)
+            resp.content_type = "application/json"
+            resp.content_length = len(data)
+            await self._prepare(resp)
+            await resp.write(data[: len(data) // 2])
+            await self._abort()
+            return resp
+        first = time.monotonic()
+        body["usage"] = self._usage(self._charge(first, streamed=False))
+        return web.Response(body=encode(body), headers=self.headers,
+                            content_type="application/json")
+
+    # -- streamed -----------------------------------------------------------------------
+    def _templates(self) -> tuple[bytes, bytes]:
+        head = encode(self._head("chat.completion.chunk"))[:-1]   # drop the closing brace
+        return (b"data: " + head + b',"choices":[{"index":0,"delta":{"role":"assistant",',
+                b'},"finish_reason":null,"native_finish_reason":null,"logprobs":null}]}\n\n')
+
+    async def _keepalive(self, resp: web.StreamResponse, seconds: float) -> None:
+        """Keep-alive comments while the model "thinks": one now, then every interval."""
+        if seconds <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        interval = min(self.config.keepalive_interval, seconds)
+        while True:
+            await resp.write(COMMENT)
+            left = end - loop.time()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(interval, left))
+            if loop.time() >= end:
+                return
+
+    async def _stream(self) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers={
+            **self.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await self._prepare(resp)
+        fault = self.fault
+        if fault == "hang":
+            await asyncio.sleep(self.config.hang_seconds)
+            await self._abort()
+            return resp
+        if fault == "heartbeat":
+            while True:
+                await resp.write(COMMENT)
+                await asyncio.sleep(self.config.keepalive_interval)
+        await self._keepalive(resp, self.config.latency)
+        prefix, suffix = self._templates()
+        if fault == "error200":
+            await resp.write(b"data: " + encode({**self._head("chat.completion.chunk"),
+                                                  "error": self._error_obj()}) + b"\n\n")
+            return resp
+        if fault == "empty":
+            await resp.write(b"data: " + encode({**self._head("chat.completion.chunk"),
+                                                  "choices": []}) + b"\n\n" + DONE)
+            return resp
+        a = self.answer
+        chunks = [prefix + b'"content":"","reasoning":' + encode(p)
+                  + b',"reasoning_details":[{"type":"reasoning.text","text":' + encode(p)
+                  + b',"format":"unknown","index":0}]' + suffix for p in a.reasoning_pieces]
+        chunks += [prefix + b'"content":' + encode(p) + suffix for p in a.content_pieces]
+        if fault in ("midstream", "cut"):
+            chunks = chunks[: max(1, len(chunks) // 2)]
+        first = time.monotonic()
+        await self._send_tokens(resp, chunks)
+        if fault == "cut":
+            await self._abort()
+            return resp
+        if fault == "midstream":
+            await resp.write(b"data: " + encode({
+                **self._head("chat.completion.chunk"), "error": self._error_obj(),
+                "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error",
+                             "native_finish_reason": "error"}]}) + b"\n\n")
+            return resp
+        cost = self._charge(first, streamed=True)
+        finish = encode(a.finish_reason)
+        tail = (prefix + b'"content":""},"finish_reason":' + finish
+                + b',"native_finish_reason":' + finish + b',"logprobs":null}]}\n\n'
+                + b"data: " + encode({**self._head("chat.completion.chunk"), "choices": [],
+                                       "usage": self._usage(cost)}) + b"\n\n" + DONE)
+        await resp.write(tail)
+        return resp
+
+    async def _send_tokens(self, resp: web.StreamResponse, chunks: list[bytes]) -> None:
+        """One SSE event per token at the configured rate; the tokens due within one tick
+        share one write (so the timer count stays bounded at high rates)."""
+        tps = self.config.tokens_per_second
+        if tps <= 0 or not chunks:
+            if chunks:
+                await resp.write(b"".join(chunks))
+            return
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        sent = 0
+        n = len(chunks)
+        while sent < n:
+            due = min(n, int((loop.time() - t0) * tps) + 1)
+            if due > sent:
+                await resp.write(b"".join(chunks[sent:due]))
+                sent = due
+            if sent < n:
+                next_at = t0 + (sent + 1) / tps
+                await asyncio.sleep(max(MIN_WRITE_INTERVAL, next_at - loop.time()))

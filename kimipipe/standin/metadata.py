@@ -1,0 +1,123 @@
+"""The stand-in's money and metadata endpoints: `GET /credits`, `/key` (and `/auth/key`),
+`/generation`, `/models`, `/model/{author}/{slug}`, `/models/{author}/{slug}/endpoints`.
+
+A mixin of `server.StandIn`: it reads the server's config, usage, budget layers and
+remembered generations, and changes nothing but the request counters.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from .answers import REASONING_DEFAULT, served_sampling
+from .providers import MODELS, endpoints_document, model_document
+from .refusals import effective_budget, key_budget
+from .wire import error_response, json_response
+
+
+class MetadataEndpoints:
+    async def credits(self, request: web.Request) -> web.Response:
+        self.endpoint_requests["credits"] += 1
+        if (denied := self.auth_error(request)) is not None:
+            return denied
+        mode = self.config.credits_mode
+        if mode == "forbidden":
+            return error_response(403, "Only management keys can fetch credits",
+                                  {"error_type": "permission_denied"})
+        if mode == "zeros":
+            return json_response({"data": {"total_credits": 0, "total_usage": 0}})
+        return json_response({"data": {"total_credits": self.config.balance,
+                                       "total_usage": self.usage}})
+
+    async def key(self, request: web.Request) -> web.Response:
+        self.endpoint_requests["key"] += 1
+        if (denied := self.auth_error(request)) is not None:
+            return denied
+        limit = self.config.key_limit
+        layers = self.budget_layers()
+        effective = effective_budget(layers, self.usage)
+        return json_response({"data": {
+            "label": "standin-key",
+            "limit": limit,
+            "limit_remaining": None if limit is None else limit - self.usage,
+            "limit_reset": None if limit is None else self.config.limit_reset,
+            "include_byok_in_limit": False,
+            "usage": self.usage, "usage_daily": self.usage, "usage_weekly": self.usage,
+            "usage_monthly": self.usage,
+            "byok_usage": 0.0, "byok_usage_daily": 0.0, "byok_usage_weekly": 0.0,
+            "byok_usage_monthly": 0.0,
+            "is_free_tier": False, "is_management_key": False, "is_provisioning_key": False,
+            "rate_limit": {"requests": -1, "interval": "10s", "note": "deprecated"},
+            "free_model_daily_requests": {"limit": 1000, "used": 0, "remaining": 1000},
+            "allowed_data_regions": ["global"],
+            "budgets": [key_budget(layer, self.usage) for layer in layers],
+            "effective_budget": None if effective is None else key_budget(effective, self.usage),
+            "creator_user_id": None, "organization_id": None, "workspace_id": None,
+        }})
+
+    async def generation(self, request: web.Request) -> web.Response:
+        self.endpoint_requests["generation"] += 1
+        if (denied := self.auth_error(request)) is not None:
+            return denied
+        gid = request.query.get("id", "")
+        if not gid:
+            return error_response(400, "Missing required query parameter: id")
+        g = self.generations.get(gid)
+        if g is None:
+            return error_response(404, f"Generation {gid} not found")
+        return json_response({"data": {
+            "id": g.id, "model": g.model, "provider_name": g.provider, "api_type": "completions",
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(g.created)),
+            "total_cost": g.cost, "usage": g.cost, "upstream_inference_cost": g.cost,
+            "cache_discount": None, "is_byok": False, "cancelled": False,
+            "finish_reason": g.finish_reason, "native_finish_reason": g.finish_reason,
+            "tokens_prompt": g.prompt_tokens, "tokens_completion": g.completion_tokens,
+            "native_tokens_prompt": g.prompt_tokens,
+            "native_tokens_completion": g.completion_tokens,
+            "native_tokens_reasoning": g.reasoning_tokens, "native_tokens_cached": 0,
+            "native_tokens_completion_images": None,
+            "latency": round(g.latency * 1000), "generation_time": round(g.generation_time * 1000),
+            "moderation_latency": None, "streamed": g.streamed, "origin": "",
+            "app_id": None, "external_user": None, "http_referer": None, "user_agent": None,
+            "num_fetches": None, "num_input_audio_prompt": None, "num_media_completion": None,
+            "num_media_prompt": None, "num_search_results": None, "preset_id": None,
+            "provider_responses": None, "router": None, "service_tier": None,
+            "upstream_id": None, "web_search_engine": None, "workspace_id": None,
+            "data_region": "global",
+        }})
+
+    async def model_endpoints(self, request: web.Request) -> web.Response:
+        self.endpoint_requests["endpoints"] += 1
+        model = f"{request.match_info['author']}/{request.match_info['slug']}"
+        if model not in MODELS:
+            return error_response(404, f"Model {model} not found")
+        document = endpoints_document(model, int(time.time()), self.config.ignore_sampling)
+        scale = self.config.price_scale
+        if scale != 1.0:  # list the prices that are billed
+            for endpoint in document["data"]["endpoints"]:
+                for kind in ("prompt", "completion"):
+                    endpoint["pricing"][kind] = f"{float(endpoint['pricing'][kind]) * scale:.12g}"
+        return json_response(document)
+
+    def model_document(self, model: str) -> dict:
+        return model_document(model, int(time.time()), distillable=self.distillable(model),
+                              price_scale=self.config.price_scale,
+                              default_sampling=served_sampling(model, REASONING_DEFAULT[model]))
+
+    async def models(self, request: web.Request) -> web.Response:
+        """`GET /models`, with OpenRouter's `?distillable=true|false` filter."""
+        self.endpoint_requests["models"] += 1
+        docs = [self.model_document(m) for m in MODELS]
+        wanted = request.query.get("distillable")
+        if wanted in ("true", "false"):
+            docs = [d for d in docs if d["is_trainable_text"] is (wanted == "true")]
+        return json_response({"data": docs, "links": {"next": None}, "total_count": len(docs)})
+
+    async def model(self, request: web.Request) -> web.Response:
+        self.endpoint_requests["model"] += 1
+        model = f"{request.match_info['author']}/{request.match_info['slug']}"
+        if model not in MODELS:
+            return error_response(404, f"Model {model} not found")
+        return json_response({"data": self.model_document(model)})
