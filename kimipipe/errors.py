@@ -54,9 +54,20 @@ def display_path(path: str) -> str:
     return "<stdin>" if path == "-" else str(path)
 
 
+_SECRETS: set[str] = set()
+
+
+def keep_secret(value: str) -> None:
+    """Have `redact` remove VALUE too (an API key read from a file, not the environment)."""
+    if value and len(value) >= 8:
+        _SECRETS.add(value)
+
+
 def redact(text: str) -> str:
-    """Remove the API key from any text that may reach a terminal or a log."""
-    key = os.environ.get("OPENROUTER_API_KEY", "")
-    if len(key) >= 8 and key in text:
-        text = text.replace(key, "***")
+    """Remove the API key from any text that may reach a terminal or a log: the one key
+    scrubber (OPENROUTER_API_KEY, and every key given to `keep_secret`)."""
+    env_key = os.environ.get("OPENROUTER_API_KEY", "")
+    for key in (env_key, *_SECRETS):
+        if len(key) >= 8 and key in text:
+            text = text.replace(key, "***")
     return text

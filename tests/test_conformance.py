@@ -214,7 +214,7 @@ def test_the_body_kp_infer_builds_conforms_to_chat_request(stream):
     """Not a hand-written sample: the very bytes kp-infer's engine sends, every flag set."""
     import json
 
-    from kimipipe.infer.engine import RequestOptions
+    from kimipipe.openrouter.request import RequestOptions
     from kimipipe.openrouter.routing import Policy
     from kimipipe.records import Message, Prompt
 

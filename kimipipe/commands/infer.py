@@ -34,9 +34,7 @@ import os
 import sys
 import tempfile
 
-import aiohttp
 import click
-import msgspec
 
 from ..cli import (
     COUNT,
@@ -53,7 +51,6 @@ from ..cli import (
 from ..errors import ExitCode, KPError, redact
 from ..infer.budget import Budget
 from ..infer.engine import (
-    RequestOptions,
     Run,
     RunConfig,
     format_summary,
@@ -62,6 +59,7 @@ from ..infer.engine import (
 from ..infer.worker import freeze_startup_objects
 from ..infer.workers import WorkerPool
 from ..openrouter import DEFAULT_BASE_URL
+from ..openrouter.account import Account, AccountError, fetch_endpoints
 from ..openrouter.client import CompletionClient
 from ..openrouter.models import (
     QUANTIZATIONS,
@@ -70,38 +68,21 @@ from ..openrouter.models import (
     requantized_allowed,
     requantized_in_flags,
 )
-from ..openrouter.money import fetch_balance_async
+from ..openrouter.request import RequestOptions
 from ..openrouter.routing import (
     Endpoint,
     Policy,
     allowed_endpoints,
-    parse_endpoints,
     price_bound,
     why_excluded,
 )
 from ..partition import in_partition
 
 
-async def fetch_endpoints(base_url: str, api_key: str, model: str) -> list[Endpoint]:
-    url = f"{base_url.rstrip('/')}/models/{model}/endpoints"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
-        async with session.get(url) as resp:
-            raw = await resp.read()
-            if resp.status != 200:
-                raise KPError(f"GET /models/{model}/endpoints answered HTTP {resp.status}")
-    try:
-        return parse_endpoints(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise KPError(f"unexpected endpoints table: {e}") from None
-
-
 async def fetch_spendable_balance(base_url: str, api_key: str) -> float | None:
     """What the account (or the key's limit) still allows, as kp-credits reads it."""
-    async with aiohttp.ClientSession() as session:
-        balance = await fetch_balance_async(session, api_key, base_url)
-    return balance.spendable
+    async with Account(api_key, base_url) as account:
+        return (await account.balance()).spendable
 
 
 def _uvloop_run(coro):
@@ -271,8 +252,8 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         todo = len(in_part) - skipped
 
         try:
-            endpoints = _uvloop_run(fetch_endpoints(base_url, api_key, model))
-        except (TimeoutError, KPError, aiohttp.ClientError, OSError) as e:
+            endpoints = fetch_endpoints(model, api_key, base_url)
+        except AccountError as e:
             if plan:
                 raise KPError(f"cannot read the endpoints table: {redact(str(e))}") from None
             say(f"kp-infer: warning: cannot read the endpoints table ({redact(str(e))}); "

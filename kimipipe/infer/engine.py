@@ -40,7 +40,8 @@ from ..io import (
     require_distinct,
     scan_done,
 )
-from ..openrouter.client import Attempt
+from ..openrouter.attempt import Attempt
+from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Endpoint, Policy, routing_violation
 from ..partition import in_partition
 from ..records import CostOnly, Prompt, decode_passthrough, encode_line, merge_fields
@@ -78,49 +79,6 @@ class _FailureCost(msgspec.Struct):
 
 
 _failure_decoder = msgspec.json.Decoder(_FailureCost)
-
-
-@dataclass
-class RequestOptions:
-    model: str = "moonshotai/kimi-k2.5"
-    max_tokens: int = 16384
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    reasoning: bool | None = None
-    reasoning_effort: str | None = None
-    stream: bool = True
-    extra_body: dict = field(default_factory=dict)
-
-    def body(self, prompt: Prompt, policy: Policy) -> bytes:
-        body: dict = {
-            "model": self.model,
-            "messages": [{"role": m.role, "content": m.content} for m in prompt.messages],
-            "max_tokens": self.max_tokens,
-            "stream": self.stream,
-        }
-        if self.temperature is not None:
-            body["temperature"] = self.temperature
-        if self.top_p is not None:
-            body["top_p"] = self.top_p
-        if self.seed is not None:
-            body["seed"] = self.seed
-        reasoning: dict = {}
-        if self.reasoning is not None:
-            reasoning["enabled"] = self.reasoning
-        if self.reasoning_effort:
-            reasoning["effort"] = self.reasoning_effort
-        if reasoning:
-            body["reasoning"] = reasoning
-        provider = policy.provider_object()
-        if provider:
-            body["provider"] = provider
-        for key, value in self.extra_body.items():
-            if key == "provider" and isinstance(value, dict):
-                body["provider"] = {**body.get("provider", {}), **value}
-            else:
-                body[key] = value
-        return msgspec.json.encode(body)
 
 
 @dataclass
