@@ -20,10 +20,12 @@ tokens recorded in OUTPUT count against `--max-cost` and `--token-budget`.
 The whole input is validated before the first request (so it is read twice; stdin is
 spooled to a temporary file).
 
-Exit codes: 0 all done; 2 bad input, flags, key (401) or routing (404); 3 stopped by
---max-cost, --token-budget, --min-credits or a 402 (raise the budget or add credits,
-rerun); 4 done but some prompts failed permanently (see --failures; a rerun retries them);
-130 interrupted (rerun to resume).
+Exit codes: 0 done as asked: every prompt answered, or --token-budget reached (the summary
+says `"stop_reason": "token-budget"`; raise it and rerun to continue); 2 bad input, flags,
+key (401) or routing (404); 3 stopped by money: --max-cost, a 402 or --min-credits (raise
+the budget or add credits, rerun to resume); 4 done but some prompts failed permanently
+(see --failures; a rerun retries them); 1 the output could not be written; 130 interrupted
+(rerun to resume).
 """
 
 from __future__ import annotations
@@ -111,11 +113,13 @@ def parse_extra_body(text: str | None) -> dict:
 @click.option("--grace", type=click.FloatRange(min=0), default=300.0, show_default=True,
               help="Seconds a stop waits for requests in flight (they are paid for) before cancelling.")
 @click.option("--max-cost", type=click.FloatRange(min=0), default=None, metavar="USD",
-              help="Cap on the cost recorded in OUTPUT across all runs; never exceeded.")
+              help="Cap on the cost recorded in OUTPUT across all runs; never exceeded "
+                   "(reaching it stops the run with exit 3).")
 @click.option("--token-budget", type=COUNT, default=None,
-              help="Cap on completion tokens recorded in OUTPUT across runs (accepts 10M, 500k).")
+              help="Cap on completion tokens recorded in OUTPUT across runs (accepts 10M, 500k); "
+                   "reaching it is done as asked (exit 0).")
 @click.option("--min-credits", type=click.FloatRange(min=0), default=None, metavar="USD",
-              help="Stop admitting work when the account balance falls below USD (polled).")
+              help="Stop admitting work when the account balance falls below USD (polled; exit 3).")
 @click.option("--credits-interval", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               help="Seconds between balance polls for --min-credits.")
 @click.option("--done", "done_files", multiple=True, type=click.Path(),

@@ -38,7 +38,7 @@ class StopReason(Enum):
                "add credits and rerun to resume")
     MIN_CREDITS = ("min-credits", ExitCode.BUDGET,
                    "stopped: account balance below --min-credits; add credits and rerun to resume")
-    TOKEN_BUDGET = ("token-budget", ExitCode.BUDGET,
+    TOKEN_BUDGET = ("token-budget", ExitCode.OK,
                     "done: --token-budget reached (the output holds the tokens asked for); "
                     "raise it and rerun to continue")
     INTERRUPTED = ("interrupted", ExitCode.INTERRUPTED,
