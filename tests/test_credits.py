@@ -184,3 +184,23 @@ def test_balance_from_odd_answers():
     b = balance_from(404, None, 200, key)
     assert b.source == "key" and b.remaining is None and b.total_usage == 1.5
     assert json.loads(json.dumps(b.record()))["source"] == "key"
+
+
+def test_account_honours_the_proxy_given_or_in_the_environment(standin, monkeypatch):
+    server = standin(api_key=KEY, balance=3)
+    with socket.socket() as s:                      # a proxy nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy",
+                 "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert fetch_balance(KEY, server.base_url).total_credits == 3.0
+    with pytest.raises(NetworkError) as err:        # the `proxy` argument
+        fetch_balance(KEY, server.base_url, proxy=dead, timeout=5)
+    assert str(err.value).startswith(f"cannot reach OpenRouter at {server.base_url}/credits")
+    assert KEY not in str(err.value)
+    monkeypatch.setenv("HTTP_PROXY", dead)          # trust_env: the environment's proxy
+    with pytest.raises(NetworkError):
+        fetch_balance(KEY, server.base_url, timeout=5)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert fetch_balance(KEY, server.base_url).total_credits == 3.0

@@ -250,14 +250,14 @@ def test_shuffle_splits_buckets_larger_than_its_memory_and_keeps_the_order(tmp_p
 
 def test_external_shuffle_bounded_buckets_directly(tmp_path):
     from kimipipe.shard.rows import Row
-    from kimipipe.shard.shuffle import ExternalShuffle, shuffle_key
+    from kimipipe.shard.shuffle import ExternalShuffle, row_shuffle_key
     shuffle = ExternalShuffle(str(tmp_path / "spill"), seed=5, memory_budget=3_000)
     for i in range(2000):
         shuffle.add("train", Row(f"id{i}", 1, 1, b"x" * 50 + b"\n"), 0, i + 1)
     out = list(shuffle.drain())
     assert shuffle.buckets_split > 0
     assert [o.row.id for o in out] == sorted((f"id{i}" for i in range(2000)),
-                                             key=lambda s: shuffle_key(5, s))
+                                             key=lambda s: row_shuffle_key(5, s))
     assert not (tmp_path / "spill").exists()
 
 

@@ -31,8 +31,8 @@ from ..prompts import (
     content_hash,
     hash_id,
     make_prompt,
+    prompt_shuffle_key,
     prompt_turns,
-    shuffle_key,
     with_system,
 )
 from ..records import encode_line
@@ -131,7 +131,7 @@ def cli(inputs, output, dataset, fmt, id_field, system, turns, keep_duplicates, 
 
         chosen = list(sel.kept.items())
         if shuffle:
-            chosen.sort(key=lambda item: shuffle_key(seed, item[1]))
+            chosen.sort(key=lambda item: prompt_shuffle_key(seed, item[1]))
         if limit is not None:
             chosen = chosen[:limit]
         rank = {position: i for i, (position, _pid) in enumerate(chosen)}

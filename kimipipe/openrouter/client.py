@@ -169,8 +169,8 @@ class CompletionClient:
             except msgspec.DecodeError:
                 payload = None
             return error_attempt(outcome.status, payload,
-                                  retry_after_seconds(outcome.headers.get("retry-after")),
-                                  f"HTTP {outcome.status}")
+                                 retry_after_seconds(outcome.headers.get("retry-after")),
+                                 f"HTTP {outcome.status}")
         if isinstance(outcome, Stalled):
             what = "data" if stream else "bytes"
             return Attempt("retry", cause="timeout", message=f"no {what} for {outcome.seconds:g} s")
