@@ -96,14 +96,13 @@ $(WORK)/%.prompts.jsonl: | venv $(WORK)
 $(WORK)/%.infer-flags: FORCE | $(WORK)
 	@echo '$(INFER_ARGS)' | cmp -s - $@ || echo '$(INFER_ARGS)' > $@
 
-# Stage 2: responses. Exit 0 (all done), 4 (done, some failed: see WORK/<D>.failures.jsonl)
-# and 3 by the token budget (the dataset is as large as asked) finish the stage; 3 by money
-# (MAX_COST, a 402, MIN_CREDITS) stops the build, resumable.
+# Stage 2: responses. Exit 0 (all done, or TOKEN_BUDGET reached: the dataset is as large
+# as asked) and 4 (done, some failed: see WORK/<D>.failures.jsonl) finish the stage; exit 3
+# is money (MAX_COST, a 402, MIN_CREDITS): the build stops, resumable.
 $(WORK)/%.responses.done: $(WORK)/%.prompts.jsonl $(WORK)/%.infer-flags | venv
 	@set +e; $(BIN)/kp-infer $< -o $(WORK)/$*.responses.jsonl --failures $(WORK)/$*.failures.jsonl \
 	  --summary-json $(WORK)/$*.infer-summary.json $(INFER_ARGS); code=$$?; \
-	if [ $$code -eq 0 ] || [ $$code -eq 4 ] || { [ $$code -eq 3 ] && \
-	    grep -q '"stop_reason": "token-budget"' $(WORK)/$*.infer-summary.json; }; then touch $@; \
+	if [ $$code -eq 0 ] || [ $$code -eq 4 ]; then touch $@; \
 	elif [ $$code -eq 3 ]; then \
 	  echo "make: $* stopped by MAX_COST, the balance or MIN_CREDITS (exit 3): raise the budget or add credits, then rerun make to resume" >&2; exit 3; \
 	elif [ $$code -eq 130 ]; then echo "make: interrupted; rerun make to resume" >&2; exit 130; \

@@ -13,21 +13,23 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import click
 
-from .errors import ExitCode, KPError, redact
+from .errors import ExitCode, KPError, keep_secret, redact
 from .partition import parse_partition
 
 if TYPE_CHECKING:
     from tqdm import tqdm
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 success; 1 unexpected error; 2 usage or input error (nothing done); "
-    "3 stopped by a budget or the balance (rerun to resume); 4 finished with permanent "
-    "failures; 130 interrupted (rerun to resume)."
+    "Exit codes: 0 success (for kp-infer also: --token-budget reached); 1 unexpected error; "
+    "2 usage or input error (nothing done); 3 stopped by money: a cost cap, the balance or a "
+    "credit limit (rerun to resume); 4 finished with permanent failures; 130 interrupted "
+    "(rerun to resume)."
 )
 
 
@@ -70,10 +72,44 @@ def progress(total: int | None = None, desc: str = "", unit: str = "rec", quiet:
                 dynamic_ncols=True, mininterval=0.5, **kwargs)
 
 
+class Stderr:
+    """A command's messages (warnings, notes, the summary) on stderr: redacted, written
+    between redraws of its progress bar, and silenced, all of them, by --quiet.
+
+        say = Stderr(quiet)
+        say("kp-x: warning: ...")
+        with say.progress(total=n, desc="kp-x", unit="req") as bar: ...
+    """
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self._bar: tqdm | None = None
+
+    def __call__(self, message: str) -> None:
+        if self.quiet:
+            return
+        message = redact(message)
+        if self._bar is not None:
+            self._bar.write(message, file=sys.stderr)
+        else:
+            click.echo(message, err=True)
+
+    @contextmanager
+    def progress(self, total: int | None = None, desc: str = "", unit: str = "rec",
+                 **kwargs) -> Iterator[tqdm]:
+        """A progress bar (see `progress`) that messages are written around while it is open."""
+        bar = progress(total=total, desc=desc, unit=unit, quiet=self.quiet, **kwargs)
+        self._bar = bar
+        try:
+            yield bar
+        finally:
+            self._bar = None
+            bar.close()
+
+
 def say(message: str, quiet: bool = False) -> None:
-    """A warning or summary line on stderr."""
-    if not quiet:
-        click.echo(redact(message), err=True)
+    """One warning or summary line on stderr (see `Stderr`)."""
+    Stderr(quiet)(message)
 
 
 def read_api_key(api_key_file: str | None, required: bool = True) -> str:
@@ -87,6 +123,7 @@ def read_api_key(api_key_file: str | None, required: bool = True) -> str:
                           ExitCode.USAGE) from None
         if not key and required:
             raise KPError(f"--api-key-file {api_key_file} is empty", ExitCode.USAGE)
+        keep_secret(key)  # no message may show it, wherever it came from
         return key
     key = os.environ.get("OPENROUTER_API_KEY", "").strip()
     if not key and required:
@@ -204,13 +241,3 @@ def partition_option(f):
     return click.option("--partition", type=PartitionType(), default=None,
                         help="Only the IDs whose hash falls in part K of N (one part per machine).")(f)
 
-
-def not_yet_built(name: str, issue: str) -> click.Command:
-    """A placeholder command for a stage whose issue has not landed: exit 2, no output."""
-
-    @click.command(name=name, context_settings={"ignore_unknown_options": True})
-    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    def placeholder(args):
-        raise KPError(f"not yet built (see the issue: {issue})", exit_code=ExitCode.USAGE)
-
-    return placeholder

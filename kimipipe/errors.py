@@ -2,10 +2,12 @@
 
 Exit codes are part of the interface (README documents them once):
 
-    0    success
+    0    success: done as asked (for kp-infer, also: --token-budget reached)
     1    unexpected error (a bug, a network failure kimipipe could not ride out)
     2    usage or input error: nothing was done (no request sent, no output finished)
-    3    stopped by a budget or the account's balance; rerun (with more budget) to resume
+    3    stopped by money: a cost cap (--max-cost), the account's balance or a credit limit
+         OpenRouter enforces (402, --min-credits, kp-credits --min); rerun (with more
+         budget or credits) to resume
     4    finished, but some records failed permanently (see the failures file)
     130  interrupted (SIGINT/SIGTERM); rerun to resume
 """
@@ -54,9 +56,20 @@ def display_path(path: str) -> str:
     return "<stdin>" if path == "-" else str(path)
 
 
+_SECRETS: set[str] = set()
+
+
+def keep_secret(value: str) -> None:
+    """Have `redact` remove VALUE too (an API key read from a file, not the environment)."""
+    if value and len(value) >= 8:
+        _SECRETS.add(value)
+
+
 def redact(text: str) -> str:
-    """Remove the API key from any text that may reach a terminal or a log."""
-    key = os.environ.get("OPENROUTER_API_KEY", "")
-    if len(key) >= 8 and key in text:
-        text = text.replace(key, "***")
+    """Remove the API key from any text that may reach a terminal or a log: the one key
+    scrubber (OPENROUTER_API_KEY, and every key given to `keep_secret`)."""
+    env_key = os.environ.get("OPENROUTER_API_KEY", "")
+    for key in (env_key, *_SECRETS):
+        if len(key) >= 8 and key in text:
+            text = text.replace(key, "***")
     return text

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO, TypeVar
 
 import msgspec
@@ -315,28 +316,41 @@ def repair_torn_tail(path: str) -> int | None:
         return complete_lines + 1
 
 
-def scan_done(path: str, *, repair: bool = True) -> set[str]:
+def scan_done(path: str, *, repair: bool = True,
+              report: Callable[[str], None] | None = None) -> set[str]:
     """IDs already in output file PATH (empty set if it does not exist).
 
-    A torn last line is repaired first (when `repair`), so its ID is redone. Any other
-    unreadable line is an error: it may hold paid work, and it is not ours to drop.
+    A torn last line is repaired first (when `repair`; said through REPORT, see
+    `repair_and_report`), so its ID is redone. Any other unreadable line is an error: it
+    may hold paid work, and it is not ours to drop.
     """
     if repair:
-        repair_and_report(path)
+        repair_and_report(path, report)
     return {record.id for record in iter_finished(path, _id_decoder)}
 
 
-def repair_and_report(path: str) -> None:
-    """Cut a torn last line off an output file before resuming it, and say so on stderr."""
+def repair_and_report(path: str, report: Callable[[str], None] | None = None) -> None:
+    """Cut a torn last line off an output file before resuming it, and say so: through
+    REPORT, the caller's quiet-aware writer, else on stderr."""
     if path == "-" or not os.path.exists(path):
         return
     torn = repair_torn_tail(path)
     if torn is not None:
-        print(
-            f"kimipipe: {path}:{torn}: removed a torn last line left by an interrupted run; "
-            "that record will be redone",
-            file=sys.stderr,
-        )
+        message = (f"kimipipe: {path}:{torn}: removed a torn last line left by an interrupted "
+                   "run; that record will be redone")
+        if report is not None:
+            report(message)
+        else:
+            print(message, file=sys.stderr)
+
+
+def spool_stdin(directory: str) -> str:
+    """Copy standard input to a file in DIRECTORY, for a command that reads its input
+    twice (validation first, then the work); returns the file's path."""
+    path = os.path.join(directory, "stdin")
+    with open(path, "wb") as f:
+        shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
+    return path
 
 
 def iter_finished(path: str, decoder: msgspec.json.Decoder) -> Iterator:

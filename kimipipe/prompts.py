@@ -67,5 +67,7 @@ def make_prompt(pid: str, dataset: str, messages: list[dict], meta) -> Prompt:
     )
 
 
-def shuffle_key(seed: int, pid: str) -> bytes:
+def prompt_shuffle_key(seed: int, pid: str) -> bytes:
+    """Where prompt PID falls in kp-prompts' `--shuffle` order: a SHA-256 of the seed and
+    the ID, compared as bytes (the order depends on the seed and the IDs alone)."""
     return hashlib.sha256(f"{seed}\0{pid}".encode()).digest()

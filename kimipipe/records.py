@@ -1,16 +1,28 @@
 """The records that flow between kimipipe's stages: the contract of the pipeline.
 
-One msgspec Struct per record kind. Every stage reads the previous stage's record,
-validates the fields it needs, and passes through every field it does not own, so that
-a pipeline can be cut and resumed at any stage:
+One msgspec Struct per record kind, and per stage the Struct of the fields it adds. Every
+stage reads the previous stage's record, validates the fields it needs, and passes through
+every field it does not own (undecoded), so that a pipeline can be cut and resumed at any
+stage:
 
-    kp-prompts  -> Prompt    {id, dataset, messages, meta?}
-    kp-infer    -> Response  Prompt + {response, finish_reason, model, provider,
-                                       generation_id, usage, attempts}
-    kp-tokenize -> Tokens    Response + {input_ids, output_ids}
+    stage        reads      writes (through)              the record it makes
+    kp-prompts   sources    Prompt                        {id, dataset, messages, meta?}
+    kp-infer     Prompt     Generation over the prompt    Response = Prompt + Generation
+                            Failure (--failures)
+    kp-tokenize  Response   TokenIds over the response    a token record: the response's
+                            Rejected (--rejects)          fields (--drop-text: without
+                                                          messages and response) + TokenIds
+    kp-shard     Tokens     (rows: see shard/rows.py)
+
+`encode_over(passthrough, fields)` writes a stage's record: the input record's fields as
+they came (`decode_passthrough`), with the stage's own fields, a Struct from here, written
+over them, at the end of the object. kp-shard reads token records through the `Tokens`
+view (ID lists left undecoded); its fast path finds the `input_ids` and `output_ids` keys
+in the raw bytes, the names declared by `TokenIds` and `Tokens` (tests/test_records.py
+ties them).
 
 Schema evolution follows msgspec's rules: new fields get defaults, types never change.
-Decoders and encoders are built once here and reused (msgspec's perf tips).
+Decoders and encoders are built once and reused (msgspec's perf tips).
 """
 
 from __future__ import annotations
@@ -29,6 +41,8 @@ class Message(Struct, omit_defaults=True):
 
 
 class Prompt(Struct, omit_defaults=True):
+    """A prompt record (kp-prompts); what kp-infer reads."""
+
     id: str
     dataset: str
     messages: list[Message]
@@ -44,13 +58,12 @@ class Usage(Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0
-    cost: float = 0.0
+    cost: float = 0.0  # USD, as billed (OpenRouter's usage.cost)
 
 
-class Response(Struct, omit_defaults=True):
-    id: str
-    dataset: str
-    messages: list[Message]
+class Generation(Struct):
+    """The fields kp-infer adds to a prompt record: the answer and what it cost."""
+
     response: ResponseText
     finish_reason: str | None
     model: str
@@ -58,15 +71,64 @@ class Response(Struct, omit_defaults=True):
     generation_id: str | None
     usage: Usage
     attempts: int = 1
-    meta: dict[str, Any] | None = None
 
 
-class Tokens(Struct, omit_defaults=True):
+class Response(Prompt, kw_only=True):
+    """A response record (kp-infer): a Prompt and the Generation fields; what kp-tokenize reads."""
+
+    response: ResponseText
+    finish_reason: str | None
+    model: str
+    provider: str | None
+    generation_id: str | None
+    usage: Usage
+    attempts: int = 1
+
+
+class Failure(Struct, omit_defaults=True):
+    """A line of kp-infer's `--failures` file: a prompt that got no answer this run.
+
+    `cost` is set when the failure was paid for (an answer from a provider the routing
+    flags exclude), and counts against `--max-cost` on a rerun."""
+
     id: str
     dataset: str
+    kind: str  # permanent | retries_exhausted | routing_violation
+    status: int
+    code: str
+    message: str
+    attempts: int
+    time: str  # UTC, ISO 8601
+    provider: str | None = None
+    generation_id: str | None = None
+    cost: float = 0.0
+
+
+class TokenIds(Struct, omit_defaults=True):
+    """The fields kp-tokenize adds to a response record (written last, lists last)."""
+
     input_ids: list[int]
     output_ids: list[int]
+    over_max_length: bool = False
+
+
+class Tokens(Struct):
+    """A token record as kp-shard reads it: the ID lists left undecoded (kp-shard checks
+    and splices them as bytes, see shard/rows.py)."""
+
+    id: str
+    dataset: str
+    input_ids: Raw
+    output_ids: Raw
     finish_reason: str | None = None
+
+
+class Rejected(Struct):
+    """A line of kp-tokenize's `--rejects` file: a record that failed verification."""
+
+    id: str
+    line: int
+    reason: str
 
 
 class IdOnly(Struct):
@@ -82,19 +144,13 @@ class CostOnly(Struct):
     usage: Usage = msgspec.field(default_factory=Usage)
 
 
-RECORD_TYPES: dict[str, type[Struct]] = {
-    "prompt": Prompt,
-    "response": Response,
-    "tokens": Tokens,
-}
-
 _encoder = msgspec.json.Encoder()
 _passthrough_decoder = msgspec.json.Decoder(dict[str, Raw])
 
 
-def encode_line(obj: Any, buffer: bytearray | None = None) -> bytes:
+def encode_line(obj: Any) -> bytes:
     """One record as one JSON line, newline included."""
-    buf = bytearray() if buffer is None else buffer
+    buf = bytearray()
     _encoder.encode_into(obj, buf)
     buf.extend(b"\n")
     return bytes(buf)
@@ -105,13 +161,18 @@ def decode_passthrough(line: bytes) -> dict[str, Raw]:
     return _passthrough_decoder.decode(line)
 
 
-def merge_fields(passthrough: dict[str, Raw] | None, owned: dict[str, Any]) -> dict[str, Any]:
-    """The input record with the stage's own fields written over it (key order kept)."""
-    out: dict[str, Any] = dict(passthrough) if passthrough else {}
-    out.update(owned)
-    return out
-
-
-def struct_fields(obj: Struct) -> dict[str, Any]:
-    """A Struct's fields, leaving out those at their default (as its encoder would)."""
-    return msgspec.to_builtins(obj)
+def encode_over(passthrough: dict[str, Raw], fields: Struct) -> bytes:
+    """One record line: PASSTHROUGH (the input record's fields, undecoded) with FIELDS, the
+    stage's own Struct, written over them. Every field FIELDS declares is the stage's: an
+    input value under one of its names is dropped, and FIELDS go at the end of the object
+    (in their declared order; omitted defaults are left out, as the Struct's encoder does).
+    """
+    for name in type(fields).__struct_encode_fields__:
+        passthrough.pop(name, None)
+    own = _encoder.encode(fields)
+    if not passthrough:
+        return own + b"\n"
+    base = _encoder.encode(passthrough)
+    if own == b"{}":
+        return base + b"\n"
+    return b"".join((base[:-1], b",", own[1:], b"\n"))

@@ -23,7 +23,7 @@ from kimipipe.standin.testing import StandIn
 
 MODEL = "moonshotai/kimi-k2.5"
 
-# Sent by the live service, absent from the OpenAPI schema (see OPENROUTER.md).
+# Sent by the live service, absent from the OpenAPI schema (see docs/openrouter.md).
 DIALECT = {"$.provider", "$.choices[].native_finish_reason"}
 # Documented in OpenRouter's reasoning guide, absent from the SDK's ChatRequestReasoning
 # (which has only `effort` and `summary`).
@@ -71,7 +71,7 @@ def auth(server):
 
 
 def kimipipe_request(text: str, **extra) -> dict:
-    """The request kp-infer sends (OPENROUTER.md): routing to the official INT4 weights."""
+    """The request kp-infer sends (docs/openrouter.md): routing to the official INT4 weights."""
     return {
         "model": MODEL,
         "messages": [{"role": "system", "content": "You are helpful."},
@@ -204,17 +204,17 @@ def test_error_bodies_conform(server, case):
     assert r.status_code == int(case)
     body = r.json()
     assert set(body) == {"error"}
-    # `availability` is documented (OPENROUTER.md) though the spec's error models lack it
+    # `availability` is documented (docs/openrouter.md) though the spec's error models lack it
     conforms(models[case], body["error"], {"$.availability"})
     assert re.fullmatch(r"\d+", str(body["error"]["code"]))
 
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_the_body_kp_infer_builds_conforms_to_chat_request(stream):
-    """Not a hand-written sample: the very bytes kp-infer's engine sends, every flag set."""
+    """Not a hand-written sample: the very bytes kp-infer sends (openrouter/request.py), every flag set."""
     import json
 
-    from kimipipe.infer.engine import RequestOptions
+    from kimipipe.openrouter.request import RequestOptions
     from kimipipe.openrouter.routing import Policy
     from kimipipe.records import Message, Prompt
 

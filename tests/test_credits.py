@@ -9,13 +9,13 @@ import socket
 import pytest
 from conftest import kp
 
-from kimipipe.openrouter.money import (
+from kimipipe.openrouter.account import (
+    Account,
+    AccountError,
     AuthError,
-    BalanceError,
     NetworkError,
     balance_from,
     fetch_balance,
-    fetch_balance_async,
 )
 
 KEY = "sk-or-v1-0123456789abcdef-secret"
@@ -151,8 +151,6 @@ def test_api_key_file_and_base_url_flag(standin, tmp_path):
 
 
 def test_library_sync_and_async(standin):
-    import aiohttp
-
     server = standin(api_key=KEY, balance=3, key_limit=1)
     used = spend(server, 1)
     b = fetch_balance(KEY, server.base_url)
@@ -160,10 +158,11 @@ def test_library_sync_and_async(standin):
     assert b.spendable == pytest.approx(1 - used)
 
     async def read():
-        async with aiohttp.ClientSession() as session:
-            return await fetch_balance_async(session, KEY, server.base_url)
+        async with Account(KEY, server.base_url) as account:
+            return await account.balance(), await account.endpoints(MODEL)
 
-    assert asyncio.run(read()) == b
+    balance, endpoints = asyncio.run(read())
+    assert balance == b and {e.quantization for e in endpoints} >= {"int4", "unknown"}
     with pytest.raises(AuthError):
         fetch_balance("sk-or-nope", server.base_url)
     server.configure(credits_mode="zeros")
@@ -173,14 +172,35 @@ def test_library_sync_and_async(standin):
     with pytest.raises(NetworkError) as err:
         fetch_balance(KEY, f"http://127.0.0.1:{port}/api/v1", timeout=5)
     assert KEY not in str(err.value)
+    assert str(err.value).startswith(f"cannot reach OpenRouter at http://127.0.0.1:{port}/api/v1/credits")
 
 
 def test_balance_from_odd_answers():
     key = {"data": {"limit": None, "limit_remaining": None, "usage": 1.5}}
-    with pytest.raises(BalanceError, match="500"):
+    with pytest.raises(AccountError, match="500"):
         balance_from(500, {"error": {"code": 500, "message": "boom"}}, 200, key)
-    with pytest.raises(BalanceError, match="without a `data` object"):
+    with pytest.raises(AccountError, match="without a `data` object"):
         balance_from(200, {"data": {"total_credits": 5, "total_usage": 1}}, 200, {"x": 1})
     b = balance_from(404, None, 200, key)
     assert b.source == "key" and b.remaining is None and b.total_usage == 1.5
     assert json.loads(json.dumps(b.record()))["source"] == "key"
+
+
+def test_account_honours_the_proxy_given_or_in_the_environment(standin, monkeypatch):
+    server = standin(api_key=KEY, balance=3)
+    with socket.socket() as s:                      # a proxy nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy",
+                 "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert fetch_balance(KEY, server.base_url).total_credits == 3.0
+    with pytest.raises(NetworkError) as err:        # the `proxy` argument
+        fetch_balance(KEY, server.base_url, proxy=dead, timeout=5)
+    assert str(err.value).startswith(f"cannot reach OpenRouter at {server.base_url}/credits")
+    assert KEY not in str(err.value)
+    monkeypatch.setenv("HTTP_PROXY", dead)          # trust_env: the environment's proxy
+    with pytest.raises(NetworkError):
+        fetch_balance(KEY, server.base_url, timeout=5)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert fetch_balance(KEY, server.base_url).total_credits == 3.0

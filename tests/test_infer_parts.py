@@ -9,6 +9,7 @@ import pytest
 
 from kimipipe.cli import parse_quantity
 from kimipipe.infer.budget import Budget
+from kimipipe.infer.config import RunConfig
 from kimipipe.infer.limiter import AdaptiveLimiter
 from kimipipe.openrouter.client import (
     _Message,
@@ -16,6 +17,7 @@ from kimipipe.openrouter.client import (
     _ReasoningDetail,
     split_inline_think,
 )
+from kimipipe.openrouter.request import RequestOptions
 from kimipipe.openrouter.routing import (
     Endpoint,
     Policy,
@@ -79,7 +81,9 @@ def test_routing_violation_checks_name_and_quantization():
 
 
 def test_worst_case_reservation_keeps_spend_under_cap():
-    budget = Budget(max_cost=1.0, token_budget=None, price=price_bound(Policy(), ENDPOINTS), max_tokens=1000)
+    config = RunConfig(max_cost=1.0, request=RequestOptions(max_tokens=1000))
+    budget = Budget(config, price=price_bound(Policy(), ENDPOINTS))
+    assert (budget.max_cost, budget.token_budget, budget.max_tokens) == (1.0, None, 1000)
     worst = budget.worst_case(prompt_tokens=100)
     assert worst == pytest.approx(100 * 6e-7 + 1000 * 2.5e-6)
     admitted = 0

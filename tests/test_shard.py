@@ -250,14 +250,14 @@ def test_shuffle_splits_buckets_larger_than_its_memory_and_keeps_the_order(tmp_p
 
 def test_external_shuffle_bounded_buckets_directly(tmp_path):
     from kimipipe.shard.rows import Row
-    from kimipipe.shard.shuffle import ExternalShuffle, shuffle_key
+    from kimipipe.shard.shuffle import ExternalShuffle, row_shuffle_key
     shuffle = ExternalShuffle(str(tmp_path / "spill"), seed=5, memory_budget=3_000)
     for i in range(2000):
         shuffle.add("train", Row(f"id{i}", 1, 1, b"x" * 50 + b"\n"), 0, i + 1)
     out = list(shuffle.drain())
     assert shuffle.buckets_split > 0
     assert [o.row.id for o in out] == sorted((f"id{i}" for i in range(2000)),
-                                             key=lambda s: shuffle_key(5, s))
+                                             key=lambda s: row_shuffle_key(5, s))
     assert not (tmp_path / "spill").exists()
 
 
@@ -686,8 +686,14 @@ def test_id_list_checks_match_json_on_random_bodies():
 def test_lists_that_end_the_record_are_found_from_the_end_and_checked_like_the_rest():
     import msgspec
 
-    from kimipipe.shard.rows import TokenRecordDecoder
+    from kimipipe.shard.rows import TokenRecordDecoder, _lists_at_end
+
     dec = TokenRecordDecoder()
+
+    def by_end_path(line):  # what the first fast path takes: lists that end the record
+        spans = _lists_at_end(line)
+        return dec._checked(line, *spans) if spans is not None else None
+
     big = ",".join(str(i) for i in range(1000, 3000))
     good = [
         # (line, taken by the end path?)
@@ -710,12 +716,12 @@ def test_lists_that_end_the_record_are_found_from_the_end_and_checked_like_the_r
         assert [int(x) for x in bytes(got.prompt).split(b",")] == want["input_ids"], line
         assert [int(x) for x in bytes(got.output).split(b",")] == want["output_ids"], line
         assert (got.n_in, got.n_out) == (len(want["input_ids"]), len(want["output_ids"]))
-        assert (dec._at_end(line) is not None) == at_end, line
+        assert (by_end_path(line) is not None) == at_end, line
     for ids in (b"[1,,2]", b"[01]", b"[1,02]", b"[1.5]", b"[-1]", b"[1 2]", b"[" + big.encode() + b",07]",
                 b"[" + big.encode() + b",,7]", b"[" + big.encode() + b"x]"):
         for line in (b'{"id":"x","dataset":"B","input_ids":' + ids + b',"output_ids":[1]}',
                      b'{"id":"x","dataset":"B","input_ids":[1],"output_ids":' + ids + b'}'):
-            assert dec._at_end(line) is None, line
+            assert by_end_path(line) is None, line
             with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
                 dec.decode(line)
 

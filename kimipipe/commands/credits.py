@@ -38,7 +38,7 @@ import click
 from ..cli import common_options, read_api_key, run_command, say
 from ..errors import ExitCode, KPError
 from ..openrouter import DEFAULT_BASE_URL
-from ..openrouter.money import AuthError, Balance, BalanceError, NetworkError, fetch_balance
+from ..openrouter.account import AccountError, AuthError, Balance, fetch_balance
 
 
 def usd(value: float | None) -> str:
@@ -85,11 +85,9 @@ def cli(as_json, as_text, minimum, api_key_file, base_url, timeout, quiet, debug
     try:
         balance = fetch_balance(key, base, timeout=timeout)
     except AuthError as e:
-        raise KPError(str(e).replace(key, "***"), ExitCode.USAGE) from None
-    except NetworkError as e:
-        raise KPError(str(e).replace(key, "***"), ExitCode.ERROR) from None
-    except BalanceError as e:
-        raise KPError(str(e).replace(key, "***"), ExitCode.ERROR) from None
+        raise KPError(str(e), ExitCode.USAGE) from None
+    except AccountError as e:  # NetworkError included: exit 1
+        raise KPError(str(e), ExitCode.ERROR) from None
     if balance.note:
         say(f"kp-credits: {balance.note}", quiet)
     if as_json or (not as_text and not sys.stdout.isatty()):

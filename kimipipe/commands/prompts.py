@@ -18,9 +18,6 @@ second writes. Standard input is spooled to a temporary file for the second pass
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 
@@ -28,14 +25,14 @@ import click
 
 from ..cli import EXIT_CODES_HELP, common_options, input_argument, output_option, run_command, say
 from ..errors import InputError
-from ..io import AtomicOutput
+from ..io import AtomicOutput, spool_stdin
 from ..prompts import (
     Selection,
     content_hash,
     hash_id,
     make_prompt,
+    prompt_shuffle_key,
     prompt_turns,
-    shuffle_key,
     with_system,
 )
 from ..records import encode_line
@@ -92,10 +89,7 @@ def cli(inputs, output, dataset, fmt, id_field, system, turns, keep_duplicates, 
         sources = []
         for path in inputs:
             if path == "-":
-                spooled = os.path.join(tmp, "stdin")
-                with open(spooled, "wb") as f:
-                    shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
-                sources.append((spooled, "<stdin>"))
+                sources.append((spool_stdin(tmp), "<stdin>"))
             else:
                 sources.append((path, path))
 
@@ -137,7 +131,7 @@ def cli(inputs, output, dataset, fmt, id_field, system, turns, keep_duplicates, 
 
         chosen = list(sel.kept.items())
         if shuffle:
-            chosen.sort(key=lambda item: shuffle_key(seed, item[1]))
+            chosen.sort(key=lambda item: prompt_shuffle_key(seed, item[1]))
         if limit is not None:
             chosen = chosen[:limit]
         rank = {position: i for i, (position, _pid) in enumerate(chosen)}

@@ -47,7 +47,7 @@ from ..cli import (
 from ..errors import ExitCode, KPError
 from ..io import RecordWriter, iter_records, require_distinct, scan_done
 from ..partition import in_partition
-from ..records import Response, encode_line
+from ..records import Rejected, Response, encode_line
 from ..tokenize.engine import (
     Engine,
     Settings,
@@ -137,7 +137,7 @@ def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
             lines.append(o.payload)
         elif o.kind == "reject":
             if reject_writer:
-                reject_writer.write_line(encode_line({"id": o.id, "line": o.line, "reason": o.reason}))
+                reject_writer.write_line(encode_line(Rejected(o.id, o.line, o.reason)))
             if strict:
                 writer.write_line(b"".join(lines))
                 raise KPError(f"{o.id} (input line {o.line}): {o.reason}", exit_code=ExitCode.USAGE)

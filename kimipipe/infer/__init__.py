@@ -1,1 +1,15 @@
-"""kp-infer's engine: admission, budget, adaptive concurrency, retries, output (see engine.py)."""
+"""kp-infer's run, in rooms of one job each (the entry point: `run.run_infer`).
+
+    config.py          RunConfig: the one configuration of a run (every limit lives here)
+    prepare.py         before anything is sent: input validation, stdin spool, previous work,
+                       the partition's counts, the endpoints table, price bound, warnings
+    run.py             the run: admission (concurrency and budget), retries, draining, signals,
+                       balance polling; `run_infer`, what commands/infer.py calls
+    output.py          response and failure records, the routing check, the writers
+    report.py          Stats, StopReason (exit code and message), progress line, summary
+    plan.py            --plan: the routing table and the cost estimate
+    budget.py          money and tokens: worst-case reservations against the caps
+    limiter.py         adaptive concurrency (shrinks on 429s, grows back)
+    process_pool.py    the HTTP transport: in this process, or a WorkerPool of processes
+    worker_process.py  a worker process (`python -m kimipipe.infer.worker_process`)
+"""

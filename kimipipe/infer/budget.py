@@ -12,7 +12,7 @@ token is at least one byte), so `spent + reserved <= max_cost` holds at every mo
 the cap is never exceeded as long as the provider bills at most its listed price.
 A request is admitted only when its reservation fits; when it does not fit but requests
 are in flight, admission waits for them to settle; when nothing is in flight, the run
-stops with exit 3.
+stops (exit 3).
 
 The token budget caps recorded completion tokens. It is enforced on expectations, not
 worst cases (a worst-case reservation of max_tokens each would leave most of a 10M budget
@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..openrouter.routing import PriceBound
+from .config import RunConfig
 
 MESSAGE_OVERHEAD_TOKENS = 16
 PROMPT_OVERHEAD_TOKENS = 64
@@ -39,16 +40,29 @@ def prompt_token_bound(messages) -> int:
 
 @dataclass
 class Budget:
-    max_cost: float | None
-    token_budget: int | None
-    price: PriceBound | None
-    max_tokens: int
+    """What a run may still spend. The limits are read from CONFIG (the one place they
+    live); `spent` and `tokens` start at what earlier runs recorded."""
+
+    config: RunConfig
+    price: PriceBound | None  # the highest per-token prices allowed endpoints charge
     spent: float = 0.0  # recorded, all runs
     spent_this_run: float = 0.0
     tokens: int = 0  # completion tokens recorded, all runs
     reserved: float = 0.0
     settled_answers: int = 0
     settled_tokens: int = 0
+
+    @property
+    def max_cost(self) -> float | None:
+        return self.config.max_cost
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.config.token_budget
+
+    @property
+    def max_tokens(self) -> int:
+        return self.config.request.max_tokens
 
     def worst_case(self, prompt_tokens: int) -> float:
         if self.price is None:

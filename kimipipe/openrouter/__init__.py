@@ -1,4 +1,14 @@
-"""OpenRouter as a library: money (balance and credits), and, as they land, the client
-(HTTP, SSE, retries, errors) and routing (provider policy and its verification)."""
+"""OpenRouter as a library: what kimipipe sends, reads and checks (facts: docs/openrouter.md).
+
+    request.py       the chat completion request body (`RequestOptions.body`)
+    client.py        the data plane: one completion attempt over HTTP (`CompletionClient`),
+                     streamed or plain, assembled into an answer
+    sse.py           the HTTP/1.1 connection pool and SSE reader under the client
+    aiohttp_pool.py  the same pool on aiohttp (`--http-client aiohttp`)
+    attempt.py       an attempt's outcome (`Attempt`) and the classification of error answers
+    account.py       the control plane: the endpoints table and the balance (httpx)
+    routing.py       the provider policy, the `provider` object, and checking who served
+    models.py        per-model presets (Kimi K2.5's native INT4 weights: the routing default)
+"""
 
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"

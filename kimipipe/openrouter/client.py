@@ -1,31 +1,25 @@
-"""One chat completion attempt against OpenRouter, classified: the HTTP layer of kp-infer.
+"""One chat completion attempt against OpenRouter: the HTTP layer of kp-infer.
 
-`CompletionClient.attempt(body, stream)` sends one request and returns an `Attempt`:
-either a complete answer (`kind == "ok"`) or what went wrong, sorted into what the
-caller must do about it (OPENROUTER.md, "Errors"):
+`CompletionClient.attempt(body, stream)` sends one request and returns an `Attempt`
+(openrouter/attempt.py): a complete answer, or what went wrong, classified as retry,
+permanent, payment, auth or no_route. Partial text is never returned as an answer.
 
-    ok         a complete answer: keep it
-    retry      transient (408/429/5xx/524/529, connection errors, idle stalls, 200 with an
-               error body, empty choices or empty output, mid-stream error, cut stream):
-               retry with backoff, honouring `retry_after`
-    permanent  400/403/413/422 and other 4xx: record as failed, no retry this run
-    payment    402: the balance cannot cover the request: stop admitting work
-    auth       401: bad key: stop the run
-    no_route   404 (e.g. constraint_filtered): a configuration error: stop the run
-
-Partial text is never returned as an answer. Streams are read with a read-idle timeout
-on *data*: keep-alive comments (`: OPENROUTER PROCESSING`) do not count as progress, so a
-stream that only sends heartbeats stalls out. A total timeout is never used: reasoning
-streams of many minutes are normal. TCP keepalive is on for every connection, so a
-connection a NAT dropped silently becomes an error instead of a hang.
+Streams are read with a read-idle timeout on *data*: keep-alive comments
+(`: OPENROUTER PROCESSING`) do not count as progress, so a stream that only sends
+heartbeats stalls out. A total timeout is never used: reasoning streams of many minutes
+are normal. TCP keepalive is on for every connection, so a connection a NAT dropped
+silently becomes an error instead of a hang.
 
 Requests go through `sse.StreamPool`: keep-alive HTTP/1.1 connections read by an asyncio
 Protocol that decodes chunked transfer and SSE inside `data_received` and assembles a
 streamed answer (`StreamAnswer`) without waking a coroutine per TCP segment. Measured
-at 1000-2000 in flight (../shared/PERFORMANCE.md, bench/README.md): httpx's own pool ~49
-ms of CPU per request, aiohttp ~0.5-0.75 ms and ~22-26 µs per streamed event (most of it
-in waking the reading task per segment), StreamPool less on both. The client holds no
-run state, so it can live in a worker process (kimipipe/infer/workers.py).
+at 1000-2000 in flight (bench/README.md, docs/performance.md): httpx's own pool ~49 ms of
+CPU per request, aiohttp ~0.5-0.75 ms and ~22-26 µs per streamed event (most of it in
+waking the reading task per segment), StreamPool less on both. The client holds no run
+state, so it can live in a worker process (kimipipe/infer/process_pool.py).
+
+Reasoning is read from `reasoning`, else the `reasoning.text` entries of
+`reasoning_details`, else a leading `<think>...</think>` in the content (then cut from it).
 """
 
 from __future__ import annotations
@@ -33,31 +27,10 @@ from __future__ import annotations
 import msgspec
 
 from ..errors import redact
+from .attempt import Attempt, body_error, error_attempt, midstream_error, retry_after_seconds
 from .sse import Broken, HTTPStatus, Stalled, StreamPool
 
-RETRYABLE_STATUSES = {408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525, 526, 529}
-
-
-class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
-    """The outcome of one HTTP attempt (sent between processes as msgpack: keep it flat)."""
-
-    kind: str  # ok | retry | permanent | payment | auth | no_route
-    cause: str = ""  # for retries/failures: "429", "502", "timeout", "cut", "error200", ...
-    status: int = 0
-    code: str = ""
-    message: str = ""
-    retry_after: float | None = None
-    content: str = ""
-    reasoning: str | None = None
-    finish_reason: str | None = None
-    provider: str | None = None
-    model: str | None = None
-    generation_id: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
-    cost: float | None = None
-    chunks: int = 0
+__all__ = ["Attempt", "CompletionClient", "StreamAnswer", "split_inline_think"]
 
 
 # Typed views of what we read from the wire; msgspec skips every other field fast.
@@ -110,15 +83,6 @@ class _Body(msgspec.Struct, gc=False):
 _body_decoder = msgspec.json.Decoder(_Body)
 
 
-def _retry_after_seconds(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
-
-
 def _reasoning_text(reasoning: str | None, details: list[_ReasoningDetail] | None) -> str | None:
     if reasoning:
         return reasoning
@@ -135,38 +99,6 @@ def split_inline_think(content: str, reasoning: str | None) -> tuple[str, str | 
         if end >= 0:
             return content[end + len("</think>"):], content[len("<think>"):end]
     return content, reasoning
-
-
-def _error_attempt(status: int, payload: dict | None, retry_after: float | None,
-                   default_message: str) -> Attempt:
-    err = (payload or {}).get("error") if isinstance(payload, dict) else None
-    err = err if isinstance(err, dict) else {}
-    message = redact(str(err.get("message") or default_message))[:500]
-    code = str(err.get("code") or status)
-    availability = err.get("availability") or (payload or {}).get("availability")
-    if isinstance(availability, dict):
-        ra = availability.get("retry_after")
-        if isinstance(ra, (int, float)):
-            retry_after = float(ra)
-        avail_code = availability.get("code")
-        if avail_code:
-            code = str(avail_code)
-        if "retryable" in availability:
-            kind = "retry" if availability["retryable"] else ("no_route" if status == 404 else "permanent")
-            return Attempt(kind, cause=str(status), status=status, code=code, message=message,
-                           retry_after=retry_after)
-    if status == 401:
-        kind = "auth"
-    elif status == 402:
-        kind = "payment"
-    elif status == 404:
-        kind = "no_route"
-    elif status in RETRYABLE_STATUSES or status >= 500:
-        kind = "retry"
-    else:
-        kind = "permanent"
-    return Attempt(kind, cause=str(status), status=status, code=code, message=message,
-                   retry_after=retry_after)
 
 
 def _finish(body_id, provider, model, content, reasoning, finish_reason, usage: _Usage | None,
@@ -236,9 +168,9 @@ class CompletionClient:
                 payload = msgspec.json.decode(outcome.body) if outcome.body.strip() else None
             except msgspec.DecodeError:
                 payload = None
-            return _error_attempt(outcome.status, payload,
-                                  _retry_after_seconds(outcome.headers.get("retry-after")),
-                                  f"HTTP {outcome.status}")
+            return error_attempt(outcome.status, payload,
+                                 retry_after_seconds(outcome.headers.get("retry-after")),
+                                 f"HTTP {outcome.status}")
         if isinstance(outcome, Stalled):
             what = "data" if stream else "bytes"
             return Attempt("retry", cause="timeout", message=f"no {what} for {outcome.seconds:g} s")
@@ -255,36 +187,18 @@ class CompletionClient:
         except (msgspec.DecodeError, msgspec.ValidationError):
             return Attempt("retry", cause="bad_json", status=200, message="body is not valid JSON")
         if body.error is not None:
-            return _body_error(body.error)
+            return body_error(body.error)
         if not body.choices:
             return Attempt("retry", cause="empty", status=200, message="no choices")
         choice = body.choices[0]
         if choice.error is not None or choice.finish_reason == "error":
-            return _body_error(choice.error or {"message": "finish_reason: error"})
+            return body_error(choice.error or {"message": "finish_reason: error"})
         msg = choice.message or _Message()
         if choice.finish_reason is None:
             return Attempt("retry", cause="empty", status=200, message="no finish_reason")
         return _finish(body.id, body.provider, body.model, msg.content or "",
                        _reasoning_text(msg.reasoning, msg.reasoning_details),
                        choice.finish_reason, body.usage)
-
-
-
-def _body_error(error: dict) -> Attempt:
-    code = error.get("code") if isinstance(error, dict) else None
-    message = redact(str(error.get("message") if isinstance(error, dict) else error))[:500]
-    status = code if isinstance(code, int) else 200
-    if status in (401, 402, 404) or (400 <= status < 500 and status not in RETRYABLE_STATUSES):
-        return _error_attempt(status, {"error": error}, None, message)
-    return Attempt("retry", cause="error200", status=200, code=str(code or ""), message=message)
-
-
-def _midstream(error: dict, after_output: bool) -> Attempt:
-    """An error chunk: `midstream` once output has flowed, else like a 200 error body."""
-    attempt = _body_error(error)
-    if attempt.kind == "retry" and after_output:
-        attempt.cause = "midstream"
-    return attempt
 
 
 class StreamAnswer:
@@ -318,14 +232,14 @@ class StreamAnswer:
         except (msgspec.DecodeError, msgspec.ValidationError):
             return Attempt("retry", cause="bad_json", status=200, message="stream chunk is not valid JSON")
         if chunk.error is not None:
-            return _midstream(chunk.error, self._has_output())
+            return midstream_error(chunk.error, self._has_output())
         if self.gen_id is None:
             self.gen_id, self.provider, self.model = chunk.id, chunk.provider, chunk.model
         if chunk.usage is not None:
             self.usage = chunk.usage
         for choice in chunk.choices or ():
             if choice.error is not None or choice.finish_reason == "error":
-                return _midstream(choice.error or {"message": "finish_reason: error"}, self._has_output())
+                return midstream_error(choice.error or {"message": "finish_reason: error"}, self._has_output())
             delta = choice.delta
             if delta is not None:
                 if delta.content:

@@ -14,19 +14,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 import stringzilla as sz
-from msgspec import Raw, Struct
+from msgspec import Raw
 
-from ..records import decode_passthrough, merge_fields
-
-
-class TokenIds(Struct):
-    """What kp-shard needs from a token record (records.Tokens), IDs left undecoded."""
-
-    id: str
-    dataset: str
-    input_ids: Raw
-    output_ids: Raw
-    finish_reason: str | None = None
+from ..records import Tokens, decode_passthrough
 
 
 @dataclass
@@ -41,11 +31,12 @@ class TokenLists:
     n_out: int
 
 
-_full_decoder = msgspec.json.Decoder(TokenIds)
+_full_decoder = msgspec.json.Decoder(Tokens)  # records.Tokens: the fields kp-shard reads
 _COMMA = ord(",")
 _ZERO = ord("0")
 _encode = msgspec.json.Encoder().encode
 _int_list = msgspec.json.Decoder(list[int])
+# The keys records.TokenIds writes and records.Tokens reads (tests/test_records.py ties them).
 _INPUT_KEY = b'"input_ids"'
 _OUTPUT_KEY = b'"output_ids"'
 _IN_LEN = len(_INPUT_KEY)
@@ -171,16 +162,11 @@ class TokenRecordDecoder:
         self.ids = IdListChecker()
 
     def decode(self, line: bytes) -> TokenLists:
-        spans = _lists_at_end(line)  # (`_at_end`, inlined: this runs once per record)
+        spans = _lists_at_end(line)
         fast = self._checked(line, *spans) if spans is not None else None
         if fast is None:
             fast = self._fast(line)
         return fast if fast is not None else self._slow(line)
-
-    def _at_end(self, line: bytes) -> TokenLists | None:
-        """The fast path for lists that end the record (see `_lists_at_end`)."""
-        spans = _lists_at_end(line)
-        return self._checked(line, *spans) if spans is not None else None
 
     def _fast(self, line: bytes) -> TokenLists | None:
         """The fast path for lists anywhere, found at their keys (see `_lists_by_key`)."""
@@ -332,5 +318,6 @@ def raw_row(line: bytes, cut_output: bytes | None) -> bytes:
     """The token record as it came, made compact; with its output cut when truncated."""
     if cut_output is not None:
         fields = decode_passthrough(line)
-        line = _encode(merge_fields(fields, {"output_ids": Raw(b"[" + cut_output + b"]")}))
+        fields["output_ids"] = Raw(b"[" + cut_output + b"]")  # in place: the key order kept
+        line = _encode(fields)
     return msgspec.json.format(line, indent=-1) + b"\n"

@@ -40,7 +40,9 @@ _ROW_OVERHEAD = 200  # bytes of Python objects around each loaded row, for the b
 SPLITS = ("train", "eval")
 
 
-def shuffle_key(seed: int, record_id: str) -> int:
+def row_shuffle_key(seed: int, record_id: str) -> int:
+    """Where a row falls in kp-shard's `--shuffle` order: a 64-bit BLAKE2b of its ID keyed
+    by the seed; its top bits also pick the row's spill bucket (see the module doc)."""
     key = seed.to_bytes(16, "big", signed=True)
     digest = hashlib.blake2b(record_id.encode(), digest_size=8, key=key,
                              person=b"kp-shard-shuf").digest()
@@ -118,7 +120,7 @@ class ExternalShuffle:
         self.buckets_split = 0
 
     def add(self, split: str, row: Row, source: int, line: int) -> None:
-        self._top.add(Spilled(shuffle_key(self.seed, row.id), split, source, line, row))
+        self._top.add(Spilled(row_shuffle_key(self.seed, row.id), split, source, line, row))
 
     def drain(self) -> Iterator[Spilled]:
         """Every row in key order (repeats of an ID adjacent, in input order)."""

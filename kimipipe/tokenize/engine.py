@@ -18,7 +18,7 @@ from pathlib import Path
 
 import msgspec
 
-from ..records import Response, decode_passthrough, encode_line, merge_fields
+from ..records import Response, TokenIds, decode_passthrough, encode_over
 from .codec import make_codec
 from .load import load_tokenizer
 from .render import PRESETS, PromptRenderer, SetupError, TurnLayout, detect_preset, render_prompt
@@ -196,11 +196,9 @@ class Engine:
             if s.drop_text:
                 for name in TEXT_FIELDS:
                     passthrough.pop(name, None)
-            owned = {"input_ids": row.input_ids, "output_ids": row.output_ids}
-            if long:
-                owned["over_max_length"] = True
+            owned = TokenIds(input_ids=row.input_ids, output_ids=row.output_ids, over_max_length=long)
             outcomes[row.k] = Outcome(
-                "ok", row.rec.id, row.lineno, payload=encode_line(merge_fields(passthrough, owned)),
+                "ok", row.rec.id, row.lineno, payload=encode_over(passthrough, owned),
                 n_in=n_in, n_out=n_out, truncated=row.truncated, long=long,
                 no_reasoning=s.thinking and not row.rec.response.reasoning)
 

@@ -1,7 +1,12 @@
-"""Spreading the HTTP work of kp-infer over worker processes (`--workers N`).
+"""Where kp-infer's HTTP work runs: in this process, or spread over worker processes.
+
+`open_transport(config, todo)` gives the run its transport: a `CompletionClient`
+(openrouter/client.py) in this process for `--workers 0`, else a `WorkerPool` of N worker
+processes (infer/worker_process.py; default one per core, never more than the prompts to
+do). Both have the same interface (`async with`, `attempt(body, stream)`).
 
 One event loop tops out at one core, and a live stream costs client CPU per chunk
-(../shared/PERFORMANCE.md): 2000 streams at ~40 chunks/s need more than one core. So the
+(docs/performance.md): 2000 streams at ~40 chunks/s need more than one core. So the
 parent keeps everything that must be in one place (admission, budget reservations,
 routing checks, retries, the output file) and hands each *attempt* to a worker process
 that owns an HTTP client (openrouter/client.py), its connections and the SSE parsing.
@@ -16,9 +21,8 @@ Wire format between parent and worker, over the worker's stdin/stdout pipes: fra
     worker -> parent: [request_id, Attempt]
 The API key reaches workers through their environment, never their command line.
 
-`WorkerPool` has the same interface as `CompletionClient` (`async with`, `attempt(body,
-stream)`), so the engine cannot tell them apart and every rule of kp-infer holds with
-any number of workers.
+The run (infer/run.py) cannot tell the two transports apart, so every rule of kp-infer
+holds with any number of workers.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ import sys
 
 import msgspec
 
-from ..openrouter.client import Attempt
+from ..openrouter.attempt import Attempt
+from ..openrouter.client import CompletionClient
+from .config import RunConfig
 
 _HEADER = struct.Struct(">I")
 _request_encoder = msgspec.msgpack.Encoder()
@@ -67,7 +73,7 @@ class WorkerPool:
     async def _spawn(self) -> _Worker:
         env = {**os.environ, "OPENROUTER_API_KEY": self.api_key}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kimipipe.infer.worker", "--base-url", self.base_url,
+            sys.executable, "-m", "kimipipe.infer.worker_process", "--base-url", self.base_url,
             "--idle-timeout", repr(self.idle_timeout), "--http-client", self.http_client,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
             limit=1 << 26,
@@ -128,3 +134,14 @@ class WorkerPool:
                 await worker.proc.wait()
             if worker.reader_task:
                 await worker.reader_task
+
+
+def open_transport(config: RunConfig, todo: int) -> WorkerPool | CompletionClient:
+    """The HTTP transport for a run with TODO prompts to send (enter it with `async with`)."""
+    workers = (os.cpu_count() or 1) if config.workers is None else config.workers
+    workers = min(workers, max(1, todo)) if workers else 0
+    if workers:
+        return WorkerPool(workers, config.base_url, config.api_key, idle_timeout=config.idle_timeout,
+                          http_client=config.http_client)
+    return CompletionClient(config.base_url, config.api_key, idle_timeout=config.idle_timeout,
+                            http_client=config.http_client)

@@ -1,6 +1,7 @@
-"""A kp-infer worker process: attempts in on stdin, outcomes out on stdout (see workers.py).
+"""A kp-infer worker process: attempts in on stdin, outcomes out on stdout.
 
-Started by WorkerPool as `python -m kimipipe.infer.worker --base-url URL --idle-timeout S
+The other end is `WorkerPool` (infer/process_pool.py, which describes the wire format). It
+starts `python -m kimipipe.infer.worker_process --base-url URL --idle-timeout S
 --http-client native|aiohttp`
 with the API key in OPENROUTER_API_KEY. Runs until its stdin closes, then finishes the
 attempts it holds and exits. Ignores SIGINT: the parent decides when work stops.
@@ -18,7 +19,8 @@ import sys
 
 import msgspec
 
-from ..openrouter.client import Attempt, CompletionClient
+from ..openrouter.attempt import Attempt
+from ..openrouter.client import CompletionClient
 
 _HEADER = struct.Struct(">I")
 _request_decoder = msgspec.msgpack.Decoder(tuple[int, bool, bytes])
@@ -77,7 +79,7 @@ def freeze_startup_objects() -> None:
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     freeze_startup_objects()
-    parser = argparse.ArgumentParser(prog="kimipipe.infer.worker")
+    parser = argparse.ArgumentParser(prog="kimipipe.infer.worker_process")
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--idle-timeout", type=float, required=True)
     parser.add_argument("--http-client", choices=["native", "aiohttp"], default="native")

@@ -1,0 +1,44 @@
+"""The one configuration of a kp-infer run, as commands/infer.py builds it from the options.
+
+Every limit lives here once: the budget (infer/budget.py) reads `max_cost`,
+`token_budget` and `request.max_tokens` from this object, it keeps no copy of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..openrouter import DEFAULT_BASE_URL
+from ..openrouter.request import RequestOptions
+from ..openrouter.routing import Policy
+
+
+@dataclass
+class RunConfig:
+    # what goes in and out
+    input: str = "-"
+    output: str = "-"
+    done_files: list[str] = field(default_factory=list)  # --done: IDs that count as done
+    failures: str | None = None  # --failures file (appended to)
+    summary_json: str | None = None
+    partition: tuple[int, int] | None = None  # (K, N)
+    plan: bool = False  # --plan: show routing and cost, send nothing
+    # what is asked of OpenRouter
+    request: RequestOptions = field(default_factory=RequestOptions)
+    policy: Policy = field(default_factory=Policy)
+    base_url: str = DEFAULT_BASE_URL
+    api_key: str = field(default="", repr=False)
+    # load and retries
+    concurrency: int = 64
+    max_attempts: int = 8
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+    idle_timeout: float = 180.0
+    grace: float = 300.0  # seconds a stop waits for the requests in flight
+    workers: int | None = None  # HTTP worker processes; None: one per core; 0: in this process
+    http_client: str = "native"  # native | aiohttp
+    # money and tokens
+    max_cost: float | None = None  # USD recorded in OUTPUT (and --failures), all runs
+    token_budget: int | None = None  # completion tokens recorded in OUTPUT, all runs
+    min_credits: float | None = None  # USD of balance below which admission stops
+    credits_interval: float = 60.0  # seconds between balance polls

@@ -1,0 +1,170 @@
+"""Preparing a kp-infer run: everything decided before the first request is sent.
+
+1. Validate the whole input: format, duplicate IDs, empty messages, no user turn. A bad
+   line stops the command (`PATH:LINE`, exit 2) before any money is spent. Standard input
+   is spooled to a temporary file, since the run reads the input a second time. This pass
+   keeps only the IDs and two sums (bytes and a token bound, for `--plan`).
+2. Previous work: the IDs already in OUTPUT (after cutting a torn last line a crash left)
+   and in `--done` files are skipped; the spend and completion tokens recorded in OUTPUT
+   (and the cost of paid failures in `--failures`) count against the budgets.
+3. The partition (`--partition K/N`): how many prompts this run has to do, how many it
+   skips as done.
+4. The endpoints table (openrouter/account.py): the providers the routing flags allow, the
+   highest prices they charge (a budget's worst case), and a warning for each allowed
+   endpoint that serves re-quantized weights (openrouter/models.py). A run whose flags
+   allow no endpoint, or that has `--max-cost` but no price bound, is refused (exit 2);
+   without the table a run checks routing by provider name only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from ..errors import ExitCode, InputError, KPError
+from ..io import (
+    iter_finished,
+    iter_records,
+    repair_and_report,
+    require_distinct,
+    scan_done,
+    spool_stdin,
+)
+from ..openrouter.account import AccountError, fetch_endpoints
+from ..openrouter.models import preset_for, requantized_allowed, requantized_in_flags
+from ..openrouter.routing import Endpoint, Policy, PriceBound, allowed_endpoints, price_bound
+from ..partition import in_partition
+from ..records import CostOnly, Failure, Prompt
+from .budget import prompt_token_bound
+from .config import RunConfig
+
+PROMPT_DECODER = msgspec.json.Decoder(Prompt)
+_cost_decoder = msgspec.json.Decoder(CostOnly)
+_failure_decoder = msgspec.json.Decoder(Failure)
+
+
+@dataclass
+class InputScan:
+    path: str  # a re-readable path (stdin spooled)
+    shown: str  # the path as errors name it
+    ids: set[str]
+    records: int
+    prompt_bytes: int
+    prompt_token_bound: int
+
+
+@dataclass
+class Prepared:
+    """What a run starts from."""
+
+    scan: InputScan
+    done: set[str]  # IDs answered already (OUTPUT and --done files)
+    spent: float  # USD recorded by earlier runs
+    tokens: int  # completion tokens recorded by earlier runs
+    todo: int  # prompts of this partition still to do
+    skipped: int  # prompts of this partition already done
+    endpoints: list[Endpoint] | None  # None: the table could not be read
+    price: PriceBound | None  # the highest prices the allowed endpoints charge
+
+
+def validate_input(path: str, shown: str) -> InputScan:
+    """Check every line before any money is spent: format, duplicate IDs, empty messages."""
+    first_line: dict[str, int] = {}
+    prompt_bytes = 0
+    token_bound = 0
+    records = 0
+    for lineno, prompt, _line in iter_records(path, PROMPT_DECODER):
+        if prompt.id in first_line:
+            raise InputError(f"duplicate id {prompt.id!r} (first at line {first_line[prompt.id]})",
+                             shown, lineno)
+        if not prompt.messages:
+            raise InputError("empty `messages` at `$.messages`", shown, lineno)
+        if not any(m.role == "user" for m in prompt.messages):
+            raise InputError("no user message at `$.messages`", shown, lineno)
+        first_line[prompt.id] = lineno
+        records += 1
+        prompt_bytes += sum(len(m.content.encode()) for m in prompt.messages)
+        token_bound += prompt_token_bound(prompt.messages)
+    return InputScan(path, shown, set(first_line), records, prompt_bytes, token_bound)
+
+
+def previous_work(output: str, failures: str | None,
+                  say: Callable[[str], None]) -> tuple[set[str], float, int]:
+    """(IDs done, USD, completion tokens) recorded by earlier runs, in one pass over OUTPUT
+    (after repairing a torn last line) plus the failures file's costs."""
+    repair_and_report(output, report=say)
+    done: set[str] = set()
+    cost = 0.0
+    tokens = 0
+    for rec in iter_finished(output, _cost_decoder):
+        done.add(rec.id)
+        cost += rec.usage.cost
+        tokens += rec.usage.completion_tokens
+    if failures and os.path.exists(failures):
+        for rec in iter_finished(failures, _failure_decoder):
+            cost += rec.cost
+    return done, cost, tokens
+
+
+def requantization_warnings(model: str, policy: Policy, endpoints: list[Endpoint] | None) -> list[str]:
+    """Endpoints the routing flags let through although they re-quantize the model's weights."""
+    preset = preset_for(model)
+    if preset is None:
+        return []
+    if endpoints is not None:
+        found = requantized_allowed(model, [(e.provider_name, e.quantization)
+                                            for e in allowed_endpoints(policy, endpoints)])
+    else:
+        named = requantized_in_flags(model, policy.quantizations) if policy.quantizations else \
+            sorted(preset.requantized)
+        found = [f"the routing flags allow {', '.join(named)} endpoints, re-quantized from "
+                 f"{model}'s native {preset.native_quantization} weights"] if named else []
+    if found:
+        found.append(f"to keep to the native weights, pass --quantization "
+                     f"{' --quantization '.join(preset.allowed_quantizations)} (the default)")
+    return found
+
+
+def read_endpoints(config: RunConfig, say: Callable[[str], None]) -> list[Endpoint] | None:
+    """The model's endpoints table, or None (with a warning) when it cannot be read;
+    `--plan` needs it, so there it is an error."""
+    try:
+        return fetch_endpoints(config.request.model, config.api_key, config.base_url)
+    except AccountError as e:
+        if config.plan:
+            raise KPError(f"cannot read the endpoints table: {e}") from None
+        say(f"kp-infer: warning: cannot read the endpoints table ({e}); "
+            "routing is checked by provider name only")
+        return None
+
+
+def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepared:
+    """Validation, resume state and routing, before anything is sent (see the module doc)."""
+    path, shown = config.input, config.input
+    if path == "-":
+        path, shown = spool_stdin(tmpdir), "<stdin>"
+    scan = validate_input(path, shown)
+    require_distinct(config.output, config.input, *config.done_files)
+    done, spent, tokens = previous_work(config.output, config.failures, say)
+    for extra in config.done_files:
+        if not os.path.exists(extra):
+            raise InputError("no such file", extra)
+        done |= scan_done(extra, repair=False)
+    in_part = [i for i in scan.ids if in_partition(i, config.partition)]
+    skipped = sum(1 for i in in_part if i in done)
+
+    endpoints = read_endpoints(config, say)
+    bound = price_bound(config.policy, endpoints)
+    if not config.plan:  # (the plan shows the warnings in its table)
+        for warning in requantization_warnings(config.request.model, config.policy, endpoints):
+            say(f"kp-infer: warning: {warning}")
+        if endpoints is not None and not allowed_endpoints(config.policy, endpoints):
+            raise KPError("no provider in the endpoints table matches the routing flags "
+                          "(see kp-infer --plan)", ExitCode.USAGE)
+        if config.max_cost is not None and bound is None:
+            raise KPError("--max-cost needs a price bound: the endpoints table could not be read; "
+                          "pass --max-price-prompt and --max-price-completion", ExitCode.USAGE)
+    return Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, endpoints, bound)

@@ -1,0 +1,352 @@
+"""A kp-infer run: admission under concurrency and budget, retries, draining, signals.
+
+`run_infer(config, say)` is the entry point commands/infer.py calls: it prepares the run
+(infer/prepare.py), shows the plan (`--plan`, infer/plan.py) or runs it, writes the
+summary (infer/report.py) and returns the exit code.
+
+The run itself (`Run`) streams the validated input again. Each prompt not done is
+admitted when a concurrency slot is free (infer/limiter.py: the limit shrinks on 429s)
+and its worst-case cost fits the budget (infer/budget.py); it is then sent by the
+transport (infer/process_pool.py) until it gets an answer or a permanent failure, with
+jittered exponential backoff between attempts. Each answer is checked against the routing
+policy and written whole as it completes (infer/output.py).
+
+A stop ends admission: the budget (`--max-cost`, `--token-budget`), a 402, the balance
+under `--min-credits` (polled), a 401 or 404, a lost output, or SIGINT/SIGTERM. Requests in
+flight then finish within `--grace` seconds (they are paid for) and are written; a second
+Ctrl-C cancels them at once. Memory holds the IDs, the requests in flight and their prompt
+lines; answers are written as they arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..errors import ExitCode
+from ..io import iter_records
+from ..openrouter.account import Account
+from ..openrouter.attempt import Attempt
+from ..partition import in_partition
+from ..records import Prompt
+from .budget import Budget, prompt_token_bound
+from .config import RunConfig
+from .limiter import AdaptiveLimiter
+from .output import Output, failure_record
+from .plan import plan_text
+from .prepare import PROMPT_DECODER, Prepared, prepare
+from .process_pool import open_transport
+from .report import Stats, StopReason, exit_code, format_summary, progress_postfix, summary
+from .worker_process import freeze_startup_objects
+
+if TYPE_CHECKING:
+    from ..cli import Stderr
+
+
+class Run:
+    """One kp-infer run over a prepared input (see the module docstring)."""
+
+    def __init__(self, config: RunConfig, prepared: Prepared, budget: Budget, transport,
+                 progress, say: Callable[[str], None], account: Account | None = None):
+        self.config = config
+        self.prepared = prepared
+        self.done = prepared.done
+        self.budget = budget
+        self.transport = transport  # CompletionClient or WorkerPool: `attempt(body, stream)`
+        self.progress = progress
+        self.say = say
+        self.account = account  # polled for --min-credits
+        self.output = Output(config, prepared.endpoints)
+        self.stats = Stats(todo=prepared.todo, skipped=prepared.skipped)
+        self.limiter = AdaptiveLimiter(config.concurrency)
+        self.stop_reason: StopReason | None = None
+        self.stopping = asyncio.Event()
+        self.settled = asyncio.Event()
+        self.tasks: set[asyncio.Task] = set()
+        self.in_progress: set[str] = set()
+        self._last_postfix = 0.0
+        self._interrupts = 0
+
+    # -- stopping -------------------------------------------------------------------------
+    def stop(self, reason: StopReason) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            self.say(f"kp-infer: {reason.message}"
+                     + (f"; waiting for {self.limiter.in_flight} requests in flight"
+                        if self.limiter.in_flight else ""))
+        self.stopping.set()
+        self.settled.set()
+
+    def _on_signal(self) -> None:
+        self._interrupts += 1
+        if self._interrupts == 1:
+            self.stop(StopReason.INTERRUPTED)
+            self.say("kp-infer: press Ctrl-C again to cancel requests in flight now")
+        else:
+            for task in list(self.tasks):
+                task.cancel()
+
+    # -- the run --------------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self._on_signal)
+            except (NotImplementedError, RuntimeError):
+                pass
+        self.output.open()
+        poller = None
+        try:
+            if self.account is not None:
+                await self._check_balance()
+                poller = asyncio.create_task(self._poll_balance())
+            if not self.stopping.is_set():
+                await self._admit_all()
+            await self._drain()
+        finally:
+            if poller:
+                poller.cancel()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                try:
+                    loop.remove_signal_handler(sig)
+                except (NotImplementedError, RuntimeError):
+                    pass
+            self.output.close()
+        return self.exit_code()
+
+    def exit_code(self) -> int:
+        return exit_code(self.stop_reason, self.stats)
+
+    def summary(self) -> dict:
+        return summary(self.stats, self.stop_reason, self.prepared.scan.records, self.budget,
+                       self.config, self.limiter.current)
+
+    async def _admit_all(self) -> None:
+        for _lineno, prompt, line in iter_records(self.prepared.scan.path, PROMPT_DECODER):
+            if prompt.id in self.done or not in_partition(prompt.id, self.config.partition):
+                continue
+            reservation = self.budget.worst_case(prompt_token_bound(prompt.messages))
+            if not await self._wait_for_budget(reservation):
+                return
+            if not await self._acquire_unless_stopped():
+                return
+            self.budget.reserve(reservation)
+            self.in_progress.add(prompt.id)
+            task = asyncio.create_task(self._handle(prompt, line, reservation))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _acquire_unless_stopped(self) -> bool:
+        """A concurrency slot for a new request; False (and no slot) once the run stops."""
+        if self.limiter.in_flight < self.limiter.current:
+            await self.limiter.acquire()
+        else:
+            acquire = asyncio.create_task(self.limiter.acquire())
+            stopped = asyncio.create_task(self.stopping.wait())
+            await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not acquire.done():
+                acquire.cancel()
+                await asyncio.wait({acquire})
+            if acquire.cancelled():
+                return False
+        if self.stopping.is_set():
+            await self.limiter.release()
+            return False
+        return True
+
+    async def _wait_for_budget(self, reservation: float) -> bool:
+        """Wait until the next request's worst case fits; False when the run must stop."""
+        while not self.stopping.is_set():
+            if self.budget.tokens_exhausted():
+                self.stop(StopReason.TOKEN_BUDGET)
+                return False
+            fits_cost = self.budget.cost_fits(reservation)
+            # in_progress, not tasks: a finished task leaves `tasks` only in a later callback
+            if fits_cost and self.budget.tokens_fit(len(self.in_progress)):
+                return True
+            if not self.in_progress:  # nothing in flight will free budget
+                if not fits_cost:
+                    self.stop(StopReason.MAX_COST)
+                    return False
+                return True
+            self.settled.clear()
+            await self.settled.wait()
+        return False
+
+    async def _drain(self) -> None:
+        if not self.tasks:
+            return
+        if not self.stopping.is_set():
+            await asyncio.wait(set(self.tasks))
+            return
+        _done, pending = await asyncio.wait(set(self.tasks), timeout=self.config.grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+            self.stats.abandoned += len(pending)
+
+    # -- one prompt -----------------------------------------------------------------------
+    async def _handle(self, prompt: Prompt, line: bytes, reservation: float) -> None:
+        body = self.config.request.body(prompt, self.config.policy)
+        attempts = 0
+        holding_slot = True
+        try:
+            while True:
+                attempts += 1
+                result: Attempt = await self.transport.attempt(body, self.config.request.stream)
+                if result.kind == "ok":
+                    self._accept(prompt, line, result, attempts)
+                    return
+                if result.kind == "retry":
+                    self.stats.retries[result.cause] += 1
+                    if result.cause == "429":
+                        self.limiter.rate_limited()
+                    if attempts >= self.config.max_attempts:
+                        self._fail(prompt, "retries_exhausted", result, attempts)
+                        return
+                    await self.limiter.release()
+                    holding_slot = False
+                    delay = self._backoff(attempts, result.retry_after)
+                    try:
+                        await asyncio.wait_for(self.stopping.wait(), timeout=delay)
+                    except TimeoutError:
+                        pass
+                    if self.stopping.is_set():
+                        return  # not sent again: a stop admits no new requests
+                    await self.limiter.acquire()
+                    holding_slot = True
+                    if self.stopping.is_set():
+                        return
+                    continue
+                if result.kind == "payment":
+                    self.stats.retries["402"] += 1
+                    self.stop(StopReason.PAYMENT)
+                    return
+                if result.kind == "auth":
+                    self.stop(StopReason.AUTH)
+                    return
+                if result.kind == "no_route":
+                    self.say(f"kp-infer: {result.message}")
+                    self.stop(StopReason.NO_ROUTE)
+                    return
+                self._fail(prompt, "permanent", result, attempts)
+                return
+        finally:
+            self.in_progress.discard(prompt.id)
+            self.budget.release(reservation)
+            if holding_slot:
+                await self.limiter.release()
+            self.settled.set()
+            self._show_progress()
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        delay = min(self.config.backoff_max, self.config.backoff_base * 2 ** (attempt - 1))
+        delay *= random.uniform(0.5, 1.5)
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        return delay
+
+    def _accept(self, prompt: Prompt, line: bytes, answer: Attempt, attempts: int) -> None:
+        cost = answer.cost if answer.cost is not None else 0.0
+        self.stats.prompt_tokens += answer.prompt_tokens
+        violation = self.output.routing_violation(answer.provider)
+        if violation:  # paid for, but not a result
+            self.budget.record(cost, 0)
+            self._fail(prompt, "routing_violation", Attempt("permanent", message=violation, status=200),
+                       attempts, provider=answer.provider, cost=cost, generation_id=answer.generation_id)
+            return
+        try:
+            self.output.write_response(line, answer, attempts)
+        except OSError:  # no point paying for answers that cannot be kept
+            self.stop(StopReason.OUTPUT)
+            return
+        self.done.add(prompt.id)
+        self.budget.record(cost, answer.completion_tokens)
+        self.stats.answered(answer)
+        self.progress.update(1)
+        if self.budget.tokens_exhausted() and not self.stopping.is_set():
+            self.stop(StopReason.TOKEN_BUDGET)
+
+    def _fail(self, prompt: Prompt, kind: str, attempt: Attempt, attempts: int, *,
+              provider: str | None = None, cost: float = 0.0, generation_id: str | None = None) -> None:
+        self.stats.failure(kind, attempt)
+        self.output.write_failure(failure_record(prompt, kind, attempt, attempts, provider=provider,
+                                                 cost=cost, generation_id=generation_id))
+        self.progress.update(1)
+
+    # -- balance --------------------------------------------------------------------------
+    async def _check_balance(self) -> None:
+        try:
+            remaining = (await self.account.balance()).spendable
+        except Exception as e:  # a failed poll is not a reason to stop paid work
+            self.say(f"kp-infer: warning: could not read the balance: {e}")
+            return
+        if remaining is not None and remaining < self.config.min_credits:
+            self.stop(StopReason.MIN_CREDITS)
+
+    async def _poll_balance(self) -> None:
+        while not self.stopping.is_set():
+            await asyncio.sleep(self.config.credits_interval)
+            await self._check_balance()
+
+    # -- progress -------------------------------------------------------------------------
+    def _show_progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_postfix < 0.5:
+            return
+        self._last_postfix = now
+        self.progress.set_postfix_str(progress_postfix(self.stats, self.budget, self.limiter.in_flight,
+                                                       self.limiter.current), refresh=False)
+
+
+async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
+               say: Callable[[str], None]) -> Run:
+    async with open_transport(config, prepared.todo) as transport:
+        account = Account(config.api_key, config.base_url) if config.min_credits is not None else None
+        try:
+            run = Run(config, prepared, budget, transport, progress, say, account)
+            await run.run()
+            return run
+        finally:
+            if account is not None:
+                await account.aclose()
+
+
+def _event_loop_run(coro):
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+def run_infer(config: RunConfig, say: Stderr) -> int:
+    """Prepare, then plan or run; print the summary; the exit code (see infer/report.py).
+
+    SAY is the command's quiet-aware stderr writer (`cli.Stderr`): every message of the run
+    goes through it, the progress bar too."""
+    with tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
+        prepared = prepare(config, tmpdir, say)
+        budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens)
+        if config.plan:
+            say(plan_text(config, prepared, budget))
+            return ExitCode.OK
+        freeze_startup_objects()
+        with say.progress(total=prepared.todo, desc="kp-infer", unit="req") as bar:
+            run = _event_loop_run(_run(config, prepared, budget, bar, say))
+    result = run.summary()
+    if config.summary_json:
+        with open(config.summary_json, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    say(format_summary(result))
+    return run.exit_code()

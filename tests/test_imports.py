@@ -1,0 +1,99 @@
+"""kimipipe's import graph has no cycles (an AST walk over kimipipe/**/*.py).
+
+Every `import` and `from ... import` counts, at any depth (a lazy import inside a function
+closes a cycle as surely at run time), relative imports resolved against the importing
+module. `from P import name` is an edge to the module P.name when that is a module, else to
+P. A package's `__init__` is the module named after the package; a submodule's implicit
+import of its own parent package is not an edge (that is how packages work, not a cycle).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import REPO
+
+
+def module_names(root: Path, package: str) -> dict[str, Path]:
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return {name: path for name, path in names.items() if name.split(".")[0] == package}
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    modules = module_names(root, package)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name.split(".")
+                    if not is_package:
+                        base = base[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
+                           for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:  # `import kimipipe.a.b.c` as far as it goes
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of GRAPH, as the list of its modules, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_kimipipe_imports_have_no_cycle():
+    graph = import_graph(REPO / "kimipipe", "kimipipe")
+    assert len(graph) > 40 and graph["kimipipe.commands.infer"] >= {"kimipipe.infer.run",
+                                                                      "kimipipe.infer.config"}
+    assert "kimipipe.openrouter" in graph["kimipipe.openrouter.account"]  # `from . import X`
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_walk_finds_a_cycle_through_relative_and_lazy_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from .sub import a\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("from ..b import thing\n")
+    (pkg / "b.py").write_text("def thing():\n    from .sub.a import x\n")
+    graph = import_graph(pkg, "pkg")
+    assert graph["pkg.sub.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.sub.a"}
+    assert find_cycle(graph) in (["pkg.b", "pkg.sub.a", "pkg.b"], ["pkg.sub.a", "pkg.b", "pkg.sub.a"])
+    (pkg / "b.py").write_text("def thing():\n    pass\n")
+    assert find_cycle(import_graph(pkg, "pkg")) is None
