@@ -1,7 +1,10 @@
 """What every kp-* command shares: option bundles, error handling, progress, exit codes.
 
-A command module defines a click command and exposes `main = run_command(cli)`; the
-console_scripts in setup.cfg point at `main`. `run_command` turns expected failures
+A command module defines its click command with `@kp_command(NAME, examples=...)` (which
+gives it `-h`/`--help`, `--version`, and a help ending with an Examples block and the exit
+codes) and exposes `main = run_command(cli)`; the console_scripts in setup.cfg point at
+`main`. Summary lines count things with `counted(n, "record")` (`1 record`, `12,345
+records`), so numbers and plurals read the same in every command. `run_command` turns expected failures
 (KPError) into one line on stderr and their exit code, a closed stdout pipe
 (`kp-prompts x | head -1`) into a quiet exit, Ctrl-C into exit 130, and anything else
 into one line and exit 1; `--debug` or `KP_DEBUG=1` shows the traceback instead.
@@ -12,12 +15,14 @@ from __future__ import annotations
 import os
 import re
 import sys
+import textwrap
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import click
 
+from . import __version__
 from .errors import ExitCode, KPError, redact
 from .partition import parse_partition
 
@@ -26,9 +31,61 @@ if TYPE_CHECKING:
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success; 1 unexpected error; 2 usage or input error (nothing done); "
-    "3 stopped by a budget or the balance (rerun to resume); 4 finished with permanent "
-    "failures; 130 interrupted (rerun to resume)."
+    "3 stopped by a budget, the balance or a full disk (rerun to resume); 4 finished with "
+    "permanent failures; 130 interrupted (rerun to resume)."
 )
+
+# kp-infer's examples, for its command module to pass as `examples=` (it is wired by the
+# kp-infer restructuring, issue 12; kept here until then).
+INFER_EXAMPLES = """
+    kp-infer B3.prompts.jsonl --plan
+    kp-infer B3.prompts.jsonl -o B3.responses.jsonl --concurrency 2000 \\
+        --max-cost 95 --token-budget 10M --failures B3.failures.jsonl
+    kp-prompts questions.txt --format text | kp-infer --max-cost 1 > answers.jsonl
+"""
+
+
+def counted(n: int, singular: str, plural: str | None = None) -> str:
+    """`1 record`, `2 records`, `12,345 records`: how every summary line counts."""
+    return f"{n:,} {singular if n == 1 else plural or singular + 's'}"
+
+
+class KPCommand(click.Command):
+    """A kp-* command: `-h` and `--help`, `--version`, and a help that ends with an
+    Examples block (lines kept as written) and the exit codes."""
+
+    def __init__(self, *args, examples: str = "", exit_codes: str = EXIT_CODES_HELP, **kwargs):
+        settings = kwargs.setdefault("context_settings", {})
+        settings.setdefault("help_option_names", ["-h", "--help"])
+        super().__init__(*args, **kwargs)
+        self.examples = textwrap.dedent(examples).strip("\n")
+        self.exit_codes = exit_codes
+
+    def format_epilog(self, ctx, formatter) -> None:
+        super().format_epilog(ctx, formatter)
+        if self.examples:
+            formatter.write_paragraph()
+            formatter.write_text("Examples:")
+            indent = " " * (formatter.current_indent + 2)
+            for line in self.examples.splitlines():  # not rewrapped: commands are copied
+                formatter.write(f"{indent}{line}\n" if line.strip() else "\n")
+        if self.exit_codes:
+            formatter.write_paragraph()
+            formatter.write_text(self.exit_codes)
+
+
+def kp_command(name: str, *, examples: str, exit_codes: str = EXIT_CODES_HELP,
+               cls: type[KPCommand] = KPCommand, **attrs):
+    """`@click.command` for a kp-* command (see KPCommand), with `--version`."""
+
+    def decorate(f):
+        f = click.version_option(__version__, "--version", prog_name=name,
+                                 message="%(prog)s %(version)s",
+                                 help="Show the version and exit.")(f)
+        return click.command(name=name, cls=cls, examples=examples, exit_codes=exit_codes,
+                             **attrs)(f)
+
+    return decorate
 
 
 def input_argument(multiple: bool = False):
