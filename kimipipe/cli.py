@@ -50,9 +50,17 @@ def counted(n: int, singular: str, plural: str | None = None) -> str:
     return f"{n:,} {singular if n == 1 else plural or singular + 's'}"
 
 
+class ClosedOutputPipe(Exception):
+    """stdout's reader went away (`kp-... | head -1`): a quiet exit 0, not an error."""
+
+
 class KPCommand(click.Command):
     """A kp-* command: `-h` and `--help`, `--version`, and a help that ends with an
-    Examples block (lines kept as written) and the exit codes."""
+    Examples block (lines kept as written) and the exit codes.
+
+    A closed stdout pipe leaves the command as ClosedOutputPipe, which run_command turns
+    into a quiet exit 0 (click itself would make an EPIPE exit 1, silently).
+    """
 
     def __init__(self, *args, examples: str = "", exit_codes: str = EXIT_CODES_HELP, **kwargs):
         settings = kwargs.setdefault("context_settings", {})
@@ -60,6 +68,16 @@ class KPCommand(click.Command):
         super().__init__(*args, **kwargs)
         self.examples = textwrap.dedent(examples).strip("\n")
         self.exit_codes = exit_codes
+        # Last of the options, just before -h/--help.
+        click.version_option(__version__, "--version", prog_name=self.name,
+                             message="%(prog)s %(version)s",
+                             help="Show the version and exit.")(self)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise ClosedOutputPipe() from None
 
     def format_epilog(self, ctx, formatter) -> None:
         super().format_epilog(ctx, formatter)
@@ -76,16 +94,8 @@ class KPCommand(click.Command):
 
 def kp_command(name: str, *, examples: str, exit_codes: str = EXIT_CODES_HELP,
                cls: type[KPCommand] = KPCommand, **attrs):
-    """`@click.command` for a kp-* command (see KPCommand), with `--version`."""
-
-    def decorate(f):
-        f = click.version_option(__version__, "--version", prog_name=name,
-                                 message="%(prog)s %(version)s",
-                                 help="Show the version and exit.")(f)
-        return click.command(name=name, cls=cls, examples=examples, exit_codes=exit_codes,
-                             **attrs)(f)
-
-    return decorate
+    """`@click.command` for a kp-* command (see KPCommand)."""
+    return click.command(name=name, cls=cls, examples=examples, exit_codes=exit_codes, **attrs)
 
 
 def input_argument(multiple: bool = False):
@@ -182,7 +192,7 @@ def run_command(command: click.Command) -> Callable[[], None]:
         except click.ClickException as e:
             e.show()
             code = e.exit_code
-        except BrokenPipeError:
+        except (BrokenPipeError, ClosedOutputPipe):
             _silence_stdout()
             code = ExitCode.OK
         except KeyboardInterrupt:

@@ -204,7 +204,7 @@ def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
               help="Rows with more IDs in all are flagged (`over_max_length`), or dropped with --drop-long.")
 @click.option("--drop-long", is_flag=True, help="With --max-length: leave longer rows out.")
 @click.option("--drop-text", is_flag=True, help="Leave `messages` and `response` out of the output.")
-@click.option("--rejects", type=click.Path(dir_okay=False, allow_dash=False), default=None,
+@click.option("--rejects", type=click.Path(allow_dash=False), default=None,
               help="Write records that fail verification here, with the reason (JSON lines).")
 @click.option("--strict", is_flag=True, help="Stop at the first record that fails verification (exit 2).")
 @click.option("--ignore-extra-fields", is_flag=True,
