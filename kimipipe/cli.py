@@ -1,7 +1,10 @@
 """What every kp-* command shares: option bundles, error handling, progress, exit codes.
 
-A command module defines a click command and exposes `main = run_command(cli)`; the
-console_scripts in setup.cfg point at `main`. `run_command` turns expected failures
+A command module defines its click command with `@kp_command(NAME, examples=...)` (which
+gives it `-h`/`--help`, `--version`, and a help ending with an Examples block and the exit
+codes) and exposes `main = run_command(cli)`; the console_scripts in setup.cfg point at
+`main`. Summary lines count things with `counted(n, "record")` (`1 record`, `12,345
+records`), so numbers and plurals read the same in every command. `run_command` turns expected failures
 (KPError) into one line on stderr and their exit code, a closed stdout pipe
 (`kp-prompts x | head -1`) into a quiet exit, Ctrl-C into exit 130, and anything else
 into one line and exit 1; `--debug` or `KP_DEBUG=1` shows the traceback instead.
@@ -12,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import textwrap
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from . import __version__
 from .errors import ExitCode, KPError, keep_secret, redact
 from .partition import parse_partition
 
@@ -27,10 +32,63 @@ if TYPE_CHECKING:
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success (for kp-infer also: --token-budget reached); 1 unexpected error; "
-    "2 usage or input error (nothing done); 3 stopped by money: a cost cap, the balance or a "
-    "credit limit (rerun to resume); 4 finished with permanent failures; 130 interrupted "
-    "(rerun to resume)."
+    "2 usage or input error (nothing done); 3 stopped by money (a cost cap, the balance or a "
+    "credit limit) or a full disk: nothing paid for is lost, rerun to resume; 4 finished with "
+    "permanent failures; 130 interrupted (rerun to resume)."
 )
+
+
+def counted(n: int, singular: str, plural: str | None = None) -> str:
+    """`1 record`, `2 records`, `12,345 records`: how every summary line counts."""
+    return f"{n:,} {singular if n == 1 else plural or singular + 's'}"
+
+
+class ClosedOutputPipe(Exception):
+    """stdout's reader went away (`kp-... | head -1`): a quiet exit 0, not an error."""
+
+
+class KPCommand(click.Command):
+    """A kp-* command: `-h` and `--help`, `--version`, and a help that ends with an
+    Examples block (lines kept as written) and the exit codes.
+
+    A closed stdout pipe leaves the command as ClosedOutputPipe, which run_command turns
+    into a quiet exit 0 (click itself would make an EPIPE exit 1, silently).
+    """
+
+    def __init__(self, *args, examples: str = "", exit_codes: str = EXIT_CODES_HELP, **kwargs):
+        settings = kwargs.setdefault("context_settings", {})
+        settings.setdefault("help_option_names", ["-h", "--help"])
+        super().__init__(*args, **kwargs)
+        self.examples = textwrap.dedent(examples).strip("\n")
+        self.exit_codes = exit_codes
+        # Last of the options, just before -h/--help.
+        click.version_option(__version__, "--version", prog_name=self.name,
+                             message="%(prog)s %(version)s",
+                             help="Show the version and exit.")(self)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise ClosedOutputPipe() from None
+
+    def format_epilog(self, ctx, formatter) -> None:
+        super().format_epilog(ctx, formatter)
+        if self.examples:
+            formatter.write_paragraph()
+            formatter.write_text("Examples:")
+            indent = " " * (formatter.current_indent + 2)
+            for line in self.examples.splitlines():  # not rewrapped: commands are copied
+                formatter.write(f"{indent}{line}\n" if line.strip() else "\n")
+        if self.exit_codes:
+            formatter.write_paragraph()
+            formatter.write_text(self.exit_codes)
+
+
+def kp_command(name: str, *, examples: str, exit_codes: str = EXIT_CODES_HELP,
+               cls: type[KPCommand] = KPCommand, **attrs):
+    """`@click.command` for a kp-* command (see KPCommand)."""
+    return click.command(name=name, cls=cls, examples=examples, exit_codes=exit_codes, **attrs)
 
 
 def input_argument(multiple: bool = False):
@@ -162,7 +220,7 @@ def run_command(command: click.Command) -> Callable[[], None]:
         except click.ClickException as e:
             e.show()
             code = e.exit_code
-        except BrokenPipeError:
+        except (BrokenPipeError, ClosedOutputPipe):
             _silence_stdout()
             code = ExitCode.OK
         except KeyboardInterrupt:

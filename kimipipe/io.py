@@ -5,11 +5,14 @@
 - `iter_records(path, type)`: one validated Struct per line, with the raw line for
   pass-through; a bad line raises InputError `PATH:LINE: what is wrong` (msgspec's path
   in the record, e.g. `$.messages[0].role`).
-- `RecordWriter`: one whole line per write; `durable=True` flushes each record to the OS
-  as it is written, so `kill -9` loses no written record and never tears a line in a
-  plain file (a zstd file may lose its unfinished last block, which `scan_done` repairs).
+  Given `expect` (the record kind the stage reads), a record of another stage is named
+  with the stage to run first (`a prompt record ...: run kp-infer on this file first`).
 - `scan_done(path)`: the IDs already in an output file, after repairing a torn last line
-  left by a crash (the torn record's ID is not counted, so it is redone).
+  left by a crash (the torn record's ID is not counted, so it is redone; kimipipe/tail_repair.py).
+- Outputs (kimipipe/output.py, re-exported here): `RecordWriter` writes whole lines and,
+  when the OS refuses a write, cuts the file back to its last whole record
+  (`OutputWriteError`); `AtomicOutput`; `check_writable`. The one-writer lock on an output
+  is `OutputLock` (kimipipe/locks.py).
 """
 
 from __future__ import annotations
@@ -25,7 +28,21 @@ import msgspec
 import zstandard
 
 from .errors import InputError, KPError
+from .locks import OutputLock, OutputLocked, lock_path
+from .output import (
+    AtomicOutput,
+    OutputWriteError,
+    RecordWriter,
+    check_writable,
+    check_writable_dir,
+)
 from .records import IdOnly
+from .tail_repair import CorruptOutput, repair_torn_tail
+
+__all__ = ["AtomicOutput", "OutputLock", "OutputLocked", "OutputWriteError", "RecordWriter",
+           "check_writable", "check_writable_dir", "describe_decode_error", "iter_finished",
+           "iter_lines", "iter_records", "lock_path", "open_input", "repair_and_report",
+           "repair_torn_tail", "require_distinct", "scan_done", "zstd_reader"]
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 T = TypeVar("T")
@@ -126,222 +143,102 @@ def describe_decode_error(err: Exception, ended: bool) -> str:
     return text.replace(" - at `", " at `")
 
 
-def iter_records(path: str, decoder: msgspec.json.Decoder,
-                 keep_newline: bool = False) -> Iterator[tuple[int, object, bytes]]:
+# The pipeline's record kinds in order, with the stage that writes each and its field.
+_STAGES = [("prompt", "kp-prompts", "messages"), ("response", "kp-infer", "response"),
+           ("tokens", "kp-tokenize", "input_ids")]
+_KIND_NAMES = {"prompt": "a prompt record", "response": "a response record",
+               "tokens": "a token record"}
+_passthrough = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def record_kind(line: bytes) -> str | None:
+    """Which stage's record LINE is (by its fields), or None."""
+    try:
+        fields = _passthrough.decode(line)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    for kind, _writer, field in reversed(_STAGES):
+        if field in fields:
+            return kind
+    return None
+
+
+def stage_hint(line: bytes, expect: str) -> str | None:
+    """What to run first when LINE is another stage's record than EXPECT, else None."""
+    kind = record_kind(line)
+    if kind is None or kind == expect:
+        return None
+    order = [k for k, _w, _f in _STAGES]
+    have, want = order.index(kind), order.index(expect)
+    reader = _STAGES[want + 1][1] if want + 1 < len(_STAGES) else "kp-shard"
+    what = f"{_KIND_NAMES[kind]} (it has no `{_STAGES[want][2]}`)"
+    if have < want:
+        first = ", then ".join(_STAGES[i][1] for i in range(have + 1, want + 1))
+        return f"{what}: {reader} reads {_KIND_NAMES[expect][2:]}s; run {first} on this file first"
+    goes_to = _STAGES[have + 1][1] if have + 1 < len(_STAGES) else "kp-shard"
+    return (f"{_KIND_NAMES[kind]} ({_STAGES[have][1]}'s output): {reader} reads "
+            f"{_KIND_NAMES[expect][2:]}s; give this file to {goes_to}")
+
+
+def iter_records(path: str, decoder: msgspec.json.Decoder, keep_newline: bool = False,
+                 expect: str | None = None, shown: str | None = None
+                 ) -> Iterator[tuple[int, object, bytes]]:
     """(line number, record, raw line) for every record of PATH, validated by DECODER.
 
-    Raises InputError naming PATH and the line for a bad line, and for an input with no
-    records at all. KEEP_NEWLINE: see `iter_lines`.
+    Raises InputError naming PATH (or SHOWN: `<stdin>` for a spooled stdin) and the line
+    for a bad line, and for an input with no records at all. KEEP_NEWLINE: see
+    `iter_lines`. EXPECT (`prompt`, `response`, `tokens`): the kind the stage reads, so
+    that another stage's record gets a hint.
     """
+    shown = shown or path
     count = 0
     for lineno, line, ended in iter_lines(path, keep_newline):
         try:
             record = decoder.decode(line)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise InputError(describe_decode_error(e, ended), path, lineno) from None
+            hint = stage_hint(line, expect) if expect and isinstance(e, msgspec.ValidationError) else None
+            raise InputError(hint or describe_decode_error(e, ended), shown, lineno) from None
         count += 1
         yield lineno, record, line
     if count == 0:
-        raise InputError("empty input: no records", path)
-
-
-class RecordWriter:
-    """Writes whole JSON lines to stdout (`-`), a plain file, or a `.zst` file.
-
-    With `append=True` an existing file is continued (a zstd file gets a new frame, which
-    every zstd reader reads across). With `durable=True` each line reaches the OS as soon
-    as it is written; a plain file then never holds a torn line, whatever kills us.
-    """
-
-    def __init__(self, path: str, *, append: bool = False, durable: bool = False, level: int = 3):
-        self.path = path
-        self.durable = durable
-        self._fd: int | None = None
-        self._zst = None
-        self._zst_file = None
-        self._stdout = None
-        if path == "-":
-            self._stdout = sys.stdout.buffer
-        elif path.endswith(".zst"):
-            self._zst_file = open(path, "ab" if append else "wb")
-            self._zst = zstandard.ZstdCompressor(level=level).stream_writer(
-                self._zst_file, closefd=False
-            )
-        else:
-            flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
-            self._fd = os.open(path, flags, 0o644)
-
-    def write_line(self, line: bytes) -> None:
-        if self._fd is not None:
-            view = memoryview(line)
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
-        elif self._zst is not None:
-            self._zst.write(line)
-            if self.durable:
-                self._zst.flush(zstandard.FLUSH_BLOCK)
-                self._zst_file.flush()
-        else:
-            self._stdout.write(line)
-            if self.durable:
-                self._stdout.flush()
-
-    def flush(self) -> None:
-        if self._zst is not None:
-            self._zst.flush(zstandard.FLUSH_BLOCK)
-            self._zst_file.flush()
-        elif self._stdout is not None:
-            self._stdout.flush()
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        elif self._zst is not None:
-            self._zst.close()
-            self._zst_file.close()
-            self._zst = None
-        elif self._stdout is not None:
-            self._stdout.flush()
-
-    def __enter__(self) -> RecordWriter:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class AtomicOutput:
-    """An output file that appears under its name only when complete (temp name + rename).
-
-    For stages that write a finished product rather than an append-only log; stdout is
-    passed straight through.
-    """
-
-    def __init__(self, path: str, **writer_args):
-        self.path = path
-        self.tmp = path if path == "-" else f"{path}.tmp-{os.getpid()}"
-        self.writer = RecordWriter(self.tmp, **writer_args)
-
-    def commit(self) -> None:
-        self.writer.close()
-        if self.path != "-":
-            os.replace(self.tmp, self.path)
-
-    def discard(self) -> None:
-        self.writer.close()
-        if self.path != "-" and os.path.exists(self.tmp):
-            os.unlink(self.tmp)
+        raise InputError("empty input: no records", shown)
 
 
 _id_decoder = msgspec.json.Decoder(IdOnly)
 
 
-def _complete_lines_of_zst(path: str) -> tuple[bytes, bool]:
-    """The whole lines a (possibly torn) zstd file holds, and whether anything was cut.
-
-    Frames are walked one by one: a reader that reads across frames stops quietly at an
-    unfinished last frame, which would hide the tear and corrupt the next append.
-    """
-    out = bytearray()
-    torn = False
-    dctx = zstandard.ZstdDecompressor()
-    frame = dctx.decompressobj()
-    started = False
-    with open(path, "rb") as f:
-        while not torn and (chunk := f.read(1 << 20)):
-            while chunk:
-                started = True
-                try:
-                    out += frame.decompress(chunk)
-                except zstandard.ZstdError:
-                    torn = True
-                    break
-                if not frame.eof:
-                    break
-                chunk = frame.unused_data
-                frame = dctx.decompressobj()
-                started = False
-    if started and not frame.eof:
-        torn = True
-    end = out.rfind(b"\n") + 1
-    if end != len(out):
-        torn = True
-    return bytes(out[:end]), torn
-
-
-def repair_torn_tail(path: str) -> int | None:
-    """Cut a torn last line (a crash mid-write) off PATH; return its line number, if any."""
-    if not os.path.exists(path) or os.path.getsize(path) == 0:
-        return None
-    with open(path, "rb") as f:
-        is_zst = f.read(4) == ZSTD_MAGIC
-    if is_zst:
-        data, torn = _complete_lines_of_zst(path)
-        if not torn:
-            return None
-        tmp = f"{path}.repair-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(zstandard.ZstdCompressor(level=3).compress(data))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return data.count(b"\n") + 1
-    with open(path, "r+b") as f:
-        size = f.seek(0, os.SEEK_END)
-        pos = size
-        block = 1 << 16
-        while pos > 0:
-            start = max(0, pos - block)
-            f.seek(start)
-            chunk = f.read(pos - start)
-            nl = chunk.rfind(b"\n")
-            if nl >= 0:
-                cut = start + nl + 1
-                break
-            pos = start
-        else:
-            cut = 0
-        if cut == size:
-            return None
-        f.seek(0)
-        complete_lines = 0
-        remaining = cut
-        while remaining:
-            buf = f.read(min(remaining, 1 << 20))
-            complete_lines += buf.count(b"\n")
-            remaining -= len(buf)
-        f.truncate(cut)
-        return complete_lines + 1
-
-
-def scan_done(path: str, *, repair: bool = True,
+def scan_done(path: str, *, repair: bool = True, quiet: bool = False,
               report: Callable[[str], None] | None = None) -> set[str]:
     """IDs already in output file PATH (empty set if it does not exist).
 
     A torn last line is repaired first (when `repair`; said through REPORT, see
     `repair_and_report`), so its ID is redone. Any other unreadable line is an error: it
-    may hold paid work, and it is not ours to drop.
+    may hold paid work, and it is not ours to drop. Take the output's lock (OutputLock)
+    first: a repair writes.
     """
     if repair:
-        repair_and_report(path, report)
+        repair_and_report(path, report, quiet=quiet)
     return {record.id for record in iter_finished(path, _id_decoder)}
 
 
-def repair_and_report(path: str, report: Callable[[str], None] | None = None) -> None:
+def repair_and_report(path: str, report: Callable[[str], None] | None = None, *,
+                      quiet: bool = False) -> None:
     """Cut a torn last line off an output file before resuming it, and say so: through
-    REPORT, the caller's quiet-aware writer, else on stderr."""
+    REPORT (the caller's quiet-aware writer), else on stderr unless QUIET."""
     if path == "-" or not os.path.exists(path):
         return
-    torn = repair_torn_tail(path)
-    if torn is not None:
-        message = (f"kimipipe: {path}:{torn}: removed a torn last line left by an interrupted "
-                   "run; that record will be redone")
-        if report is not None:
-            report(message)
-        else:
-            print(message, file=sys.stderr)
+    try:
+        torn = repair_torn_tail(path)
+    except CorruptOutput as e:
+        raise InputError(str(e), path) from None
+    if torn is None:
+        return
+    message = (f"kimipipe: {path}:{torn}: removed a torn last line left by an interrupted "
+               "run; that record will be redone")
+    if report is not None:
+        report(message)
+    elif not quiet:
+        print(message, file=sys.stderr)
 
 
 def spool_stdin(directory: str) -> str:

@@ -82,11 +82,17 @@ def _read_text(path: str, shown: str) -> Iterator[SourceRecord]:
 
 def _read_jsonl(path: str, shown: str) -> Iterator[SourceRecord]:
     decoder = msgspec.json.Decoder()
+    first = True
     for lineno, line, ended in iter_lines(path):
         try:
             obj = decoder.decode(line)
         except msgspec.DecodeError as e:
-            raise InputError(describe_decode_error(e, ended), shown, lineno) from None
+            message = describe_decode_error(e, ended)
+            if first and not line.lstrip().startswith((b"{", b"[")):
+                message = ("not JSON: for plain text, one prompt per line, pass --format text "
+                           f"({message})")
+            raise InputError(message, shown, lineno) from None
+        first = False
         yield SourceRecord(lineno, obj)
 
 

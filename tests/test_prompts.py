@@ -61,7 +61,7 @@ def test_text_file_gives_hash_ids_stable_byte_for_byte(tmp_path):
     assert len(recs) == 2  # the repeated question is a duplicate
     assert all(x["id"].startswith("B4-") and len(x["id"]) == 3 + 16 for x in recs)
     assert recs[0]["messages"] == [{"role": "user", "content": "Why is the sky blue?"}]
-    assert "1 duplicates" in first.stderr
+    assert "skipped 1 duplicate\n" in first.stderr
     other = kp("prompts", src, "--format", "text", "--dataset", "B5").records()
     assert {x["id"] for x in other}.isdisjoint({x["id"] for x in recs})
 

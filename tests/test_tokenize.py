@@ -89,7 +89,7 @@ def test_single_turn_ids_are_template_prompt_then_reasoning_think_content_end(tm
     assert hf(d).decode(out["input_ids"] + out["output_ids"]) == (
         "<|im_user|>user<|im_middle|>What is 2+2?<|im_end|><|im_assistant|>assistant<|im_middle|>"
         "<think>Two and two make four.</think>It is 4.<|im_end|>")
-    assert "wrote 1 records" in r.stderr and "rejected 0" in r.stderr
+    assert "wrote 1 record:" in r.stderr and "rejected 0" in r.stderr
 
 
 def test_multi_turn_history_renders_with_empty_think_and_no_extra_system(tmp_path, kimi_tokenizer):
@@ -148,7 +148,7 @@ def test_truncated_in_content_has_think_close_but_no_end(tmp_path, kimi_tokenize
     r = run_one(tmp_path, d, rec)
     [out] = r.records()
     assert out["output_ids"] == plain(d, "Easy.") + [tid(d, "</think>")] + plain(d, "The answer is")
-    assert "1 truncated turns" in r.stderr
+    assert "1 truncated turn;" in r.stderr
 
 
 def test_drop_truncated_leaves_cut_turns_out(tmp_path, kimi_tokenizer):

@@ -35,7 +35,7 @@ import sys
 
 import click
 
-from ..cli import common_options, read_api_key, run_command, say
+from ..cli import common_options, kp_command, read_api_key, run_command, say
 from ..errors import ExitCode, KPError
 from ..openrouter import DEFAULT_BASE_URL
 from ..openrouter.account import AccountError, AuthError, Balance, fetch_balance
@@ -62,7 +62,16 @@ def human(b: Balance) -> str:
     return "\n".join(lines)
 
 
-@click.command(name="kp-credits")
+EXAMPLES = """
+    OPENROUTER_API_KEY=sk-or-... kp-credits
+    kp-credits --api-key-file ~/.openrouter-key --json | jq .remaining
+    kp-credits --min 20 && make all
+"""
+EXIT_CODES = ("Exit codes: 0 ok; 1 network or API error, or --min with an unknown balance; "
+              "2 no key, or the key was refused (401); 3 below --min.")
+
+
+@kp_command("kp-credits", examples=EXAMPLES, exit_codes=EXIT_CODES)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record (the default "
               "when stdout is not a terminal).")
 @click.option("--text", "as_text", is_flag=True, help="Print the human-readable form even "

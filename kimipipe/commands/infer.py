@@ -36,10 +36,10 @@ import click
 
 from ..cli import (
     COUNT,
-    EXIT_CODES_HELP,
     Stderr,
     common_options,
     input_argument,
+    kp_command,
     output_option,
     partition_option,
     read_api_key,
@@ -66,7 +66,16 @@ def parse_extra_body(text: str | None) -> dict:
     return extra
 
 
-@click.command(name="kp-infer", epilog=EXIT_CODES_HELP)
+EXAMPLES = """
+    kp-infer B3.prompts.jsonl --plan --max-cost 95
+    kp-infer B3.prompts.jsonl -o B3.responses.jsonl --concurrency 2000 \\
+        --quantization int4 --quantization unknown --max-cost 95 --token-budget 10M \\
+        --failures B3.failures.jsonl --summary-json B3.summary.json
+    kp-prompts questions.txt --format text | kp-infer --max-cost 1 > answers.jsonl
+"""
+
+
+@kp_command("kp-infer", examples=EXAMPLES)
 @input_argument()
 @output_option("Output file, appended to and resumed from (`-` = stdout, no resume).")
 @click.option("--model", default="moonshotai/kimi-k2.5", show_default=True, help="OpenRouter model slug.")

@@ -23,9 +23,17 @@ from collections.abc import Iterator
 
 import click
 
-from ..cli import EXIT_CODES_HELP, common_options, input_argument, output_option, run_command, say
+from ..cli import (
+    common_options,
+    counted,
+    input_argument,
+    kp_command,
+    output_option,
+    run_command,
+    say,
+)
 from ..errors import InputError
-from ..io import AtomicOutput, spool_stdin
+from ..io import AtomicOutput, check_writable, spool_stdin
 from ..prompts import (
     Selection,
     content_hash,
@@ -61,7 +69,14 @@ def _candidates(sources: list[tuple[str, str]], fmt: str, id_field: str, dataset
                 counts.no_user_turn += 1
 
 
-@click.command(name="kp-prompts", epilog=EXIT_CODES_HELP)
+EXAMPLES = """
+    kp-prompts sharegpt.json --dataset B3 -o B3.prompts.jsonl
+    kp-prompts questions.txt --format text --dataset B4 -o B4.prompts.jsonl.zst
+    kp-prompts a.jsonl b.json.zst --turns each --shuffle --seed 1 --limit 50000 | head -1
+"""
+
+
+@kp_command("kp-prompts", examples=EXAMPLES)
 @input_argument(multiple=True)
 @output_option("Output file (`-` = stdout; `.zst` compresses). Appears only when complete.")
 @click.option("--dataset", default="", help="Dataset name to tag the records with (e.g. B3).")
@@ -85,6 +100,7 @@ def cli(inputs, output, dataset, fmt, id_field, system, turns, keep_duplicates, 
     inputs = list(inputs) or ["-"]
     if inputs.count("-") > 1:
         raise InputError("stdin (`-`) can be read only once")
+    check_writable(output, "-o", in_place=False)
     with tempfile.TemporaryDirectory(prefix="kp-prompts-") as tmp:
         sources = []
         for path in inputs:
@@ -159,13 +175,13 @@ def cli(inputs, output, dataset, fmt, id_field, system, turns, keep_duplicates, 
             raise
     skipped = []
     if sel.no_user_turn:
-        skipped.append(f"{sel.no_user_turn} without a user turn")
+        skipped.append(f"{sel.no_user_turn:,} without a user turn")
     if sel.duplicates:
-        skipped.append(f"{sel.duplicates} duplicates")
+        skipped.append(counted(sel.duplicates, "duplicate"))
     if sel.too_long:
-        skipped.append(f"{sel.too_long} longer than --max-chars")
+        skipped.append(f"{sel.too_long:,} longer than --max-chars")
     where = "" if output == "-" else f" to {output}"
-    say(f"kp-prompts: wrote {len(rank)} prompts{where}"
+    say(f"kp-prompts: wrote {counted(len(rank), 'prompt')}{where}"
         + (f"; skipped {', '.join(skipped)}" if skipped else ""), quiet)
 
 

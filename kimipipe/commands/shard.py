@@ -4,8 +4,8 @@ Usage:
     kp-tokenize B3.responses.jsonl --tokenizer ./kimi-k2.5 | kp-shard --out shards/B3
     kp-shard B3.tokens.jsonl B4.tokens.jsonl.zst --out shards/all --shuffle --seed 1 \\
         --eval-fraction 0.01 --max-length 32768 --truncate --tokens-per-shard 50M
-    kp-shard verify shards/all          # or: kp-shard --verify shards/all
-    kp-shard stats shards/all           # length histogram on stderr (or --stats on a build)
+    kp-shard verify shards/B3 shards/B4 # or: kp-shard --verify DIR; a parent of sets: verify shards
+    kp-shard stats shards/all           # length histogram on stdout (or --stats on a build)
 
 Schema (one compact JSON object per line, in DIR/<name>-00000.jsonl.zst ...):
     --format eagle (default), what speculators and SpecForge (`data.prompts_path`) read:
@@ -31,10 +31,11 @@ temporary name and the whole set is swapped in when complete, so an interrupted 
 leaves the previous set (or no manifest) and never a file that looks finished. Rerunning
 replaces the set; shards of the old set are removed only after the new manifest is in place.
 
-Examples:
-    kp-shard tokens.jsonl --out shards --records-per-shard 5000 --name b3
-    kp-shard tokens.jsonl --out shards --format raw --compression-level 9
-    zstd -dc shards/shard-00000.jsonl.zst | head -1
+verify and stats take any number of directories, each a set or a parent of sets (every
+subdirectory holding a manifest.json). Their report goes to stdout: verify prints each
+problem as DIR/FILE[:LINE]: what is wrong, and DIR: OK (...) for a good set (not with -q);
+exit 2 if any set has a problem. Everything else (progress, the build's summary) is on
+stderr.
 """
 
 from __future__ import annotations
@@ -48,22 +49,41 @@ import click
 
 from ..cli import (
     COUNT,
-    EXIT_CODES_HELP,
     SIZE,
+    KPCommand,
     common_options,
+    counted,
     input_argument,
+    kp_command,
     progress,
     run_command,
     say,
 )
 from ..errors import ExitCode, InputError, KPError
-from ..shard import ShardOptions, build_shards, read_lengths, render_histogram, verify
+from ..io import check_writable_dir
+from ..shard import (
+    ShardOptions,
+    build_shards,
+    read_lengths,
+    render_histogram,
+    shard_sets,
+    verify,
+)
 
 DEFAULT_RECORDS_PER_SHARD = 10_000
 
 
-class _ShardCommand(click.Command):
-    """`kp-shard verify DIR` and `kp-shard stats DIR` are spelled as words too."""
+EXAMPLES = """
+    kp-shard B3.tokens.jsonl.zst --out shards/B3 --max-length 32768 --truncate
+    kp-tokenize r.jsonl --tokenizer ./kimi-k2.5 --trust-remote-code | kp-shard --out shards/B3
+    kp-shard b3.jsonl b4.jsonl --out shards/all --shuffle --seed 1 --eval-fraction 0.01
+    kp-shard verify shards/B3 shards/B4
+    kp-shard stats shards/B3 | less
+"""
+
+
+class _ShardCommand(KPCommand):
+    """`kp-shard verify DIR...` and `kp-shard stats DIR...` are spelled as words too."""
 
     def parse_args(self, ctx, args):
         args = list(args)
@@ -73,11 +93,11 @@ class _ShardCommand(click.Command):
         return super().parse_args(ctx, args)
 
 
-@click.command(name="kp-shard", cls=_ShardCommand, epilog=(
-    "Also: `kp-shard verify DIR` (= --verify DIR) and `kp-shard stats DIR` (= --stats-of DIR). "
-    + EXIT_CODES_HELP))
+@kp_command("kp-shard", examples=EXAMPLES, cls=_ShardCommand, epilog=(
+    "Also: `kp-shard verify DIR...` (= --verify DIR) and `kp-shard stats DIR...` "
+    "(= --stats-of DIR): each DIR a shard set or a parent of several; the report on stdout."))
 @input_argument(multiple=True)
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False),
+@click.option("-o", "--out", "out_dir", type=click.Path(),
               help="Directory for the shards and manifest.json (created if missing).")
 @click.option("--format", "fmt", type=click.Choice(["eagle", "raw"]), default="eagle",
               show_default=True,
@@ -98,7 +118,7 @@ class _ShardCommand(click.Command):
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
 @click.option("--shuffle-memory", type=SIZE, default="1G", show_default=True,
               help="Memory for --shuffle's in-memory stage (bigger buckets are split again).")
-@click.option("--tmp-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--tmp-dir", type=click.Path(), default=None,
               help="Where --shuffle spills rows (default: inside --out; ~1/4 of the rows' size).")
 @click.option("--eval-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.0,
               show_default=True,
@@ -113,24 +133,28 @@ class _ShardCommand(click.Command):
 @click.option("--on-duplicate", type=click.Choice(["drop", "error"]), default="drop",
               show_default=True, help="A repeated id: keep the first row, or stop (exit 2).")
 @click.option("--stats", "show_stats", is_flag=True,
-              help="After the build, print the length histogram to stderr.")
-@click.option("--verify", "verify_dir", type=click.Path(file_okay=False), default=None,
-              help="Check the set in DIR against its manifest and the format; exit 0 or 2.")
-@click.option("--stats-of", "stats_dir", type=click.Path(file_okay=False), default=None,
-              help="Print the length histogram of the set in DIR to stderr and exit.")
+              help="After the build, print the length histogram to stdout.")
+@click.option("--verify", "verify_dirs", type=click.Path(file_okay=False), multiple=True,
+              help="Check the set in DIR (or each set under DIR) against its manifest and the "
+                   "format; repeatable; exit 0 or 2.")
+@click.option("--stats-of", "stats_dirs", type=click.Path(file_okay=False), multiple=True,
+              help="Print the length histogram of the set in DIR (or each set under DIR) to "
+                   "stdout and exit; repeatable.")
 @common_options
 def cli(inputs, out_dir, fmt, records_per_shard, tokens_per_shard, compression_level, prefix,
         shuffle, seed, shuffle_memory, tmp_dir, eval_fraction, min_output_tokens, max_length,
-        truncate, on_duplicate, show_stats, verify_dir, stats_dir, quiet, debug):
+        truncate, on_duplicate, show_stats, verify_dirs, stats_dirs, quiet, debug):
     """Write token records (default: stdin) as training shards in --out DIR."""
-    if verify_dir is not None:
-        return _verify(verify_dir, quiet)
-    if stats_dir is not None:
-        manifest, lengths = read_lengths(stats_dir)
-        click.echo(render_histogram(lengths, _stats_title(stats_dir, manifest)), err=True)
-        return ExitCode.OK
+    if verify_dirs and stats_dirs:
+        raise InputError("verify and stats: one at a time")
+    if verify_dirs or stats_dirs:  # (the words' further DIRs arrive as inputs)
+        sets = [d for given in (*verify_dirs, *stats_dirs, *inputs) for d in shard_sets(given)]
+        return _verify(sets, quiet) if verify_dirs else _stats(sets)
     if out_dir is None:
         raise InputError("--out DIR is required (or use verify DIR / stats DIR)")
+    check_writable_dir(out_dir, "--out")
+    if tmp_dir is not None:
+        check_writable_dir(tmp_dir, "--tmp-dir")
     inputs = list(inputs) or ["-"]
     if inputs.count("-") > 1:
         raise InputError("stdin (`-`) can be read only once")
@@ -155,9 +179,8 @@ def cli(inputs, out_dir, fmt, records_per_shard, tokens_per_shard, compression_l
             result = build_shards(inputs, out_dir, opts, command,
                                   on_record=lambda: bar.update(1), collect_lengths=show_stats)
     _summary(result, out_dir, quiet)
-    if show_stats and not quiet:
-        click.echo(render_histogram(result.lengths, _stats_title(out_dir, result.manifest)),
-                   err=True)
+    if show_stats:  # a report asked for: stdout, even with --quiet
+        click.echo(render_histogram(result.lengths, _stats_title(out_dir, result.manifest)))
     return ExitCode.OK
 
 
@@ -167,11 +190,11 @@ def _summary(result, out_dir: str, quiet: bool) -> None:
     for split, totals in m["splits"].items():
         tokens = totals["input_tokens"] + totals["output_tokens"]
         shards = totals["shards"]
-        parts.append(f"{split} {totals['records']:,} rows, {tokens:,} tokens "
-                     f"in {shards} shard{'s' if shards != 1 else ''}")
+        parts.append(f"{split} {counted(totals['records'], 'row')}, {counted(tokens, 'token')} "
+                     f"in {counted(shards, 'shard')}")
     dropped = {k: v for k, v in m["dropped"].items() if v}
-    text = f"kp-shard: read {result.read:,} records; wrote " + (
-        "; ".join(parts) if parts else "no rows") + f" to {out_dir} ({m['totals']['bytes']:,} bytes)"
+    text = f"kp-shard: read {counted(result.read, 'record')}; wrote " + (
+        "; ".join(parts) if parts else "no rows") + f" to {out_dir} ({counted(m['totals']['bytes'], 'byte')})"
     if m["truncated"]:
         text += f"; truncated {m['truncated']:,}"
     if dropped:
@@ -184,18 +207,38 @@ def _summary(result, out_dir: str, quiet: bool) -> None:
 def _stats_title(directory: str, manifest: dict) -> str:
     splits = ", ".join(f"{k} {v['records']:,}" for k, v in manifest.get("splits", {}).items())
     return (f"kp-shard stats: {directory} ({manifest.get('format')}, "
-            f"{len(manifest.get('shards', []))} shards; rows: {splits or 'none'})")
+            f"{counted(len(manifest.get('shards', [])), 'shard')}; rows: {splits or 'none'})")
 
 
-def _verify(directory: str, quiet: bool) -> int:
-    report = verify(directory)
-    for problem in report.problems:
-        click.echo(os.path.join(directory, problem), err=True)
-    if report.problems:
-        raise KPError(f"verify: {directory}: {len(report.problems)} problem(s)",
-                      exit_code=ExitCode.USAGE)
-    say(f"kp-shard verify: {directory}: OK ({report.shards} shards, {report.records:,} rows, "
-        f"{report.tokens:,} tokens)", quiet)
+def _stats(sets: list[str]) -> int:
+    for k, directory in enumerate(sets):
+        manifest, lengths = read_lengths(directory)
+        click.echo(("\n" if k else "") + render_histogram(lengths, _stats_title(directory, manifest)))
+    return ExitCode.OK
+
+
+def _verify(sets: list[str], quiet: bool) -> int:
+    """Check every set, the report on stdout; exit 2 when any has a problem."""
+    bad: list[tuple[str, int]] = []
+    for directory in sets:
+        try:
+            report = verify(directory)
+        except InputError as e:  # no manifest, or an unreadable one: this set's only problem
+            click.echo(e.message)
+            bad.append((directory, 1))
+            continue
+        for problem in report.problems:
+            click.echo(os.path.join(directory, problem))
+        if report.problems:
+            bad.append((directory, len(report.problems)))
+        elif not quiet:
+            click.echo(f"{directory}: OK ({counted(report.shards, 'shard')}, "
+                       f"{counted(report.records, 'row')}, {counted(report.tokens, 'token')})")
+    if len(bad) == 1 and len(sets) == 1:
+        raise KPError(f"verify: {bad[0][0]}: {counted(bad[0][1], 'problem')}", ExitCode.USAGE)
+    if bad:
+        raise KPError(f"verify: {len(bad)} of {counted(len(sets), 'set')} with problems: "
+                      + ", ".join(d for d, _ in bad), ExitCode.USAGE)
     return ExitCode.OK
 
 

@@ -12,42 +12,61 @@ Schema (one JSON object per line): the response record's fields, passed through,
 generation prompt (thinking on: ending `<think>`; --no-thinking: `<think></think>`), as the
 serving stack tokenizes it. `output_ids` is the generated turn: for Kimi K2.5
 `enc(reasoning) + [</think>] + enc(content) + [<|im_end|>]`; a `finish_reason: "length"`
-turn ends where its text ends. --drop-text leaves out `messages` and `response`.
+turn ends where its text ends; any other finish_reason (`content_filter`, `error`, null) is
+rejected: the turn did not end, so no end-of-turn token may follow it. --drop-text leaves
+out `messages` and `response`.
 Rejects file lines: {"id", "line", "reason"}; it is rewritten on each run, and as rejected
 records are never in the output, a rerun tries them again and lists those that fail still.
+
+Messages are rendered from their role and content, as kp-infer sends them. A message
+carrying more that the template would render (`name`, `tool_calls`, `tool_call_id`,
+non-text content parts, earlier turns' `reasoning_content` under a template that keeps
+it) stops the command with PATH:LINE naming the field, unless --ignore-extra-fields
+(kimipipe/tokenize/fields.py).
 
 Every row is verified (decode(input_ids + output_ids) == rendered prompt + rendered turn,
 and no control token inside the model's text); failures go to --rejects and make the exit
 code 4 (--strict: stop at the first one, exit 2). Streaming, bounded memory; --workers
 processes keep the input order. With -o FILE, records whose id is already in FILE are
-skipped and new ones appended (a torn last line is repaired first). A bad input line stops
-the command with PATH:LINE (records before it are already written; rerun resumes).
+skipped and new ones appended (a torn last line is repaired first); FILE is locked for the
+run (a second kp-tokenize on it exits 2), and a write the disk refuses leaves FILE ending
+with its last whole record (exit 3: free space, rerun). A bad input line stops the command
+with PATH:LINE (records before it are already written; rerun resumes).
 Nothing is downloaded: --tokenizer is a directory or a name in the local Hugging Face cache.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import deque
 from contextlib import closing
 
 import click
-import msgspec
 
 from ..cli import (
-    EXIT_CODES_HELP,
     common_options,
+    counted,
     input_argument,
+    kp_command,
     output_option,
     partition_option,
     progress,
     run_command,
     say,
 )
-from ..errors import ExitCode, KPError
-from ..io import RecordWriter, iter_records, require_distinct, scan_done
+from ..errors import ExitCode, InputError, KPError
+from ..io import (
+    OutputLock,
+    RecordWriter,
+    check_writable,
+    iter_records,
+    require_distinct,
+    scan_done,
+)
 from ..partition import in_partition
-from ..records import Rejected, Response, encode_line
+from ..records import Rejected, encode_line
+from ..tokenize import fields
 from ..tokenize.engine import (
     Engine,
     Settings,
@@ -64,12 +83,26 @@ BATCH_RECORDS = 64
 BATCH_BYTES = 1 << 20
 
 
-def _batches(path: str, done: set[str], summary: Summary, partition=None):
+EXAMPLES = """
+    kp-tokenize B3.responses.jsonl --tokenizer ./kimi-k2.5 --trust-remote-code \\
+        -o B3.tokens.jsonl.zst --rejects B3.rejects.jsonl
+    kp-tokenize r.jsonl --tokenizer ./kimi-k2.5 --trust-remote-code --drop-text \\
+        --max-length 32768 --drop-long | kp-shard --out shards/B3
+    kp-tokenize r.jsonl --tokenizer Qwen/Qwen3-8B --preset qwen3 --no-thinking --strict
+"""
+
+
+def _batches(path: str, done: set[str], summary: Summary, partition=None,
+             ignore_extra_fields: bool = False):
     """(line number, raw line) batches of the records still to do, validated as responses."""
     batch: list[tuple[int, bytes]] = []
     size = 0
     try:
-        for lineno, rec, line in iter_records(path, msgspec.json.Decoder(Response)):
+        for lineno, rec, line in iter_records(path, fields.DECODER, expect="response"):
+            if not ignore_extra_fields:
+                refusal = fields.unrenderable_field(rec.messages)
+                if refusal:
+                    raise InputError(refusal, path, lineno)
             if rec.id in done:
                 summary.skipped_done += 1
                 continue
@@ -128,10 +161,15 @@ def _outcomes_in_pool(engine: Engine, workers: int, batches):
 
 
 def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
-                    reject_writer: RecordWriter | None, strict: bool, quiet: bool) -> None:
+                    reject_writer: RecordWriter | None, strict: bool, quiet: bool,
+                    input_path: str) -> None:
     """One batch's outcomes: records written in one go, rejects logged (fatal with --strict)."""
     lines: list[bytes] = []
     for o in outcomes:
+        if o.kind == "invalid":  # the records before it are written, then it stops
+            if lines:
+                writer.write_line(b"".join(lines))
+            raise InputError(o.reason, input_path, o.line)
         summary.add(o)
         if o.kind == "ok":
             lines.append(o.payload)
@@ -147,7 +185,7 @@ def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
         writer.write_line(b"".join(lines))
 
 
-@click.command(name="kp-tokenize", epilog=EXIT_CODES_HELP)
+@kp_command("kp-tokenize", examples=EXAMPLES)
 @input_argument()
 @click.option("--tokenizer", "tokenizer_spec", required=True, metavar="DIR",
               help="The target model's tokenizer: a local directory, or a model name already in "
@@ -166,22 +204,29 @@ def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
               help="Rows with more IDs in all are flagged (`over_max_length`), or dropped with --drop-long.")
 @click.option("--drop-long", is_flag=True, help="With --max-length: leave longer rows out.")
 @click.option("--drop-text", is_flag=True, help="Leave `messages` and `response` out of the output.")
-@click.option("--rejects", type=click.Path(dir_okay=False, allow_dash=False), default=None,
+@click.option("--rejects", type=click.Path(allow_dash=False), default=None,
               help="Write records that fail verification here, with the reason (JSON lines).")
 @click.option("--strict", is_flag=True, help="Stop at the first record that fails verification (exit 2).")
+@click.option("--ignore-extra-fields", is_flag=True,
+              help="Render each message's role and content only, leaving out fields the template "
+                   "would render (name, tool_calls, tool_call_id, non-text parts, earlier turns' "
+                   "reasoning_content) instead of stopping at them.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes (default: all cores).")
 @partition_option
 @common_options
 def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset, thinking,
-        drop_truncated, max_length, drop_long, drop_text, rejects, strict, workers, partition, quiet,
-        debug):
+        drop_truncated, max_length, drop_long, drop_text, rejects, strict, ignore_extra_fields,
+        workers, partition, quiet, debug):
     """Rebuild the token IDs the target model saw and produced, from response records."""
     if drop_long and max_length is None:
         raise click.UsageError("--drop-long needs --max-length")
     require_distinct(output, input)
+    check_writable(output, "-o")
     if rejects:
         require_distinct(rejects, input)
+        require_distinct(rejects, output)
+        check_writable(rejects, "--rejects")
     template_text = None
     if chat_template:
         with open(chat_template, encoding="utf-8") as f:
@@ -190,37 +235,53 @@ def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset,
     settings = Settings(
         tokenizer_dir=str(directory), trust_remote_code=trust_remote_code,
         chat_template=template_text, preset=preset, thinking=thinking, max_length=max_length,
-        drop_long=drop_long, drop_truncated=drop_truncated, drop_text=drop_text, debug=debug,
+        drop_long=drop_long, drop_truncated=drop_truncated, drop_text=drop_text,
+        ignore_extra_fields=ignore_extra_fields, debug=debug,
     )
     workers = workers or os.cpu_count() or 1
     if workers > 1:
         # One process per core does the work; the tokenizers library's own threads would only
         # compete (and it refuses them after a fork anyway).
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    engine = Engine(settings)  # loads and checks everything before any output is touched
-    say(f"kp-tokenize: {engine.describe()}, {workers} worker{'s' if workers > 1 else ''}", quiet)
     summary = Summary()
-    done = scan_done(output) if output != "-" else set()
+    with OutputLock(output, "kp-tokenize", note=lambda text: say(f"kp-tokenize: {text}", quiet)):
+        engine = Engine(settings)  # loads and checks everything before any output is touched
+        say(f"kp-tokenize: {engine.describe()}, {counted(workers, 'worker')}", quiet)
+        done = scan_done(output, quiet=quiet) if output != "-" else set()
+        _run(engine, workers, _batches(input, done, summary, partition, ignore_extra_fields),
+             summary, output, rejects, strict, quiet, input)
+    say(summary.report(output, rejects), quiet)
+    if summary.rejected:
+        say(summary.rejects_note(output, rejects), quiet)
+        return ExitCode.PARTIAL
+    return ExitCode.OK
+
+
+def _run(engine: Engine, workers: int, batches, summary: Summary, output: str,
+         rejects: str | None, strict: bool, quiet: bool, input_path: str) -> None:
+    # The first batch is read before any output is opened: an empty input or a bad first
+    # line leaves every file as it was.
+    first = next(batches, None)
+    if first is None:
+        return
+    batches = itertools.chain([first], batches)
     writer = RecordWriter(output, append=True)
     reject_writer = RecordWriter(rejects) if rejects else None
     bar = progress(desc="kp-tokenize", unit="rec", quiet=quiet)
     try:
-        batches = _batches(input, done, summary, partition)
         if workers > 1:
             results = _outcomes_in_pool(engine, workers, batches)
         else:
             results = _outcomes_inline(engine, batches)
         with closing(results):
             for outcomes in results:
-                _write_outcomes(outcomes, summary, writer, reject_writer, strict, quiet)
+                _write_outcomes(outcomes, summary, writer, reject_writer, strict, quiet, input_path)
                 bar.update(len(outcomes))
     finally:
         bar.close()
         writer.close()
         if reject_writer:
             reject_writer.close()
-    say(summary.report(output, rejects), quiet)
-    return ExitCode.PARTIAL if summary.rejected else ExitCode.OK
 
 
 main = run_command(cli)

@@ -76,7 +76,7 @@ def validate_input(path: str, shown: str) -> InputScan:
     prompt_bytes = 0
     token_bound = 0
     records = 0
-    for lineno, prompt, _line in iter_records(path, PROMPT_DECODER):
+    for lineno, prompt, _line in iter_records(path, PROMPT_DECODER, expect="prompt", shown=shown):
         if prompt.id in first_line:
             raise InputError(f"duplicate id {prompt.id!r} (first at line {first_line[prompt.id]})",
                              shown, lineno)

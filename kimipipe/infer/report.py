@@ -49,8 +49,9 @@ class StopReason(Enum):
                 "stopped: no provider matches the routing flags (404); check "
                 "--ignore-provider/--only-provider/--quantization (try --plan)")
     OUTPUT = ("output", ExitCode.ERROR,
-              "stopped: the output cannot be written (a closed pipe or a full disk); "
-              "fix it and rerun with -o to resume")
+              "stopped: the output cannot be written; fix it and rerun with -o to resume")
+    CLOSED_PIPE = ("closed-pipe", ExitCode.OK,
+                   "stopped: the reader of stdout went away (`| head`); nothing more is sent")
 
     def __init__(self, slug: str, exit_code: int, message: str):
         self.slug = slug
@@ -75,6 +76,8 @@ class Stats:
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     abandoned: int = 0
+    unwritten: int = 0  # answers paid for that the output could not take
+    unwritten_cost: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
     def answered(self, answer: Attempt) -> None:
@@ -128,6 +131,7 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         "failed": dict(stats.failed),
         "retries": dict(stats.retries),
         "abandoned_in_flight": stats.abandoned,
+        "paid_not_written": {"answers": stats.unwritten, "cost": round(stats.unwritten_cost, 10)},
         "spend_this_run": round(budget.spent_this_run, 10),
         "spend_total": round(budget.spent, 10),
         "max_cost": config.max_cost,
@@ -165,6 +169,10 @@ def format_summary(summary: dict) -> str:
         lines.append("  providers: " + ", ".join(f"{k} {v:.0%}" for k, v in summary["providers"].items()))
     if summary["abandoned_in_flight"]:
         lines.append(f"  abandoned in flight after the grace period: {summary['abandoned_in_flight']}")
+    lost = summary["paid_not_written"]
+    if lost["answers"]:
+        lines.append(f"  paid for but not written (the output failed): {lost['answers']:,} "
+                     f"answer{'s' if lost['answers'] != 1 else ''}, ${lost['cost']:.6f}")
     if summary["stop_reason"]:
         lines.append(f"  {StopReason.from_slug(summary['stop_reason']).message}")
     return "\n".join(lines)

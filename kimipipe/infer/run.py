@@ -265,8 +265,12 @@ class Run:
             return
         try:
             self.output.write_response(line, answer, attempts)
-        except OSError:  # no point paying for answers that cannot be kept
-            self.stop(StopReason.OUTPUT)
+        except OSError as e:  # no point paying for answers that cannot be kept
+            self.budget.record(cost, 0)  # paid all the same
+            self.stats.unwritten += 1
+            self.stats.unwritten_cost += cost
+            closed = isinstance(e, BrokenPipeError) and self.config.output == "-"
+            self.stop(StopReason.CLOSED_PIPE if closed else StopReason.OUTPUT)
             return
         self.done.add(prompt.id)
         self.budget.record(cost, answer.completion_tokens)

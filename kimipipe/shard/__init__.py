@@ -19,7 +19,7 @@ stays in place.
 """
 
 from .build import BuildResult, ShardOptions, build_shards
-from .check import read_lengths, render_histogram, verify
+from .check import read_lengths, render_histogram, shard_sets, verify
 
 __all__ = ["BuildResult", "ShardOptions", "build_shards", "read_lengths", "render_histogram",
-           "verify"]
+           "shard_sets", "verify"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -66,7 +67,8 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
     def rows() -> Iterator[tuple[int, int, str, Row]]:
         nonlocal read
         for source, path in enumerate(inputs):
-            for lineno, rec, line in iter_records(path, TOKEN_RECORD_DECODER, keep_newline=True):
+            for lineno, rec, line in iter_records(path, TOKEN_RECORD_DECODER, keep_newline=True,
+                                                  expect="tokens"):
                 read += 1
                 on_record()
                 row = builder.build(rec, line)
@@ -74,6 +76,12 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
                     split = "eval" if eval_point(row.id) < opts.eval_fraction else "train"
                     yield source, lineno, split, row
 
+    # The first row is read before the output directory is touched: an empty input or a
+    # bad first line leaves it as it was (not even created).
+    all_rows = rows()
+    first = next(all_rows, None)
+    if first is not None:
+        all_rows = itertools.chain([first], all_rows)
     with DirectoryLock(out_dir):
         shards = ShardSet(out_dir, opts.prefix, level=opts.compression_level,
                           records_per_shard=opts.records_per_shard,
@@ -83,7 +91,7 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
             if opts.shuffle:
                 spill_dir = os.path.join(opts.tmp_dir or out_dir, f".kp-shard-spill-{os.getpid()}")
                 spill = ExternalShuffle(spill_dir, opts.seed, opts.shuffle_memory)
-                for source, lineno, split, row in rows():
+                for source, lineno, split, row in all_rows:
                     spill.add(split, row, source, lineno)
                 # Repeats of an id share its key, so they arrive in one run of equal keys,
                 # in input order; a run almost always holds a single id.
@@ -102,7 +110,7 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
                         lengths.add(item.row.input_tokens, item.row.output_tokens)
             else:
                 seen: set[int] = set()
-                for source, lineno, split, row in rows():
+                for source, lineno, split, row in all_rows:
                     fp = id_fingerprint(row.id)
                     if fp in seen:
                         if opts.on_duplicate == "error":

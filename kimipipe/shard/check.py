@@ -71,6 +71,17 @@ def load_manifest(directory: str) -> dict:
     return manifest
 
 
+def shard_sets(directory: str) -> list[str]:
+    """DIRECTORY if it holds a set; else its subdirectories that do (a parent of several
+    sets, e.g. shards/ with shards/B3, shards/B4); else DIRECTORY (whose check then says
+    what is missing)."""
+    if os.path.isfile(os.path.join(directory, MANIFEST)) or not os.path.isdir(directory):
+        return [directory]
+    subsets = sorted(os.path.join(directory, name) for name in os.listdir(directory)
+                     if os.path.isfile(os.path.join(directory, name, MANIFEST)))
+    return subsets or [directory]
+
+
 def iter_shard_lines(path: str) -> Iterator[tuple[int, bytes]]:
     """(line number, line) of a shard; zstd errors propagate as zstandard.ZstdError."""
     with open(path, "rb") as raw, zstd_reader(raw) as f:

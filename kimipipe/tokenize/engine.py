@@ -3,7 +3,14 @@
 `Settings` is everything a worker needs to rebuild the same `Engine` (it is pickled to each
 worker process, which loads the tokenizer once). `Engine.process(batch)` takes
 (line number, raw line) pairs and returns one `Outcome` per line, in order: a token record
-line, a rejection with its reason, or a drop (`--drop-truncated`, `--drop-long`).
+line, a rejection with its reason, a drop (`--drop-truncated`, `--drop-long`), or an input
+the template cannot render faithfully ("invalid": the command stops with PATH:LINE; see
+fields.py).
+
+Only two endings are turns whose IDs are known: `finish_reason` `stop` (the model ended the
+turn: the end-of-turn token follows) and `length` (cut by max_tokens: the IDs end where the
+text ends). Any other (`content_filter`, `error`, `tool_calls`, null) is rejected: appending
+an end-of-turn token would teach the drafter an ending the model never produced.
 
 Batches keep the tokenizer's batch calls busy: all prompts of a batch are encoded in one
 call, all text runs of the generated turns in another, and all rows decoded in a third.
@@ -11,20 +18,27 @@ call, all text runs of the generated turns in another, and all rows decoded in a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
-
-from ..records import Response, TokenIds, decode_passthrough, encode_over
+from ..records import TokenIds, decode_passthrough, encode_over
 from .codec import make_codec
+from .fields import (
+    DECODER,
+    TokenizeInput,
+    history_reasoning_refusal,
+    template_messages,
+    with_history_reasoning,
+)
 from .load import load_tokenizer
 from .render import PRESETS, PromptRenderer, SetupError, TurnLayout, detect_preset, render_prompt
 from .verify import check_prompt_end, check_roundtrip, check_text_ids
 
 TEXT_FIELDS = ("messages", "response")
+FINISHED = ("stop", "length")  # the endings whose token IDs are known
 
 
 @dataclass(frozen=True)
@@ -38,12 +52,13 @@ class Settings:
     drop_long: bool = False
     drop_truncated: bool = False
     drop_text: bool = False
+    ignore_extra_fields: bool = False
     debug: bool = False
 
 
 @dataclass
 class Outcome:
-    kind: str  # "ok", "reject", "drop"
+    kind: str  # "ok", "reject", "drop", "invalid" (stop: PATH:LINE, exit 2)
     id: str
     line: int
     payload: bytes = b""  # the token record line (ok)
@@ -55,7 +70,6 @@ class Outcome:
     no_reasoning: bool = False
 
 
-_response_decoder = msgspec.json.Decoder(Response)
 
 
 class Engine:
@@ -131,9 +145,14 @@ class Engine:
         s = self.settings
         rows = []
         for k, (lineno, line) in enumerate(batch):
-            rec = _response_decoder.decode(line)
+            rec = DECODER.decode(line)
             truncated = rec.finish_reason == "length"
-            if truncated and s.drop_truncated:
+            if rec.finish_reason not in FINISHED:
+                outcomes[k] = Outcome("reject", rec.id, lineno, reason=(
+                    f"finish_reason {json.dumps(rec.finish_reason)}: the turn did not end normally "
+                    f"(only `stop` and `length` turns are tokenized; an {self.layout.end_of_turn} "
+                    "appended to it would be an ending the model never produced)"))
+            elif truncated and s.drop_truncated:
                 outcomes[k] = Outcome("drop", rec.id, lineno, reason="truncated", truncated=True)
             elif not s.thinking and rec.response.reasoning:
                 outcomes[k] = Outcome("reject", rec.id, lineno, reason=(
@@ -144,11 +163,15 @@ class Engine:
 
     def _render_prompts(self, rows: list[_Row], outcomes) -> list[_Row]:
         """Render each row's prompt and lay out its generated turn; failures become rejects."""
-        conversations = [[{"role": m.role, "content": m.content} for m in r.rec.messages] for r in rows]
+        conversations = [template_messages(r.rec.messages) for r in rows]
         ready = []
         for row, prompt in zip(rows, self.renderer.render(conversations), strict=True):
             if isinstance(prompt, Exception):
                 outcomes[row.k] = row.reject(f"chat template failed: {prompt}")
+                continue
+            refusal = None if self.settings.ignore_extra_fields else self._history_reasoning(row, prompt)
+            if refusal:
+                outcomes[row.k] = Outcome("invalid", row.rec.id, row.lineno, reason=refusal)
                 continue
             problem = check_prompt_end(prompt, self.layout.prompt_end, self.settings.thinking)
             if problem:
@@ -162,6 +185,17 @@ class Engine:
                 continue
             ready.append(row)
         return ready
+
+    def _history_reasoning(self, row: _Row, prompt: str) -> str | None:
+        """Why the earlier turns' reasoning makes ROW unrenderable: the template keeps it."""
+        found = with_history_reasoning(row.rec.messages)
+        if found is None:
+            return None
+        conversation, first = found
+        [with_reasoning] = self.renderer.render([conversation])
+        if isinstance(with_reasoning, str) and with_reasoning == prompt:
+            return None  # the template drops it: nothing the model saw is missing
+        return history_reasoning_refusal(first)
 
     def _encode_and_verify(self, rows: list[_Row], outcomes) -> None:
         """All prompts in one batch call, all text runs in another, all rows decoded in a third."""
@@ -210,7 +244,7 @@ class _Row:
     k: int  # position in the batch
     lineno: int
     line: bytes
-    rec: Response
+    rec: TokenizeInput
     truncated: bool
     prompt_text: str = ""
     segments: list = field(default_factory=list)

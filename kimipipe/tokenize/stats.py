@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..cli import counted
+
 
 @dataclass
 class Summary:
@@ -39,22 +41,32 @@ class Summary:
 
     def report(self, output: str, rejects: str | None) -> str:
         where = "" if output == "-" else f" to {output}"
-        parts = [f"kp-tokenize: wrote {self.written} records{where}: {self.tokens_in} tokens in, "
-                 f"{self.tokens_out} out; {self.truncated} truncated turns"]
+        parts = [f"kp-tokenize: wrote {counted(self.written, 'record')}{where}: "
+                 f"{counted(self.tokens_in, 'token')} in, {self.tokens_out:,} out; "
+                 f"{counted(self.truncated, 'truncated turn')}"]
         if self.written:
-            parts.append(f"longest row {self.longest} tokens ({self.longest_id})")
+            parts.append(f"longest row {counted(self.longest, 'token')} ({self.longest_id})")
         if self.no_reasoning:
-            parts.append(f"{self.no_reasoning} with no reasoning")
+            parts.append(f"{self.no_reasoning:,} with no reasoning")
         if self.flagged_long:
-            parts.append(f"{self.flagged_long} flagged over --max-length")
-        parts.append(f"rejected {self.rejected}" + (f" (see {rejects})" if self.rejected and rejects else ""))
+            parts.append(f"{self.flagged_long:,} flagged over --max-length")
+        parts.append(f"rejected {self.rejected:,}" + (f" (see {rejects})" if self.rejected and rejects else ""))
         dropped = []
         if self.dropped_truncated:
-            dropped.append(f"{self.dropped_truncated} truncated")
+            dropped.append(f"{self.dropped_truncated:,} truncated")
         if self.dropped_long:
-            dropped.append(f"{self.dropped_long} over --max-length")
+            dropped.append(f"{self.dropped_long:,} over --max-length")
         if dropped:
             parts.append("dropped " + ", ".join(dropped))
         if self.skipped_done:
-            parts.append(f"skipped {self.skipped_done} already in the output")
+            parts.append(f"skipped {self.skipped_done:,} already in the output")
         return "; ".join(parts)
+
+    def rejects_note(self, output: str, rejects: str | None) -> str:
+        """What exit 4 means here, and what a rerun does."""
+        where = "the output" if output == "-" else output
+        listed = (f"listed with their reasons in {rejects}" if rejects else
+                  f"the first {min(self.rejected, 3)} shown above; --rejects FILE lists them all")
+        return (f"kp-tokenize: {counted(self.rejected, 'record')} rejected ({listed}); they are "
+                f"not in {where}, and rerunning the same command tries them again"
+                + (f" (rewriting {rejects})" if rejects else ""))

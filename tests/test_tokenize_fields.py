@@ -1,0 +1,163 @@
+"""kp-tokenize refuses what it cannot render faithfully, and tokenizes only turns that ended.
+
+A response record from another client may carry message fields the chat template renders
+(name, tool calls, non-text parts, earlier reasoning): rendering role and content alone
+would give IDs the model never saw, so kp-tokenize stops (PATH:LINE, exit 2) unless
+--ignore-extra-fields. A turn that did not end with `stop` or `length` is rejected.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
+from test_tokenize import tokenize as tokenize_in_process
+
+FAST = TOKENIZER_KINDS["fast"]
+
+
+def tokenize(*args):
+    """kp-tokenize through its entry point in this process (the tokenizer loads once)."""
+    return tokenize_in_process("--tokenizer", FAST, "--workers", "1", *args)
+
+
+def good(rid="g"):
+    return response_record(rid, "Hi", content="Hello.", reasoning="Greet back.")
+
+
+def with_message_fields(rid="x", **fields):
+    rec = response_record(rid, [{"role": "system", "content": "Be brief."},
+                                {"role": "user", "content": "What is 2+2?"},
+                                {"role": "assistant", "content": "4."},
+                                {"role": "user", "content": "And 3+3?"}],
+                          content="6.", reasoning="Add.")
+    for index, extra in fields.items():
+        rec["messages"][int(index[1:])].update(extra)
+    return rec
+
+
+@pytest.mark.parametrize("index, extra, field", [
+    ("m1", {"name": "alice"}, "`$.messages[1].name`"),
+    ("m2", {"tool_calls": [{"id": "c1", "type": "function",
+                            "function": {"name": "add", "arguments": "{}"}}]},
+     "`$.messages[2].tool_calls`"),
+    ("m3", {"tool_call_id": "c1"}, "`$.messages[3].tool_call_id`"),
+    ("m1", {"content": [{"type": "text", "text": "What is "},
+                        {"type": "image_url", "image_url": {"url": "data:..."}}]},
+     "`$.messages[1].content[1]`: a 'image_url' content part"),
+])
+def test_fields_the_template_renders_stop_with_path_line_unless_ignored(tmp_path, index, extra, field):
+    src = write_jsonl(tmp_path / "r.jsonl", [good("a"), with_message_fields("b", **{index: extra})])
+    out = tmp_path / "t.jsonl"
+    r = tokenize(src, "-o", out)
+    assert r.code == 2, r.stderr
+    assert f"kp-tokenize: {src}:2: {field}" in r.stderr and "--ignore-extra-fields" in r.stderr
+    assert [x["id"] for x in read_jsonl(out)] == ["a"]  # the records before it are written
+
+    # --ignore-extra-fields: role and content only, the IDs of the record without the field.
+    plain = with_message_fields("b")
+    if index == "m1" and "content" in extra:
+        plain["messages"][1]["content"] = "What is "
+    want = tokenize(write_jsonl(tmp_path / "plain.jsonl", [plain]), "-q")
+    got = tokenize(write_jsonl(tmp_path / "one.jsonl", [with_message_fields("b", **{index: extra})]),
+                   "-q", "--ignore-extra-fields")
+    assert want.code == got.code == 0, got.stderr
+    [w], [g] = want.records(), got.records()
+    assert (g["input_ids"], g["output_ids"]) == (w["input_ids"], w["output_ids"])
+    assert g["messages"] != w["messages"]  # the record itself passes through as it came
+
+
+def test_empty_extra_fields_and_text_parts_are_rendered_as_given(tmp_path):
+    """`name: null`, `tool_calls: []` render nothing; text parts go to the template as parts."""
+    rec = with_message_fields("p", m1={"name": None, "tool_calls": [],
+                                       "content": [{"type": "text", "text": "What is "},
+                                                   {"type": "text", "text": "2+2?"}]})
+    r = tokenize(write_jsonl(tmp_path / "r.jsonl", [rec]), "-q")
+    w = tokenize(write_jsonl(tmp_path / "w.jsonl", [with_message_fields("p")]), "-q")
+    assert r.code == 0, r.stderr
+    assert r.records()[0]["input_ids"] == w.records()[0]["input_ids"]
+
+
+KEEPS_REASONING = (FAST / "chat_template.jinja").read_text().replace(
+    "{%- if preserve_thinking is defined and preserve_thinking and message.get('reasoning_content') -%}",
+    "{%- if message.get('reasoning_content') -%}")
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_earlier_reasoning_is_refused_only_where_the_template_renders_it(tmp_path, workers):
+    assert KEEPS_REASONING != (FAST / "chat_template.jinja").read_text()
+    template = tmp_path / "keeps.jinja"
+    template.write_text(KEEPS_REASONING)
+    rows = [good(f"g{i}") for i in range(5)]
+    rows.append(with_message_fields("r", m2={"reasoning_content": "Two and two."}))
+    src = write_jsonl(tmp_path / "r.jsonl", rows)
+    base = (src, "--tokenizer", FAST, "--workers", workers, "-q")
+    # worker processes: a subprocess, as a user runs it
+    run = tokenize_in_process if workers == "1" else (lambda *a: kp("tokenize", *a))
+
+    # Kimi K2.5's template drops finished turns' reasoning: nothing the model saw is missing.
+    dropped = run(*base)
+    assert dropped.code == 0, dropped.stderr
+    plain = tokenize(write_jsonl(tmp_path / "p.jsonl", [with_message_fields("r")]), "-q")
+    assert dropped.records()[-1]["input_ids"] == plain.records()[0]["input_ids"]
+
+    # A template that renders it: the record stops the command, naming the field.
+    kept = run(*base, "--chat-template", template)
+    assert kept.code == 2
+    assert f"{src}:6: `$.messages[2].reasoning_content`: this chat template renders" in kept.stderr
+    assert [x["id"] for x in kept.records()] == [f"g{i}" for i in range(5)]
+    ignored = run(*base, "--chat-template", template, "--ignore-extra-fields")
+    assert ignored.code == 0 and len(ignored.records()) == 6
+
+
+@pytest.mark.parametrize("reason", ["content_filter", "error", None, "tool_calls"])
+def test_a_turn_that_did_not_end_is_rejected_not_given_an_end(tmp_path, reason):
+    rows = [good("a"), response_record("cut", "Hi", content="Partial", reasoning="r",
+                                       finish_reason=reason), good("b")]
+    src = write_jsonl(tmp_path / "r.jsonl", rows)
+    rejects = tmp_path / "rejects.jsonl"
+    out = tmp_path / "t.jsonl"
+    r = tokenize(src, "-o", out, "--rejects", rejects)
+    assert r.code == 4, r.stderr
+    assert [x["id"] for x in read_jsonl(out)] == ["a", "b"]
+    [rej] = read_jsonl(rejects)
+    assert rej["id"] == "cut" and rej["line"] == 2
+    assert rej["reason"].startswith(f"finish_reason {json.dumps(reason)}: the turn did not end")
+    assert "<|im_end|>" in rej["reason"]
+    assert "rejected 1 (see" in r.stderr
+    # exit 4 names the rejects file and says what a rerun does
+    assert (f"kp-tokenize: 1 record rejected (listed with their reasons in {rejects}); they are "
+            f"not in {out}, and rerunning the same command tries them again") in r.stderr
+    strict = tokenize(src, "--strict")
+    assert strict.code == 2 and "cut (input line 2): finish_reason" in strict.stderr
+
+
+def test_stop_and_length_turns_are_still_tokenized(tmp_path):
+    rows = [good("s"), response_record("l", "Hi", content="Par", reasoning="r", finish_reason="length")]
+    r = tokenize(write_jsonl(tmp_path / "r.jsonl", rows), "-q")
+    assert r.code == 0 and [x["id"] for x in r.records()] == ["s", "l"]
+
+
+def test_exit_4_without_a_rejects_file_says_how_to_keep_them(tmp_path):
+    rows = [good("a"), response_record("e", "Hi", content="x", finish_reason="error")]
+    r = tokenize(write_jsonl(tmp_path / "r.jsonl", rows))
+    assert r.code == 4
+    assert ("kp-tokenize: 1 record rejected (the first 1 shown above; --rejects FILE lists them "
+            "all); they are not in the output, and rerunning the same command tries them again"
+            ) in r.stderr
+
+
+def test_records_of_another_stage_name_the_stage_to_run(tmp_path):
+    prompts = write_jsonl(tmp_path / "p.jsonl", [
+        {"id": "p1", "dataset": "B3", "messages": [{"role": "user", "content": "Hi"}]}])
+    r = tokenize(prompts)
+    assert r.code == 2
+    assert r.stderr.strip().endswith(
+        f"kp-tokenize: {prompts}:1: a prompt record (it has no `response`): kp-tokenize reads "
+        "response records; run kp-infer on this file first")
+    tokens = write_jsonl(tmp_path / "t.jsonl", [  # as written with --drop-text
+        {"id": "t", "dataset": "B3", "finish_reason": "stop", "input_ids": [1], "output_ids": [2]}])
+    r = tokenize(tokens)
+    assert r.code == 2 and (f"{tokens}:1: a token record (kp-tokenize's output): kp-tokenize reads "
+                            "response records; give this file to kp-shard") in r.stderr

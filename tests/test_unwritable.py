@@ -1,0 +1,87 @@
+"""Every output is checked writable before any work: exit 2, one line, nothing left behind.
+
+kp-prompts (-o), kp-tokenize (-o, --rejects) and kp-shard (--out, --tmp-dir): an output in
+a missing directory, one that is a directory, one under a file, and one on a read-only
+filesystem (root: a read-only tmpfs; others: a directory without write permission).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+
+import pytest
+from conftest import TOKENIZER_KINDS, kp, response_record, write_jsonl
+
+TOKENS = [{"id": f"t{i}", "dataset": "B3", "input_ids": [1, 2, 3], "output_ids": [4, 5]}
+          for i in range(3)]
+
+
+@pytest.fixture
+def readonly(tmp_path):
+    """A directory no one may write into: a read-only mount for root, else chmod 555."""
+    folder = tmp_path / f"ro-{uuid.uuid4().hex[:6]}"
+    folder.mkdir()
+    if os.geteuid() == 0:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], check=True)
+        yield folder
+        subprocess.run(["umount", str(folder)], check=True)
+    else:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+
+
+def cases(tmp_path, readonly):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-dir").mkdir()
+    return {
+        "missing directory": (tmp_path / "nowhere" / "out.jsonl", "no such directory: "),
+        "a directory": (tmp_path / "a-dir", "is a directory"),
+        "under a file": (tmp_path / "a-file" / "out.jsonl", "Not a directory"),
+        "read-only": (readonly / "out.jsonl", ""),
+    }
+
+
+COMMANDS = {
+    "prompts -o": lambda src, bad: ("prompts", src["prompts"], "-o", bad),
+    "tokenize -o": lambda src, bad: ("tokenize", src["responses"], "--tokenizer",
+                                     TOKENIZER_KINDS["fast"], "-o", bad),
+    "tokenize --rejects": lambda src, bad: ("tokenize", src["responses"], "--tokenizer",
+                                            TOKENIZER_KINDS["fast"], "-o", src["dir"] / "t.jsonl",
+                                            "--rejects", bad),
+    "shard --out": lambda src, bad: ("shard", src["tokens"], "--out", bad),
+    "shard --tmp-dir": lambda src, bad: ("shard", src["tokens"], "--out", src["dir"] / "shards",
+                                         "--shuffle", "--tmp-dir", bad),
+}
+
+
+def listing(folder) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("case", ["missing directory", "a directory", "under a file", "read-only"])
+@pytest.mark.parametrize("which", list(COMMANDS))
+def test_an_unwritable_output_stops_before_any_work(tmp_path, readonly, which, case):
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    src = {"prompts": write_jsonl(inputs / "p.jsonl", [{"id": "1", "prompt": "Hi"}]),
+           "responses": write_jsonl(inputs / "r.jsonl", [response_record("a", "Hi", content="ok")]),
+           "tokens": write_jsonl(inputs / "t.jsonl", TOKENS), "dir": tmp_path}
+    bad, reason = cases(tmp_path, readonly)[case]
+    if which.endswith(("--out", "--tmp-dir")):  # a directory option
+        if case == "missing directory":
+            pytest.skip("a missing directory is created (its parent's case: read-only)")
+        if case == "a directory":
+            bad, reason = tmp_path / "a-file", "is a file"
+        if case == "read-only":
+            bad, reason = readonly / "shards", "cannot create it: the directory"
+    before = listing(tmp_path)
+    argv = COMMANDS[which](src, bad)
+    r = kp(*argv)
+    option = which.split()[1]
+    assert r.code == 2, r.stderr
+    assert r.stdout == b"" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"kp-{argv[0]}: cannot write {option} {bad}: {reason}"), r.stderr
+    assert listing(tmp_path) == before  # no output, no 0-byte file, no lock file
