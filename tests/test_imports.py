@@ -1,7 +1,8 @@
 """kimipipe's import graph has no cycles (an AST walk over kimipipe/**/*.py).
 
 Every `import` and `from ... import` counts, at any depth (a lazy import inside a function
-closes a cycle as surely at run time), relative imports resolved against the importing
+closes a cycle as surely at run time), except under `if TYPE_CHECKING:` (never executed:
+annotations only), relative imports resolved against the importing
 module. `from P import name` is an edge to the module P.name when that is a module, else to
 P. A package's `__init__` is the module named after the package; a submodule's implicit
 import of its own parent package is not an edge (that is how packages work, not a cycle).
@@ -25,12 +26,28 @@ def module_names(root: Path, package: str) -> dict[str, Path]:
     return {name: path for name, path in names.items() if name.split(".")[0] == package}
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and (
+                (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+                or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")):
+            for child in node.body:
+                skipped.update(id(n) for n in ast.walk(child))
+    return skipped
+
+
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     modules = module_names(root, package)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        annotations_only = _type_checking_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in annotations_only:
+                continue
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -97,3 +114,15 @@ def test_the_walk_finds_a_cycle_through_relative_and_lazy_imports(tmp_path):
     assert find_cycle(graph) in (["pkg.b", "pkg.sub.a", "pkg.b"], ["pkg.sub.a", "pkg.b", "pkg.sub.a"])
     (pkg / "b.py").write_text("def thing():\n    pass\n")
     assert find_cycle(import_graph(pkg, "pkg")) is None
+
+
+def test_type_checking_imports_are_not_edges(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n")
+    (pkg / "b.py").write_text("from .a import thing\n")
+    graph = import_graph(pkg, "pkg")
+    assert graph["pkg.a"] == set() and graph["pkg.b"] == {"pkg.a"}
+    (pkg / "a.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    pass\nfrom .b import B\n")
+    assert find_cycle(import_graph(pkg, "pkg")) is not None
