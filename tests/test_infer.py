@@ -345,18 +345,6 @@ def test_routing_that_allows_nothing_is_refused_before_sending(standin, tmp_path
     assert server.stats()["completions_started"] == 0
 
 
-def test_adaptive_concurrency_backs_off_under_429(standin, tmp_path):
-    server = standin(faults={"429": 0.5}, retry_after=0.01, latency=0.05)
-    prompts = make_prompts(tmp_path / "p.jsonl", 60)
-    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
-    r = infer(server, prompts, "-o", out, "--concurrency", "40", "--max-attempts", "50",
-              "--summary-json", summary)
-    assert r.code == 0, r.stderr
-    s = json.loads(summary.read_text())
-    assert s["retries"]["429"] > 10
-    assert s["concurrency_limit_end"] < 40
-
-
 def test_min_credits_stops_admission_when_the_balance_runs_low(standin, tmp_path):
     server = standin(balance=0.5, price_scale=100.0, latency=0.3)
     prompts = make_prompts(tmp_path / "p.jsonl", 200)
@@ -536,30 +524,3 @@ def test_plan_warns_when_flags_allow_requantized_endpoints(standin, tmp_path):
     assert "quantization nvfp4 not allowed" in verdicts["Fireworks"]
     assert verdicts["Together"].rstrip().endswith("allowed")
 
-
-def test_max_cost_holds_when_an_excluded_pricier_endpoint_serves_anyway(standin, tmp_path):
-    """Issue 17's money bug: the only endpoint allowed is the cheapest (DeepInfra Turbo),
-    and every answer is served anyway by one the flags excluded, all pricier. Such answers
-    are billed at their endpoint's price, so each request's worst case must be reserved at
-    the highest price of the whole table: the stand-in's bill stays under the cap."""
-    server = standin(ledger=True, price_scale=1000.0, faults={"misroute": 1.0}, seed=2)
-    prompts = make_prompts(tmp_path / "p.jsonl", 60)
-    out, failures, summary = tmp_path / "r.jsonl", tmp_path / "f.jsonl", tmp_path / "s.json"
-    r = infer(server, prompts, "-o", out, "--failures", failures, "--summary-json", summary,
-              "--any-quantization", "--only-provider", "deepinfra/turbo", "--concurrency", "8",
-              "--max-tokens", "60", "--max-cost", "2")
-    assert r.code == 3, r.stderr
-    assert "--max-cost reached" in r.stderr
-    billed = server.ledger()
-    assert billed and "DeepInfra Turbo" not in {x["provider"] for x in billed}
-    assert sum(x["cost"] for x in billed) <= 2
-    violations = read_jsonl(failures)
-    assert read_jsonl(out) == [] and len(violations) == len(billed)
-    assert all(f["kind"] == "routing_violation" for f in violations)
-    assert sum(f["cost"] for f in violations) == pytest.approx(sum(x["cost"] for x in billed), rel=1e-9)
-    # a rerun counts what the failures file says was paid: still under the cap
-    r = infer(server, prompts, "-o", out, "--failures", failures, "--any-quantization",
-              "--only-provider", "deepinfra/turbo", "--concurrency", "8", "--max-tokens", "60",
-              "--max-cost", "2")
-    assert r.code == 3, r.stderr
-    assert sum(x["cost"] for x in server.ledger()) <= 2
