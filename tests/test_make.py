@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,3 +181,44 @@ def test_make_demo_runs_the_whole_pipeline_offline(tmp_path):
     import socket
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_make_test_creates_the_venv_when_it_is_missing(tmp_path):
+    """README: `make test` (like `make demo`) creates `.venv` when it is missing. A copy of
+    the checkout with no .venv; make's own recipe runs (python -m venv, pip install -e
+    '.[test]', compileall, the stamp), then the tests of the copy with that new venv.
+    Offline: pip takes every package from the suite's own environment (on PYTHONPATH,
+    no index, no build isolation), so nothing is downloaded."""
+    import site
+
+    copy = tmp_path / "checkout"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                           check=True).stdout.split(b"\0")
+    for name in filter(None, (f.decode() for f in files)):
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, copy / name)
+    assert not (copy / ".venv").exists()
+    packages = tmp_path / "packages"  # the suite's packages, less its own kimipipe install
+    packages.mkdir()
+    for entry in Path(site.getsitepackages()[0]).iterdir():
+        if "kimipipe" not in entry.name and not entry.name.endswith(".pth"):
+            (packages / entry.name).symlink_to(entry)
+    env = {**os.environ, "PYTHONPATH": str(packages), "PIP_NO_INDEX": "1",
+           "PIP_NO_BUILD_ISOLATION": "0"}
+    env.pop("VENV", None)
+    r = subprocess.run(["make", "-C", str(copy), "test",
+                        "PYTEST_ARGS=tests/test_io.py -p no:cacheprovider"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "python3 -m venv .venv" in r.stdout and "pip install --quiet -e '.[test]'" in r.stdout
+    assert (copy / ".venv" / ".installed").exists()
+    assert re.search(r"\d+ passed", r.stdout)
+    for command in ("prompts", "infer", "tokenize", "shard", "credits"):
+        assert (copy / ".venv" / "bin" / f"kp-{command}").exists()
+    where = subprocess.run([str(copy / ".venv" / "bin" / "python"), "-c",
+                            "import kimipipe; print(kimipipe.__file__)"],
+                           capture_output=True, text=True, env=env, check=True, cwd=tmp_path).stdout
+    assert where.strip() == str(copy / "kimipipe" / "__init__.py")  # the copy, editable
+    again = subprocess.run(["make", "-C", str(copy), "venv"], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert again.returncode == 0 and "pip install" not in again.stdout  # made once
