@@ -7,8 +7,11 @@ and after), the wall time over the ideal, and max_in_flight.
     .venv/bin/python bench/bench_standin.py --mode stream --tokens-per-second 40
     .venv/bin/python bench/bench_standin.py --requests 8000 --latency 8
 
-Ideal wall = ceil(requests / concurrency) x (latency + answer tokens / rate): what an
-infinitely fast server and client would take. Figures go in bench/README.md.
+Ideal wall: the schedule's own, as bench_infer.py computes it (`schedule_ideal`): each
+request lasts latency + its own answer's tokens / rate (the answers are deterministic), and
+they start in order on `concurrency` slots, each as soon as one frees; what an infinitely
+fast server and client would take. (With no token rate every request lasts the latency,
+and this is ceil(requests / concurrency) x latency.) Figures go in bench/README.md.
 """
 
 from __future__ import annotations
@@ -98,16 +101,20 @@ def measure(mode: str, args) -> dict:
         used = cpu_seconds(server.pid) - before
         stats = server.stats()
     result = json.loads(proc.stdout)
-    # the answers are deterministic: the ideal counts each request's own token count
+    # the answers are deterministic: each request's own duration, on the schedule's slots
+    from bench_infer import schedule_ideal
+
     from kimipipe.standin.answers import answer_for_request
-    longest = 0.0
-    if args.tokens_per_second > 0:
-        longest = max(answer_for_request(
-            {"model": MODEL, "max_tokens": args.max_tokens,
-             "messages": [{"role": "user", "content": f"bench prompt {i}"}]}).completion_tokens
-            for i in range(args.requests)) / args.tokens_per_second
-    waves = -(-args.requests // args.concurrency)
-    ideal = waves * (args.latency + longest)
+    durations = []
+    for i in range(args.requests):
+        generation = 0.0
+        if args.tokens_per_second > 0:
+            generation = answer_for_request(
+                {"model": MODEL, "max_tokens": args.max_tokens,
+                 "messages": [{"role": "user", "content": f"bench prompt {i}"}]}
+            ).completion_tokens / args.tokens_per_second
+        durations.append(args.latency + generation)
+    ideal = schedule_ideal(durations, args.concurrency)
     return {
         "mode": mode, "requests": args.requests, "concurrency": args.concurrency,
         "latency": args.latency, "tokens_per_second": args.tokens_per_second,

@@ -14,6 +14,59 @@ import pytest
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 
+# The environment the suite was started with. Importing kimipipe.tokenize sets
+# HF_HUB_OFFLINE and friends in os.environ (kp-tokenize keeps itself offline that way);
+# in the test process that would leak into every subprocess the suite starts, and hide
+# whether each command keeps itself offline. They are put back as found after collection
+# and around every test.
+_STARTED_WITH = dict(os.environ)
+_SET_BY_KIMIPIPE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY",
+                    "TRANSFORMERS_VERBOSITY", "TOKENIZERS_PARALLELISM")
+
+
+def _restore_environment() -> None:
+    for name in _SET_BY_KIMIPIPE:
+        if name in _STARTED_WITH:
+            os.environ[name] = _STARTED_WITH[name]
+        else:
+            os.environ.pop(name, None)
+
+
+def pytest_collection_finish(session):
+    _restore_environment()
+
+
+@pytest.fixture(autouse=True)
+def _environment_as_started():
+    _restore_environment()
+    yield
+    _restore_environment()
+
+
+# In CI (CI=true, as the CI runner sets it) or with KP_NO_SKIP=1 (.ci/run sets it), a skip
+# is an error: a test that skips because a tool is missing (the zstd CLI, openssl) would
+# otherwise let CI pass without it.
+NO_SKIP = os.environ.get("KP_NO_SKIP") == "1" or os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _skip_is_an_error(report) -> None:
+    if NO_SKIP and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped, and skips are errors in CI (CI / KP_NO_SKIP=1): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _skip_is_an_error(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _skip_is_an_error(outcome.get_result())
+
 
 @dataclass
 class Result:
@@ -102,3 +155,23 @@ def response_record(rid: str, messages, content: str, reasoning: str | None = No
             "finish_reason": finish_reason, "model": "moonshotai/kimi-k2.5", "provider": "P",
             "generation_id": f"gen-{rid}",
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "reasoning_tokens": 0, "cost": 0.0}}
+
+
+def fake_hf_cache(hf_home: Path, directory: Path, repo_id: str = "moonshotai/Kimi-K2.5") -> dict:
+    """A local Hugging Face cache holding DIRECTORY's files as REPO_ID's snapshot, laid out
+    as the hub lays it (files are symlinks into blobs/); returns the variables that point
+    the libraries at it."""
+    import hashlib
+    import shutil
+
+    repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    snap = repo / "snapshots" / "0123abcd"
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    for f in directory.iterdir():
+        blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copyfile(f, blob)
+        os.symlink(os.path.relpath(blob, snap), snap / f.name)
+    return {"HF_HOME": str(hf_home), "HF_HUB_CACHE": str(hf_home / "hub")}

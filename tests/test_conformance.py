@@ -17,6 +17,7 @@ import httpx
 import openrouter.components as orc
 import openrouter.operations as orop
 import pytest
+from conftest import kp
 from pydantic import BaseModel, ValidationError
 
 from kimipipe.standin.testing import StandIn
@@ -86,15 +87,6 @@ def kimipipe_request(text: str, **extra) -> dict:
                      "max_price": {"prompt": "1", "completion": "4"}},
         **extra,
     }
-
-
-@pytest.mark.parametrize("extra", [{}, {"stream": True}, {"reasoning": {"effort": "high"}},
-                                   {"reasoning": {"enabled": False}, "max_tokens": 5}])
-def test_kimipipe_request_conforms_to_chat_request(extra):
-    request = kimipipe_request("Is this request valid?", **extra)
-    parsed = conforms(orc.ChatRequest, request, REQUEST_DIALECT)
-    assert parsed.provider.ignore == ["fireworks", "baseten", "deepinfra/turbo"]
-    assert parsed.provider.max_price.completion == "4"
 
 
 def test_numeric_max_price_makes_the_sdk_drop_the_whole_provider_object():
@@ -209,26 +201,34 @@ def test_error_bodies_conform(server, case):
     assert re.fullmatch(r"\d+", str(body["error"]["code"]))
 
 
-@pytest.mark.parametrize("stream", [True, False])
-def test_the_body_kp_infer_builds_conforms_to_chat_request(stream):
-    """Not a hand-written sample: the very bytes kp-infer sends (openrouter/request.py), every flag set."""
-    import json
+ALL_FLAGS = ("--ignore-provider", "fireworks", "--ignore-provider", "baseten",
+             "--quantization", "int4", "--quantization", "unknown", "--sort", "price",
+             "--no-fallbacks", "--data-collection", "deny", "--max-price-prompt", "1",
+             "--max-price-completion", "4", "--max-tokens", "16000", "--temperature", "0.6",
+             "--top-p", "0.95", "--seed", "1", "--reasoning", "--reasoning-effort", "high")
 
-    from kimipipe.openrouter.request import RequestOptions
-    from kimipipe.openrouter.routing import Policy
-    from kimipipe.records import Message, Prompt
 
-    policy = Policy(ignore=["fireworks", "baseten"], quantizations=["int4", "unknown"], sort="price",
-                    allow_fallbacks=False, data_collection="deny", max_price_prompt=1.0,
-                    max_price_completion=4.0)
-    options = RequestOptions(max_tokens=16000, temperature=0.6, top_p=0.95, seed=1, reasoning=True,
-                             reasoning_effort="high", stream=stream)
-    prompt = Prompt(id="x", dataset="B3", messages=[Message("system", "Be brief."), Message("user", "Hi")])
-    body = json.loads(options.body(prompt, policy))
-    parsed = conforms(orc.ChatRequest, body, REQUEST_DIALECT)
-    assert parsed.provider.ignore == ["fireworks", "baseten"]
-    assert parsed.provider.max_price.prompt == "1" and parsed.provider.max_price.completion == "4"
-    assert parsed.stream is stream and parsed.max_tokens == 16000
+@pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
+def test_the_bodies_kp_infer_sends_conform_to_chat_request(tmp_path, stream):
+    """Not a hand-written sample: the bodies the stand-in received from kp-infer, run as a
+    user runs it with every request and routing flag set."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(
+        {"id": f"c{i}", "dataset": "B3",
+         "messages": [{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": f"Conform {i}"}]}) + "\n" for i in range(3)))
+    with StandIn(workdir=tmp_path / "standin", request_log=True) as server:
+        r = kp("infer", prompts, "-o", tmp_path / "r.jsonl", "--base-url", server.base_url,
+               stream, *ALL_FLAGS, env={"OPENROUTER_API_KEY": server.api_key})
+        bodies = server.requests()
+    assert r.code == 0, r.stderr
+    assert len(bodies) == 3
+    for body in bodies:
+        parsed = conforms(orc.ChatRequest, body, REQUEST_DIALECT)
+        assert parsed.provider.ignore == ["fireworks", "baseten"]
+        assert parsed.provider.max_price.prompt == "1" and parsed.provider.max_price.completion == "4"
+        assert parsed.stream is (stream == "--stream") and parsed.max_tokens == 16000
+        assert parsed.reasoning.effort == "high" and body["reasoning"]["enabled"] is True
 
 
 # -- the credit limits and provider quirks (issues 13 and 14) ------------------------------

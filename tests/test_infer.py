@@ -348,18 +348,6 @@ def test_routing_that_allows_nothing_is_refused_before_sending(standin, tmp_path
     assert server.stats()["completions_started"] == 0
 
 
-def test_adaptive_concurrency_backs_off_under_429(standin, tmp_path):
-    server = standin(faults={"429": 0.5}, retry_after=0.01, latency=0.05)
-    prompts = make_prompts(tmp_path / "p.jsonl", 60)
-    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
-    r = infer(server, prompts, "-o", out, "--concurrency", "40", "--max-attempts", "50",
-              "--summary-json", summary)
-    assert r.code == 0, r.stderr
-    s = json.loads(summary.read_text())
-    assert s["retries"]["429"] > 10
-    assert s["concurrency_limit_end"] < 40
-
-
 def test_min_credits_stops_admission_when_the_balance_runs_low(standin, tmp_path):
     server = standin(balance=0.5, price_scale=100.0, latency=0.3)
     prompts = make_prompts(tmp_path / "p.jsonl", 200)

@@ -61,12 +61,21 @@ def test_ignore_matches_variants_and_quantization_filter():
     assert [e.tag for e in allowed_endpoints(policy, ENDPOINTS)] == ["moonshotai", "deepinfra"]
 
 
-def test_price_bound_is_the_highest_allowed_price_or_flags():
+def test_price_bound_is_the_whole_tables_highest_price_capped_by_max_price():
+    # an excluded endpoint that serves anyway bills its own price: it counts too
     bound = price_bound(Policy(ignore=["moonshotai"]), ENDPOINTS)
-    assert bound.prompt == pytest.approx(5e-7) and bound.completion == pytest.approx(2e-6)
+    assert bound.prompt == pytest.approx(6e-7) and bound.completion == pytest.approx(2.5e-6)
+    bound = price_bound(Policy(only=["baseten"]), ENDPOINTS)
+    assert bound.prompt == pytest.approx(6e-7) and bound.completion == pytest.approx(2.5e-6)
+    # max_price is enforced by OpenRouter: it caps its own side of the bound
+    capped = price_bound(Policy(max_price_completion=2.2), ENDPOINTS)
+    assert capped.prompt == pytest.approx(6e-7) and capped.completion == pytest.approx(2.2e-6)
+    loose = price_bound(Policy(max_price_prompt=9, max_price_completion=9), ENDPOINTS)
+    assert loose.prompt == pytest.approx(6e-7) and loose.completion == pytest.approx(2.5e-6)
     flags = price_bound(Policy(max_price_prompt=1, max_price_completion=4), None)
     assert flags.prompt == pytest.approx(1e-6) and flags.completion == pytest.approx(4e-6)
     assert price_bound(Policy(), None) is None
+    assert price_bound(Policy(max_price_prompt=1), None) is None
 
 
 def test_routing_violation_checks_name_and_quantization():
@@ -109,24 +118,65 @@ def test_reasoning_extraction_order():
     assert _Message().content is None
 
 
+class Clock:
+    """A clock the test moves by hand: the limiter's rules are about time, the test's
+    assertions must not be (a loaded machine stretches every sleep)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_limiter_shrinks_on_429_and_grows_back():
     async def scenario():
-        limiter = AdaptiveLimiter(100, cooldown=0.05)
+        clock = Clock()
+        limiter = AdaptiveLimiter(100, cooldown=2.0, clock=clock)
         limiter.rate_limited()
         assert limiter.current == 75
-        limiter.rate_limited()  # the same burst: counted once
+        clock.now += 1.5
+        limiter.rate_limited()  # the same burst (within the cooldown): counted once
         assert limiter.current == 75
-        await asyncio.sleep(0.06)
+        clock.now += 0.5
         limiter.rate_limited()
         assert limiter.current == 56
-        await asyncio.sleep(0.12)
+        clock.now += 1.5  # not yet a whole cooldown without a 429: no growth
         await limiter.acquire()
-        assert limiter.current > 56
         await limiter.release()
-        for _ in range(40):
-            await asyncio.sleep(0.06)
+        assert limiter.current == 56
+        clock.now += 0.5
+        await limiter.acquire()  # a cooldown without a 429: + 5% of the ceiling
+        assert limiter.current == 61
+        await limiter.release()
+        await limiter.acquire()  # growth is once per cooldown, not once per acquire
+        await limiter.release()
+        assert limiter.current == 61
+        for _ in range(10):
+            clock.now += 2.0
             await limiter.acquire()
             await limiter.release()
-        assert limiter.current == 100
+        assert limiter.current == 100  # back to the ceiling, never above
+        assert limiter.in_flight == 0
+
+    asyncio.run(scenario())
+
+
+def test_limiter_grows_while_a_caller_waits_for_a_slot():
+    """A full limiter wakes its waiters every cooldown: the limit grows with time, not
+    only when a request is released."""
+    async def scenario():
+        clock = Clock()
+        limiter = AdaptiveLimiter(4, cooldown=0.25, clock=clock)
+        limiter.rate_limited()
+        assert limiter.current == 3
+        for _ in range(3):
+            await limiter.acquire()
+        waiter = asyncio.create_task(limiter.acquire())
+        await asyncio.sleep(0.6)  # wake-ups (every 0.25 s): the fake clock has not moved
+        assert not waiter.done()
+        clock.now += 0.25
+        await asyncio.wait_for(waiter, 60)  # the next wake-up sees the cooldown passed
+        assert limiter.current == 4 and limiter.in_flight == 4
 
     asyncio.run(scenario())

@@ -4,26 +4,49 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 
 from conftest import REPO, read_jsonl
+
+from kimipipe.standin.answers import user_text_sha256
 
 VENV = Path(sys.executable).parent.parent
 SOURCE = REPO / "kimipipe" / "data" / "demo" / "sharegpt.json"
 TOKENIZER = REPO / "kimipipe" / "data" / "tokenizers" / "kimi-k2.5-mini-fast"
 
 
-def make(server, tmp_path, *args, **variables):
+def make_command(server, tmp_path, *args, **variables) -> tuple[list[str], dict]:
     settings = {"DATASETS": "D1", "SOURCE_D1": SOURCE, "WORK": tmp_path / "work",
                 "SHARDS": tmp_path / "shards", "VENV": VENV, "BASE_URL": server.base_url,
                 "TOKENIZER": TOKENIZER, "CONCURRENCY": 16, "MAX_COST": 1, "TOKEN_BUDGET": "",
                 "MAX_TOKENS": 1024, "MIN_CREDITS": 1, "INFER_FLAGS": "--backoff-base 0.05 --quiet",
                 "TOKENIZE_FLAGS": "--quiet", **variables}
     cmd = ["make", "-C", str(REPO), *args, *(f"{k}={v}" for k, v in settings.items())]
-    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
+    return cmd, {**os.environ, "OPENROUTER_API_KEY": server.api_key}
+
+
+def make(server, tmp_path, *args, **variables):
+    cmd, env = make_command(server, tmp_path, *args, **variables)
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def stage_files(tmp_path) -> dict[str, tuple[int, int]]:
+    """(inode, mtime in ns) of every file the stages write: prompts, responses, the infer
+    summary kp-infer rewrites on every run, tokens, stamps, shards and the manifest
+    (kp-shard swaps in a new file, so a rerun changes its inode)."""
+    files = sorted(p for d in ("work", "shards") for p in (tmp_path / d).rglob("*")
+                   if p.is_file() and not p.name.startswith("."))
+    assert {"D1.prompts.jsonl", "D1.responses.jsonl", "D1.infer-summary.json",
+            "D1.responses.done", "D1.tokens.jsonl.zst", "D1.tokens.done",
+            "manifest.json"} <= {p.name for p in files}
+    return {str(p.relative_to(tmp_path)): (p.stat().st_ino, p.stat().st_mtime_ns) for p in files}
 
 
 def test_full_build_then_nothing_to_redo(standin, tmp_path):
@@ -35,10 +58,55 @@ def test_full_build_then_nothing_to_redo(standin, tmp_path):
     assert len(server.ledger()) == 260
     for stage in ("responses", "tokens"):
         assert (tmp_path / "work" / f"D1.{stage}.done").exists()
+    before = stage_files(tmp_path)
+    stats = server.stats()
+    fetches = stats["endpoint_requests"]["endpoints"]  # one per kp-infer start
     again = make(server, tmp_path, "all")
-    assert again.returncode == 0
-    assert "kp-infer" not in again.stdout and "kp-tokenize" not in again.stdout
-    assert len(server.ledger()) == 260  # nothing paid twice
+    assert again.returncode == 0, again.stderr + again.stdout
+    # a finished stage is not redone: no stage rewrote its output or its stamp ...
+    assert stage_files(tmp_path) == before
+    # ... kp-infer did not even start (it reads the endpoints table first thing) ...
+    assert server.stats()["endpoint_requests"]["endpoints"] == fetches
+    assert server.stats()["requests"] == stats["requests"]
+    assert len(server.ledger()) == 260  # ... and nothing was paid twice
+
+
+def whole_lines(path) -> list[dict]:
+    """The records of a file a killed writer may have left with a torn last line."""
+    data = path.read_bytes() if path.exists() else b""
+    return [json.loads(line) for line in data.split(b"\n")[:-1]]
+
+
+def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, tmp_path):
+    """README: rerun `make all` after a crash. make and kp-infer (and its workers) are
+    killed with SIGKILL mid-stage; the rerun finishes the build, and no answer that was
+    written before the crash is paid for again (the stand-in's ledger, by prompt)."""
+    server = standin(latency=0.2, ledger=True)
+    cmd, env = make_command(server, tmp_path, "all")
+    responses = tmp_path / "work" / "D1.responses.jsonl"
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # its own process group: make and below
+    try:
+        deadline = time.monotonic() + 120
+        while len(whole_lines(responses)) < 40:
+            assert proc.poll() is None, "make ended before the crash"
+            assert time.monotonic() < deadline, "kp-infer wrote nothing"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    written = whole_lines(responses)
+    assert 40 <= len(written) < 260
+    assert not (tmp_path / "work" / "D1.responses.done").exists()  # never taken as finished
+    assert not (tmp_path / "shards" / "D1").exists()
+    r = make(server, tmp_path, "all")
+    assert r.returncode == 0, r.stderr + r.stdout
+    ids = [x["id"] for x in read_jsonl(responses)]
+    assert len(ids) == len(set(ids)) == 260
+    assert json.loads((tmp_path / "shards" / "D1" / "manifest.json").read_text())["totals"]["records"] == 260
+    paid = Counter(x["request_user_text_sha256"] for x in server.ledger())
+    assert all(paid[user_text_sha256(x["messages"])] == 1 for x in written)  # none paid twice
+    assert sum(paid.values()) <= 260 + 16  # at most the requests in flight at the crash
 
 
 def test_money_stop_halts_the_build_and_raising_the_cap_resumes(standin, tmp_path):
@@ -76,13 +144,16 @@ def test_token_budget_finishes_a_dataset_and_raising_it_continues(standin, tmp_p
 def test_one_stage_reruns_from_saved_files(standin, tmp_path):
     server = standin(ledger=True)
     assert make(server, tmp_path, "all").returncode == 0
-    tokens = tmp_path / "work" / "D1.tokens.jsonl.zst"
-    before = tokens.stat().st_mtime_ns
+    before = stage_files(tmp_path)
+    fetches = server.stats()["endpoint_requests"]["endpoints"]
     r = make(server, tmp_path, "D1.tokens", TOKENIZE_FLAGS="")
     assert r.returncode == 0, r.stderr
-    assert tokens.stat().st_mtime_ns != before
+    after = stage_files(tmp_path)
     assert "kp-tokenize: wrote 260 records" in r.stderr
-    assert "kp-infer" not in r.stderr + r.stdout and "kp-prompts" not in r.stderr + r.stdout
+    changed = {name for name in before if after[name] != before[name]}
+    # the tokens stage and what follows from it, nothing before it
+    assert changed == {"work/D1.tokens.jsonl.zst", "work/D1.tokens.done", "work/D1.rejects.jsonl"}
+    assert server.stats()["endpoint_requests"]["endpoints"] == fetches  # kp-infer never started
     assert len(server.ledger()) == 260
 
 
@@ -110,3 +181,44 @@ def test_make_demo_runs_the_whole_pipeline_offline(tmp_path):
     import socket
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_make_test_creates_the_venv_when_it_is_missing(tmp_path):
+    """README: `make test` (like `make demo`) creates `.venv` when it is missing. A copy of
+    the checkout with no .venv; make's own recipe runs (python -m venv, pip install -e
+    '.[test]', compileall, the stamp), then the tests of the copy with that new venv.
+    Offline: pip takes every package from the suite's own environment (on PYTHONPATH,
+    no index, no build isolation), so nothing is downloaded."""
+    import site
+
+    copy = tmp_path / "checkout"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                           check=True).stdout.split(b"\0")
+    for name in filter(None, (f.decode() for f in files)):
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, copy / name)
+    assert not (copy / ".venv").exists()
+    packages = tmp_path / "packages"  # the suite's packages, less its own kimipipe install
+    packages.mkdir()
+    for entry in Path(site.getsitepackages()[0]).iterdir():
+        if "kimipipe" not in entry.name and not entry.name.endswith(".pth"):
+            (packages / entry.name).symlink_to(entry)
+    env = {**os.environ, "PYTHONPATH": str(packages), "PIP_NO_INDEX": "1",
+           "PIP_NO_BUILD_ISOLATION": "0"}
+    env.pop("VENV", None)
+    r = subprocess.run(["make", "-C", str(copy), "test",
+                        "PYTEST_ARGS=tests/test_io.py -p no:cacheprovider"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "python3 -m venv .venv" in r.stdout and "pip install --quiet -e '.[test]'" in r.stdout
+    assert (copy / ".venv" / ".installed").exists()
+    assert re.search(r"\d+ passed", r.stdout)
+    for command in ("prompts", "infer", "tokenize", "shard", "credits"):
+        assert (copy / ".venv" / "bin" / f"kp-{command}").exists()
+    where = subprocess.run([str(copy / ".venv" / "bin" / "python"), "-c",
+                            "import kimipipe; print(kimipipe.__file__)"],
+                           capture_output=True, text=True, env=env, check=True, cwd=tmp_path).stdout
+    assert where.strip() == str(copy / "kimipipe" / "__init__.py")  # the copy, editable
+    again = subprocess.run(["make", "-C", str(copy), "venv"], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert again.returncode == 0 and "pip install" not in again.stdout  # made once

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 
@@ -64,6 +65,42 @@ def test_text_file_gives_hash_ids_stable_byte_for_byte(tmp_path):
     assert "skipped 1 duplicate\n" in first.stderr
     other = kp("prompts", src, "--format", "text", "--dataset", "B5").records()
     assert {x["id"] for x in other}.isdisjoint({x["id"] for x in recs})
+
+
+def test_hash_id_formula_is_pinned(tmp_path):
+    """Resume across versions depends on it: `<dataset>-` + the first 16 hex of SHA-256 of
+    the compact JSON `[dataset, messages]` with sorted keys. Literal IDs, so a change to the
+    formula cannot pass unnoticed."""
+    src = tmp_path / "q.txt"
+    src.write_text("Why is the sky blue?\n")
+    [rec] = kp("prompts", src, "--format", "text", "--dataset", "B4").records()
+    assert rec["id"] == "B4-c661c6ffbf284fbd"
+    conv = tmp_path / "c.jsonl"
+    conv.write_text(json.dumps({"conversations": [
+        {"from": "system", "value": "Be terse."}, {"from": "human", "value": "Hello"},
+        {"from": "gpt", "value": "Hi"}, {"from": "human", "value": "Bye"}]}) + "\n")
+    recs = kp("prompts", conv, "--dataset", "B3", "--turns", "each").records()
+    assert [x["id"] for x in recs] == ["B3-0abd8902800f4281", "B3-98d95f70cbcf7aaf"]
+    for x in [rec, *recs]:  # the documented formula, computed here independently
+        blob = json.dumps([x["dataset"], x["messages"]], separators=(",", ":"),
+                          ensure_ascii=False, sort_keys=True).encode()
+        assert x["id"] == f"{x['dataset']}-{hashlib.sha256(blob).hexdigest()[:16]}"
+
+
+def test_id_field_names_the_sources_own_id(tmp_path):
+    src = tmp_path / "s.jsonl"
+    src.write_text('{"uid": "q-1", "id": "ignored", "prompt": "first"}\n'
+                   '{"uid": 7, "prompt": "second"}\n'
+                   '{"prompt": "third, no uid"}\n')
+    recs = kp("prompts", src, "--id-field", "uid", "--dataset", "B5").records()
+    assert [x["id"] for x in recs[:2]] == ["q-1", "7"]
+    assert recs[2]["id"].startswith("B5-") and len(recs[2]["id"]) == 3 + 16  # no uid: hashed
+    assert [x["id"] for x in kp("prompts", src, "--dataset", "B5").records()][0] == "ignored"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"uid": ["x"], "prompt": "p"}\n')
+    r = kp("prompts", bad, "--id-field", "uid")
+    assert r.code == 2 and r.stderr.strip() == (
+        f"kp-prompts: {bad}:1: expected a string or integer id, got array at `$.uid`")
 
 
 def test_keep_duplicates_numbers_the_repeats(tmp_path):

@@ -182,6 +182,29 @@ def test_tokens_per_shard_never_exceeded_except_by_one_long_row(tmp_path):
     assert [x["id"] for x in shard_rows(out)] == ["r0", "r1", "r2", "long", "r3", "r4", "r5"]
 
 
+def test_compression_level_changes_the_bytes_not_the_rows(tmp_path):
+    src = write_jsonl(tmp_path / "t.jsonl", records(3000))
+    sizes, rows = {}, {}
+    for level in ("1", "19"):
+        out = tmp_path / f"l{level}"
+        r = kp("shard", src, "--out", out, "--compression-level", level)
+        assert r.code == 0, r.stderr
+        m = manifest_of(out)
+        assert m["options"]["compression_level"] == int(level)
+        sizes[level] = m["totals"]["bytes"]
+        rows[level] = shard_bytes(out)
+        assert kp("shard", "verify", out).code == 0
+    assert rows["1"] == rows["19"]
+    assert sizes["19"] < sizes["1"]  # the level reached zstd
+    default = tmp_path / "default"
+    assert kp("shard", src, "--out", default).code == 0
+    assert manifest_of(default)["options"]["compression_level"] == 3
+    for bad in ("0", "23"):
+        r = kp("shard", src, "--out", tmp_path / "bad", "--compression-level", bad)
+        assert r.code == 2 and "--compression-level" in r.stderr
+        assert not (tmp_path / "bad" / "manifest.json").exists()
+
+
 # --- eval split -----------------------------------------------------------------------------
 
 def test_eval_split_by_id_hash_is_stable_across_runs_inputs_and_datasets(tmp_path):
@@ -469,37 +492,77 @@ def test_rerun_replaces_the_set_and_removes_only_stale_shards(tmp_path):
     assert kp("shard", "verify", out).code == 0
 
 
-def test_a_crash_at_any_step_of_the_swap_leaves_a_consistent_directory(tmp_path, monkeypatch):
-    from kimipipe.shard import ShardOptions, build_shards, verify, writer
+def listed_files_whole(out, manifest: dict) -> None:
+    """Every shard MANIFEST lists is in OUT, whole: size, SHA-256 and record count."""
+    for shard in manifest["shards"]:
+        data = (out / shard["file"]).read_bytes()
+        assert len(data) == shard["bytes"], shard["file"]
+        assert hashlib.sha256(data).hexdigest() == shard["sha256"], shard["file"]
+        assert len(read_raw_lines(out / shard["file"])) == shard["records"], shard["file"]
+
+
+# (scenario, the new run's extra flags, the steps, and which manifest each leaves): the new
+# set reuses the old set's names (the old manifest goes first) or has names of its own
+# (the old manifest stays until the swap, then six old shards are deleted one by one).
+SWAP_STEPS = {
+    "same-names": (["--records-per-shard", "3"], {
+        "commit": "old", "manifest-written": "old", "old-manifest-removed": None,
+        "renamed-1": None, "renamed-4": None, "shards-renamed": None,
+        "manifest-swapped": "new", "deleted-1": "new", "deleted-2": "new"}),
+    "new-names": (["--records-per-shard", "3", "--name", "other"], {
+        "commit": "old", "manifest-written": "old", "renamed-2": "old",
+        "shards-renamed": "old", "manifest-swapped": "new", "deleted-1": "new",
+        "deleted-3": "new", "deleted-6": "new"}),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(SWAP_STEPS))
+def test_a_kill_9_at_each_step_of_the_swap_leaves_a_consistent_directory(tmp_path, scenario):
+    """A real crash at every step of the swap (the set is complete, then renamed in): the
+    process stops itself at the step (KP_TEST_PAUSE_AT, kimipipe/shard/writer.py) and is
+    killed there with SIGKILL, so no cleanup runs. What it leaves: the old manifest with
+    its files whole, no manifest, or the new manifest with its files whole, at the step
+    the module docstring says; never a file that looks finished and is not. A rerun
+    replaces the set and clears every leftover."""
+    extra, steps = SWAP_STEPS[scenario]
     src = write_jsonl(tmp_path / "t.jsonl", records(12))
-    real_replace = os.replace
-    for crash_at in range(8):
-        out = tmp_path / f"o{crash_at}"
-        build_shards([str(src)], str(out), ShardOptions(records_per_shard=2), "old")
-        calls = []
-
-        def replace(a, b, crash_at=crash_at, calls=calls):
-            calls.append(b)
-            if len(calls) > crash_at:
-                raise KeyboardInterrupt("crash")
-            real_replace(a, b)
-
-        monkeypatch.setattr(writer.os, "replace", replace)
-        try:
-            build_shards([str(src)], str(out), ShardOptions(records_per_shard=3), "new")
-        except KeyboardInterrupt:
-            pass
-        monkeypatch.setattr(writer.os, "replace", real_replace)
-        # either no manifest (mid-swap) or a manifest whose every file is there and whole
-        if (out / "manifest.json").exists():
-            assert verify(str(out)).problems == []
+    template = tmp_path / "old"
+    assert kp("shard", src, "--out", template, "--records-per-shard", "2").code == 0
+    old = manifest_of(template)
+    assert len(old["shards"]) == 6
+    reference = tmp_path / "reference"  # the new set, built without a crash
+    assert kp("shard", src, "--out", reference, *extra).code == 0
+    new = manifest_of(reference)
+    for step, expected in steps.items():
+        out = tmp_path / f"o-{step}"
+        shutil.copytree(template, out)
+        proc = subprocess.Popen([str(BIN / "kp-shard"), str(src), "--out", str(out), "-q", *extra],
+                                env={**os.environ, "KP_TEST_PAUSE_AT": step},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)  # returns once it has stopped itself
+        assert os.WIFSTOPPED(status), f"{step}: never reached (exit status {status})"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for name in visible_files(out):  # whatever looks finished is whole
+            if name.endswith(".jsonl.zst"):
+                read_raw(out / name)
+        if expected is None:
+            assert not (out / "manifest.json").exists(), step
         else:
-            assert crash_at < 5
-        # whatever happened, a rerun gives a clean, complete set
-        build_shards([str(src)], str(out), ShardOptions(records_per_shard=3), "again")
-        assert verify(str(out)).problems == []
-        assert len(manifest_of(out)["shards"]) == 4
-        assert not [n for n in os.listdir(out) if ".tmp-" in n]
+            manifest = manifest_of(out)
+            want = old if expected == "old" else new
+            assert manifest["shards"] == want["shards"], step
+            listed_files_whole(out, manifest)
+        assert any(".tmp-" in n for n in os.listdir(out)) == (step in (
+            "commit", "manifest-written", "old-manifest-removed", "shards-renamed")
+            or step.startswith("renamed-")), step
+        r = kp("shard", src, "--out", out, *extra)  # the rerun: a clean, complete set
+        assert r.code == 0, (step, r.stderr)
+        assert manifest_of(out)["shards"] == new["shards"], step
+        assert kp("shard", "verify", out).code == 0, step
+        assert visible_files(out) == sorted(["manifest.json", *(x["file"] for x in new["shards"])])
+        assert not [n for n in os.listdir(out) if ".tmp-" in n], step
+        assert not (out / ".kp-shard-stale").exists(), step
 
 
 def big_input_lines(n: int, ids_per_row: int = 4000) -> list[bytes]:
@@ -757,15 +820,25 @@ def test_shards_synced_in_the_background_while_written_are_complete(tmp_path, mo
     assert len(shard_rows(out)) == 300
 
 
-def test_an_error_from_a_background_sync_fails_the_shard(tmp_path, monkeypatch):
-    from kimipipe.shard import writer
-    monkeypatch.setattr(writer, "_SYNC_EVERY", 1)
+def test_an_error_from_a_background_sync_fails_the_build_and_keeps_the_old_set(tmp_path, monkeypatch):
+    """A disk error reported to a background fdatasync must not be lost: the build fails,
+    the previous set stays as it was, and no temporary file is left."""
+    from kimipipe.shard import ShardOptions, build_shards, verify, writer
+    src = write_jsonl(tmp_path / "t.jsonl", records(300))
+    out = tmp_path / "shards"
+    build_shards([str(write_jsonl(tmp_path / "old.jsonl", records(7, "old")))], str(out),
+                 ShardOptions(records_per_shard=5), "old")
+    before = {n: (out / n).read_bytes() for n in visible_files(out)}
+    monkeypatch.setattr(writer, "_SYNC_EVERY", 1)  # a background sync after every write
+    synced = []
 
     def broken(fd):
+        synced.append(fd)
         raise OSError(5, "Input/output error")
     monkeypatch.setattr(writer.os, "fdatasync", broken)
-    f = writer._HashingFile(str(tmp_path / "x"))
-    f.write(b"data")
     with pytest.raises(OSError, match="Input/output error"):
-        f.sync()
-    f.f.close()
+        build_shards([str(src)], str(out), ShardOptions(records_per_shard=100), "new")
+    assert synced  # the error came from a background sync, not from the final fsync
+    assert {n: (out / n).read_bytes() for n in visible_files(out)} == before
+    assert verify(str(out)).problems == []
+    assert not [n for n in os.listdir(out) if ".tmp-" in n]

@@ -2,48 +2,30 @@
 
 Expected IDs are computed independently through transformers itself: the prompt with
 `apply_chat_template(..., tokenize=True)`, the model's text with each kind's documented way
-of encoding plain text. The command runs in-process through its real entry point (click,
-run_command's exit codes, real files); the --workers test runs it as a subprocess.
+of encoding plain text. The command runs as a user runs it: `kp-tokenize` in a subprocess
+(real files, real exit codes), with the environment the suite was started with (nothing
+here sets HF_HUB_OFFLINE: kp-tokenize must keep itself offline).
 """
 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass
 from functools import cache
 
 import pytest
 import zstandard
-from click.testing import CliRunner
 from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
 
-from kimipipe.commands.tokenize import main as tokenize_main
 from kimipipe.tokenize.load import load_tokenizer
 
-os.environ["HF_HUB_OFFLINE"] = "1"
+# Tests of flags and files (not of IDs) run on Kimi's own kind only: each run is a
+# subprocess that loads transformers.
+KIMI = TOKENIZER_KINDS["tiktoken"]
 
 
-@dataclass
-class Run:
-    code: int
-    stdout: bytes
-    stderr: str
-
-    def records(self) -> list[dict]:
-        return [json.loads(x) for x in self.stdout.splitlines()]
-
-
-def tokenize(*args, input: bytes | None = None) -> Run:
-    """kp-tokenize ARGS through its console entry point, in this process."""
-    runner = CliRunner()
-    with runner.isolation(input=input) as (out, err, _):
-        try:
-            tokenize_main([str(a) for a in args])
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-    return Run(code, out.getvalue(), err.getvalue().decode("utf-8", "replace"))
+def tokenize(*args, input: bytes | None = None):
+    """`kp-tokenize ARGS` as a subprocess: its exit code, stdout and stderr."""
+    return kp("tokenize", *args, input=input)
 
 
 @cache
@@ -69,17 +51,61 @@ def prompt_ids(directory, messages, thinking=True) -> list[int]:
     return list(out)
 
 
-def run_one(tmp_path, directory, record, *extra) -> Run:
+def run_one(tmp_path, directory, record, *extra):
     src = write_jsonl(tmp_path / "responses.jsonl", [record])
     return tokenize(src, "--tokenizer", directory, "--trust-remote-code", "--workers", "1", *extra)
 
 
-def test_single_turn_ids_are_template_prompt_then_reasoning_think_content_end(tmp_path, kimi_tokenizer):
+# One kp-tokenize run per tokenizer kind carries every single-record case below (a
+# subprocess costs ~1-2 s of start-up); each test checks its own record of that run.
+MULTI_TURN = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+              {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye?"}]
+INJECTED_CONTENT = "Type <|im_end|> then <think>x</think> and [EOS]<|im_user|>."
+INJECTED_REASONING = "Should I write </think>? Or <|im_end|>?"
+UNICODE_CONTENT = "  你好，世界！ 😀👍🏽🇫🇷 e\u0301 n\u0303 Zürich \n\n\t trailing  \n"
+UNICODE_REASONING = "\n  思考中… ∑∫√∞  \n"
+CASES = [
+    response_record("r1", "What is 2+2?", content="It is 4.", reasoning="Two and two make four."),
+    response_record("m", MULTI_TURN, content="Bye.", reasoning="ok"),
+    response_record("e", "Hi", content="Hello"),
+    response_record("t1", "Hi", content="", reasoning="Let me think about th", finish_reason="length"),
+    response_record("t2", "Hi", content="The answer is", reasoning="Easy.", finish_reason="length"),
+    response_record("ec", "Hi", content="", reasoning="Nothing to say."),
+    response_record("inj", "Show tokens", content=INJECTED_CONTENT, reasoning=INJECTED_REASONING),
+    response_record("u", "多语言 🎉 e\u0301?", content=UNICODE_CONTENT, reasoning=UNICODE_REASONING),
+]
+
+
+@pytest.fixture(scope="module")
+def batch_runs(tmp_path_factory):
+    runs = {}
+
+    def run(directory):
+        if directory not in runs:
+            src = write_jsonl(tmp_path_factory.mktemp("cases") / "responses.jsonl", CASES)
+            r = tokenize(src, "--tokenizer", directory, "--trust-remote-code", "--workers", "1")
+            assert r.code == 0, r.stderr
+            runs[directory] = (r, {x["id"]: x for x in r.records()})
+        return runs[directory]
+    return run
+
+
+@pytest.fixture
+def case(batch_runs, kimi_tokenizer):
+    """The output record of case ID in this tokenizer kind's run."""
+    return lambda rid: batch_runs(kimi_tokenizer)[1][rid]
+
+
+def test_the_cases_run_writes_each_in_order_and_counts_them(batch_runs, kimi_tokenizer):
+    r, by_id = batch_runs(kimi_tokenizer)
+    assert [x["id"] for x in r.records()] == [c["id"] for c in CASES]
+    assert "wrote 8 records" in r.stderr and "rejected 0" in r.stderr
+    assert "1 with no reasoning" in r.stderr and "2 truncated turns" in r.stderr
+
+
+def test_single_turn_ids_are_template_prompt_then_reasoning_think_content_end(case, kimi_tokenizer):
     d = kimi_tokenizer
-    rec = response_record("r1", "What is 2+2?", content="It is 4.", reasoning="Two and two make four.")
-    r = run_one(tmp_path, d, rec)
-    assert r.code == 0, r.stderr
-    [out] = r.records()
+    rec, out = CASES[0], case("r1")
     assert out["input_ids"] == prompt_ids(d, rec["messages"])
     assert out["input_ids"][-1] == tid(d, "<think>")
     assert out["output_ids"] == (plain(d, "Two and two make four.") + [tid(d, "</think>")]
@@ -89,17 +115,12 @@ def test_single_turn_ids_are_template_prompt_then_reasoning_think_content_end(tm
     assert hf(d).decode(out["input_ids"] + out["output_ids"]) == (
         "<|im_user|>user<|im_middle|>What is 2+2?<|im_end|><|im_assistant|>assistant<|im_middle|>"
         "<think>Two and two make four.</think>It is 4.<|im_end|>")
-    assert "wrote 1 record:" in r.stderr and "rejected 0" in r.stderr
 
 
-def test_multi_turn_history_renders_with_empty_think_and_no_extra_system(tmp_path, kimi_tokenizer):
+def test_multi_turn_history_renders_with_empty_think_and_no_extra_system(case, kimi_tokenizer):
     d = kimi_tokenizer
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye?"}]
-    r = run_one(tmp_path, d, response_record("m", messages, content="Bye.", reasoning="ok"))
-    assert r.code == 0, r.stderr
-    [out] = r.records()
-    assert out["input_ids"] == prompt_ids(d, messages)
+    out = case("m")
+    assert out["input_ids"] == prompt_ids(d, MULTI_TURN)
     assert hf(d).decode(out["input_ids"]) == (
         "<|im_system|>system<|im_middle|>Be brief.<|im_end|><|im_user|>user<|im_middle|>Hi<|im_end|>"
         "<|im_assistant|>assistant<|im_middle|><think></think>Hello!<|im_end|>"
@@ -126,32 +147,24 @@ def test_no_thinking_rejects_a_response_that_has_reasoning(tmp_path, kimi_tokeni
     assert rej["id"] == "x" and rej["line"] == 1 and "--no-thinking" in rej["reason"]
 
 
-def test_thinking_without_reasoning_closes_think_at_once(tmp_path, kimi_tokenizer):
+def test_thinking_without_reasoning_closes_think_at_once(case, kimi_tokenizer):
     d = kimi_tokenizer
-    r = run_one(tmp_path, d, response_record("e", "Hi", content="Hello"))
-    [out] = r.records()
-    assert out["output_ids"] == [tid(d, "</think>")] + plain(d, "Hello") + [tid(d, "<|im_end|>")]
-    assert "1 with no reasoning" in r.stderr
+    assert case("e")["output_ids"] == [tid(d, "</think>")] + plain(d, "Hello") + [tid(d, "<|im_end|>")]
 
 
-def test_truncated_in_reasoning_has_no_think_close_and_no_end(tmp_path, kimi_tokenizer):
-    d = kimi_tokenizer
-    rec = response_record("t1", "Hi", content="", reasoning="Let me think about th", finish_reason="length")
-    [out] = run_one(tmp_path, d, rec).records()
-    assert out["output_ids"] == plain(d, "Let me think about th")
+def test_truncated_in_reasoning_has_no_think_close_and_no_end(case, kimi_tokenizer):
+    out = case("t1")
+    assert out["output_ids"] == plain(kimi_tokenizer, "Let me think about th")
     assert out["finish_reason"] == "length"
 
 
-def test_truncated_in_content_has_think_close_but_no_end(tmp_path, kimi_tokenizer):
+def test_truncated_in_content_has_think_close_but_no_end(case, kimi_tokenizer):
     d = kimi_tokenizer
-    rec = response_record("t2", "Hi", content="The answer is", reasoning="Easy.", finish_reason="length")
-    r = run_one(tmp_path, d, rec)
-    [out] = r.records()
-    assert out["output_ids"] == plain(d, "Easy.") + [tid(d, "</think>")] + plain(d, "The answer is")
-    assert "1 truncated turn;" in r.stderr
+    assert case("t2")["output_ids"] == plain(d, "Easy.") + [tid(d, "</think>")] + plain(d, "The answer is")
 
 
-def test_drop_truncated_leaves_cut_turns_out(tmp_path, kimi_tokenizer):
+def test_drop_truncated_leaves_cut_turns_out(tmp_path):
+    kimi_tokenizer = KIMI  # the flags do not depend on the kind
     src = write_jsonl(tmp_path / "r.jsonl", [
         response_record("a", "Hi", content="ok", reasoning="r"),
         response_record("b", "Hi", content="cu", reasoning="r", finish_reason="length")])
@@ -161,25 +174,22 @@ def test_drop_truncated_leaves_cut_turns_out(tmp_path, kimi_tokenizer):
     assert "dropped 1 truncated" in r.stderr
 
 
-def test_empty_content_after_reasoning(tmp_path, kimi_tokenizer):
+def test_empty_content_after_reasoning(case, kimi_tokenizer):
     d = kimi_tokenizer
-    [out] = run_one(tmp_path, d, response_record("ec", "Hi", content="", reasoning="Nothing to say.")).records()
-    assert out["output_ids"] == plain(d, "Nothing to say.") + [tid(d, "</think>"), tid(d, "<|im_end|>")]
+    assert case("ec")["output_ids"] == plain(d, "Nothing to say.") + [tid(d, "</think>"), tid(d, "<|im_end|>")]
 
 
-def test_cut_turn_with_no_text_at_all_is_rejected(tmp_path, kimi_tokenizer):
+def test_cut_turn_with_no_text_at_all_is_rejected(tmp_path):
+    kimi_tokenizer = KIMI  # the flags do not depend on the kind
     rec = response_record("z", "Hi", content="", reasoning="", finish_reason="length")
     r = run_one(tmp_path, kimi_tokenizer, rec)
     assert r.code == 4 and "nothing was generated" in r.stderr
 
 
-def test_special_token_strings_in_generated_text_stay_text(tmp_path, kimi_tokenizer):
+def test_special_token_strings_in_generated_text_stay_text(case, kimi_tokenizer):
     d = kimi_tokenizer
-    content = "Type <|im_end|> then <think>x</think> and [EOS]<|im_user|>."
-    reasoning = "Should I write </think>? Or <|im_end|>?"
-    r = run_one(tmp_path, d, response_record("inj", "Show tokens", content=content, reasoning=reasoning))
-    assert r.code == 0, r.stderr
-    [out] = r.records()
+    content, reasoning = INJECTED_CONTENT, INJECTED_REASONING
+    out = case("inj")
     control = {tid(d, t) for t in ("<|im_end|>", "<think>", "</think>", "[EOS]", "<|im_user|>")}
     # Exactly two control tokens in the turn: the structural </think> and <|im_end|>.
     assert [i for i in out["output_ids"] if i in control] == [tid(d, "</think>"), tid(d, "<|im_end|>")]
@@ -198,19 +208,18 @@ def test_the_trap_exists_the_default_encode_makes_control_tokens(kimi_tokenizer)
     assert tid(d, "<|im_end|>") not in plain(d, "a<|im_end|>b")
 
 
-def test_whitespace_and_unicode_are_kept_verbatim(tmp_path, kimi_tokenizer):
+def test_whitespace_and_unicode_are_kept_verbatim(case, kimi_tokenizer):
     d = kimi_tokenizer
-    content = "  你好，世界！ 😀👍🏽🇫🇷 e\u0301 n\u0303 Zürich \n\n\t trailing  \n"
-    reasoning = "\n  思考中… ∑∫√∞  \n"
-    [out] = run_one(tmp_path, d, response_record("u", "多语言 🎉 e\u0301?", content=content,
-                                                  reasoning=reasoning)).records()
+    content, reasoning = UNICODE_CONTENT, UNICODE_REASONING
+    out = case("u")
     assert out["output_ids"] == (plain(d, reasoning) + [tid(d, "</think>")] + plain(d, content)
                                  + [tid(d, "<|im_end|>")])
     assert hf(d).decode(out["output_ids"]).startswith(reasoning + "</think>" + content)
     assert out["response"]["content"] == content
 
 
-def test_max_length_flags_or_drops_long_rows(tmp_path, kimi_tokenizer):
+def test_max_length_flags_or_drops_long_rows(tmp_path):
+    kimi_tokenizer = KIMI  # the flags do not depend on the kind
     src = write_jsonl(tmp_path / "r.jsonl", [
         response_record("short", "Hi", content="ok"),
         response_record("long", "Hi " * 40, content="word " * 40)])
@@ -222,13 +231,15 @@ def test_max_length_flags_or_drops_long_rows(tmp_path, kimi_tokenizer):
     assert tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--drop-long").code == 2
 
 
-def test_drop_text_keeps_ids_and_metadata_only(tmp_path, kimi_tokenizer):
+def test_drop_text_keeps_ids_and_metadata_only(tmp_path):
+    kimi_tokenizer = KIMI  # the flags do not depend on the kind
     [out] = run_one(tmp_path, kimi_tokenizer, response_record("d", "Hi", content="ok"), "--drop-text").records()
     assert "messages" not in out and "response" not in out
     assert {"id", "dataset", "finish_reason", "usage", "input_ids", "output_ids"} <= set(out)
 
 
-def test_resume_skips_ids_already_in_output_and_repairs_a_torn_line(tmp_path, kimi_tokenizer):
+def test_resume_skips_ids_already_in_output_and_repairs_a_torn_line(tmp_path):
+    kimi_tokenizer = KIMI  # the flags do not depend on the kind
     rows = [response_record(f"r{i}", f"Question {i}?", content=f"Answer {i}.", reasoning="r") for i in range(6)]
     src = write_jsonl(tmp_path / "r.jsonl", rows[:3])
     out = tmp_path / "tokens.jsonl"
@@ -245,7 +256,8 @@ def test_resume_skips_ids_already_in_output_and_repairs_a_torn_line(tmp_path, ki
     assert [json.dumps(x) for x in read_jsonl(out)] == [json.dumps(x) for x in fresh.records()]
 
 
-def test_zstd_in_and_out(tmp_path, kimi_tokenizer):
+def test_zstd_in_and_out(tmp_path):
+    kimi_tokenizer = KIMI  # the flags do not depend on the kind
     raw = write_jsonl(tmp_path / "r.jsonl", [response_record("z", "Hi", content="ok")]).read_bytes()
     src = tmp_path / "r.jsonl.zst"
     src.write_bytes(zstandard.ZstdCompressor().compress(raw))
@@ -263,7 +275,8 @@ TEMPLATE_THAT_FAILS_SOMETIMES = """\
 <|im_assistant|>assistant<|im_middle|>{% if 'OPEN' in messages[-1]['content'] %}<think></think>{% else %}<think>{% endif %}"""
 
 
-def test_failures_go_to_rejects_exit_4_and_strict_stops_with_2(tmp_path, kimi_tokenizer):
+def test_failures_go_to_rejects_exit_4_and_strict_stops_with_2(tmp_path):
+    kimi_tokenizer = KIMI  # the flags do not depend on the kind
     template = tmp_path / "t.jinja"
     template.write_text(TEMPLATE_THAT_FAILS_SOMETIMES)
     src = write_jsonl(tmp_path / "r.jsonl", [
@@ -286,7 +299,8 @@ def test_failures_go_to_rejects_exit_4_and_strict_stops_with_2(tmp_path, kimi_to
     assert "bad1 (input line 2): chat template failed" in s.stderr
 
 
-def test_bad_input_line_stops_with_path_and_line(tmp_path, kimi_tokenizer):
+def test_bad_input_line_stops_with_path_and_line(tmp_path):
+    kimi_tokenizer = KIMI  # the flags do not depend on the kind
     src = tmp_path / "r.jsonl"
     src.write_text(json.dumps(response_record("a", "Hi", content="ok")) + "\n" + '{"id": "b"}\n')
     r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1")
@@ -332,7 +346,8 @@ def test_workers_keep_input_order_and_match_one_process(tmp_path, kimi_tokenizer
     assert [x["id"] for x in two.records()] == [r["id"] for r in rows]
 
 
-def test_stdin_in_stdout_out_and_empty_input(tmp_path, kimi_tokenizer):
+def test_stdin_in_stdout_out_and_empty_input(tmp_path):
+    kimi_tokenizer = KIMI  # the flags do not depend on the kind
     line = (json.dumps(response_record("s", "Hi", content="ok")) + "\n").encode()
     r = tokenize("--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", input=line)
     assert r.code == 0 and [x["id"] for x in r.records()] == ["s"]
@@ -340,7 +355,8 @@ def test_stdin_in_stdout_out_and_empty_input(tmp_path, kimi_tokenizer):
     assert r.code == 2 and "<stdin>: empty input" in r.stderr
 
 
-def test_rerun_with_everything_done_writes_nothing(tmp_path, kimi_tokenizer):
+def test_rerun_with_everything_done_writes_nothing(tmp_path):
+    kimi_tokenizer = KIMI  # the flags do not depend on the kind
     src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
     out = tmp_path / "t.jsonl"
     base = (src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", "-o", out)
@@ -352,7 +368,8 @@ def test_rerun_with_everything_done_writes_nothing(tmp_path, kimi_tokenizer):
 
 
 @pytest.mark.timeout(120)
-def test_strict_with_worker_processes_stops_cleanly(tmp_path, kimi_tokenizer):
+def test_strict_with_worker_processes_stops_cleanly(tmp_path):
+    kimi_tokenizer = KIMI  # the flags do not depend on the kind
     template = tmp_path / "t.jinja"
     template.write_text(TEMPLATE_THAT_FAILS_SOMETIMES)
     rows = [response_record(f"g{i}", "fine", content="a") for i in range(150)]
@@ -365,7 +382,8 @@ def test_strict_with_worker_processes_stops_cleanly(tmp_path, kimi_tokenizer):
 
 
 @pytest.mark.timeout(120)
-def test_bad_line_with_worker_processes_keeps_the_records_before_it(tmp_path, kimi_tokenizer):
+def test_bad_line_with_worker_processes_keeps_the_records_before_it(tmp_path):
+    kimi_tokenizer = KIMI  # the flags do not depend on the kind
     rows = [json.dumps(response_record(f"g{i}", "fine", content="a")) for i in range(150)]
     src = tmp_path / "r.jsonl"
     src.write_text("\n".join(rows[:130] + ['{"id": "broken"'] + rows[130:]) + "\n")
@@ -435,3 +453,68 @@ def test_partitions_split_the_records_disjointly_and_completely(tmp_path):
         parts.append({x["id"] for x in read_jsonl(out)})
     assert parts[0] and parts[1] and not parts[0] & parts[1]
     assert parts[0] | parts[1] == {f"r{i}" for i in range(40)}
+
+
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE",
+                     "HF_HUB_DISABLE_TELEMETRY", "HF_ENDPOINT", "NO_PROXY", "no_proxy")
+
+
+def _can_unshare_network() -> bool:
+    import shutil
+    import subprocess
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+def test_nothing_is_downloaded_with_no_offline_variable_set(tmp_path):
+    """README: nothing is downloaded at run time. No offline variable in the environment
+    (kp-tokenize must go offline by itself), a fresh HF_HOME whose cache holds the model,
+    and every proxy variable pointing at a socket this test listens on: an HTTP(S) request
+    of any library would connect there. kp-tokenize works, by model name from the cache
+    and by directory, and nothing connects. Where the test may (root), it also runs in a
+    network namespace with no network at all (`unshare -n`)."""
+    import os
+    import socket
+    import subprocess
+    import threading
+
+    from conftest import BIN, fake_hf_cache
+
+    src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok", reasoning="r")])
+    trap = socket.socket()
+    trap.bind(("127.0.0.1", 0))
+    trap.listen(16)
+    connected = []
+
+    def refuse():  # note and drop every connection: a client fails fast, the test sees it
+        while True:
+            try:
+                conn, _ = trap.accept()
+            except OSError:
+                return
+            connected.append(conn.recv(200))
+            conn.close()
+
+    threading.Thread(target=refuse, daemon=True).start()
+    proxy = f"http://127.0.0.1:{trap.getsockname()[1]}"
+    env = {k: v for k, v in os.environ.items() if k not in OFFLINE_VARIABLES}
+    env.update(fake_hf_cache(tmp_path / "hf", TOKENIZER_KINDS["tiktoken"]))
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        env[name] = proxy
+    commands = [[str(BIN / "kp-tokenize"), str(src), "--tokenizer", "moonshotai/Kimi-K2.5",
+                 "--trust-remote-code", "--workers", "1"],
+                [str(BIN / "kp-tokenize"), str(src), "--tokenizer", str(TOKENIZER_KINDS["fast"]),
+                 "--workers", "1"]]
+    if _can_unshare_network():
+        commands += [["unshare", "-n", *c] for c in commands]
+    outputs = []
+    try:
+        for argv in commands:
+            proc = subprocess.run(argv, env=env, capture_output=True, timeout=120)
+            assert not connected, (argv, connected)
+            assert proc.returncode == 0, (argv, proc.stderr.decode())
+            outputs.append(proc.stdout)
+    finally:
+        trap.close()
+    assert [json.loads(x)["output_ids"] for x in outputs[:2]]
+    assert outputs[2:] == outputs[:len(outputs) - 2]  # the same without any network

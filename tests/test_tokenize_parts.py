@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import filecmp
-import hashlib
 import json
-import os
 import shutil
 
 import pytest
-from conftest import TOKENIZER_KINDS, TOKENIZERS, kp, response_record, write_jsonl
+from conftest import TOKENIZER_KINDS, TOKENIZERS, fake_hf_cache, kp, response_record, write_jsonl
 
 from kimipipe.tokenize import fixtures
 from kimipipe.tokenize.codec import FastCodec, make_codec
@@ -127,19 +125,8 @@ def test_missing_package_of_the_tokenizer_code_is_named_in_one_line(tmp_path):
 
 def test_a_model_name_in_the_hf_cache_loads_offline_despite_symlinked_code(tmp_path):
     """The cache keeps files as symlinks into blobs/; the code's relative import must still work."""
-    hf_home = tmp_path / "hf"
-    repo = hf_home / "hub" / "models--moonshotai--Kimi-K2.5"
-    snap = repo / "snapshots" / "0123abcd"
-    (repo / "blobs").mkdir(parents=True)
-    snap.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("0123abcd")
-    for f in TOKENIZER_KINDS["tiktoken"].iterdir():
-        blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
-        shutil.copyfile(f, blob)
-        os.symlink(os.path.relpath(blob, snap), snap / f.name)
+    env = fake_hf_cache(tmp_path / "hf", TOKENIZER_KINDS["tiktoken"])
     src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
-    env = {"HF_HOME": str(hf_home), "HF_HUB_CACHE": str(hf_home / "hub")}
     by_name = kp("tokenize", src, "--tokenizer", "moonshotai/Kimi-K2.5", "--trust-remote-code", env=env)
     by_dir = kp("tokenize", src, "--tokenizer", TOKENIZER_KINDS["tiktoken"], "--trust-remote-code", env=env)
     assert by_name.code == 0, by_name.stderr

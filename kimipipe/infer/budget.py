@@ -4,12 +4,14 @@ Spend is the sum of `usage.cost` as billed (never `upstream_inference_cost` on t
 counted across runs from the output file (and the failures file: a routing violation
 was paid for too). Before a request is sent, its worst case is reserved:
 
-    prompt_token_bound x highest allowed prompt price + max_tokens x highest allowed
-    completion price
+    prompt_token_bound x highest prompt price + max_tokens x highest completion price
 
-where the token bound of a prompt is its UTF-8 byte count plus template overhead (a BPE
-token is at least one byte), so `spent + reserved <= max_cost` holds at every moment and
-the cap is never exceeded as long as the provider bills at most its listed price.
+where the highest prices are those of the whole endpoints table, excluded endpoints
+included (one that serves anyway bills its own price; see routing.price_bound), capped
+by --max-price-* (OpenRouter enforces max_price), and the token bound of a prompt is
+its UTF-8 byte count plus template overhead (a BPE token is at least one byte), so
+`spent + reserved <= max_cost` holds at every moment and the cap is never exceeded as
+long as the provider bills at most its listed price.
 A request is admitted only when its reservation fits; when it does not fit but requests
 are in flight, admission waits for them to settle; when nothing is in flight, the run
 stops (exit 3).

@@ -14,14 +14,16 @@ import time
 
 
 class AdaptiveLimiter:
-    def __init__(self, ceiling: int, floor: int = 1, cooldown: float = 2.0):
+    def __init__(self, ceiling: int, floor: int = 1, cooldown: float = 2.0,
+                 clock=time.monotonic):
+        self.clock = clock  # a test moves a clock of its own instead of sleeping
         self.ceiling = ceiling
         self.floor = max(1, min(floor, ceiling))
         self.limit = float(ceiling)
         self.cooldown = cooldown
         self.in_flight = 0
         self._last_decrease = 0.0
-        self._last_change = time.monotonic()
+        self._last_change = clock()
         self._cond = asyncio.Condition()
 
     @property
@@ -43,7 +45,7 @@ class AdaptiveLimiter:
             self._cond.notify(1)
 
     def _maybe_grow(self) -> int:
-        now = time.monotonic()
+        now = self.clock()
         if self.limit < self.ceiling and now - self._last_change >= self.cooldown \
                 and now - self._last_decrease >= self.cooldown:
             self.limit = min(self.ceiling, self.limit + max(1.0, 0.05 * self.ceiling))
@@ -51,7 +53,7 @@ class AdaptiveLimiter:
         return self.current
 
     def rate_limited(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if now - self._last_decrease >= self.cooldown:
             self.limit = max(self.floor, self.limit * 0.75)
             self._last_decrease = now

@@ -4,8 +4,9 @@ The user's policy for Kimi K2.5 is "no further quantization": ignore Fireworks (
 and BaseTen (FP4), or allow only int4 (+ `unknown` for first-party endpoints). This
 module builds OpenRouter's `provider` object from the flags, reads the model's endpoints
 table (`GET /models/{author}/{slug}/endpoints`: providers, quantizations, prices), decides
-which endpoints the policy allows (for `--plan` and for the worst-case price a budget
-reservation needs), and verifies each answer's serving provider against the policy:
+which endpoints the policy allows (for `--plan`), the worst-case price a budget reservation
+needs (the whole table's, since an excluded endpoint that serves anyway bills its own
+price), and verifies each answer's serving provider against the policy:
 routing is verified, not trusted.
 """
 
@@ -159,14 +160,25 @@ class PriceBound:
 
 
 def price_bound(policy: Policy, endpoints: list[Endpoint] | None) -> PriceBound | None:
-    """Worst-case prices: from the allowed endpoints, capped by --max-price-* flags."""
+    """Worst-case prices: the highest of the WHOLE endpoints table, capped by --max-price-*.
+
+    Not the highest among the endpoints the policy allows: an answer served anyway by an
+    endpoint the flags exclude (a routing violation, detected and recorded, but paid for)
+    is billed at that endpoint's price, so every endpoint that could bill the request
+    counts. `max_price` is the exception: OpenRouter filters endpoints by it (a hard
+    filter, not a preference), so a price flag caps its side of the bound. Without a table,
+    both flags are needed for a bound.
+    """
     flag_prompt = policy.max_price_prompt / 1e6 if policy.max_price_prompt is not None else None
     flag_completion = (policy.max_price_completion / 1e6
                        if policy.max_price_completion is not None else None)
-    allowed = allowed_endpoints(policy, endpoints or [])
-    if allowed:
-        prompt = max(e.prompt_price for e in allowed)
-        completion = max(e.completion_price for e in allowed)
+    if endpoints:
+        prompt = max(e.prompt_price for e in endpoints)
+        completion = max(e.completion_price for e in endpoints)
+        if flag_prompt is not None:
+            prompt = min(prompt, flag_prompt)
+        if flag_completion is not None:
+            completion = min(completion, flag_completion)
         return PriceBound(prompt, completion, "endpoints table")
     if flag_prompt is not None and flag_completion is not None:
         return PriceBound(flag_prompt, flag_completion, "--max-price flags")

@@ -10,12 +10,22 @@ complete. The swap from an old set to a new one (`ShardSet.commit`):
    old manifest stays until step 4 replaces it atomically;
 3. the new shards are renamed to their names;
 4. the new manifest is renamed to `manifest.json`;
-5. only then are the old set's shards that the new set does not reuse deleted.
+5. only then are the old set's shards that the new set does not reuse deleted. Their names
+   are written to `DIR/.kp-shard-stale` before step 4, and the list is removed once they
+   are gone: after a crash in between, the next run deletes those the current manifest
+   does not list (a new set may have other names, so its own name pattern would miss them).
 
 A crash at any point leaves either the old manifest with all of its files intact, the new
 manifest with all of its files, or (between 2 and 4) no manifest at all; never a manifest
 that names a missing or half-written file. Leftover temporary files are removed by the next
 run in the same directory (an exclusive lock on `DIR/.kp-shard.lock` keeps two runs apart).
+
+The tests crash a real process at each step: with `KP_TEST_PAUSE_AT=STEP` in its
+environment, kp-shard stops itself (SIGSTOP) at that step and the test kills it with
+SIGKILL there, so no cleanup runs, as in a real crash. The steps, in order: `commit`
+(every shard complete under its temporary name), `manifest-written`,
+`old-manifest-removed`, `renamed-N` (after the N-th shard's rename), `shards-renamed`,
+`manifest-swapped`, `deleted-N` (after the N-th stale shard's deletion).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -37,11 +48,18 @@ from .rows import Row
 
 MANIFEST = "manifest.json"
 LOCK = ".kp-shard.lock"
+STALE = ".kp-shard-stale"  # the old set's shards a swap has yet to delete (JSON list)
 SHARD_SUFFIX = ".jsonl.zst"
 _TEMP = re.compile(r"^\..+\.jsonl\.zst\.tmp-\d+$|^\.manifest\.json\.tmp-\d+$"
                    r"|^\.kp-shard-spill-\d+$")  # our temporary names, and only those
 _SYNC_EVERY = 16 << 20  # compressed bytes between background syncs of a shard
 _JOB_SIZE = 0  # zstd picks it from the level (measured: smaller jobs were not faster)
+
+
+def _pause_at(step: str) -> None:
+    """The crash tests' hook (see the module docstring): one environment lookup a step."""
+    if os.environ.get("KP_TEST_PAUSE_AT") == step:
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def temp_name(final: str) -> str:
@@ -273,6 +291,7 @@ class ShardSet:
 
     def commit(self, manifest: dict) -> None:
         """Swap the finished set in for the old one (see the module docstring)."""
+        _pause_at("commit")
         d = self.directory
         old = read_manifest_files(d)
         new_names = {s.file for s in self.finished}
@@ -282,22 +301,38 @@ class ShardSet:
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
+        _pause_at("manifest-written")
         manifest_path = os.path.join(d, MANIFEST)
         if any(os.path.exists(os.path.join(d, n)) for n in new_names) and os.path.exists(manifest_path):
             os.unlink(manifest_path)
             fsync_dir(d)
-        for name in sorted(new_names):
+            _pause_at("old-manifest-removed")
+        for i, name in enumerate(sorted(new_names), 1):
             os.replace(os.path.join(d, temp_name(name)), os.path.join(d, name))
+            _pause_at(f"renamed-{i}")
+        stale = {n for n in old if n not in new_names}
+        stale_list = os.path.join(d, STALE)
+        if stale:
+            with open(stale_list, "w") as f:
+                json.dump(sorted(stale), f)
+                f.flush()
+                os.fsync(f.fileno())
         fsync_dir(d)
+        _pause_at("shards-renamed")
         os.replace(manifest_tmp, manifest_path)
         fsync_dir(d)
+        _pause_at("manifest-swapped")
         mine = shard_pattern(self.prefix)
-        stale = {n for n in old if n not in new_names}
         stale |= {n for n in os.listdir(d) if mine.match(n) and n not in new_names}
+        deleted = 0
         for name in sorted(stale):
             path = os.path.join(d, name)
             if os.path.isfile(path) and os.path.basename(name) == name:
                 os.unlink(path)
+                deleted += 1
+                _pause_at(f"deleted-{deleted}")
+        if os.path.exists(stale_list):
+            os.unlink(stale_list)
         if stale:
             fsync_dir(d)
 
@@ -314,6 +349,28 @@ def read_manifest_files(directory: str) -> set[str]:
         return {s["file"] for s in manifest.get("shards", []) if isinstance(s.get("file"), str)}
     except (OSError, ValueError, AttributeError, TypeError):
         return set()
+
+
+def finish_stale_deletions(directory: str) -> None:
+    """Delete what an interrupted swap left of the old set (see `STALE`): the names listed
+    that the current manifest does not list (none, before that swap reached its step 4)."""
+    path = os.path.join(directory, STALE)
+    try:
+        with open(path) as f:
+            names = json.load(f)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError):
+        names = []
+    keep = read_manifest_files(directory)
+    for name in names if isinstance(names, list) else []:
+        if (isinstance(name, str) and name.endswith(SHARD_SUFFIX) and name not in keep
+                and os.path.basename(name) == name):
+            target = os.path.join(directory, name)
+            if os.path.isfile(target):
+                os.unlink(target)
+    os.unlink(path)
+    fsync_dir(directory)
 
 
 def fsync_dir(directory: str) -> None:
@@ -351,6 +408,7 @@ class DirectoryLock:
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     os.unlink(path)
+        finish_stale_deletions(self.directory)
         return self
 
     def __exit__(self, *exc) -> None:
