@@ -1,11 +1,11 @@
-"""The same `post(body, assembler)` as sse.StreamPool, over aiohttp: the escape hatch.
+"""The same `post(body, assembler)` as http11.Http11Pool, over aiohttp: the escape hatch.
 
-StreamPool is our own HTTP/1.1 client, chosen for its CPU cost per streamed event
+Http11Pool is our own HTTP/1.1 client, chosen for its CPU cost per streamed event
 (bench/README.md). The live OpenRouter cannot be reached from where kimipipe is built and
 tested, so if some proxy, load balancer or TLS setup trips the hand-written client, users
 run `kp-infer --http-client aiohttp`: a well-kept library carries the bytes, and every
 rule above it (the assembler, retries, budgets, routing) stays exactly the same, since the
-outcomes are the same objects (HTTPStatus, Stalled, Broken). It costs more CPU per event
+outcomes are the same objects (CollectedResponse, Stalled, Broken). It costs more CPU per event
 (~25 µs against ~15 µs), which more `--workers` make up for.
 """
 
@@ -16,7 +16,8 @@ import time
 
 import aiohttp
 
-from .sse import Broken, HTTPStatus, Stalled, keepalive_socket
+from .http11 import keepalive_socket
+from .outcomes import Broken, CollectedResponse, Stalled
 
 
 def _socket_factory(addr_info):
@@ -71,7 +72,7 @@ class AiohttpPool:
             async with self._session.post(self.url, data=body, headers={"Accept": accept}) as resp:
                 head_received = True
                 if resp.status != 200 or assembler is None:
-                    return HTTPStatus(resp.status, {k.lower(): v for k, v in resp.headers.items()},
+                    return CollectedResponse(resp.status, {k.lower(): v for k, v in resp.headers.items()},
                                       await resp.read())
                 return await self._read_events(resp, assembler)
         except asyncio.CancelledError as e:

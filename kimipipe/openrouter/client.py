@@ -19,12 +19,12 @@ stream that only sends heartbeats stalls out. A total timeout is never used: rea
 streams of many minutes are normal. TCP keepalive is on for every connection, so a
 connection a NAT dropped silently becomes an error instead of a hang.
 
-Requests go through `sse.StreamPool`: keep-alive HTTP/1.1 connections read by an asyncio
+Requests go through `http11.Http11Pool`: keep-alive HTTP/1.1 connections read by an asyncio
 Protocol that decodes chunked transfer and SSE inside `data_received` and assembles a
 streamed answer (`StreamAnswer`) without waking a coroutine per TCP segment. Measured
 at 1000-2000 in flight (../shared/PERFORMANCE.md, bench/README.md): httpx's own pool ~49
 ms of CPU per request, aiohttp ~0.5-0.75 ms and ~22-26 µs per streamed event (most of it
-in waking the reading task per segment), StreamPool less on both. The client holds no
+in waking the reading task per segment), Http11Pool less on both. The client holds no
 run state, so it can live in a worker process (kimipipe/infer/workers.py).
 """
 
@@ -33,7 +33,8 @@ from __future__ import annotations
 import msgspec
 
 from ..errors import redact
-from .sse import Broken, HTTPStatus, Stalled, StreamPool
+from .http11 import Http11Pool
+from .outcomes import Broken, CollectedResponse, Stalled
 
 RETRYABLE_STATUSES = {408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525, 526, 529}
 
@@ -186,7 +187,7 @@ def _finish(body_id, provider, model, content, reasoning, finish_reason, usage: 
 
 
 class CompletionClient:
-    """Sends chat completion attempts over one StreamPool (many keep-alive connections)."""
+    """Sends chat completion attempts over one Http11Pool (many keep-alive connections)."""
 
     def __init__(self, base_url: str, api_key: str, *, idle_timeout: float = 120.0,
                  connect_timeout: float = 30.0, extra_headers: dict[str, str] | None = None,
@@ -207,7 +208,7 @@ class CompletionClient:
             self._pool = AiohttpPool(self.url, headers, idle_timeout=idle_timeout,
                                      connect_timeout=connect_timeout)
         else:
-            self._pool = StreamPool(self.url, headers, idle_timeout=idle_timeout,
+            self._pool = Http11Pool(self.url, headers, idle_timeout=idle_timeout,
                                     connect_timeout=connect_timeout)
         self._entered = False
 
@@ -229,7 +230,7 @@ class CompletionClient:
             return Attempt("retry", cause="connection", message=redact(f"{type(e).__name__}: {e}")[:300])
         if isinstance(outcome, Attempt):
             return outcome
-        if isinstance(outcome, HTTPStatus):
+        if isinstance(outcome, CollectedResponse):
             if outcome.status == 200:
                 return self._read_plain(outcome.body)
             try:
@@ -288,7 +289,7 @@ def _midstream(error: dict, after_output: bool) -> Attempt:
 
 
 class StreamAnswer:
-    """Assembles one streamed answer from its SSE `data:` payloads (the StreamPool assembler).
+    """Assembles one streamed answer from its SSE `data:` payloads (the Http11Pool assembler).
 
     `event(payload)` returns an Attempt once the answer is decided ([DONE], an error chunk,
     a chunk that is not JSON), else None; `end()` gives the Attempt for a body that ended

@@ -1,4 +1,4 @@
-"""The streamed-completion transport (kimipipe/openrouter/sse.py) and its answer assembly.
+"""The streamed-completion transport (kimipipe/openrouter/http11.py) and its answer assembly.
 
 Two kinds of test: the parser fed one whole response split at every byte boundary (in the
 middle of `data:`, of a UTF-8 character, of a chunk-size line, of a CRLF), and real
@@ -19,7 +19,8 @@ import subprocess
 import pytest
 
 from kimipipe.openrouter.client import CompletionClient, StreamAnswer
-from kimipipe.openrouter.sse import Broken, HTTPStatus, StreamPool, _Connection
+from kimipipe.openrouter.http11 import Http11Pool, _Connection
+from kimipipe.openrouter.outcomes import Broken, CollectedResponse
 
 KEY = "sk-or-test"
 
@@ -100,7 +101,7 @@ class _FakeTransport:
 def feed(pieces: list[bytes]):
     """Feed one response to a parser in PIECES; return (outcome, connection, pool)."""
     async def run():
-        pool = StreamPool("http://127.0.0.1:9/api/v1/chat/completions", {})
+        pool = Http11Pool("http://127.0.0.1:9/api/v1/chat/completions", {})
         conn = _Connection(pool)
         conn.connection_made(_FakeTransport())
         future = asyncio.get_running_loop().create_future()
@@ -193,7 +194,7 @@ def test_error_status_body_is_collected_whole():
     body = json.dumps({"error": {"code": 429, "message": "slow down"}}).encode()
     outcome, conn, pool = feed([head(429, Retry_After="3", Transfer_Encoding="chunked")
                                 + chunked([body[:10], body[10:]])])
-    assert isinstance(outcome, HTTPStatus) and outcome.status == 429
+    assert isinstance(outcome, CollectedResponse) and outcome.status == 429
     assert json.loads(outcome.body) == {"error": {"code": 429, "message": "slow down"}}
     assert outcome.headers["retry-after"] == "3" and pool._idle == [conn]
 
@@ -440,7 +441,7 @@ def test_tls_stream_and_plain_on_one_connection(certificate):
     async def go():
         scripts = [(AWKWARD, "keep"), ([head(200, Content_Length=len(PLAIN_BODY)) + PLAIN_BODY], "keep")]
         async with ScriptedServer(scripts, ssl_context=server_ctx) as server:
-            pool = StreamPool(server.base_url + "/chat/completions", {}, ssl_context=client_ctx)
+            pool = Http11Pool(server.base_url + "/chat/completions", {}, ssl_context=client_ctx)
             async with pool:
                 streamed = await pool.post(b"{}", StreamAnswer())
                 await asyncio.sleep(0.1)
@@ -449,7 +450,7 @@ def test_tls_stream_and_plain_on_one_connection(certificate):
 
     streamed, plain, connections = asyncio.run(go())
     check_answer(streamed)
-    assert isinstance(plain, HTTPStatus) and plain.status == 200 and plain.body == PLAIN_BODY
+    assert isinstance(plain, CollectedResponse) and plain.status == 200 and plain.body == PLAIN_BODY
     assert connections == 1
 
 

@@ -12,22 +12,16 @@ assembler synchronously, and one future per request is resolved when the answer 
 connections: their body is collected whole, which at 2000 in flight costs less CPU than
 aiohttp (bench/README.md) and keeps aiohttp out of the worker processes.
 
-    pool = StreamPool(url, headers, idle_timeout=120, connect_timeout=30)
+    pool = Http11Pool(url, headers, idle_timeout=120, connect_timeout=30)
     async with pool:
         outcome = await pool.post(body, assembler)   # streamed
-        outcome = await pool.post(body)              # plain: HTTPStatus with the whole body
+        outcome = await pool.post(body)              # plain: CollectedResponse with the whole body
 
 `assembler` is any object with `event(payload: bytes) -> result | None` (one `data:` line's
 payload, stripped; a non-None result decides the request, e.g. `[DONE]` or an error chunk)
 and `end() -> result` (the body ended without a decision). `post` returns that result, or
-one of the outcome objects below, which the caller maps to its own error kinds:
-    HTTPStatus(status, headers, body)  a non-200 answer (or any plain one), its whole body
-                                       (decompressed)
-    Stalled(seconds)                   streamed: no `data:` line (or no response head) for
-                                       idle_timeout; keep-alive comments (`: ...`) do not
-                                       count as data. Plain: no bytes at all for idle_timeout
-    Broken(message, cut)               the connection failed; cut=True once the 200 head arrived
-                                       (the answer is partial and must not be used)
+one of the outcome objects of `outcomes.py` (CollectedResponse, Stalled, Broken), which
+the caller maps to its own error kinds.
 
 Connections are reused (HTTP/1.1 keep-alive) once a response has been read to its end; a
 reused connection that closes before answering a single byte is retried once on a new one
@@ -45,32 +39,13 @@ import time
 import zlib
 from urllib.parse import urlsplit
 
+from .outcomes import Broken, CollectedResponse, Stalled
+
 _HEAD, _SIZE, _DATA, _DATA_END, _TRAILER, _LENGTH, _UNTIL_CLOSE, _IDLE = range(8)
 _MAX_HEAD = 64 * 1024
 _MAX_ERROR_BODY = 1 << 20
 _MAX_PLAIN_BODY = 256 << 20
 _POOL_IDLE_SECONDS = 30.0  # below the usual server keep-alive (aiohttp 75 s, nginx 75 s)
-
-
-class HTTPStatus:
-    __slots__ = ("status", "headers", "body")
-
-    def __init__(self, status: int, headers: dict[str, str], body: bytes):
-        self.status, self.headers, self.body = status, headers, body
-
-
-class Stalled:
-    __slots__ = ("seconds",)
-
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-
-
-class Broken:
-    __slots__ = ("message", "cut")
-
-    def __init__(self, message: str, cut: bool):
-        self.message, self.cut = message, cut
 
 
 def keepalive_socket(family: int, type_: int, proto: int) -> socket.socket:
@@ -87,7 +62,7 @@ def keepalive_socket(family: int, type_: int, proto: int) -> socket.socket:
 class _Connection(asyncio.Protocol):
     """One HTTP/1.1 connection; parses one response at a time (see the module docstring)."""
 
-    def __init__(self, pool: StreamPool):
+    def __init__(self, pool: Http11Pool):
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -347,7 +322,7 @@ class _Connection(asyncio.Protocol):
         self.phase = _IDLE
         if not self.decided:
             if self.collected is not None:
-                self._resolve(HTTPStatus(self.status, self.headers, b"".join(self.collected)))
+                self._resolve(CollectedResponse(self.status, self.headers, b"".join(self.collected)))
             else:
                 self._resolve(self.assembler.end())
         self.future = self.assembler = self.collected = None
@@ -387,7 +362,7 @@ def _describe(exc: BaseException | None, default: str) -> str:
     return f"{type(exc).__name__}: {exc}" if exc is not None else default
 
 
-class StreamPool:
+class Http11Pool:
     """Keep-alive HTTP/1.1 connections to one URL for streamed POSTs (module docstring)."""
 
     def __init__(self, url: str, headers: dict[str, str], *, idle_timeout: float = 120.0,
@@ -419,7 +394,7 @@ class StreamPool:
         self._addresses_at = 0.0
         self._watchdog: asyncio.Task | None = None
 
-    async def __aenter__(self) -> StreamPool:
+    async def __aenter__(self) -> Http11Pool:
         self._watchdog = asyncio.create_task(self._watch())
         return self
 
