@@ -1,16 +1,19 @@
-"""Completions over HTTP/1.1 without waking a coroutine per TCP segment.
+"""An HTTP/1.1 client and connection pool for completions, without a coroutine per TCP segment.
 
 Why not aiohttp for streams: a live stream's events arrive a few at a time, each write in
 its own TCP segment. Through aiohttp every segment costs its C parser call, a StreamReader
 feed, a read-timeout timer reschedule and a wake-up of the reading task (an async-for step),
 before any of our code runs: ~22-26 µs of CPU per SSE event at 1000 streams
 (bench/README.md), which caps one worker at ~1000 live 40-event/s streams. Here the bytes
-are taken straight from the socket by an `asyncio.Protocol`: chunked transfer decoding and
-SSE line splitting run inside `data_received`, each `data:` line goes to the caller's
-assembler synchronously, and one future per request is resolved when the answer is decided
-(or the stream ends, stalls or breaks). Plain (non-streamed) requests use the same
-connections: their body is collected whole, which at 2000 in flight costs less CPU than
-aiohttp (bench/README.md) and keeps aiohttp out of the worker processes.
+are taken straight from the socket by an `asyncio.Protocol` and handed to llhttp (the
+parser of Node.js and aiohttp, through `httptools`), which does the HTTP/1.1 framing: status
+line, headers, chunked transfer, Content-Length, bodies that end with the connection,
+trailers, 1xx heads; it rejects what RFC 9112 forbids (sizes that are not plain digits,
+Content-Length together with chunked, control characters in headers). Its body callback
+splits SSE lines, each `data:` line goes to the caller's assembler synchronously, and one
+future per request is resolved when the answer is decided (or the stream ends, stalls or
+breaks). Plain (non-streamed) requests use the same connections: their body is collected
+whole, which at 2000 in flight costs less CPU than aiohttp (bench/README.md).
 
     pool = Http11Pool(url, headers, idle_timeout=120, connect_timeout=30)
     async with pool:
@@ -22,6 +25,10 @@ payload, stripped; a non-None result decides the request, e.g. `[DONE]` or an er
 and `end() -> result` (the body ended without a decision). `post` returns that result, or
 one of the outcome objects of `outcomes.py` (CollectedResponse, Stalled, Broken), which
 the caller maps to its own error kinds.
+
+Limits: a response head of at most 64 KiB, an error body kept to its first MiB, a plain
+body of at most 256 MiB, an SSE line of at most 16 MiB. A response that breaks HTTP/1.1 is
+`Broken` and its connection closed.
 
 Connections are reused (HTTP/1.1 keep-alive) once a response has been read to its end; a
 reused connection that closes before answering a single byte is retried once on a new one
@@ -39,10 +46,12 @@ import time
 import zlib
 from urllib.parse import urlsplit
 
+import httptools
+
 from .outcomes import Broken, CollectedResponse, Stalled
 
-_HEAD, _SIZE, _DATA, _DATA_END, _TRAILER, _LENGTH, _UNTIL_CLOSE, _IDLE = range(8)
 _MAX_HEAD = 64 * 1024
+_MAX_EVENT_LINE = 16 << 20  # one SSE line; a 200 that never sends a newline is not a stream
 _MAX_ERROR_BODY = 1 << 20
 _MAX_PLAIN_BODY = 256 << 20
 _POOL_IDLE_SECONDS = 30.0  # below the usual server keep-alive (aiohttp 75 s, nginx 75 s)
@@ -59,28 +68,40 @@ def keepalive_socket(family: int, type_: int, proto: int) -> socket.socket:
     return sock
 
 
+class _ProtocolError(Exception):
+    """The response breaks HTTP/1.1 or one of our limits: the connection cannot be reused."""
+
+
 class _Connection(asyncio.Protocol):
-    """One HTTP/1.1 connection; parses one response at a time (see the module docstring)."""
+    """One HTTP/1.1 connection; one request at a time (see the module docstring).
+
+    llhttp (httptools) does the framing and calls back into the `on_*` methods below; the
+    response head is gathered here first (to bound its size) and fed to it whole.
+    """
 
     def __init__(self, pool: Http11Pool):
         self.pool = pool
+        self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self.requests = 0
+        self.reused = False
         self.idle_since = 0.0
-        self.phase = _IDLE
+        self.busy = False             # a request is out and its response not read to its end
         self.future: asyncio.Future | None = None
         self.assembler = None
-        self.decided = True
-        self.received = 0
+        self.decided = True           # the request's outcome is known (future resolved)
+        self.got_bytes = False
+        self.any_byte_counts = False  # plain: any byte is progress; streamed: data lines only
         self.last_data = 0.0
         self.head = b""
-        self.line = b""
-        self.sse = b""
-        self.remaining = 0
+        self.head_done = False        # the final (non-1xx) head has been parsed
+        self.informational = False
+        self.complete = False         # llhttp saw the end of the message
+        self.until_close = False
+        self.keep_alive = False
         self.status = 0
         self.headers: dict[str, str] = {}
-        self.keep_alive = False
+        self.sse = b""
         self.collected: list[bytes] | None = None  # error and plain bodies
         self.collected_size = 0
         self.collect_limit = 0
@@ -92,12 +113,16 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        self.busy = False
         self.pool._forget(self)
         if self.decided:
             return
-        if self.phase == _UNTIL_CLOSE:
-            self._message_end()
-        elif self.phase == _HEAD:
+        if self.head_done and self.until_close:
+            try:
+                self._body_end()  # the close ends a body that had no length
+            except _ProtocolError as e:
+                self._resolve(Broken(f"bad HTTP response: {e}", cut=self.status == 200))
+        elif not self.head_done:
             self._resolve(Broken(_describe(exc, "server closed the connection before answering"),
                                  cut=False))
         else:
@@ -107,31 +132,45 @@ class _Connection(asyncio.Protocol):
         return False  # close our side too; connection_lost finishes the request
 
     def data_received(self, data: bytes) -> None:
-        self.received += len(data)
-        if self.assembler is None:
-            self.last_data = time.monotonic()  # plain: any byte is progress
+        if not self.busy:  # bytes nobody asked for: the connection's state is unknown
+            self.abort()
+            return
+        self.got_bytes = True
+        if self.any_byte_counts:
+            self.last_data = time.monotonic()
         try:
-            if self.phase == _HEAD:
+            if not self.head_done:
                 data = self._read_head(data)
-                if not data:
-                    return
-            if self.phase == _DATA and len(data) < self.remaining:
-                self.remaining -= len(data)  # the common case: a segment inside one chunk
-                self._body(data)
-            else:
-                self._framing(data)
-        except _ProtocolError as e:
-            self._fail(Broken(f"bad HTTP response: {e}", cut=self.status == 200))
+            if data:
+                if self.complete:
+                    raise _ProtocolError("bytes after the end of the response")
+                self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as e:
+            error = e.__context__
+            if not isinstance(error, _ProtocolError):  # a bug in our callbacks: let it show
+                if not self.decided:
+                    self.decided = True
+                    self.future.set_exception(error or e)
+                self.abort()
+                return
+            self._fail(Broken(f"bad HTTP response: {error}", cut=self.head_done and self.status == 200))
+            return
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, _ProtocolError) as e:
+            self._fail(Broken(f"bad HTTP response: {e}", cut=self.head_done and self.status == 200))
+            return
+        if self.complete:
+            self._message_end()
 
     # -- requests ----------------------------------------------------------------------------
     def start(self, request: bytes, future: asyncio.Future, assembler) -> None:
         self.future = future
         self.assembler = assembler
         self.decided = False
-        self.received = 0
-        self.requests += 1
-        self.phase = _HEAD
-        self.head = self.line = self.sse = b""
+        self.busy = True
+        self.got_bytes = self.head_done = self.informational = self.complete = False
+        self.until_close = False
+        self.any_byte_counts = assembler is None
+        self.head = self.sse = b""
         self.status = 0
         self.headers = {}
         self.collected = None
@@ -153,137 +192,78 @@ class _Connection(asyncio.Protocol):
 
     def abort(self) -> None:
         self.closed = True
-        self.phase = _IDLE
+        self.busy = False
         if self.transport is not None:
             self.transport.abort()
 
-    # -- parsing -----------------------------------------------------------------------------
+    def _message_end(self) -> None:
+        """The response was read to its end: the connection goes back to the pool or closes."""
+        self.busy = False
+        self.future = self.assembler = self.collected = None
+        if self.closed:
+            return
+        if self.keep_alive:
+            self.pool._release(self)
+        else:
+            self.abort()
+
+    # -- the response head -------------------------------------------------------------------
     def _read_head(self, data: bytes) -> bytes:
+        """Gather the head (bounded by _MAX_HEAD) and feed it to llhttp whole; return the
+        bytes after it (b"" while it is incomplete). 1xx heads are skipped."""
+        buf = self.head + data if self.head else data
         while True:
-            buf = self.head + data
             end = buf.find(b"\r\n\r\n")
-            if end < 0:
+            if end < 0 or end > _MAX_HEAD:
                 if len(buf) > _MAX_HEAD:
                     raise _ProtocolError("response head too large")
                 self.head = buf
                 return b""
             self.head = b""
-            lines = buf[:end].split(b"\r\n")
-            data = buf[end + 4:]
-            parts = lines[0].split(None, 2)
-            if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-                raise _ProtocolError(f"status line {lines[0][:80]!r}")
-            status = int(parts[1])
-            headers: dict[str, str] = {}
-            for line in lines[1:]:
-                name, sep, value = line.partition(b":")
-                if not sep:
-                    raise _ProtocolError(f"header line {line[:80]!r}")
-                key = name.strip().lower().decode("latin-1")
-                value = value.strip().decode("latin-1")
-                headers[key] = f"{headers[key]}, {value}" if key in headers else value
-            if 100 <= status < 200:
-                continue  # 100 Continue / 103 Early Hints: the real head follows
-            break
+            head, buf = buf[:end + 4], buf[end + 4:]
+            self.parser.feed_data(head)
+            if self.head_done or self.complete:
+                return buf
+
+    # -- llhttp callbacks ----------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise _ProtocolError("bytes after the end of the response")
+        self.headers = {}
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.head_done:
+            return  # a trailer field: nothing here uses them
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1").strip()
+        headers = self.headers
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status < 200:
+            self.informational = True  # 100 Continue, 103 Early Hints: the real head follows
+            return
+        self.head_done = True
         self.status = status
-        self.headers = headers
         self.last_data = time.monotonic()
-        connection = headers.get("connection", "").lower()
-        self.keep_alive = ("close" not in connection) if parts[0] == b"HTTP/1.1" \
-            else ("keep-alive" in connection)
-        if status != 200 or self.assembler is None:
-            self.collected = []
-            self.collected_size = 0
-            self.collect_limit = _MAX_PLAIN_BODY if status == 200 else _MAX_ERROR_BODY
+        headers = self.headers
+        transfer = headers.get("transfer-encoding")
+        if transfer is not None and transfer.lower() != "chunked":
+            raise _ProtocolError(f"unsupported transfer-encoding {transfer!r}")
+        self.until_close = transfer is None and "content-length" not in headers \
+            and status not in (204, 304)
         encoding = headers.get("content-encoding", "identity").lower()
         if encoding in ("gzip", "deflate", "x-gzip"):
             self.inflate = zlib.decompressobj(47)  # zlib or gzip wrapper, detected
         elif encoding not in ("identity", ""):
             raise _ProtocolError(f"unsupported content-encoding {encoding!r}")
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self.phase = _SIZE
-        elif "content-length" in headers:
-            try:
-                self.remaining = int(headers["content-length"])
-            except ValueError:
-                raise _ProtocolError("bad content-length") from None
-            self.phase = _LENGTH
-            if self.remaining == 0 or status in (204, 304):
-                self._message_end()
-                return b""
-        elif status in (204, 304):
-            self._message_end()
-            return b""
-        else:
-            self.phase = _UNTIL_CLOSE
-            self.keep_alive = False
-        return data
+        if status != 200 or self.assembler is None:
+            self.collected = []
+            self.collected_size = 0
+            self.collect_limit = _MAX_PLAIN_BODY if status == 200 else _MAX_ERROR_BODY
 
-    def _framing(self, data: bytes) -> None:
-        pos, n = 0, len(data)
-        while pos < n:
-            phase = self.phase
-            if phase == _DATA:
-                take = min(self.remaining, n - pos)
-                self.remaining -= take
-                if self.remaining == 0:
-                    self.phase = _DATA_END
-                self._body(data[pos:pos + take] if take != n else data)
-                pos += take
-            elif phase == _DATA_END:
-                byte = data[pos]
-                pos += 1
-                if byte == 10:  # "\n" ends the chunk; a "\r" before it is skipped
-                    self.phase = _SIZE
-                elif byte != 13:
-                    raise _ProtocolError("chunk not followed by CRLF")
-            elif phase == _SIZE or phase == _TRAILER:
-                nl = data.find(b"\n", pos)
-                if nl < 0:
-                    self.line += data[pos:]
-                    if len(self.line) > _MAX_HEAD:
-                        raise _ProtocolError("chunk size line too long")
-                    return
-                line = (self.line + data[pos:nl]) if self.line else data[pos:nl]
-                self.line = b""
-                pos = nl + 1
-                if phase == _TRAILER:
-                    if not line.strip():
-                        self._message_end()
-                        if pos < n:
-                            self.keep_alive = False  # bytes nobody asked for: don't reuse
-                            self.abort()
-                        return
-                    continue
-                try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
-                    raise _ProtocolError(f"chunk size {line[:40]!r}") from None
-                if size == 0:
-                    self.phase = _TRAILER
-                else:
-                    self.remaining = size
-                    self.phase = _DATA
-            elif phase == _LENGTH:
-                take = min(self.remaining, n - pos)
-                self.remaining -= take
-                self._body(data[pos:pos + take] if take != n else data)
-                pos += take
-                if self.remaining == 0:
-                    self._message_end()
-                    if pos < n:
-                        self.keep_alive = False
-                        self.abort()
-                    return
-            elif phase == _UNTIL_CLOSE:
-                self._body(data[pos:] if pos else data)
-                return
-            else:  # bytes on an idle connection, or after a decided, aborted response
-                self.keep_alive = False
-                self.abort()
-                return
-
-    def _body(self, data: bytes) -> None:
+    def on_body(self, data: bytes) -> None:
         if self.inflate is not None:
             try:
                 data = self.inflate.decompress(data)
@@ -315,27 +295,27 @@ class _Connection(asyncio.Protocol):
                     self.sse = b""
                     return
             start = nl + 1
-        self.sse = data[start:] if start < len(data) else b""
+        if start < len(data):
+            if len(data) - start > _MAX_EVENT_LINE:
+                raise _ProtocolError("event stream line too long")
+            self.sse = data[start:]
+        else:
+            self.sse = b""
 
-    def _message_end(self) -> None:
-        phase_was_until_close = self.phase == _UNTIL_CLOSE
-        self.phase = _IDLE
+    def on_message_complete(self) -> None:
+        if self.informational:
+            self.informational = False
+            return
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()
+        self._body_end()
+
+    def _body_end(self) -> None:
         if not self.decided:
             if self.collected is not None:
                 self._resolve(CollectedResponse(self.status, self.headers, b"".join(self.collected)))
             else:
                 self._resolve(self.assembler.end())
-        self.future = self.assembler = self.collected = None
-        if self.closed or phase_was_until_close:
-            return
-        if self.keep_alive:
-            self.pool._release(self)
-        else:
-            self.abort()
-
-
-class _ProtocolError(Exception):
-    pass
 
 
 async def _sock_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, address) -> None:
@@ -418,7 +398,7 @@ class Http11Pool:
             except asyncio.CancelledError:
                 conn.abort()
                 raise
-            if reused and isinstance(outcome, Broken) and not outcome.cut and conn.received == 0:
+            if reused and isinstance(outcome, Broken) and not outcome.cut and not conn.got_bytes:
                 continue  # the server had closed this idle connection: it never saw the request
             return outcome
         return outcome
