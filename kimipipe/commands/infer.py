@@ -252,6 +252,10 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         if not isinstance(extra, dict):
             raise KPError("--extra-body must be a JSON object", ExitCode.USAGE)
     api_key = read_api_key(api_key_file, required=not plan)
+    try:  # what the workers will build, checked here: a bad URL, key or CA file is exit 2
+        CompletionClient(base_url, api_key or "-", idle_timeout=idle_timeout)
+    except ValueError as e:
+        raise KPError(redact(str(e)), ExitCode.USAGE) from None
     quantizations = default_quantizations(model, quantization, any_quantization)
     policy = Policy(ignore=list(ignore_provider), only=list(only_provider), quantizations=quantizations,
                     sort=sort, allow_fallbacks=not no_fallbacks, data_collection=data_collection,

@@ -16,7 +16,7 @@ import time
 
 import aiohttp
 
-from .http11 import keepalive_socket
+from .connect import keepalive_socket
 from .outcomes import Broken, CollectedResponse, Stalled
 
 

@@ -244,8 +244,10 @@ class CompletionClient:
             what = "data" if stream else "bytes"
             return Attempt("retry", cause="timeout", message=f"no {what} for {outcome.seconds:g} s")
         assert isinstance(outcome, Broken), outcome
-        return Attempt("retry", cause="cut" if outcome.cut else "connection",
-                       message=redact(outcome.message)[:300])
+        # stale: a reused keep-alive connection closed before answering; sent again only as
+        # the caller's next attempt, counted under its own cause
+        cause = "cut" if outcome.cut else "stale" if outcome.stale else "connection"
+        return Attempt("retry", cause=cause, message=redact(outcome.message)[:300])
 
     @staticmethod
     def _read_plain(raw: bytes) -> Attempt:

@@ -30,17 +30,23 @@ Limits: a response head of at most 64 KiB, an error body kept to its first MiB, 
 body of at most 256 MiB, an SSE line of at most 16 MiB. A response that breaks HTTP/1.1 is
 `Broken` and its connection closed.
 
-Connections are reused (HTTP/1.1 keep-alive) once a response has been read to its end; a
-reused connection that closes before answering a single byte is retried once on a new one
-(the server closed it while idle and never saw the request). Sockets have TCP keepalive on,
-so a connection a NAT dropped becomes an error instead of a hang. TLS for https URLs.
+What RFC 9112 asks of a client, beyond llhttp: obs-fold header lines are unfolded; a
+Content-Encoding (gzip, zlib or raw deflate) must reach its end (a truncated body is
+Broken); a 200 to a streamed request whose Content-Type is not text/event-stream is read
+whole as a CollectedResponse (a JSON error keeps its message); Host brackets an IPv6
+literal; header names and values we send are checked (no CR, LF or other control
+characters).
+
+Connections are reused (HTTP/1.1 keep-alive) once a response has been read to its end. A
+request is sent once: a reused connection that closes before the first byte of the answer
+is `Broken(stale=True)`, for the caller to send again as a new, counted attempt. How a
+connection is opened (DNS, every address tried, TCP keepalive, TLS trust) is `connect.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
+import re
 import ssl
 import time
 import zlib
@@ -48,6 +54,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from .connect import Resolver, open_socket, tls_context
 from .outcomes import Broken, CollectedResponse, Stalled
 
 _MAX_HEAD = 64 * 1024
@@ -55,17 +62,6 @@ _MAX_EVENT_LINE = 16 << 20  # one SSE line; a 200 that never sends a newline is 
 _MAX_ERROR_BODY = 1 << 20
 _MAX_PLAIN_BODY = 256 << 20
 _POOL_IDLE_SECONDS = 30.0  # below the usual server keep-alive (aiohttp 75 s, nginx 75 s)
-
-
-def keepalive_socket(family: int, type_: int, proto: int) -> socket.socket:
-    sock = socket.socket(family=family, type=type_, proto=proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 15), ("TCP_KEEPCNT", 4)):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-    if hasattr(socket, "TCP_NODELAY"):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
 
 
 class _ProtocolError(Exception):
@@ -123,8 +119,10 @@ class _Connection(asyncio.Protocol):
             except _ProtocolError as e:
                 self._resolve(Broken(f"bad HTTP response: {e}", cut=self.status == 200))
         elif not self.head_done:
-            self._resolve(Broken(_describe(exc, "server closed the connection before answering"),
-                                 cut=False))
+            stale = self.reused and not self.got_bytes
+            self._resolve(Broken(_describe(exc, "server closed the kept-alive connection before "
+                                           "answering" if stale else "server closed the connection "
+                                           "before answering"), cut=False, stale=stale))
         else:
             self._resolve(Broken(_describe(exc, "stream ended early"), cut=self.status == 200))
 
@@ -221,6 +219,8 @@ class _Connection(asyncio.Protocol):
                 return b""
             self.head = b""
             head, buf = buf[:end + 4], buf[end + 4:]
+            if b"\r\n " in head or b"\r\n\t" in head:
+                head = _unfold(head)
             self.parser.feed_data(head)
             if self.head_done or self.complete:
                 return buf
@@ -254,11 +254,17 @@ class _Connection(asyncio.Protocol):
         self.until_close = transfer is None and "content-length" not in headers \
             and status not in (204, 304)
         encoding = headers.get("content-encoding", "identity").lower()
-        if encoding in ("gzip", "deflate", "x-gzip"):
-            self.inflate = zlib.decompressobj(47)  # zlib or gzip wrapper, detected
+        if encoding in ("gzip", "x-gzip"):
+            self.inflate = zlib.decompressobj(31)
+        elif encoding == "deflate":
+            self.inflate = _Deflate()
         elif encoding not in ("identity", ""):
             raise _ProtocolError(f"unsupported content-encoding {encoding!r}")
-        if status != 200 or self.assembler is None:
+        media_type = headers.get("content-type", "text/event-stream").split(";", 1)[0]
+        if status != 200 or self.assembler is None or media_type.strip().lower() != "text/event-stream":
+            # An error, a plain answer, or a 200 to a stream request that is not a stream
+            # (a JSON error body, or a whole answer): read whole, so its message is kept.
+            self.any_byte_counts = True
             self.collected = []
             self.collected_size = 0
             self.collect_limit = _MAX_PLAIN_BODY if status == 200 else _MAX_ERROR_BODY
@@ -311,6 +317,8 @@ class _Connection(asyncio.Protocol):
         self._body_end()
 
     def _body_end(self) -> None:
+        if self.inflate is not None and not self.inflate.eof:
+            raise _ProtocolError("the compressed body ends early")
         if not self.decided:
             if self.collected is not None:
                 self._resolve(CollectedResponse(self.status, self.headers, b"".join(self.collected)))
@@ -318,32 +326,76 @@ class _Connection(asyncio.Protocol):
                 self._resolve(self.assembler.end())
 
 
-async def _sock_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, address) -> None:
-    """loop.sock_connect for an address getaddrinfo already gave: uvloop's own resolves it
-    again in its thread pool on every call (~100 µs each, 2000 times on a cold start)."""
-    try:
-        sock.connect(address)
-        return
-    except BlockingIOError:
-        pass
-    fd = sock.fileno()
-    writable = loop.create_future()
-    loop.add_writer(fd, lambda: writable.done() or writable.set_result(None))
-    try:
-        await writable
-    finally:
-        loop.remove_writer(fd)
-    error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-    if error:
-        raise OSError(error, f"connect to {address[0]}:{address[1]} failed: {os.strerror(error)}")
+class _Deflate:
+    """Content-Encoding: deflate is meant to be zlib-wrapped (RFC 9110 8.4.1.2), but some
+    servers send raw deflate; the first two bytes tell which (as browsers and curl do)."""
+
+    __slots__ = ("inner", "start")
+
+    def __init__(self):
+        self.inner = None
+        self.start = b""
+
+    @property
+    def eof(self) -> bool:
+        return self.inner is not None and self.inner.eof
+
+    def decompress(self, data: bytes) -> bytes:
+        if self.inner is None:
+            data = self.start + data
+            if len(data) < 2:
+                self.start = data
+                return b""
+            zlib_header = data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
+            self.inner = zlib.decompressobj(15 if zlib_header else -15)
+        return self.inner.decompress(data)
 
 
 def _describe(exc: BaseException | None, default: str) -> str:
     return f"{type(exc).__name__}: {exc}" if exc is not None else default
 
 
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters but HTAB
+_OBS_FOLD = re.compile(rb"[ \t]*\r\n[ \t]+")
+
+
+def _unfold(head: bytes) -> bytes:
+    """RFC 9112 5.2: a user agent replaces each obs-fold (CRLF then whitespace, a header
+    value continued on the next line) with a space; llhttp would reject it."""
+    first = head.find(b"\r\n")
+    if head[first + 2:first + 3] in (b" ", b"\t"):
+        raise _ProtocolError("whitespace before the first header line")
+    return head[:first] + _OBS_FOLD.sub(b" ", head[first:])
+
+
+def _host_header(host: str, port: int, default_port: int) -> str:
+    """RFC 9112 3.2 / RFC 3986 3.2.2: an IPv6 literal in brackets, the port only when not the default."""
+    name = f"[{host}]" if ":" in host else host
+    return name if port == default_port else f"{name}:{port}"
+
+
+def request_head(target: str, headers: dict[str, str]) -> str:
+    """`POST TARGET HTTP/1.1` and HEADERS, each checked: a line break in a value (e.g. an
+    API key file with two lines) would end the head early and smuggle what follows."""
+    if not target or any(c in target for c in " \t\r\n\x00"):
+        raise ValueError("the request path holds whitespace or a control character")
+    lines = [f"POST {target} HTTP/1.1\r\n"]
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(f"header name {name!r} is not an HTTP token")
+        if _BAD_VALUE.search(value):
+            raise ValueError(f"header {name}: its value holds a line break or control character")
+        try:
+            value.encode("latin-1")
+        except UnicodeEncodeError:
+            raise ValueError(f"header {name}: its value is not Latin-1 text") from None
+        lines.append(f"{name}: {value}\r\n")
+    return "".join(lines)
+
+
 class Http11Pool:
-    """Keep-alive HTTP/1.1 connections to one URL for streamed POSTs (module docstring)."""
+    """Keep-alive HTTP/1.1 connections to one URL, for streamed and plain POSTs (module docstring)."""
 
     def __init__(self, url: str, headers: dict[str, str], *, idle_timeout: float = 120.0,
                  connect_timeout: float = 30.0, ssl_context: ssl.SSLContext | None = None):
@@ -351,27 +403,23 @@ class Http11Pool:
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"unsupported URL scheme: {url}")
         self.host = parts.hostname or "localhost"
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        default_port = 443 if parts.scheme == "https" else 80
+        self.port = parts.port or default_port
         self.ssl: ssl.SSLContext | None = None
         if parts.scheme == "https":
-            self.ssl = ssl_context or ssl.create_default_context()
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        default_port = self.port == (443 if self.ssl else 80)
-        host_header = self.host if default_port else f"{self.host}:{self.port}"
-        if ":" in self.host and not default_port:
-            host_header = f"[{self.host}]:{self.port}"
-        fixed = {"Host": host_header, "Accept-Encoding": "identity", "Connection": "keep-alive",
-                 "User-Agent": "kimipipe", **headers}
-        head = f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fixed.items()
-                                                     if k.lower() not in ("content-length", "accept"))
+            self.ssl = ssl_context or tls_context()
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        fixed = {"Host": _host_header(self.host, self.port, default_port),
+                 "Accept-Encoding": "identity", "Connection": "keep-alive", "User-Agent": "kimipipe",
+                 **{k: v for k, v in headers.items() if k.lower() not in ("content-length", "accept")}}
+        head = request_head(target, fixed)
         self._stream_head = (head + "Accept: text/event-stream\r\n").encode("latin-1")
         self._plain_head = (head + "Accept: application/json\r\n").encode("latin-1")
         self.idle_timeout = idle_timeout
         self.connect_timeout = connect_timeout
+        self._resolver = Resolver(self.host, self.port)
         self._idle: list[_Connection] = []
         self._active: set[_Connection] = set()
-        self._addresses: asyncio.Task | None = None
-        self._addresses_at = 0.0
         self._watchdog: asyncio.Task | None = None
 
     async def __aenter__(self) -> Http11Pool:
@@ -387,23 +435,19 @@ class Http11Pool:
         self._active.clear()
 
     async def post(self, body: bytes, assembler=None):
+        """One request, one outcome: never sent again here (see outcomes.Broken.stale)."""
         head = self._plain_head if assembler is None else self._stream_head
         request = head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-        for _ in range(2):
-            conn, reused = await self._acquire()
-            future = asyncio.get_running_loop().create_future()
-            conn.start(request, future, assembler)
-            try:
-                outcome = await future
-            except asyncio.CancelledError:
-                conn.abort()
-                raise
-            if reused and isinstance(outcome, Broken) and not outcome.cut and not conn.got_bytes:
-                continue  # the server had closed this idle connection: it never saw the request
-            return outcome
-        return outcome
+        conn = await self._acquire()
+        future = asyncio.get_running_loop().create_future()
+        conn.start(request, future, assembler)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            conn.abort()
+            raise
 
-    async def _acquire(self) -> tuple[_Connection, bool]:
+    async def _acquire(self) -> _Connection:
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
@@ -412,39 +456,30 @@ class Http11Pool:
             if now - conn.idle_since > _POOL_IDLE_SECONDS:
                 conn.abort()
                 continue
+            conn.reused = True
             self._active.add(conn)
-            return conn, True
+            return conn
         conn = await self._connect()
         self._active.add(conn)
-        return conn, False
+        return conn
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
-        if self._addresses is None or time.monotonic() - self._addresses_at > 300:
-            # one lookup shared by the thousand connects of a cold start
-            self._addresses = loop.create_task(
-                loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM))
-            self._addresses_at = time.monotonic()
+        addresses = await self._resolver.addresses()
         try:
-            addresses = await asyncio.shield(self._addresses)
-        except OSError:
-            self._addresses = None
-            raise
-        error: BaseException | None = None
-        for family, type_, proto, _, address in addresses:
-            sock = keepalive_socket(family, type_, proto)
-            sock.setblocking(False)
-            try:
-                async with asyncio.timeout(self.connect_timeout):
-                    await _sock_connect(loop, sock, address)
+            async with asyncio.timeout(self.connect_timeout):
+                sock = await open_socket(addresses)
+                try:
                     _, conn = await loop.create_connection(
                         lambda: _Connection(self), sock=sock, ssl=self.ssl,
                         server_hostname=self.host if self.ssl else None)
-                return conn
-            except (OSError, TimeoutError, ssl.SSLError) as e:
-                sock.close()
-                error = e
-        raise error if error else OSError(f"cannot resolve {self.host}")
+                except BaseException:
+                    sock.close()
+                    raise
+        except (OSError, TimeoutError):
+            self._resolver.forget()  # look the name up again: the service may have moved
+            raise
+        return conn
 
     def _release(self, conn: _Connection) -> None:
         self._active.discard(conn)

@@ -11,9 +11,13 @@ an `Attempt`. Plain objects with slots: thousands are made per second at 2000 in
     Stalled(seconds)
         no progress for `seconds`: streamed, no `data:` line (keep-alive comments don't
         count) or no response head; plain, no byte at all.
-    Broken(message, cut)
+    Broken(message, cut, stale)
         the connection failed. `cut`: a 200 head had arrived, so what was read is partial
-        and must not be used.
+        and must not be used. `stale`: a kept-alive connection, reused from the pool,
+        closed before a single byte of the response arrived: most likely the server had
+        closed it while idle and never saw the request. The transport never sends a
+        request again by itself (it cannot know the server did not start on it); the
+        caller decides, and counts the retry like any other.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ class Stalled:
 
 
 class Broken:
-    __slots__ = ("message", "cut")
+    __slots__ = ("message", "cut", "stale")
 
-    def __init__(self, message: str, cut: bool):
-        self.message, self.cut = message, cut
+    def __init__(self, message: str, cut: bool, stale: bool = False):
+        self.message, self.cut, self.stale = message, cut, stale
