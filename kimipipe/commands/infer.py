@@ -210,8 +210,6 @@ def show_plan(policy: Policy, endpoints: list[Endpoint] | None, scan, todo: int,
               help="Seconds without data (keep-alive comments don't count) before an attempt is retried.")
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="Worker processes for the HTTP work (default: the number of cores; 0 = in this process).")
-@click.option("--http-client", type=click.Choice(["native", "aiohttp"]), default="native", show_default=True,
-              help="HTTP layer: kimipipe's own (least CPU per streamed chunk) or aiohttp (the escape hatch).")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Stream answers (SSE).")
 @click.option("--backoff-base", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="First retry delay in seconds (doubles per attempt, jittered, max 60 s).")
@@ -239,7 +237,7 @@ def show_plan(policy: Policy, endpoints: list[Endpoint] | None, scan, todo: int,
 @common_options
 def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, reasoning_effort,
         extra_body, ignore_provider, only_provider, quantization, any_quantization, sort, no_fallbacks, data_collection,
-        max_price_prompt, max_price_completion, concurrency, max_attempts, idle_timeout, workers, http_client, stream,
+        max_price_prompt, max_price_completion, concurrency, max_attempts, idle_timeout, workers, stream,
         backoff_base, grace, max_cost, token_budget, min_credits, credits_interval, done_files,
         failures, summary_json, partition, base_url, api_key_file, plan, quiet, debug):
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
@@ -309,11 +307,9 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
 
         async def go():
             if n_workers:
-                transport = WorkerPool(n_workers, base_url, api_key, idle_timeout=idle_timeout,
-                                       http_client=http_client)
+                transport = WorkerPool(n_workers, base_url, api_key, idle_timeout=idle_timeout)
             else:
-                transport = CompletionClient(base_url, api_key, idle_timeout=idle_timeout,
-                                             http_client=http_client)
+                transport = CompletionClient(base_url, api_key, idle_timeout=idle_timeout)
             async with transport:
                 run = Run(config, scan, done, budget, endpoints, transport, bar, balance_check)
                 run.stats.todo, run.stats.skipped = todo, skipped

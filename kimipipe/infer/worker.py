@@ -1,7 +1,6 @@
 """A kp-infer worker process: attempts in on stdin, outcomes out on stdout (see workers.py).
 
-Started by WorkerPool as `python -m kimipipe.infer.worker --base-url URL --idle-timeout S
---http-client native|aiohttp`
+Started by WorkerPool as `python -m kimipipe.infer.worker --base-url URL --idle-timeout S`
 with the API key in OPENROUTER_API_KEY. Runs until its stdin closes, then finishes the
 attempts it holds and exits. Ignores SIGINT: the parent decides when work stops.
 """
@@ -25,7 +24,7 @@ _request_decoder = msgspec.msgpack.Decoder(tuple[int, bool, bytes])
 _result_encoder = msgspec.msgpack.Encoder()
 
 
-async def serve(base_url: str, api_key: str, idle_timeout: float, http_client: str) -> None:
+async def serve(base_url: str, api_key: str, idle_timeout: float) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 26, loop=loop)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), sys.stdin.buffer)
@@ -34,8 +33,7 @@ async def serve(base_url: str, api_key: str, idle_timeout: float, http_client: s
     writer = asyncio.StreamWriter(write_transport, write_protocol, None, loop)
     tasks: set[asyncio.Task] = set()
 
-    async with CompletionClient(base_url, api_key, idle_timeout=idle_timeout,
-                                http_client=http_client) as client:
+    async with CompletionClient(base_url, api_key, idle_timeout=idle_timeout) as client:
         async def run_one(request_id: int, stream: bool, body: bytes) -> None:
             try:
                 attempt = await client.attempt(body, stream)
@@ -80,15 +78,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="kimipipe.infer.worker")
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--idle-timeout", type=float, required=True)
-    parser.add_argument("--http-client", choices=["native", "aiohttp"], default="native")
     args = parser.parse_args()
     api_key = os.environ.get("OPENROUTER_API_KEY", "")
     try:
         import uvloop
 
-        uvloop.run(serve(args.base_url, api_key, args.idle_timeout, args.http_client))
+        uvloop.run(serve(args.base_url, api_key, args.idle_timeout))
     except ImportError:
-        asyncio.run(serve(args.base_url, api_key, args.idle_timeout, args.http_client))
+        asyncio.run(serve(args.base_url, api_key, args.idle_timeout))
 
 
 if __name__ == "__main__":

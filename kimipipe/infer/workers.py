@@ -48,13 +48,11 @@ class _Worker:
 class WorkerPool:
     """N worker processes, each with its own event loop and HTTP client."""
 
-    def __init__(self, workers: int, base_url: str, api_key: str, *, idle_timeout: float,
-                 http_client: str = "native"):
+    def __init__(self, workers: int, base_url: str, api_key: str, *, idle_timeout: float):
         self.n = workers
         self.base_url = base_url
         self.api_key = api_key
         self.idle_timeout = idle_timeout
-        self.http_client = http_client
         self._workers: list[_Worker] = []
         self._ids = itertools.count()
         self._closing = False
@@ -68,7 +66,7 @@ class WorkerPool:
         env = {**os.environ, "OPENROUTER_API_KEY": self.api_key}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "kimipipe.infer.worker", "--base-url", self.base_url,
-            "--idle-timeout", repr(self.idle_timeout), "--http-client", self.http_client,
+            "--idle-timeout", repr(self.idle_timeout),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
             limit=1 << 26,
         )

@@ -190,8 +190,7 @@ class CompletionClient:
     """Sends chat completion attempts over one Http11Pool (many keep-alive connections)."""
 
     def __init__(self, base_url: str, api_key: str, *, idle_timeout: float = 120.0,
-                 connect_timeout: float = 30.0, extra_headers: dict[str, str] | None = None,
-                 http_client: str = "native"):
+                 connect_timeout: float = 30.0, extra_headers: dict[str, str] | None = None):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.idle_timeout = idle_timeout
         self._connect_timeout = connect_timeout
@@ -202,14 +201,8 @@ class CompletionClient:
             "X-Title": "kimipipe",
             **(extra_headers or {}),
         }
-        if http_client == "aiohttp":  # the escape hatch (aiohttp_pool.py)
-            from .aiohttp_pool import AiohttpPool
-
-            self._pool = AiohttpPool(self.url, headers, idle_timeout=idle_timeout,
-                                     connect_timeout=connect_timeout)
-        else:
-            self._pool = Http11Pool(self.url, headers, idle_timeout=idle_timeout,
-                                    connect_timeout=connect_timeout)
+        self._pool = Http11Pool(self.url, headers, idle_timeout=idle_timeout,
+                                connect_timeout=connect_timeout)
         self._entered = False
 
     async def __aenter__(self) -> CompletionClient:
