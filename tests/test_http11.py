@@ -676,7 +676,7 @@ def test_kp_infer_refuses_a_key_file_with_a_line_break(standin, tmp_path):
     from conftest import kp, write_jsonl
 
     server = standin(request_log=True)
-    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "messages": [{"role": "user", "content": "hi"}]}])
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "dataset": "t", "messages": [{"role": "user", "content": "hi"}]}])
     key_file = tmp_path / "key"
     key_file.write_text(f"{server.api_key}\nX-Injected: 1\n")
     r = kp("infer", prompts, "--base-url", server.base_url, "--api-key-file", key_file, "-o", tmp_path / "r.jsonl")

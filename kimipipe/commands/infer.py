@@ -71,6 +71,7 @@ from ..openrouter.models import (
     requantized_in_flags,
 )
 from ..openrouter.money import fetch_balance_async
+from ..openrouter.proxy import scrub
 from ..openrouter.routing import (
     Endpoint,
     Policy,
@@ -82,11 +83,13 @@ from ..openrouter.routing import (
 from ..partition import in_partition
 
 
-async def fetch_endpoints(base_url: str, api_key: str, model: str) -> list[Endpoint]:
+async def fetch_endpoints(base_url: str, api_key: str, model: str, proxy: str | None = None) -> list[Endpoint]:
     url = f"{base_url.rstrip('/')}/models/{model}/endpoints"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+    # trust_env: HTTPS_PROXY/NO_PROXY as the data plane reads them; --proxy overrides
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers, trust_env=True,
+                                     proxy=proxy) as session:
         async with session.get(url) as resp:
             raw = await resp.read()
             if resp.status != 200:
@@ -97,9 +100,9 @@ async def fetch_endpoints(base_url: str, api_key: str, model: str) -> list[Endpo
         raise KPError(f"unexpected endpoints table: {e}") from None
 
 
-async def fetch_spendable_balance(base_url: str, api_key: str) -> float | None:
+async def fetch_spendable_balance(base_url: str, api_key: str, proxy: str | None = None) -> float | None:
     """What the account (or the key's limit) still allows, as kp-credits reads it."""
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(trust_env=True, proxy=proxy) as session:
         balance = await fetch_balance_async(session, api_key, base_url)
     return balance.spendable
 
@@ -211,6 +214,9 @@ def show_plan(policy: Policy, endpoints: list[Endpoint] | None, scan, todo: int,
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="Worker processes for the HTTP work (default: the number of cores; 0 = in this process).")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Stream answers (SSE).")
+@click.option("--proxy", default=None, metavar="URL",
+              help="Send every request through this HTTP proxy (http://[USER:PASSWORD@]HOST:PORT), "
+                   "instead of HTTPS_PROXY/HTTP_PROXY/NO_PROXY. The password is never printed.")
 @click.option("--backoff-base", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="First retry delay in seconds (doubles per attempt, jittered, max 60 s).")
 @click.option("--grace", type=click.FloatRange(min=0), default=300.0, show_default=True,
@@ -237,7 +243,7 @@ def show_plan(policy: Policy, endpoints: list[Endpoint] | None, scan, todo: int,
 @common_options
 def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, reasoning_effort,
         extra_body, ignore_provider, only_provider, quantization, any_quantization, sort, no_fallbacks, data_collection,
-        max_price_prompt, max_price_completion, concurrency, max_attempts, idle_timeout, workers, stream,
+        max_price_prompt, max_price_completion, concurrency, max_attempts, idle_timeout, workers, stream, proxy,
         backoff_base, grace, max_cost, token_budget, min_credits, credits_interval, done_files,
         failures, summary_json, partition, base_url, api_key_file, plan, quiet, debug):
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
@@ -251,9 +257,9 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
             raise KPError("--extra-body must be a JSON object", ExitCode.USAGE)
     api_key = read_api_key(api_key_file, required=not plan)
     try:  # what the workers will build, checked here: a bad URL, key or CA file is exit 2
-        CompletionClient(base_url, api_key or "-", idle_timeout=idle_timeout)
+        CompletionClient(base_url, api_key or "-", idle_timeout=idle_timeout, proxy=proxy)
     except ValueError as e:
-        raise KPError(redact(str(e)), ExitCode.USAGE) from None
+        raise KPError(redact(scrub(str(e), proxy)), ExitCode.USAGE) from None
     quantizations = default_quantizations(model, quantization, any_quantization)
     policy = Policy(ignore=list(ignore_provider), only=list(only_provider), quantizations=quantizations,
                     sort=sort, allow_fallbacks=not no_fallbacks, data_collection=data_collection,
@@ -273,11 +279,11 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         todo = len(in_part) - skipped
 
         try:
-            endpoints = _uvloop_run(fetch_endpoints(base_url, api_key, model))
+            endpoints = _uvloop_run(fetch_endpoints(base_url, api_key, model, proxy))
         except (TimeoutError, KPError, aiohttp.ClientError, OSError) as e:
             if plan:
-                raise KPError(f"cannot read the endpoints table: {redact(str(e))}") from None
-            say(f"kp-infer: warning: cannot read the endpoints table ({redact(str(e))}); "
+                raise KPError(f"cannot read the endpoints table: {redact(scrub(str(e), proxy))}") from None
+            say(f"kp-infer: warning: cannot read the endpoints table ({redact(scrub(str(e), proxy))}); "
                 "routing is checked by provider name only", quiet)
             endpoints = None
         for warning in requantization_warnings(model, policy, endpoints):
@@ -297,7 +303,10 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         balance_check = None
         if min_credits is not None:
             async def balance_check():
-                return await fetch_spendable_balance(base_url, api_key)
+                try:
+                    return await fetch_spendable_balance(base_url, api_key, proxy)
+                except Exception as e:  # the engine prints it: no proxy password in it
+                    raise KPError(redact(scrub(str(e), proxy))) from None
 
         bar = progress(total=todo, desc="kp-infer", unit="req", quiet=quiet)
         n_workers = (os.cpu_count() or 1) if workers is None else workers
@@ -307,9 +316,10 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
 
         async def go():
             if n_workers:
-                transport = WorkerPool(n_workers, base_url, api_key, idle_timeout=idle_timeout)
+                transport = WorkerPool(n_workers, base_url, api_key, idle_timeout=idle_timeout,
+                                       proxy=proxy)
             else:
-                transport = CompletionClient(base_url, api_key, idle_timeout=idle_timeout)
+                transport = CompletionClient(base_url, api_key, idle_timeout=idle_timeout, proxy=proxy)
             async with transport:
                 run = Run(config, scan, done, budget, endpoints, transport, bar, balance_check)
                 run.stats.todo, run.stats.skipped = todo, skipped

@@ -14,7 +14,8 @@ Wire format between parent and worker, over the worker's stdin/stdout pipes: fra
 4-byte big-endian length and a msgpack body.
     parent -> worker: [request_id, stream, body_bytes]
     worker -> parent: [request_id, Attempt]
-The API key reaches workers through their environment, never their command line.
+The API key, and the `--proxy` URL (it may hold a password), reach workers through
+their environment (OPENROUTER_API_KEY, KP_INFER_PROXY), never their command line.
 
 `WorkerPool` has the same interface as `CompletionClient` (`async with`, `attempt(body,
 stream)`), so the engine cannot tell them apart and every rule of kp-infer holds with
@@ -48,11 +49,13 @@ class _Worker:
 class WorkerPool:
     """N worker processes, each with its own event loop and HTTP client."""
 
-    def __init__(self, workers: int, base_url: str, api_key: str, *, idle_timeout: float):
+    def __init__(self, workers: int, base_url: str, api_key: str, *, idle_timeout: float,
+                 proxy: str | None = None):
         self.n = workers
         self.base_url = base_url
         self.api_key = api_key
         self.idle_timeout = idle_timeout
+        self.proxy = proxy
         self._workers: list[_Worker] = []
         self._ids = itertools.count()
         self._closing = False
@@ -64,6 +67,9 @@ class WorkerPool:
 
     async def _spawn(self) -> _Worker:
         env = {**os.environ, "OPENROUTER_API_KEY": self.api_key}
+        env.pop("KP_INFER_PROXY", None)
+        if self.proxy:
+            env["KP_INFER_PROXY"] = self.proxy
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "kimipipe.infer.worker", "--base-url", self.base_url,
             "--idle-timeout", repr(self.idle_timeout),

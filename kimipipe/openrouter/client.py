@@ -35,6 +35,7 @@ import msgspec
 from ..errors import redact
 from .http11 import Http11Pool
 from .outcomes import Broken, CollectedResponse, Stalled
+from .proxy import ProxyError
 
 RETRYABLE_STATUSES = {408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525, 526, 529}
 
@@ -190,7 +191,8 @@ class CompletionClient:
     """Sends chat completion attempts over one Http11Pool (many keep-alive connections)."""
 
     def __init__(self, base_url: str, api_key: str, *, idle_timeout: float = 120.0,
-                 connect_timeout: float = 30.0, extra_headers: dict[str, str] | None = None):
+                 connect_timeout: float = 30.0, extra_headers: dict[str, str] | None = None,
+                 proxy: str | None = None):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.idle_timeout = idle_timeout
         self._connect_timeout = connect_timeout
@@ -202,7 +204,7 @@ class CompletionClient:
             **(extra_headers or {}),
         }
         self._pool = Http11Pool(self.url, headers, idle_timeout=idle_timeout,
-                                connect_timeout=connect_timeout)
+                                connect_timeout=connect_timeout, proxy=proxy)
         self._entered = False
 
     async def __aenter__(self) -> CompletionClient:
@@ -219,6 +221,8 @@ class CompletionClient:
             outcome = await self._pool.post(body, StreamAnswer() if stream else None)
         except TimeoutError:
             return Attempt("retry", cause="timeout", message=f"no connection within {self._connect_timeout:g} s")
+        except ProxyError as e:  # its message names the proxy, never its credentials
+            return Attempt("retry", cause="proxy", message=redact(str(e))[:300])
         except OSError as e:
             return Attempt("retry", cause="connection", message=redact(f"{type(e).__name__}: {e}")[:300])
         if isinstance(outcome, Attempt):

@@ -48,13 +48,17 @@ parser, and the parser is now llhttp, the one aiohttp itself uses, while aiohttp
 Connections are reused (HTTP/1.1 keep-alive) once a response has been read to its end. A
 request is sent once: a reused connection that closes before the first byte of the answer
 is `Broken(stale=True)`, for the caller to send again as a new, counted attempt. How a
-connection is opened (DNS, every address tried, TCP keepalive, TLS trust) is `connect.py`.
+connection is opened (DNS, every address tried, TCP keepalive, TLS trust) is `connect.py`;
+which proxy it goes through (HTTPS_PROXY, NO_PROXY, `proxy=`) and the CONNECT tunnel,
+`proxy.py`; the request head and the message details around llhttp, `http11_message.py`.
+
+Over 400 lines: the Protocol and the pool that owns its connections (idle list, active
+set, the watchdog that reads each connection's clock) are one piece, read together.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 import time
 import zlib
@@ -63,17 +67,15 @@ from urllib.parse import urlsplit
 import httptools
 
 from .connect import Resolver, open_socket, tls_context
+from .http11_message import Deflate, ProtocolError, host_header, request_head, unfold
 from .outcomes import Broken, CollectedResponse, Stalled
+from .proxy import ProxyError, open_tunnel, proxy_for
 
 _MAX_HEAD = 64 * 1024
 _MAX_EVENT_LINE = 16 << 20  # one SSE line; a 200 that never sends a newline is not a stream
 _MAX_ERROR_BODY = 1 << 20
 _MAX_PLAIN_BODY = 256 << 20
 _POOL_IDLE_SECONDS = 30.0  # below the usual server keep-alive (aiohttp 75 s, nginx 75 s)
-
-
-class _ProtocolError(Exception):
-    """The response breaks HTTP/1.1 or one of our limits: the connection cannot be reused."""
 
 
 class _Connection(asyncio.Protocol):
@@ -124,7 +126,7 @@ class _Connection(asyncio.Protocol):
         if self.head_done and self.until_close:
             try:
                 self._body_end()  # the close ends a body that had no length
-            except _ProtocolError as e:
+            except ProtocolError as e:
                 self._resolve(Broken(f"bad HTTP response: {e}", cut=self.status == 200))
         elif not self.head_done:
             stale = self.reused and not self.got_bytes
@@ -149,11 +151,11 @@ class _Connection(asyncio.Protocol):
                 data = self._read_head(data)
             if data:
                 if self.complete:
-                    raise _ProtocolError("bytes after the end of the response")
+                    raise ProtocolError("bytes after the end of the response")
                 self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as e:
             error = e.__context__
-            if not isinstance(error, _ProtocolError):  # a bug in our callbacks: let it show
+            if not isinstance(error, ProtocolError):  # a bug in our callbacks: let it show
                 if not self.decided:
                     self.decided = True
                     self.future.set_exception(error or e)
@@ -161,7 +163,7 @@ class _Connection(asyncio.Protocol):
                 return
             self._fail(Broken(f"bad HTTP response: {error}", cut=self.head_done and self.status == 200))
             return
-        except (httptools.HttpParserError, httptools.HttpParserUpgrade, _ProtocolError) as e:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, ProtocolError) as e:
             self._fail(Broken(f"bad HTTP response: {e}", cut=self.head_done and self.status == 200))
             return
         if self.complete:
@@ -222,13 +224,13 @@ class _Connection(asyncio.Protocol):
             end = buf.find(b"\r\n\r\n")
             if end < 0 or end > _MAX_HEAD:
                 if len(buf) > _MAX_HEAD:
-                    raise _ProtocolError("response head too large")
+                    raise ProtocolError("response head too large")
                 self.head = buf
                 return b""
             self.head = b""
             head, buf = buf[:end + 4], buf[end + 4:]
             if b"\r\n " in head or b"\r\n\t" in head:
-                head = _unfold(head)
+                head = unfold(head)
             self.parser.feed_data(head)
             if self.head_done or self.complete:
                 return buf
@@ -236,7 +238,7 @@ class _Connection(asyncio.Protocol):
     # -- llhttp callbacks ----------------------------------------------------------------------
     def on_message_begin(self) -> None:
         if self.complete:
-            raise _ProtocolError("bytes after the end of the response")
+            raise ProtocolError("bytes after the end of the response")
         self.headers = {}
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -258,16 +260,16 @@ class _Connection(asyncio.Protocol):
         headers = self.headers
         transfer = headers.get("transfer-encoding")
         if transfer is not None and transfer.lower() != "chunked":
-            raise _ProtocolError(f"unsupported transfer-encoding {transfer!r}")
+            raise ProtocolError(f"unsupported transfer-encoding {transfer!r}")
         self.until_close = transfer is None and "content-length" not in headers \
             and status not in (204, 304)
         encoding = headers.get("content-encoding", "identity").lower()
         if encoding in ("gzip", "x-gzip"):
             self.inflate = zlib.decompressobj(31)
         elif encoding == "deflate":
-            self.inflate = _Deflate()
+            self.inflate = Deflate()
         elif encoding not in ("identity", ""):
-            raise _ProtocolError(f"unsupported content-encoding {encoding!r}")
+            raise ProtocolError(f"unsupported content-encoding {encoding!r}")
         media_type = headers.get("content-type", "text/event-stream").split(";", 1)[0]
         if status != 200 or self.assembler is None or media_type.strip().lower() != "text/event-stream":
             # An error, a plain answer, or a 200 to a stream request that is not a stream
@@ -282,12 +284,12 @@ class _Connection(asyncio.Protocol):
             try:
                 data = self.inflate.decompress(data)
             except zlib.error as e:
-                raise _ProtocolError(f"bad compressed body: {e}") from None
+                raise ProtocolError(f"bad compressed body: {e}") from None
         if self.collected is not None:
             self.collected_size += len(data)
             if self.collected_size > self.collect_limit:
                 if self.status == 200:
-                    raise _ProtocolError("body too large")
+                    raise ProtocolError("body too large")
                 return  # an error body: its first megabyte says enough
             self.collected.append(data)
             return
@@ -311,7 +313,7 @@ class _Connection(asyncio.Protocol):
             start = nl + 1
         if start < len(data):
             if len(data) - start > _MAX_EVENT_LINE:
-                raise _ProtocolError("event stream line too long")
+                raise ProtocolError("event stream line too long")
             self.sse = data[start:]
         else:
             self.sse = b""
@@ -326,7 +328,7 @@ class _Connection(asyncio.Protocol):
 
     def _body_end(self) -> None:
         if self.inflate is not None and not self.inflate.eof:
-            raise _ProtocolError("the compressed body ends early")
+            raise ProtocolError("the compressed body ends early")
         if not self.decided:
             if self.collected is not None:
                 self._resolve(CollectedResponse(self.status, self.headers, b"".join(self.collected)))
@@ -334,79 +336,18 @@ class _Connection(asyncio.Protocol):
                 self._resolve(self.assembler.end())
 
 
-class _Deflate:
-    """Content-Encoding: deflate is meant to be zlib-wrapped (RFC 9110 8.4.1.2), but some
-    servers send raw deflate; the first two bytes tell which (as browsers and curl do)."""
-
-    __slots__ = ("inner", "start")
-
-    def __init__(self):
-        self.inner = None
-        self.start = b""
-
-    @property
-    def eof(self) -> bool:
-        return self.inner is not None and self.inner.eof
-
-    def decompress(self, data: bytes) -> bytes:
-        if self.inner is None:
-            data = self.start + data
-            if len(data) < 2:
-                self.start = data
-                return b""
-            zlib_header = data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
-            self.inner = zlib.decompressobj(15 if zlib_header else -15)
-        return self.inner.decompress(data)
-
-
 def _describe(exc: BaseException | None, default: str) -> str:
     return f"{type(exc).__name__}: {exc}" if exc is not None else default
-
-
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters but HTAB
-_OBS_FOLD = re.compile(rb"[ \t]*\r\n[ \t]+")
-
-
-def _unfold(head: bytes) -> bytes:
-    """RFC 9112 5.2: a user agent replaces each obs-fold (CRLF then whitespace, a header
-    value continued on the next line) with a space; llhttp would reject it."""
-    first = head.find(b"\r\n")
-    if head[first + 2:first + 3] in (b" ", b"\t"):
-        raise _ProtocolError("whitespace before the first header line")
-    return head[:first] + _OBS_FOLD.sub(b" ", head[first:])
-
-
-def _host_header(host: str, port: int, default_port: int) -> str:
-    """RFC 9112 3.2 / RFC 3986 3.2.2: an IPv6 literal in brackets, the port only when not the default."""
-    name = f"[{host}]" if ":" in host else host
-    return name if port == default_port else f"{name}:{port}"
-
-
-def request_head(target: str, headers: dict[str, str]) -> str:
-    """`POST TARGET HTTP/1.1` and HEADERS, each checked: a line break in a value (e.g. an
-    API key file with two lines) would end the head early and smuggle what follows."""
-    if not target or any(c in target for c in " \t\r\n\x00"):
-        raise ValueError("the request path holds whitespace or a control character")
-    lines = [f"POST {target} HTTP/1.1\r\n"]
-    for name, value in headers.items():
-        if not _TOKEN.fullmatch(name):
-            raise ValueError(f"header name {name!r} is not an HTTP token")
-        if _BAD_VALUE.search(value):
-            raise ValueError(f"header {name}: its value holds a line break or control character")
-        try:
-            value.encode("latin-1")
-        except UnicodeEncodeError:
-            raise ValueError(f"header {name}: its value is not Latin-1 text") from None
-        lines.append(f"{name}: {value}\r\n")
-    return "".join(lines)
 
 
 class Http11Pool:
     """Keep-alive HTTP/1.1 connections to one URL, for streamed and plain POSTs (module docstring)."""
 
     def __init__(self, url: str, headers: dict[str, str], *, idle_timeout: float = 120.0,
-                 connect_timeout: float = 30.0, ssl_context: ssl.SSLContext | None = None):
+                 connect_timeout: float = 30.0, ssl_context: ssl.SSLContext | None = None,
+                 proxy: str | None = None):
+        """PROXY: an http:// proxy URL for every request; None: the environment's
+        (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, NO_PROXY; see proxy.py)."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"unsupported URL scheme: {url}")
@@ -417,15 +358,25 @@ class Http11Pool:
         if parts.scheme == "https":
             self.ssl = ssl_context or tls_context()
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        fixed = {"Host": _host_header(self.host, self.port, default_port),
-                 "Accept-Encoding": "identity", "Connection": "keep-alive", "User-Agent": "kimipipe",
-                 **{k: v for k, v in headers.items() if k.lower() not in ("content-length", "accept")}}
+        host = host_header(self.host, self.port, default_port)
+        fixed = {"Host": host, "Accept-Encoding": "identity", "Connection": "keep-alive",
+                 "User-Agent": "kimipipe",
+                 **{k: v for k, v in headers.items()
+                    if k.lower() not in ("content-length", "accept", "proxy-authorization")}}
+        self.proxy = proxy_for(url, proxy)
+        self.tunnel = self.proxy is not None and self.ssl is not None
+        if self.proxy is not None and not self.tunnel:
+            # an http origin through a proxy: absolute-form requests on the proxy's connection
+            target = f"http://{host}{target}"
+            if self.proxy.authorization:
+                fixed["Proxy-Authorization"] = self.proxy.authorization
         head = request_head(target, fixed)
         self._stream_head = (head + "Accept: text/event-stream\r\n").encode("latin-1")
         self._plain_head = (head + "Accept: application/json\r\n").encode("latin-1")
         self.idle_timeout = idle_timeout
         self.connect_timeout = connect_timeout
-        self._resolver = Resolver(self.host, self.port)
+        self._resolver = Resolver(self.proxy.host, self.proxy.port) if self.proxy else \
+            Resolver(self.host, self.port)
         self._idle: list[_Connection] = []
         self._active: set[_Connection] = set()
         self._watchdog: asyncio.Task | None = None
@@ -476,8 +427,15 @@ class Http11Pool:
         addresses = await self._resolver.addresses()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                sock = await open_socket(addresses)
                 try:
+                    sock = await open_socket(addresses)
+                except OSError as e:
+                    if self.proxy is None:
+                        raise
+                    raise ProxyError(f"cannot reach {self.proxy}: {e}") from None
+                try:
+                    if self.tunnel:
+                        await open_tunnel(sock, self.proxy, self.host, self.port)
                     _, conn = await loop.create_connection(
                         lambda: _Connection(self), sock=sock, ssl=self.ssl,
                         server_hostname=self.host if self.ssl else None)

@@ -126,12 +126,14 @@ def _network_message(base_url: str, err: Exception) -> str:
 
 
 def fetch_balance(api_key: str, base_url: str = DEFAULT_BASE_URL, *,
-                  timeout: float = 30.0, client: httpx.Client | None = None) -> Balance:
-    """Read the balance with httpx (two small GETs)."""
+                  timeout: float = 30.0, client: httpx.Client | None = None,
+                  proxy: str | None = None) -> Balance:
+    """Read the balance with httpx (two small GETs). httpx reads HTTPS_PROXY/NO_PROXY and
+    SSL_CERT_FILE/SSL_CERT_DIR itself; PROXY (an http:// URL) overrides the environment."""
     base_url = base_url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"}
     own = client is None
-    client = client or httpx.Client(timeout=timeout)
+    client = client or httpx.Client(timeout=timeout, proxy=proxy)
     try:
         try:
             c = client.get(f"{base_url}/credits", headers=headers)
