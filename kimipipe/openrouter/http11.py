@@ -130,9 +130,11 @@ class _Connection(asyncio.Protocol):
                 self._resolve(Broken(f"bad HTTP response: {e}", cut=self.status == 200))
         elif not self.head_done:
             stale = self.reused and not self.got_bytes
-            self._resolve(Broken(_describe(exc, "server closed the kept-alive connection before "
-                                           "answering" if stale else "server closed the connection "
-                                           "before answering"), cut=False, stale=stale))
+            what = "the kept-alive connection" if stale else "the connection"
+            message = f"server closed {what} before answering"
+            if exc is not None:
+                message += f" ({_describe(exc, '')})"
+            self._resolve(Broken(message, cut=False, stale=stale))
         else:
             self._resolve(Broken(_describe(exc, "stream ended early"), cut=self.status == 200))
 
@@ -158,7 +160,8 @@ class _Connection(asyncio.Protocol):
             if not isinstance(error, ProtocolError):  # a bug in our callbacks: let it show
                 if not self.decided:
                     self.decided = True
-                    self.future.set_exception(error or e)
+                    if not self.future.done():
+                        self.future.set_exception(error or e)
                 self.abort()
                 return
             self._fail(Broken(f"bad HTTP response: {error}", cut=self.head_done and self.status == 200))

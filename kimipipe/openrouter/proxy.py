@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import ipaddress
+import os
 import re
 import socket
-import urllib.request
 from urllib.parse import unquote, urlsplit
 
 
@@ -80,7 +80,7 @@ def proxy_for(url: str, explicit: str | None = None) -> Proxy | None:
     connection; ValueError when the proxy URL that applies is not usable."""
     if explicit:
         return parse_proxy(explicit)
-    env = urllib.request.getproxies_environment()
+    env = environment_proxies()
     parts = urlsplit(url)
     chosen = env.get(parts.scheme) or env.get("all")
     if not chosen:
@@ -89,6 +89,26 @@ def proxy_for(url: str, explicit: str | None = None) -> Proxy | None:
     if bypassed(parts.hostname or "", port, env.get("no", "")):
         return None
     return parse_proxy(chosen)
+
+
+def environment_proxies() -> dict[str, str]:
+    """{"https": URL, "http": ..., "all": ..., "no": LIST} from the environment, as
+    urllib.request.getproxies_environment reads it (lower-case names win over upper-case;
+    HTTP_PROXY ignored in a CGI request). Not imported from there: urllib.request pulls
+    in http.client and email, ~10 MB and ~0.1 s in every worker process."""
+    found: dict[str, str] = {}
+    for lower_wins in (False, True):
+        for name, value in os.environ.items():
+            key = name.lower()
+            if key.endswith("_proxy") and (name == key) == lower_wins:
+                if value:
+                    found[key[:-6]] = value
+                elif lower_wins:
+                    found.pop(key[:-6], None)
+    if "REQUEST_METHOD" in os.environ and "HTTP_PROXY" in os.environ and \
+            "http_proxy" not in os.environ:
+        found.pop("http", None)
+    return found
 
 
 def bypassed(host: str, port: int, no_proxy: str) -> bool:
@@ -162,7 +182,7 @@ def scrub(text: str, *proxy_urls: str | None) -> str:
     and of the environment's proxy variables replaced by ***: for messages of libraries
     (aiohttp, httpx) that may print the proxy they were given."""
     text = re.sub(r"(?<=://)[^/@\s'\"]*@", "", text)
-    urls = [u for u in proxy_urls if u] + list(urllib.request.getproxies_environment().values())
+    urls = [u for u in proxy_urls if u] + list(environment_proxies().values())
     for url in urls:
         try:
             password = urlsplit(url if "://" in url else "http://" + url).password
