@@ -682,6 +682,8 @@ def test_kp_infer_refuses_a_key_file_with_a_line_break(standin, tmp_path):
     r = kp("infer", prompts, "--base-url", server.base_url, "--api-key-file", key_file, "-o", tmp_path / "r.jsonl")
     assert r.code == 2 and "control character" in r.stderr, r.stderr
     assert server.api_key not in r.stderr and server.requests() == []
+    r = kp("credits", "--base-url", server.base_url, "--api-key-file", key_file)
+    assert r.code == 2 and "control character" in r.stderr and server.api_key not in r.stderr
 
 
 # -- a request is sent once; the caller counts every resend ----------------------------------

@@ -188,6 +188,7 @@ def test_kp_infer_through_https_proxy_to_a_tls_origin_with_a_corporate_ca(
         env = {**proxy_env(https=proxy.url()), "SSL_CERT_FILE": str(pem)}
         r, out = infer(base_url, server.api_key, tmp_path, mode, "--workers", workers, env=env)
         assert r.code == 0, r.stderr
+        assert "endpoints table" not in r.stderr  # the control plane got through as well
         assert sorted(rec["id"] for rec in read_jsonl(out)) == [f"p{i}" for i in range(6)]
         assert len(server.requests()) == 6
         targets = proxy.targets()
@@ -223,6 +224,7 @@ def test_ssl_cert_dir_is_honoured(standin, ca, tmp_path):
         r, out = infer(f"https://localhost:{tls.port}/api/v1", server.api_key, tmp_path, "--workers", "1",
                        env={**proxy_env(), "SSL_CERT_FILE": "", "SSL_CERT_DIR": str(certs)})
     assert r.code == 0, r.stderr
+    assert "endpoints table" not in r.stderr
     assert len(read_jsonl(out)) == 6
 
 
@@ -274,11 +276,13 @@ def test_proxy_credentials_are_sent_and_never_printed(standin, proxies, ca, tmp_
         r, out = infer(base_url, server.api_key, tmp_path, "--workers", "1",
                        "--proxy", proxy.url(USER, PASSWORD), env=env)
         assert r.code == 0, r.stderr
+        assert "endpoints table" not in r.stderr and PASSWORD not in r.stderr
         assert len(read_jsonl(out)) == 6 and proxy.refusals() == 0
         # the same credentials in HTTPS_PROXY
         r, out = infer(base_url, server.api_key, tmp_path, "--workers", "0",
                        env={**env, **proxy_env(https=proxy.url(USER, PASSWORD))})
         assert r.code == 0, r.stderr
+        assert "endpoints table" not in r.stderr and PASSWORD not in r.stderr
         # a wrong password: refused (407), said so, the password shown nowhere
         failures, summary = tmp_path / "failures.jsonl", tmp_path / "summary.json"
         wrong = "Wr0ng-pa55word"

@@ -3,8 +3,9 @@
 Started by WorkerPool as `python -m kimipipe.infer.worker --base-url URL --idle-timeout S`
 with the API key in OPENROUTER_API_KEY and kp-infer's `--proxy` URL, if any, in
 KP_INFER_PROXY (both may be secret: never on the command line). Without it the client
-reads the usual proxy variables (HTTPS_PROXY, NO_PROXY, ...) it inherited. Runs until its stdin closes, then finishes the
-attempts it holds and exits. Ignores SIGINT: the parent decides when work stops.
+reads the proxy variables (HTTPS_PROXY, NO_PROXY, ...) it inherited. Runs until its stdin
+closes, then finishes the attempts it holds and exits. Ignores SIGINT: the parent decides
+when work stops.
 """
 
 from __future__ import annotations

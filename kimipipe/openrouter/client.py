@@ -20,7 +20,7 @@ streams of many minutes are normal. TCP keepalive is on for every connection, so
 connection a NAT dropped silently becomes an error instead of a hang.
 
 Requests go through `http11.Http11Pool`: keep-alive HTTP/1.1 connections read by an asyncio
-Protocol that decodes chunked transfer and SSE inside `data_received` and assembles a
+Protocol that frames with llhttp and splits SSE inside `data_received` and assembles a
 streamed answer (`StreamAnswer`) without waking a coroutine per TCP segment. Measured
 at 1000-2000 in flight (../shared/PERFORMANCE.md, bench/README.md): httpx's own pool ~49
 ms of CPU per request, aiohttp ~0.5-0.75 ms and ~22-26 µs per streamed event (most of it

@@ -38,9 +38,9 @@ literal; header names and values we send are checked (no CR, LF or other control
 characters).
 
 kimipipe has two HTTP stacks, each for a reason: this one for the data plane (completions:
-thousands in flight, per-chunk CPU is what limits a worker), and httpx for the control
-plane (balance, key, endpoints: a few GETs per run, where a well-kept general client
-matters and CPU per request does not). The aiohttp escape hatch (`--http-client
+thousands in flight, per-chunk CPU is what limits a worker), and a general client for
+the control plane (balance, key, endpoints: a few GETs per run, where a well-kept library
+matters and CPU per request does not; httpx in kp-credits). The aiohttp escape hatch (`--http-client
 aiohttp`) is gone: it was kept in case a proxy or load balancer tripped the hand-written
 parser, and the parser is now llhttp, the one aiohttp itself uses, while aiohttp costs
 ~25 µs per event against ~15 µs here and would need its own proxy handling.
