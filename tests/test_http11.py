@@ -810,3 +810,18 @@ def test_interleave_alternates_families():
     v4 = [(socket.AF_INET, 1, 6, "", (f"10.0.0.{i}", 1)) for i in range(2)]
     assert [a[4][0] for a in interleave(v6 + v4)] == ["::0", "10.0.0.0", "::1", "10.0.0.1", "::2"]
     assert [a[4][0] for a in interleave(v4 + v6)] == ["10.0.0.0", "::0", "10.0.0.1", "::1", "::2"]
+
+
+def test_a_proxy_whose_name_does_not_resolve_is_named_in_the_error():
+    async def go():
+        async def getaddrinfo(host, port, **kwargs):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+        asyncio.get_running_loop().getaddrinfo = getaddrinfo
+        async with CompletionClient("https://openrouter.test/api/v1", KEY,
+                                    proxy="http://user:pw-secret@proxy.test:3128") as client:
+            return await client.attempt(b"{}", True)
+
+    attempt = asyncio.run(go())
+    assert (attempt.kind, attempt.cause) == ("retry", "proxy")
+    assert "cannot reach proxy proxy.test:3128" in attempt.message and "pw-secret" not in attempt.message

@@ -427,11 +427,10 @@ class Http11Pool:
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
-        addresses = await self._resolver.addresses()
         try:
             async with asyncio.timeout(self.connect_timeout):
                 try:
-                    sock = await open_socket(addresses)
+                    sock = await open_socket(await self._resolver.addresses())
                 except OSError as e:
                     if self.proxy is None:
                         raise
