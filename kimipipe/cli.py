@@ -171,7 +171,18 @@ def say(message: str, quiet: bool = False) -> None:
 
 
 def read_api_key(api_key_file: str | None, required: bool = True) -> str:
-    """The OpenRouter key from --api-key-file or OPENROUTER_API_KEY (exit 2 when missing)."""
+    """The OpenRouter key from --api-key-file or OPENROUTER_API_KEY (exit 2 when missing,
+    or when it holds whitespace or a control character: sent in a header, a line break
+    would end the header early, and HTTP libraries quote the bad value in their errors)."""
+    key = _read_api_key(api_key_file, required)
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in key):
+        where = f"--api-key-file {api_key_file}" if api_key_file else "OPENROUTER_API_KEY"
+        raise KPError(f"the API key in {where} holds whitespace or a control character "
+                      "(two lines?)", ExitCode.USAGE)
+    return key
+
+
+def _read_api_key(api_key_file: str | None, required: bool) -> str:
     if api_key_file:
         try:
             with open(api_key_file, encoding="utf-8") as f:

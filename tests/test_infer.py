@@ -432,19 +432,17 @@ def test_grace_period_bounds_the_wait_for_in_flight(standin, tmp_path):
     assert s["abandoned_in_flight"] == 3 and s["stop_reason"] == "interrupted"
 
 
-@pytest.mark.parametrize(("mode", "workers", "http"), [
-    ("--no-stream", "1", "native"), ("--stream", "0", "native"),
-    ("--stream", "1", "aiohttp"), ("--no-stream", "0", "aiohttp")],
-    ids=["plain-1worker", "stream-in-process", "stream-aiohttp", "plain-aiohttp-in-process"])
-def test_fault_mix_plain_and_in_process(standin, tmp_path, mode, workers, http):
-    """Plain requests, the in-process client (--workers 0) and the aiohttp escape hatch
-    (--http-client aiohttp) meet every fault too."""
+@pytest.mark.parametrize(("mode", "workers"), [
+    ("--no-stream", "1"), ("--stream", "0"), ("--no-stream", "0")],
+    ids=["plain-1worker", "stream-in-process", "plain-in-process"])
+def test_fault_mix_plain_and_in_process(standin, tmp_path, mode, workers):
+    """Plain requests and the in-process client (--workers 0) meet every fault too."""
     faults = {"429": 0.08, "502": 0.05, "error200": 0.05, "empty": 0.05, "midstream": 0.05,
               "cut": 0.05, "hang": 0.03, "heartbeat": 0.03}
     server = standin(faults=faults, retry_after=0.05, hang_seconds=60, ledger=True, seed=5)
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
     out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
-    r = infer(server, prompts, mode, "--workers", workers, "--http-client", http, "-o", out,
+    r = infer(server, prompts, mode, "--workers", workers, "-o", out,
               "--concurrency", "20", "--idle-timeout", "0.5", "--max-attempts", "30", "--summary-json", summary)
     assert r.code == 0, r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(60)]

@@ -15,7 +15,8 @@ the key's limit_remaining) and says so on stderr. `--min` compares what can stil
 the smaller of `remaining` and `key_limit_remaining`.
 
 The API key comes from OPENROUTER_API_KEY or `--api-key-file`; it never appears in any
-output or message. Base URL: `--base-url`, else OPENROUTER_BASE_URL, else
+output or message. Proxies: HTTPS_PROXY/HTTP_PROXY/NO_PROXY, or `--proxy URL`; a
+corporate CA: SSL_CERT_FILE or SSL_CERT_DIR (see README, "Proxies and custom CAs"). Base URL: `--base-url`, else OPENROUTER_BASE_URL, else
 https://openrouter.ai/api/v1.
 
 Exit codes: 0 ok; 1 network or API error, or `--min` with an unknown balance;
@@ -39,6 +40,7 @@ from ..cli import common_options, kp_command, read_api_key, run_command, say
 from ..errors import ExitCode, KPError
 from ..openrouter import DEFAULT_BASE_URL
 from ..openrouter.account import AccountError, AuthError, Balance, fetch_balance
+from ..openrouter.proxy import parse_proxy, scrub
 
 
 def usd(value: float | None) -> str:
@@ -84,19 +86,27 @@ EXIT_CODES = ("Exit codes: 0 ok; 1 network or API error, or --min with an unknow
               help=f"API base URL (else OPENROUTER_BASE_URL, else {DEFAULT_BASE_URL}).")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds to wait for OpenRouter.")
+@click.option("--proxy", default=None, metavar="URL",
+              help="Go through this HTTP proxy (http://[USER:PASSWORD@]HOST:PORT) instead of "
+                   "HTTPS_PROXY/HTTP_PROXY/NO_PROXY. The password is never printed.")
 @common_options
-def cli(as_json, as_text, minimum, api_key_file, base_url, timeout, quiet, debug):
+def cli(as_json, as_text, minimum, api_key_file, base_url, timeout, proxy, quiet, debug):
     """Print the OpenRouter account's balance and the key's limit."""
     if as_json and as_text:
         raise KPError("--json and --text exclude each other", ExitCode.USAGE)
     key = read_api_key(api_key_file)
     base = base_url or os.environ.get("OPENROUTER_BASE_URL") or DEFAULT_BASE_URL
+    if proxy:
+        try:
+            parse_proxy(proxy)
+        except ValueError as e:
+            raise KPError(f"--proxy: {e}", ExitCode.USAGE) from None
     try:
-        balance = fetch_balance(key, base, timeout=timeout)
+        balance = fetch_balance(key, base, timeout=timeout, proxy=proxy)
     except AuthError as e:
-        raise KPError(str(e), ExitCode.USAGE) from None
+        raise KPError(scrub(str(e), proxy), ExitCode.USAGE) from None
     except AccountError as e:  # NetworkError included: exit 1
-        raise KPError(str(e), ExitCode.ERROR) from None
+        raise KPError(scrub(str(e), proxy), ExitCode.ERROR) from None
     if balance.note:
         say(f"kp-credits: {balance.note}", quiet)
     if as_json or (not as_text and not sys.stdout.isatty()):

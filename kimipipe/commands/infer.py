@@ -114,9 +114,10 @@ EXAMPLES = """
               help="Seconds without data (keep-alive comments don't count) before an attempt is retried.")
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="Worker processes for the HTTP work (default: the number of cores; 0 = in this process).")
-@click.option("--http-client", type=click.Choice(["native", "aiohttp"]), default="native", show_default=True,
-              help="HTTP layer: kimipipe's own (least CPU per streamed chunk) or aiohttp (the escape hatch).")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Stream answers (SSE).")
+@click.option("--proxy", default=None, metavar="URL",
+              help="Send every request through this HTTP proxy (http://[USER:PASSWORD@]HOST:PORT), "
+                   "instead of HTTPS_PROXY/HTTP_PROXY/NO_PROXY. The password is never printed.")
 @click.option("--backoff-base", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="First retry delay in seconds (doubles per attempt, jittered, max 60 s).")
 @click.option("--grace", type=click.FloatRange(min=0), default=300.0, show_default=True,
@@ -145,7 +146,7 @@ EXAMPLES = """
 @common_options
 def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, reasoning_effort,
         extra_body, ignore_provider, only_provider, quantization, any_quantization, sort, no_fallbacks, data_collection,
-        max_price_prompt, max_price_completion, concurrency, max_attempts, idle_timeout, workers, http_client, stream,
+        max_price_prompt, max_price_completion, concurrency, max_attempts, idle_timeout, workers, stream, proxy,
         backoff_base, grace, max_cost, token_budget, min_credits, credits_interval, done_files,
         failures, summary_json, partition, base_url, api_key_file, plan, quiet, debug):
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
@@ -161,7 +162,7 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         summary_json=summary_json, partition=partition, plan=plan, request=request, policy=policy,
         base_url=base_url, api_key=read_api_key(api_key_file, required=not plan),
         concurrency=concurrency, max_attempts=max_attempts, backoff_base=backoff_base,
-        idle_timeout=idle_timeout, grace=grace, workers=workers, http_client=http_client,
+        idle_timeout=idle_timeout, grace=grace, workers=workers, proxy=proxy,
         max_cost=max_cost, token_budget=token_budget, min_credits=min_credits,
         credits_interval=credits_interval)
     return run_infer(config, Stderr(quiet))

@@ -36,7 +36,7 @@ class RunConfig:
     idle_timeout: float = 180.0
     grace: float = 300.0  # seconds a stop waits for the requests in flight
     workers: int | None = None  # HTTP worker processes; None: one per core; 0: in this process
-    http_client: str = "native"  # native | aiohttp
+    proxy: str | None = field(default=None, repr=False)  # --proxy (may hold a password)
     # money and tokens
     max_cost: float | None = None  # USD recorded in OUTPUT (and --failures), all runs
     token_budget: int | None = None  # completion tokens recorded in OUTPUT, all runs

@@ -34,7 +34,9 @@ from ..io import (
     spool_stdin,
 )
 from ..openrouter.account import AccountError, fetch_endpoints
+from ..openrouter.client import CompletionClient
 from ..openrouter.models import preset_for, requantized_allowed, requantized_in_flags
+from ..openrouter.proxy import scrub
 from ..openrouter.routing import Endpoint, Policy, PriceBound, allowed_endpoints, price_bound
 from ..partition import in_partition
 from ..records import CostOnly, Failure, Prompt
@@ -132,17 +134,30 @@ def read_endpoints(config: RunConfig, say: Callable[[str], None]) -> list[Endpoi
     """The model's endpoints table, or None (with a warning) when it cannot be read;
     `--plan` needs it, so there it is an error."""
     try:
-        return fetch_endpoints(config.request.model, config.api_key, config.base_url)
+        return fetch_endpoints(config.request.model, config.api_key, config.base_url,
+                               proxy=config.proxy)
     except AccountError as e:
+        why = scrub(str(e), config.proxy)
         if config.plan:
-            raise KPError(f"cannot read the endpoints table: {e}") from None
-        say(f"kp-infer: warning: cannot read the endpoints table ({e}); "
+            raise KPError(f"cannot read the endpoints table: {why}") from None
+        say(f"kp-infer: warning: cannot read the endpoints table ({why}); "
             "routing is checked by provider name only")
         return None
 
 
+def check_transport(config: RunConfig) -> None:
+    """Build what the workers will build, here: a bad base URL, key, CA file or proxy is
+    exit 2 before anything is read or sent."""
+    try:
+        CompletionClient(config.base_url, config.api_key or "-", idle_timeout=config.idle_timeout,
+                         proxy=config.proxy)
+    except ValueError as e:
+        raise KPError(scrub(str(e), config.proxy), ExitCode.USAGE) from None
+
+
 def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepared:
     """Validation, resume state and routing, before anything is sent (see the module doc)."""
+    check_transport(config)
     path, shown = config.input, config.input
     if path == "-":
         path, shown = spool_stdin(tmpdir), "<stdin>"

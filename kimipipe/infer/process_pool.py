@@ -19,7 +19,8 @@ Wire format between parent and worker, over the worker's stdin/stdout pipes: fra
 4-byte big-endian length and a msgpack body.
     parent -> worker: [request_id, stream, body_bytes]
     worker -> parent: [request_id, Attempt]
-The API key reaches workers through their environment, never their command line.
+The API key, and the `--proxy` URL (it may hold a password), reach workers through
+their environment (OPENROUTER_API_KEY, KP_INFER_PROXY), never their command line.
 
 The run (infer/run.py) cannot tell the two transports apart, so every rule of kp-infer
 holds with any number of workers.
@@ -55,12 +56,12 @@ class WorkerPool:
     """N worker processes, each with its own event loop and HTTP client."""
 
     def __init__(self, workers: int, base_url: str, api_key: str, *, idle_timeout: float,
-                 http_client: str = "native"):
+                 proxy: str | None = None):
         self.n = workers
         self.base_url = base_url
         self.api_key = api_key
         self.idle_timeout = idle_timeout
-        self.http_client = http_client
+        self.proxy = proxy
         self._workers: list[_Worker] = []
         self._ids = itertools.count()
         self._closing = False
@@ -72,9 +73,12 @@ class WorkerPool:
 
     async def _spawn(self) -> _Worker:
         env = {**os.environ, "OPENROUTER_API_KEY": self.api_key}
+        env.pop("KP_INFER_PROXY", None)
+        if self.proxy:
+            env["KP_INFER_PROXY"] = self.proxy
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "kimipipe.infer.worker_process", "--base-url", self.base_url,
-            "--idle-timeout", repr(self.idle_timeout), "--http-client", self.http_client,
+            "--idle-timeout", repr(self.idle_timeout),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
             limit=1 << 26,
         )
@@ -142,6 +146,6 @@ def open_transport(config: RunConfig, todo: int) -> WorkerPool | CompletionClien
     workers = min(workers, max(1, todo)) if workers else 0
     if workers:
         return WorkerPool(workers, config.base_url, config.api_key, idle_timeout=config.idle_timeout,
-                          http_client=config.http_client)
+                          proxy=config.proxy)
     return CompletionClient(config.base_url, config.api_key, idle_timeout=config.idle_timeout,
-                            http_client=config.http_client)
+                            proxy=config.proxy)

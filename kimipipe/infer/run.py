@@ -314,7 +314,7 @@ class Run:
 async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
                say: Callable[[str], None]) -> Run:
     async with open_transport(config, prepared.todo) as transport:
-        account = Account(config.api_key, config.base_url) if config.min_credits is not None else None
+        account = Account(config.api_key, config.base_url, proxy=config.proxy) if config.min_credits is not None else None
         try:
             run = Run(config, prepared, budget, transport, progress, say, account)
             await run.run()

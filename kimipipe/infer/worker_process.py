@@ -1,9 +1,10 @@
 """A kp-infer worker process: attempts in on stdin, outcomes out on stdout.
 
 The other end is `WorkerPool` (infer/process_pool.py, which describes the wire format). It
-starts `python -m kimipipe.infer.worker_process --base-url URL --idle-timeout S
---http-client native|aiohttp`
-with the API key in OPENROUTER_API_KEY. Runs until its stdin closes, then finishes the
+starts `python -m kimipipe.infer.worker_process --base-url URL --idle-timeout S` with the
+API key in OPENROUTER_API_KEY and kp-infer's `--proxy` URL, if any, in KP_INFER_PROXY (both
+may be secret: never on the command line). Without it the client reads the proxy variables
+(HTTPS_PROXY, NO_PROXY, ...) it inherited. Runs until its stdin closes, then finishes the
 attempts it holds and exits. Ignores SIGINT: the parent decides when work stops.
 """
 
@@ -27,7 +28,7 @@ _request_decoder = msgspec.msgpack.Decoder(tuple[int, bool, bytes])
 _result_encoder = msgspec.msgpack.Encoder()
 
 
-async def serve(base_url: str, api_key: str, idle_timeout: float, http_client: str) -> None:
+async def serve(base_url: str, api_key: str, idle_timeout: float, proxy: str | None = None) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 26, loop=loop)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), sys.stdin.buffer)
@@ -36,8 +37,7 @@ async def serve(base_url: str, api_key: str, idle_timeout: float, http_client: s
     writer = asyncio.StreamWriter(write_transport, write_protocol, None, loop)
     tasks: set[asyncio.Task] = set()
 
-    async with CompletionClient(base_url, api_key, idle_timeout=idle_timeout,
-                                http_client=http_client) as client:
+    async with CompletionClient(base_url, api_key, idle_timeout=idle_timeout, proxy=proxy) as client:
         async def run_one(request_id: int, stream: bool, body: bytes) -> None:
             try:
                 attempt = await client.attempt(body, stream)
@@ -82,15 +82,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="kimipipe.infer.worker_process")
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--idle-timeout", type=float, required=True)
-    parser.add_argument("--http-client", choices=["native", "aiohttp"], default="native")
     args = parser.parse_args()
     api_key = os.environ.get("OPENROUTER_API_KEY", "")
+    proxy = os.environ.get("KP_INFER_PROXY") or None
     try:
         import uvloop
 
-        uvloop.run(serve(args.base_url, api_key, args.idle_timeout, args.http_client))
+        uvloop.run(serve(args.base_url, api_key, args.idle_timeout, proxy))
     except ImportError:
-        asyncio.run(serve(args.base_url, api_key, args.idle_timeout, args.http_client))
+        asyncio.run(serve(args.base_url, api_key, args.idle_timeout, proxy))
 
 
 if __name__ == "__main__":

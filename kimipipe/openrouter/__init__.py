@@ -3,10 +3,14 @@
     request.py       the chat completion request body (`RequestOptions.body`)
     client.py        the data plane: one completion attempt over HTTP (`CompletionClient`),
                      streamed or plain, assembled into an answer
-    sse.py           the HTTP/1.1 connection pool and SSE reader under the client
-    aiohttp_pool.py  the same pool on aiohttp (`--http-client aiohttp`)
+    http11.py        the HTTP/1.1 connection pool under the client: llhttp framing, SSE
+                     split in the body callback (http11_message.py: the request head)
+    connect.py       connecting: every resolved address, proxies' CONNECT tunnels, TLS
+    proxy.py         HTTPS_PROXY/NO_PROXY and --proxy; scrubbing proxy passwords
+    outcomes.py      what the pool hands back: a collected response, a stall, a break
     attempt.py       an attempt's outcome (`Attempt`) and the classification of error answers
-    account.py       the control plane: the endpoints table and the balance (httpx)
+    account.py       the control plane: the endpoints table and the balance (httpx, for
+                     kp-infer and kp-credits alike)
     routing.py       the provider policy, the `provider` object, and checking who served
     models.py        per-model presets (Kimi K2.5's native INT4 weights: the routing default)
 """

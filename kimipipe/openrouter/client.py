@@ -10,12 +10,12 @@ heartbeats stalls out. A total timeout is never used: reasoning streams of many 
 are normal. TCP keepalive is on for every connection, so a connection a NAT dropped
 silently becomes an error instead of a hang.
 
-Requests go through `sse.StreamPool`: keep-alive HTTP/1.1 connections read by an asyncio
-Protocol that decodes chunked transfer and SSE inside `data_received` and assembles a
+Requests go through `http11.Http11Pool`: keep-alive HTTP/1.1 connections read by an asyncio
+Protocol that frames with llhttp and splits SSE inside `data_received` and assembles a
 streamed answer (`StreamAnswer`) without waking a coroutine per TCP segment. Measured
 at 1000-2000 in flight (bench/README.md, docs/performance.md): httpx's own pool ~49 ms of
 CPU per request, aiohttp ~0.5-0.75 ms and ~22-26 µs per streamed event (most of it in
-waking the reading task per segment), StreamPool less on both. The client holds no run
+waking the reading task per segment), Http11Pool less on both. The client holds no run
 state, so it can live in a worker process (kimipipe/infer/process_pool.py).
 
 Reasoning is read from `reasoning`, else the `reasoning.text` entries of
@@ -28,7 +28,9 @@ import msgspec
 
 from ..errors import redact
 from .attempt import Attempt, body_error, error_attempt, midstream_error, retry_after_seconds
-from .sse import Broken, HTTPStatus, Stalled, StreamPool
+from .http11 import Http11Pool
+from .outcomes import Broken, CollectedResponse, Stalled
+from .proxy import ProxyError
 
 __all__ = ["Attempt", "CompletionClient", "StreamAnswer", "split_inline_think"]
 
@@ -118,11 +120,11 @@ def _finish(body_id, provider, model, content, reasoning, finish_reason, usage: 
 
 
 class CompletionClient:
-    """Sends chat completion attempts over one StreamPool (many keep-alive connections)."""
+    """Sends chat completion attempts over one Http11Pool (many keep-alive connections)."""
 
     def __init__(self, base_url: str, api_key: str, *, idle_timeout: float = 120.0,
                  connect_timeout: float = 30.0, extra_headers: dict[str, str] | None = None,
-                 http_client: str = "native"):
+                 proxy: str | None = None):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.idle_timeout = idle_timeout
         self._connect_timeout = connect_timeout
@@ -133,14 +135,8 @@ class CompletionClient:
             "X-Title": "kimipipe",
             **(extra_headers or {}),
         }
-        if http_client == "aiohttp":  # the escape hatch (aiohttp_pool.py)
-            from .aiohttp_pool import AiohttpPool
-
-            self._pool = AiohttpPool(self.url, headers, idle_timeout=idle_timeout,
-                                     connect_timeout=connect_timeout)
-        else:
-            self._pool = StreamPool(self.url, headers, idle_timeout=idle_timeout,
-                                    connect_timeout=connect_timeout)
+        self._pool = Http11Pool(self.url, headers, idle_timeout=idle_timeout,
+                                connect_timeout=connect_timeout, proxy=proxy)
         self._entered = False
 
     async def __aenter__(self) -> CompletionClient:
@@ -157,11 +153,13 @@ class CompletionClient:
             outcome = await self._pool.post(body, StreamAnswer() if stream else None)
         except TimeoutError:
             return Attempt("retry", cause="timeout", message=f"no connection within {self._connect_timeout:g} s")
+        except ProxyError as e:  # its message names the proxy, never its credentials
+            return Attempt("retry", cause="proxy", message=redact(str(e))[:300])
         except OSError as e:
             return Attempt("retry", cause="connection", message=redact(f"{type(e).__name__}: {e}")[:300])
         if isinstance(outcome, Attempt):
             return outcome
-        if isinstance(outcome, HTTPStatus):
+        if isinstance(outcome, CollectedResponse):
             if outcome.status == 200:
                 return self._read_plain(outcome.body)
             try:
@@ -175,8 +173,10 @@ class CompletionClient:
             what = "data" if stream else "bytes"
             return Attempt("retry", cause="timeout", message=f"no {what} for {outcome.seconds:g} s")
         assert isinstance(outcome, Broken), outcome
-        return Attempt("retry", cause="cut" if outcome.cut else "connection",
-                       message=redact(outcome.message)[:300])
+        # stale: a reused keep-alive connection closed before answering; sent again only as
+        # the caller's next attempt, counted under its own cause
+        cause = "cut" if outcome.cut else "stale" if outcome.stale else "connection"
+        return Attempt("retry", cause=cause, message=redact(outcome.message)[:300])
 
     @staticmethod
     def _read_plain(raw: bytes) -> Attempt:
@@ -202,7 +202,7 @@ class CompletionClient:
 
 
 class StreamAnswer:
-    """Assembles one streamed answer from its SSE `data:` payloads (the StreamPool assembler).
+    """Assembles one streamed answer from its SSE `data:` payloads (the Http11Pool assembler).
 
     `event(payload)` returns an Attempt once the answer is decided ([DONE], an error chunk,
     a chunk that is not JSON), else None; `end()` gives the Attempt for a body that ended

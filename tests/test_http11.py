@@ -1,4 +1,4 @@
-"""The streamed-completion transport (kimipipe/openrouter/sse.py) and its answer assembly.
+"""The completion transport (kimipipe/openrouter/http11.py, connect.py) and its answer assembly.
 
 Two kinds of test: the parser fed one whole response split at every byte boundary (in the
 middle of `data:`, of a UTF-8 character, of a chunk-size line, of a CRLF), and real
@@ -13,13 +13,16 @@ import asyncio
 import gzip
 import json
 import shutil
+import socket
 import ssl
 import subprocess
+import zlib
 
 import pytest
 
 from kimipipe.openrouter.client import CompletionClient, StreamAnswer
-from kimipipe.openrouter.sse import Broken, HTTPStatus, StreamPool, _Connection
+from kimipipe.openrouter.http11 import Http11Pool, _Connection
+from kimipipe.openrouter.outcomes import Broken, CollectedResponse
 
 KEY = "sk-or-test"
 
@@ -100,7 +103,7 @@ class _FakeTransport:
 def feed(pieces: list[bytes]):
     """Feed one response to a parser in PIECES; return (outcome, connection, pool)."""
     async def run():
-        pool = StreamPool("http://127.0.0.1:9/api/v1/chat/completions", {})
+        pool = Http11Pool("http://127.0.0.1:9/api/v1/chat/completions", {})
         conn = _Connection(pool)
         conn.connection_made(_FakeTransport())
         future = asyncio.get_running_loop().create_future()
@@ -193,7 +196,7 @@ def test_error_status_body_is_collected_whole():
     body = json.dumps({"error": {"code": 429, "message": "slow down"}}).encode()
     outcome, conn, pool = feed([head(429, Retry_After="3", Transfer_Encoding="chunked")
                                 + chunked([body[:10], body[10:]])])
-    assert isinstance(outcome, HTTPStatus) and outcome.status == 429
+    assert isinstance(outcome, CollectedResponse) and outcome.status == 429
     assert json.loads(outcome.body) == {"error": {"code": 429, "message": "slow down"}}
     assert outcome.headers["retry-after"] == "3" and pool._idle == [conn]
 
@@ -212,14 +215,17 @@ class ScriptedServer:
     a list of byte pieces (written one by one, with a pause so they arrive as separate
     segments) and then "keep" (wait for the next request), "close" or "hang"."""
 
-    def __init__(self, scripts: list[tuple[list[bytes], str]], ssl_context=None):
+    def __init__(self, scripts: list[tuple[list[bytes], str]], ssl_context=None,
+                 host: str = "127.0.0.1", port: int = 0):
         self.scripts = list(scripts)
         self.ssl_context = ssl_context
+        self.host, self.listen_port = host, port
         self.connections = 0
         self.requests: list[bytes] = []
 
     async def __aenter__(self):
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.ssl_context)
+        self.server = await asyncio.start_server(self._serve, self.host, self.listen_port,
+                                                 ssl=self.ssl_context)
         self.port = self.server.sockets[0].getsockname()[1]
         scheme = "https" if self.ssl_context else "http"
         self.base_url = f"{scheme}://127.0.0.1:{self.port}/api/v1"
@@ -265,6 +271,20 @@ AWKWARD = pieces_at(RESPONSE, [b"HTTP/1.1 2", b"\r\n\r\n", b";ext=1", b"data:", 
                                "🙂".encode(), b"\r\n\r\n", b"[DONE]", b"\r\n0\r\n", b"X-Trailer"])
 
 
+async def until(condition, what: str, timeout: float = 30.0) -> None:
+    """Wait for CONDITION (polled); the deadline only guards against a hang."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+async def back_in_pool(pool) -> None:
+    """A streamed answer is decided at [DONE]; its connection returns to the pool once the
+    body's last bytes (sent after pauses here) have arrived, or is closed."""
+    await until(lambda: not pool._active, "the connection to be released")
+
+
 def run_client(server_scripts, requests: int = 1, idle_timeout: float = 5.0):
     async def go():
         async with ScriptedServer(server_scripts) as server:
@@ -272,9 +292,7 @@ def run_client(server_scripts, requests: int = 1, idle_timeout: float = 5.0):
                 results = []
                 for _ in range(requests):
                     results.append(await client.attempt(b'{"stream": true}', True))
-                    # decided at [DONE]; the connection returns to the pool once the body's
-                    # last bytes (sent after pauses here) have arrived
-                    await asyncio.sleep(0.1)
+                    await back_in_pool(client._pool)
             return results, server
 
     return asyncio.run(go())
@@ -290,13 +308,14 @@ def test_real_socket_awkward_boundaries_then_keep_alive_reuse():
     assert f"Authorization: Bearer {KEY}".encode() in request and request.endswith(b'{"stream": true}')
 
 
-def test_real_socket_server_closing_an_idle_connection_is_retried_on_a_new_one():
-    # first answer, then the server closes; the client's pooled connection is stale
+def test_real_socket_connection_the_server_closed_after_an_answer_is_not_reused():
     async def go():
         async with ScriptedServer([([RESPONSE], "close"), ([RESPONSE], "keep")]) as server:
             async with CompletionClient(server.base_url, KEY) as client:
                 first = await client.attempt(b"{}", True)
-                await asyncio.sleep(0.05)
+                await back_in_pool(client._pool)
+                await until(lambda: not client._pool._idle or client._pool._idle[0].closed,
+                            "the server's close to arrive")
                 second = await client.attempt(b"{}", True)
             return first, second, server.connections
 
@@ -440,16 +459,16 @@ def test_tls_stream_and_plain_on_one_connection(certificate):
     async def go():
         scripts = [(AWKWARD, "keep"), ([head(200, Content_Length=len(PLAIN_BODY)) + PLAIN_BODY], "keep")]
         async with ScriptedServer(scripts, ssl_context=server_ctx) as server:
-            pool = StreamPool(server.base_url + "/chat/completions", {}, ssl_context=client_ctx)
+            pool = Http11Pool(server.base_url + "/chat/completions", {}, ssl_context=client_ctx)
             async with pool:
                 streamed = await pool.post(b"{}", StreamAnswer())
-                await asyncio.sleep(0.1)
+                await back_in_pool(pool)
                 plain = await pool.post(b"{}")
             return streamed, plain, server.connections
 
     streamed, plain, connections = asyncio.run(go())
     check_answer(streamed)
-    assert isinstance(plain, HTTPStatus) and plain.status == 200 and plain.body == PLAIN_BODY
+    assert isinstance(plain, CollectedResponse) and plain.status == 200 and plain.body == PLAIN_BODY
     assert connections == 1
 
 
@@ -464,3 +483,345 @@ def test_tls_untrusted_certificate_is_refused(certificate):
     attempt = asyncio.run(go())
     assert (attempt.kind, attempt.cause) == ("retry", "connection")
     assert "certificate" in attempt.message.lower()
+
+
+# -- RFC 9112: what a strict client must do ---------------------------------------------------
+
+@pytest.mark.parametrize("size", [b"-1", b"0x1a", b"1_0", b" 1a", b"1a ", b"+1a", b""])
+def test_chunk_sizes_are_plain_hex_digits(size):
+    body = delta_event(content="x")
+    outcome, conn, pool = feed([SSE_HEAD + size + b"\r\n" + body + b"\r\n0\r\n\r\n"])
+    assert isinstance(outcome, Broken) and outcome.cut and "chunk size" in outcome.message
+    assert conn.transport.aborted and pool._idle == []
+
+
+@pytest.mark.parametrize("length", [b"-1", b"0x1a", b"1_0", b"+26", b"26, 26", b"2 6"])
+def test_content_length_is_plain_digits(length):
+    body = b"x" * 26
+    outcome, conn, pool = feed([b"HTTP/1.1 429 Error\r\nContent-Length: " + length + b"\r\n\r\n" + body])
+    assert isinstance(outcome, Broken) and "content-length" in outcome.message.lower()
+    assert conn.transport.aborted and pool._idle == []
+
+
+def test_two_content_lengths_are_an_error():
+    outcome, conn, _ = feed([b"HTTP/1.1 429 Error\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}"])
+    assert isinstance(outcome, Broken) and conn.transport.aborted
+
+
+@pytest.mark.parametrize("order", ["cl-first", "te-first"])
+def test_content_length_with_chunked_is_an_error_and_the_connection_closes(order):
+    te, cl = b"Transfer-Encoding: chunked\r\n", b"Content-Length: 5\r\n"
+    fields = cl + te if order == "cl-first" else te + cl
+    outcome, conn, pool = feed([b"HTTP/1.1 200 OK\r\n" + fields + b"\r\n" + chunked(EVENTS)])
+    assert isinstance(outcome, Broken) and "content-length" in outcome.message.lower()
+    assert conn.transport.aborted and pool._idle == []
+
+
+def test_other_transfer_codings_are_refused():
+    outcome, conn, _ = feed([head(200, Transfer_Encoding="gzip, chunked") + chunked(EVENTS)])
+    assert isinstance(outcome, Broken) and "transfer-encoding" in outcome.message
+    assert conn.transport.aborted
+
+
+def test_obs_fold_header_lines_are_unfolded():
+    body = json.dumps({"error": {"code": 429, "message": "slow down"}}).encode()
+    response = (b"HTTP/1.1 429 Too Many\r\nX-Note: first\r\n  second\r\n\tthird\r\n"
+                b"Retry-After:\r\n 3\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    for cut in (None, response.index(b"\r\n  second") + 1, response.index(b"\tthird")):
+        pieces = [response] if cut is None else [response[:cut], response[cut:]]
+        outcome, conn, pool = feed(pieces)
+        assert isinstance(outcome, CollectedResponse), outcome
+        assert outcome.headers["x-note"] == "first second third"
+        assert outcome.headers["retry-after"] == "3" and json.loads(outcome.body)["error"]["code"] == 429
+        assert pool._idle == [conn]
+    # an SSE head with a folded line streams as usual
+    folded = SSE_HEAD.replace(b"Content-Type: text/event-stream", b"Content-Type:\r\n text/event-stream")
+    check_answer(as_attempt(feed([folded + chunked(EVENTS)])[0]))
+
+
+def test_whitespace_before_the_first_header_is_refused():
+    outcome, conn, _ = feed([b"HTTP/1.1 200 OK\r\n Content-Length: 2\r\n\r\n{}"])
+    assert isinstance(outcome, Broken) and conn.transport.aborted
+
+
+def test_1xx_heads_are_skipped():
+    interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"
+    outcome, conn, pool = feed([interim[:30], interim[30:] + RESPONSE])
+    check_answer(as_attempt(outcome))
+    assert pool._idle == [conn]
+
+
+def test_bytes_after_the_end_of_a_response_close_the_connection():
+    outcome, conn, pool = feed([RESPONSE + b"HTTP/1.1 200 OK\r\n\r\n"])
+    check_answer(as_attempt(outcome))  # the answer was whole; the connection is not trusted
+    assert conn.transport.aborted and pool._idle == []
+
+
+def test_a_head_over_the_limit_is_refused():
+    outcome, conn, _ = feed([b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * 70_000 + b"\r\n\r\n"])
+    assert isinstance(outcome, Broken) and "head too large" in outcome.message
+
+
+def test_truncated_gzip_is_detected_even_with_a_matching_length():
+    whole = gzip.compress(PLAIN_BODY)
+    short = whole[:-12]  # the deflate stream and gzip trailer cut, the length header honest
+    outcome, conn, pool = feed_plain([head(200, Content_Encoding="gzip", Content_Length=len(short)) + short])
+    assert isinstance(outcome, Broken) and "ends early" in outcome.message and outcome.cut
+    assert conn.transport.aborted and pool._idle == []
+    outcome, conn, pool = feed_plain([head(200, Content_Encoding="gzip", Transfer_Encoding="chunked")
+                                      + chunked([short])])
+    assert isinstance(outcome, Broken) and "ends early" in outcome.message
+    # until-close: the close ends the body, and the body must end the gzip stream too
+    outcome, _, _ = feed_plain([head(200, Content_Encoding="gzip") + short])
+    assert isinstance(outcome, Broken) and "ends early" in outcome.message
+    outcome, _, _ = feed_plain([head(200, Content_Encoding="gzip") + whole])
+    assert isinstance(outcome, CollectedResponse) and outcome.body == PLAIN_BODY
+
+
+@pytest.mark.parametrize("wbits", [15, -15], ids=["zlib-wrapped", "raw"])
+def test_deflate_zlib_wrapped_or_raw(wbits):
+    compressor = zlib.compressobj(wbits=wbits)
+    data = compressor.compress(PLAIN_BODY) + compressor.flush()
+    for cut in (1, 2, 3, len(data) // 2):
+        outcome, conn, pool = feed_plain([head(200, Content_Encoding="deflate", Content_Length=len(data))
+                                          + data[:cut], data[cut:]])
+        assert isinstance(outcome, CollectedResponse) and outcome.body == PLAIN_BODY
+        assert pool._idle == [conn]
+
+
+def test_a_200_to_a_stream_request_that_is_not_a_stream_is_read_whole():
+    error = json.dumps({"error": {"code": 502, "message": "Upstream idle timeout"}}).encode()
+    outcome, conn, pool = feed([head(200, Content_Type="application/json; charset=utf-8",
+                                     Content_Length=len(error)) + error])
+    assert isinstance(outcome, CollectedResponse) and outcome.body == error
+    assert pool._idle == [conn]
+
+
+def test_streamed_request_answered_with_json_keeps_its_message():
+    error = json.dumps({"error": {"code": 502, "message": "Upstream idle timeout"}}).encode()
+    scripts = [([head(200, Content_Type="application/json", Content_Length=len(error)) + error], "keep"),
+               ([head(200, Content_Type="application/json", Transfer_Encoding="chunked")
+                 + chunked([PLAIN_BODY[:25], PLAIN_BODY[25:]])], "keep")]
+    (as_error, as_answer), server = run_client(scripts, requests=2)
+    assert (as_error.kind, as_error.cause, as_error.message) == ("retry", "error200", "Upstream idle timeout")
+    check_plain(as_answer)  # the server ignored "stream": true and sent the whole answer
+    assert server.connections == 1
+
+
+def feed_plain(pieces: list[bytes]):
+    """feed() for a plain (non-streamed) request."""
+    async def run():
+        pool = Http11Pool("http://127.0.0.1:9/api/v1/chat/completions", {})
+        conn = _Connection(pool)
+        conn.connection_made(_FakeTransport())
+        future = asyncio.get_running_loop().create_future()
+        conn.start(b"POST ...", future, None)
+        for piece in pieces:
+            conn.data_received(piece)
+        if not future.done():
+            conn.connection_lost(None)
+        return future.result(), conn, pool
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(("url", "host"), [
+    ("https://[2001:db8::1]/api/v1/chat/completions", "[2001:db8::1]"),
+    ("http://[::1]/api/v1/chat/completions", "[::1]"),
+    ("http://[::1]:8080/api/v1/chat/completions", "[::1]:8080"),
+    ("https://openrouter.ai/api/v1/chat/completions", "openrouter.ai"),
+    ("https://openrouter.ai:8443/api/v1/chat/completions", "openrouter.ai:8443"),
+    ("http://127.0.0.1:80/api/v1/chat/completions", "127.0.0.1"),
+])
+def test_host_header(url, host):
+    pool = Http11Pool(url, {})
+    assert f"\r\nHost: {host}\r\n".encode() in pool._stream_head
+
+
+def test_ipv6_loopback_on_a_real_socket():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+
+    async def go():
+        try:
+            server = await asyncio.start_server(lambda r, w: None, "::1", 0)
+        except OSError:
+            pytest.skip("no IPv6 loopback")
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        async with ScriptedServer([([RESPONSE], "keep")], host="::1", port=port) as scripted:
+            async with CompletionClient(f"http://[::1]:{port}/api/v1", KEY) as client:
+                attempt = await client.attempt(b"{}", True)
+            return attempt, scripted.requests[0]
+
+    attempt, request = asyncio.run(go())
+    check_answer(attempt)
+    assert b"\r\nHost: [::1]:" in request
+
+
+@pytest.mark.parametrize("bad", ["sk-or-1\r\nX-Injected: 1", "sk-or-1\nsk-or-2", "sk-or-\x00", "sk-or-\x7f"])
+def test_header_values_with_control_characters_are_refused(bad):
+    with pytest.raises(ValueError) as error:
+        CompletionClient("http://127.0.0.1:9/api/v1", bad)
+    assert "Authorization" in str(error.value) and bad not in str(error.value)
+    with pytest.raises(ValueError):
+        CompletionClient("http://127.0.0.1:9/api/v1", KEY, extra_headers={"X-Title": bad})
+    with pytest.raises(ValueError):
+        CompletionClient("http://127.0.0.1:9/api/v1", KEY, extra_headers={"Bad Name": "x"})
+    with pytest.raises(ValueError):
+        Http11Pool("http://127.0.0.1:9/api v1/chat", {})
+
+
+def test_kp_infer_refuses_a_key_file_with_a_line_break(standin, tmp_path):
+    from conftest import kp, write_jsonl
+
+    server = standin(request_log=True)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "dataset": "t", "messages": [{"role": "user", "content": "hi"}]}])
+    key_file = tmp_path / "key"
+    key_file.write_text(f"{server.api_key}\nX-Injected: 1\n")
+    r = kp("infer", prompts, "--base-url", server.base_url, "--api-key-file", key_file, "-o", tmp_path / "r.jsonl")
+    assert r.code == 2 and "control character" in r.stderr, r.stderr
+    assert server.api_key not in r.stderr and server.requests() == []
+    r = kp("credits", "--base-url", server.base_url, "--api-key-file", key_file)
+    assert r.code == 2 and "control character" in r.stderr and server.api_key not in r.stderr
+
+
+# -- a request is sent once; the caller counts every resend ----------------------------------
+
+def test_reused_connection_closed_before_answering_is_a_counted_stale_attempt():
+    async def go():
+        scripts = [([RESPONSE], "keep"), ([], "close"), ([RESPONSE], "keep")]
+        async with ScriptedServer(scripts) as server:
+            async with CompletionClient(server.base_url, KEY) as client:
+                first = await client.attempt(b"{}", True)
+                await back_in_pool(client._pool)
+                assert len(client._pool._idle) == 1
+                stale = await client.attempt(b"{}", True)
+                sent_so_far = len(server.requests)
+                third = await client.attempt(b"{}", True)
+            return first, stale, sent_so_far, third, server
+
+    first, stale, sent_so_far, third, server = asyncio.run(go())
+    check_answer(first)
+    assert (stale.kind, stale.cause) == ("retry", "stale") and "kept-alive" in stale.message
+    assert sent_so_far == 2  # not sent again behind the caller's back
+    check_answer(third)
+    assert len(server.requests) == 3 and server.connections == 2
+
+
+def test_fresh_connection_closed_before_answering_is_not_stale():
+    (attempt,), server = run_client([([], "close")])
+    assert (attempt.kind, attempt.cause) == ("retry", "connection")
+    assert len(server.requests) == 1
+
+
+def test_reused_connection_that_answered_a_byte_is_not_stale():
+    (first, second), server = run_client([([RESPONSE], "keep"), ([b"HTTP/1.1 2"], "close")], requests=2)
+    check_answer(first)
+    assert (second.kind, second.cause) == ("retry", "connection")
+    assert len(server.requests) == 2 and server.connections == 1
+
+
+# -- DNS: every address, Happy Eyeballs, lookups refreshed after failures ------------------------
+
+class BlackHole:
+    """A loopback address that swallows SYNs: a listener whose accept queue is full."""
+
+    def __enter__(self):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(0)
+        self.address = self.listener.getsockname()
+        self.fillers = []
+        for _ in range(4):
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(self.address)
+            except BlockingIOError:
+                pass
+            self.fillers.append(s)
+        return self
+
+    def __exit__(self, *exc):
+        for s in [*self.fillers, self.listener]:
+            s.close()
+
+
+def closed_port() -> tuple[str, int]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    address = s.getsockname()
+    s.close()
+    return address
+
+
+def fake_dns(answers: list[list[tuple[str, int]]]):
+    """A getaddrinfo that gives the next of ANSWERS on each lookup (the last one repeats)."""
+    calls = []
+
+    async def getaddrinfo(host, port, **kwargs):
+        calls.append(host)
+        answer = answers[min(len(calls), len(answers)) - 1]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", address) for address in answer]
+
+    return getaddrinfo, calls
+
+
+def test_every_address_is_tried_and_a_black_hole_does_not_eat_the_timeout():
+    async def go():
+        with BlackHole() as hole:
+            async with ScriptedServer([([RESPONSE], "keep")]) as server:
+                answers = [[hole.address, closed_port(), ("127.0.0.1", server.port)]]
+                getaddrinfo, calls = fake_dns(answers)
+                asyncio.get_running_loop().getaddrinfo = getaddrinfo
+                async with CompletionClient(f"http://api.test:{server.port}/api/v1", KEY,
+                                            connect_timeout=10) as client:
+                    attempt = await client.attempt(b"{}", True)
+                return attempt, server.requests, calls
+
+    attempt, requests, calls = asyncio.run(go())
+    # tried one after the other, the black hole alone would have used the whole timeout
+    check_answer(attempt)
+    assert len(requests) == 1 and b"\r\nHost: api.test:" in requests[0]
+    assert calls == ["api.test"]
+
+
+def test_addresses_are_looked_up_again_after_connects_fail():
+    async def go():
+        async with ScriptedServer([([RESPONSE], "keep")]) as server:
+            getaddrinfo, calls = fake_dns([[closed_port()], [("127.0.0.1", server.port)]])
+            asyncio.get_running_loop().getaddrinfo = getaddrinfo
+            async with CompletionClient(f"http://api.test:{server.port}/api/v1", KEY) as client:
+                first = await client.attempt(b"{}", True)
+                second = await client.attempt(b"{}", True)
+            return first, second, calls
+
+    first, second, calls = asyncio.run(go())
+    assert (first.kind, first.cause) == ("retry", "connection")
+    check_answer(second)
+    assert calls == ["api.test", "api.test"]
+
+
+def test_interleave_alternates_families():
+    from kimipipe.openrouter.connect import interleave
+
+    v6 = [(socket.AF_INET6, 1, 6, "", (f"::{i}", 1, 0, 0)) for i in range(3)]
+    v4 = [(socket.AF_INET, 1, 6, "", (f"10.0.0.{i}", 1)) for i in range(2)]
+    assert [a[4][0] for a in interleave(v6 + v4)] == ["::0", "10.0.0.0", "::1", "10.0.0.1", "::2"]
+    assert [a[4][0] for a in interleave(v4 + v6)] == ["10.0.0.0", "::0", "10.0.0.1", "::1", "::2"]
+
+
+def test_a_proxy_whose_name_does_not_resolve_is_named_in_the_error():
+    async def go():
+        async def getaddrinfo(host, port, **kwargs):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+        asyncio.get_running_loop().getaddrinfo = getaddrinfo
+        async with CompletionClient("https://openrouter.test/api/v1", KEY,
+                                    proxy="http://user:pw-secret@proxy.test:3128") as client:
+            return await client.attempt(b"{}", True)
+
+    attempt = asyncio.run(go())
+    assert (attempt.kind, attempt.cause) == ("retry", "proxy")
+    assert "cannot reach proxy proxy.test:3128" in attempt.message and "pw-secret" not in attempt.message
