@@ -299,7 +299,7 @@ def test_proxy_credentials_are_sent_and_never_printed(standin, proxies, ca, tmp_
 
 
 def test_worker_command_line_never_holds_the_proxy_password():
-    from kimipipe.infer.workers import WorkerPool
+    from kimipipe.infer.process_pool import WorkerPool
 
     async def go():
         pool = WorkerPool(1, "http://127.0.0.1:9/api/v1", "sk-or-test", idle_timeout=5,
