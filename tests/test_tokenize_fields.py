@@ -37,7 +37,7 @@ def with_message_fields(rid="x", **fields):
     return rec
 
 
-@pytest.mark.parametrize("index, extra, field", [
+FIELD_CASES = [
     ("m1", {"name": "alice"}, "`$.messages[1].name`"),
     ("m2", {"tool_calls": [{"id": "c1", "type": "function",
                             "function": {"name": "add", "arguments": "{}"}}]},
@@ -46,8 +46,11 @@ def with_message_fields(rid="x", **fields):
     ("m1", {"content": [{"type": "text", "text": "What is "},
                         {"type": "image_url", "image_url": {"url": "data:..."}}]},
      "`$.messages[1].content[1]`: a 'image_url' content part"),
-])
-def test_fields_the_template_renders_stop_with_path_line_unless_ignored(tmp_path, index, extra, field):
+]
+
+
+@pytest.mark.parametrize("index, extra, field", FIELD_CASES)
+def test_fields_the_template_renders_stop_with_path_line(tmp_path, index, extra, field):
     src = write_jsonl(tmp_path / "r.jsonl", [good("a"), with_message_fields("b", **{index: extra})])
     out = tmp_path / "t.jsonl"
     r = tokenize(src, "-o", out)
@@ -55,17 +58,25 @@ def test_fields_the_template_renders_stop_with_path_line_unless_ignored(tmp_path
     assert f"kp-tokenize: {src}:2: {field}" in r.stderr and "--ignore-extra-fields" in r.stderr
     assert [x["id"] for x in read_jsonl(out)] == ["a"]  # the records before it are written
 
-    # --ignore-extra-fields: role and content only, the IDs of the record without the field.
-    plain = with_message_fields("b")
-    if index == "m1" and "content" in extra:
-        plain["messages"][1]["content"] = "What is "
-    want = tokenize(write_jsonl(tmp_path / "plain.jsonl", [plain]), "-q")
-    got = tokenize(write_jsonl(tmp_path / "one.jsonl", [with_message_fields("b", **{index: extra})]),
-                   "-q", "--ignore-extra-fields")
+
+def test_ignore_extra_fields_renders_role_and_content_only(tmp_path):
+    """--ignore-extra-fields: each record gets the IDs of the same record without the field
+    (one run for every case, one for their plain twins: a kp-tokenize start is seconds)."""
+    plains, extras = [], []
+    for k, (index, extra, _field) in enumerate(FIELD_CASES):
+        plain = with_message_fields(f"c{k}")
+        if index == "m1" and "content" in extra:
+            plain["messages"][1]["content"] = "What is "
+        plains.append(plain)
+        extras.append(with_message_fields(f"c{k}", **{index: extra}))
+    want = tokenize(write_jsonl(tmp_path / "plain.jsonl", plains), "-q")
+    got = tokenize(write_jsonl(tmp_path / "extra.jsonl", extras), "-q", "--ignore-extra-fields")
     assert want.code == got.code == 0, got.stderr
-    [w], [g] = want.records(), got.records()
-    assert (g["input_ids"], g["output_ids"]) == (w["input_ids"], w["output_ids"])
-    assert g["messages"] != w["messages"]  # the record itself passes through as it came
+    assert len(want.records()) == len(got.records()) == len(FIELD_CASES)
+    for w, g in zip(want.records(), got.records(), strict=True):
+        assert g["id"] == w["id"]
+        assert (g["input_ids"], g["output_ids"]) == (w["input_ids"], w["output_ids"])
+        assert g["messages"] != w["messages"]  # the record itself passes through as it came
 
 
 def test_empty_extra_fields_and_text_parts_are_rendered_as_given(tmp_path):
@@ -111,26 +122,32 @@ def test_earlier_reasoning_is_refused_only_where_the_template_renders_it(tmp_pat
     assert ignored.code == 0 and len(ignored.records()) == 6
 
 
-@pytest.mark.parametrize("reason", ["content_filter", "error", None, "tool_calls"])
-def test_a_turn_that_did_not_end_is_rejected_not_given_an_end(tmp_path, reason):
-    rows = [good("a"), response_record("cut", "Hi", content="Partial", reasoning="r",
-                                       finish_reason=reason), good("b")]
+UNENDED = ["content_filter", "error", None, "tool_calls"]
+
+
+def test_a_turn_that_did_not_end_is_rejected_not_given_an_end(tmp_path):
+    rows = [good("a")]
+    for k, reason in enumerate(UNENDED):
+        rows.append(response_record(f"cut{k}", "Hi", content="Partial", reasoning="r",
+                                    finish_reason=reason))
+    rows.append(good("b"))
     src = write_jsonl(tmp_path / "r.jsonl", rows)
     rejects = tmp_path / "rejects.jsonl"
     out = tmp_path / "t.jsonl"
     r = tokenize(src, "-o", out, "--rejects", rejects)
     assert r.code == 4, r.stderr
     assert [x["id"] for x in read_jsonl(out)] == ["a", "b"]
-    [rej] = read_jsonl(rejects)
-    assert rej["id"] == "cut" and rej["line"] == 2
-    assert rej["reason"].startswith(f"finish_reason {json.dumps(reason)}: the turn did not end")
-    assert "<|im_end|>" in rej["reason"]
-    assert "rejected 1 (see" in r.stderr
+    rejected = read_jsonl(rejects)
+    assert [(x["id"], x["line"]) for x in rejected] == [(f"cut{k}", k + 2) for k in range(len(UNENDED))]
+    for rej, reason in zip(rejected, UNENDED, strict=True):
+        assert rej["reason"].startswith(f"finish_reason {json.dumps(reason)}: the turn did not end")
+        assert "<|im_end|>" in rej["reason"]
+    assert f"rejected {len(UNENDED)} (see" in r.stderr
     # exit 4 names the rejects file and says what a rerun does
-    assert (f"kp-tokenize: 1 record rejected (listed with their reasons in {rejects}); they are "
-            f"not in {out}, and rerunning the same command tries them again") in r.stderr
+    assert (f"kp-tokenize: {len(UNENDED)} records rejected (listed with their reasons in {rejects}); "
+            f"they are not in {out}, and rerunning the same command tries them again") in r.stderr
     strict = tokenize(src, "--strict")
-    assert strict.code == 2 and "cut (input line 2): finish_reason" in strict.stderr
+    assert strict.code == 2 and "cut0 (input line 2): finish_reason" in strict.stderr
 
 
 def test_stop_and_length_turns_are_still_tokenized(tmp_path):
