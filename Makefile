@@ -15,6 +15,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist). Most tests wait on subprocesses and sockets, so more
+# processes than cores keeps both cores of a small machine busy.
+PYTEST_JOBS ?= 4
 
 # --- what to build -----------------------------------------------------------------------
 DATASETS ?= B3 B4 B5 B6 B7 B8
@@ -66,7 +69,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 test: venv
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check kimipipe tests bench
