@@ -153,7 +153,7 @@ EXAMPLES = """
               show_default=True, metavar="BYTES",
               help="Free space kept on the output's filesystem beyond the worst case of the "
                    "requests in flight (accepts 500M, 2G); below it admission waits for disk.")
-@click.option("--rescue", "rescue_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+@click.option("--rescue", "rescue_dir", type=click.Path(), default=None, metavar="DIR",
               help="Where answers paid for that the output cannot take (a full disk) are kept "
                    "for the next run, which takes them in first; give the same DIR to that run "
                    "(default: kimipipe-rescue-UID in the temp dir). Best on another filesystem.")
