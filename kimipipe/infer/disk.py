@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 
 BYTES_PER_TOKEN = 16
@@ -69,6 +70,7 @@ class DiskGuard:
         self.margin = margin
         self.reserved = 0
         self.waiting = False  # admission is waiting for disk (shown on the progress line)
+        self._said_at: float | None = None  # when "waiting for disk" was last said
 
     def worst_case(self, prompt_line: bytes) -> int:
         """The largest response record a request for PROMPT_LINE can produce (bytes)."""
@@ -95,16 +97,24 @@ class DiskGuard:
         """Wait until AMOUNT more fits; False when the run stops first.
 
         Wakes when a request in flight settles (its reservation is released) and every
-        POLL_SECONDS (space freed by someone else sends no event). SAY gets one line when
-        the wait starts and one when it ends; SHOW redraws the progress line.
+        POLL_SECONDS (space freed by someone else sends no event). Near the limit admission
+        pauses and resumes with every answer written, so SAY gets the "waiting for disk"
+        line at most once a minute, and "disk space is back" only when free space grew (it
+        was freed, not just released by the run); SHOW redraws the progress line.
         """
         if self.fits(amount):
             return True
         self.waiting = True
-        say(f"kp-infer: waiting for disk: {human_bytes(self.free())} free on the filesystem "
-            f"of {self.path}, {human_bytes(self.needed(amount))} needed (the worst case of the "
-            f"requests in flight and the next one, plus --min-free-disk "
-            f"{human_bytes(self.margin)}); free some space and the run goes on")
+        free_before = self.free()
+        now = time.monotonic()
+        if self._said_at is None or now - self._said_at >= 60:
+            self._said_at = now
+            short = self.needed(amount) - free_before
+            say(f"kp-infer: waiting for disk: {human_bytes(free_before)} free on the filesystem "
+                f"of {self.path}, {human_bytes(short)} short of what admission needs (the worst "
+                f"case of the requests in flight and the next one, "
+                f"{human_bytes(self.reserved + amount)}, plus --min-free-disk "
+                f"{human_bytes(self.margin)}); free some space and the run goes on")
         show()
         try:
             while not stopping.is_set():
@@ -116,8 +126,10 @@ class DiskGuard:
                 if stopping.is_set():
                     return False
                 if self.fits(amount):
-                    say(f"kp-infer: disk space is back ({human_bytes(self.free())} free): "
-                        "going on")
+                    free = self.free()
+                    if free > free_before + amount:
+                        say(f"kp-infer: disk space is back ({human_bytes(free)} free): going on")
+                        self._said_at = None
                     return True
             return False
         finally:
