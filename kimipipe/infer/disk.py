@@ -77,14 +77,21 @@ class DiskGuard:
         return len(prompt_line) + self.max_tokens * BYTES_PER_TOKEN + RECORD_OVERHEAD
 
     def free(self) -> int:
-        st = os.statvfs(self.directory)
+        try:
+            st = os.statvfs(self.directory)
+        except OSError:  # a filesystem that cannot say: not guarded (the rescue file remains)
+            self.directory = None
+            return 0
         return st.f_bavail * st.f_frsize
 
     def needed(self, amount: int) -> int:
         return self.reserved + amount + self.margin
 
     def fits(self, amount: int) -> bool:
-        return self.directory is None or self.free() >= self.needed(amount)
+        if self.directory is None:
+            return True
+        free = self.free()
+        return self.directory is None or free >= self.needed(amount)
 
     def reserve(self, amount: int) -> None:
         self.reserved += amount
