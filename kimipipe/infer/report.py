@@ -21,6 +21,8 @@ The summary (stderr, and `--summary-json`):
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -243,3 +245,18 @@ def _failures_note(failed: int, failures_file: str | None) -> str:
                 f"rerun the same command to retry {which}")
     return (f"  finished with {counted(failed, 'permanent failure')}; rerun the same command "
             f"to retry {which} (add --failures FILE to keep why each failed)")
+
+
+def write_summary_json(path: str, result: dict) -> None:
+    """Write the summary whole under a temporary name, then rename it into place (checked
+    writable before the run: see prepare.check_outputs)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -24,8 +24,6 @@ lines; answers are written as they arrive.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import random
 import signal
 import tempfile
@@ -47,7 +45,15 @@ from .output import RESCUED, WRITTEN, Output, failure_record
 from .plan import plan_text
 from .prepare import PROMPT_DECODER, Prepared, check_outputs, output_locks, prepare
 from .process_pool import open_transport
-from .report import Stats, StopReason, exit_code, format_summary, progress_postfix, summary
+from .report import (
+    Stats,
+    StopReason,
+    exit_code,
+    format_summary,
+    progress_postfix,
+    summary,
+    write_summary_json,
+)
 from .worker_process import freeze_startup_objects
 
 if TYPE_CHECKING:
@@ -394,17 +400,3 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
     say(format_summary(result))
     return run.exit_code()
 
-
-def write_summary_json(path: str, result: dict) -> None:
-    """Write the summary whole under a temporary name, then rename it into place (checked
-    writable before the run: see prepare.check_outputs)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
