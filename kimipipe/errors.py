@@ -6,8 +6,9 @@ Exit codes are part of the interface (README documents them once):
     1    unexpected error (a bug, a network failure kimipipe could not ride out)
     2    usage or input error: nothing was done (no request sent, no output finished)
     3    stopped by money: a cost cap (--max-cost), the account's balance or a credit limit
-         OpenRouter enforces (402, --min-credits, kp-credits --min); rerun (with more
-         budget or credits) to resume
+         OpenRouter enforces (402, --min-credits, kp-credits --min); or by a full disk (no
+         room for the output: ENOSPC, a quota, a file size limit); rerun (with more budget,
+         credits or room) to resume
     4    finished, but some records failed permanently (see the failures file)
     130  interrupted (SIGINT/SIGTERM); rerun to resume
 """

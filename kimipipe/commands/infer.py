@@ -20,12 +20,24 @@ tokens recorded in OUTPUT count against `--max-cost` and `--token-budget`.
 The whole input is validated before the first request (so it is read twice; stdin is
 spooled to a temporary file).
 
+One writer per output: OUTPUT and the --failures file are locked for the run (a lock file
+beside each); a second kp-infer on either exits 2 at once, naming who holds it.
+A full disk: a request is admitted only while OUTPUT's filesystem has room for its
+worst-case record (max_tokens at 16 bytes a token, the prompt line, 2 KiB) plus everything
+in flight plus --min-free-disk; below that admission waits ("waiting for disk") and goes
+on when space is freed. A write that still fails cuts OUTPUT back to its last whole record
+and stops the run (exit 3); the answers paid for that it could not take are kept in a
+rescue file under --rescue DIR (printed; see kimipipe/infer/rescue.py for the path rule),
+and the next run over the same OUTPUT, given the same --rescue (or none), takes them in
+before it sends anything.
+
 Exit codes: 0 done as asked: every prompt answered, or --token-budget reached (the summary
 says `"stop_reason": "token-budget"`; raise it and rerun to continue); 2 bad input, flags,
-key (401) or routing (404); 3 stopped by money: --max-cost, a 402 or --min-credits (raise
-the budget or add credits, rerun to resume); 4 done but some prompts failed permanently
-(see --failures; a rerun retries them); 1 the output could not be written; 130 interrupted
-(rerun to resume).
+an output that cannot be written or is locked by another run, key (401) or routing (404);
+3 stopped by money (--max-cost, a 402 or --min-credits: raise the budget or add credits)
+or by a full disk (free some space): rerun to resume; 4 done but some prompts failed
+permanently (see --failures; a rerun retries them); 1 the output could not be written
+(an I/O error); 130 interrupted (rerun to resume).
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ import click
 
 from ..cli import (
     COUNT,
+    Quantity,
     Stderr,
     common_options,
     input_argument,
@@ -137,6 +150,14 @@ EXAMPLES = """
 @click.option("--failures", type=click.Path(), default=None,
               help="Append permanent failures here (JSONL: id, kind, status, code, message, attempts).")
 @click.option("--summary-json", type=click.Path(), default=None, help="Write the final summary here as JSON.")
+@click.option("--min-free-disk", type=Quantity("size", 1024, minimum=0), default="64M",
+              show_default=True, metavar="BYTES",
+              help="Free space kept on the output's filesystem beyond the worst case of the "
+                   "requests in flight (accepts 500M, 2G); below it admission waits for disk.")
+@click.option("--rescue", "rescue_dir", type=click.Path(), default=None, metavar="DIR",
+              help="Where answers paid for that the output cannot take (a full disk) are kept "
+                   "for the next run, which takes them in first; give the same DIR to that run "
+                   "(default: kimipipe-rescue-UID in the temp dir). Best on another filesystem.")
 @partition_option
 @click.option("--base-url", envvar="OPENROUTER_BASE_URL", default=DEFAULT_BASE_URL, show_default=True,
               help="API base URL (or OPENROUTER_BASE_URL).")
@@ -148,7 +169,8 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         extra_body, ignore_provider, only_provider, quantization, any_quantization, sort, no_fallbacks, data_collection,
         max_price_prompt, max_price_completion, concurrency, max_attempts, idle_timeout, workers, stream, proxy,
         backoff_base, grace, max_cost, token_budget, min_credits, credits_interval, done_files,
-        failures, summary_json, partition, base_url, api_key_file, plan, quiet, debug):
+        failures, summary_json, min_free_disk, rescue_dir, partition, base_url, api_key_file, plan,
+        quiet, debug):
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
     request = RequestOptions(model=model, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                              seed=seed, reasoning=reasoning, reasoning_effort=reasoning_effort,
@@ -159,7 +181,8 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
                     max_price_prompt=max_price_prompt, max_price_completion=max_price_completion)
     config = RunConfig(
         input=input, output=output, done_files=list(done_files), failures=failures,
-        summary_json=summary_json, partition=partition, plan=plan, request=request, policy=policy,
+        summary_json=summary_json, rescue_dir=rescue_dir, min_free_disk=min_free_disk,
+        partition=partition, plan=plan, request=request, policy=policy,
         base_url=base_url, api_key=read_api_key(api_key_file, required=not plan),
         concurrency=concurrency, max_attempts=max_attempts, backoff_base=backoff_base,
         idle_timeout=idle_timeout, grace=grace, workers=workers, proxy=proxy,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ..openrouter import DEFAULT_BASE_URL
 from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Policy
+from .disk import DEFAULT_MARGIN
 
 
 @dataclass
@@ -21,6 +22,8 @@ class RunConfig:
     done_files: list[str] = field(default_factory=list)  # --done: IDs that count as done
     failures: str | None = None  # --failures file (appended to)
     summary_json: str | None = None
+    rescue_dir: str | None = None  # --rescue: paid answers -o could not take (None: the default)
+    min_free_disk: int = DEFAULT_MARGIN  # bytes kept free on -o's filesystem (infer/disk.py)
     partition: tuple[int, int] | None = None  # (K, N)
     plan: bool = False  # --plan: show routing and cost, send nothing
     # what is asked of OpenRouter

@@ -6,6 +6,12 @@ flushed as the answer arrives (`durable`), so `kill -9` never loses a written an
 tears a line of a plain file. A prompt given up on this run goes to `--failures` as a
 `records.Failure` line (its cost set when the failed answer was paid for).
 
+A write the output refuses (a full disk, a file size limit, an I/O error; RecordWriter has
+cut the file back to its last whole record) stops the run; that answer and every one still
+arriving are paid for, so they go to the rescue file (infer/rescue.py), which the next run
+takes in first. Each write says what became of its record: WRITTEN, RESCUED or LOST (stdout
+closed, or the rescue file failed too).
+
 Routing is verified, not trusted: `routing_violation(provider)` checks the provider that
 served an answer against the policy and the endpoints table (openrouter/routing.py); an
 answer that breaks it is a failure, never a result.
@@ -13,10 +19,11 @@ answer that breaks it is a failure, never a result.
 
 from __future__ import annotations
 
+import errno
 import time
 
-from ..errors import redact
-from ..io import RecordWriter
+from ..errors import KPError, redact
+from ..io import OutputWriteError, RecordWriter
 from ..openrouter.attempt import Attempt
 from ..openrouter.routing import Endpoint
 from ..openrouter.routing import routing_violation as policy_violation
@@ -31,6 +38,9 @@ from ..records import (
     encode_over,
 )
 from .config import RunConfig
+from .rescue import Rescue
+
+WRITTEN, RESCUED, LOST = "written", "rescued", "lost"
 
 
 def generation_fields(answer: Attempt, attempts: int, model: str) -> Generation:
@@ -67,6 +77,11 @@ class Output:
         self.endpoints = endpoints
         self.responses: RecordWriter | None = None
         self.failures: RecordWriter | None = None
+        self.rescues = {name: Rescue(path, config.rescue_dir)
+                        for name, path in (("output", config.output), ("failures", config.failures))
+                        if path and path != "-"}
+        self.error: OSError | None = None  # the first write either file refused
+        self.error_file: str | None = None
 
     def open(self) -> None:
         self.responses = RecordWriter(self.config.output, append=True, durable=True)
@@ -74,23 +89,48 @@ class Output:
             self.failures = RecordWriter(self.config.failures, append=True, durable=True)
 
     def close(self) -> None:
-        if self.responses is not None:
-            try:
-                self.responses.close()
-            except OSError:
-                pass  # a closed pipe or a full disk: already reported as an output stop
-        if self.failures is not None:
-            self.failures.close()
+        for writer in (self.responses, self.failures):
+            if writer is not None:
+                try:  # (a .zst file's frame is ended here; if even that fails, the next run does)
+                    writer.close()
+                except (OSError, KPError):
+                    pass  # a closed pipe or a full disk: already reported as an output stop
+        self.responses = self.failures = None
+        for rescue in self.rescues.values():
+            rescue.close()
 
     def routing_violation(self, provider: str | None) -> str | None:
         """Why an answer served by PROVIDER breaks the routing policy, or None."""
         return policy_violation(self.config.policy, provider, self.endpoints)
 
-    def write_response(self, prompt_line: bytes, answer: Attempt, attempts: int) -> None:
-        """The response record of PROMPT_LINE (raises OSError when the output is gone)."""
+    def write_response(self, prompt_line: bytes, answer: Attempt, attempts: int) -> str:
+        """Write the response record of PROMPT_LINE: WRITTEN, RESCUED or LOST."""
         fields = generation_fields(answer, attempts, self.config.request.model)
-        self.responses.write_line(encode_over(decode_passthrough(prompt_line), fields))
+        return self._write("responses", "output", encode_over(decode_passthrough(prompt_line), fields))
 
-    def write_failure(self, failure: Failure) -> None:
-        if self.failures is not None:
-            self.failures.write_line(encode_line(failure))
+    def write_failure(self, failure: Failure) -> str:
+        if not self.config.failures:
+            return WRITTEN  # (not asked to keep them)
+        return self._write("failures", "failures", encode_line(failure))
+
+    def _write(self, attribute: str, name: str, line: bytes) -> str:
+        writer: RecordWriter | None = getattr(self, attribute)
+        if writer is not None:
+            try:
+                writer.write_line(line)
+                return WRITTEN
+            except (OSError, OutputWriteError) as e:
+                # (the writer has closed itself; a closed stdout is closed for good too)
+                setattr(self, attribute, None)
+                if self.error is None:
+                    self.error = e.error if isinstance(e, OutputWriteError) else e
+                    self.error_file = writer.path
+        rescue = self.rescues.get(name)
+        if rescue is not None and rescue.save(line):
+            return RESCUED
+        return LOST
+
+    @property
+    def disk_full(self) -> bool:
+        """The write that failed was refused for room (a full disk, a quota, a size limit)."""
+        return self.error is not None and self.error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

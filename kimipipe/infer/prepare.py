@@ -1,11 +1,20 @@
 """Preparing a kp-infer run: everything decided before the first request is sent.
 
+0. Outputs (`check_outputs`, `output_locks`): every file the run will write (`-o`,
+   `--failures`, `--summary-json`, the rescue directory) is checked writable first (exit 2,
+   nothing created). `-o` and `--failures` are then locked for the whole run (a lock file
+   beside each, kimipipe/locks.py): a second kp-infer on either refuses at once (exit 2)
+   naming who holds it, because two runs on one output would both pay for what neither has
+   written yet, and two on one failures file would count each other's paid failures and
+   could cut each other's records off after a failed write. `--done` files are only read,
+   never locked. Everything below runs with the locks held.
 1. Validate the whole input: format, duplicate IDs, empty messages, no user turn. A bad
    line stops the command (`PATH:LINE`, exit 2) before any money is spent. Standard input
    is spooled to a temporary file, since the run reads the input a second time. This pass
    keeps only the IDs and two sums (bytes and a token bound, for `--plan`).
-2. Previous work: the IDs already in OUTPUT (after cutting a torn last line a crash left)
-   and in `--done` files are skipped; the spend and completion tokens recorded in OUTPUT
+2. Previous work: answers an earlier run paid for but could not write are taken in from
+   the rescue file (infer/rescue.py), before anything is sent. Then the IDs already in
+   OUTPUT (after cutting a torn last line a crash left) and in `--done` files are skipped; the spend and completion tokens recorded in OUTPUT
    (and the cost of paid failures in `--failures`) count against the budgets.
 3. The partition (`--partition K/N`): how many prompts this run has to do, how many it
    skips as done.
@@ -19,13 +28,16 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import msgspec
 
 from ..errors import ExitCode, InputError, KPError
 from ..io import (
+    OutputLock,
+    check_writable,
     iter_finished,
     iter_records,
     repair_and_report,
@@ -39,13 +51,45 @@ from ..openrouter.models import preset_for, requantized_allowed, requantized_in_
 from ..openrouter.proxy import scrub
 from ..openrouter.routing import Endpoint, Policy, PriceBound, allowed_endpoints, price_bound
 from ..partition import in_partition
-from ..records import CostOnly, Failure, Prompt
+from ..records import CostOnly, Failure, Prompt, Response
 from .budget import prompt_token_bound
 from .config import RunConfig
+from .rescue import check_rescue_dir, take_in
 
 PROMPT_DECODER = msgspec.json.Decoder(Prompt)
 _cost_decoder = msgspec.json.Decoder(CostOnly)
 _failure_decoder = msgspec.json.Decoder(Failure)
+_response_decoder = msgspec.json.Decoder(Response)
+
+
+def check_outputs(config: RunConfig) -> None:
+    """Refuse (exit 2, one line, nothing created) an output the run could not write: all
+    of them, before a lock is taken or a request sent (an unwritable --summary-json found
+    after the run would have paid for every answer and then failed)."""
+    require_distinct(config.output, config.input)
+    check_writable(config.output, "-o")
+    if config.failures:
+        require_distinct(config.failures, config.input, config.output)
+        check_writable(config.failures, "--failures")
+    if config.summary_json:
+        require_distinct(config.summary_json, config.input, config.output,
+                         *([config.failures] if config.failures else []))
+        check_writable(config.summary_json, "--summary-json", in_place=False)
+    if config.output != "-" or config.failures:
+        check_rescue_dir(config.rescue_dir)
+
+
+@contextmanager
+def output_locks(config: RunConfig, say: Callable[[str], None]) -> Iterator[None]:
+    """Hold the locks of -o and --failures (see the module docstring, step 0)."""
+    def note(text: str) -> None:
+        say(f"kp-infer: {text}")
+
+    with ExitStack() as stack:
+        for path in (config.output, config.failures):
+            if path:
+                stack.enter_context(OutputLock(path, "kp-infer", note=note))
+        yield
 
 
 @dataclass
@@ -70,6 +114,7 @@ class Prepared:
     skipped: int  # prompts of this partition already done
     endpoints: list[Endpoint] | None  # None: the table could not be read
     price: PriceBound | None  # the highest prices the allowed endpoints charge
+    taken_in: int = 0  # answers taken in from the rescue file (an earlier run paid for them)
 
 
 def validate_input(path: str, shown: str) -> InputScan:
@@ -91,6 +136,21 @@ def validate_input(path: str, shown: str) -> InputScan:
         prompt_bytes += sum(len(m.content.encode()) for m in prompt.messages)
         token_bound += prompt_token_bound(prompt.messages)
     return InputScan(path, shown, set(first_line), records, prompt_bytes, token_bound)
+
+
+def take_in_rescued(config: RunConfig, say: Callable[[str], None]) -> int:
+    """Append what earlier runs paid for but could not write (infer/rescue.py) to OUTPUT
+    and the failures file, after repairing their torn tails; the answers taken in."""
+    answers = 0
+    if config.output != "-":
+        repair_and_report(config.output, report=say)
+        answers, _cost = take_in(config.output, config.rescue_dir, _response_decoder, by_id=True,
+                                 say=say, what="answer")
+    if config.failures:
+        repair_and_report(config.failures, report=say)
+        take_in(config.failures, config.rescue_dir, _failure_decoder, by_id=False, say=say,
+                what="failure record")
+    return answers
 
 
 def previous_work(output: str, failures: str | None,
@@ -163,6 +223,7 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         path, shown = spool_stdin(tmpdir), "<stdin>"
     scan = validate_input(path, shown)
     require_distinct(config.output, config.input, *config.done_files)
+    taken_in = take_in_rescued(config, say)
     done, spent, tokens = previous_work(config.output, config.failures, say)
     for extra in config.done_files:
         if not os.path.exists(extra):
@@ -182,4 +243,5 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         if config.max_cost is not None and bound is None:
             raise KPError("--max-cost needs a price bound: the endpoints table could not be read; "
                           "pass --max-price-prompt and --max-price-completion", ExitCode.USAGE)
-    return Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, endpoints, bound)
+    return Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, endpoints, bound,
+                    taken_in)

@@ -3,12 +3,16 @@
 `StopReason` is every reason a run ends before its input is exhausted, each with the one
 exit code and the one message it gives. A run that did what was asked exits 0: everything
 answered, or `--token-budget` reached (the output holds the tokens asked for; the summary
-says `stop_reason: "token-budget"`). Exit 3 is only for money: `--max-cost`, a 402 from
-OpenRouter, `--min-credits`. Permanent failures make an otherwise successful run exit 4.
+says `stop_reason: "token-budget"`). Exit 3 is for money (`--max-cost`, a 402 from
+OpenRouter, `--min-credits`) and for a full disk: both resumable. Permanent failures make
+an otherwise successful run exit 4.
 
 The summary (stderr, and `--summary-json`):
     {"exit_code", "stop_reason": null|"max-cost"|"token-budget"|..., "input_records", "todo",
-     "skipped", "done", "failed": {kind: n}, "retries": {cause: n}, "abandoned_in_flight",
+     "skipped", "done", "failed": {kind: n}, "failures_file", "retries": {cause: n},
+     "abandoned_in_flight", "taken_in_from_rescue",
+     "paid_not_written": {"answers", "cost", "rescued", "rescue_file", "error"},
+     "failures_not_written": {"records", "rescued", "rescue_file"},
      "spend_this_run", "spend_total", "max_cost", "tokens": {"prompt", "completion",
      "reasoning", "completion_total"}, "token_budget", "providers": {name: share},
      "finish_reasons": {reason: n}, "elapsed_s", "requests_per_s", "completion_tokens_per_s",
@@ -17,11 +21,14 @@ The summary (stderr, and `--summary-json`):
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ..cli import counted
 from ..errors import ExitCode
 from ..openrouter.attempt import Attempt
 from .budget import Budget
@@ -48,8 +55,11 @@ class StopReason(Enum):
     NO_ROUTE = ("no-route", ExitCode.USAGE,
                 "stopped: no provider matches the routing flags (404); check "
                 "--ignore-provider/--only-provider/--quantization (try --plan)")
+    DISK = ("disk", ExitCode.BUDGET,
+            "stopped: no room for the output (a full disk, a quota or a file size limit); "
+            "free some space and rerun the same command to resume")
     OUTPUT = ("output", ExitCode.ERROR,
-              "stopped: the output cannot be written; fix it and rerun with -o to resume")
+              "stopped: the output cannot be written; fix it and rerun the same command to resume")
     CLOSED_PIPE = ("closed-pipe", ExitCode.OK,
                    "stopped: the reader of stdout went away (`| head`); nothing more is sent")
 
@@ -78,6 +88,13 @@ class Stats:
     abandoned: int = 0
     unwritten: int = 0  # answers paid for that the output could not take
     unwritten_cost: float = 0.0
+    rescued: int = 0  # of those, kept in the rescue file for the next run
+    failures_unwritten: int = 0  # failure records --failures could not take
+    failures_rescued: int = 0
+    write_error: str | None = None  # `PATH: why` of the first write refused
+    rescue_files: dict = field(default_factory=dict)  # {"output"|"failures": path} used
+    rescue_errors: list = field(default_factory=list)  # why a rescue file failed too
+    taken_in: int = 0  # answers an earlier run kept in the rescue file, taken in first
     started: float = field(default_factory=time.monotonic)
 
     def answered(self, answer: Attempt) -> None:
@@ -87,6 +104,16 @@ class Stats:
         self.reasoning_tokens += answer.reasoning_tokens
         self.providers[answer.provider or "unknown"] += 1
         self.finish_reasons[answer.finish_reason or "none"] += 1
+
+    def not_written(self, cost: float, rescued: bool) -> None:
+        """An answer paid for that the output did not take (kept in the rescue file, or lost)."""
+        self.unwritten += 1
+        self.unwritten_cost += cost
+        self.rescued += rescued
+
+    def failure_not_written(self, rescued: bool) -> None:
+        self.failures_unwritten += 1
+        self.failures_rescued += rescued
 
     def failure(self, kind: str, attempt: Attempt) -> None:
         """A prompt given up on this run, counted by kind (a permanent error by its status)."""
@@ -129,9 +156,15 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         "skipped": stats.skipped,
         "done": stats.done,
         "failed": dict(stats.failed),
+        "failures_file": config.failures,
         "retries": dict(stats.retries),
         "abandoned_in_flight": stats.abandoned,
-        "paid_not_written": {"answers": stats.unwritten, "cost": round(stats.unwritten_cost, 10)},
+        "taken_in_from_rescue": stats.taken_in,
+        "paid_not_written": {"answers": stats.unwritten, "cost": round(stats.unwritten_cost, 10),
+                             "rescued": stats.rescued, "rescue_file": stats.rescue_files.get("output"),
+                             "error": stats.write_error if stats.unwritten else None},
+        "failures_not_written": {"records": stats.failures_unwritten, "rescued": stats.failures_rescued,
+                                 "rescue_file": stats.rescue_files.get("failures")},
         "spend_this_run": round(budget.spent_this_run, 10),
         "spend_total": round(budget.spent, 10),
         "max_cost": config.max_cost,
@@ -169,10 +202,61 @@ def format_summary(summary: dict) -> str:
         lines.append("  providers: " + ", ".join(f"{k} {v:.0%}" for k, v in summary["providers"].items()))
     if summary["abandoned_in_flight"]:
         lines.append(f"  abandoned in flight after the grace period: {summary['abandoned_in_flight']}")
-    lost = summary["paid_not_written"]
-    if lost["answers"]:
-        lines.append(f"  paid for but not written (the output failed): {lost['answers']:,} "
-                     f"answer{'s' if lost['answers'] != 1 else ''}, ${lost['cost']:.6f}")
+    if summary["taken_in_from_rescue"]:
+        lines.append(f"  taken in from the rescue file first (paid for by an earlier run): "
+                     f"{counted(summary['taken_in_from_rescue'], 'answer')}")
+    lines.extend(_unwritten_lines(summary))
     if summary["stop_reason"]:
         lines.append(f"  {StopReason.from_slug(summary['stop_reason']).message}")
+    elif failed:
+        lines.append(_failures_note(sum(failed.values()), summary["failures_file"]))
     return "\n".join(lines)
+
+
+def _unwritten_lines(summary: dict) -> list[str]:
+    """What was paid for and not written, where it is kept and what the next run does."""
+    lines = []
+    lost = summary["paid_not_written"]
+    if lost["answers"]:
+        why = f" ({lost['error']})" if lost["error"] else " (stdout was closed)"
+        line = (f"  paid for but not written{why}: {counted(lost['answers'], 'answer')}, "
+                f"${lost['cost']:.6f}")
+        if lost["rescued"]:
+            line += (f"; {'all ' if lost['rescued'] == lost['answers'] else ''}"
+                     f"{lost['rescued']:,} kept in {lost['rescue_file']}: the next run over the "
+                     "same output takes them in first, they are not paid for again")
+        if lost["error"] and lost["rescued"] < lost["answers"]:
+            line += f"; {lost['answers'] - lost['rescued']:,} lost (the rescue file failed too)"
+        lines.append(line)
+    failures = summary["failures_not_written"]
+    if failures["records"]:
+        line = f"  failure records --failures could not take: {failures['records']:,}"
+        if failures["rescued"]:
+            line += f", {failures['rescued']:,} kept in {failures['rescue_file']} for the next run"
+        lines.append(line)
+    return lines
+
+
+def _failures_note(failed: int, failures_file: str | None) -> str:
+    """The last line of a run that ends with permanent failures (exit 4): what to do next."""
+    which = f"the prompt{'s' if failed != 1 else ''} that failed"
+    if failures_file:
+        return (f"  finished with {counted(failed, 'permanent failure')}: see {failures_file}; "
+                f"rerun the same command to retry {which}")
+    return (f"  finished with {counted(failed, 'permanent failure')}; rerun the same command "
+            f"to retry {which} (add --failures FILE to keep why each failed)")
+
+
+def write_summary_json(path: str, result: dict) -> None:
+    """Write the summary whole under a temporary name, then rename it into place (checked
+    writable before the run: see prepare.check_outputs)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

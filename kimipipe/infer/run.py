@@ -6,13 +6,16 @@ summary (infer/report.py) and returns the exit code.
 
 The run itself (`Run`) streams the validated input again. Each prompt not done is
 admitted when a concurrency slot is free (infer/limiter.py: the limit shrinks on 429s)
-and its worst-case cost fits the budget (infer/budget.py); it is then sent by the
+and its worst-case cost fits the budget (infer/budget.py) and its worst-case record fits the
+free space of the output's filesystem (infer/disk.py); it is then sent by the
 transport (infer/process_pool.py) until it gets an answer or a permanent failure, with
 jittered exponential backoff between attempts. Each answer is checked against the routing
-policy and written whole as it completes (infer/output.py).
+policy and written whole as it completes (infer/output.py); an answer the output
+cannot take (a full disk) stops the run and is kept in the rescue file, as is every answer
+still arriving, for the next run to take in (infer/rescue.py).
 
 A stop ends admission: the budget (`--max-cost`, `--token-budget`), a 402, the balance
-under `--min-credits` (polled), a 401 or 404, a lost output, or SIGINT/SIGTERM. Requests in
+under `--min-credits` (polled), a 401 or 404, a failed write to the output, or SIGINT/SIGTERM. Requests in
 flight then finish within `--grace` seconds (they are paid for) and are written; a second
 Ctrl-C cancels them at once. Memory holds the IDs, the requests in flight and their prompt
 lines; answers are written as they arrive.
@@ -21,7 +24,6 @@ lines; answers are written as they arrive.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import signal
 import tempfile
@@ -37,12 +39,21 @@ from ..partition import in_partition
 from ..records import Prompt
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
+from .disk import DiskGuard
 from .limiter import AdaptiveLimiter
-from .output import Output, failure_record
+from .output import RESCUED, WRITTEN, Output, failure_record
 from .plan import plan_text
-from .prepare import PROMPT_DECODER, Prepared, prepare
+from .prepare import PROMPT_DECODER, Prepared, check_outputs, output_locks, prepare
 from .process_pool import open_transport
-from .report import Stats, StopReason, exit_code, format_summary, progress_postfix, summary
+from .report import (
+    Stats,
+    StopReason,
+    exit_code,
+    format_summary,
+    progress_postfix,
+    summary,
+    write_summary_json,
+)
 from .worker_process import freeze_startup_objects
 
 if TYPE_CHECKING:
@@ -63,7 +74,9 @@ class Run:
         self.say = say
         self.account = account  # polled for --min-credits
         self.output = Output(config, prepared.endpoints)
-        self.stats = Stats(todo=prepared.todo, skipped=prepared.skipped)
+        self.disk = DiskGuard(config.output, config.request.max_tokens, config.min_free_disk)
+        self.stats = Stats(todo=prepared.todo, skipped=prepared.skipped,
+                           taken_in=prepared.taken_in)
         self.limiter = AdaptiveLimiter(config.concurrency)
         self.stop_reason: StopReason | None = None
         self.stopping = asyncio.Event()
@@ -75,7 +88,10 @@ class Run:
 
     # -- stopping -------------------------------------------------------------------------
     def stop(self, reason: StopReason) -> None:
-        if self.stop_reason is None:
+        # A failed write outranks a stop that would exit 0 (a token budget reached): answers
+        # waiting in the rescue file must not look like a finished job.
+        if self.stop_reason is None or (reason in (StopReason.DISK, StopReason.OUTPUT)
+                                        and self.stop_reason.exit_code == ExitCode.OK):
             self.stop_reason = reason
             self.say(f"kp-infer: {reason.message}"
                      + (f"; waiting for {self.limiter.in_flight} requests in flight"
@@ -134,11 +150,16 @@ class Run:
             reservation = self.budget.worst_case(prompt_token_bound(prompt.messages))
             if not await self._wait_for_budget(reservation):
                 return
+            record_bound = self.disk.worst_case(line)
+            if not await self.disk.wait_for_room(record_bound, self.stopping, self.settled,
+                                                 self.say, self._show_waiting):
+                return
             if not await self._acquire_unless_stopped():
                 return
             self.budget.reserve(reservation)
+            self.disk.reserve(record_bound)
             self.in_progress.add(prompt.id)
-            task = asyncio.create_task(self._handle(prompt, line, reservation))
+            task = asyncio.create_task(self._handle(prompt, line, reservation, record_bound))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
@@ -194,7 +215,8 @@ class Run:
             self.stats.abandoned += len(pending)
 
     # -- one prompt -----------------------------------------------------------------------
-    async def _handle(self, prompt: Prompt, line: bytes, reservation: float) -> None:
+    async def _handle(self, prompt: Prompt, line: bytes, reservation: float,
+                      record_bound: int = 0) -> None:
         body = self.config.request.body(prompt, self.config.policy)
         attempts = 0
         holding_slot = True
@@ -242,6 +264,7 @@ class Run:
         finally:
             self.in_progress.discard(prompt.id)
             self.budget.release(reservation)
+            self.disk.release(record_bound)
             if holding_slot:
                 await self.limiter.release()
             self.settled.set()
@@ -263,14 +286,11 @@ class Run:
             self._fail(prompt, "routing_violation", Attempt("permanent", message=violation, status=200),
                        attempts, provider=answer.provider, cost=cost, generation_id=answer.generation_id)
             return
-        try:
-            self.output.write_response(line, answer, attempts)
-        except OSError as e:  # no point paying for answers that cannot be kept
-            self.budget.record(cost, 0)  # paid all the same
-            self.stats.unwritten += 1
-            self.stats.unwritten_cost += cost
-            closed = isinstance(e, BrokenPipeError) and self.config.output == "-"
-            self.stop(StopReason.CLOSED_PIPE if closed else StopReason.OUTPUT)
+        kept = self.output.write_response(line, answer, attempts)
+        if kept != WRITTEN:  # paid all the same: in the rescue file, or lost (stdout closed)
+            self.budget.record(cost, 0)
+            self.stats.not_written(cost, rescued=kept == RESCUED)
+            self._output_failed()  # no point paying for answers that cannot be kept
             return
         self.done.add(prompt.id)
         self.budget.record(cost, answer.completion_tokens)
@@ -282,9 +302,30 @@ class Run:
     def _fail(self, prompt: Prompt, kind: str, attempt: Attempt, attempts: int, *,
               provider: str | None = None, cost: float = 0.0, generation_id: str | None = None) -> None:
         self.stats.failure(kind, attempt)
-        self.output.write_failure(failure_record(prompt, kind, attempt, attempts, provider=provider,
-                                                 cost=cost, generation_id=generation_id))
+        kept = self.output.write_failure(failure_record(prompt, kind, attempt, attempts, provider=provider,
+                                                        cost=cost, generation_id=generation_id))
         self.progress.update(1)
+        if kept != WRITTEN:
+            self.stats.failure_not_written(rescued=kept == RESCUED)
+            self._output_failed()
+
+    def _output_failed(self) -> None:
+        """A file refused a write: say so once (and where what arrives now is kept), stop."""
+        output = self.output
+        if output.error_file == "-":
+            self.stop(StopReason.CLOSED_PIPE)
+            return
+        if self.stats.write_error is None:
+            error = output.error
+            self.stats.write_error = f"{output.error_file}: {error.strerror or error}"
+            rescue = output.rescues.get("failures" if output.error_file == self.config.failures
+                                        else "output")
+            self.say(f"kp-infer: cannot write {self.stats.write_error} (it ends with its last "
+                     "whole record); answers paid for that it cannot take are kept in "
+                     f"{rescue.path} for the next run")
+        self.stats.rescue_files = {name: r.path for name, r in output.rescues.items() if r.saved}
+        self.stats.rescue_errors = [r.error for r in output.rescues.values() if r.error]
+        self.stop(StopReason.DISK if output.disk_full else StopReason.OUTPUT)
 
     # -- balance --------------------------------------------------------------------------
     async def _check_balance(self) -> None:
@@ -302,13 +343,18 @@ class Run:
             await self._check_balance()
 
     # -- progress -------------------------------------------------------------------------
-    def _show_progress(self) -> None:
-        now = time.monotonic()
-        if now - self._last_postfix < 0.5:
+    def _show_progress(self, now: bool = False) -> None:
+        clock = time.monotonic()
+        if not now and clock - self._last_postfix < 0.5:
             return
-        self._last_postfix = now
-        self.progress.set_postfix_str(progress_postfix(self.stats, self.budget, self.limiter.in_flight,
-                                                       self.limiter.current), refresh=False)
+        self._last_postfix = clock
+        postfix = progress_postfix(self.stats, self.budget, self.limiter.in_flight, self.limiter.current)
+        if self.disk.waiting:
+            postfix = f"waiting for disk, {postfix}"
+        self.progress.set_postfix_str(postfix, refresh=now)
+
+    def _show_waiting(self) -> None:
+        self._show_progress(now=True)
 
 
 async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
@@ -338,7 +384,8 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
 
     SAY is the command's quiet-aware stderr writer (`cli.Stderr`): every message of the run
     goes through it, the progress bar too."""
-    with tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
+    check_outputs(config)  # before anything is created, locked or sent
+    with output_locks(config, say), tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
         prepared = prepare(config, tmpdir, say)
         budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens)
         if config.plan:
@@ -349,8 +396,7 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
             run = _event_loop_run(_run(config, prepared, budget, bar, say))
     result = run.summary()
     if config.summary_json:
-        with open(config.summary_json, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+        write_summary_json(config.summary_json, result)
     say(format_summary(result))
     return run.exit_code()
+

@@ -1,0 +1,165 @@
+"""Paid answers the output could not take: saved in a rescue file, taken in by the next run.
+
+When a write to `-o` fails (a full disk, a file size limit, an I/O error), the output is cut
+back to its last whole record (output.RecordWriter) and the run stops; the answers of that
+write and of every request still in flight are paid for all the same. They go to a rescue
+file on another filesystem, and the next run over the same output appends them to it
+before it sends anything, so none is lost and none is paid for twice. Failure records
+that `--failures` could not take are kept the same way (a routing violation's record
+carries a cost that counts against `--max-cost`).
+
+Path rule (the next run finds the file without being told):
+
+    RESCUE_DIR/<file name>.<first 16 hex digits of SHA-256 of the absolute path>.jsonl
+
+RESCUE_DIR is `--rescue DIR`, default `<temp dir>/kimipipe-rescue-<uid>` (the temp dir is
+$TMPDIR, else /tmp; one directory per user, mode 0700, since the records are the user's
+data). The next run must be given the same `--rescue DIR` (or none both times), on the
+same host, with the output at the same absolute path.
+
+Format: exactly the lines the target file would have held (JSON lines, plain even for a
+`.zst` target), so `cat RESCUE >> OUTPUT` does by hand what the next run does. Taking a
+file in appends the lines whose record is not in the target yet (by ID for the output; for
+the failures file, lines not already there), then removes the rescue file; a run stopped
+half-way through is safe to repeat.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+
+import msgspec
+
+from ..cli import counted
+from ..errors import ExitCode, InputError, KPError
+from ..io import (
+    OutputWriteError,
+    RecordWriter,
+    check_writable_dir,
+    iter_lines,
+    repair_and_report,
+)
+from ..records import IdOnly
+
+
+def default_rescue_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"kimipipe-rescue-{os.getuid()}")
+
+
+def rescue_path(target: str, rescue_dir: str | None = None) -> str:
+    """Where the records TARGET could not take are kept (see the module docstring)."""
+    absolute = os.path.abspath(target)
+    digest = hashlib.sha256(absolute.encode()).hexdigest()[:16]
+    return os.path.join(rescue_dir or default_rescue_dir(),
+                        f"{os.path.basename(absolute)}.{digest}.jsonl")
+
+
+def check_rescue_dir(rescue_dir: str | None) -> None:
+    """Refuse (exit 2), before any work, a rescue directory that could not be used; create
+    nothing (the directory is made only when an answer has to be rescued)."""
+    option = "--rescue" if rescue_dir else "the rescue directory"
+    directory = rescue_dir or default_rescue_dir()
+    check_writable_dir(directory, option)
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) or (rescue_dir is None and st.st_uid != os.getuid()):
+        # the shared temp dir: a directory planted by someone else is not ours to write into
+        raise KPError(f"cannot use {option} {directory}: it is a symbolic link or belongs to "
+                      "another user; pass --rescue DIR", ExitCode.USAGE)
+
+
+class Rescue:
+    """The rescue file of one target file (opened on the first record saved)."""
+
+    def __init__(self, target: str, rescue_dir: str | None):
+        self.target = target
+        self.path = rescue_path(target, rescue_dir)
+        self.writer: RecordWriter | None = None
+        self.saved = 0
+        self.error: str | None = None  # why a record could not be saved either
+
+    def save(self, line: bytes) -> bool:
+        """Keep LINE; False when the rescue file cannot take it either."""
+        if self.error is not None:
+            return False
+        try:
+            if self.writer is None:
+                os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+                self.writer = RecordWriter(self.path, append=True, durable=True, compress=False)
+            self.writer.write_line(line)
+        except (OSError, OutputWriteError) as e:
+            self.error = e.message if isinstance(e, KPError) else f"{self.path}: {e.strerror or e}"
+            self.writer = None
+            return False
+        self.saved += 1
+        return True
+
+    def close(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except (OSError, KPError):
+                pass
+            self.writer = None
+
+
+_id_decoder = msgspec.json.Decoder(IdOnly)
+
+
+def take_in(target: str, rescue_dir: str | None, decoder: msgspec.json.Decoder, *,
+            by_id: bool, say: Callable[[str], None], what: str) -> tuple[int, float]:
+    """Append the rescued records of TARGET to it, then remove the rescue file.
+
+    Every line is checked with DECODER first (a bad line stops the run: exit 2, the rescue
+    file kept). BY_ID: a record whose ID is in TARGET already is not appended again (the
+    output); else a line already in TARGET is not (the failures file). Returns (records
+    appended, their cost). Run it with TARGET's lock held, after its torn tail is repaired.
+    """
+    path = rescue_path(target, rescue_dir)
+    if not os.path.exists(path):
+        return 0, 0.0
+    repair_and_report(path, report=say)  # a rescue cut short by a kill: its last line redone
+    rescued = []
+    for lineno, line, _ended in iter_lines(path):
+        try:
+            rescued.append((decoder.decode(line), line))
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise InputError(f"not a {what} ({e}); the file holds records paid for: "
+                             "fix or remove this line, then rerun", path, lineno) from None
+    have: set = set()
+    if os.path.exists(target):
+        for _lineno, line, _ended in iter_lines(target):
+            have.add(_id_decoder.decode(line).id if by_id else line)
+    added, cost = 0, 0.0
+    writer = RecordWriter(target, append=True, durable=True)
+    try:
+        for record, line in rescued:
+            key = record.id if by_id else line
+            if key in have:
+                continue
+            writer.write_line(line + b"\n")  # raises OutputWriteError: the rescue file stays
+            have.add(key)
+            added += 1
+            cost += _cost_of(record)
+    finally:
+        writer.close()
+    os.unlink(path)
+    if added:
+        say(f"kp-infer: took in {counted(added, what)} (${cost:.6f}) kept in {path} by an "
+            f"earlier run that could not write them to {target}; they are not sent again")
+    else:
+        say(f"kp-infer: removed {path}: its records are in {target} already")
+    return added, cost
+
+
+def _cost_of(record) -> float:
+    usage = getattr(record, "usage", None)
+    if usage is not None:
+        return usage.cost
+    return getattr(record, "cost", 0.0) or 0.0

@@ -1,0 +1,325 @@
+"""kp-infer and a full disk: no torn line, no paid answer lost, admission waits for room
+(issue 19 items 2, 3 and 5), through the CLI against the stand-in.
+
+A full disk is made two ways: without privileges, RLIMIT_FSIZE in the kp-infer process
+(SIGXFSZ ignored, so a write past the limit fails with EFBIG); as root, a small tmpfs
+(ENOSPC), filled by another writer while the run goes on, the way a shared disk fills.
+Either way: exit 3, the output ends with whole records, the answers paid for that it
+could not take are in the rescue file (at the path the rule gives, under $TMPDIR), the
+summary counts them (= the stand-in's ledger minus what was written), and the next run
+takes them in before sending anything: every prompt answered once, paid once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+
+import pytest
+import zstandard
+from conftest import BIN, read_jsonl
+from test_infer import assert_correct, make_prompts
+from test_infer_outputs import paid_once_each
+from test_write_failures import limited, whole_records
+
+from kimipipe.standin.answers import user_text_sha256
+
+
+def rescue_file(tmpdir, out) -> str:
+    """The rescue file's path by the documented rule, computed here independently."""
+    digest = hashlib.sha256(os.path.abspath(out).encode()).hexdigest()[:16]
+    return os.path.join(tmpdir, f"kimipipe-rescue-{os.getuid()}",
+                        f"{os.path.basename(out)}.{digest}.jsonl")
+
+
+def run_infer(server, *args, tmpdir, preexec=None, timeout=300):
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key, "TMPDIR": str(tmpdir)}
+    proc = subprocess.run([str(BIN / "kp-infer"), *map(str, args), "--base-url", server.base_url,
+                           "--backoff-base", "0.01"],
+                          capture_output=True, env=env, preexec_fn=preexec, timeout=timeout)
+    return proc.returncode, proc.stderr.decode()
+
+
+def records_left(out, limit: int | None) -> list[dict]:
+    """The output's records: whole lines only, and a .zst file's every frame ended, except
+    where even the 3 bytes that end a frame went past a size LIMIT (RecordWriter leaves the
+    frame open after whole lines then; the next run closes it)."""
+    try:
+        return whole_records(out)
+    except AssertionError as e:
+        if "frame does not end" not in str(e) or limit is None:
+            raise
+        assert out.stat().st_size + 3 > limit
+    text = zstandard.ZstdDecompressor().decompressobj().decompress(out.read_bytes())
+    assert text.endswith(b"\n"), f"torn last line: {text[-80:]!r}"
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def check_stopped_run(code, err, out, summary, server, tmpdir, *, why, limit=None):
+    """What a run stopped by a full disk must leave; returns (written IDs, rescued IDs)."""
+    assert code == 3, err
+    assert "Traceback" not in err
+    assert f"kp-infer: cannot write {out}: {why} (it ends with its last whole record)" in err
+    assert err.rstrip().endswith("stopped: no room for the output (a full disk, a quota or a "
+                                 "file size limit); free some space and rerun the same command "
+                                 "to resume")
+    written = records_left(out, limit)  # whole lines only
+    ledger = server.ledger()
+    s = json.loads(summary.read_text())
+    lost = s["paid_not_written"]
+    assert s["stop_reason"] == "disk" and s["exit_code"] == 3
+    assert lost["answers"] == len(ledger) - len(written) > 0
+    assert lost["rescued"] == lost["answers"] and lost["error"] == f"{out}: {why}"
+    assert lost["cost"] == pytest.approx(sum(x["cost"] for x in ledger)
+                                         - sum(x["usage"]["cost"] for x in written), rel=1e-6)
+    path = rescue_file(tmpdir, out)
+    assert lost["rescue_file"] == path and f"kept in {path}" in err
+    assert f"paid for but not written ({out}: {why}): " in err
+    rescued = read_jsonl(path)
+    written_ids = [r["id"] for r in written]
+    rescued_ids = [r["id"] for r in rescued]
+    assert len(rescued_ids) == lost["answers"] and not set(rescued_ids) & set(written_ids)
+    assert len(set(written_ids)) == len(written_ids)
+    paid = {x["request_user_text_sha256"] for x in ledger}
+    assert len(paid) == len(ledger)  # nothing paid twice so far
+    assert not [n for n in os.listdir(out.parent) if n.endswith(".lock")]
+    return written_ids, rescued_ids
+
+
+def check_resumed_run(code, err, out, summary, server, tmpdir, prompts, n, rescued_ids, **answer):
+    assert code == 0, err
+    whole_records(out)  # every frame of a .zst output ended
+    path = rescue_file(tmpdir, out)
+    assert f"kp-infer: took in {len(rescued_ids)} answer{'s' if len(rescued_ids) != 1 else ''} (" in err
+    assert not os.path.exists(path)
+    s = json.loads(summary.read_text())
+    assert s["taken_in_from_rescue"] == len(rescued_ids)
+    records = read_jsonl(out)
+    ids = [r["id"] for r in records]
+    assert sorted(ids) == [f"p{i:05d}" for i in range(n)]  # each once: no duplicate
+    assert_correct(records, prompts, **answer)
+    paid_once_each(server, prompts)  # the rescued answers were not paid for again
+    assert sum(r["usage"]["cost"] for r in records) == pytest.approx(
+        sum(x["cost"] for x in server.ledger()), rel=1e-9)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name, limit", [("r.jsonl", 150_000), ("r.jsonl.zst", 40_000)])
+def test_a_full_disk_without_privileges_loses_no_paid_answer(standin, tmp_path, name, limit):
+    server = standin(ledger=True, latency=0.05)
+    prompts = make_prompts(tmp_path / "p.jsonl", 300)
+    out, summary, tmpdir = tmp_path / name, tmp_path / "s.json", tmp_path / "tmp"
+    tmpdir.mkdir()
+    args = (prompts, "-o", out, "--concurrency", "8", "--summary-json", summary)
+    code, err = run_infer(server, *args, tmpdir=tmpdir, preexec=limited(limit))
+    _written, rescued = check_stopped_run(code, err, out, summary, server, tmpdir,
+                                          why="File too large", limit=limit)
+    code, err = run_infer(server, *args, tmpdir=tmpdir)  # room again
+    check_resumed_run(code, err, out, summary, server, tmpdir, prompts, 300, rescued)
+
+
+def failure_line(i: int, size: int) -> bytes:
+    line = json.dumps({"id": f"old{i:05d}", "dataset": "B3", "kind": "permanent", "status": 400,
+                       "code": "400", "message": "", "attempts": 1,
+                       "time": "2025-01-01T00:00:00Z"})
+    pad = size - len(line) - 1
+    return (line.replace('"message": ""', f'"message": "{"x" * (pad - 0)}"') + "\n").encode()
+
+
+@pytest.mark.timeout(600)
+def test_a_paid_failure_the_failures_file_cannot_take_is_kept_and_counted(standin, tmp_path):
+    """A routing violation is paid for: its failure record carries the cost that counts
+    against --max-cost. When --failures cannot take it (here: at the size limit already),
+    it goes to the failures file's own rescue file and the next run takes it in."""
+    server = standin(ledger=True, latency=0.05, faults={"misroute": 0.3}, seed=5)
+    prompts = make_prompts(tmp_path / "p.jsonl", 200)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    summary, tmpdir = tmp_path / "s.json", tmp_path / "tmp"
+    tmpdir.mkdir()
+    limit = 150_000
+    failures.write_bytes(b"".join(failure_line(i, 1000) for i in range(limit // 1000 - 1))
+                         + failure_line(999, 900))  # 100 bytes short of the limit
+    args = (prompts, "-o", out, "--failures", failures, "--concurrency", "4",
+            "--ignore-provider", "fireworks", "--ignore-provider", "baseten",
+            "--summary-json", summary)
+    code, err = run_infer(server, *args, tmpdir=tmpdir, preexec=limited(limit))
+    assert code == 3, err
+    assert f"kp-infer: cannot write {failures}: File too large" in err
+    s = json.loads(summary.read_text())
+    kept = s["failures_not_written"]
+    path = rescue_file(tmpdir, failures)
+    assert kept["records"] == kept["rescued"] >= 1 and kept["rescue_file"] == path
+    assert f"failure records --failures could not take: {kept['records']}" in err
+    rescued = read_jsonl(path)
+    assert len(rescued) == kept["records"]
+    assert all(f["kind"] == "routing_violation" and f["cost"] > 0 for f in rescued)
+    assert failures.stat().st_size == limit - 100  # nothing torn, nothing added
+    written = read_jsonl(out)
+    assert s["paid_not_written"]["answers"] == len(server.ledger()) - len(written) - len(rescued)
+
+    code, err = run_infer(server, *args, tmpdir=tmpdir)
+    assert code == 4, err  # (the routing violations are permanent failures)
+    assert f"took in {len(rescued)} failure record" in err and not os.path.exists(path)
+    kept_now = [f for f in read_jsonl(failures) if f["kind"] == "routing_violation"]
+    assert [f["id"] for f in kept_now[:len(rescued)]] == [f["id"] for f in rescued]
+    s = json.loads(summary.read_text())
+    ledger = server.ledger()
+    # everything paid for is recorded somewhere, so the budget counts it on a rerun
+    assert s["spend_total"] == pytest.approx(sum(x["cost"] for x in ledger), rel=1e-6)
+    # paid twice: only prompts whose first answer broke the routing policy (a failure is
+    # retried by the next run, as always); nothing written or rescued was sent again
+    paid = Counter(x["request_user_text_sha256"] for x in ledger)
+    messages = {p["id"]: p["messages"] for p in read_jsonl(prompts)}
+    violated = {user_text_sha256(messages[f["id"]]) for f in rescued}
+    assert {h for h, n in paid.items() if n > 1} <= violated and max(paid.values()) <= 2
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """`tmpfs("2m")`: a real filesystem of that size (root only: mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    mounted = []
+
+    def mount(size: str):
+        mnt = tmp_path / f"tmpfs-{uuid.uuid4().hex[:8]}"
+        mnt.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def fill(path, leave: int = 0) -> None:
+    """Write PATH until its filesystem has LEAVE bytes free (0: until the disk refuses)."""
+    chunk = b"\0" * 65536
+    with open(path, "wb", buffering=0) as f:
+        while True:
+            st = os.statvfs(os.path.dirname(path))
+            free = st.f_bavail * st.f_frsize
+            if leave and free - leave < 4096:
+                return
+            try:
+                f.write(chunk if not leave else chunk[:min(len(chunk), free - leave)])
+            except OSError:
+                return
+
+
+class Stderr:
+    """A running process's stderr, collected by a thread (tqdm writes frames, not lines)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.text = ""
+        self._thread = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for chunk in iter(lambda: stream.read1(4096), b""):
+            self.text += chunk.decode("utf-8", "replace")
+
+    def wait_for(self, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.text:
+            assert proc.poll() is None, f"ended without {text!r}: {self.text[-2000:]}"
+            assert time.monotonic() < deadline, f"no {text!r}: {self.text[-2000:]}"
+            time.sleep(0.05)
+
+    def join(self) -> str:
+        self._thread.join(timeout=60)
+        return self.text
+
+
+def start_infer(server, *args, tmpdir) -> tuple[subprocess.Popen, Stderr]:
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key, "TMPDIR": str(tmpdir)}
+    proc = subprocess.Popen([str(BIN / "kp-infer"), *map(str, args), "--base-url", server.base_url],
+                            env=env, stderr=subprocess.PIPE)
+    return proc, Stderr(proc)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", ["r.jsonl", "r.jsonl.zst"])
+def test_a_tmpfs_filled_during_the_run_loses_no_paid_answer(standin, tmp_path, tmpfs, name):
+    mnt = tmpfs("2m")
+    server = standin(ledger=True, latency=0.2)
+    prompts = make_prompts(tmp_path / "p.jsonl", 400)
+    out, summary, tmpdir = mnt / name, tmp_path / "s.json", tmp_path / "tmp"
+    tmpdir.mkdir()
+    args = (prompts, "-o", out, "--concurrency", "8", "--max-tokens", "1000", "--min-free-disk", "0",
+            "--summary-json", summary)
+    proc, stderr = start_infer(server, *args, tmpdir=tmpdir)
+    try:
+        deadline = time.monotonic() + 120
+        while not out.exists() or out.stat().st_size < 20_000 // (4 if name.endswith(".zst") else 1):
+            assert proc.poll() is None and time.monotonic() < deadline, stderr.text[-2000:]
+            time.sleep(0.05)
+        fill(mnt / "filler")  # another program takes the rest of the disk
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = stderr.join()
+    _written, rescued = check_stopped_run(proc.returncode, err, out, summary, server, tmpdir,
+                                          why="No space left on device")
+    os.unlink(mnt / "filler")
+    code, err = run_infer(server, *args, tmpdir=tmpdir)
+    check_resumed_run(code, err, out, summary, server, tmpdir, prompts, 400, rescued, max_tokens=1000)
+
+
+@pytest.mark.timeout(600)
+def test_admission_waits_for_disk_and_goes_on_when_space_is_freed(standin, tmp_path, tmpfs):
+    """The guard: a request is admitted only while the filesystem has room for the worst
+    case of everything in flight plus --min-free-disk. On a nearly full tmpfs the run
+    pauses (nothing in flight, nothing admitted, "waiting for disk" said and on the progress
+    line), and finishes once space is freed, with no write ever refused."""
+    mnt = tmpfs("4m")
+    server = standin(ledger=True, latency=0.05)
+    prompts = make_prompts(tmp_path / "p.jsonl", 200)
+    out, summary = mnt / "r.jsonl", tmp_path / "s.json"
+    # worst case per request: ~150 B of prompt line + 500 x 16 + 2048 = ~10 KiB; the margin
+    # 1 MiB; ~100 KiB above it lets some tens of answers in before the guard stops admission
+    fill(mnt / "filler", leave=1024 * 1024 + 100 * 1024)
+    proc, stderr = start_infer(server, prompts, "-o", out, "--concurrency", "4", "--max-tokens",
+                               "500", "--min-free-disk", "1M", "--summary-json", summary,
+                               tmpdir=tmp_path)
+    try:
+        stderr.wait_for("kp-infer: waiting for disk: ", proc)
+        # Near the limit admission pauses and resumes as answers are written; it stops for
+        # good when, nothing in flight, the free space is below the margin plus one request.
+        need = min(map(len, prompts.read_bytes().splitlines())) + 500 * 16 + 2048
+        deadline = time.monotonic() + 120
+        while True:
+            stats, paused = server.stats(), len(whole_lines_of(out))
+            st = os.statvfs(mnt)
+            if (stats["in_flight"] == 0 and stats["completions_started"] == paused
+                    and st.f_bavail * st.f_frsize < 1024 * 1024 + need):
+                break
+            assert time.monotonic() < deadline and proc.poll() is None, (stats, paused)
+            time.sleep(0.05)
+        assert 0 < paused < 200
+        stderr.wait_for("waiting for disk, ", proc)  # the progress line says it too
+        assert proc.poll() is None and server.stats()["completions_started"] == paused
+        os.unlink(mnt / "filler")  # space freed: the run goes on by itself
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = stderr.join()
+    assert proc.returncode == 0, err
+    assert "kp-infer: disk space is back (" in err
+    assert sorted(r["id"] for r in read_jsonl(out)) == [f"p{i:05d}" for i in range(200)]
+    s = json.loads(summary.read_text())
+    assert s["paid_not_written"]["answers"] == 0 and s["done"] == 200
+    paid_once_each(server, prompts)
+
+
+def whole_lines_of(path) -> list[bytes]:
+    return path.read_bytes().split(b"\n")[:-1] if path.exists() else []
