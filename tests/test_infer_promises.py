@@ -293,7 +293,7 @@ def test_every_request_and_routing_flag_reaches_the_request_body(standin, tmp_pa
                              "quantizations": ["int4", "unknown"], "sort": "throughput",
                              "allow_fallbacks": False, "data_collection": "deny",
                              "max_price": {"prompt": "0.7", "completion": "3.5"},
-                             "require_parameters": True}}
+                             "enforce_distillable_text": True, "require_parameters": True}}
     # sort=throughput among the two allowed: Together (60 tok/s) beats Moonshot AI (45)
     assert {x["provider"] for x in read_jsonl(tmp_path / "r--stream.jsonl")} == {"Together"}
     r = infer(server, prompts, "-o", tmp_path / "plain.jsonl", "--no-reasoning",
@@ -301,7 +301,9 @@ def test_every_request_and_routing_flag_reaches_the_request_body(standin, tmp_pa
     assert r.code == 0, r.stderr
     for body in server.requests()[-3:]:
         assert body["reasoning"] == {"enabled": False} and body["model"] == "moonshotai/kimi-k2-0905"
-        assert "provider" not in body and "temperature" not in body and body["max_tokens"] == 16384
+        # no preset for this model: no sampling invented, so no require_parameters either
+        assert body["provider"] == {"enforce_distillable_text": True}
+        assert "temperature" not in body and body["max_tokens"] == 16384
 
 
 def test_quantization_routes_end_to_end_and_a_violation_by_quantization_is_caught(standin, tmp_path):

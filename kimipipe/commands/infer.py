@@ -12,7 +12,11 @@ Schema (one JSON object per line): the prompt record's fields plus
     {"response": {"content": str, "reasoning": str|null}, "finish_reason": str,
      "model": str, "provider": str, "generation_id": str,
      "usage": {"prompt_tokens", "completion_tokens", "reasoning_tokens", "cost"},
-     "attempts": int}
+     "attempts": int, "sampling": {"max_tokens", "temperature"?, "top_p"?, "seed"?, ...,
+     "reasoning"?, "require_parameters"?}}
+
+For Kimi K2.5, what you do not set is sampled as served (thinking: temperature 1.0,
+top_p 0.95; --no-reasoning: 0.6, 0.95), with provider.require_parameters.
 
 Resume: rerun the same command. IDs already in OUTPUT (and in `--done` files) are
 skipped; a torn last line left by a crash is repaired and its prompt redone; spend and
@@ -49,7 +53,7 @@ from ..errors import ExitCode, KPError
 from ..infer.config import RunConfig
 from ..infer.run import run_infer
 from ..openrouter import DEFAULT_BASE_URL
-from ..openrouter.models import QUANTIZATIONS, default_quantizations
+from ..openrouter.models import QUANTIZATIONS, default_quantizations, served_sampling
 from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Policy
 
@@ -81,14 +85,20 @@ EXAMPLES = """
 @click.option("--model", default="moonshotai/kimi-k2.5", show_default=True, help="OpenRouter model slug.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=16384, show_default=True,
               help="Completion cap per request (reasoning included); bounds the worst-case cost.")
-@click.option("--temperature", type=float, default=None, help="Sampling temperature.")
-@click.option("--top-p", type=float, default=None, help="Nucleus sampling.")
+@click.option("--temperature", type=float, default=None,
+              help="Sampling temperature. Default for Kimi K2.5: as served, 1.0 thinking, 0.6 with "
+                   "--no-reasoning; other models: not sent (each provider's own default).")
+@click.option("--top-p", type=float, default=None,
+              help="Nucleus sampling. Default for Kimi K2.5: as served, 0.95.")
 @click.option("--seed", type=int, default=None, help="Sampling seed.")
 @click.option("--reasoning/--no-reasoning", default=None, help="Ask for reasoning (default: the model's).")
 @click.option("--reasoning-effort", type=click.Choice(["max", "xhigh", "high", "medium", "low", "minimal", "none"]),
               default=None, help="OpenRouter's reasoning.effort.")
 @click.option("--extra-body", default=None, metavar="JSON",
               help="JSON object merged into every request body (anything else OpenRouter accepts).")
+@click.option("--no-require-parameters", is_flag=True,
+              help="Do not send provider.require_parameters with the sampling parameters (by "
+                   "default sent, so no provider drops temperature/top_p silently).")
 @click.option("--ignore-provider", multiple=True, metavar="SLUG",
               help="Never route to this provider (repeatable; `deepinfra` also ignores `deepinfra/turbo`).")
 @click.option("--only-provider", multiple=True, metavar="SLUG", help="Route only to these providers (repeatable).")
@@ -102,6 +112,10 @@ EXAMPLES = """
 @click.option("--no-fallbacks", is_flag=True, help="provider.allow_fallbacks = false.")
 @click.option("--data-collection", type=click.Choice(["allow", "deny"]), default=None,
               help="provider.data_collection.")
+@click.option("--allow-non-distillable", is_flag=True,
+              help="Do not send provider.enforce_distillable_text (sent by default: the answers "
+                   "train a drafter, and a model whose authors forbid distillation must not "
+                   "be used for that).")
 @click.option("--max-price-prompt", type=float, default=None, metavar="USD_PER_M",
               help="provider.max_price.prompt (USD per million tokens): a hard filter and a price bound.")
 @click.option("--max-price-completion", type=float, default=None, metavar="USD_PER_M",
@@ -144,18 +158,31 @@ EXAMPLES = """
 @click.option("--plan", is_flag=True, help="Send nothing: show allowed providers and the cost estimate.")
 @common_options
 def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, reasoning_effort,
-        extra_body, ignore_provider, only_provider, quantization, any_quantization, sort, no_fallbacks, data_collection,
-        max_price_prompt, max_price_completion, concurrency, max_attempts, idle_timeout, workers, http_client, stream,
+        extra_body, no_require_parameters, ignore_provider, only_provider, quantization, any_quantization,
+        sort, no_fallbacks, data_collection, allow_non_distillable, max_price_prompt, max_price_completion, concurrency, max_attempts, idle_timeout, workers, http_client, stream,
         backoff_base, grace, max_cost, token_budget, min_credits, credits_interval, done_files,
         failures, summary_json, partition, base_url, api_key_file, plan, quiet, debug):
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
-    request = RequestOptions(model=model, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+    served = served_sampling(model, reasoning, reasoning_effort)  # user flags win
+    if served is not None and reasoning is None and reasoning_effort is None:
+        reasoning = True  # the preset's mode, said in the body and so in each record
+    served = served or {}
+    request = RequestOptions(model=model, max_tokens=max_tokens,
+                             temperature=temperature if temperature is not None else served.get("temperature"),
+                             top_p=top_p if top_p is not None else served.get("top_p"),
                              seed=seed, reasoning=reasoning, reasoning_effort=reasoning_effort,
-                             stream=stream, extra_body=parse_extra_body(extra_body))
+                             stream=stream, require_parameters=not no_require_parameters,
+                             extra_body=parse_extra_body(extra_body))
     policy = Policy(ignore=list(ignore_provider), only=list(only_provider),
                     quantizations=default_quantizations(model, quantization, any_quantization),
                     sort=sort, allow_fallbacks=not no_fallbacks, data_collection=data_collection,
-                    max_price_prompt=max_price_prompt, max_price_completion=max_price_completion)
+                    max_price_prompt=max_price_prompt, max_price_completion=max_price_completion,
+                    enforce_distillable_text=not allow_non_distillable)
+    policy.required_parameters = request.enforced_parameters(policy)
+    try:
+        request.sampling(policy)
+    except ValueError as e:
+        raise KPError(str(e), ExitCode.USAGE) from None
     config = RunConfig(
         input=input, output=output, done_files=list(done_files), failures=failures,
         summary_json=summary_json, partition=partition, plan=plan, request=request, policy=policy,

@@ -25,6 +25,7 @@ from ..records import (
     Generation,
     Prompt,
     ResponseText,
+    Sampling,
     Usage,
     decode_passthrough,
     encode_line,
@@ -33,7 +34,8 @@ from ..records import (
 from .config import RunConfig
 
 
-def generation_fields(answer: Attempt, attempts: int, model: str) -> Generation:
+def generation_fields(answer: Attempt, attempts: int, model: str,
+                      sampling: Sampling | None = None) -> Generation:
     """kp-infer's fields of a response record, from an `ok` attempt (MODEL if it names none)."""
     return Generation(
         response=ResponseText(content=answer.content, reasoning=answer.reasoning),
@@ -45,6 +47,7 @@ def generation_fields(answer: Attempt, attempts: int, model: str) -> Generation:
                     reasoning_tokens=answer.reasoning_tokens,
                     cost=answer.cost if answer.cost is not None else 0.0),
         attempts=attempts,
+        sampling=sampling,
     )
 
 
@@ -65,6 +68,7 @@ class Output:
     def __init__(self, config: RunConfig, endpoints: list[Endpoint] | None):
         self.config = config
         self.endpoints = endpoints
+        self.sampling = config.request.sampling(config.policy)  # the same for every prompt
         self.responses: RecordWriter | None = None
         self.failures: RecordWriter | None = None
 
@@ -88,7 +92,7 @@ class Output:
 
     def write_response(self, prompt_line: bytes, answer: Attempt, attempts: int) -> None:
         """The response record of PROMPT_LINE (raises OSError when the output is gone)."""
-        fields = generation_fields(answer, attempts, self.config.request.model)
+        fields = generation_fields(answer, attempts, self.config.request.model, self.sampling)
         self.responses.write_line(encode_over(decode_passthrough(prompt_line), fields))
 
     def write_failure(self, failure: Failure) -> None:
