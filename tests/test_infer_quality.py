@@ -143,3 +143,44 @@ def test_an_unknown_model_gets_no_invented_sampling(standin, tmp_path):
     r = infer(server, prompts, "--plan", "--no-require-parameters")
     assert "warning: without provider.require_parameters" in r.stderr
 
+
+
+# --- 2. distillation-permitted routing ----------------------------------------------------
+
+def test_distillation_is_enforced_by_default_and_plan_says_whether_it_is_allowed(standin, tmp_path):
+    server = standin(request_log=True, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 4)
+    r = infer(server, prompts, "--plan")
+    assert r.code == 0, r.stderr
+    assert ("distillation: allowed by the authors of moonshotai/kimi-k2.5 (is_trainable_text); "
+            "provider.enforce_distillable_text sent") in r.stderr
+    r = infer(server, prompts, "-o", tmp_path / "r.jsonl")
+    assert r.code == 0, r.stderr
+    assert all(b["provider"]["enforce_distillable_text"] is True for b in server.requests())
+
+    server.configure(not_distillable=True)
+    r = infer(server, prompts, "--plan")
+    assert r.code == 0, r.stderr
+    assert "distillation: NOT allowed by the authors of moonshotai/kimi-k2.5" in r.stderr
+    # a run is refused before any request (OpenRouter would route none of them)
+    before = server.stats()["requests"]
+    out = tmp_path / "refused.jsonl"
+    r = infer(server, prompts, "-o", out)
+    assert r.code == 2
+    assert "do not allow distillation (is_trainable_text: false)" in r.stderr
+    assert "--allow-non-distillable" in r.stderr
+    assert server.stats()["requests"] == before and not out.exists()
+    # the stand-in itself refuses such requests: OpenRouter's no-route 404, never billed
+    billed = len(server.ledger())
+    r = infer(server, prompts, "-o", out, "--extra-body",
+              '{"provider": {"enforce_distillable_text": true}}', "--allow-non-distillable")
+    assert r.code == 2 and "no provider matches the routing flags (404)" in r.stderr
+    assert "allow distillation" in r.stderr and len(server.ledger()) == billed
+    # --allow-non-distillable: sent without the flag, answered, with a warning
+    before = len(server.requests())
+    r = infer(server, prompts, "-o", tmp_path / "allowed.jsonl", "--allow-non-distillable")
+    assert r.code == 0, r.stderr
+    assert "warning: the authors of moonshotai/kimi-k2.5 do not allow distillation" in r.stderr
+    sent = server.requests()[before:]
+    assert sent and all("enforce_distillable_text" not in b["provider"] for b in sent)
+    assert len(read_jsonl(tmp_path / "allowed.jsonl")) == 4

@@ -3,7 +3,8 @@
 The plan shows every endpoint of the model's table with its quantization, prices and the
 routing flags' verdict on it, the re-quantization warnings, the sampling each request
 sends (the model preset's served values, or none for a model without a preset) and
-whether `provider.require_parameters` goes with it, how many prompts are to do, and the
+whether `provider.require_parameters` goes with it, whether the model's authors allow
+distillation (`is_trainable_text`), how many prompts are to do, and the
 cost estimate:
 
     expected = todo x (prompt tokens x mean allowed prompt price
@@ -17,6 +18,7 @@ answer at `--max-tokens`, at the highest allowed prices.
 
 from __future__ import annotations
 
+from ..openrouter.account import ModelInfo
 from ..openrouter.models import served_sampling, thinking
 from ..openrouter.request import SAMPLING_PARAMETERS, RequestOptions
 from ..openrouter.routing import Policy, allowed_endpoints, why_excluded
@@ -51,6 +53,24 @@ def sampling_lines(request: RequestOptions, policy: Policy) -> list[str]:
     return lines
 
 
+def distillation_line(config: RunConfig, info: ModelInfo | str | None) -> str:
+    """Whether the model's authors allow distillation, and what the run does about it."""
+    model, enforced = config.request.model, config.policy.enforce_distillable_text
+    sent = ("provider.enforce_distillable_text sent" if enforced
+            else "not enforced (--allow-non-distillable)")
+    if not isinstance(info, ModelInfo) or info.is_trainable_text is None:
+        why = info if isinstance(info, str) else "the model's entry does not say"
+        return f"distillation: unknown for {model} ({why}); {sent}"
+    if info.is_trainable_text:
+        return f"distillation: allowed by the authors of {model} (is_trainable_text); {sent}"
+    if enforced:
+        return (f"distillation: NOT allowed by the authors of {model}: with "
+                "provider.enforce_distillable_text (the default) OpenRouter routes no request "
+                "(a run is refused); the answers must not train a drafter")
+    return (f"distillation: NOT allowed by the authors of {model}; {sent}: "
+            "the answers must not train a drafter")
+
+
 def plan_text(config: RunConfig, prepared: Prepared, budget: Budget) -> str:
     request, policy, endpoints = config.request, config.policy, prepared.endpoints
     scan, todo = prepared.scan, prepared.todo
@@ -69,6 +89,7 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget) -> str:
     for warning in requantization_warnings(request.model, policy, endpoints):
         out.append(f"warning: {warning}")
     out.extend(sampling_lines(request, policy))
+    out.append(distillation_line(config, prepared.model_info))
     out.append(f"prompts: {scan.records} in the input, {todo} to do")
     if budget.price is not None and todo:
         allowed = allowed_endpoints(policy, endpoints or [])

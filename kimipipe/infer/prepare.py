@@ -14,6 +14,11 @@
    endpoint that serves re-quantized weights (openrouter/models.py). A run whose flags
    allow no endpoint, or that has `--max-cost` but no price bound, is refused (exit 2);
    without the table a run checks routing by provider name only.
+5. Distillation (openrouter/account.py `model_info`): a model whose authors forbid it
+   (`is_trainable_text: false`) is refused before any request while
+   `provider.enforce_distillable_text` is sent (the default: OpenRouter would route none of
+   them); with `--allow-non-distillable` it is a warning. Unreadable: said by `--plan` only
+   (OpenRouter still enforces the flag).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from ..io import (
     scan_done,
     spool_stdin,
 )
-from ..openrouter.account import AccountError, fetch_endpoints
+from ..openrouter.account import AccountError, ModelInfo, fetch_endpoints, fetch_model_info
 from ..openrouter.models import preset_for, requantized_allowed, requantized_in_flags
 from ..openrouter.routing import Endpoint, Policy, PriceBound, allowed_endpoints, price_bound
 from ..partition import in_partition
@@ -68,6 +73,7 @@ class Prepared:
     skipped: int  # prompts of this partition already done
     endpoints: list[Endpoint] | None  # None: the table could not be read
     price: PriceBound | None  # the highest prices the allowed endpoints charge
+    model_info: ModelInfo | str | None = None  # the model's entry, or why it is unknown
 
 
 def validate_input(path: str, shown: str) -> InputScan:
@@ -141,6 +147,27 @@ def read_endpoints(config: RunConfig, say: Callable[[str], None]) -> list[Endpoi
         return None
 
 
+def read_model_info(config: RunConfig) -> ModelInfo | str:
+    """The model's entry (for its distillation permission), or why it could not be read."""
+    try:
+        return fetch_model_info(config.request.model, config.api_key, config.base_url)
+    except AccountError as e:
+        return str(e)
+
+
+def check_distillation(config: RunConfig, info: ModelInfo | str, say: Callable[[str], None]) -> None:
+    """Refuse (exit 2) a model whose authors forbid distillation while it is enforced."""
+    if not isinstance(info, ModelInfo) or info.is_trainable_text is not False:
+        return
+    if config.policy.enforce_distillable_text:
+        raise KPError(f"the authors of {config.request.model} do not allow distillation "
+                      "(is_trainable_text: false): with provider.enforce_distillable_text "
+                      "(the default) OpenRouter routes no request; --allow-non-distillable "
+                      "sends anyway, but the answers must not train a drafter", ExitCode.USAGE)
+    say(f"kp-infer: warning: the authors of {config.request.model} do not allow distillation; "
+        "sent anyway (--allow-non-distillable): the answers must not train a drafter")
+
+
 def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepared:
     """Validation, resume state and routing, before anything is sent (see the module doc)."""
     path, shown = config.input, config.input
@@ -158,6 +185,7 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
 
     endpoints = read_endpoints(config, say)
     bound = price_bound(config.policy, endpoints)
+    info = read_model_info(config)
     if not config.plan:  # (the plan shows the warnings in its table)
         for warning in requantization_warnings(config.request.model, config.policy, endpoints):
             say(f"kp-infer: warning: {warning}")
@@ -167,4 +195,6 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         if config.max_cost is not None and bound is None:
             raise KPError("--max-cost needs a price bound: the endpoints table could not be read; "
                           "pass --max-price-prompt and --max-price-completion", ExitCode.USAGE)
-    return Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, endpoints, bound)
+        check_distillation(config, info, say)
+    return Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, endpoints, bound,
+                    info)

@@ -47,7 +47,8 @@ class StopReason(Enum):
             "stopped: OpenRouter rejected the API key (401); check OPENROUTER_API_KEY")
     NO_ROUTE = ("no-route", ExitCode.USAGE,
                 "stopped: no provider matches the routing flags (404); check "
-                "--ignore-provider/--only-provider/--quantization (try --plan)")
+                "--ignore-provider/--only-provider/--quantization, and whether the model's "
+                "authors allow distillation (try --plan)")
     OUTPUT = ("output", ExitCode.ERROR,
               "stopped: the output cannot be written; fix it and rerun with -o to resume")
     CLOSED_PIPE = ("closed-pipe", ExitCode.OK,
