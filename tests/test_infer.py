@@ -226,12 +226,14 @@ def test_402_mid_run_stops_admission_and_resumes_after_top_up(standin, tmp_path,
 
 
 def test_routing_violation_is_not_written_as_a_result(standin, tmp_path):
+    """With no attempt left (--max-attempts 1), a violation is the prompt's failure, paid
+    for (a retry with the provider ignored: test_infer_quality.py)."""
     server = standin(faults={"misroute": 0.3}, seed=5)
     prompts = make_prompts(tmp_path / "p.jsonl", 30)
     out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
     summary = tmp_path / "s.json"
     r = infer(server, prompts, "-o", out, "--ignore-provider", "fireworks", "--ignore-provider", "baseten",
-              "--failures", failures, "--summary-json", summary)
+              "--failures", failures, "--summary-json", summary, "--max-attempts", "1")
     assert r.code == 4, r.stderr
     violations = [f for f in read_jsonl(failures) if f["kind"] == "routing_violation"]
     assert violations and all(f["cost"] > 0 for f in violations)

@@ -56,8 +56,13 @@ def test_max_cost_holds_when_an_excluded_pricier_endpoint_serves_anyway(standin,
     assert billed and "DeepInfra Turbo" not in {x["provider"] for x in billed}
     assert sum(x["cost"] for x in billed) <= 2
     violations = read_jsonl(failures)
-    assert read_jsonl(out) == [] and len(violations) == len(billed)
+    # each prompt is sent again with the violating provider ignored, and misrouted again,
+    # until the cap leaves no room for another worst case: every answer billed is one refused
+    refused = [x for f in violations for x in f["refused"]]
+    assert read_jsonl(out) == [] and len(refused) == len(billed)
+    assert sorted(x["generation_id"] for x in refused) == sorted(x["generation_id"] for x in billed)
     assert all(f["kind"] == "routing_violation" for f in violations)
+    assert any(len(f["refused"]) > 1 for f in violations)
     assert sum(f["cost"] for f in violations) == pytest.approx(sum(x["cost"] for x in billed), rel=1e-9)
     # a rerun counts what the failures file says was paid: still under the cap
     r = infer(server, prompts, "-o", out, "--failures", failures, *flags)
@@ -313,7 +318,8 @@ def test_quantization_routes_end_to_end_and_a_violation_by_quantization_is_caugh
     server = standin(request_log=True, ledger=True, faults={"misroute": 0.4}, seed=11)
     prompts = make_prompts(tmp_path / "p.jsonl", 40)
     out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
-    r = infer(server, prompts, "-o", out, "--failures", failures, "--quantization", "int4")
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--quantization", "int4",
+              "--max-attempts", "1")  # no retry with the provider ignored: each one a failure
     assert r.code == 4, r.stderr
     assert all(b["provider"]["quantizations"] == ["int4"] for b in server.requests())
     quant = {e["provider_name"]: e["quantization"] for e in endpoints_table(server)}

@@ -123,7 +123,8 @@ EXAMPLES = """
 @click.option("--concurrency", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests in flight at most (the limit adapts down on 429s and back up).")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Attempts per prompt before it is recorded as failed (this run).")
+              help="Attempts per prompt before it is recorded as failed (this run); an answer "
+                   "refused (routing, no reasoning, a think tag) counts as one.")
 @click.option("--idle-timeout", type=click.FloatRange(min=0.01), default=180.0, show_default=True,
               help="Seconds without data (keep-alive comments don't count) before an attempt is retried.")
 @click.option("--workers", type=click.IntRange(min=0), default=None,
@@ -148,7 +149,8 @@ EXAMPLES = """
 @click.option("--done", "done_files", multiple=True, type=click.Path(),
               help="Another responses file whose IDs count as done (repeatable).")
 @click.option("--failures", type=click.Path(), default=None,
-              help="Append permanent failures here (JSONL: id, kind, status, code, message, attempts).")
+              help="Append permanent failures here (JSONL: id, kind, status, code, message, attempts, "
+                   "and for answers paid for and refused, provider, cost and refused).")
 @click.option("--summary-json", type=click.Path(), default=None, help="Write the final summary here as JSON.")
 @partition_option
 @click.option("--base-url", envvar="OPENROUTER_BASE_URL", default=DEFAULT_BASE_URL, show_default=True,

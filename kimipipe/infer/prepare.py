@@ -107,7 +107,7 @@ def previous_work(output: str, failures: str | None,
     tokens = 0
     for rec in iter_finished(output, _cost_decoder):
         done.add(rec.id)
-        cost += rec.usage.cost
+        cost += rec.paid  # its own cost, and that of the answers refused before it
         tokens += rec.usage.completion_tokens
     if failures and os.path.exists(failures):
         for rec in iter_finished(failures, _failure_decoder):

@@ -11,7 +11,7 @@ The summary (stderr, and `--summary-json`):
      "skipped", "done", "failed": {kind: n}, "retries": {cause: n}, "abandoned_in_flight",
      "spend_this_run", "spend_total", "max_cost", "tokens": {"prompt", "completion",
      "reasoning", "completion_total"}, "token_budget", "providers": {name: share},
-     "finish_reasons": {reason: n}, "elapsed_s", "requests_per_s", "completion_tokens_per_s",
+     "finish_reasons": {reason: n}, "refused": {kind: {provider: n}}, "elapsed_s", "requests_per_s", "completion_tokens_per_s",
      "concurrency_limit_end"}
 """
 
@@ -72,6 +72,7 @@ class Stats:
     failed: Counter = field(default_factory=Counter)
     retries: Counter = field(default_factory=Counter)
     providers: Counter = field(default_factory=Counter)
+    refused: Counter = field(default_factory=Counter)  # answers refused, by (provider, kind)
     finish_reasons: Counter = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -81,13 +82,17 @@ class Stats:
     unwritten_cost: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
-    def answered(self, answer: Attempt) -> None:
-        """An answer written to the output."""
+    def answered(self, answer: Attempt, latency: float | None = None) -> None:
+        """An answer written to the output (LATENCY: seconds from sent to complete)."""
         self.done += 1
         self.completion_tokens += answer.completion_tokens
         self.reasoning_tokens += answer.reasoning_tokens
         self.providers[answer.provider or "unknown"] += 1
         self.finish_reasons[answer.finish_reason or "none"] += 1
+
+    def refusal(self, provider: str | None, kind: str) -> None:
+        """An answer paid for and not kept (routing_violation, no_reasoning, think_marker)."""
+        self.refused[(provider or "unknown", kind)] += 1
 
     def failure(self, kind: str, attempt: Attempt) -> None:
         """A prompt given up on this run, counted by kind (a permanent error by its status)."""
@@ -118,6 +123,14 @@ def progress_postfix(stats: Stats, budget: Budget, in_flight: int, limit: int) -
     return ", ".join(parts)
 
 
+def refused_by_kind(refused: Counter) -> dict[str, dict[str, int]]:
+    """{kind: {provider: answers refused}} from Stats.refused."""
+    out: dict[str, dict[str, int]] = {}
+    for (provider, kind), n in sorted(refused.items(), key=lambda item: (item[0][1], -item[1])):
+        out.setdefault(kind, {})[provider] = n
+    return out
+
+
 def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: Budget,
             config: RunConfig, concurrency_end: int) -> dict:
     elapsed = time.monotonic() - stats.started
@@ -142,6 +155,7 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         "providers": {k: round(v / total_providers, 4) for k, v in stats.providers.most_common()}
         if total_providers else {},
         "finish_reasons": dict(stats.finish_reasons),
+        "refused": refused_by_kind(stats.refused),
         "elapsed_s": round(elapsed, 3),
         "requests_per_s": round(stats.done / elapsed, 3) if elapsed else 0.0,
         "completion_tokens_per_s": round(stats.completion_tokens / elapsed, 1) if elapsed else 0.0,
@@ -168,6 +182,10 @@ def format_summary(summary: dict) -> str:
         lines.append("  retries: " + ", ".join(f"{k}: {v}" for k, v in summary["retries"].items()))
     if summary["providers"]:
         lines.append("  providers: " + ", ".join(f"{k} {v:.0%}" for k, v in summary["providers"].items()))
+    if summary.get("refused"):
+        lines.append("  refused (paid for, not kept; sent again with the provider ignored): " + "; ".join(
+            f"{kind} " + ", ".join(f"{p} {n}" for p, n in by.items())
+            for kind, by in summary["refused"].items()))
     if summary["abandoned_in_flight"]:
         lines.append(f"  abandoned in flight after the grace period: {summary['abandoned_in_flight']}")
     lost = summary["paid_not_written"]
