@@ -40,6 +40,7 @@ import click
 
 from ..cli import (
     COUNT,
+    KPCommand,
     Stderr,
     common_options,
     input_argument,
@@ -51,6 +52,7 @@ from ..cli import (
 )
 from ..errors import ExitCode, KPError
 from ..infer.config import RunConfig
+from ..infer.report_files import format_report, read_report, report_json
 from ..infer.run import run_infer
 from ..openrouter import DEFAULT_BASE_URL
 from ..openrouter.models import QUANTIZATIONS, default_quantizations, served_sampling
@@ -76,10 +78,24 @@ EXAMPLES = """
         --quantization int4 --quantization unknown --max-cost 95 --token-budget 10M \\
         --failures B3.failures.jsonl --summary-json B3.summary.json
     kp-prompts questions.txt --format text | kp-infer --max-cost 1 > answers.jsonl
+    kp-infer report B3.responses.jsonl B3.failures.jsonl
 """
 
 
-@kp_command("kp-infer", examples=EXAMPLES)
+class _InferCommand(KPCommand):
+    """`kp-infer report FILE...` is spelled as a word too (= --report FILE ...)."""
+
+    def parse_args(self, ctx, args):
+        args = list(args)
+        if len(args) >= 2 and args[0] == "report" and not args[1].startswith("-"):
+            args = [a for arg in args[1:]
+                    for a in ((arg,) if arg.startswith("-") and arg != "-" else ("--report", arg))]
+        return super().parse_args(ctx, args)
+
+
+@kp_command("kp-infer", examples=EXAMPLES, cls=_InferCommand, epilog=(
+    "Also: `kp-infer report FILE...` (= --report FILE ...): the providers compared, from "
+    "responses and failures files on disk; the report on stdout (--json for JSON)."))
 @input_argument()
 @output_option("Output file, appended to and resumed from (`-` = stdout, no resume).")
 @click.option("--model", default="moonshotai/kimi-k2.5", show_default=True, help="OpenRouter model slug.")
@@ -158,13 +174,22 @@ EXAMPLES = """
 @click.option("--api-key-file", type=click.Path(), default=None,
               help="Read the API key from this file (default: OPENROUTER_API_KEY).")
 @click.option("--plan", is_flag=True, help="Send nothing: show allowed providers and the cost estimate.")
+@click.option("--report", "report_files", multiple=True, type=click.Path(allow_dash=True), metavar="FILE",
+              help="Send nothing: compare the providers in these responses/failures files (repeatable; "
+                   "also `kp-infer report FILE...`): a table and a histogram on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="With --report: the report as JSON on stdout.")
 @common_options
 def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, reasoning_effort,
         extra_body, no_require_parameters, ignore_provider, only_provider, quantization, any_quantization,
         sort, no_fallbacks, data_collection, allow_non_distillable, max_price_prompt, max_price_completion, concurrency, max_attempts, idle_timeout, workers, http_client, stream,
         backoff_base, grace, max_cost, token_budget, min_credits, credits_interval, done_files,
-        failures, summary_json, partition, base_url, api_key_file, plan, quiet, debug):
+        failures, summary_json, partition, base_url, api_key_file, plan, report_files, as_json, quiet,
+        debug):
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
+    if report_files:
+        report = read_report(list(report_files), Stderr(quiet))
+        click.echo(report_json(report) if as_json else format_report(report))
+        return ExitCode.OK
     served = served_sampling(model, reasoning, reasoning_effort)  # user flags win
     if served is not None and reasoning is None and reasoning_effort is None:
         reasoning = True  # the preset's mode, said in the body and so in each record

@@ -54,7 +54,6 @@ from ..records import (
 from .config import RunConfig
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-REFUSAL_KINDS = ("routing_violation", "no_reasoning", "think_marker")
 
 
 def reasoning_refusal(answer: Attempt) -> tuple[str, str] | None:

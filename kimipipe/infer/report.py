@@ -11,7 +11,9 @@ The summary (stderr, and `--summary-json`):
      "skipped", "done", "failed": {kind: n}, "retries": {cause: n}, "abandoned_in_flight",
      "spend_this_run", "spend_total", "max_cost", "tokens": {"prompt", "completion",
      "reasoning", "completion_total"}, "token_budget", "providers": {name: share},
-     "finish_reasons": {reason: n}, "refused": {kind: {provider: n}}, "elapsed_s", "requests_per_s", "completion_tokens_per_s",
+     "finish_reasons": {reason: n}, "refused": {kind: {provider: n}},
+     "by_provider": [row, ...] (infer/providers_table.py: answers, tokens, reasoning share,
+     finish reasons, refusals, tokens/s, latency, $ per million output tokens), "elapsed_s", "requests_per_s", "completion_tokens_per_s",
      "concurrency_limit_end"}
 """
 
@@ -26,6 +28,7 @@ from ..errors import ExitCode
 from ..openrouter.attempt import Attempt
 from .budget import Budget
 from .config import RunConfig
+from .providers_table import ProviderTable, table_text
 
 
 class StopReason(Enum):
@@ -73,6 +76,7 @@ class Stats:
     retries: Counter = field(default_factory=Counter)
     providers: Counter = field(default_factory=Counter)
     refused: Counter = field(default_factory=Counter)  # answers refused, by (provider, kind)
+    table: ProviderTable = field(default_factory=ProviderTable)
     finish_reasons: Counter = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -89,10 +93,13 @@ class Stats:
         self.reasoning_tokens += answer.reasoning_tokens
         self.providers[answer.provider or "unknown"] += 1
         self.finish_reasons[answer.finish_reason or "none"] += 1
+        self.table.answer(answer.provider, answer.completion_tokens, answer.reasoning_tokens,
+                          answer.finish_reason, answer.cost or 0.0, latency)
 
-    def refusal(self, provider: str | None, kind: str) -> None:
+    def refusal(self, provider: str | None, kind: str, cost: float = 0.0) -> None:
         """An answer paid for and not kept (routing_violation, no_reasoning, think_marker)."""
         self.refused[(provider or "unknown", kind)] += 1
+        self.table.refusal(provider, kind, cost)
 
     def failure(self, kind: str, attempt: Attempt) -> None:
         """A prompt given up on this run, counted by kind (a permanent error by its status)."""
@@ -156,6 +163,7 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         if total_providers else {},
         "finish_reasons": dict(stats.finish_reasons),
         "refused": refused_by_kind(stats.refused),
+        "by_provider": stats.table.rows(),
         "elapsed_s": round(elapsed, 3),
         "requests_per_s": round(stats.done / elapsed, 3) if elapsed else 0.0,
         "completion_tokens_per_s": round(stats.completion_tokens / elapsed, 1) if elapsed else 0.0,
@@ -182,6 +190,9 @@ def format_summary(summary: dict) -> str:
         lines.append("  retries: " + ", ".join(f"{k}: {v}" for k, v in summary["retries"].items()))
     if summary["providers"]:
         lines.append("  providers: " + ", ".join(f"{k} {v:.0%}" for k, v in summary["providers"].items()))
+    if summary.get("by_provider"):
+        lines.append("  by provider (refused r/n/t: routing violation, no reasoning, think marker):")
+        lines.append(table_text(summary["by_provider"], indent="    "))
     if summary.get("refused"):
         lines.append("  refused (paid for, not kept; sent again with the provider ignored): " + "; ".join(
             f"{kind} " + ", ".join(f"{p} {n}" for p, n in by.items())

@@ -290,7 +290,7 @@ class Run:
         self.refused.setdefault(prompt.id, []).append(Refusal(
             kind=kind, provider=answer.provider, cost=cost, generation_id=answer.generation_id,
             message=why))
-        self.stats.refusal(answer.provider, kind)
+        self.stats.refusal(answer.provider, kind, cost)
         if (attempts >= self.config.max_attempts or self.stopping.is_set()
                 or not self.budget.cost_fits(0)):  # the next attempt's worst case must still fit
             self._fail(prompt, kind, Attempt("permanent", message=why, status=200), attempts,
