@@ -3,8 +3,10 @@
 Usage:
     export OPENROUTER_API_KEY=sk-or-...
     kp-infer B3.prompts.jsonl --plan --quantization int4 --quantization unknown
+    kp-infer B3.prompts.jsonl -o B3.responses.jsonl --preflight      # 3 real requests, checked
     kp-infer B3.prompts.jsonl -o B3.responses.jsonl --concurrency 2000 \\
         --quantization int4 --quantization unknown --max-cost 95 --token-budget 10M
+    kp-infer report B3.responses.jsonl B3.failures.jsonl               # providers compared
 
 For Kimi K2.5, no --quantization flag means int4 and unknown (its native weights).
 
@@ -13,7 +15,8 @@ Schema (one JSON object per line): the prompt record's fields plus
      "model": str, "provider": str, "generation_id": str,
      "usage": {"prompt_tokens", "completion_tokens", "reasoning_tokens", "cost"},
      "attempts": int, "sampling": {"max_tokens", "temperature"?, "top_p"?, "seed"?, ...,
-     "reasoning"?, "require_parameters"?}}
+     "reasoning"?, "require_parameters"?}, "refused": [{"kind", "provider", "cost",
+     "generation_id", "message"}], "latency_s": float}
 
 For Kimi K2.5, what you do not set is sampled as served (thinking: temperature 1.0,
 top_p 0.95; --no-reasoning: 0.6, 0.95), with provider.require_parameters.
@@ -29,7 +32,7 @@ says `"stop_reason": "token-budget"`; raise it and rerun to continue); 2 bad inp
 key (401) or routing (404); 3 stopped by money: --max-cost, a 402 or --min-credits (raise
 the budget or add credits, rerun to resume); 4 done but some prompts failed permanently
 (see --failures; a rerun retries them); 1 the output could not be written; 130 interrupted
-(rerun to resume).
+(rerun to resume). --preflight: 0 every check passed (warnings allowed), 4 one failed.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from ..cli import (
 )
 from ..errors import ExitCode, KPError
 from ..infer.config import RunConfig
+from ..infer.preflight import DEFAULT_REQUESTS, run_preflight
 from ..infer.report_files import format_report, read_report, report_json
 from ..infer.run import run_infer
 from ..openrouter import DEFAULT_BASE_URL
@@ -78,6 +82,7 @@ EXAMPLES = """
         --quantization int4 --quantization unknown --max-cost 95 --token-budget 10M \\
         --failures B3.failures.jsonl --summary-json B3.summary.json
     kp-prompts questions.txt --format text | kp-infer --max-cost 1 > answers.jsonl
+    kp-infer B3.prompts.jsonl -o B3.responses.jsonl --preflight
     kp-infer report B3.responses.jsonl B3.failures.jsonl
 """
 
@@ -90,6 +95,10 @@ class _InferCommand(KPCommand):
         if len(args) >= 2 and args[0] == "report" and not args[1].startswith("-"):
             args = [a for arg in args[1:]
                     for a in ((arg,) if arg.startswith("-") and arg != "-" else ("--report", arg))]
+        # `--preflight` takes an optional N: followed by anything but a number, it is 3
+        args = [f"--preflight={DEFAULT_REQUESTS}" if arg == "--preflight"
+                and not (i + 1 < len(args) and args[i + 1].isdigit()) else arg
+                for i, arg in enumerate(args)]
         return super().parse_args(ctx, args)
 
 
@@ -177,14 +186,21 @@ class _InferCommand(KPCommand):
 @click.option("--report", "report_files", multiple=True, type=click.Path(allow_dash=True), metavar="FILE",
               help="Send nothing: compare the providers in these responses/failures files (repeatable; "
                    "also `kp-infer report FILE...`): a table and a histogram on stdout.")
-@click.option("--json", "as_json", is_flag=True, help="With --report: the report as JSON on stdout.")
+@click.option("--preflight", type=click.IntRange(min=1), default=None, metavar="[N]",
+              help=f"Before the long run: send N real requests (default {DEFAULT_REQUESTS}) and check "
+                   "what the run assumes (provider and quantization, reasoning, cost against the "
+                   "prices, the stream's shape, the balance and how many requests it covers at "
+                   "once); a pass/fail table on stdout, exit 4 on a failed check. The answers are "
+                   "kept in -o FILE (needed) like a run's.")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --report or --preflight: the report as JSON on stdout.")
 @common_options
 def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, reasoning_effort,
         extra_body, no_require_parameters, ignore_provider, only_provider, quantization, any_quantization,
         sort, no_fallbacks, data_collection, allow_non_distillable, max_price_prompt, max_price_completion, concurrency, max_attempts, idle_timeout, workers, http_client, stream,
         backoff_base, grace, max_cost, token_budget, min_credits, credits_interval, done_files,
-        failures, summary_json, partition, base_url, api_key_file, plan, report_files, as_json, quiet,
-        debug):
+        failures, summary_json, partition, base_url, api_key_file, plan, report_files, preflight, as_json,
+        quiet, debug):
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
     if report_files:
         report = read_report(list(report_files), Stderr(quiet))
@@ -218,6 +234,8 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         idle_timeout=idle_timeout, grace=grace, workers=workers, http_client=http_client,
         max_cost=max_cost, token_budget=token_budget, min_credits=min_credits,
         credits_interval=credits_interval)
+    if preflight is not None:
+        return run_preflight(config, preflight, as_json, Stderr(quiet), click.echo)
     return run_infer(config, Stderr(quiet))
 
 

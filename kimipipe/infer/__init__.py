@@ -11,6 +11,7 @@
     providers_table.py the providers compared (one row per provider), for the summary and
                        the report
     report_files.py    `kp-infer report FILE...`: that table from files on disk
+    preflight.py       `--preflight [N]`: N real requests that check what the run assumes
     plan.py            --plan: the routing table and the cost estimate
     budget.py          money and tokens: worst-case reservations against the caps
     limiter.py         adaptive concurrency (shrinks on 429s, grows back)
