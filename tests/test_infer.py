@@ -345,7 +345,8 @@ def test_plan_sends_no_completion_and_shows_routing(standin, tmp_path):
 def test_routing_that_allows_nothing_is_refused_before_sending(standin, tmp_path):
     server = standin()
     prompts = make_prompts(tmp_path / "p.jsonl", 3)
-    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--only-provider", "nobody")
+    # Fireworks exists, but serves NVFP4, which the Kimi default does not allow
+    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--only-provider", "fireworks")
     assert r.code == 2 and "--plan" in r.stderr
     assert server.stats()["completions_started"] == 0
 

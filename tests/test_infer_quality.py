@@ -544,3 +544,34 @@ def test_preflight_refuses_what_it_cannot_keep_or_afford(standin, tmp_path):
     r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--preflight", "--max-cost", "0.001")
     assert r.code == 3 and "leaves no room for the preflight's 3 requests" in r.stderr
     assert server.stats()["requests"] == 0 and not (tmp_path / "r.jsonl").exists()
+
+
+# --- issue 18 item 6: an unknown provider slug -------------------------------------------
+
+@pytest.mark.parametrize("flag, slug, hint", [
+    ("--ignore-provider", "firework", "did you mean 'fireworks'?"),
+    ("--only-provider", "togther", "did you mean 'together'?"),
+    ("--ignore-provider", "deepinfra/trubo", "did you mean 'deepinfra/turbo'?"),
+    ("--ignore-provider", "zzz", "known: baseten, deepinfra, deepinfra/turbo, fireworks, "
+                                 "moonshotai, parasail, together"),
+])
+def test_an_unknown_provider_slug_is_refused_with_the_closest_known_one(standin, tmp_path, flag,
+                                                                        slug, hint):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 3)
+    for mode in (("-o", tmp_path / "r.jsonl"), ("--plan",)):
+        r = infer(server, prompts, flag, slug, *mode)
+        assert r.code == 2
+        assert (f"kp-infer: {flag} {slug!r}: no provider of moonshotai/kimi-k2.5 is called that; "
+                f"{hint}") in r.stderr
+    assert server.stats()["requests"] == 0 and not (tmp_path / "r.jsonl").exists()
+
+
+def test_every_way_of_naming_a_known_provider_is_accepted(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 3)
+    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--ignore-provider", "DeepInfra Turbo",
+              "--ignore-provider", "FIREWORKS", "--ignore-provider", "deepinfra/turbo",
+              "--only-provider", "moonshotai", "--only-provider", "Together", "--any-quantization")
+    assert r.code == 0, r.stderr
+    assert {x["provider"] for x in read_jsonl(tmp_path / "r.jsonl")} <= {"Moonshot AI", "Together"}

@@ -13,7 +13,9 @@
    highest prices they charge (a budget's worst case), and a warning for each allowed
    endpoint that serves re-quantized weights (openrouter/models.py). A run whose flags
    allow no endpoint, or that has `--max-cost` but no price bound, is refused (exit 2);
-   without the table a run checks routing by provider name only.
+   without the table a run checks routing by provider name only. A `--ignore-provider` or
+   `--only-provider` slug that names no provider of the table is refused (exit 2), with
+   the closest known one.
 5. Distillation (openrouter/account.py `model_info`): a model whose authors forbid it
    (`is_trainable_text: false`) is refused before any request while
    `provider.enforce_distillable_text` is sent (the default: OpenRouter would route none of
@@ -40,7 +42,14 @@ from ..io import (
 )
 from ..openrouter.account import AccountError, ModelInfo, fetch_endpoints, fetch_model_info
 from ..openrouter.models import preset_for, requantized_allowed, requantized_in_flags
-from ..openrouter.routing import Endpoint, Policy, PriceBound, allowed_endpoints, price_bound
+from ..openrouter.routing import (
+    Endpoint,
+    Policy,
+    PriceBound,
+    allowed_endpoints,
+    price_bound,
+    unknown_slug,
+)
 from ..partition import in_partition
 from ..records import CostOnly, Failure, Prompt
 from .budget import prompt_token_bound
@@ -147,6 +156,18 @@ def read_endpoints(config: RunConfig, say: Callable[[str], None]) -> list[Endpoi
         return None
 
 
+def check_provider_slugs(config: RunConfig, endpoints: list[Endpoint]) -> None:
+    """Refuse (exit 2) a --ignore-provider/--only-provider slug that names no provider of
+    the endpoints table: it would ignore nothing, or allow nothing, silently."""
+    for option, slugs in (("--ignore-provider", config.policy.ignore),
+                          ("--only-provider", config.policy.only)):
+        for slug in slugs:
+            why = unknown_slug(slug, endpoints)
+            if why:
+                raise KPError(f"{option} {slug!r}: no provider of {config.request.model} is "
+                              f"called that; {why}", ExitCode.USAGE)
+
+
 def read_model_info(config: RunConfig) -> ModelInfo | str:
     """The model's entry (for its distillation permission), or why it could not be read."""
     try:
@@ -184,6 +205,8 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     skipped = sum(1 for i in in_part if i in done)
 
     endpoints = read_endpoints(config, say)
+    if endpoints is not None:
+        check_provider_slugs(config, endpoints)
     bound = price_bound(config.policy, endpoints)
     info = read_model_info(config)
     if not config.plan:  # (the plan shows the warnings in its table)
