@@ -8,6 +8,13 @@ which endpoints the policy allows (for `--plan`), the worst-case price a budget 
 needs (the whole table's, since an excluded endpoint that serves anyway bills its own
 price), and verifies each answer's serving provider against the policy:
 routing is verified, not trusted.
+
+The policy also carries `enforce_distillable_text` (sent by default by kp-infer) and the
+parameters the request makes OpenRouter require of an endpoint (`require_parameters`,
+sent by request.py): an endpoint whose `supported_parameters` lack one is excluded, in
+`--plan` and in the routing check. `ignoring(slugs)` widens one prompt's `ignore` after an
+answer of a provider was refused, `slugs_of(provider)` the slugs that name it, and
+`unknown_slug` says why a flag's slug names no provider of the table (with the closest).
 """
 
 from __future__ import annotations
