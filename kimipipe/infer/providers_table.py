@@ -110,7 +110,8 @@ class ProviderTable:
                 "refused_cost": round(p.refused_cost, 10),
                 "tokens_per_s": (round(p.timed_tokens / sum(latencies), 1)
                                  if latencies and sum(latencies) > 0 else None),
-                "latency_s": {"p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95)},
+                "latency_s": {"p50": _rounded(percentile(latencies, 0.5)),
+                              "p95": _rounded(percentile(latencies, 0.95))},
                 "cost": round(p.cost, 10),
                 "usd_per_m_output": round(p.cost * 1e6 / completion, 4) if completion else None,
             })
@@ -174,6 +175,10 @@ def table_text(rows: list[dict], indent: str = "") -> str:
             f"{_secs(lat['p50']):>8}{_secs(lat['p95']):>8}{_num(r['usd_per_m_output'], '.2f'):>8}"
             f"{refused:>14}  {finish}").rstrip())
     return "\n".join(lines)
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
