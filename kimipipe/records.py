@@ -61,8 +61,47 @@ class Usage(Struct):
     cost: float = 0.0  # USD, as billed (OpenRouter's usage.cost)
 
 
+class Sampling(Struct, omit_defaults=True):
+    """How an answer was asked for: the sampling parameters the request body held, as sent
+    (the model preset's served values, the user's flags, `--extra-body`), `max_tokens`,
+    the `reasoning` object, and whether `provider.require_parameters` was sent (then
+    OpenRouter routed only to endpoints that apply every one of them). A parameter left
+    out was not sent: the serving provider used its own default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    top_a: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    reasoning: dict[str, Any] | None = None
+    require_parameters: bool = False
+
+
+class Refusal(Struct, omit_defaults=True):
+    """An answer kp-infer paid for and did not keep, and why: `routing_violation` (served
+    by a provider the routing flags exclude), `no_reasoning` (reasoning asked for, none
+    came back) or `think_marker` (a `<think>`/`</think>` tag left in the content). The
+    prompt was then sent again with that provider added to its `provider.ignore`."""
+
+    kind: str
+    provider: str | None = None
+    cost: float = 0.0
+    generation_id: str | None = None
+    message: str = ""
+
+
 class Generation(Struct):
-    """The fields kp-infer adds to a prompt record: the answer and what it cost."""
+    """The fields kp-infer adds to a prompt record: the answer and what it cost.
+
+    `sampling`, `refused` and `latency_s` came later (older records lack them: None, [] and
+    None): how the answer was asked for, the answers paid for before it and not kept
+    (their cost is not in `usage.cost`, and counts against `--max-cost`), and the seconds
+    from the request sent to the answer's end."""
 
     response: ResponseText
     finish_reason: str | None
@@ -71,6 +110,9 @@ class Generation(Struct):
     generation_id: str | None
     usage: Usage
     attempts: int = 1
+    sampling: Sampling | None = None
+    refused: list[Refusal] = msgspec.field(default_factory=list)
+    latency_s: float | None = None
 
 
 class Response(Prompt, kw_only=True):
@@ -83,17 +125,22 @@ class Response(Prompt, kw_only=True):
     generation_id: str | None
     usage: Usage
     attempts: int = 1
+    sampling: Sampling | None = None
+    refused: list[Refusal] = msgspec.field(default_factory=list)
+    latency_s: float | None = None
 
 
 class Failure(Struct, omit_defaults=True):
     """A line of kp-infer's `--failures` file: a prompt that got no answer this run.
 
-    `cost` is set when the failure was paid for (an answer from a provider the routing
-    flags exclude), and counts against `--max-cost` on a rerun."""
+    `cost` is set when the failure was paid for: the answers refused for this prompt this
+    run (`refused`, each a `Refusal`: a provider the routing flags exclude, no reasoning,
+    a think tag left in the content), and counts against `--max-cost` on a rerun; then
+    `provider` and `generation_id` name the last of them."""
 
     id: str
     dataset: str
-    kind: str  # permanent | retries_exhausted | routing_violation
+    kind: str  # permanent | retries_exhausted | routing_violation | no_reasoning | think_marker
     status: int
     code: str
     message: str
@@ -102,6 +149,7 @@ class Failure(Struct, omit_defaults=True):
     provider: str | None = None
     generation_id: str | None = None
     cost: float = 0.0
+    refused: list[Refusal] = msgspec.field(default_factory=list)
 
 
 class TokenIds(Struct, omit_defaults=True):
@@ -137,11 +185,21 @@ class IdOnly(Struct):
     id: str
 
 
+class _CostOfRefusal(Struct):
+    cost: float = 0.0
+
+
 class CostOnly(Struct):
-    """What budget accounting needs from a finished response record."""
+    """What budget accounting needs from a finished response record: its cost, and that
+    of the answers refused before it (`refused`)."""
 
     id: str
     usage: Usage = msgspec.field(default_factory=Usage)
+    refused: list[_CostOfRefusal] = msgspec.field(default_factory=list)
+
+    @property
+    def paid(self) -> float:
+        return self.usage.cost + sum(r.cost for r in self.refused)
 
 
 _encoder = msgspec.json.Encoder()

@@ -226,12 +226,14 @@ def test_402_mid_run_stops_admission_and_resumes_after_top_up(standin, tmp_path,
 
 
 def test_routing_violation_is_not_written_as_a_result(standin, tmp_path):
+    """With no attempt left (--max-attempts 1), a violation is the prompt's failure, paid
+    for (a retry with the provider ignored: test_infer_quality.py)."""
     server = standin(faults={"misroute": 0.3}, seed=5)
     prompts = make_prompts(tmp_path / "p.jsonl", 30)
     out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
     summary = tmp_path / "s.json"
     r = infer(server, prompts, "-o", out, "--ignore-provider", "fireworks", "--ignore-provider", "baseten",
-              "--failures", failures, "--summary-json", summary)
+              "--failures", failures, "--summary-json", summary, "--max-attempts", "1")
     assert r.code == 4, r.stderr
     violations = [f for f in read_jsonl(failures) if f["kind"] == "routing_violation"]
     assert violations and all(f["cost"] > 0 for f in violations)
@@ -343,7 +345,8 @@ def test_plan_sends_no_completion_and_shows_routing(standin, tmp_path):
 def test_routing_that_allows_nothing_is_refused_before_sending(standin, tmp_path):
     server = standin()
     prompts = make_prompts(tmp_path / "p.jsonl", 3)
-    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--only-provider", "nobody")
+    # Fireworks exists, but serves NVFP4, which the Kimi default does not allow
+    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--only-provider", "fireworks")
     assert r.code == 2 and "--plan" in r.stderr
     assert server.stats()["completions_started"] == 0
 

@@ -107,14 +107,19 @@ def test_reasoning_extraction_order():
     def details(rows):  # as the client decodes them from the wire
         return msgspec.json.decode(msgspec.json.encode(rows), type=list[_ReasoningDetail])
 
-    assert _reasoning_text("direct", details([{"type": "reasoning.text", "text": "x"}])) == "direct"
+    # (the text, where it came from: the reasoning field, else reasoning_details)
+    assert _reasoning_text("direct", details([{"type": "reasoning.text", "text": "x"}])) == (
+        "direct", "field")
     assert _reasoning_text(None, details([{"type": "reasoning.text", "text": "a"},
                                           {"type": "reasoning.summary", "summary": "s"},
-                                          {"type": "reasoning.text", "text": "b"}])) == "ab"
-    assert _reasoning_text("", None) is None
+                                          {"type": "reasoning.text", "text": "b"}])) == ("ab", "details")
+    assert _reasoning_text("", None) == (None, "")
     assert split_inline_think("<think>plan</think>answer", None) == ("answer", "plan")
     assert split_inline_think("<think>plan</think>answer", "real") == ("<think>plan</think>answer", "real")
     assert split_inline_think("no think", None) == ("no think", None)
+    # an inline block cut by max_tokens before it closed: all reasoning, only when cut
+    assert split_inline_think("<think>plan and", None) == ("<think>plan and", None)
+    assert split_inline_think("<think>plan and", None, cut=True) == ("", "plan and")
     assert _Message().content is None
 
 

@@ -56,8 +56,13 @@ def test_max_cost_holds_when_an_excluded_pricier_endpoint_serves_anyway(standin,
     assert billed and "DeepInfra Turbo" not in {x["provider"] for x in billed}
     assert sum(x["cost"] for x in billed) <= 2
     violations = read_jsonl(failures)
-    assert read_jsonl(out) == [] and len(violations) == len(billed)
+    # each prompt is sent again with the violating provider ignored, and misrouted again,
+    # until the cap leaves no room for another worst case: every answer billed is one refused
+    refused = [x for f in violations for x in f["refused"]]
+    assert read_jsonl(out) == [] and len(refused) == len(billed)
+    assert sorted(x["generation_id"] for x in refused) == sorted(x["generation_id"] for x in billed)
     assert all(f["kind"] == "routing_violation" for f in violations)
+    assert any(len(f["refused"]) > 1 for f in violations)
     assert sum(f["cost"] for f in violations) == pytest.approx(sum(x["cost"] for x in billed), rel=1e-9)
     # a rerun counts what the failures file says was paid: still under the cap
     r = infer(server, prompts, "-o", out, "--failures", failures, *flags)
@@ -293,7 +298,7 @@ def test_every_request_and_routing_flag_reaches_the_request_body(standin, tmp_pa
                              "quantizations": ["int4", "unknown"], "sort": "throughput",
                              "allow_fallbacks": False, "data_collection": "deny",
                              "max_price": {"prompt": "0.7", "completion": "3.5"},
-                             "require_parameters": True}}
+                             "enforce_distillable_text": True, "require_parameters": True}}
     # sort=throughput among the two allowed: Together (60 tok/s) beats Moonshot AI (45)
     assert {x["provider"] for x in read_jsonl(tmp_path / "r--stream.jsonl")} == {"Together"}
     r = infer(server, prompts, "-o", tmp_path / "plain.jsonl", "--no-reasoning",
@@ -301,7 +306,9 @@ def test_every_request_and_routing_flag_reaches_the_request_body(standin, tmp_pa
     assert r.code == 0, r.stderr
     for body in server.requests()[-3:]:
         assert body["reasoning"] == {"enabled": False} and body["model"] == "moonshotai/kimi-k2-0905"
-        assert "provider" not in body and "temperature" not in body and body["max_tokens"] == 16384
+        # no preset for this model: no sampling invented, so no require_parameters either
+        assert body["provider"] == {"enforce_distillable_text": True}
+        assert "temperature" not in body and body["max_tokens"] == 16384
 
 
 def test_quantization_routes_end_to_end_and_a_violation_by_quantization_is_caught(standin, tmp_path):
@@ -311,7 +318,8 @@ def test_quantization_routes_end_to_end_and_a_violation_by_quantization_is_caugh
     server = standin(request_log=True, ledger=True, faults={"misroute": 0.4}, seed=11)
     prompts = make_prompts(tmp_path / "p.jsonl", 40)
     out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
-    r = infer(server, prompts, "-o", out, "--failures", failures, "--quantization", "int4")
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--quantization", "int4",
+              "--max-attempts", "1")  # no retry with the provider ignored: each one a failure
     assert r.code == 4, r.stderr
     assert all(b["provider"]["quantizations"] == ["int4"] for b in server.requests())
     quant = {e["provider_name"]: e["quantization"] for e in endpoints_table(server)}

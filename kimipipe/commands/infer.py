@@ -3,8 +3,10 @@
 Usage:
     export OPENROUTER_API_KEY=sk-or-...
     kp-infer B3.prompts.jsonl --plan --quantization int4 --quantization unknown
+    kp-infer B3.prompts.jsonl -o B3.responses.jsonl --preflight      # 3 real requests, checked
     kp-infer B3.prompts.jsonl -o B3.responses.jsonl --concurrency 2000 \\
         --quantization int4 --quantization unknown --max-cost 95 --token-budget 10M
+    kp-infer report B3.responses.jsonl B3.failures.jsonl               # providers compared
 
 For Kimi K2.5, no --quantization flag means int4 and unknown (its native weights).
 
@@ -12,7 +14,12 @@ Schema (one JSON object per line): the prompt record's fields plus
     {"response": {"content": str, "reasoning": str|null}, "finish_reason": str,
      "model": str, "provider": str, "generation_id": str,
      "usage": {"prompt_tokens", "completion_tokens", "reasoning_tokens", "cost"},
-     "attempts": int}
+     "attempts": int, "sampling": {"max_tokens", "temperature"?, "top_p"?, "seed"?, ...,
+     "reasoning"?, "require_parameters"?}, "refused": [{"kind", "provider", "cost",
+     "generation_id", "message"}], "latency_s": float}
+
+For Kimi K2.5, what you do not set is sampled as served (thinking: temperature 1.0,
+top_p 0.95; --no-reasoning: 0.6, 0.95), with provider.require_parameters.
 
 Resume: rerun the same command. IDs already in OUTPUT (and in `--done` files) are
 skipped; a torn last line left by a crash is repaired and its prompt redone; spend and
@@ -37,7 +44,8 @@ an output that cannot be written or is locked by another run, key (401) or routi
 3 stopped by money (--max-cost, a 402 or --min-credits: raise the budget or add credits)
 or by a full disk (free some space): rerun to resume; 4 done but some prompts failed
 permanently (see --failures; a rerun retries them); 1 the output could not be written
-(an I/O error); 130 interrupted (rerun to resume).
+(an I/O error); 130 interrupted (rerun to resume). --preflight: 0 every check passed
+(warnings allowed), 4 one failed.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ import click
 
 from ..cli import (
     COUNT,
+    KPCommand,
     Quantity,
     Stderr,
     common_options,
@@ -60,9 +69,11 @@ from ..cli import (
 )
 from ..errors import ExitCode, KPError
 from ..infer.config import RunConfig
+from ..infer.preflight import DEFAULT_REQUESTS, run_preflight
+from ..infer.report_files import format_report, read_report, report_json
 from ..infer.run import run_infer
 from ..openrouter import DEFAULT_BASE_URL
-from ..openrouter.models import QUANTIZATIONS, default_quantizations
+from ..openrouter.models import QUANTIZATIONS, default_quantizations, served_sampling
 from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Policy
 
@@ -85,23 +96,48 @@ EXAMPLES = """
         --quantization int4 --quantization unknown --max-cost 95 --token-budget 10M \\
         --failures B3.failures.jsonl --summary-json B3.summary.json
     kp-prompts questions.txt --format text | kp-infer --max-cost 1 > answers.jsonl
+    kp-infer B3.prompts.jsonl -o B3.responses.jsonl --preflight
+    kp-infer report B3.responses.jsonl B3.failures.jsonl
 """
 
 
-@kp_command("kp-infer", examples=EXAMPLES)
+class _InferCommand(KPCommand):
+    """`kp-infer report FILE...` is spelled as a word too (= --report FILE ...)."""
+
+    def parse_args(self, ctx, args):
+        args = list(args)
+        if len(args) >= 2 and args[0] == "report" and not args[1].startswith("-"):
+            args = [a for arg in args[1:]
+                    for a in ((arg,) if arg.startswith("-") and arg != "-" else ("--report", arg))]
+        # `--preflight` takes an optional N: followed by anything but a number, it is 3
+        args = [f"--preflight={DEFAULT_REQUESTS}" if arg == "--preflight"
+                and not (i + 1 < len(args) and args[i + 1].isdigit()) else arg
+                for i, arg in enumerate(args)]
+        return super().parse_args(ctx, args)
+
+
+@kp_command("kp-infer", examples=EXAMPLES, cls=_InferCommand, epilog=(
+    "Also: `kp-infer report FILE...` (= --report FILE ...): the providers compared, from "
+    "responses and failures files on disk; the report on stdout (--json for JSON)."))
 @input_argument()
 @output_option("Output file, appended to and resumed from (`-` = stdout, no resume).")
 @click.option("--model", default="moonshotai/kimi-k2.5", show_default=True, help="OpenRouter model slug.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=16384, show_default=True,
               help="Completion cap per request (reasoning included); bounds the worst-case cost.")
-@click.option("--temperature", type=float, default=None, help="Sampling temperature.")
-@click.option("--top-p", type=float, default=None, help="Nucleus sampling.")
+@click.option("--temperature", type=float, default=None,
+              help="Sampling temperature. Default for Kimi K2.5: as served, 1.0 thinking, 0.6 with "
+                   "--no-reasoning; other models: not sent (each provider's own default).")
+@click.option("--top-p", type=float, default=None,
+              help="Nucleus sampling. Default for Kimi K2.5: as served, 0.95.")
 @click.option("--seed", type=int, default=None, help="Sampling seed.")
 @click.option("--reasoning/--no-reasoning", default=None, help="Ask for reasoning (default: the model's).")
 @click.option("--reasoning-effort", type=click.Choice(["max", "xhigh", "high", "medium", "low", "minimal", "none"]),
               default=None, help="OpenRouter's reasoning.effort.")
 @click.option("--extra-body", default=None, metavar="JSON",
               help="JSON object merged into every request body (anything else OpenRouter accepts).")
+@click.option("--no-require-parameters", is_flag=True,
+              help="Do not send provider.require_parameters with the sampling parameters (by "
+                   "default sent, so no provider drops temperature/top_p silently).")
 @click.option("--ignore-provider", multiple=True, metavar="SLUG",
               help="Never route to this provider (repeatable; `deepinfra` also ignores `deepinfra/turbo`).")
 @click.option("--only-provider", multiple=True, metavar="SLUG", help="Route only to these providers (repeatable).")
@@ -115,6 +151,10 @@ EXAMPLES = """
 @click.option("--no-fallbacks", is_flag=True, help="provider.allow_fallbacks = false.")
 @click.option("--data-collection", type=click.Choice(["allow", "deny"]), default=None,
               help="provider.data_collection.")
+@click.option("--allow-non-distillable", is_flag=True,
+              help="Do not send provider.enforce_distillable_text (sent by default: the answers "
+                   "train a drafter, and a model whose authors forbid distillation must not "
+                   "be used for that).")
 @click.option("--max-price-prompt", type=float, default=None, metavar="USD_PER_M",
               help="provider.max_price.prompt (USD per million tokens): a hard filter and a price bound.")
 @click.option("--max-price-completion", type=float, default=None, metavar="USD_PER_M",
@@ -122,7 +162,8 @@ EXAMPLES = """
 @click.option("--concurrency", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests in flight at most (the limit adapts down on 429s and back up).")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Attempts per prompt before it is recorded as failed (this run).")
+              help="Attempts per prompt before it is recorded as failed (this run); an answer "
+                   "refused (routing, no reasoning, a think tag) counts as one.")
 @click.option("--idle-timeout", type=click.FloatRange(min=0.01), default=180.0, show_default=True,
               help="Seconds without data (keep-alive comments don't count) before an attempt is retried.")
 @click.option("--workers", type=click.IntRange(min=0), default=None,
@@ -148,7 +189,8 @@ EXAMPLES = """
 @click.option("--done", "done_files", multiple=True, type=click.Path(),
               help="Another responses file whose IDs count as done (repeatable).")
 @click.option("--failures", type=click.Path(), default=None,
-              help="Append permanent failures here (JSONL: id, kind, status, code, message, attempts).")
+              help="Append permanent failures here (JSONL: id, kind, status, code, message, attempts, "
+                   "and for answers paid for and refused, provider, cost and refused).")
 @click.option("--summary-json", type=click.Path(), default=None, help="Write the final summary here as JSON.")
 @click.option("--min-free-disk", type=Quantity("size", 1024, minimum=0), default="64M",
               show_default=True, metavar="BYTES",
@@ -164,21 +206,51 @@ EXAMPLES = """
 @click.option("--api-key-file", type=click.Path(), default=None,
               help="Read the API key from this file (default: OPENROUTER_API_KEY).")
 @click.option("--plan", is_flag=True, help="Send nothing: show allowed providers and the cost estimate.")
+@click.option("--report", "report_files", multiple=True, type=click.Path(allow_dash=True), metavar="FILE",
+              help="Send nothing: compare the providers in these responses/failures files (repeatable; "
+                   "also `kp-infer report FILE...`): a table and a histogram on stdout.")
+@click.option("--preflight", type=click.IntRange(min=1), default=None, metavar="[N]",
+              help=f"Before the long run: send N real requests (default {DEFAULT_REQUESTS}) and check "
+                   "what the run assumes (provider and quantization, reasoning, cost against the "
+                   "prices, the stream's shape, the balance and how many requests it covers at "
+                   "once); a pass/fail table on stdout, exit 4 on a failed check. The answers are "
+                   "kept in -o FILE (needed) like a run's.")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --report or --preflight: the report as JSON on stdout.")
 @common_options
 def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, reasoning_effort,
-        extra_body, ignore_provider, only_provider, quantization, any_quantization, sort, no_fallbacks, data_collection,
-        max_price_prompt, max_price_completion, concurrency, max_attempts, idle_timeout, workers, stream, proxy,
+        extra_body, no_require_parameters, ignore_provider, only_provider, quantization, any_quantization,
+        sort, no_fallbacks, data_collection, allow_non_distillable, max_price_prompt, max_price_completion,
+        concurrency, max_attempts, idle_timeout, workers, stream, proxy,
         backoff_base, grace, max_cost, token_budget, min_credits, credits_interval, done_files,
         failures, summary_json, min_free_disk, rescue_dir, partition, base_url, api_key_file, plan,
+        report_files, preflight, as_json,
         quiet, debug):
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
-    request = RequestOptions(model=model, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+    if report_files:
+        report = read_report(list(report_files), Stderr(quiet))
+        click.echo(report_json(report) if as_json else format_report(report))
+        return ExitCode.OK
+    served = served_sampling(model, reasoning, reasoning_effort)  # user flags win
+    if served is not None and reasoning is None and reasoning_effort is None:
+        reasoning = True  # the preset's mode, said in the body and so in each record
+    served = served or {}
+    request = RequestOptions(model=model, max_tokens=max_tokens,
+                             temperature=temperature if temperature is not None else served.get("temperature"),
+                             top_p=top_p if top_p is not None else served.get("top_p"),
                              seed=seed, reasoning=reasoning, reasoning_effort=reasoning_effort,
-                             stream=stream, extra_body=parse_extra_body(extra_body))
+                             stream=stream, require_parameters=not no_require_parameters,
+                             extra_body=parse_extra_body(extra_body))
     policy = Policy(ignore=list(ignore_provider), only=list(only_provider),
                     quantizations=default_quantizations(model, quantization, any_quantization),
                     sort=sort, allow_fallbacks=not no_fallbacks, data_collection=data_collection,
-                    max_price_prompt=max_price_prompt, max_price_completion=max_price_completion)
+                    max_price_prompt=max_price_prompt, max_price_completion=max_price_completion,
+                    enforce_distillable_text=not allow_non_distillable)
+    policy.required_parameters = request.enforced_parameters(policy)
+    try:
+        request.sampling(policy)
+    except ValueError as e:
+        raise KPError(str(e), ExitCode.USAGE) from None
     config = RunConfig(
         input=input, output=output, done_files=list(done_files), failures=failures,
         summary_json=summary_json, rescue_dir=rescue_dir, min_free_disk=min_free_disk,
@@ -188,6 +260,8 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         idle_timeout=idle_timeout, grace=grace, workers=workers, proxy=proxy,
         max_cost=max_cost, token_budget=token_budget, min_credits=min_credits,
         credits_interval=credits_interval)
+    if preflight is not None:
+        return run_preflight(config, preflight, as_json, Stderr(quiet), click.echo)
     return run_infer(config, Stderr(quiet))
 
 

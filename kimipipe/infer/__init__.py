@@ -5,8 +5,13 @@
                        the partition's counts, the endpoints table, price bound, warnings
     run.py             the run: admission (concurrency and budget), retries, draining, signals,
                        balance polling; `run_infer`, what commands/infer.py calls
-    output.py          response and failure records, the routing check, the writers
+    output.py          response and failure records, the routing and reasoning checks
+                       (what is refused, and the prompt's next routing), the writers
     report.py          Stats, StopReason (exit code and message), progress line, summary
+    providers_table.py the providers compared (one row per provider), for the summary and
+                       the report
+    report_files.py    `kp-infer report FILE...`: that table from files on disk
+    preflight.py       `--preflight [N]`: N real requests that check what the run assumes
     plan.py            --plan: the routing table and the cost estimate
     budget.py          money and tokens: worst-case reservations against the caps
     limiter.py         adaptive concurrency (shrinks on 429s, grows back)

@@ -15,6 +15,28 @@ closed, or the rescue file failed too).
 Routing is verified, not trusted: `routing_violation(provider)` checks the provider that
 served an answer against the policy and the endpoints table (openrouter/routing.py); an
 answer that breaks it is a failure, never a result.
+Routing and reasoning are verified, not trusted (`Output.refusal(answer)`): an answer is
+not a result when
+    routing_violation  the provider that served it is one the policy and the endpoints
+                       table exclude (openrouter/routing.py);
+    think_marker       reasoning was asked for and a think tag is left where a leaked
+                       reasoning block puts one: the content begins with `<think>` or
+                       `</think>`, or holds a `</think>` while no reasoning came back (the
+                       provider's template opened the block and never parsed it), or holds
+                       either tag after an inline block was split off (where the split fell
+                       is then uncertain);
+    no_reasoning       reasoning was asked for and none came back (empty or blank).
+A tag elsewhere in the content of an answer whose reasoning came in its own field is text
+the model wrote (the stand-in writes such traps on purpose) and is kept: refusing it would
+pay for the same answer again at every provider. An answer cut by `max_tokens`
+(`finish_reason: length`) whose reasoning ran into the limit has its reasoning and is kept,
+marked by its finish reason.
+
+A refused answer was paid for: the run (infer/run.py) counts its cost, and sends the prompt
+again with the provider that served it added to that prompt's `provider.ignore`
+(`next_policy`; not when that would leave the endpoints table no allowed provider: then the
+same routing again), up to `--max-attempts`; the refusals ride on the record finally
+written (`refused`, cost included) or on its failure line.
 """
 
 from __future__ import annotations
@@ -25,13 +47,15 @@ import time
 from ..errors import KPError, redact
 from ..io import OutputWriteError, RecordWriter
 from ..openrouter.attempt import Attempt
-from ..openrouter.routing import Endpoint
+from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
 from ..openrouter.routing import routing_violation as policy_violation
 from ..records import (
     Failure,
     Generation,
     Prompt,
+    Refusal,
     ResponseText,
+    Sampling,
     Usage,
     decode_passthrough,
     encode_line,
@@ -42,8 +66,29 @@ from .rescue import Rescue
 
 WRITTEN, RESCUED, LOST = "written", "rescued", "lost"
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
-def generation_fields(answer: Attempt, attempts: int, model: str) -> Generation:
+
+def reasoning_refusal(answer: Attempt) -> tuple[str, str] | None:
+    """(think_marker | no_reasoning, why) for an answer to a request that asked for
+    reasoning, or None when its reasoning is what a record needs (module docstring)."""
+    content = answer.content
+    head = content.lstrip()
+    has_reasoning = bool((answer.reasoning or "").strip())
+    for tag in (THINK_OPEN, THINK_CLOSE):
+        if head.startswith(tag):
+            return "think_marker", f"the content begins with {tag}"
+    if answer.reasoning_source == "inline" and (THINK_OPEN in content or THINK_CLOSE in content):
+        return "think_marker", "a think tag is left in the content after the inline reasoning"
+    if not has_reasoning and THINK_CLOSE in content:
+        return "think_marker", "no reasoning, and a </think> in the content"
+    if not has_reasoning:
+        return "no_reasoning", "reasoning was asked for and none came back"
+    return None
+
+
+def generation_fields(answer: Attempt, attempts: int, model: str,
+                      sampling: Sampling | None = None) -> Generation:
     """kp-infer's fields of a response record, from an `ok` attempt (MODEL if it names none)."""
     return Generation(
         response=ResponseText(content=answer.content, reasoning=answer.reasoning),
@@ -55,17 +100,21 @@ def generation_fields(answer: Attempt, attempts: int, model: str) -> Generation:
                     reasoning_tokens=answer.reasoning_tokens,
                     cost=answer.cost if answer.cost is not None else 0.0),
         attempts=attempts,
+        sampling=sampling,
     )
 
 
 def failure_record(prompt: Prompt, kind: str, attempt: Attempt, attempts: int, *,
                    provider: str | None = None, cost: float = 0.0,
-                   generation_id: str | None = None) -> Failure:
+                   generation_id: str | None = None,
+                   refused: list[Refusal] | None = None) -> Failure:
+    """A failure line; COST is what was paid for this prompt this run (its REFUSED answers)."""
     return Failure(
         id=prompt.id, dataset=prompt.dataset, kind=kind, status=attempt.status,
         code=attempt.code or attempt.cause, message=redact(attempt.message), attempts=attempts,
         time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         provider=provider or None, generation_id=generation_id or None, cost=cost,
+        refused=list(refused or ()),
     )
 
 
@@ -75,6 +124,8 @@ class Output:
     def __init__(self, config: RunConfig, endpoints: list[Endpoint] | None):
         self.config = config
         self.endpoints = endpoints
+        self.sampling = config.request.sampling(config.policy)  # the same for every prompt
+        self.expects_reasoning = config.request.asks_for_reasoning()
         self.responses: RecordWriter | None = None
         self.failures: RecordWriter | None = None
         self.rescues = {name: Rescue(path, config.rescue_dir)
@@ -103,9 +154,31 @@ class Output:
         """Why an answer served by PROVIDER breaks the routing policy, or None."""
         return policy_violation(self.config.policy, provider, self.endpoints)
 
-    def write_response(self, prompt_line: bytes, answer: Attempt, attempts: int) -> str:
+    def refusal(self, answer: Attempt) -> tuple[str, str] | None:
+        """(kind, why) when an `ok` ANSWER is not a result (module docstring), else None."""
+        violation = self.routing_violation(answer.provider)
+        if violation:
+            return "routing_violation", violation
+        if self.expects_reasoning:
+            return reasoning_refusal(answer)
+        return None
+
+    def next_policy(self, policy: Policy, provider: str | None) -> Policy:
+        """POLICY with PROVIDER (an answer of it refused) added to `ignore`, for that prompt's
+        next attempt; POLICY itself when the endpoints table would have no provider left."""
+        if not provider:
+            return policy
+        widened = policy.ignoring(slugs_of(provider, self.endpoints))
+        if self.endpoints is not None and not allowed_endpoints(widened, self.endpoints):
+            return policy
+        return widened
+
+    def write_response(self, prompt_line: bytes, answer: Attempt, attempts: int, *,
+                       refused: list[Refusal] | None = None, latency: float | None = None) -> str:
         """Write the response record of PROMPT_LINE: WRITTEN, RESCUED or LOST."""
-        fields = generation_fields(answer, attempts, self.config.request.model)
+        fields = generation_fields(answer, attempts, self.config.request.model, self.sampling)
+        fields.refused = list(refused or ())
+        fields.latency_s = round(latency, 3) if latency is not None else None
         return self._write("responses", "output", encode_over(decode_passthrough(prompt_line), fields))
 
     def write_failure(self, failure: Failure) -> str:

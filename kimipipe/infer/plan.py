@@ -1,8 +1,11 @@
 """`kp-infer --plan`: what a run would do, without sending a completion.
 
 The plan shows every endpoint of the model's table with its quantization, prices and the
-routing flags' verdict on it, the re-quantization warnings, how many prompts are to do,
-and the cost estimate:
+routing flags' verdict on it, the re-quantization warnings, the sampling each request
+sends (the model preset's served values, or none for a model without a preset) and
+whether `provider.require_parameters` goes with it, whether the model's authors allow
+distillation (`is_trainable_text`), how many prompts are to do, and the
+cost estimate:
 
     expected = todo x (prompt tokens x mean allowed prompt price
                        + completion tokens x mean allowed completion price)
@@ -15,10 +18,57 @@ answer at `--max-tokens`, at the highest allowed prices.
 
 from __future__ import annotations
 
-from ..openrouter.routing import allowed_endpoints, why_excluded
+from ..openrouter.account import ModelInfo
+from ..openrouter.models import served_sampling, thinking
+from ..openrouter.request import SAMPLING_PARAMETERS, RequestOptions
+from ..openrouter.routing import Policy, allowed_endpoints, why_excluded
 from .budget import Budget
 from .config import RunConfig
 from .prepare import Prepared, requantization_warnings
+
+
+def sampling_lines(request: RequestOptions, policy: Policy) -> list[str]:
+    """What the plan says about sampling: the values sent and where they come from."""
+    sampling = request.sampling(policy)
+    sent = {k: getattr(sampling, k, None) for k in SAMPLING_PARAMETERS}
+    sent = {k: v for k, v in sent.items() if v is not None}
+    served = served_sampling(request.model, request.reasoning, request.reasoning_effort)
+    shown = ", ".join(f"{k} {v}" for k, v in sent.items())
+    mode = "thinking" if thinking(request.reasoning, request.reasoning_effort) else "instant"
+    if served is None:
+        lines = [f"sampling: no preset for {request.model}: no default is invented; "
+                 + (f"sent as given: {shown}" if sent else
+                    "nothing sent, each provider samples at its own defaults "
+                    "(set --temperature/--top-p to choose)")]
+    else:
+        mine = [k for k, v in sent.items() if served.get(k) != v]
+        lines = [f"sampling: {shown} ({request.model} as served in {mode} mode"
+                 + (f"; set by you: {', '.join(mine)}" if mine else "") + ")"]
+    if sampling.require_parameters:
+        lines.append("  with provider.require_parameters: only endpoints that apply every "
+                     "parameter sent serve")
+    elif sent:
+        lines.append("  warning: without provider.require_parameters, a provider that does not "
+                     "support a sampling parameter drops it silently")
+    return lines
+
+
+def distillation_line(config: RunConfig, info: ModelInfo | str | None) -> str:
+    """Whether the model's authors allow distillation, and what the run does about it."""
+    model, enforced = config.request.model, config.policy.enforce_distillable_text
+    sent = ("provider.enforce_distillable_text sent" if enforced
+            else "not enforced (--allow-non-distillable)")
+    if not isinstance(info, ModelInfo) or info.is_trainable_text is None:
+        why = info if isinstance(info, str) else "the model's entry does not say"
+        return f"distillation: unknown for {model} ({why}); {sent}"
+    if info.is_trainable_text:
+        return f"distillation: allowed by the authors of {model} (is_trainable_text); {sent}"
+    if enforced:
+        return (f"distillation: NOT allowed by the authors of {model}: with "
+                "provider.enforce_distillable_text (the default) OpenRouter routes no request "
+                "(a run is refused); the answers must not train a drafter")
+    return (f"distillation: NOT allowed by the authors of {model}; {sent}: "
+            "the answers must not train a drafter")
 
 
 def plan_text(config: RunConfig, prepared: Prepared, budget: Budget) -> str:
@@ -38,6 +88,8 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget) -> str:
             out.append("  no provider is allowed: requests would fail with 404 constraint_filtered")
     for warning in requantization_warnings(request.model, policy, endpoints):
         out.append(f"warning: {warning}")
+    out.extend(sampling_lines(request, policy))
+    out.append(distillation_line(config, prepared.model_info))
     out.append(f"prompts: {scan.records} in the input, {todo} to do")
     if budget.price is not None and todo:
         allowed = allowed_endpoints(policy, endpoints or [])

@@ -22,7 +22,14 @@
    highest prices they charge (a budget's worst case), and a warning for each allowed
    endpoint that serves re-quantized weights (openrouter/models.py). A run whose flags
    allow no endpoint, or that has `--max-cost` but no price bound, is refused (exit 2);
-   without the table a run checks routing by provider name only.
+   without the table a run checks routing by provider name only. A `--ignore-provider` or
+   `--only-provider` slug that names no provider of the table is refused (exit 2), with
+   the closest known one.
+5. Distillation (openrouter/account.py `model_info`): a model whose authors forbid it
+   (`is_trainable_text: false`) is refused before any request while
+   `provider.enforce_distillable_text` is sent (the default: OpenRouter would route none of
+   them); with `--allow-non-distillable` it is a warning. Unreadable: said by `--plan` only
+   (OpenRouter still enforces the flag).
 """
 
 from __future__ import annotations
@@ -45,11 +52,18 @@ from ..io import (
     scan_done,
     spool_stdin,
 )
-from ..openrouter.account import AccountError, fetch_endpoints
+from ..openrouter.account import AccountError, ModelInfo, fetch_endpoints, fetch_model_info
 from ..openrouter.client import CompletionClient
 from ..openrouter.models import preset_for, requantized_allowed, requantized_in_flags
 from ..openrouter.proxy import scrub
-from ..openrouter.routing import Endpoint, Policy, PriceBound, allowed_endpoints, price_bound
+from ..openrouter.routing import (
+    Endpoint,
+    Policy,
+    PriceBound,
+    allowed_endpoints,
+    price_bound,
+    unknown_slug,
+)
 from ..partition import in_partition
 from ..records import CostOnly, Failure, Prompt, Response
 from .budget import prompt_token_bound
@@ -115,6 +129,7 @@ class Prepared:
     endpoints: list[Endpoint] | None  # None: the table could not be read
     price: PriceBound | None  # the highest prices the allowed endpoints charge
     taken_in: int = 0  # answers taken in from the rescue file (an earlier run paid for them)
+    model_info: ModelInfo | str | None = None  # the model's entry, or why it is unknown
 
 
 def validate_input(path: str, shown: str) -> InputScan:
@@ -163,7 +178,7 @@ def previous_work(output: str, failures: str | None,
     tokens = 0
     for rec in iter_finished(output, _cost_decoder):
         done.add(rec.id)
-        cost += rec.usage.cost
+        cost += rec.paid  # its own cost, and that of the answers refused before it
         tokens += rec.usage.completion_tokens
     if failures and os.path.exists(failures):
         for rec in iter_finished(failures, _failure_decoder):
@@ -213,6 +228,38 @@ def check_transport(config: RunConfig) -> None:
                          proxy=config.proxy)
     except ValueError as e:
         raise KPError(scrub(str(e), config.proxy), ExitCode.USAGE) from None
+def check_provider_slugs(config: RunConfig, endpoints: list[Endpoint]) -> None:
+    """Refuse (exit 2) a --ignore-provider/--only-provider slug that names no provider of
+    the endpoints table: it would ignore nothing, or allow nothing, silently."""
+    for option, slugs in (("--ignore-provider", config.policy.ignore),
+                          ("--only-provider", config.policy.only)):
+        for slug in slugs:
+            why = unknown_slug(slug, endpoints)
+            if why:
+                raise KPError(f"{option} {slug!r}: no provider of {config.request.model} is "
+                              f"called that; {why}", ExitCode.USAGE)
+
+
+def read_model_info(config: RunConfig) -> ModelInfo | str:
+    """The model's entry (for its distillation permission), or why it could not be read."""
+    try:
+        return fetch_model_info(config.request.model, config.api_key, config.base_url,
+                                proxy=config.proxy)
+    except AccountError as e:
+        return scrub(str(e), config.proxy)
+
+
+def check_distillation(config: RunConfig, info: ModelInfo | str, say: Callable[[str], None]) -> None:
+    """Refuse (exit 2) a model whose authors forbid distillation while it is enforced."""
+    if not isinstance(info, ModelInfo) or info.is_trainable_text is not False:
+        return
+    if config.policy.enforce_distillable_text:
+        raise KPError(f"the authors of {config.request.model} do not allow distillation "
+                      "(is_trainable_text: false): with provider.enforce_distillable_text "
+                      "(the default) OpenRouter routes no request; --allow-non-distillable "
+                      "sends anyway, but the answers must not train a drafter", ExitCode.USAGE)
+    say(f"kp-infer: warning: the authors of {config.request.model} do not allow distillation; "
+        "sent anyway (--allow-non-distillable): the answers must not train a drafter")
 
 
 def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepared:
@@ -233,7 +280,10 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     skipped = sum(1 for i in in_part if i in done)
 
     endpoints = read_endpoints(config, say)
+    if endpoints is not None:
+        check_provider_slugs(config, endpoints)
     bound = price_bound(config.policy, endpoints)
+    info = read_model_info(config)
     if not config.plan:  # (the plan shows the warnings in its table)
         for warning in requantization_warnings(config.request.model, config.policy, endpoints):
             say(f"kp-infer: warning: {warning}")
@@ -243,5 +293,6 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         if config.max_cost is not None and bound is None:
             raise KPError("--max-cost needs a price bound: the endpoints table could not be read; "
                           "pass --max-price-prompt and --max-price-completion", ExitCode.USAGE)
+        check_distillation(config, info, say)
     return Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, endpoints, bound,
-                    taken_in)
+                    taken_in, info)

@@ -15,7 +15,9 @@ The summary (stderr, and `--summary-json`):
      "failures_not_written": {"records", "rescued", "rescue_file"},
      "spend_this_run", "spend_total", "max_cost", "tokens": {"prompt", "completion",
      "reasoning", "completion_total"}, "token_budget", "providers": {name: share},
-     "finish_reasons": {reason: n}, "elapsed_s", "requests_per_s", "completion_tokens_per_s",
+     "finish_reasons": {reason: n}, "refused": {kind: {provider: n}},
+     "by_provider": [row, ...] (infer/providers_table.py: answers, tokens, reasoning share,
+     finish reasons, refusals, tokens/s, latency, $ per million output tokens), "elapsed_s", "requests_per_s", "completion_tokens_per_s",
      "concurrency_limit_end"}
 """
 
@@ -33,6 +35,7 @@ from ..errors import ExitCode
 from ..openrouter.attempt import Attempt
 from .budget import Budget
 from .config import RunConfig
+from .providers_table import ProviderTable, table_text
 
 
 class StopReason(Enum):
@@ -54,7 +57,8 @@ class StopReason(Enum):
             "stopped: OpenRouter rejected the API key (401); check OPENROUTER_API_KEY")
     NO_ROUTE = ("no-route", ExitCode.USAGE,
                 "stopped: no provider matches the routing flags (404); check "
-                "--ignore-provider/--only-provider/--quantization (try --plan)")
+                "--ignore-provider/--only-provider/--quantization, and whether the model's "
+                "authors allow distillation (try --plan)")
     DISK = ("disk", ExitCode.BUDGET,
             "stopped: no room for the output (a full disk, a quota or a file size limit); "
             "free some space and rerun the same command to resume")
@@ -81,6 +85,8 @@ class Stats:
     failed: Counter = field(default_factory=Counter)
     retries: Counter = field(default_factory=Counter)
     providers: Counter = field(default_factory=Counter)
+    refused: Counter = field(default_factory=Counter)  # answers refused, by (provider, kind)
+    table: ProviderTable = field(default_factory=ProviderTable)
     finish_reasons: Counter = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -97,13 +103,20 @@ class Stats:
     taken_in: int = 0  # answers an earlier run kept in the rescue file, taken in first
     started: float = field(default_factory=time.monotonic)
 
-    def answered(self, answer: Attempt) -> None:
-        """An answer written to the output."""
+    def answered(self, answer: Attempt, latency: float | None = None) -> None:
+        """An answer written to the output (LATENCY: seconds from sent to complete)."""
         self.done += 1
         self.completion_tokens += answer.completion_tokens
         self.reasoning_tokens += answer.reasoning_tokens
         self.providers[answer.provider or "unknown"] += 1
         self.finish_reasons[answer.finish_reason or "none"] += 1
+        self.table.answer(answer.provider, answer.completion_tokens, answer.reasoning_tokens,
+                          answer.finish_reason, answer.cost or 0.0, latency)
+
+    def refusal(self, provider: str | None, kind: str, cost: float = 0.0) -> None:
+        """An answer paid for and not kept (routing_violation, no_reasoning, think_marker)."""
+        self.refused[(provider or "unknown", kind)] += 1
+        self.table.refusal(provider, kind, cost)
 
     def not_written(self, cost: float, rescued: bool) -> None:
         """An answer paid for that the output did not take (kept in the rescue file, or lost)."""
@@ -144,6 +157,14 @@ def progress_postfix(stats: Stats, budget: Budget, in_flight: int, limit: int) -
     return ", ".join(parts)
 
 
+def refused_by_kind(refused: Counter) -> dict[str, dict[str, int]]:
+    """{kind: {provider: answers refused}} from Stats.refused."""
+    out: dict[str, dict[str, int]] = {}
+    for (provider, kind), n in sorted(refused.items(), key=lambda item: (item[0][1], -item[1])):
+        out.setdefault(kind, {})[provider] = n
+    return out
+
+
 def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: Budget,
             config: RunConfig, concurrency_end: int) -> dict:
     elapsed = time.monotonic() - stats.started
@@ -174,6 +195,8 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         "providers": {k: round(v / total_providers, 4) for k, v in stats.providers.most_common()}
         if total_providers else {},
         "finish_reasons": dict(stats.finish_reasons),
+        "refused": refused_by_kind(stats.refused),
+        "by_provider": stats.table.rows(),
         "elapsed_s": round(elapsed, 3),
         "requests_per_s": round(stats.done / elapsed, 3) if elapsed else 0.0,
         "completion_tokens_per_s": round(stats.completion_tokens / elapsed, 1) if elapsed else 0.0,
@@ -200,6 +223,13 @@ def format_summary(summary: dict) -> str:
         lines.append("  retries: " + ", ".join(f"{k}: {v}" for k, v in summary["retries"].items()))
     if summary["providers"]:
         lines.append("  providers: " + ", ".join(f"{k} {v:.0%}" for k, v in summary["providers"].items()))
+    if summary.get("by_provider"):
+        lines.append("  by provider (refused r/n/t: routing violation, no reasoning, think marker):")
+        lines.append(table_text(summary["by_provider"], indent="    "))
+    if summary.get("refused"):
+        lines.append("  refused (paid for, not kept; sent again with the provider ignored): " + "; ".join(
+            f"{kind} " + ", ".join(f"{p} {n}" for p, n in by.items())
+            for kind, by in summary["refused"].items()))
     if summary["abandoned_in_flight"]:
         lines.append(f"  abandoned in flight after the grace period: {summary['abandoned_in_flight']}")
     if summary["taken_in_from_rescue"]:

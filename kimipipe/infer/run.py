@@ -13,6 +13,11 @@ jittered exponential backoff between attempts. Each answer is checked against th
 policy and written whole as it completes (infer/output.py); an answer the output
 cannot take (a full disk) stops the run and is kept in the rescue file, as is every answer
 still arriving, for the next run to take in (infer/rescue.py).
+jittered exponential backoff between attempts. Each answer is checked (routing, and the
+reasoning asked for) and written whole as it completes (infer/output.py); a refused
+answer is paid for and the prompt sent again at once with its provider ignored, while
+`--max-attempts`, the run and `--max-cost` allow (the prompt's reservation still covers
+the next attempt's worst case).
 
 A stop ends admission: the budget (`--max-cost`, `--token-budget`), a 402, the balance
 under `--min-credits` (polled), a 401 or 404, a failed write to the output, or SIGINT/SIGTERM. Requests in
@@ -35,8 +40,9 @@ from ..errors import ExitCode
 from ..io import iter_records
 from ..openrouter.account import Account
 from ..openrouter.attempt import Attempt
+from ..openrouter.routing import Policy
 from ..partition import in_partition
-from ..records import Prompt
+from ..records import Prompt, Refusal
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .disk import DiskGuard
@@ -83,6 +89,7 @@ class Run:
         self.settled = asyncio.Event()
         self.tasks: set[asyncio.Task] = set()
         self.in_progress: set[str] = set()
+        self.refused: dict[str, list[Refusal]] = {}  # answers refused, by prompt in flight
         self._last_postfix = 0.0
         self._interrupts = 0
 
@@ -217,16 +224,25 @@ class Run:
     # -- one prompt -----------------------------------------------------------------------
     async def _handle(self, prompt: Prompt, line: bytes, reservation: float,
                       record_bound: int = 0) -> None:
-        body = self.config.request.body(prompt, self.config.policy)
+        policy = self.config.policy
+        body = self.config.request.body(prompt, policy)
         attempts = 0
         holding_slot = True
         try:
             while True:
                 attempts += 1
+                started = time.monotonic()
                 result: Attempt = await self.transport.attempt(body, self.config.request.stream)
                 if result.kind == "ok":
-                    self._accept(prompt, line, result, attempts)
-                    return
+                    refused = self.output.refusal(result)
+                    if refused is None:
+                        self._accept(prompt, line, result, attempts, time.monotonic() - started)
+                        return
+                    policy = self._refuse(prompt, result, *refused, attempts, policy)
+                    if policy is None:
+                        return
+                    body = self.config.request.body(prompt, policy)  # its own provider.ignore
+                    continue
                 if result.kind == "retry":
                     self.stats.retries[result.cause] += 1
                     if result.cause == "429":
@@ -255,6 +271,13 @@ class Run:
                 if result.kind == "auth":
                     self.stop(StopReason.AUTH)
                     return
+                if result.kind == "no_route" and policy is not self.config.policy:
+                    # the providers this prompt ignores left no route: its failure, not the run's
+                    last = self.refused[prompt.id][-1]
+                    self._fail(prompt, last.kind, Attempt("permanent", message=(
+                        f"{last.message}; no provider left after ignoring {', '.join(policy.ignore)}"),
+                        status=404), attempts, provider=last.provider, generation_id=last.generation_id)
+                    return
                 if result.kind == "no_route":
                     self.say(f"kp-infer: {result.message}")
                     self.stop(StopReason.NO_ROUTE)
@@ -262,6 +285,11 @@ class Run:
                 self._fail(prompt, "permanent", result, attempts)
                 return
         finally:
+            if prompt.id in self.refused:  # refused, paid for, and not sent again: a stop
+                last = self.refused[prompt.id][-1]
+                self._fail(prompt, last.kind, Attempt("permanent", status=200, message=(
+                    f"{last.message}; not sent again: the run stopped")), attempts,
+                    provider=last.provider, generation_id=last.generation_id)
             self.in_progress.discard(prompt.id)
             self.budget.release(reservation)
             self.disk.release(record_bound)
@@ -277,33 +305,50 @@ class Run:
             delay = max(delay, retry_after)
         return delay
 
-    def _accept(self, prompt: Prompt, line: bytes, answer: Attempt, attempts: int) -> None:
+    def _refuse(self, prompt: Prompt, answer: Attempt, kind: str, why: str, attempts: int,
+                policy: Policy) -> Policy | None:
+        """Count a refused ANSWER (paid for); the policy for the prompt's next attempt, or
+        None when it is not sent again (then it is a failure of KIND)."""
         cost = answer.cost if answer.cost is not None else 0.0
         self.stats.prompt_tokens += answer.prompt_tokens
-        violation = self.output.routing_violation(answer.provider)
-        if violation:  # paid for, but not a result
-            self.budget.record(cost, 0)
-            self._fail(prompt, "routing_violation", Attempt("permanent", message=violation, status=200),
-                       attempts, provider=answer.provider, cost=cost, generation_id=answer.generation_id)
-            return
-        kept = self.output.write_response(line, answer, attempts)
+        self.budget.record(cost, 0)
+        self.refused.setdefault(prompt.id, []).append(Refusal(
+            kind=kind, provider=answer.provider, cost=cost, generation_id=answer.generation_id,
+            message=why))
+        self.stats.refusal(answer.provider, kind, cost)
+        if (attempts >= self.config.max_attempts or self.stopping.is_set()
+                or not self.budget.cost_fits(0)):  # the next attempt's worst case must still fit
+            self._fail(prompt, kind, Attempt("permanent", message=why, status=200), attempts,
+                       provider=answer.provider, generation_id=answer.generation_id)
+            return None
+        self.stats.retries[kind] += 1
+        return self.output.next_policy(policy, answer.provider)
+
+    def _accept(self, prompt: Prompt, line: bytes, answer: Attempt, attempts: int,
+                latency: float | None = None) -> None:
+        cost = answer.cost if answer.cost is not None else 0.0
+        self.stats.prompt_tokens += answer.prompt_tokens
+        refused = self.refused.pop(prompt.id, [])
+        kept = self.output.write_response(line, answer, attempts, refused=refused, latency=latency)
         if kept != WRITTEN:  # paid all the same: in the rescue file, or lost (stdout closed)
-            self.budget.record(cost, 0)
-            self.stats.not_written(cost, rescued=kept == RESCUED)
+            self.budget.record(cost, 0)  # (the refused answers' cost is recorded already)
+            self.stats.not_written(cost + sum(r.cost for r in refused), rescued=kept == RESCUED)
             self._output_failed()  # no point paying for answers that cannot be kept
             return
         self.done.add(prompt.id)
         self.budget.record(cost, answer.completion_tokens)
-        self.stats.answered(answer)
+        self.stats.answered(answer, latency)
         self.progress.update(1)
         if self.budget.tokens_exhausted() and not self.stopping.is_set():
             self.stop(StopReason.TOKEN_BUDGET)
 
     def _fail(self, prompt: Prompt, kind: str, attempt: Attempt, attempts: int, *,
-              provider: str | None = None, cost: float = 0.0, generation_id: str | None = None) -> None:
+              provider: str | None = None, generation_id: str | None = None) -> None:
+        refused = self.refused.pop(prompt.id, [])  # paid for: their cost is the failure's
         self.stats.failure(kind, attempt)
-        kept = self.output.write_failure(failure_record(prompt, kind, attempt, attempts, provider=provider,
-                                                        cost=cost, generation_id=generation_id))
+        kept = self.output.write_failure(failure_record(
+            prompt, kind, attempt, attempts, provider=provider, generation_id=generation_id,
+            cost=sum(r.cost for r in refused), refused=refused))
         self.progress.update(1)
         if kept != WRITTEN:
             self.stats.failure_not_written(rescued=kept == RESCUED)

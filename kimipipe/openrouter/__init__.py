@@ -9,10 +9,13 @@
     proxy.py         HTTPS_PROXY/NO_PROXY and --proxy; scrubbing proxy passwords
     outcomes.py      what the pool hands back: a collected response, a stall, a break
     attempt.py       an attempt's outcome (`Attempt`) and the classification of error answers
-    account.py       the control plane: the endpoints table and the balance (httpx, for
-                     kp-infer and kp-credits alike)
+    account.py       the control plane: the endpoints table, the model's entry
+                     (distillation), the balance (httpx, for kp-infer and kp-credits alike)
+    probe.py         one completion read line by line over httpx, for --preflight: the
+                     answer as the run assembles it, and the stream's shape
     routing.py       the provider policy, the `provider` object, and checking who served
-    models.py        per-model presets (Kimi K2.5's native INT4 weights: the routing default)
+    models.py        per-model presets (Kimi K2.5's native INT4 weights: the routing default;
+                     its sampling as served)
 """
 
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"

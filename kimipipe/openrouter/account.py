@@ -12,6 +12,10 @@ The endpoints table (`GET /models/{author}/{slug}/endpoints`) lists each provide
 the model with its quantization and prices (USD per token, as strings): what `--plan`, the
 routing check and a budget's worst-case price are made from (openrouter/routing.py).
 
+The model's own entry (`GET /model/{author}/{slug}`, else its line in `GET /models`) says
+whether its authors allow distillation (`is_trainable_text`, the property OpenRouter's
+`?distillable=` filter and `provider.enforce_distillable_text` go by): `model_info(model)`.
+
 The balance, read the way OpenRouter allows it: `GET /credits` gives total_credits and
 total_usage, but it is documented as needing a management key: a normal key may get 403,
 or 200 with zeros. `GET /key` works with any key and gives the key's usage and limit
@@ -47,8 +51,8 @@ from ..errors import keep_secret, redact
 from . import DEFAULT_BASE_URL
 from .routing import Endpoint, parse_endpoints
 
-__all__ = ["Account", "AccountError", "AuthError", "Balance", "NetworkError", "balance_from",
-           "fetch_balance", "fetch_endpoints"]
+__all__ = ["Account", "AccountError", "AuthError", "Balance", "ModelInfo", "NetworkError",
+           "balance_from", "fetch_balance", "fetch_endpoints", "fetch_model_info"]
 
 
 class AccountError(Exception):
@@ -82,6 +86,16 @@ class Balance:
         d = asdict(self)
         d.pop("note")
         return d
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the model's entry says beyond its endpoints (None: not said)."""
+
+    model: str
+    is_trainable_text: bool | None  # its authors allow text distillation
+    default_parameters: dict | None = None
+    source: str = ""  # the path it was read from
 
 
 def _number(value: Any) -> float | None:
@@ -192,6 +206,34 @@ class Account:
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise AccountError(f"unexpected endpoints table from {self.base_url}{path}: {e}") from None
 
+    async def model_info(self, model: str) -> ModelInfo:
+        """The model's entry: `GET /model/{model}`, else its line in `GET /models` (an
+        AccountError when neither has it)."""
+        path = f"/model/{model}"
+        response = await self._get(path)
+        if response.status_code == 401:
+            _data(401, None, path)
+        entry = None
+        if response.status_code == 200:
+            payload = self._json(response)
+            entry = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(entry, dict):
+            path = "/models"
+            response = await self._get(path)
+            if response.status_code != 200:
+                raise AccountError(f"GET {self.base_url}{path} answered HTTP {response.status_code}"
+                                   f"{_error_message(self._json(response))}")
+            payload = self._json(response)
+            listed = payload.get("data") if isinstance(payload, dict) else None
+            entry = next((m for m in listed or () if isinstance(m, dict)
+                          and model in (m.get("id"), m.get("canonical_slug"))), None)
+            if entry is None:
+                raise AccountError(f"{model} is not listed by GET {self.base_url}{path}")
+        trainable = entry.get("is_trainable_text")
+        defaults = entry.get("default_parameters")
+        return ModelInfo(model, trainable if isinstance(trainable, bool) else None,
+                         defaults if isinstance(defaults, dict) else None, path)
+
     async def balance(self) -> Balance:
         """The account's balance and the key's limit (see the module docstring)."""
         credits = await self._get("/credits")
@@ -219,5 +261,16 @@ def fetch_endpoints(model: str, api_key: str, base_url: str = DEFAULT_BASE_URL, 
     async def read() -> list[Endpoint]:
         async with Account(api_key, base_url, timeout=timeout, proxy=proxy, verify=verify) as account:
             return await account.endpoints(model)
+
+    return asyncio.run(read())
+
+
+def fetch_model_info(model: str, api_key: str, base_url: str = DEFAULT_BASE_URL, *,
+                     timeout: float = 60.0, proxy: str | None = None,
+                     verify: bool | str | ssl.SSLContext = True) -> ModelInfo:
+    """`Account.model_info(model)` for a synchronous caller (preparing a kp-infer run)."""
+    async def read() -> ModelInfo:
+        async with Account(api_key, base_url, timeout=timeout, proxy=proxy, verify=verify) as account:
+            return await account.model_info(model)
 
     return asyncio.run(read())

@@ -51,6 +51,7 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     reasoning_tokens: int = 0
     cost: float | None = None
     chunks: int = 0
+    reasoning_source: str = ""  # field | details | inline ("" when there is none)
 
 
 def retry_after_seconds(value: str | None) -> float | None:

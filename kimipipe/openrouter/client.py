@@ -19,7 +19,9 @@ waking the reading task per segment), Http11Pool less on both. The client holds 
 state, so it can live in a worker process (kimipipe/infer/process_pool.py).
 
 Reasoning is read from `reasoning`, else the `reasoning.text` entries of
-`reasoning_details`, else a leading `<think>...</think>` in the content (then cut from it).
+`reasoning_details`, else a leading `<think>...</think>` in the content (then cut from it;
+an unclosed `<think>` in an answer cut by `max_tokens` is all reasoning); the Attempt says
+which (`reasoning_source`: field, details or inline).
 """
 
 from __future__ import annotations
@@ -85,37 +87,48 @@ class _Body(msgspec.Struct, gc=False):
 _body_decoder = msgspec.json.Decoder(_Body)
 
 
-def _reasoning_text(reasoning: str | None, details: list[_ReasoningDetail] | None) -> str | None:
+def _reasoning_text(reasoning: str | None, details: list[_ReasoningDetail] | None
+                    ) -> tuple[str | None, str]:
+    """(the reasoning, where it came from: `field`, `details` or "" for none)."""
     if reasoning:
-        return reasoning
+        return reasoning, "field"
     if details:
         text = "".join(d.text or "" for d in details if d.type == "reasoning.text")
-        return text or None
-    return None
+        return (text, "details") if text else (None, "")
+    return None, ""
 
 
-def split_inline_think(content: str, reasoning: str | None) -> tuple[str, str | None]:
-    """Providers that put reasoning inline as a leading `<think>...</think>` in content."""
+def split_inline_think(content: str, reasoning: str | None, cut: bool = False
+                       ) -> tuple[str, str | None]:
+    """Providers that put reasoning inline as a leading `<think>...</think>` in content.
+
+    CUT (`finish_reason: length`): a `<think>` that never closed is reasoning that ran into
+    `max_tokens`, all of it (the content never began)."""
     if reasoning is None and content.startswith("<think>"):
         end = content.find("</think>")
         if end >= 0:
             return content[end + len("</think>"):], content[len("<think>"):end]
+        if cut:
+            return "", content[len("<think>"):]
     return content, reasoning
 
 
-def _finish(body_id, provider, model, content, reasoning, finish_reason, usage: _Usage | None,
-            chunks: int = 0) -> Attempt:
-    content, reasoning = split_inline_think(content, reasoning or None)
-    if not content and not reasoning:
+def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str], finish_reason,
+            usage: _Usage | None, chunks: int = 0) -> Attempt:
+    text, source = reasoning
+    content, text = split_inline_think(content, text or None, cut=finish_reason == "length")
+    if text and not source:
+        source = "inline"
+    if not content and not text:
         return Attempt("retry", cause="empty", status=200, message="empty output")
     details = usage.completion_tokens_details if usage else None
     return Attempt(
-        "ok", status=200, content=content, reasoning=reasoning, finish_reason=finish_reason,
+        "ok", status=200, content=content, reasoning=text, finish_reason=finish_reason,
         provider=provider, model=model, generation_id=body_id,
         prompt_tokens=(usage.prompt_tokens or 0) if usage else 0,
         completion_tokens=(usage.completion_tokens or 0) if usage else 0,
         reasoning_tokens=(details.reasoning_tokens or 0) if details else 0,
-        cost=usage.cost if usage else None, chunks=chunks,
+        cost=usage.cost if usage else None, chunks=chunks, reasoning_source=source,
     )
 
 

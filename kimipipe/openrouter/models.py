@@ -8,8 +8,19 @@ as it is served natively. So, with no `--quantization` flag, kp-infer allows onl
 preset's `allowed_quantizations`; `--any-quantization` lifts the default, and any
 quantization the flags allow that is in `requantized` draws a warning.
 
+Sampling as served: training data for a drafter must be sampled the way the target is
+served. Moonshot serves Kimi K2.5 in thinking mode at temperature 1.0 and top_p 0.95 (its
+own API accepts no other temperature in thinking mode), and in instant mode (thinking off)
+at temperature 0.6, top_p 0.95. Through OpenRouter a parameter left out is filled by each
+provider's own default, so kp-infer sends the preset's values for whatever the user did
+not set (`served_sampling`), and `provider.require_parameters: true` with them
+(openrouter/request.py). Thinking is the mode unless `--no-reasoning` or
+`--reasoning-effort none` turns it off; with no reasoning flag at all, the preset's mode is
+said in the body as `reasoning: {"enabled": true}` (so each record says it, and the
+reasoning check knows it was asked for).
+
 An unknown model gets no preset: no routing default, no warning (kimipipe cannot know its
-native weights).
+native weights), and no sampling invented for it (`--plan` says so).
 """
 
 from __future__ import annotations
@@ -27,12 +38,16 @@ class ModelPreset:
     native_quantization: str
     allowed_quantizations: tuple[str, ...]  # the routing default
     requantized: frozenset[str]  # quantizations below the native weights' fidelity
+    thinking_sampling: tuple[tuple[str, float], ...] = ()  # as served with reasoning on
+    instant_sampling: tuple[tuple[str, float], ...] = ()  # as served with reasoning off
 
 
 _KIMI_NATIVE_INT4 = dict(
     native_quantization="int4",
     allowed_quantizations=("int4", "unknown"),
     requantized=frozenset({"fp4", "mxfp4", "nvfp4"}),
+    thinking_sampling=(("temperature", 1.0), ("top_p", 0.95)),
+    instant_sampling=(("temperature", 0.6), ("top_p", 0.95)),
 )
 
 PRESETS: dict[str, ModelPreset] = {
@@ -43,6 +58,22 @@ PRESETS: dict[str, ModelPreset] = {
 
 def preset_for(model: str) -> ModelPreset | None:
     return PRESETS.get(model.lower())
+
+
+def thinking(reasoning: bool | None, reasoning_effort: str | None) -> bool:
+    """Whether a request runs in thinking mode (Kimi's default), by the reasoning flags."""
+    return reasoning is not False and reasoning_effort != "none"
+
+
+def served_sampling(model: str, reasoning: bool | None, reasoning_effort: str | None
+                    ) -> dict[str, float] | None:
+    """The sampling MODEL is served at in the mode the flags ask for, or None for a model
+    kimipipe has no preset for (nothing is invented for it)."""
+    preset = preset_for(model)
+    if preset is None:
+        return None
+    mode = preset.thinking_sampling if thinking(reasoning, reasoning_effort) else preset.instant_sampling
+    return dict(mode)
 
 
 def default_quantizations(model: str, given: list[str] | tuple[str, ...], any_quantization: bool

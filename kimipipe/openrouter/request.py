@@ -1,19 +1,28 @@
 """The body of a chat completion request: the one place kimipipe builds it.
 
 `RequestOptions` holds what the user asked for (model, `max_tokens`, sampling, reasoning,
-streaming, `--extra-body`); `RequestOptions.body(prompt, policy)` turns one prompt into the
-JSON bytes POSTed to `/chat/completions`, with the routing policy as OpenRouter's
-`provider` object (openrouter/routing.py). Only what the user set is sent: a parameter left
-out is filled in by each provider's own default (docs/openrouter.md, "Request").
+streaming, `--extra-body`), with the model preset's served sampling already filled in
+where the user set nothing (openrouter/models.py; commands/infer.py resolves it);
+`RequestOptions.body(prompt, policy)` turns one prompt into the JSON bytes POSTed to
+`/chat/completions`, with the routing policy as OpenRouter's `provider` object
+(openrouter/routing.py). Only what is set is sent: a parameter left out is filled in by
+each provider's own default (docs/openrouter.md, "Request").
 
     {"model": ..., "messages": [{"role", "content"}, ...], "max_tokens": N, "stream": bool,
      "temperature"?, "top_p"?, "seed"?, "reasoning": {"enabled"?, "effort"?}?,
-     "provider": {...}?, ...--extra-body}
+     "provider": {..., "require_parameters"?: true}?, ...--extra-body}
 
 `max_tokens` is always sent: without it OpenRouter's pre-flight credit check assumes the
 model's largest output, and a budget's worst case could not be bounded. `--extra-body`
 keys are written over the built body, except `provider`, whose keys are merged into the
 policy's.
+
+Whenever a sampling parameter is sent (`SAMPLING_PARAMETERS`, from the flags, the preset
+or `--extra-body`), so is `provider.require_parameters: true` (unless
+`require_parameters=False`, `--no-require-parameters`, or `--extra-body` says otherwise):
+a provider that does not support a parameter drops it silently, and the answer would be
+sampled otherwise than the record says. `sampling()` is what each response record carries
+as `sampling` (records.Sampling): those parameters as the body holds them.
 """
 
 from __future__ import annotations
@@ -22,8 +31,20 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from ..records import Prompt
+from ..records import Prompt, Sampling
 from .routing import Policy
+
+# The parameters that change how tokens are drawn (OpenRouter's request parameters).
+SAMPLING_PARAMETERS = ("temperature", "top_p", "top_k", "min_p", "top_a", "frequency_penalty",
+                       "presence_penalty", "repetition_penalty", "seed")
+# Every request parameter OpenRouter checks an endpoint for under `require_parameters`
+# (the SDK's `Parameter` values); `stream`, `model` and `messages` are not among them.
+PARAMETERS = frozenset({
+    *SAMPLING_PARAMETERS, "max_tokens", "max_completion_tokens", "logit_bias", "logprobs",
+    "top_logprobs", "prediction", "response_format", "structured_outputs", "stop", "tools",
+    "tool_choice", "parallel_tool_calls", "include_reasoning", "reasoning", "reasoning_effort",
+    "web_search_options", "verbosity",
+})
 
 
 @dataclass
@@ -36,16 +57,12 @@ class RequestOptions:
     reasoning: bool | None = None
     reasoning_effort: str | None = None
     stream: bool = True
+    require_parameters: bool = True  # sent with any sampling parameter
     extra_body: dict = field(default_factory=dict)
 
-    def body(self, prompt: Prompt, policy: Policy) -> bytes:
-        """The request body for PROMPT under POLICY, as the JSON bytes sent."""
-        body: dict = {
-            "model": self.model,
-            "messages": [{"role": m.role, "content": m.content} for m in prompt.messages],
-            "max_tokens": self.max_tokens,
-            "stream": self.stream,
-        }
+    def fields(self, policy: Policy) -> dict:
+        """Every field of the body but `model` and `messages`, `--extra-body` applied."""
+        body: dict = {"max_tokens": self.max_tokens, "stream": self.stream}
         if self.temperature is not None:
             body["temperature"] = self.temperature
         if self.top_p is not None:
@@ -67,4 +84,50 @@ class RequestOptions:
                 body["provider"] = {**body.get("provider", {}), **value}
             else:
                 body[key] = value
+        if self.require_parameters and any(body.get(k) is not None for k in SAMPLING_PARAMETERS):
+            provider = body.setdefault("provider", {})
+            if isinstance(provider, dict):
+                provider.setdefault("require_parameters", True)
+        return body
+
+    def body(self, prompt: Prompt, policy: Policy) -> bytes:
+        """The request body for PROMPT under POLICY, as the JSON bytes sent."""
+        body: dict = {
+            "model": self.model,
+            "messages": [{"role": m.role, "content": m.content} for m in prompt.messages],
+            **self.fields(policy),
+        }
         return msgspec.json.encode(body)
+
+    def asks_for_reasoning(self) -> bool:
+        """Whether the body asks for reasoning text back: `reasoning` enabled (or an effort
+        other than none, or a max_tokens), and not `exclude`d (`--extra-body`)."""
+        reasoning = self.fields(Policy()).get("reasoning")
+        if not isinstance(reasoning, dict) or reasoning.get("exclude"):
+            return False
+        if reasoning.get("enabled") is False or reasoning.get("effort") == "none":
+            return False
+        return bool(reasoning.get("enabled") or reasoning.get("effort") or reasoning.get("max_tokens"))
+
+    def enforced_parameters(self, policy: Policy | None = None) -> tuple[str, ...]:
+        """The parameters OpenRouter will require an endpoint to support: every one the body
+        sends, when it asks for `provider.require_parameters` (else none)."""
+        body = self.fields(policy or Policy())
+        provider = body.get("provider")
+        if not (isinstance(provider, dict) and provider.get("require_parameters") is True):
+            return ()
+        return tuple(sorted(k for k, v in body.items() if k in PARAMETERS and v is not None))
+
+    def sampling(self, policy: Policy | None = None) -> Sampling:
+        """What a response record says about how it was asked for (records.Sampling).
+
+        Raises ValueError when `--extra-body` gives one of them a value of the wrong type."""
+        body = self.fields(policy or Policy())
+        provider = body.get("provider")
+        sent = {k: body[k] for k in Sampling.__struct_fields__
+                if k in body and body[k] is not None and k != "require_parameters"}
+        sent["require_parameters"] = isinstance(provider, dict) and provider.get("require_parameters") is True
+        try:
+            return msgspec.convert(sent, Sampling, strict=False)
+        except msgspec.ValidationError as e:
+            raise ValueError(f"--extra-body: {e}") from None

@@ -8,11 +8,19 @@ which endpoints the policy allows (for `--plan`), the worst-case price a budget 
 needs (the whole table's, since an excluded endpoint that serves anyway bills its own
 price), and verifies each answer's serving provider against the policy:
 routing is verified, not trusted.
+
+The policy also carries `enforce_distillable_text` (sent by default by kp-infer) and the
+parameters the request makes OpenRouter require of an endpoint (`require_parameters`,
+sent by request.py): an endpoint whose `supported_parameters` lack one is excluded, in
+`--plan` and in the routing check. `ignoring(slugs)` widens one prompt's `ignore` after an
+answer of a provider was refused, `slugs_of(provider)` the slugs that name it, and
+`unknown_slug` says why a flag's slug names no provider of the table (with the closest).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+from dataclasses import dataclass, field, replace
 
 import msgspec
 
@@ -27,6 +35,17 @@ class Policy:
     data_collection: str | None = None
     max_price_prompt: float | None = None  # USD per million tokens
     max_price_completion: float | None = None
+    # provider.enforce_distillable_text: route only where the model's authors allow
+    # distillation (kp-infer turns it on unless --allow-non-distillable)
+    enforce_distillable_text: bool = False
+    # The parameters the request makes OpenRouter require of an endpoint (sent by
+    # request.py as provider.require_parameters): an endpoint that lists its supported
+    # parameters and lacks one is excluded
+    required_parameters: tuple[str, ...] = ()
+
+    def ignoring(self, slugs: list[str]) -> Policy:
+        """This policy with SLUGS added to `ignore` (for one prompt's next attempt)."""
+        return replace(self, ignore=[*self.ignore, *(s for s in slugs if s not in self.ignore)])
 
     def provider_object(self) -> dict:
         """OpenRouter's `provider` request field (only the keys the user set)."""
@@ -51,6 +70,8 @@ class Policy:
             max_price["completion"] = f"{self.max_price_completion:g}"
         if max_price:
             obj["max_price"] = max_price
+        if self.enforce_distillable_text:
+            obj["enforce_distillable_text"] = True
         return obj
 
 
@@ -67,6 +88,7 @@ class Endpoint(msgspec.Struct):
     max_completion_tokens: int | None = None
     context_length: int | None = None
     status: int | None = None
+    supported_parameters: list[str] | None = None
 
     @property
     def prompt_price(self) -> float:
@@ -118,11 +140,52 @@ def why_excluded(policy: Policy, endpoint: Endpoint) -> str | None:
         return "prompt price above --max-price-prompt"
     if policy.max_price_completion is not None and endpoint.completion_price * 1e6 > policy.max_price_completion:
         return "completion price above --max-price-completion"
+    if policy.required_parameters and endpoint.supported_parameters is not None:
+        missing = [p for p in policy.required_parameters if p not in endpoint.supported_parameters]
+        if missing:
+            return f"does not support {', '.join(missing)} (require_parameters)"
     return None
 
 
 def allowed_endpoints(policy: Policy, endpoints: list[Endpoint]) -> list[Endpoint]:
     return [e for e in endpoints if why_excluded(policy, e) is None]
+
+
+def serving_endpoints(served: str, endpoints: list[Endpoint] | None) -> list[Endpoint]:
+    """The endpoints of the table an answer naming provider SERVED may have come from."""
+    s = served.lower()
+    return [e for e in endpoints or () if e.provider_name.lower() == s or (e.tag or "").lower() == s]
+
+
+def slugs_of(served: str, endpoints: list[Endpoint] | None) -> list[str]:
+    """The `provider.ignore` slugs that rule out the provider named SERVED: the tags of its
+    endpoints in the table (a provider name can cover several, e.g. two quantizations),
+    else its name in lower case without spaces ("Moonshot AI" -> "moonshotai")."""
+    tags = [e.tag for e in serving_endpoints(served, endpoints) if e.tag]
+    return sorted(set(tags)) or [served.lower().replace(" ", "")]
+
+
+def known_slugs(endpoints: list[Endpoint]) -> list[str]:
+    """Every slug `--ignore-provider`/`--only-provider` can name for this table: the tags,
+    their base slugs (`deepinfra` for `deepinfra/turbo`) and the provider names."""
+    names: set[str] = set()
+    for e in endpoints:
+        if e.tag:
+            names.add(e.tag.lower())
+            names.add(e.tag.lower().split("/")[0])
+        names.add(e.provider_name.lower())
+    return sorted(names)
+
+
+def unknown_slug(slug: str, endpoints: list[Endpoint]) -> str | None:
+    """Why SLUG names no provider of the table (with the closest known one), or None."""
+    if any(_slug_matches(slug, e) for e in endpoints):
+        return None
+    known = known_slugs(endpoints)
+    close = difflib.get_close_matches(slug.lower(), known, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return "known: " + ", ".join(sorted({k for k in known if " " not in k}))
 
 
 def routing_violation(policy: Policy, served: str | None, endpoints: list[Endpoint] | None) -> str | None:

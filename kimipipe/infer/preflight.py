@@ -1,0 +1,297 @@
+"""`kp-infer --preflight [N]`: N real requests (default 3) that check what a long run assumes.
+
+A run of hours rests on facts that are cheap to check first and costly to find out late.
+The preflight prepares the run as a run does (input, routing, distillation, `--max-cost`),
+then checks, each `pass`, `warn` or `fail`:
+
+    endpoints table    readable; how many endpoints the routing flags allow
+    distillation       the model's authors allow it (`is_trainable_text`)
+    balance            `/credits` and `/key` readable with this key; what is spendable
+    requests at once   how many requests' worst case the balance covers at once, against
+                       --concurrency (OpenRouter's in-flight budget is at most the balance:
+                       fewer than --concurrency means its 402s will pace the run)
+and sends the first N prompts still to do (streamed or not, as the run will), reading every
+line of each answer (openrouter/probe.py), per answer:
+    status             an answer came back (else the error, classified as the run would)
+    provider           the provider that served it is allowed, and the endpoints table
+                       lists it, with the quantization the table gives it
+    reasoning          present, and where it came from (field, details or inline), when
+                       reasoning is asked for; the run's own check (infer/output.py)
+    cost               `usage.cost` present, and plausible against the serving endpoint's
+                       listed prices (above them: fail, the budget's bound would not hold;
+                       under half of them: warn)
+    finish             `stop` (pass), `length` (warn: cut by --max-tokens), else fail
+    stream             keep-alive comments seen, usage in its own last chunk, `[DONE]`
+
+The answers are kept: appended to `-o` as the run would write them (so the run skips
+them and they are not paid twice), or, when refused, to `--failures` with their cost. The
+report goes to stdout (a table, or `--json`):
+
+    {"model": str, "output": path, "requests": int, "spend": float,
+     "checks": [{"check": str, "verdict": "pass"|"warn"|"fail"|"skip", "detail": str}],
+     "answers": [{"id", "status", "provider", "finish_reason", "reasoning_source", "cost",
+                  "comments", "events", "usage_chunk", "done", "seconds"}],
+     "passed": bool}
+
+Exit 0 when no check failed (warnings allowed), 4 when one did; 2 for bad input or flags
+(as a run); 3 when `--max-cost` leaves no room for N requests' worst case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import httpx
+
+from ..errors import ExitCode, KPError
+from ..io import iter_records
+from ..openrouter.account import Account, AccountError, ModelInfo
+from ..openrouter.attempt import Attempt
+from ..openrouter.probe import Probe, send_probe
+from ..openrouter.routing import allowed_endpoints, serving_endpoints
+from ..partition import in_partition
+from ..records import Prompt, Refusal
+from .budget import Budget, prompt_token_bound
+from .config import RunConfig
+from .output import Output, failure_record, reasoning_refusal
+from .prepare import PROMPT_DECODER, Prepared, prepare
+
+DEFAULT_REQUESTS = 3
+
+
+@dataclass
+class Check:
+    check: str
+    verdict: str  # pass | warn | fail | skip
+    detail: str
+
+
+def run_preflight(config: RunConfig, n: int, as_json: bool, say: Callable[[str], None],
+                  echo: Callable[[str], None]) -> int:
+    """Prepare, check, send N prompts, keep their answers; the report through ECHO."""
+    if config.output == "-":
+        raise KPError("--preflight keeps its answers for the run: give -o FILE (the run's output)",
+                      ExitCode.USAGE)
+    if config.plan:
+        raise KPError("--preflight and --plan: one at a time", ExitCode.USAGE)
+    with tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
+        prepared = prepare(config, tmpdir, say)
+        budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens)
+        prompts = first_to_do(config, prepared, n)
+        worst = sum(budget.worst_case(prompt_token_bound(p.messages)) for p, _line in prompts)
+        if not budget.cost_fits(worst):
+            raise KPError(f"--max-cost ${config.max_cost:g} leaves no room for the preflight's "
+                          f"{len(prompts)} requests (worst case ${worst:.4f}; "
+                          f"${budget.spent:.4f} recorded)", ExitCode.BUDGET)
+        report = asyncio.run(_preflight(config, prepared, budget, prompts))
+    echo(json.dumps(report, indent=2) if as_json else format_preflight(report))
+    return ExitCode.OK if report["passed"] else ExitCode.PARTIAL
+
+
+def first_to_do(config: RunConfig, prepared: Prepared, n: int) -> list[tuple[Prompt, bytes]]:
+    """The first N prompts of this partition not done yet (what the run would send first)."""
+    chosen = []
+    for _lineno, prompt, line in iter_records(prepared.scan.path, PROMPT_DECODER):
+        if prompt.id in prepared.done or not in_partition(prompt.id, config.partition):
+            continue
+        chosen.append((prompt, line))
+        if len(chosen) == n:
+            break
+    return chosen
+
+
+async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
+                     prompts: list[tuple[Prompt, bytes]]) -> dict:
+    checks = [_table_check(config, prepared), _distillation_check(config, prepared.model_info)]
+    async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
+        checks.extend(await _balance_checks(config, prepared, budget, account))
+    output = Output(config, prepared.endpoints)
+    timeout = httpx.Timeout(config.idle_timeout, connect=30.0)
+    async with httpx.AsyncClient(timeout=timeout, trust_env=True, proxy=config.proxy) as http:
+        probes = await asyncio.gather(*(
+            send_probe(http, config.base_url, config.api_key,
+                       config.request.body(prompt, config.policy), config.request.stream)
+            for prompt, _line in prompts))
+    output.open()
+    spend = 0.0
+    answers = []
+    try:
+        for i, ((prompt, line), probe) in enumerate(zip(prompts, probes, strict=True), start=1):
+            checks.extend(_answer_checks(i, probe, output, config))
+            spend += _keep(prompt, line, probe, output)
+            a = probe.attempt
+            answers.append({"id": prompt.id, "status": probe.status, "provider": a.provider,
+                            "finish_reason": a.finish_reason,
+                            "reasoning_source": a.reasoning_source or None, "cost": a.cost,
+                            "comments": probe.comments, "events": probe.events,
+                            "usage_chunk": probe.usage_chunk, "done": probe.done,
+                            "seconds": round(probe.seconds, 3)})
+    finally:
+        output.close()
+    if not prompts:
+        checks.append(Check("answers", "warn", "no prompt left to send: every one is done"))
+    return {"model": config.request.model, "output": config.output, "requests": len(prompts),
+            "spend": round(spend, 10), "checks": [asdict(c) for c in checks],
+            "answers": answers, "passed": not any(c.verdict == "fail" for c in checks)}
+
+
+def _keep(prompt: Prompt, line: bytes, probe: Probe, output: Output) -> float:
+    """Write a paid answer as the run would (a result, or a failure with its cost)."""
+    a = probe.attempt
+    if a.kind != "ok":
+        return 0.0
+    cost = a.cost or 0.0
+    refused = output.refusal(a)
+    if refused is None:
+        output.write_response(line, a, 1, latency=probe.seconds)
+    else:
+        kind, why = refused
+        output.write_failure(failure_record(
+            prompt, kind, Attempt("permanent", message=why, status=200), 1, provider=a.provider,
+            generation_id=a.generation_id, cost=cost, refused=[Refusal(
+                kind=kind, provider=a.provider, cost=cost, generation_id=a.generation_id,
+                message=why)]))
+    return cost
+
+
+def _table_check(config: RunConfig, prepared: Prepared) -> Check:
+    if prepared.endpoints is None:
+        return Check("endpoints table", "fail", "unreadable: routing can be checked by name only")
+    allowed = allowed_endpoints(config.policy, prepared.endpoints)
+    return Check("endpoints table", "pass",
+                 f"{len(prepared.endpoints)} endpoints, {len(allowed)} allowed by the routing flags: "
+                 + ", ".join(f"{e.provider_name} ({e.quantization or 'unknown'})" for e in allowed))
+
+
+def _distillation_check(config: RunConfig, info: ModelInfo | str | None) -> Check:
+    if not isinstance(info, ModelInfo) or info.is_trainable_text is None:
+        why = info if isinstance(info, str) else "the model's entry does not say"
+        return Check("distillation", "warn", f"unknown ({why}); "
+                     + ("OpenRouter enforces it (enforce_distillable_text)"
+                        if config.policy.enforce_distillable_text else "not enforced"))
+    if info.is_trainable_text:
+        return Check("distillation", "pass", "allowed by the model's authors (is_trainable_text)")
+    return Check("distillation", "fail", "NOT allowed by the model's authors "
+                 "(--allow-non-distillable): the answers must not train a drafter")
+
+
+async def _balance_checks(config: RunConfig, prepared: Prepared, budget: Budget,
+                          account: Account) -> list[Check]:
+    try:
+        balance = await account.balance()
+    except AccountError as e:
+        return [Check("balance", "fail", f"not readable with this key: {e}"),
+                Check("requests at once", "skip", "the balance is unknown")]
+    spendable = balance.spendable
+    shown = "unknown" if spendable is None else f"${spendable:,.2f}"
+    checks = [Check("balance", "pass", f"readable with this key (from /{balance.source}"
+                    + (f"; {balance.note}" if balance.note else "") + f"): {shown} spendable")]
+    records = max(1, prepared.scan.records)
+    worst = budget.worst_case(math.ceil(prepared.scan.prompt_token_bound / records))
+    if spendable is None or worst <= 0:
+        checks.append(Check("requests at once", "warn",
+                            "unknown (no balance or no price bound to size a request's worst case)"))
+        return checks
+    if config.max_cost is not None:
+        spendable = min(spendable, max(0.0, config.max_cost - budget.spent))
+    at_once = int(spendable // worst)
+    detail = (f"the balance covers {at_once:,} requests' worst case at once (${worst:.4f} each: "
+              f"a mean prompt and --max-tokens {config.request.max_tokens:,} at the highest price)")
+    if at_once >= config.concurrency:
+        return [*checks, Check("requests at once", "pass", f"{detail}; --concurrency {config.concurrency:,}")]
+    return [*checks, Check("requests at once", "warn",
+                           f"{detail}, fewer than --concurrency {config.concurrency:,}: OpenRouter's "
+                           "in-flight budget will refuse the rest with 402s (kp-infer waits them out); "
+                           "lower --max-tokens or add credits")]
+
+
+def _answer_checks(i: int, probe: Probe, output: Output, config: RunConfig) -> list[Check]:
+    a = probe.attempt
+    name = f"answer {i}: "
+    if a.kind != "ok":
+        return [Check(name + "status", "fail",
+                      f"{a.kind} ({a.status or a.cause}): {a.message or 'no answer'}")]
+    checks = [Check(name + "status", "pass",
+                    f"{probe.status}, {a.completion_tokens:,} completion tokens in {probe.seconds:.1f} s")]
+    checks.append(_provider_check(name, a, output))
+    if output.expects_reasoning:
+        refused = reasoning_refusal(a)
+        if refused:
+            checks.append(Check(name + "reasoning", "fail", f"{refused[0]}: {refused[1]}"))
+        else:
+            wire = f"; on the wire: {', '.join(sorted(probe.reasoning_fields))}" if probe.reasoning_fields else ""
+            checks.append(Check(name + "reasoning", "pass",
+                                f"{len(a.reasoning or ''):,} characters, from {a.reasoning_source}{wire}"))
+    else:
+        checks.append(Check(name + "reasoning", "skip", "not asked for"))
+    checks.append(_cost_check(name, a, output))
+    if a.finish_reason == "stop":
+        checks.append(Check(name + "finish", "pass", "stop"))
+    elif a.finish_reason == "length":
+        checks.append(Check(name + "finish", "warn", f"length: cut by --max-tokens {config.request.max_tokens:,}"))
+    else:
+        checks.append(Check(name + "finish", "fail", f"{a.finish_reason}"))
+    if not probe.streamed:
+        checks.append(Check(name + "stream", "skip", "--no-stream"))
+    else:
+        shape = (f"{probe.events:,} events, {probe.comments:,} keep-alive comments, usage "
+                 + ("in its own last chunk" if probe.usage_chunk else "NOT in a chunk of its own")
+                 + (", [DONE]" if probe.done else ", NO [DONE]"))
+        ok = probe.usage_chunk and probe.done
+        checks.append(Check(name + "stream", "pass" if ok else "fail", shape))
+    return checks
+
+
+def _provider_check(name: str, a: Attempt, output: Output) -> Check:
+    violation = output.routing_violation(a.provider)
+    if violation:
+        return Check(name + "provider", "fail", violation)
+    if not a.provider:
+        return Check(name + "provider", "warn", "the answer names no provider")
+    if output.endpoints is None:
+        return Check(name + "provider", "warn", f"{a.provider}: no endpoints table, name checked only")
+    served = serving_endpoints(a.provider, output.endpoints)
+    if not served:
+        return Check(name + "provider", "fail",
+                     f"{a.provider} is not in the endpoints table: its quantization is unknown")
+    quants = ", ".join(sorted({e.quantization or "unknown" for e in served}))
+    return Check(name + "provider", "pass", f"{a.provider}: {quants} in the endpoints table, allowed")
+
+
+def _cost_check(name: str, a: Attempt, output: Output) -> Check:
+    if a.cost is None:
+        return Check(name + "cost", "fail", "usage.cost missing: the spend could not be booked")
+    served = serving_endpoints(a.provider or "", output.endpoints)
+    if not served:
+        return Check(name + "cost", "warn", f"${a.cost:.6f}; no listed price to compare it with")
+    listed = max(a.prompt_tokens * e.prompt_price + a.completion_tokens * e.completion_price
+                 for e in served)
+    detail = f"${a.cost:.6f} (the listed prices give ${listed:.6f})"
+    if a.cost <= 0 or listed <= 0:
+        return Check(name + "cost", "fail" if a.cost <= 0 < listed else "warn", detail)
+    if a.cost > listed * 1.01:
+        return Check(name + "cost", "fail", detail + ": above the listed price, so the budget's "
+                     "worst case would not hold")
+    if a.cost < listed * 0.5:
+        return Check(name + "cost", "warn", detail + ": well below the listed price")
+    return Check(name + "cost", "pass", detail)
+
+
+def format_preflight(report: dict) -> str:
+    checks = report["checks"]
+    width = max([len(c["check"]) for c in checks] + [5]) + 2
+    lines = [f"kp-infer preflight: {report['requests']} request(s) to {report['model']}, "
+             f"${report['spend']:.6f} paid; answers kept in {report['output']}",
+             f"  {'check':<{width}}{'verdict':<9}detail"]
+    for c in checks:
+        lines.append(f"  {c['check']:<{width}}{c['verdict']:<9}{c['detail']}")
+    failed = sum(c["verdict"] == "fail" for c in checks)
+    warned = sum(c["verdict"] == "warn" for c in checks)
+    lines.append(f"preflight: {'FAILED' if failed else 'passed'}: {failed} failed, {warned} "
+                 f"warning{'s' if warned != 1 else ''}")
+    return "\n".join(lines)

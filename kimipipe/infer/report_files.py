@@ -1,0 +1,130 @@
+"""`kp-infer report FILE...`: the providers compared, from responses and failures files.
+
+Any number of files, each kp-infer's output (response records; token records from
+kp-tokenize read the same), a `--failures` file, or both mixed; `-` is stdin, zstd is read
+by content. Each line is sorted by its fields: a record with `response` is an answer (its
+`usage`, `finish_reason`, `provider`, `latency_s`, and the answers `refused` before it); a
+line with `kind` and `status` is a failure (its `refused` answers; an older failure line
+without them counts once when its kind is a refusal). A last line without its newline
+(a run still writing) is skipped with a note; any other bad line is `PATH:LINE`, exit 2.
+
+The report (text on stdout; `--json` for this object, stable for scripts):
+
+    {"files": [path, ...],
+     "answers": int,                      records with a response
+     "failures": {kind: n},               failure lines by kind
+     "refused": int,                      answers paid for and not kept (all providers)
+     "spend": float,                      USD: kept answers + refused answers
+     "sampling": [{"sampling": {...} | null, "answers": n}, ...]
+                                          each distinct `sampling` of the answers
+                                          (null: records written before it existed)
+     "by_provider": [row, ...],           infer/providers_table.py (the same rows as the
+                                          run's summary)
+     "histogram": {"upto": [int, ...],    completion tokens per answer, shared bins
+                   "by_provider": {provider: [answers per bin, ...]}}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+
+import msgspec
+
+from ..errors import InputError
+from ..io import describe_decode_error, iter_lines
+from ..records import Refusal, Usage
+from .providers_table import REFUSAL_KINDS, ProviderTable, table_text
+
+
+class _Line(msgspec.Struct):
+    """A response record or a failure line, as far as the report reads it."""
+
+    response: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # left undecoded
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    provider: str | None = None
+    latency_s: float | None = None
+    sampling: dict | None = None
+    refused: list[Refusal] = msgspec.field(default_factory=list)
+    kind: str | None = None
+    status: int | None = None
+    cost: float = 0.0
+
+
+_decoder = msgspec.json.Decoder(_Line)
+
+
+def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
+    """The report over PATHS (see the module docstring)."""
+    table = ProviderTable()
+    answers = refused = 0
+    spend = 0.0
+    failures: Counter = Counter()
+    sampling: dict[str, list] = {}
+    for path in paths:
+        for lineno, raw, ended in iter_lines(path):
+            try:
+                line = _decoder.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                if not ended:
+                    say(f"kp-infer: {path}:{lineno}: skipped an unfinished last line")
+                    continue
+                raise InputError(describe_decode_error(e, ended), path, lineno) from None
+            if line.response is not msgspec.UNSET:
+                usage = line.usage or Usage()
+                answers += 1
+                spend += usage.cost
+                table.answer(line.provider, usage.completion_tokens, usage.reasoning_tokens,
+                             line.finish_reason, usage.cost, line.latency_s)
+                key = json.dumps(line.sampling, sort_keys=True)
+                sampling.setdefault(key, [line.sampling, 0])[1] += 1
+            elif line.kind is not None and line.status is not None:
+                failures[line.kind] += 1
+                if not line.refused and line.kind in REFUSAL_KINDS:  # older lines
+                    table.refusal(line.provider, line.kind, line.cost)
+                    refused += 1
+                    spend += line.cost
+            else:
+                raise InputError("neither a response record nor a failure line", path, lineno)
+            for r in line.refused:
+                table.refusal(r.provider, r.kind, r.cost)
+                refused += 1
+                spend += r.cost
+    edges, counts = table.histogram_bins()
+    return {
+        "files": list(paths),
+        "answers": answers,
+        "failures": dict(failures.most_common()),
+        "refused": refused,
+        "spend": round(spend, 10),
+        "sampling": [{"sampling": s, "answers": n}
+                     for s, n in sorted(sampling.values(), key=lambda item: -item[1])],
+        "by_provider": table.rows(),
+        "histogram": {"upto": edges, "by_provider": counts},
+        "_table": table,
+    }
+
+
+def format_report(report: dict) -> str:
+    """The report for a terminal: totals, the sampling seen, the table, the histogram."""
+    failures = report["failures"]
+    lines = [f"kp-infer report: {len(report['files'])} file(s), {report['answers']:,} answers, "
+             f"{report['refused']:,} refused, {sum(failures.values()):,} failures"
+             + (f" ({', '.join(f'{k}: {v}' for k, v in failures.items())})" if failures else "")
+             + f"; ${report['spend']:.6f} paid"]
+    for entry in report["sampling"]:
+        shown = (", ".join(f"{k} {json.dumps(v)}" for k, v in entry["sampling"].items())
+                 if entry["sampling"] else "not recorded (older records)")
+        lines.append(f"  sampling: {shown}: {entry['answers']:,} answers")
+    lines.append("")
+    lines.append("by provider (refused r/n/t: routing violation, no reasoning, think marker):")
+    lines.append(table_text(report["by_provider"], indent="  "))
+    lines.append("")
+    lines.append(report["_table"].histogram())
+    return "\n".join(lines)
+
+
+def report_json(report: dict) -> str:
+    return json.dumps({k: v for k, v in report.items() if not k.startswith("_")}, indent=2)
