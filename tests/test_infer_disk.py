@@ -145,7 +145,8 @@ def test_a_paid_failure_the_failures_file_cannot_take_is_kept_and_counted(standi
     limit = 150_000
     failures.write_bytes(b"".join(failure_line(i, 1000) for i in range(limit // 1000 - 1))
                          + failure_line(999, 900))  # 100 bytes short of the limit
-    args = (prompts, "-o", out, "--failures", failures, "--concurrency", "4",
+    # --max-attempts 1: a refused answer is a failure at once (else it is sent again)
+    args = (prompts, "-o", out, "--failures", failures, "--concurrency", "4", "--max-attempts", "1",
             "--ignore-provider", "fireworks", "--ignore-provider", "baseten",
             "--summary-json", summary)
     code, err = run_infer(server, *args, tmpdir=tmpdir, preexec=limited(limit))
