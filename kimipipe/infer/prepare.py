@@ -9,24 +9,34 @@
    (and the cost of paid failures in `--failures`) count against the budgets.
 3. The partition (`--partition K/N`): how many prompts this run has to do, how many it
    skips as done.
+   `--sample N` keeps only the N prompts whose SHA-256 of id is smallest (a stable
+   sample: the same prompts in every run, so a pilot's answers are part of the final data).
 4. The endpoints table (openrouter/account.py): the providers the routing flags allow, the
    highest prices they charge (a budget's worst case), and a warning for each allowed
    endpoint that serves re-quantized weights (openrouter/models.py). A run whose flags
    allow no endpoint, or that has `--max-cost` but no price bound, is refused (exit 2);
    without the table a run checks routing by provider name only.
+5. `--total-cost` (infer/total_cost.py): with `--reservations`, this run's entry in the
+   shared file and the snapshot of the entries' spend, THEN the spend recorded in the
+   `--spent-in` files (finished lines only: another run may be writing one).
 """
 
 from __future__ import annotations
 
+import glob
+import hashlib
+import heapq
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
 from ..errors import ExitCode, InputError, KPError
 from ..io import (
+    describe_decode_error,
     iter_finished,
+    iter_lines,
     iter_records,
     repair_and_report,
     require_distinct,
@@ -37,13 +47,24 @@ from ..openrouter.account import AccountError, fetch_endpoints
 from ..openrouter.models import preset_for, requantized_allowed, requantized_in_flags
 from ..openrouter.routing import Endpoint, Policy, PriceBound, allowed_endpoints, price_bound
 from ..partition import in_partition
-from ..records import CostOnly, Failure, Prompt
+from ..records import CostOnly, Failure, Prompt, Usage
 from .budget import prompt_token_bound
 from .config import RunConfig
+from .total_cost import ReservationFile, TotalCost
 
 PROMPT_DECODER = msgspec.json.Decoder(Prompt)
 _cost_decoder = msgspec.json.Decoder(CostOnly)
 _failure_decoder = msgspec.json.Decoder(Failure)
+
+
+class _Spend(msgspec.Struct):
+    """The spend of a responses record (`usage.cost`) or of a failures record (`cost`)."""
+
+    usage: Usage | None = None
+    cost: float = 0.0
+
+
+_spend_decoder = msgspec.json.Decoder(_Spend)
 
 
 @dataclass
@@ -68,6 +89,14 @@ class Prepared:
     skipped: int  # prompts of this partition already done
     endpoints: list[Endpoint] | None  # None: the table could not be read
     price: PriceBound | None  # the highest prices the allowed endpoints charge
+    sample: set[str] | None = None  # --sample: the IDs chosen
+    spent_elsewhere: float = 0.0  # USD recorded in the --spent-in files (not OUTPUT/--failures)
+    spent_in_files: list[str] = field(default_factory=list)  # the files they matched
+    total: TotalCost | None = None  # --total-cost
+    notes: list[str] = field(default_factory=list)  # for --plan
+
+    def selected(self, prompt_id: str) -> bool:
+        return self.sample is None or prompt_id in self.sample
 
 
 def validate_input(path: str, shown: str) -> InputScan:
@@ -91,20 +120,63 @@ def validate_input(path: str, shown: str) -> InputScan:
     return InputScan(path, shown, set(first_line), records, prompt_bytes, token_bound)
 
 
-def previous_work(output: str, failures: str | None,
-                  say: Callable[[str], None]) -> tuple[set[str], float, int]:
+def finished_records(path: str, decoder: msgspec.json.Decoder):
+    """The whole records of a file another process may be writing: a last line without its
+    newline is being written, and is left alone (neither read nor repaired)."""
+    if path == "-" or not os.path.exists(path):
+        return
+    for lineno, line, ended in iter_lines(path):
+        if not ended:
+            return
+        try:
+            yield decoder.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise InputError(describe_decode_error(e, True), path, lineno) from None
+
+
+def recorded_spend(path: str) -> float:
+    """USD recorded in a responses or failures file (finished lines)."""
+    return sum(r.usage.cost if r.usage is not None else r.cost
+               for r in finished_records(path, _spend_decoder))
+
+
+def expand_spent_in(patterns: list[str], own: list[str]) -> list[str]:
+    """The files --spent-in names (globs expanded; a name that matches nothing counts
+    nothing yet), without OWN (this run's output and failures, counted already) and
+    without repeats."""
+    seen = {os.path.realpath(p) for p in own if p and p != "-"}
+    files = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        for path in matches:
+            real = os.path.realpath(path)
+            if real not in seen and os.path.isfile(path):
+                seen.add(real)
+                files.append(path)
+    return files
+
+
+def stable_sample(ids: set[str], n: int) -> set[str]:
+    """The N IDs whose SHA-256 (of the UTF-8 id) is smallest: the same N in every run."""
+    return set(heapq.nsmallest(n, ids, key=lambda i: hashlib.sha256(i.encode()).digest()))
+
+
+def previous_work(output: str, failures: str | None, say: Callable[[str], None],
+                  repair: bool = True) -> tuple[set[str], float, int]:
     """(IDs done, USD, completion tokens) recorded by earlier runs, in one pass over OUTPUT
-    (after repairing a torn last line) plus the failures file's costs."""
-    repair_and_report(output, report=say)
+    (after repairing a torn last line; without REPAIR, as --plan reads it, a torn last line
+    is left alone) plus the failures file's costs."""
+    if repair:
+        repair_and_report(output, report=say)
     done: set[str] = set()
     cost = 0.0
     tokens = 0
-    for rec in iter_finished(output, _cost_decoder):
+    for rec in (iter_finished if repair else finished_records)(output, _cost_decoder):
         done.add(rec.id)
         cost += rec.usage.cost
         tokens += rec.usage.completion_tokens
     if failures and os.path.exists(failures):
-        for rec in iter_finished(failures, _failure_decoder):
+        for rec in (iter_finished if repair else finished_records)(failures, _failure_decoder):
             cost += rec.cost
     return done, cost, tokens
 
@@ -148,12 +220,13 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         path, shown = spool_stdin(tmpdir), "<stdin>"
     scan = validate_input(path, shown)
     require_distinct(config.output, config.input, *config.done_files)
-    done, spent, tokens = previous_work(config.output, config.failures, say)
+    done, spent, tokens = previous_work(config.output, config.failures, say, repair=not config.plan)
     for extra in config.done_files:
         if not os.path.exists(extra):
             raise InputError("no such file", extra)
         done |= scan_done(extra, repair=False)
-    in_part = [i for i in scan.ids if in_partition(i, config.partition)]
+    sample = stable_sample(scan.ids, config.sample) if config.sample is not None else None
+    in_part = [i for i in scan.ids if in_partition(i, config.partition) and (sample is None or i in sample)]
     skipped = sum(1 for i in in_part if i in done)
 
     endpoints = read_endpoints(config, say)
@@ -164,7 +237,35 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         if endpoints is not None and not allowed_endpoints(config.policy, endpoints):
             raise KPError("no provider in the endpoints table matches the routing flags "
                           "(see kp-infer --plan)", ExitCode.USAGE)
-        if config.max_cost is not None and bound is None:
-            raise KPError("--max-cost needs a price bound: the endpoints table could not be read; "
+        capped = "--max-cost" if config.max_cost is not None else "--total-cost"
+        if (config.max_cost is not None or config.total_cost is not None) and bound is None:
+            raise KPError(f"{capped} needs a price bound: the endpoints table could not be read; "
                           "pass --max-price-prompt and --max-price-completion", ExitCode.USAGE)
-    return Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, endpoints, bound)
+    prepared = Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, endpoints, bound,
+                        sample=sample)
+    if config.total_cost is not None:
+        prepare_total_cost(config, prepared)
+    return prepared
+
+
+def prepare_total_cost(config: RunConfig, prepared: Prepared) -> None:
+    """--total-cost: register with --reservations (not for --plan), then read the
+    --spent-in files: in this order, see infer/total_cost.py."""
+    shared = None
+    snapshot = 0.0
+    if config.reservations and not config.plan:
+        shared = ReservationFile(config.reservations, label=config.output)
+        try:
+            snapshot = shared.register()
+        except OSError as e:
+            shared.close()
+            raise KPError(f"--reservations: {e}", ExitCode.USAGE) from None
+    try:
+        files = expand_spent_in(config.spent_in, [config.output, config.failures or ""])
+        elsewhere = sum(recorded_spend(path) for path in files)
+    except BaseException:
+        if shared is not None:
+            TotalCost(config.total_cost, 0.0, shared).close(0.0)
+        raise
+    prepared.spent_in_files, prepared.spent_elsewhere = files, elsewhere
+    prepared.total = TotalCost(config.total_cost, prepared.spent + elsewhere - snapshot, shared)
