@@ -24,8 +24,13 @@ import sys
 from ..cli import parse_quantity
 from .check import run_checks
 from .measure import measure
-from .plan import budget_suggestion, build_plan, money, report
+from .plan import budget_suggestion, build_plan, money, report, wrap
 from .stop import stop_message
+
+
+def say(text: str) -> None:
+    """A message on stderr, in lines of 80 columns."""
+    print("\n".join(wrap(text)), file=sys.stderr)
 
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:
@@ -64,23 +69,26 @@ def cmd_plan(args) -> int:
         return 0
     problems = []
     if not plan.fits:
-        problems.append(f"TOTAL_COST {money(plan.total_cost)} cannot pay for every dataset's TOKEN_BUDGET at "
-                        f"the planned prices (expected {money(plan.expected_total)}"
-                        f" + {money(plan.room_for_last_request)} room)")
+        asked = ("every dataset's TOKEN_BUDGET" if all(d.token_budget for d in plan.datasets)
+                 else "every dataset (all prompts where there is no TOKEN_BUDGET)")
+        problems.append(f"TOTAL_COST {money(plan.total_cost)} cannot pay for {asked} at the planned "
+                        f"prices (expected {money(plan.expected_total)} + {money(plan.room_for_last_request)} "
+                        "room for the last request)")
     for d in plan.over_max_cost():
         problems.append(f"MAX_COST {money(plan.max_cost)} stops {d.name} before its TOKEN_BUDGET "
                         f"(expected {money(d.expected_total)})")
     if not problems:
         return 0
     if args.allow_short:
-        print(f"make all: ALLOW_SHORT=1: going ahead; {'; '.join(problems)}: the last datasets "
-              "will come up short", file=sys.stderr)
+        say(f"make all: ALLOW_SHORT=1: going ahead; {'; '.join(problems)}: the last datasets "
+            "will come up short")
         return 0
     fix = budget_suggestion(plan)
-    print(f"make all: refusing to start: {'; '.join(problems)}.\n"
-          + (f"  make all {fix}    (fits TOTAL_COST), or\n" if fix and not plan.fits else "")
-          + "  raise TOTAL_COST (or MAX_COST), or ALLOW_SHORT=1 to start anyway and let the last "
-          "datasets come up short", file=sys.stderr)
+    say(f"make all: refusing to start (nothing was sent): {'; '.join(problems)}.")
+    if fix and not plan.fits:
+        say(f"  make all {fix}    (fits TOTAL_COST), or")
+    say("  raise TOTAL_COST (or MAX_COST), or ALLOW_SHORT=1 to start anyway and let the last "
+        "datasets come up short")
     return 2
 
 

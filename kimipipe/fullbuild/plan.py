@@ -20,10 +20,10 @@ and failures files already record) and what answers measured (WORK/D.pilot.json 
 The build: the spend recorded in every file TOTAL_COST counts (the --spent-in globs, other
 datasets' files included) + every dataset's expected to go, with room for one request's
 worst case (kp-infer reserves it before sending the last request), against TOTAL_COST.
-The TOKEN_BUDGET that fits is the largest t with each dataset at WEIGHT_D x t (even split:
-every weight 1) whose expected total fits TOTAL_COST, rounded down to 3 significant
-digits; found by bisection, since each dataset's cost grows with its budget until its
-prompts run out.
+The TOKEN_BUDGET that fits is the largest whole t with each dataset at WEIGHT_D x t (even
+split: every weight 1) whose expected total fits TOTAL_COST, each rounded down to 3
+significant digits; found by bisection, since each dataset's cost grows (in steps of one
+answer) with its budget until its prompts run out.
 """
 
 from __future__ import annotations
@@ -58,11 +58,11 @@ class DatasetPlan:
     notes: list[str] = field(default_factory=list)
     like: str | None = None  # measured on other datasets' answers (no answers of its own yet)
 
-    def answers_for(self, budget: float | None) -> float:
-        """Answers still needed to reach BUDGET (continuous), at most the prompts to do."""
+    def answers_for(self, budget: float | None) -> int:
+        """Answers still needed to reach BUDGET, at most the prompts to do."""
         if budget is None:
-            return float(self.todo)
-        return min(float(self.todo), max(0.0, (budget - self.recorded_tokens) / max(self.answer_tokens, 1e-9)))
+            return self.todo
+        return min(self.todo, max(0, math.ceil((budget - self.recorded_tokens) / max(self.answer_tokens, 1e-9))))
 
     @property
     def answers_needed(self) -> int | None:
@@ -144,13 +144,14 @@ class BuildPlan:
         low, high = 0.0, top
         if self.cost_at(low) > self.total_cost:
             return 0.0
-        for _ in range(200):
+        for _ in range(200):  # the cost is a step function of t, growing: its last fitting t
             mid = (low + high) / 2
             if self.cost_at(mid) <= self.total_cost:
                 low = mid
             else:
                 high = mid
-        return low
+        t = math.floor(low)
+        return t + 1 if self.cost_at(t + 1) <= self.total_cost else t
 
     def fitting_budgets(self) -> dict[str, int] | None:
         t = self.fitting_budget()
