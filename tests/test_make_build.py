@@ -207,6 +207,10 @@ def test_total_cost_caps_the_whole_build_and_raising_it_finishes(standin, tmp_pa
         assert json.loads((tmp_path / "shards" / n / "manifest.json").read_text())["totals"]["records"] == 30
     paid = Counter(x["request_user_text_sha256"] for x in server.ledger())
     assert len(paid) == 90 and set(paid.values()) == {1}
+    # all bought: a TOTAL_COST below what was spent refuses nothing, and buys nothing
+    r = run_make(server, tmp_path, "all", TOTAL_COST=1, TOKEN_BUDGET="", CONCURRENCY=4, **variables)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "fits" in r.stdout and len(server.ledger()) == 90
 
 
 def test_make_all_refuses_what_total_cost_cannot_pay_unless_allow_short(standin, tmp_path):

@@ -57,9 +57,12 @@ class DatasetPlan:
     max_tokens: int
     notes: list[str] = field(default_factory=list)
     like: str | None = None  # measured on other datasets' answers (no answers of its own yet)
+    complete: bool = False  # its responses stage is stamped done, and make will not rerun it
 
     def answers_for(self, budget: float | None) -> int:
         """Answers still needed to reach BUDGET, at most the prompts to do."""
+        if self.complete:
+            return 0
         if budget is None:
             return self.todo
         return min(self.todo, max(0, math.ceil((budget - self.recorded_tokens) / max(self.answer_tokens, 1e-9))))
@@ -73,6 +76,8 @@ class DatasetPlan:
 
     @property
     def answers_to_go(self) -> int:
+        if self.complete:
+            return 0
         needed = self.answers_needed
         return self.todo if needed is None else min(self.todo, needed)
 
@@ -80,7 +85,7 @@ class DatasetPlan:
     def short(self) -> bool:
         """Too few prompts to reach TOKEN_BUDGET."""
         needed = self.answers_needed
-        return needed is not None and needed > self.todo
+        return not self.complete and needed is not None and needed > self.todo
 
     @property
     def reachable_tokens(self) -> int:
@@ -119,12 +124,15 @@ class BuildPlan:
 
     @property
     def fits(self) -> bool:
-        return self.total_cost is None or self.expected_total + self.room_for_last_request <= self.total_cost
+        """Whether TOTAL_COST pays for what is left (nothing left to buy always fits)."""
+        if self.total_cost is None or not any(d.answers_to_go for d in self.datasets):
+            return True
+        return self.expected_total + self.room_for_last_request <= self.total_cost
 
     def over_max_cost(self) -> list[DatasetPlan]:
         if self.max_cost is None:
             return []
-        return [d for d in self.datasets if d.expected_total > self.max_cost]
+        return [d for d in self.datasets if d.answers_to_go and d.expected_total > self.max_cost]
 
     def cost_at(self, t: float) -> float:
         """The build's expected total with each dataset at WEIGHT x t tokens (+ the room)."""
@@ -206,6 +214,20 @@ def read_json(path: str) -> dict | None:
         return None
 
 
+def stage_complete(work: str, name: str) -> bool:
+    """D's responses stage is stamped done and make will not run it again (the stamp is
+    newer than its prompts and its flags)."""
+    def mtime(suffix: str) -> float | None:
+        try:
+            return os.path.getmtime(os.path.join(work, name + suffix))
+        except OSError:
+            return None
+
+    stamp = mtime(".responses.done")
+    inputs = [mtime(".prompts.jsonl"), mtime(".infer-flags")]
+    return stamp is not None and all(t is None or t <= stamp for t in inputs)
+
+
 def dataset_plan(name: str, work: str, plan: dict, token_budget: int | None, weight: float,
                  answer_tokens_prior: int | None) -> DatasetPlan:
     """D's figures from WORK/D.plan.json (PLAN) and what answers measured."""
@@ -229,7 +251,7 @@ def dataset_plan(name: str, work: str, plan: dict, token_budget: int | None, wei
         cost = (per_prompt * mean["prompt"] + answer_tokens * mean["completion"]) / 1e6
     worst = (plan.get("cost") or {}).get("worst_case_request", 0.0)
     return DatasetPlan(
-        name=name, prompts=plan["prompts"]["input"], todo=plan["prompts"]["todo"],
+        complete=stage_complete(work, name), name=name, prompts=plan["prompts"]["input"], todo=plan["prompts"]["todo"],
         answered=plan["prompts"]["done"], prompt_tokens=per_prompt,
         recorded_spend=plan["recorded"]["spend"], recorded_tokens=plan["recorded"]["completion_tokens"],
         answer_tokens=float(answer_tokens), cost_per_answer=float(cost), measured=measured,
@@ -339,6 +361,8 @@ def report(plan: BuildPlan, title: str = "make plan") -> str:
                           f"tokens of {count_text(d.token_budget)} (needs {needed:,} answers)")
         else:
             to_go = f"{d.answers_to_go:,}"
+        if d.complete:
+            to_go = "0 (done)"
         rows.append([d.name, count_text(d.token_budget), to_go, money(d.expected_to_go),
                      money(d.recorded_spend), money(d.expected_total)])
     out += _table(rows, {1, 2, 3, 4, 5})
