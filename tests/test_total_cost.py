@@ -162,3 +162,34 @@ def test_a_live_runs_claim_is_honoured_and_a_dead_runs_claim_is_dropped(standin,
     assert proc.wait(timeout=120) == 0, proc.stderr.read()
     assert len(read_jsonl(out)) == 30
     assert billed(server) <= 100
+
+
+def test_a_request_found_to_fit_keeps_its_room_until_it_is_reserved(tmp_path):
+    """Between finding that a request fits and reserving it, a run may wait for a
+    concurrency slot; the claim it publishes meanwhile (every PUBLISH_INTERVAL) must still
+    cover that request, or another run could take the same room. Two runs' budgets on one
+    reservations file, in this process."""
+    from kimipipe.infer.budget import Budget
+    from kimipipe.infer.config import RunConfig
+    from kimipipe.infer.total_cost import ReservationFile, TotalCost
+    from kimipipe.openrouter.routing import PriceBound
+
+    path = str(tmp_path / "total-cost.json")
+    runs = []
+    for label in ("a", "b"):
+        shared = ReservationFile(path, label)
+        snapshot = shared.register()
+        runs.append(Budget(RunConfig(total_cost=1.5), PriceBound(1e-6, 1e-6, "test"),
+                           total=TotalCost(1.5, -snapshot, shared)))
+    a, b = runs
+    assert a.cost_fits(1.0)  # a's next request fits; a waits for a slot before reserving it
+    a.total.publish(a.spent_this_run, a.claimed(), force=True)  # a's publisher runs meanwhile
+    assert not b.cost_fits(1.0)  # b cannot take that room
+    a.reserve(1.0)
+    a.record(0.25, 10)
+    a.release(1.0)
+    a.total.publish(a.spent_this_run, a.claimed(), force=True)  # settled: 0.25 spent, no claim
+    assert b.cost_fits(1.0)
+    entries = json.loads(open(path).read())["entries"]
+    assert {e["label"]: (e["spent"], e["claim"]) for e in entries} == {"a": (0.25, 0.0), "b": (0.0, 1.0)}
+    assert not b.cost_fits(1.3)  # 0.25 + 1.3 > 1.5

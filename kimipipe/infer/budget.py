@@ -56,6 +56,7 @@ class Budget:
     settled_answers: int = 0
     settled_tokens: int = 0
     total: TotalCost | None = None  # --total-cost
+    pending: float = 0.0  # the worst case of a request found to fit, not yet reserved
 
     @property
     def max_cost(self) -> float | None:
@@ -77,10 +78,14 @@ class Budget:
     def cost_blocker(self, amount: float) -> str | None:
         """Which cap a request of worst case AMOUNT does not fit now ("max-cost",
         "total-cost"), or None when it fits both."""
+        self.pending = 0.0
         if self.max_cost is not None and self.spent + self.reserved + amount > self.max_cost:
             return "max-cost"
         if self.total is not None and not self.total.fits(self.spent_this_run, self.reserved, amount):
             return "total-cost"
+        # until reserve(): a run sharing --total-cost keeps claiming it (it may still wait
+        # for a concurrency slot, and another run must not take that room meanwhile)
+        self.pending = amount
         return None
 
     def cost_fits(self, amount: float) -> bool:
@@ -88,6 +93,11 @@ class Budget:
 
     def reserve(self, amount: float) -> None:
         self.reserved += amount
+        self.pending = 0.0
+
+    def claimed(self) -> float:
+        """What this run may have in flight: its reservations and the request about to go."""
+        return self.reserved + self.pending
 
     def release(self, amount: float) -> None:
         self.reserved = max(0.0, self.reserved - amount)

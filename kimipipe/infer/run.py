@@ -324,7 +324,7 @@ class Run:
         """Tell the runs sharing --total-cost what this one spent and no longer needs."""
         while True:
             await asyncio.sleep(PUBLISH_INTERVAL)
-            self.budget.total.publish(self.budget.spent_this_run, self.budget.reserved)
+            self.budget.total.publish(self.budget.spent_this_run, self.budget.claimed())
 
     # -- progress -------------------------------------------------------------------------
     def _show_progress(self) -> None:
