@@ -6,6 +6,7 @@
     pilot     what a pilot's answers measured, to a small file `make plan` reads
     stopped   the message of a money stop under make: the make variable to change
 
-Modules: measure.py (figures from a responses file), plan.py (the arithmetic and its
-report), check.py, stop.py, __main__.py (the arguments make passes).
+Modules: measure.py (figures from a responses file), plan.py (the arithmetic),
+report.py (the plan as printed), check.py, stop.py, __main__.py (the arguments make
+passes).
 """

@@ -24,7 +24,8 @@ import sys
 from ..cli import parse_quantity
 from .check import run_checks
 from .measure import measure
-from .plan import budget_suggestion, build_plan, money, report, wrap
+from .plan import build_plan
+from .report import budget_suggestion, money, report, wrap
 from .stop import stop_message
 
 

@@ -16,7 +16,8 @@ import math
 import os
 
 from ..infer.report import StopReason
-from .plan import BuildPlan, money, read_json, wrap
+from .plan import BuildPlan, read_json
+from .report import money, wrap
 
 MARGIN = 1.10
 
