@@ -22,6 +22,7 @@ import os
 import sys
 
 from ..cli import parse_quantity
+from ..errors import KPError
 from .check import run_checks
 from .measure import measure
 from .plan import build_plan
@@ -180,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "allow_short", None) is not None:
         args.allow_short = args.allow_short not in ("", "0", "no", "false")
-    return args.run(args)
+    try:
+        return args.run(args)
+    except (OSError, KPError, ValueError) as e:  # a missing plan, an unreadable file: one line
+        print(f"make {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

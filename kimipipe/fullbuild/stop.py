@@ -39,10 +39,10 @@ def stop_message(dataset: str, work: str, plan: BuildPlan | None, complete: set[
     """The lines make prints after kp-infer's exit 3 on DATASET."""
     summary = read_json(os.path.join(work, f"{dataset}.infer-summary.json"))
     slug = summary.get("stop_reason") if summary else None
-    head = f"make: {dataset} stopped by money (kp-infer exit 3)"
+    head = f"make: {dataset} stopped (kp-infer exit 3: money or a full disk)"
     if summary is None:
-        return (f"{head}, or by a full disk: see kp-infer's message above; "
-                "rerun make to resume (nothing paid for is lost)")
+        return "\n".join(wrap(f"{head}: see kp-infer's message above; rerun make to resume "
+                              "(nothing paid for is lost)"))
     spent = f"{money(summary['spend_this_run'])} this run, {money(summary['spend_total'])} recorded for {dataset}"
     lines = []
     if slug == "total-cost":
