@@ -317,3 +317,26 @@ def test_build_outputs_are_ignored_by_git():
     names = ["work/B3.responses.jsonl", "shards/B3/manifest.json", "demo-out/work/x"]
     r = subprocess.run(["git", "check-ignore", *names], cwd=REPO, capture_output=True, text=True)
     assert r.stdout.split() == names
+
+
+def test_a_stop_make_does_not_know_is_named_with_kp_infers_words(tmp_path):
+    """The money-stop message reads kp-infer's summary: a stop reason it has no make
+    variable for (a credit limit added later, a full disk) is named as kp-infer names it,
+    and no summary at all (removed before each run) points at kp-infer's own message."""
+    import sys
+
+    work = tmp_path / "work"
+    work.mkdir()
+    summary = {"stop_reason": "max-cost", "spend_this_run": 0.5, "spend_total": 0.75}
+    args = [sys.executable, "-m", "kimipipe.fullbuild", "stopped", "--dataset", "D", "--work", str(work),
+            "--datasets", "D", "--max-cost", "0.75"]
+    (work / "D.infer-summary.json").write_text(json.dumps(summary))
+    said = " ".join(subprocess.run(args, capture_output=True, text=True).stderr.split())
+    assert "make: D stopped by MAX_COST=0.75 (the cap per dataset, kp-infer exit 3): $0.5000 this run" in said
+    (work / "D.infer-summary.json").write_text(json.dumps({**summary, "stop_reason": "some-new-limit"}))
+    said = " ".join(subprocess.run(args, capture_output=True, text=True).stderr.split())
+    assert "make: D stopped (kp-infer exit 3: money or a full disk): stop reason 'some-new-limit'" in said
+    assert "D is not marked done" in said
+    (work / "D.infer-summary.json").unlink()
+    said = " ".join(subprocess.run(args, capture_output=True, text=True).stderr.split())
+    assert "see kp-infer's message above; rerun make to resume" in said
