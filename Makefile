@@ -1,15 +1,12 @@
-# kimipipe: set-up, tests, the offline demo, and full dataset builds.
+# kimipipe: set-up, tests, the offline demo, and full dataset builds. `make` alone (or
+# `make help`) lists the targets and the variables; nothing is built or paid for.
 #
-#   make demo                 the whole pipeline offline (stand-in + bundled tokenizer)
-#   make test                 the test suite          make lint    ruff
-#   make all                  every dataset: prompts -> responses -> tokens -> shards
-#   make B3.tokens            rerun one stage of one dataset from the saved files
-#   make credits              the account's balance
-#
-# Every target that needs the package creates the virtual environment when it is missing.
-# A build is resumable: rerun `make all` after a crash, a Ctrl-C or a budget stop. Each
+# A build is resumable: rerun `make all` after a crash, a Ctrl-C or a money stop. Each
 # stage leaves a stamp file (WORK/<D>.<stage>.done) only when it finished, so an unfinished
-# responses file is resumed by kp-infer, never mistaken for a finished one.
+# responses file is resumed by kp-infer, never mistaken for a finished one. Before its
+# first paid stage, `make all` checks what would fail later (make check) and plans the
+# money over every dataset (make plan); it refuses to start when TOTAL_COST cannot pay
+# for every TOKEN_BUDGET (ALLOW_SHORT=1 starts anyway).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -27,30 +24,107 @@ source = $(or $(SOURCE_$(1)),$(SOURCES)/$(1).json)
 WORK ?= work
 SHARDS ?= shards
 
+# --- money (USD) ----------------------------------------------------------------------------
+# TOTAL_COST caps the whole build: the spend recorded in every WORK/*.responses.jsonl and
+# WORK/*.failures.jsonl, across datasets and reruns, with what is in flight reserved.
+TOTAL_COST ?= 95
+# MAX_COST caps each dataset's own spend.
+MAX_COST ?= 95
+# Completion tokens per dataset; TOKEN_BUDGET_<D> for one dataset (empty: no budget).
+TOKEN_BUDGET ?= 10M
+token_budget = $(if $(filter undefined,$(origin TOKEN_BUDGET_$(1))),$(TOKEN_BUDGET),$(TOKEN_BUDGET_$(1)))
+# 1: start even when the plan says TOTAL_COST cannot pay for every TOKEN_BUDGET.
+ALLOW_SHORT ?=
+# The plan's share of the money per dataset, WEIGHT_<D> (default 1: an even split).
+weight = $(or $(WEIGHT_$(1)),1)
+# The answer length the plan assumes without a pilot (default: half of MAX_TOKENS).
+ANSWER_TOKENS ?=
+# Prompts per dataset `make pilot` answers (the same ones every time; kept in the data).
+PILOT ?= 200
+MIN_CREDITS ?= 5
+
 # --- the flags users tune ----------------------------------------------------------------
 MODEL ?= moonshotai/kimi-k2.5
 CONCURRENCY ?= 2000
-MAX_COST ?= 95
-TOKEN_BUDGET ?= 10M
 MAX_TOKENS ?= 16384
 IGNORE_PROVIDERS ?= fireworks baseten
 QUANTIZATIONS ?= int4 unknown
-MIN_CREDITS ?= 5
 TOKENIZER ?= ./kimi-k2.5
-BASE_URL ?= https://openrouter.ai/api/v1
+# An exported OPENROUTER_BASE_URL (e.g. the stand-in's) is honoured.
+BASE_URL ?= $(or $(OPENROUTER_BASE_URL),https://openrouter.ai/api/v1)
 PROMPT_FLAGS ?=
 INFER_FLAGS ?=
 TOKENIZE_FLAGS ?= --trust-remote-code
 SHARD_FLAGS ?=
 
-INFER_ARGS = --model $(MODEL) --concurrency $(CONCURRENCY) --max-tokens $(MAX_TOKENS) \
-  $(if $(MAX_COST),--max-cost $(MAX_COST)) $(if $(TOKEN_BUDGET),--token-budget $(TOKEN_BUDGET)) \
-  $(if $(MIN_CREDITS),--min-credits $(MIN_CREDITS)) \
+# What a dataset's answers are (a change reruns, and resumes, its responses stage) ...
+content_args = --model $(MODEL) --max-tokens $(MAX_TOKENS) \
+  $(if $(call token_budget,$(1)),--token-budget $(call token_budget,$(1))) \
   $(foreach p,$(IGNORE_PROVIDERS),--ignore-provider $(p)) \
-  $(foreach q,$(QUANTIZATIONS),--quantization $(q)) --base-url $(BASE_URL) $(INFER_FLAGS)
+  $(foreach q,$(QUANTIZATIONS),--quantization $(q)) $(INFER_FLAGS)
+# ... and how they are bought (a raised cap lets an unfinished stage go on; it does not
+# make a finished one run again).
+SPENT_IN = $(WORK)/*.responses.jsonl $(WORK)/*.failures.jsonl
+money_args = --concurrency $(CONCURRENCY) $(if $(MAX_COST),--max-cost $(MAX_COST)) \
+  $(if $(TOTAL_COST),--total-cost $(TOTAL_COST) $(foreach g,$(SPENT_IN),--spent-in '$(g)') \
+  --reservations $(WORK)/total-cost.json) \
+  $(if $(MIN_CREDITS),--min-credits $(MIN_CREDITS)) --base-url $(BASE_URL)
+infer_args = $(strip $(call content_args,$(1)) $(money_args))
+# $(call infer,D,extra flags): the kp-infer command of dataset D
+infer = $(BIN)/kp-infer $(WORK)/$(1).prompts.jsonl -o $(WORK)/$(1).responses.jsonl \
+  --failures $(WORK)/$(1).failures.jsonl --summary-json $(WORK)/$(1).infer-summary.json \
+  $(call infer_args,$(1)) $(2)
 
-.PHONY: all test lint venv demo credits clean-venv FORCE
+FULLBUILD = $(BIN)/python -m kimipipe.fullbuild
+PLAN_ARGS = --work $(WORK) --datasets "$(DATASETS)" --total-cost "$(TOTAL_COST)" \
+  --max-cost "$(MAX_COST)" --min-credits "$(MIN_CREDITS)" --answer-tokens "$(ANSWER_TOKENS)" \
+  $(foreach g,$(SPENT_IN),--spent-in '$(g)') \
+  $(foreach d,$(DATASETS),--token-budget $(d)=$(call token_budget,$(d)) --weight $(d)=$(call weight,$(d)))
+CHECK_ARGS = $(foreach d,$(DATASETS),--source $(d)=$(call source,$(d))) --work $(WORK) \
+  --shards $(SHARDS) --bin $(BIN) --tokenizer $(TOKENIZER) --tokenize-flags="$(TOKENIZE_FLAGS)" \
+  --base-url $(BASE_URL)
+
+# $(call run_infer,D,extra flags,what): run kp-infer for D, showing the command; exit 0
+# and 4 finish (then `what` runs), exit 3 is a money stop (resumable, never stamped done).
+define run_infer
+@echo "$(call infer,$(1),$(2))"
+@rm -f $(WORK)/$(1).infer-summary.json; set +e; $(call infer,$(1),$(2)); code=$$?; \
+	if [ $$code -eq 0 ] || [ $$code -eq 4 ]; then $(3); \
+	elif [ $$code -eq 3 ]; then $(FULLBUILD) stopped --dataset $(1) $(PLAN_ARGS); exit 3; \
+	elif [ $$code -eq 130 ]; then echo "make: interrupted; rerun make to resume" >&2; exit 130; \
+	else exit $$code; fi
+endef
+
+PROMPTS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).prompts.jsonl)
+INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
+
+.DEFAULT_GOAL := help
+.PHONY: help all plan pilot check test lint venv demo credits clean-venv FORCE
 .SECONDARY:
+
+help:
+	@echo "kimipipe: make TARGET [VARIABLE=value ...]  (\`make\` alone builds nothing)"
+	@echo "  make demo      the whole pipeline offline, on the bundled sample (stand-in)"
+	@echo "  make test      the test suite                  make lint   ruff"
+	@echo "  make plan      the money, per dataset: prompts, routes and prices, expected"
+	@echo "                 cost at TOKEN_BUDGET, the TOKEN_BUDGET that fits (sends none)"
+	@echo "  make pilot     PAID: PILOT answers per dataset (kept), measured for make plan"
+	@echo "  make check     what would fail later: sources, tokenizer, key, outputs"
+	@echo "  make all       PAID: every dataset, prompts -> responses -> tokens -> shards;"
+	@echo "                 checks and plans first, refuses what TOTAL_COST cannot pay"
+	@echo "  make B3.tokens one stage of one dataset again (.prompts .responses .shards)"
+	@echo "  make credits   the account's balance"
+	@echo "variables (now):"
+	@echo "  DATASETS=\"$(DATASETS)\"  SOURCES=$(SOURCES) (or SOURCE_<D>=file)"
+	@echo "  WORK=$(WORK)  SHARDS=$(SHARDS)  TOKENIZER=$(TOKENIZER)"
+	@echo "  TOTAL_COST=$(TOTAL_COST) (USD, whole build)  MAX_COST=$(MAX_COST) (USD, each dataset)"
+	@echo "  TOKEN_BUDGET=$(TOKEN_BUDGET) (each; TOKEN_BUDGET_<D>, WEIGHT_<D>)  ALLOW_SHORT=$(ALLOW_SHORT)"
+	@echo "  PILOT=$(PILOT)  ANSWER_TOKENS=$(ANSWER_TOKENS)  MIN_CREDITS=$(MIN_CREDITS)  CONCURRENCY=$(CONCURRENCY)"
+	@echo "  MODEL=$(MODEL)  MAX_TOKENS=$(MAX_TOKENS)"
+	@echo "  IGNORE_PROVIDERS=\"$(IGNORE_PROVIDERS)\"  QUANTIZATIONS=\"$(QUANTIZATIONS)\""
+	@echo "  BASE_URL=$(BASE_URL)"
+	@echo "  PROMPT_FLAGS INFER_FLAGS TOKENIZE_FLAGS SHARD_FLAGS: anything else, per stage"
+	@echo "start with: export OPENROUTER_API_KEY=sk-or-...; make plan"
 
 all: $(foreach d,$(DATASETS),$(SHARDS)/$(d)/manifest.json)
 	@echo "make all: shards for $(DATASETS) are in $(SHARDS)/"
@@ -86,30 +160,68 @@ credits: venv
 clean-venv:
 	rm -rf $(VENV)
 
+check: | venv
+	@$(FULLBUILD) check $(CHECK_ARGS)
+
+# --- the plan: kp-infer --plan --json per dataset, then the build's arithmetic -------------
+define plan_json
+@$(BIN)/kp-infer $(WORK)/$(1).prompts.jsonl -o $(WORK)/$(1).responses.jsonl \
+	  --failures $(WORK)/$(1).failures.jsonl --plan --json $(call infer_args,$(1)) \
+	  > $(WORK)/$(1).plan.json.tmp && mv $(WORK)/$(1).plan.json.tmp $(WORK)/$(1).plan.json
+
+endef
+
+plan: $(PROMPTS_ALL) | venv
+	$(foreach d,$(DATASETS),$(call plan_json,$(d)))
+	@$(FULLBUILD) plan $(PLAN_ARGS) --json $(WORK)/build.plan.json
+
+# What the plan was made under: a change makes `make all` check and plan again.
+$(WORK)/build.flags: FORCE | $(WORK)
+	@echo '$(DATASETS) | $(TOTAL_COST) | $(MAX_COST) | $(ALLOW_SHORT) | $(ANSWER_TOKENS) | $(foreach d,$(DATASETS),$(call weight,$(d)))' \
+	  | cmp -s - $@ || echo '$(DATASETS) | $(TOTAL_COST) | $(MAX_COST) | $(ALLOW_SHORT) | $(ANSWER_TOKENS) | $(foreach d,$(DATASETS),$(call weight,$(d)))' > $@
+
+# Before the first paid stage of `make all`: the checks, then the plan under TOTAL_COST,
+# which refuses (exit 2) what TOTAL_COST cannot pay unless ALLOW_SHORT=1. Redone when the
+# prompts, the flags or the money settings change; not when nothing is left to do.
+$(WORK)/build.gate: $(PROMPTS_ALL) $(INFER_FLAGS_ALL) $(WORK)/build.flags | venv
+	@$(FULLBUILD) check $(CHECK_ARGS)
+	$(foreach d,$(DATASETS),$(call plan_json,$(d)))
+	@$(FULLBUILD) plan --gate --allow-short "$(ALLOW_SHORT)" $(PLAN_ARGS) --json $(WORK)/build.plan.json
+	@touch $@
+
+# --- the pilot: PILOT prompts of each dataset, chosen by the SHA-256 of their id, answered
+# into the very responses file the full run resumes from, then measured for make plan.
+pilot: | venv
+	@$(MAKE) --no-print-directory check
+	@$(MAKE) --no-print-directory $(foreach d,$(DATASETS),$(d).pilot)
+
+%.pilot: $(WORK)/%.prompts.jsonl FORCE | venv
+	$(call run_infer,$*,--sample $(PILOT),$(FULLBUILD) pilot $(WORK)/$*.responses.jsonl --failures $(WORK)/$*.failures.jsonl -o $(WORK)/$*.pilot.json)
+
 # --- the stages, per dataset --------------------------------------------------------------
 $(WORK) $(SHARDS):
 	mkdir -p $@
 
-# Stage 1: prompts (kp-prompts writes the file whole or not at all).
-$(WORK)/%.prompts.jsonl: | venv $(WORK)
-	$(BIN)/kp-prompts $(call source,$*) --dataset $* $(PROMPT_FLAGS) -o $@
-
-# The flags a stage ran with: rewritten only when they change, so raising TOKEN_BUDGET or
-# MAX_COST makes the responses stage run again (and resume), nothing else.
+# The flags a stage ran with: rewritten only when they change, so a new TOKEN_BUDGET (or
+# model, MAX_TOKENS, routing) makes the responses stage run again (and resume), and new
+# PROMPT_FLAGS or SOURCE_<D> remake the prompts.
 $(WORK)/%.infer-flags: FORCE | $(WORK)
-	@echo '$(INFER_ARGS)' | cmp -s - $@ || echo '$(INFER_ARGS)' > $@
+	@echo '$(call content_args,$*)' | cmp -s - $@ || echo '$(call content_args,$*)' > $@
+$(WORK)/%.prompt-flags: FORCE | $(WORK)
+	@echo '$(call source,$*) $(PROMPT_FLAGS)' | cmp -s - $@ || echo '$(call source,$*) $(PROMPT_FLAGS)' > $@
+
+# Stage 1: prompts (kp-prompts writes the file whole or not at all), remade when the
+# source file changes. A missing source is kp-prompts' error to name.
+.SECONDEXPANSION:
+$(WORK)/%.prompts.jsonl: $$(wildcard $$(call source,$$*)) $(WORK)/%.prompt-flags | venv $(WORK)
+	$(BIN)/kp-prompts $(call source,$*) --dataset $* $(PROMPT_FLAGS) -o $@
 
 # Stage 2: responses. Exit 0 (all done, or TOKEN_BUDGET reached: the dataset is as large
 # as asked) and 4 (done, some failed: see WORK/<D>.failures.jsonl) finish the stage; exit 3
-# is money (MAX_COST, a 402, MIN_CREDITS): the build stops, resumable.
-$(WORK)/%.responses.done: $(WORK)/%.prompts.jsonl $(WORK)/%.infer-flags | venv
-	@set +e; $(BIN)/kp-infer $< -o $(WORK)/$*.responses.jsonl --failures $(WORK)/$*.failures.jsonl \
-	  --summary-json $(WORK)/$*.infer-summary.json $(INFER_ARGS); code=$$?; \
-	if [ $$code -eq 0 ] || [ $$code -eq 4 ]; then touch $@; \
-	elif [ $$code -eq 3 ]; then \
-	  echo "make: $* stopped by MAX_COST, the balance or MIN_CREDITS (exit 3): raise the budget or add credits, then rerun make to resume" >&2; exit 3; \
-	elif [ $$code -eq 130 ]; then echo "make: interrupted; rerun make to resume" >&2; exit 130; \
-	else exit $$code; fi
+# is money (TOTAL_COST, MAX_COST, the balance, MIN_CREDITS, a credit limit): the build
+# stops with the make variable to change, resumable.
+$(WORK)/%.responses.done: $(WORK)/%.prompts.jsonl $(WORK)/%.infer-flags | venv $(WORK)/build.gate
+	$(call run_infer,$*,,touch $@)
 
 # Stage 3: tokens (kp-tokenize resumes from a partial file; the stamp marks it finished).
 # Exit 4: finished, some records failed verification (WORK/<D>.rejects.jsonl); kept out.

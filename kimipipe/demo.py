@@ -3,7 +3,8 @@
 Starts the OpenRouter stand-in on a free port of 127.0.0.1 (with faults and a rate limit
 switched on, so the retries are real), then runs the Makefile's own `make all` for one
 dataset, `demo`, built from the bundled ShareGPT sample (kimipipe/data/demo/) with the
-bundled small Kimi-style tokenizer, exactly as a real build runs against OpenRouter.
+bundled small Kimi-style tokenizer, exactly as a real build runs against OpenRouter: the
+checks and the money plan first (TOTAL_COST=2, at the stand-in's prices), then the stages.
 Then it prints what was made (records, tokens, spend as billed by the stand-in, retries
 survived), and the stand-in is stopped, also when the demo is interrupted.
 
@@ -43,7 +44,8 @@ def run_demo(out: Path, make: str = "make", venv: str = ".venv", quiet_make: boo
         cmd = [*make.split(), "-C", str(REPO), "all", "DATASETS=demo", f"VENV={venv}",
                f"SOURCE_demo={DEMO_SOURCE}", f"WORK={work}", f"SHARDS={shards}",
                f"BASE_URL={server.base_url}", f"TOKENIZER={DEMO_TOKENIZER}",
-               "CONCURRENCY=64", "MAX_COST=1", "TOKEN_BUDGET=", "MAX_TOKENS=2048", "MIN_CREDITS=1",
+               "CONCURRENCY=64", "TOTAL_COST=2", "MAX_COST=2", "TOKEN_BUDGET=", "MAX_TOKENS=2048",
+               "MIN_CREDITS=1",
                "INFER_FLAGS=--backoff-base 0.2 --idle-timeout 10",
                "SHARD_FLAGS=--records-per-shard 100 --eval-fraction 0.05"]
         if quiet_make:

@@ -334,12 +334,13 @@ def test_plan_sends_no_completion_and_shows_routing(standin, tmp_path):
     r = infer(server, prompts, "--plan", "--ignore-provider", "fireworks", "--ignore-provider", "baseten",
               "--max-cost", "95", "--max-tokens", "1000")
     assert r.code == 0, r.stderr
-    assert server.stats()["completions_started"] == 0 and r.stdout == b""
-    lines = r.stderr.splitlines()
+    assert server.stats()["completions_started"] == 0
+    report = r.stdout.decode()  # a report: stdout (README: reports on stdout, chatter on stderr)
+    lines = report.splitlines()
     assert any("Fireworks" in x and "ignored" in x for x in lines)
     assert any("BaseTen" in x and "ignored" in x for x in lines)
     assert any(x.rstrip().endswith("allowed") for x in lines)
-    assert "worst case $" in r.stderr and "10 to do" in r.stderr
+    assert "worst case $" in report and "10 to do" in report
 
 
 def test_routing_that_allows_nothing_is_refused_before_sending(standin, tmp_path):
@@ -521,15 +522,15 @@ def test_plan_warns_when_flags_allow_requantized_endpoints(standin, tmp_path):
     prompts = make_prompts(tmp_path / "p.jsonl", 5)
     r = infer(server, prompts, "--plan", "--quantization", "int4", "--quantization", "fp4")
     assert r.code == 0, r.stderr
-    warned = sorted(x for x in r.stderr.splitlines() if x.startswith("warning:"))
+    warned = sorted(x for x in r.stdout.decode().splitlines() if x.startswith("warning:"))
     assert warned == [
         "warning: BaseTen serves moonshotai/kimi-k2.5 as fp4, re-quantized from its native int4 weights",
         "warning: DeepInfra Turbo serves moonshotai/kimi-k2.5 as fp4, re-quantized from its native int4 weights",
         "warning: to keep to the native weights, pass --quantization int4 --quantization unknown (the default)",
     ]
     r = infer(server, prompts, "--plan")
-    assert r.code == 0 and "warning" not in r.stderr
-    verdicts = {x.split()[0]: x for x in r.stderr.splitlines() if x.startswith("  ")}
+    assert r.code == 0 and "warning" not in r.stderr + r.stdout.decode()
+    verdicts = {x.split()[0]: x for x in r.stdout.decode().splitlines() if x.startswith("  ")}
     assert "quantization nvfp4 not allowed" in verdicts["Fireworks"]
     assert verdicts["Together"].rstrip().endswith("allowed")
 

@@ -95,10 +95,11 @@ def test_plan_figures_are_the_documented_estimate_and_worst_case(standin, tmp_pa
         r = infer(server, prompts, "--plan", "--ignore-provider", "together", "--max-tokens", "1000",
                   "--max-cost", "95", *flags)
         assert r.code == 0, r.stderr
+        report = r.stdout.decode()  # the plan is a report: stdout
         m = re.search(r"cost estimate for (\d+) prompts: expected ~\$([\d,.]+) .*; worst case \$([\d,.]+)",
-                      r.stderr)
-        assert m, r.stderr
-        verdicts = {line.split()[0]: line for line in r.stderr.splitlines() if line.startswith("  ")}
+                      report)
+        assert m, report
+        verdicts = {line.split()[0]: line for line in report.splitlines() if line.startswith("  ")}
         return int(m.group(1)), float(m.group(2).replace(",", "")), float(m.group(3).replace(",", "")), verdicts
 
     todo, shown_expected, shown_worst, verdicts = figures()

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from conftest import REPO, read_jsonl
 
 from kimipipe.standin.answers import user_text_sha256
@@ -109,16 +110,35 @@ def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     assert sum(paid.values()) <= 260 + 16  # at most the requests in flight at the crash
 
 
-def test_money_stop_halts_the_build_and_raising_the_cap_resumes(standin, tmp_path):
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["1worker", "2workers"])
+def test_money_stop_halts_the_build_and_raising_the_cap_resumes(standin, tmp_path, workers):
+    """A money stop (kp-infer exit 3) is never stamped done, and make names the limit and
+    the make variable to change, with the figures; with one and with two HTTP workers."""
     server = standin(price_scale=200.0, ledger=True)
-    r = make(server, tmp_path, "all", MAX_COST=1)
+    flags = f"--backoff-base 0.05 --quiet --workers {workers}"
+    r = make(server, tmp_path, "all", MAX_COST=1, INFER_FLAGS=flags)
+    assert r.returncode != 0  # the plan saw it coming: nothing was sent
+    assert "MAX_COST $1.00 stops D1 before its TOKEN_BUDGET" in " ".join(r.stderr.split())
+    assert server.stats()["completions_started"] == 0
+    r = make(server, tmp_path, "all", MAX_COST=1, ALLOW_SHORT=1, INFER_FLAGS=flags)
     assert r.returncode != 0
-    assert "stopped by MAX_COST, the balance or MIN_CREDITS (exit 3)" in r.stderr
+    said = " ".join(r.stderr.split())
+    assert "make: D1 stopped by MAX_COST=1 (the cap per dataset, kp-infer exit 3)" in said
+    assert "raise MAX_COST (about MAX_COST=" in said and "--max-cost" not in said.split("make: D1")[1]
+    assert sum(x["cost"] for x in server.ledger()) <= 1
     assert not (tmp_path / "work" / "D1.responses.done").exists()  # never mistaken for finished
     assert not (tmp_path / "shards" / "D1").exists()
     first = len(read_jsonl(tmp_path / "work" / "D1.responses.jsonl"))
     assert 0 < first < 260
-    r = make(server, tmp_path, "all", MAX_COST=100)
+    # the balance runs out (402): the same, naming the balance and `make credits`
+    server.configure(balance=sum(x["cost"] for x in server.ledger()) + 0.5)
+    r = make(server, tmp_path, "all", MAX_COST=100, MIN_CREDITS="", INFER_FLAGS=flags)
+    assert r.returncode != 0
+    said = " ".join(r.stderr.split())
+    assert "make: D1 stopped: OpenRouter answered 402, the balance or the key's limit is used up" in said
+    assert "make credits" in said and not (tmp_path / "work" / "D1.responses.done").exists()
+    server.configure(balance=1000)
+    r = make(server, tmp_path, "all", MAX_COST=100, INFER_FLAGS=flags)
     assert r.returncode == 0, r.stderr
     ids = [x["id"] for x in read_jsonl(tmp_path / "work" / "D1.responses.jsonl")]
     assert len(ids) == len(set(ids)) == 260
@@ -160,7 +180,9 @@ def test_one_stage_reruns_from_saved_files(standin, tmp_path):
 def test_credits_guard_refuses_to_start_spending(standin, tmp_path):
     server = standin(balance=0.5)
     r = make(server, tmp_path, "all", MIN_CREDITS=2)
-    assert r.returncode != 0 and "exit 3" in r.stderr
+    said = " ".join(r.stderr.split())
+    assert r.returncode != 0 and "(kp-infer exit 3)" in said
+    assert "the account's balance is below MIN_CREDITS=2" in said and "lower MIN_CREDITS=" in said
     assert server.stats()["completions_started"] == 0
     credits = make(server, tmp_path, "credits")
     assert credits.returncode == 0 and "0.5" in credits.stdout

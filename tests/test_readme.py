@@ -73,7 +73,8 @@ def test_every_benchmark_command_uses_options_its_script_has():
 def test_make_variables_and_targets_named_exist():
     makefile = (REPO / "Makefile").read_text()
     for variable in ["MODEL", "CONCURRENCY", "MAX_COST", "TOKEN_BUDGET", "IGNORE_PROVIDERS",
-                     "QUANTIZATIONS", "TOKENIZER", "BASE_URL", "MIN_CREDITS", "DATASETS"]:
+                     "QUANTIZATIONS", "TOKENIZER", "BASE_URL", "MIN_CREDITS", "DATASETS",
+                     "TOTAL_COST", "ALLOW_SHORT", "PILOT", "ANSWER_TOKENS"]:
         assert variable in README and re.search(rf"^{variable} \?=", makefile, flags=re.M), variable
-    for target in ["demo", "test", "credits", "all", "lint"]:
+    for target in ["demo", "test", "credits", "all", "lint", "plan", "pilot", "check"]:
         assert f"make {target}" in README and re.search(rf"^{target}:", makefile, flags=re.M), target

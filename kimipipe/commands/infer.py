@@ -21,6 +21,12 @@ Schema (one JSON object per line): the prompt record's fields plus
 For Kimi K2.5, what you do not set is sampled as served (thinking: temperature 1.0,
 top_p 0.95; --no-reasoning: 0.6, 0.95), with provider.require_parameters.
 
+A whole build's cap: --total-cost USD counts the spend recorded in OUTPUT, --failures and
+every --spent-in file (globs allowed); runs at the same time share it through
+--reservations FILE. --sample N answers only the N prompts whose SHA-256 of id is
+smallest (a pilot: its answers stay in OUTPUT, and the full run resumes from them).
+--plan prints its report on stdout (--json: one JSON object).
+
 Resume: rerun the same command. IDs already in OUTPUT (and in `--done` files) are
 skipped; a torn last line left by a crash is repaired and its prompt redone; spend and
 tokens recorded in OUTPUT count against `--max-cost` and `--token-budget`.
@@ -41,11 +47,11 @@ before it sends anything.
 Exit codes: 0 done as asked: every prompt answered, or --token-budget reached (the summary
 says `"stop_reason": "token-budget"`; raise it and rerun to continue); 2 bad input, flags,
 an output that cannot be written or is locked by another run, key (401) or routing (404);
-3 stopped by money (--max-cost, a 402 or --min-credits: raise the budget or add credits)
-or by a full disk (free some space): rerun to resume; 4 done but some prompts failed
-permanently (see --failures; a rerun retries them); 1 the output could not be written
-(an I/O error); 130 interrupted (rerun to resume). --preflight: 0 every check passed
-(warnings allowed), 4 one failed.
+3 stopped by money (--max-cost, --total-cost, a 402 or --min-credits: raise the budget or
+add credits) or by a full disk (free some space): rerun to resume; 4 done but some prompts
+failed permanently (see --failures; a rerun retries them); 1 the output could not be
+written (an I/O error); 130 interrupted (rerun to resume). --preflight: 0 every check
+passed (warnings allowed), 4 one failed.
 """
 
 from __future__ import annotations
@@ -92,6 +98,10 @@ def parse_extra_body(text: str | None) -> dict:
 
 EXAMPLES = """
     kp-infer B3.prompts.jsonl --plan --max-cost 95
+    kp-infer B3.prompts.jsonl --plan --json | jq .cost.expected
+    kp-infer B3.prompts.jsonl -o B3.responses.jsonl --sample 200
+    kp-infer B4.prompts.jsonl -o B4.responses.jsonl --total-cost 95 \\
+        --spent-in 'work/*.responses.jsonl' --spent-in 'work/*.failures.jsonl'
     kp-infer B3.prompts.jsonl -o B3.responses.jsonl --concurrency 2000 \\
         --quantization int4 --quantization unknown --max-cost 95 --token-budget 10M \\
         --failures B3.failures.jsonl --summary-json B3.summary.json
@@ -182,6 +192,15 @@ class _InferCommand(KPCommand):
 @click.option("--token-budget", type=COUNT, default=None,
               help="Cap on completion tokens recorded in OUTPUT across runs (accepts 10M, 500k); "
                    "reaching it is done as asked (exit 0).")
+@click.option("--total-cost", type=click.FloatRange(min=0), default=None, metavar="USD",
+              help="Cap on the cost recorded in OUTPUT, --failures and every --spent-in file "
+                   "together (a whole build); never exceeded (reaching it stops the run with exit 3).")
+@click.option("--spent-in", multiple=True, metavar="FILE",
+              help="A responses or failures file (or a glob) whose recorded spend counts against "
+                   "--total-cost (repeatable; read at start).")
+@click.option("--reservations", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Share --total-cost with the kp-infer runs of this machine that name the same "
+                   "FILE (a JSON file, locked): their requests in flight are reserved against it too.")
 @click.option("--min-credits", type=click.FloatRange(min=0), default=None, metavar="USD",
               help="Stop admitting work when the account balance falls below USD (polled; exit 3).")
 @click.option("--credits-interval", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
@@ -201,11 +220,15 @@ class _InferCommand(KPCommand):
                    "for the next run, which takes them in first; give the same DIR to that run "
                    "(default: kimipipe-rescue-UID in the temp dir). Best on another filesystem.")
 @partition_option
+@click.option("--sample", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Only the N prompts whose SHA-256 of id is smallest: the same N in every run "
+                   "(a pilot whose answers stay part of the data).")
 @click.option("--base-url", envvar="OPENROUTER_BASE_URL", default=DEFAULT_BASE_URL, show_default=True,
               help="API base URL (or OPENROUTER_BASE_URL).")
 @click.option("--api-key-file", type=click.Path(), default=None,
               help="Read the API key from this file (default: OPENROUTER_API_KEY).")
-@click.option("--plan", is_flag=True, help="Send nothing: show allowed providers and the cost estimate.")
+@click.option("--plan", is_flag=True, help="Send nothing: show allowed providers and the cost estimate "
+              "(on stdout).")
 @click.option("--report", "report_files", multiple=True, type=click.Path(allow_dash=True), metavar="FILE",
               help="Send nothing: compare the providers in these responses/failures files (repeatable; "
                    "also `kp-infer report FILE...`): a table and a histogram on stdout.")
@@ -216,21 +239,24 @@ class _InferCommand(KPCommand):
                    "once); a pass/fail table on stdout, exit 4 on a failed check. The answers are "
                    "kept in -o FILE (needed) like a run's.")
 @click.option("--json", "as_json", is_flag=True,
-              help="With --report or --preflight: the report as JSON on stdout.")
+              help="With --plan, --report or --preflight: the report as JSON on stdout.")
 @common_options
 def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, reasoning_effort,
         extra_body, no_require_parameters, ignore_provider, only_provider, quantization, any_quantization,
         sort, no_fallbacks, data_collection, allow_non_distillable, max_price_prompt, max_price_completion,
         concurrency, max_attempts, idle_timeout, workers, stream, proxy,
-        backoff_base, grace, max_cost, token_budget, min_credits, credits_interval, done_files,
-        failures, summary_json, min_free_disk, rescue_dir, partition, base_url, api_key_file, plan,
-        report_files, preflight, as_json,
-        quiet, debug):
+        backoff_base, grace, max_cost, token_budget, total_cost, spent_in, reservations, min_credits,
+        credits_interval, done_files, failures, summary_json, min_free_disk, rescue_dir, partition,
+        sample, base_url, api_key_file, plan, report_files, preflight, as_json, quiet, debug):
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
     if report_files:
         report = read_report(list(report_files), Stderr(quiet))
         click.echo(report_json(report) if as_json else format_report(report))
         return ExitCode.OK
+    if as_json and not (plan or preflight is not None):
+        raise KPError("--json goes with --plan, --report or --preflight", ExitCode.USAGE)
+    if (spent_in or reservations) and total_cost is None:
+        raise KPError(f"{'--spent-in' if spent_in else '--reservations'} needs --total-cost", ExitCode.USAGE)
     served = served_sampling(model, reasoning, reasoning_effort)  # user flags win
     if served is not None and reasoning is None and reasoning_effort is None:
         reasoning = True  # the preset's mode, said in the body and so in each record
@@ -254,11 +280,13 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
     config = RunConfig(
         input=input, output=output, done_files=list(done_files), failures=failures,
         summary_json=summary_json, rescue_dir=rescue_dir, min_free_disk=min_free_disk,
-        partition=partition, plan=plan, request=request, policy=policy,
+        partition=partition, plan=plan, plan_json=as_json and plan, sample=sample,
+        request=request, policy=policy,
         base_url=base_url, api_key=read_api_key(api_key_file, required=not plan),
         concurrency=concurrency, max_attempts=max_attempts, backoff_base=backoff_base,
         idle_timeout=idle_timeout, grace=grace, workers=workers, proxy=proxy,
-        max_cost=max_cost, token_budget=token_budget, min_credits=min_credits,
+        max_cost=max_cost, token_budget=token_budget, total_cost=total_cost, spent_in=list(spent_in),
+        reservations=reservations, min_credits=min_credits,
         credits_interval=credits_interval)
     if preflight is not None:
         return run_preflight(config, preflight, as_json, Stderr(quiet), click.echo)

@@ -33,6 +33,8 @@ run (a second kp-tokenize on it exits 2), and a write the disk refuses leaves FI
 with its last whole record (exit 3: free space, rerun). A bad input line stops the command
 with PATH:LINE (records before it are already written; rerun resumes).
 Nothing is downloaded: --tokenizer is a directory or a name in the local Hugging Face cache.
+`--check` loads the tokenizer and template as a run would and exits (no input read):
+`make check` uses it to find a missing tokenizer before any money is spent.
 """
 
 from __future__ import annotations
@@ -213,20 +215,24 @@ def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
                    "reasoning_content) instead of stopping at them.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes (default: all cores).")
+@click.option("--check", is_flag=True,
+              help="Load the tokenizer and chat template as a run would, say what was loaded "
+                   "(stdout), and exit: no input is read, no output written (`make check`).")
 @partition_option
 @common_options
 def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset, thinking,
         drop_truncated, max_length, drop_long, drop_text, rejects, strict, ignore_extra_fields,
-        workers, partition, quiet, debug):
+        workers, check, partition, quiet, debug):
     """Rebuild the token IDs the target model saw and produced, from response records."""
     if drop_long and max_length is None:
         raise click.UsageError("--drop-long needs --max-length")
-    require_distinct(output, input)
-    check_writable(output, "-o")
-    if rejects:
-        require_distinct(rejects, input)
-        require_distinct(rejects, output)
-        check_writable(rejects, "--rejects")
+    if not check:
+        require_distinct(output, input)
+        check_writable(output, "-o")
+        if rejects:
+            require_distinct(rejects, input)
+            require_distinct(rejects, output)
+            check_writable(rejects, "--rejects")
     template_text = None
     if chat_template:
         with open(chat_template, encoding="utf-8") as f:
@@ -238,6 +244,9 @@ def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset,
         drop_long=drop_long, drop_truncated=drop_truncated, drop_text=drop_text,
         ignore_extra_fields=ignore_extra_fields, debug=debug,
     )
+    if check:  # what a run would load, loaded and checked the same way; a report: stdout
+        click.echo(f"kp-tokenize: {tokenizer_spec}: {Engine(settings).describe()}")
+        return ExitCode.OK
     workers = workers or os.cpu_count() or 1
     if workers > 1:
         # One process per core does the work; the tokenizers library's own threads would only

@@ -14,7 +14,8 @@ its UTF-8 byte count plus template overhead (a BPE token is at least one byte), 
 long as the provider bills at most its listed price.
 A request is admitted only when its reservation fits; when it does not fit but requests
 are in flight, admission waits for them to settle; when nothing is in flight, the run
-stops (exit 3).
+stops (exit 3). `--total-cost` (infer/total_cost.py) is a second cap checked the same way,
+on the spend of several outputs together, shared with other runs through a locked file.
 
 The token budget caps recorded completion tokens. It is enforced on expectations, not
 worst cases (a worst-case reservation of max_tokens each would leave most of a 10M budget
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 from ..openrouter.routing import PriceBound
 from .config import RunConfig
+from .total_cost import TotalCost
 
 MESSAGE_OVERHEAD_TOKENS = 16
 PROMPT_OVERHEAD_TOKENS = 64
@@ -53,6 +55,8 @@ class Budget:
     reserved: float = 0.0
     settled_answers: int = 0
     settled_tokens: int = 0
+    total: TotalCost | None = None  # --total-cost
+    pending: float = 0.0  # the worst case of a request found to fit, not yet reserved
 
     @property
     def max_cost(self) -> float | None:
@@ -71,11 +75,29 @@ class Budget:
             return 0.0
         return prompt_tokens * self.price.prompt + self.max_tokens * self.price.completion
 
+    def cost_blocker(self, amount: float) -> str | None:
+        """Which cap a request of worst case AMOUNT does not fit now ("max-cost",
+        "total-cost"), or None when it fits both."""
+        self.pending = 0.0
+        if self.max_cost is not None and self.spent + self.reserved + amount > self.max_cost:
+            return "max-cost"
+        if self.total is not None and not self.total.fits(self.spent_this_run, self.reserved, amount):
+            return "total-cost"
+        # until reserve(): a run sharing --total-cost keeps claiming it (it may still wait
+        # for a concurrency slot, and another run must not take that room meanwhile)
+        self.pending = amount
+        return None
+
     def cost_fits(self, amount: float) -> bool:
-        return self.max_cost is None or self.spent + self.reserved + amount <= self.max_cost
+        return self.cost_blocker(amount) is None
 
     def reserve(self, amount: float) -> None:
         self.reserved += amount
+        self.pending = 0.0
+
+    def claimed(self) -> float:
+        """What this run may have in flight: its reservations and the request about to go."""
+        return self.reserved + self.pending
 
     def release(self, amount: float) -> None:
         self.reserved = max(0.0, self.reserved - amount)
@@ -103,4 +125,7 @@ class Budget:
         return self.tokens + (in_flight + 1) * self.mean_completion() <= self.token_budget
 
     def remaining_cost(self) -> float | None:
-        return None if self.max_cost is None else max(0.0, self.max_cost - self.spent)
+        left = [] if self.max_cost is None else [max(0.0, self.max_cost - self.spent)]
+        if self.total is not None:
+            left.append(self.total.remaining(self.spent_this_run))
+        return min(left) if left else None

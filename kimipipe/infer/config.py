@@ -26,6 +26,8 @@ class RunConfig:
     min_free_disk: int = DEFAULT_MARGIN  # bytes kept free on -o's filesystem (infer/disk.py)
     partition: tuple[int, int] | None = None  # (K, N)
     plan: bool = False  # --plan: show routing and cost, send nothing
+    plan_json: bool = False  # --plan --json: the plan as one JSON object
+    sample: int | None = None  # --sample N: only the N prompts whose SHA-256 of id is smallest
     # what is asked of OpenRouter
     request: RequestOptions = field(default_factory=RequestOptions)
     policy: Policy = field(default_factory=Policy)
@@ -43,5 +45,8 @@ class RunConfig:
     # money and tokens
     max_cost: float | None = None  # USD recorded in OUTPUT (and --failures), all runs
     token_budget: int | None = None  # completion tokens recorded in OUTPUT, all runs
+    total_cost: float | None = None  # USD recorded here, in --failures and in --spent-in files
+    spent_in: list[str] = field(default_factory=list)  # --spent-in: paths or globs
+    reservations: str | None = None  # --reservations: the file runs sharing --total-cost lock
     min_credits: float | None = None  # USD of balance below which admission stops
     credits_interval: float = 60.0  # seconds between balance polls

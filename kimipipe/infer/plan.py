@@ -1,11 +1,12 @@
 """`kp-infer --plan`: what a run would do, without sending a completion.
 
-The plan shows every endpoint of the model's table with its quantization, prices and the
-routing flags' verdict on it, the re-quantization warnings, the sampling each request
-sends (the model preset's served values, or none for a model without a preset) and
-whether `provider.require_parameters` goes with it, whether the model's authors allow
-distillation (`is_trainable_text`), how many prompts are to do, and the
-cost estimate:
+The plan is a report, so it goes to stdout (chatter stays on stderr); `--plan --json`
+gives the same figures as one JSON object (what `make plan` reads). It shows every
+endpoint of the model's table with its quantization, prices and the routing flags'
+verdict on it, the re-quantization warnings, the sampling each request sends (the model
+preset's served values, or none for a model without a preset) and whether
+`provider.require_parameters` goes with it, whether the model's authors allow distillation
+(`is_trainable_text`), how many prompts are to do, and the cost estimate:
 
     expected = todo x (prompt tokens x mean allowed prompt price
                        + completion tokens x mean allowed completion price)
@@ -14,9 +15,25 @@ with prompt tokens estimated at ~4 bytes a token (+16 for the template) and comp
 tokens at half of `--max-tokens` (or what is left of `--token-budget`, shared out), and the
 worst case, which is what the budget reserves: every prompt at its token bound and every
 answer at `--max-tokens`, at the highest allowed prices.
+
+The JSON object (prices in USD per million tokens, money in USD):
+
+    {"model", "input", "prompts": {"input", "todo", "done", "sample"},
+     "prompt_tokens": {"estimated", "per_prompt", "bound"},
+     "routes": [{"provider", "tag", "quantization", "prompt_price", "completion_price",
+                 "verdict", "allowed"}] | null  (null: the endpoints table could not be read),
+     "prices": {"allowed_mean": {"prompt", "completion"} | null,
+                "bound": {"prompt", "completion"} | null},
+     "max_tokens", "answer_tokens": {"expected", "assumed"},
+     "cost": {"expected", "worst_case", "worst_case_request"} | null,
+     "recorded": {"spend", "completion_tokens"},
+     "max_cost", "token_budget", "total_cost": {"cap", "recorded", "spent_in"} | null,
+     "warnings": [str], "sampling": [str], "distillation": str, "notes": [str]}
 """
 
 from __future__ import annotations
+
+import json
 
 from ..openrouter.account import ModelInfo
 from ..openrouter.models import served_sampling, thinking
@@ -25,6 +42,13 @@ from ..openrouter.routing import Policy, allowed_endpoints, why_excluded
 from .budget import Budget
 from .config import RunConfig
 from .prepare import Prepared, requantization_warnings
+
+PROMPT_BYTES_PER_TOKEN = 4
+PROMPT_TEMPLATE_TOKENS = 16
+
+
+def _per_m(price: float) -> float:
+    return round(price * 1e6, 6)
 
 
 def sampling_lines(request: RequestOptions, policy: Policy) -> list[str]:
@@ -71,44 +95,109 @@ def distillation_line(config: RunConfig, info: ModelInfo | str | None) -> str:
             "the answers must not train a drafter")
 
 
-def plan_text(config: RunConfig, prepared: Prepared, budget: Budget) -> str:
+def plan_data(config: RunConfig, prepared: Prepared, budget: Budget) -> dict:
+    """The plan's figures (see the module docstring for the fields)."""
     request, policy, endpoints = config.request, config.policy, prepared.endpoints
     scan, todo = prepared.scan, prepared.todo
-    out = []
-    if endpoints is None:
-        out.append("endpoints table unavailable: routing cannot be shown")
-    else:
-        out.append(f"providers for {request.model} under the routing flags:")
-        out.append(f"  {'provider':<24} {'tag':<20} {'quant':<8} {'$/M in':>8} {'$/M out':>8}  verdict")
+    routes = None
+    allowed = []
+    if endpoints is not None:
+        allowed = allowed_endpoints(policy, endpoints)
+        routes = []
         for e in sorted(endpoints, key=lambda e: (e.completion_price, e.provider_name)):
             verdict = why_excluded(policy, e) or "allowed"
-            out.append(f"  {e.provider_name:<24} {e.tag or '':<20} {e.quantization or '?':<8} "
-                       f"{e.prompt_price * 1e6:>8.3f} {e.completion_price * 1e6:>8.3f}  {verdict}")
-        if not allowed_endpoints(policy, endpoints):
-            out.append("  no provider is allowed: requests would fail with 404 constraint_filtered")
-    for warning in requantization_warnings(request.model, policy, endpoints):
+            routes.append({"provider": e.provider_name, "tag": e.tag, "quantization": e.quantization,
+                           "prompt_price": _per_m(e.prompt_price),
+                           "completion_price": _per_m(e.completion_price),
+                           "verdict": verdict, "allowed": verdict == "allowed"})
+    warnings = requantization_warnings(request.model, policy, endpoints)
+    if endpoints is not None and not allowed:
+        warnings.append("no provider is allowed: requests would fail with 404 constraint_filtered")
+    records = max(1, scan.records)
+    per_prompt = scan.prompt_bytes / PROMPT_BYTES_PER_TOKEN / records + PROMPT_TEMPLATE_TOKENS
+    expected_completion = request.max_tokens / 2
+    assumed = f"half of --max-tokens {request.max_tokens}"
+    if budget.token_budget is not None and todo:
+        left = max(0, budget.token_budget - budget.tokens) / todo
+        if left < expected_completion:
+            expected_completion, assumed = left, assumed + ", within --token-budget"
+    bound = budget.price
+    mean = None
+    if allowed:
+        mean = {"prompt": sum(e.prompt_price for e in allowed) / len(allowed),
+                "completion": sum(e.completion_price for e in allowed) / len(allowed)}
+    elif bound is not None:
+        mean = {"prompt": bound.prompt, "completion": bound.completion}
+    cost = None
+    if bound is not None and mean is not None:
+        per_prompt_bound = scan.prompt_token_bound / records
+        worst_request = per_prompt_bound * bound.prompt + request.max_tokens * bound.completion
+        cost = {"expected": todo * (per_prompt * mean["prompt"] + expected_completion * mean["completion"]),
+                "worst_case": todo * worst_request, "worst_case_request": worst_request}
+    total = None
+    if config.total_cost is not None:
+        total = {"cap": config.total_cost, "recorded": prepared.spent + prepared.spent_elsewhere,
+                 "spent_in": prepared.spent_in_files}
+    return {
+        "model": request.model,
+        "input": scan.shown,
+        "prompts": {"input": scan.records, "todo": todo, "done": prepared.skipped,
+                    "sample": config.sample},
+        "prompt_tokens": {"estimated": round(per_prompt * scan.records), "per_prompt": round(per_prompt, 1),
+                          "bound": scan.prompt_token_bound},
+        "routes": routes,
+        "prices": {"allowed_mean": {k: _per_m(v) for k, v in mean.items()} if mean else None,
+                   "bound": {"prompt": _per_m(bound.prompt), "completion": _per_m(bound.completion)}
+                   if bound else None},
+        "max_tokens": request.max_tokens,
+        "answer_tokens": {"expected": round(expected_completion, 1), "assumed": assumed},
+        "cost": {k: round(v, 6) for k, v in cost.items()} if cost else None,
+        "recorded": {"spend": round(prepared.spent, 10), "completion_tokens": prepared.tokens},
+        "max_cost": config.max_cost,
+        "token_budget": config.token_budget,
+        "total_cost": total,
+        "warnings": warnings,
+        "sampling": sampling_lines(request, policy),
+        "distillation": distillation_line(config, prepared.model_info),
+        "notes": list(prepared.notes),
+    }
+
+
+def plan_json(config: RunConfig, prepared: Prepared, budget: Budget) -> str:
+    return json.dumps(plan_data(config, prepared, budget))
+
+
+def plan_text(config: RunConfig, prepared: Prepared, budget: Budget) -> str:
+    data = plan_data(config, prepared, budget)
+    out = []
+    if data["routes"] is None:
+        out.append("endpoints table unavailable: routing cannot be shown")
+    else:
+        out.append(f"providers for {data['model']} under the routing flags:")
+        out.append(f"  {'provider':<24} {'tag':<20} {'quant':<8} {'$/M in':>8} {'$/M out':>8}  verdict")
+        for r in data["routes"]:
+            out.append(f"  {r['provider']:<24} {r['tag'] or '':<20} {r['quantization'] or '?':<8} "
+                       f"{r['prompt_price']:>8.3f} {r['completion_price']:>8.3f}  {r['verdict']}")
+    for warning in data["warnings"]:
         out.append(f"warning: {warning}")
-    out.extend(sampling_lines(request, policy))
-    out.append(distillation_line(config, prepared.model_info))
-    out.append(f"prompts: {scan.records} in the input, {todo} to do")
-    if budget.price is not None and todo:
-        allowed = allowed_endpoints(policy, endpoints or [])
-        mean_in = sum(e.prompt_price for e in allowed) / len(allowed) if allowed else budget.price.prompt
-        mean_out = (sum(e.completion_price for e in allowed) / len(allowed) if allowed
-                    else budget.price.completion)
-        per_prompt_bound = scan.prompt_token_bound / max(1, scan.records)
-        expected_prompt_tokens = scan.prompt_bytes / 4 / max(1, scan.records) + 16
-        expected_completion = request.max_tokens / 2
-        if budget.token_budget is not None:
-            expected_completion = min(expected_completion, max(0, budget.token_budget - budget.tokens) / todo)
-        expected = todo * (expected_prompt_tokens * mean_in + expected_completion * mean_out)
-        worst = todo * (per_prompt_bound * budget.price.prompt + request.max_tokens * budget.price.completion)
-        out.append(f"cost estimate for {todo} prompts: expected ~${expected:,.2f} (prompts at ~4 bytes/token, "
-                   f"answers at half of --max-tokens {request.max_tokens}"
-                   + (", within --token-budget" if budget.token_budget else "") + f"); worst case ${worst:,.2f}")
-        if budget.max_cost is not None:
-            out.append(f"--max-cost ${budget.max_cost:g}: ${budget.spent:.4f} already recorded; "
+    out.extend(data["sampling"])
+    out.append(data["distillation"])
+    for note in data["notes"]:
+        out.append(f"note: {note}")
+    prompts = data["prompts"]
+    out.append(f"prompts: {prompts['input']} in the input, {prompts['todo']} to do"
+               + (f" (--sample {prompts['sample']})" if prompts["sample"] is not None else ""))
+    todo, cost = prompts["todo"], data["cost"]
+    if cost is not None and todo:
+        out.append(f"cost estimate for {todo} prompts: expected ~${cost['expected']:,.2f} (prompts at ~4 bytes/token, "
+                   f"answers at {data['answer_tokens']['assumed']}); worst case ${cost['worst_case']:,.2f}")
+        if config.max_cost is not None:
+            out.append(f"--max-cost ${config.max_cost:g}: ${budget.spent:.4f} already recorded; "
                        f"the run stops before exceeding it")
     elif todo:
         out.append("no price bound: cost cannot be estimated")
+    total = data["total_cost"]
+    if total is not None:
+        out.append(f"--total-cost ${total['cap']:g}: ${total['recorded']:.4f} already recorded here and in "
+                   f"{len(total['spent_in'])} --spent-in file(s); the runs stop before exceeding it")
     return "\n".join(out)

@@ -18,6 +18,8 @@
    (and the cost of paid failures in `--failures`) count against the budgets.
 3. The partition (`--partition K/N`): how many prompts this run has to do, how many it
    skips as done.
+   `--sample N` keeps only the N prompts whose SHA-256 of id is smallest (a stable
+   sample: the same prompts in every run, so a pilot's answers are part of the final data).
 4. The endpoints table (openrouter/account.py): the providers the routing flags allow, the
    highest prices they charge (a budget's worst case), and a warning for each allowed
    endpoint that serves re-quantized weights (openrouter/models.py). A run whose flags
@@ -30,14 +32,20 @@
    `provider.enforce_distillable_text` is sent (the default: OpenRouter would route none of
    them); with `--allow-non-distillable` it is a warning. Unreadable: said by `--plan` only
    (OpenRouter still enforces the flag).
+6. `--total-cost` (infer/total_cost.py): with `--reservations`, this run's entry in the
+   shared file and the snapshot of the entries' spend, THEN the spend recorded in the
+   `--spent-in` files (finished lines only: another run may be writing one).
 """
 
 from __future__ import annotations
 
+import glob
+import hashlib
+import heapq
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -45,7 +53,9 @@ from ..errors import ExitCode, InputError, KPError
 from ..io import (
     OutputLock,
     check_writable,
+    describe_decode_error,
     iter_finished,
+    iter_lines,
     iter_records,
     repair_and_report,
     require_distinct,
@@ -65,10 +75,11 @@ from ..openrouter.routing import (
     unknown_slug,
 )
 from ..partition import in_partition
-from ..records import CostOnly, Failure, Prompt, Response
+from ..records import CostOnly, Failure, Prompt, Response, Usage
 from .budget import prompt_token_bound
 from .config import RunConfig
 from .rescue import check_rescue_dir, take_in
+from .total_cost import ReservationFile, TotalCost
 
 PROMPT_DECODER = msgspec.json.Decoder(Prompt)
 _cost_decoder = msgspec.json.Decoder(CostOnly)
@@ -95,15 +106,27 @@ def check_outputs(config: RunConfig) -> None:
 
 @contextmanager
 def output_locks(config: RunConfig, say: Callable[[str], None]) -> Iterator[None]:
-    """Hold the locks of -o and --failures (see the module docstring, step 0)."""
+    """Hold the locks of -o and --failures (see the module docstring, step 0). Not for
+    --plan: it only reads them (no repair, no rescue taken in), and `make plan` may run
+    beside a build that is writing them."""
     def note(text: str) -> None:
         say(f"kp-infer: {text}")
 
     with ExitStack() as stack:
-        for path in (config.output, config.failures):
+        for path in () if config.plan else (config.output, config.failures):
             if path:
                 stack.enter_context(OutputLock(path, "kp-infer", note=note))
         yield
+
+
+class _Spend(msgspec.Struct):
+    """The spend of a responses record (`usage.cost`) or of a failures record (`cost`)."""
+
+    usage: Usage | None = None
+    cost: float = 0.0
+
+
+_spend_decoder = msgspec.json.Decoder(_Spend)
 
 
 @dataclass
@@ -130,6 +153,14 @@ class Prepared:
     price: PriceBound | None  # the highest prices the allowed endpoints charge
     taken_in: int = 0  # answers taken in from the rescue file (an earlier run paid for them)
     model_info: ModelInfo | str | None = None  # the model's entry, or why it is unknown
+    sample: set[str] | None = None  # --sample: the IDs chosen
+    spent_elsewhere: float = 0.0  # USD recorded in the --spent-in files (not OUTPUT/--failures)
+    spent_in_files: list[str] = field(default_factory=list)  # the files they matched
+    total: TotalCost | None = None  # --total-cost
+    notes: list[str] = field(default_factory=list)  # for --plan
+
+    def selected(self, prompt_id: str) -> bool:
+        return self.sample is None or prompt_id in self.sample
 
 
 def validate_input(path: str, shown: str) -> InputScan:
@@ -168,20 +199,63 @@ def take_in_rescued(config: RunConfig, say: Callable[[str], None]) -> int:
     return answers
 
 
-def previous_work(output: str, failures: str | None,
-                  say: Callable[[str], None]) -> tuple[set[str], float, int]:
+def finished_records(path: str, decoder: msgspec.json.Decoder):
+    """The whole records of a file another process may be writing: a last line without its
+    newline is being written, and is left alone (neither read nor repaired)."""
+    if path == "-" or not os.path.exists(path):
+        return
+    for lineno, line, ended in iter_lines(path):
+        if not ended:
+            return
+        try:
+            yield decoder.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise InputError(describe_decode_error(e, True), path, lineno) from None
+
+
+def recorded_spend(path: str) -> float:
+    """USD recorded in a responses or failures file (finished lines)."""
+    return sum(r.usage.cost if r.usage is not None else r.cost
+               for r in finished_records(path, _spend_decoder))
+
+
+def expand_spent_in(patterns: list[str], own: list[str]) -> list[str]:
+    """The files --spent-in names (globs expanded; a name that matches nothing counts
+    nothing yet), without OWN (this run's output and failures, counted already) and
+    without repeats."""
+    seen = {os.path.realpath(p) for p in own if p and p != "-"}
+    files = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        for path in matches:
+            real = os.path.realpath(path)
+            if real not in seen and os.path.isfile(path):
+                seen.add(real)
+                files.append(path)
+    return files
+
+
+def stable_sample(ids: set[str], n: int) -> set[str]:
+    """The N IDs whose SHA-256 (of the UTF-8 id) is smallest: the same N in every run."""
+    return set(heapq.nsmallest(n, ids, key=lambda i: hashlib.sha256(i.encode()).digest()))
+
+
+def previous_work(output: str, failures: str | None, say: Callable[[str], None],
+                  repair: bool = True) -> tuple[set[str], float, int]:
     """(IDs done, USD, completion tokens) recorded by earlier runs, in one pass over OUTPUT
-    (after repairing a torn last line) plus the failures file's costs."""
-    repair_and_report(output, report=say)
+    (after repairing a torn last line; without REPAIR, as --plan reads it, a torn last line
+    is left alone) plus the failures file's costs."""
+    if repair:
+        repair_and_report(output, report=say)
     done: set[str] = set()
     cost = 0.0
     tokens = 0
-    for rec in iter_finished(output, _cost_decoder):
+    for rec in (iter_finished if repair else finished_records)(output, _cost_decoder):
         done.add(rec.id)
         cost += rec.paid  # its own cost, and that of the answers refused before it
         tokens += rec.usage.completion_tokens
     if failures and os.path.exists(failures):
-        for rec in iter_finished(failures, _failure_decoder):
+        for rec in (iter_finished if repair else finished_records)(failures, _failure_decoder):
             cost += rec.cost
     return done, cost, tokens
 
@@ -270,13 +344,15 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         path, shown = spool_stdin(tmpdir), "<stdin>"
     scan = validate_input(path, shown)
     require_distinct(config.output, config.input, *config.done_files)
-    taken_in = take_in_rescued(config, say)
-    done, spent, tokens = previous_work(config.output, config.failures, say)
+    # --plan may run beside a build writing OUTPUT: it neither repairs nor takes anything in
+    taken_in = 0 if config.plan else take_in_rescued(config, say)
+    done, spent, tokens = previous_work(config.output, config.failures, say, repair=not config.plan)
     for extra in config.done_files:
         if not os.path.exists(extra):
             raise InputError("no such file", extra)
         done |= scan_done(extra, repair=False)
-    in_part = [i for i in scan.ids if in_partition(i, config.partition)]
+    sample = stable_sample(scan.ids, config.sample) if config.sample is not None else None
+    in_part = [i for i in scan.ids if in_partition(i, config.partition) and (sample is None or i in sample)]
     skipped = sum(1 for i in in_part if i in done)
 
     endpoints = read_endpoints(config, say)
@@ -290,9 +366,36 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         if endpoints is not None and not allowed_endpoints(config.policy, endpoints):
             raise KPError("no provider in the endpoints table matches the routing flags "
                           "(see kp-infer --plan)", ExitCode.USAGE)
-        if config.max_cost is not None and bound is None:
-            raise KPError("--max-cost needs a price bound: the endpoints table could not be read; "
+        capped = "--max-cost" if config.max_cost is not None else "--total-cost"
+        if (config.max_cost is not None or config.total_cost is not None) and bound is None:
+            raise KPError(f"{capped} needs a price bound: the endpoints table could not be read; "
                           "pass --max-price-prompt and --max-price-completion", ExitCode.USAGE)
         check_distillation(config, info, say)
-    return Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, endpoints, bound,
-                    taken_in, info)
+    prepared = Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, endpoints, bound,
+                        taken_in=taken_in, model_info=info, sample=sample)
+    if config.total_cost is not None:
+        prepare_total_cost(config, prepared)
+    return prepared
+
+
+def prepare_total_cost(config: RunConfig, prepared: Prepared) -> None:
+    """--total-cost: register with --reservations (not for --plan), then read the
+    --spent-in files: in this order, see infer/total_cost.py."""
+    shared = None
+    snapshot = 0.0
+    if config.reservations and not config.plan:
+        shared = ReservationFile(config.reservations, label=config.output)
+        try:
+            snapshot = shared.register()
+        except OSError as e:
+            shared.close()
+            raise KPError(f"--reservations: {e}", ExitCode.USAGE) from None
+    try:
+        files = expand_spent_in(config.spent_in, [config.output, config.failures or ""])
+        elsewhere = sum(recorded_spend(path) for path in files)
+    except BaseException:
+        if shared is not None:
+            TotalCost(config.total_cost, 0.0, shared).close(0.0)
+        raise
+    prepared.spent_in_files, prepared.spent_elsewhere = files, elsewhere
+    prepared.total = TotalCost(config.total_cost, prepared.spent + elsewhere - snapshot, shared)

@@ -3,9 +3,9 @@
 `StopReason` is every reason a run ends before its input is exhausted, each with the one
 exit code and the one message it gives. A run that did what was asked exits 0: everything
 answered, or `--token-budget` reached (the output holds the tokens asked for; the summary
-says `stop_reason: "token-budget"`). Exit 3 is for money (`--max-cost`, a 402 from
-OpenRouter, `--min-credits`) and for a full disk: both resumable. Permanent failures make
-an otherwise successful run exit 4.
+says `stop_reason: "token-budget"`). Exit 3 is for money (`--max-cost`, `--total-cost`, a
+402 from OpenRouter, `--min-credits`) and for a full disk: both resumable. Permanent
+failures make an otherwise successful run exit 4.
 
 The summary (stderr, and `--summary-json`):
     {"exit_code", "stop_reason": null|"max-cost"|"token-budget"|..., "input_records", "todo",
@@ -13,7 +13,7 @@ The summary (stderr, and `--summary-json`):
      "abandoned_in_flight", "taken_in_from_rescue",
      "paid_not_written": {"answers", "cost", "rescued", "rescue_file", "error"},
      "failures_not_written": {"records", "rescued", "rescue_file"},
-     "spend_this_run", "spend_total", "max_cost", "tokens": {"prompt", "completion",
+     "spend_this_run", "spend_total", "max_cost", "total_cost", "tokens": {"prompt", "completion",
      "reasoning", "completion_total"}, "token_budget", "providers": {name: share},
      "finish_reasons": {reason: n}, "refused": {kind: {provider: n}},
      "by_provider": [row, ...] (infer/providers_table.py: answers, tokens, reasoning share,
@@ -43,6 +43,10 @@ class StopReason(Enum):
 
     MAX_COST = ("max-cost", ExitCode.BUDGET,
                 "stopped: --max-cost reached; raise it and rerun to resume")
+    TOTAL_COST = ("total-cost", ExitCode.BUDGET,
+                  "stopped: --total-cost reached (the spend recorded here and in the --spent-in "
+                  "files, with what the runs sharing --reservations have in flight); raise it "
+                  "and rerun to resume")
     PAYMENT = ("payment", ExitCode.BUDGET,
                "stopped: OpenRouter answered 402 (balance or key limit too low); "
                "add credits and rerun to resume")
@@ -189,6 +193,7 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         "spend_this_run": round(budget.spent_this_run, 10),
         "spend_total": round(budget.spent, 10),
         "max_cost": config.max_cost,
+        "total_cost": config.total_cost,
         "tokens": {"prompt": stats.prompt_tokens, "completion": stats.completion_tokens,
                    "reasoning": stats.reasoning_tokens, "completion_total": budget.tokens},
         "token_budget": config.token_budget,

@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import click
+
 from ..errors import ExitCode
 from ..io import iter_records
 from ..openrouter.account import Account
@@ -48,7 +50,7 @@ from .config import RunConfig
 from .disk import DiskGuard
 from .limiter import AdaptiveLimiter
 from .output import RESCUED, WRITTEN, Output, failure_record
-from .plan import plan_text
+from .plan import plan_json, plan_text
 from .prepare import PROMPT_DECODER, Prepared, check_outputs, output_locks, prepare
 from .process_pool import open_transport
 from .report import (
@@ -60,6 +62,7 @@ from .report import (
     summary,
     write_summary_json,
 )
+from .total_cost import PUBLISH_INTERVAL
 from .worker_process import freeze_startup_objects
 
 if TYPE_CHECKING:
@@ -124,17 +127,20 @@ class Run:
             except (NotImplementedError, RuntimeError):
                 pass
         self.output.open()
-        poller = None
+        poller = publisher = None
         try:
             if self.account is not None:
                 await self._check_balance()
                 poller = asyncio.create_task(self._poll_balance())
+            if self.budget.total is not None and self.budget.total.shared is not None:
+                publisher = asyncio.create_task(self._publish_total_cost())
             if not self.stopping.is_set():
                 await self._admit_all()
             await self._drain()
         finally:
-            if poller:
-                poller.cancel()
+            for task in (poller, publisher):
+                if task:
+                    task.cancel()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 try:
                     loop.remove_signal_handler(sig)
@@ -152,7 +158,8 @@ class Run:
 
     async def _admit_all(self) -> None:
         for _lineno, prompt, line in iter_records(self.prepared.scan.path, PROMPT_DECODER):
-            if prompt.id in self.done or not in_partition(prompt.id, self.config.partition):
+            if (prompt.id in self.done or not in_partition(prompt.id, self.config.partition)
+                    or not self.prepared.selected(prompt.id)):
                 continue
             reservation = self.budget.worst_case(prompt_token_bound(prompt.messages))
             if not await self._wait_for_budget(reservation):
@@ -195,17 +202,29 @@ class Run:
             if self.budget.tokens_exhausted():
                 self.stop(StopReason.TOKEN_BUDGET)
                 return False
-            fits_cost = self.budget.cost_fits(reservation)
+            blocker = self.budget.cost_blocker(reservation)
             # in_progress, not tasks: a finished task leaves `tasks` only in a later callback
-            if fits_cost and self.budget.tokens_fit(len(self.in_progress)):
+            if blocker is None and self.budget.tokens_fit(len(self.in_progress)):
                 return True
-            if not self.in_progress:  # nothing in flight will free budget
-                if not fits_cost:
+            total = self.budget.total
+            # another run sharing --total-cost may give room back: look again now and then
+            poll = blocker == "total-cost" and total is not None and total.others_may_free_room()
+            if not self.in_progress and not poll:  # nothing in flight will free budget
+                if blocker == "max-cost":
                     self.stop(StopReason.MAX_COST)
+                    return False
+                if blocker == "total-cost":
+                    self.stop(StopReason.TOTAL_COST)
                     return False
                 return True
             self.settled.clear()
-            await self.settled.wait()
+            if poll:
+                try:
+                    await asyncio.wait_for(self.settled.wait(), timeout=PUBLISH_INTERVAL)
+                except TimeoutError:
+                    pass
+            else:
+                await self.settled.wait()
         return False
 
     async def _drain(self) -> None:
@@ -387,6 +406,12 @@ class Run:
             await asyncio.sleep(self.config.credits_interval)
             await self._check_balance()
 
+    async def _publish_total_cost(self) -> None:
+        """Tell the runs sharing --total-cost what this one spent and no longer needs."""
+        while True:
+            await asyncio.sleep(PUBLISH_INTERVAL)
+            self.budget.total.publish(self.budget.spent_this_run, self.budget.claimed())
+
     # -- progress -------------------------------------------------------------------------
     def _show_progress(self, now: bool = False) -> None:
         clock = time.monotonic()
@@ -432,13 +457,19 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
     check_outputs(config)  # before anything is created, locked or sent
     with output_locks(config, say), tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
         prepared = prepare(config, tmpdir, say)
-        budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens)
-        if config.plan:
-            say(plan_text(config, prepared, budget))
+        budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
+                        total=prepared.total)
+        if config.plan:  # a report: stdout
+            click.echo(plan_json(config, prepared, budget) if config.plan_json
+                       else plan_text(config, prepared, budget))
             return ExitCode.OK
-        freeze_startup_objects()
-        with say.progress(total=prepared.todo, desc="kp-infer", unit="req") as bar:
-            run = _event_loop_run(_run(config, prepared, budget, bar, say))
+        try:
+            freeze_startup_objects()
+            with say.progress(total=prepared.todo, desc="kp-infer", unit="req") as bar:
+                run = _event_loop_run(_run(config, prepared, budget, bar, say))
+        finally:
+            if budget.total is not None:  # this run's entry in --reservations: ended
+                budget.total.close(budget.spent_this_run)
     result = run.summary()
     if config.summary_json:
         write_summary_json(config.summary_json, result)

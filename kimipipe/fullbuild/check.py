@@ -1,0 +1,100 @@
+"""`make check` (and `make all` before its first paid stage): what would fail later, now.
+
+Each check runs whatever the others find, and every problem is listed:
+
+- sources: each dataset's source file exists (or its prompts file is already built);
+- tokenizer: `kp-tokenize --check` loads TOKENIZER with TOKENIZE_FLAGS as the tokens
+  stage will (a missing tokenizer used to be found after all inference was paid);
+- key and base URL: `kp-credits` reads the balance: one GET to BASE_URL, where a wrong key
+  fails once instead of on a full concurrency of requests, and a URL that cannot be
+  reached is named;
+- outputs: WORK and SHARDS can be created and written, and no output file the build
+  writes there is read-only.
+
+The report goes to stdout, one line per check; the exit code is 2 when anything failed
+(nothing was started), else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import tempfile
+
+OUTPUT_SUFFIXES = (".responses.jsonl", ".failures.jsonl", ".infer-summary.json", ".tokens.jsonl.zst",
+                   ".rejects.jsonl", ".pilot.json", ".plan.json")
+
+
+def _last_line(text: str) -> str:
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    return lines[-1] if lines else "(no message)"
+
+
+def _run(command: list[str], timeout: float) -> tuple[int, str, str]:
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 1, "", f"no answer within {timeout:g} s"
+    except OSError as e:
+        return 1, "", str(e)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def check_sources(sources: dict[str, tuple[str, str]]) -> list[tuple[bool, str]]:
+    results = []
+    for name, (source, prompts) in sources.items():
+        if os.path.isfile(source):
+            results.append((True, f"{name}: source {source}"))
+        elif os.path.isfile(prompts):
+            results.append((True, f"{name}: prompts {prompts} (built already; source {source} not needed)"))
+        else:
+            results.append((False, f"{name}: no source file {source} (put it there, or set SOURCE_{name}=PATH)"))
+    return results
+
+
+def check_tokenizer(bin_dir: str, tokenizer: str, flags: str) -> tuple[bool, str]:
+    code, out, err = _run([os.path.join(bin_dir, "kp-tokenize"), "--check", "--tokenizer", tokenizer,
+                           *shlex.split(flags)], timeout=600)
+    if code == 0:
+        return True, f"tokenizer: {_last_line(out).removeprefix('kp-tokenize: ')}"
+    return False, f"tokenizer: {_last_line(err)} (TOKENIZER={tokenizer})"
+
+
+def check_key(bin_dir: str, base_url: str) -> tuple[bool, str]:
+    code, out, err = _run([os.path.join(bin_dir, "kp-credits"), "--json", "--quiet", "--base-url", base_url],
+                          timeout=60)
+    if code == 0:
+        balance = json.loads(out)
+        spendable = [v for v in (balance.get("remaining"), balance.get("key_limit_remaining")) if v is not None]
+        left = f"${min(spendable):,.4f} can be spent" if spendable else "the balance is unknown"
+        return True, f"key and base URL: {base_url} answers ({left})"
+    return False, f"key and base URL: {_last_line(err)} (BASE_URL={base_url})"
+
+
+def check_outputs(directories: list[str], work: str, datasets: list[str]) -> list[tuple[bool, str]]:
+    results = []
+    for directory in directories:
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=directory, prefix=".kp-check-"):
+                pass
+            results.append((True, f"outputs: {directory}/ is writable"))
+        except OSError as e:
+            results.append((False, f"outputs: {directory}/ cannot be written ({e.strerror or e})"))
+    for name in datasets:
+        for suffix in OUTPUT_SUFFIXES:
+            path = os.path.join(work, name + suffix)
+            if os.path.exists(path) and not os.access(path, os.W_OK):
+                results.append((False, f"outputs: {path} is read-only"))
+    return results
+
+
+def run_checks(sources: dict[str, tuple[str, str]], bin_dir: str, tokenizer: str, tokenize_flags: str,
+               base_url: str, directories: list[str], work: str) -> list[tuple[bool, str]]:
+    results = check_sources(sources)
+    results.append(check_tokenizer(bin_dir, tokenizer, tokenize_flags))
+    results.append(check_key(bin_dir, base_url))
+    results += check_outputs(directories, work, list(sources))
+    return results

@@ -1,0 +1,83 @@
+"""What answers measured: the figures `make pilot` records and `make plan` reads.
+
+`measure(responses, failures)` reads a kp-infer responses file (finished lines only:
+kp-infer may be writing it) and returns, as one JSON-able dict:
+
+    {"answers", "spend", "completion_tokens": {"total", "mean", "sd", "p50", "p90", "max"},
+     "prompt_tokens_mean", "reasoning_share" (reasoning tokens / completion tokens),
+     "cost_per_answer": {"mean", "sd"}, "cost_per_completion_token",
+     "length_cut_share" (finish_reason "length"), "providers": {name: share},
+     "failures": {kind: n}}
+
+Every answer in the file counts: the pilot's sample, and any answered before it (all are
+answers of the same dataset under the same flags).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+
+import msgspec
+
+from ..infer.prepare import finished_records
+from ..records import Usage
+
+
+class _Answer(msgspec.Struct):
+    usage: Usage
+    finish_reason: str | None = None
+    provider: str | None = None
+
+
+class _Failed(msgspec.Struct):
+    kind: str = "unknown"
+
+
+_answer = msgspec.json.Decoder(_Answer)
+_failed = msgspec.json.Decoder(_Failed)
+
+
+def _percentile(sorted_values: list[int], q: float) -> int:
+    if not sorted_values:
+        return 0
+    return sorted_values[min(len(sorted_values) - 1, math.ceil(q * len(sorted_values)) - 1)]
+
+
+def measure(responses: str, failures: str | None = None) -> dict:
+    completion: list[int] = []
+    costs: list[float] = []
+    reasoning = prompt_tokens = 0
+    cut = 0
+    providers: Counter = Counter()
+    for answer in finished_records(responses, _answer):
+        completion.append(answer.usage.completion_tokens)
+        costs.append(answer.usage.cost)
+        reasoning += answer.usage.reasoning_tokens
+        prompt_tokens += answer.usage.prompt_tokens
+        cut += answer.finish_reason == "length"
+        providers[answer.provider or "unknown"] += 1
+    failed = Counter(f.kind for f in finished_records(failures, _failed)) if failures else Counter()
+    n = len(completion)
+    ordered = sorted(completion)
+    total_completion = sum(completion)
+    return {
+        "answers": n,
+        "spend": round(sum(costs), 10),
+        "completion_tokens": {
+            "total": total_completion,
+            "mean": round(total_completion / n, 2) if n else None,
+            "sd": round(statistics.pstdev(completion), 2) if n else None,
+            "p50": _percentile(ordered, 0.5), "p90": _percentile(ordered, 0.9),
+            "max": ordered[-1] if n else 0,
+        },
+        "prompt_tokens_mean": round(prompt_tokens / n, 2) if n else None,
+        "reasoning_share": round(reasoning / total_completion, 4) if total_completion else None,
+        "cost_per_answer": {"mean": sum(costs) / n if n else None,
+                            "sd": statistics.pstdev(costs) if n else None},
+        "cost_per_completion_token": sum(costs) / total_completion if total_completion else None,
+        "length_cut_share": round(cut / n, 4) if n else None,
+        "providers": {k: round(v / n, 4) for k, v in providers.most_common()},
+        "failures": dict(failed),
+    }

@@ -1,0 +1,281 @@
+"""`--total-cost`: one cap on what several kp-infer runs spend together (a whole build).
+
+What counts against it: the spend recorded in this run's OUTPUT and `--failures` (as for
+`--max-cost`), the spend recorded in every `--spent-in` file (other datasets' responses
+and failures files: `usage.cost` of a response, `cost` of a failure), read once at start
+(prepare.py: finished lines only, another run may be writing one), and this run's spend
+since. Before a request is sent its worst case is reserved against the cap, as for
+`--max-cost`, so the cap is never exceeded as long as providers bill at most their listed
+prices.
+
+Runs at the same time (`make -j`) share the cap through `--reservations FILE`: a small
+JSON file, locked with flock(2) while it is read and rewritten in place (one line, read up
+to its newline, so that a longer old content left behind is never read: a rename per
+update costs milliseconds on ext4, an in-place write microseconds). Each run keeps one
+entry in it:
+
+    {"token", "pid", "host", "proc_start", "label", "spent": USD this run,
+     "claim": USD it may have in flight (>= its reservations), "ended": bool}
+
+At start (`register`), under the lock, a run takes the snapshot S0 = the sum of every
+entry's `spent` and adds its own entry; only THEN does it read the files (F0). Whatever an
+entry had published by S0 was already written to that run's file (a run writes a record
+before it publishes its spend), so F0 - S0 counts the files' spend once and the entries'
+growth since S0 is added live. A request is admitted when, under the lock,
+
+    F0 - S0 + sum(entries' spent now) + sum(live entries' claims) + own need <= cap
+
+where own need = this run's spend + its reservations + the new request's worst case. A
+run raises its published claim only under that check; it publishes its spend and gives
+back the claim its settled requests no longer need at most every `PUBLISH_INTERVAL`
+seconds (a stale entry overstates, never understates, what the run may spend: a settled
+request's cost is at most the worst case still claimed for it). A run that cannot fit
+waits while another live run holds a claim (it may give room back), and stops (exit 3)
+when none does.
+
+Entries of runs that ended keep their spend (other runs' snapshots count on it) and hold
+no claim. A run found dead (its pid gone from this host, or reused: the process start
+time differs) keeps its spend and loses its claim. The entries are dropped when a run
+registers and finds no live one (nobody holds a snapshot any more; the files hold their
+spend). The known loss: the answers a run killed with SIGKILL had in flight were billed
+but never recorded, and a spend it wrote but had not yet published is missed by the runs
+that took their snapshot before it was written; both are at most that run's claim when it
+died, and the next start reads the files again. Entries on another host are taken as
+alive: share a reservations file between the runs of one machine only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+
+PUBLISH_INTERVAL = 0.5  # seconds between publications of a run's spend and claim
+
+
+def _proc_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces: the fields after it follow the last ')'
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+_seen_alive: dict[tuple[int, str | None], float] = {}  # (pid, start) -> when last seen alive
+SEEN_ALIVE_FOR = 1.0  # seconds a process seen alive is taken as alive without looking again
+
+
+def _alive(entry: dict, host: str) -> bool:
+    if entry.get("ended"):
+        return False
+    if entry.get("host") != host:
+        return True  # cannot be checked from here
+    pid = int(entry.get("pid", 0))
+    key = (pid, entry.get("proc_start"))
+    if time.monotonic() - _seen_alive.get(key, -SEEN_ALIVE_FOR) < SEEN_ALIVE_FOR:
+        return True
+    if _process_alive(pid, entry.get("proc_start")):
+        _seen_alive[key] = time.monotonic()
+        return True
+    return False
+
+
+def _process_alive(pid: int, started: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    return started is None or _proc_start(pid) in (None, started)
+
+
+class ReservationFile:
+    """The shared file, one entry per run (see the module docstring)."""
+
+    def __init__(self, path: str, label: str = ""):
+        self.path = path
+        self.label = label
+        self.host = socket.gethostname()
+        self.token = secrets.token_hex(8)
+        self.pid = os.getpid()
+        self._fd: int | None = None
+
+    # -- the locked read-modify-write -------------------------------------------------------
+    def _locked(self):
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        return _Lock(self._fd)
+
+    def _load(self) -> list[dict]:
+        data = b""
+        while chunk := os.pread(self._fd, 1 << 16, len(data)):
+            data += chunk
+        line = data.split(b"\n", 1)[0]
+        if not line.strip():
+            return []
+        try:
+            doc = json.loads(line)
+        except ValueError as e:
+            raise OSError(f"{self.path}: unreadable reservations file ({e}); remove it when "
+                          "no kp-infer run is using it") from None
+        entries = doc.get("entries", []) if isinstance(doc, dict) else []
+        return [e for e in entries if isinstance(e, dict)]
+
+    def _save(self, entries: list[dict]) -> None:
+        data = json.dumps({"version": 1, "entries": entries}).encode() + b"\n"
+        os.pwrite(self._fd, data, 0)
+        os.ftruncate(self._fd, len(data))
+
+    def _own(self, entries: list[dict]) -> dict:
+        for e in entries:
+            if e.get("token") == self.token:
+                return e
+        entry = {"token": self.token, "pid": self.pid, "host": self.host,
+                 "proc_start": _proc_start(self.pid), "label": self.label, "spent": 0.0,
+                 "claim": 0.0, "ended": False, "started": time.time()}
+        entries.append(entry)
+        return entry
+
+    def _others(self, entries: list[dict]) -> tuple[float, float]:
+        """(what the other entries count now: spent + live claims, the live claims alone)."""
+        used = claims = 0.0
+        for e in entries:
+            if e.get("token") == self.token:
+                continue
+            used += float(e.get("spent", 0.0))
+            if _alive(e, self.host):
+                claims += float(e.get("claim", 0.0))
+            elif not e.get("ended"):
+                e["ended"], e["died"], e["claim"] = True, True, 0.0  # found dead: its claim goes
+        return used + claims, claims
+
+    # -- what a run does ----------------------------------------------------------------------
+    def register(self) -> float:
+        """Add this run's entry; the snapshot S0 (every entry's spend), taken before the
+        caller reads the files."""
+        with self._locked():
+            entries = self._load()
+            if not any(_alive(e, self.host) for e in entries):
+                entries = []  # nobody holds a snapshot of them any more
+            snapshot = sum(float(e.get("spent", 0.0)) for e in entries)
+            self._own(entries)
+            self._save(entries)
+        return snapshot
+
+    def claim(self, base: float, cap: float, spent: float,
+              targets: list[float]) -> tuple[float | None, float, float]:
+        """Publish SPENT and the first claim of TARGETS (largest first) that fits the cap;
+        (the claim taken or None, the others' spent + live claims, their live claims)."""
+        with self._locked():
+            entries = self._load()
+            own = self._own(entries)
+            used, claims = self._others(entries)
+            taken = None
+            for target in targets:
+                if base + used + spent + target <= cap:
+                    taken = target
+                    break
+            own["spent"] = spent
+            if taken is not None:
+                own["claim"] = taken
+            self._save(entries)
+        return taken, used, claims
+
+    def publish(self, spent: float, claim: float, ended: bool = False) -> tuple[float, float]:
+        """Publish this run's spend and claim; (the others' spent + live claims, their claims)."""
+        with self._locked():
+            entries = self._load()
+            own = self._own(entries)
+            own["spent"], own["claim"], own["ended"] = spent, claim, ended
+            others = self._others(entries)
+            self._save(entries)
+        return others
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class _Lock:
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __enter__(self):
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+@dataclass
+class TotalCost:
+    """The `--total-cost` cap as one run sees it.
+
+    BASE is the spend counted at start: this run's OUTPUT and --failures, the --spent-in
+    files, less the snapshot S0 when the cap is shared. Alone, a request fits when
+    BASE + this run's spend + its reservations + the request's worst case <= CAP."""
+
+    cap: float
+    base: float
+    shared: ReservationFile | None = None
+    claim_held: float = 0.0  # published claim
+    spent_published: float = 0.0
+    others_used: float = 0.0  # other entries' spent + live claims, when last seen
+    others_claims: float = 0.0  # other live entries' claims, when last seen
+    _last_publish: float = 0.0
+
+    def fits(self, spent_this_run: float, reserved: float, amount: float) -> bool:
+        need = spent_this_run + reserved + amount
+        if self.shared is None:
+            return self.base + need <= self.cap
+        if self.spent_published + self.claim_held >= need:
+            return True  # covered by what this run has published
+        # the claim covers exactly what is in flight (no claim ahead: what one run holds,
+        # the others cannot use), or, when the request does not fit, gives back the rest
+        taken, self.others_used, self.others_claims = self.shared.claim(
+            self.base, self.cap, spent_this_run, [reserved + amount, reserved])
+        self.spent_published = spent_this_run
+        if taken is not None:
+            self.claim_held = taken
+        self._last_publish = time.monotonic()
+        return taken is not None and taken >= reserved + amount
+
+    def publish(self, spent_this_run: float, reserved: float, force: bool = False) -> None:
+        """Give back the claim settled requests no longer need and publish the spend (at
+        most every PUBLISH_INTERVAL seconds unless FORCE)."""
+        if self.shared is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_publish < PUBLISH_INTERVAL:
+            return
+        if not force and (spent_this_run, reserved) == (self.spent_published, self.claim_held):
+            return
+        self.others_used, self.others_claims = self.shared.publish(spent_this_run, reserved)
+        self.spent_published, self.claim_held = spent_this_run, reserved
+        self._last_publish = now
+
+    def others_may_free_room(self) -> bool:
+        """Whether another live run holds a claim (a run that cannot fit waits for it)."""
+        return self.shared is not None and self.others_claims > 0
+
+    def remaining(self, spent_this_run: float) -> float:
+        return max(0.0, self.cap - self.base - self.others_used - spent_this_run)
+
+    def close(self, spent_this_run: float) -> None:
+        if self.shared is None:
+            return
+        try:
+            self.shared.publish(spent_this_run, 0.0, ended=True)
+        finally:
+            self.shared.close()

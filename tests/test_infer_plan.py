@@ -1,0 +1,115 @@
+"""kp-infer's plan as a report (stdout, `--json`) and `--sample N`, through the command line
+against the stand-in on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from conftest import read_jsonl
+from test_infer import infer, make_prompts
+from test_infer_promises import endpoints_table
+
+from kimipipe.standin.answers import user_text_sha256
+
+
+def plan_json(server, prompts, *flags) -> dict:
+    r = infer(server, prompts, "--plan", "--json", *flags)
+    assert r.code == 0, r.stderr
+    assert "kp-infer" not in r.stdout.decode()  # nothing but the object on stdout
+    return json.loads(r.stdout)
+
+
+def test_plan_json_is_the_text_plans_figures_recomputed_by_hand(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 12)
+    rows = read_jsonl(prompts)
+    flags = ("--ignore-provider", "together", "--max-tokens", "1000", "--max-cost", "3")
+    data = plan_json(server, prompts, *flags)
+    table = endpoints_table(server)
+    allowed = [e for e in table if e["quantization"] in ("int4", "unknown") and e["tag"] != "together"]
+    mean_in = sum(float(e["pricing"]["prompt"]) for e in allowed) / len(allowed)
+    mean_out = sum(float(e["pricing"]["completion"]) for e in allowed) / len(allowed)
+    top_in = max(float(e["pricing"]["prompt"]) for e in table)
+    top_out = max(float(e["pricing"]["completion"]) for e in table)
+    n = len(rows)
+    content_bytes = sum(len(m["content"].encode()) for p in rows for m in p["messages"])
+    per_prompt = content_bytes / 4 / n + 16
+    bound = sum(64 + sum(len(m["content"].encode()) + 16 for m in p["messages"]) for p in rows)
+
+    assert data["model"] == "moonshotai/kimi-k2.5"
+    assert data["prompts"] == {"input": n, "todo": n, "done": 0, "sample": None}
+    assert data["prompt_tokens"]["estimated"] == round(per_prompt * n)
+    assert data["prompt_tokens"]["bound"] == bound
+    assert {r["provider"] for r in data["routes"] if r["allowed"]} == {e["provider_name"] for e in allowed}
+    for route in data["routes"]:
+        e = next(e for e in table if e["provider_name"] == route["provider"])
+        assert route["prompt_price"] == pytest.approx(float(e["pricing"]["prompt"]) * 1e6)
+        assert route["completion_price"] == pytest.approx(float(e["pricing"]["completion"]) * 1e6)
+    assert data["prices"]["allowed_mean"] == pytest.approx({"prompt": mean_in * 1e6, "completion": mean_out * 1e6})
+    assert data["prices"]["bound"] == pytest.approx({"prompt": top_in * 1e6, "completion": top_out * 1e6})
+    assert data["answer_tokens"] == {"expected": 500.0, "assumed": "half of --max-tokens 1000"}
+    expected = n * (per_prompt * mean_in + 500 * mean_out)
+    worst_request = bound / n * top_in + 1000 * top_out
+    assert data["cost"]["expected"] == pytest.approx(expected, abs=1e-6)
+    assert data["cost"]["worst_case"] == pytest.approx(n * worst_request, abs=1e-6)
+    assert data["cost"]["worst_case_request"] == pytest.approx(worst_request, abs=1e-6)
+    assert data["max_cost"] == 3 and data["total_cost"] is None and data["warnings"] == []
+    # the text plan says the same
+    text = infer(server, prompts, "--plan", *flags)
+    assert text.code == 0 and f"expected ~${expected:,.2f}" in text.stdout.decode()
+    assert f"worst case ${n * worst_request:,.2f}" in text.stdout.decode()
+    assert "cost estimate" not in text.stderr  # the report is on stdout, nothing of it on stderr
+    assert server.stats()["completions_started"] == 0
+
+
+def test_plan_json_needs_plan_and_shows_warnings_and_recorded_spend(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 10)
+    r = infer(server, prompts, "--json")
+    assert r.code == 2 and "--json goes with --plan" in r.stderr
+    data = plan_json(server, prompts, "--quantization", "fp4")
+    assert any("re-quantized" in w for w in data["warnings"])
+    out = tmp_path / "r.jsonl"
+    assert infer(server, prompts, "-o", out, "--partition", "1/2").code == 0
+    answered = read_jsonl(out)
+    # a torn last line (a run being written, or killed): the plan reads around it, never repairs
+    with open(out, "ab") as f:
+        f.write(b'{"id": "p9')
+    before = out.read_bytes()
+    data = plan_json(server, prompts, "-o", out)
+    assert out.read_bytes() == before
+    assert data["prompts"]["done"] == len(answered) and data["prompts"]["todo"] == 10 - len(answered)
+    assert data["recorded"]["spend"] == pytest.approx(sum(x["usage"]["cost"] for x in answered))
+    assert data["recorded"]["completion_tokens"] == sum(x["usage"]["completion_tokens"] for x in answered)
+
+
+def smallest_hashes(ids, n):
+    return set(sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:n])
+
+
+def test_sample_answers_the_prompts_of_smallest_id_hash_and_none_is_paid_twice(standin, tmp_path):
+    """--sample N: the N prompts whose SHA-256 of id is smallest; a larger sample and then
+    the full run resume from it: every prompt paid for once (the stand-in's ledger)."""
+    server = standin(ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 40)
+    rows = read_jsonl(prompts)
+    ids = [p["id"] for p in rows]
+    out = tmp_path / "r.jsonl"
+    plan = plan_json(server, prompts, "--sample", "7")
+    assert plan["prompts"]["todo"] == 7 and plan["prompts"]["sample"] == 7
+    r = infer(server, prompts, "-o", out, "--sample", "7")
+    assert r.code == 0, r.stderr
+    assert {x["id"] for x in read_jsonl(out)} == smallest_hashes(ids, 7)
+    r = infer(server, prompts, "-o", out, "--sample", "12")
+    assert r.code == 0 and "5 done, 7 skipped" in r.stderr
+    assert {x["id"] for x in read_jsonl(out)} == smallest_hashes(ids, 12)
+    r = infer(server, prompts, "-o", out)
+    assert r.code == 0 and "28 done, 12 skipped" in r.stderr
+    paid = [x["request_user_text_sha256"] for x in server.ledger()]
+    assert len(paid) == len(set(paid)) == 40
+    assert set(paid) == {user_text_sha256(p["messages"]) for p in rows}
+    # a sample larger than the input is the whole input; 0 is nothing
+    assert plan_json(server, prompts, "--sample", "1000")["prompts"]["input"] == 40
+    assert plan_json(server, prompts, "--sample", "0")["prompts"]["todo"] == 0

@@ -1,0 +1,342 @@
+"""The whole build's money under make, against the stand-in: `make plan` (figures by hand
+from the stand-in's prices), `make pilot` then `make all` (no answer paid twice), one
+TOTAL_COST over every dataset (also under -j3), `make all`'s refusal and ALLOW_SHORT,
+`make check`, and make for humans (help, OPENROUTER_BASE_URL, sources, .gitignore)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import subprocess
+from collections import Counter
+
+import pytest
+from conftest import REPO, read_jsonl
+from test_make import SOURCE, VENV, make_command
+
+from kimipipe.standin.answers import user_text_sha256
+
+CONVERSATIONS = json.loads(SOURCE.read_text())
+# the stand-in's Kimi K2.5 table, USD per token: the routes make allows by default
+# (int4 and unknown, less fireworks and baseten) and the highest price of the whole table
+ALLOWED = {"DeepInfra": (0.45e-6, 2.5e-6), "Parasail": (0.55e-6, 2.7e-6), "Together": (0.5e-6, 2.8e-6),
+           "Moonshot AI": (0.6e-6, 3.0e-6)}
+TOP = (0.6e-6, 3.0e-6)
+
+
+def write_sources(tmp_path, sizes: dict[str, int]) -> dict[str, str]:
+    """Disjoint slices of the bundled sample, one source file per dataset."""
+    variables, start = {}, 0
+    for name, n in sizes.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(CONVERSATIONS[start:start + n]))
+        variables[f"SOURCE_{name}"] = path
+        start += n
+    return {"DATASETS": " ".join(sizes), **variables}
+
+
+def run_make(server, tmp_path, *args, env: dict | None = None, **variables):
+    """make against SERVER; MAX_COST (1 in test_make's settings) out of the way of TOTAL_COST."""
+    variables = {"MAX_COST": 95, **variables}
+    cmd, full_env = make_command(server, tmp_path, "--no-print-directory", *args, **variables)
+    return subprocess.run(cmd, capture_output=True, text=True, env={**full_env, **(env or {})}, timeout=600)
+
+
+def billed(server) -> float:
+    return sum(x["cost"] for x in server.ledger())
+
+
+def prompts_of(tmp_path, name) -> list[dict]:
+    return read_jsonl(tmp_path / "work" / f"{name}.prompts.jsonl")
+
+
+def by_hand(rows: list[dict], scale: float, max_tokens: int) -> tuple[float, float, float]:
+    """(prompt tokens per prompt as estimated, expected $ per answer at the prior, one
+    request's worst case), from the prompts and the stand-in's prices."""
+    n = len(rows)
+    per_prompt = sum(len(m["content"].encode()) for p in rows for m in p["messages"]) / 4 / n + 16
+    mean_in = sum(p for p, _ in ALLOWED.values()) / len(ALLOWED) * scale
+    mean_out = sum(c for _, c in ALLOWED.values()) / len(ALLOWED) * scale
+    cost = per_prompt * mean_in + max_tokens / 2 * mean_out
+    bound = sum(64 + sum(len(m["content"].encode()) + 16 for m in p["messages"]) for p in rows) / n
+    worst = bound * TOP[0] * scale + max_tokens * TOP[1] * scale
+    return per_prompt, cost, worst
+
+
+def largest_fitting(cost, total: float) -> int:
+    """The largest whole t with cost(t) <= TOTAL, counted up one token at a time."""
+    t = 0
+    while cost(t + 1) <= total:
+        t += 1
+    return t
+
+
+def three_digits(n: int) -> int:
+    step = 10 ** max(0, len(str(n)) - 3)
+    return n // step * step
+
+
+def test_make_plan_for_three_datasets_by_hand(standin, tmp_path):
+    """`make plan`: every figure recomputed here from the stand-in's price table; it sends
+    no completion; it says what is assumed; the TOKEN_BUDGET that fits TOTAL_COST, evenly
+    and by WEIGHT_<D>."""
+    server = standin(price_scale=100.0)
+    variables = write_sources(tmp_path, {"A": 30, "B": 40, "C": 50})
+    r = run_make(server, tmp_path, "plan", TOKEN_BUDGET="5k", TOTAL_COST=3, **variables)
+    assert r.returncode == 0, r.stderr
+    assert server.stats()["completions_started"] == 0
+    plan = json.loads((tmp_path / "work" / "build.plan.json").read_text())
+    figures = {d["name"]: d for d in plan["datasets"]}
+    assert {r["provider"] for r in plan["routes"]} == set(ALLOWED)
+    assert plan["prices"]["allowed_mean"] == pytest.approx({"prompt": 0.525 * 100, "completion": 2.75 * 100})
+    expected_to_go, worst = {}, {}
+    for name, n in (("A", 30), ("B", 40), ("C", 50)):
+        rows = prompts_of(tmp_path, name)
+        assert len(rows) == n
+        per_prompt, cost, worst[name] = by_hand(rows, 100.0, 1024)
+        d = figures[name]
+        assert (d["prompts"], d["todo"], d["answered"]) == (n, n, 0)
+        assert d["prompt_tokens"] == pytest.approx(per_prompt, abs=0.05)
+        assert d["answer_tokens"] == 512 and d["measured"] is None  # the prior: half of MAX_TOKENS
+        assert d["cost_per_answer"] == pytest.approx(cost, rel=1e-3)
+        assert d["answers_to_go"] == math.ceil(5000 / 512) == 10  # prompts needed for TOKEN_BUDGET
+        assert d["expected_to_go"] == pytest.approx(10 * cost, rel=1e-3)
+        assert d["worst_case_request"] == pytest.approx(worst[name], rel=1e-4)
+        expected_to_go[name] = 10 * cost
+        row = next(line for line in r.stdout.splitlines() if line.split()[:2] == [name, "5k"])
+        assert f"${10 * cost:,.2f}" in row
+    room = max(worst.values())
+    total = sum(expected_to_go.values())
+    assert plan["expected_total"] == pytest.approx(total, rel=1e-3)
+    assert plan["room_for_last_request"] == pytest.approx(room, rel=1e-4)
+    assert total + room > 3 and not plan["fits"]
+    # even split: the largest t tokens per dataset (ceil(t / 512) answers each) that fits
+    cost = {d: figures[d]["cost_per_answer"] for d in "ABC"}
+    t = largest_fitting(lambda t: sum(math.ceil(t / 512) * cost[d] for d in "ABC") + room, 3)
+    assert t == 512 * math.floor((3 - room) / sum(cost.values()))
+    assert plan["fitting_budgets"] == {d: three_digits(t) for d in "ABC"}
+    assert "does NOT fit" in r.stdout
+    assert f"TOKEN_BUDGET={three_digits(t) / 1000:g}k" in r.stdout
+    assert "assumed (prior) for A B C: answers of half of MAX_TOKENS (512 tokens)" in " ".join(r.stdout.split())
+    # weights: B gets twice the tokens of A and C
+    r = run_make(server, tmp_path, "plan", TOKEN_BUDGET="5k", TOTAL_COST=3, WEIGHT_B=2, **variables)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "work" / "build.plan.json").read_text())
+    t = largest_fitting(lambda t: sum(math.ceil(w * t / 512) * cost[d] for d, w in zip("ABC", (1, 2, 1),
+                                                                                         strict=True)) + room, 3)
+    assert plan["fitting_budgets"] == {"A": three_digits(t), "B": three_digits(2 * t), "C": three_digits(t)}
+    assert f"TOKEN_BUDGET_B={three_digits(2 * t) / 1000:g}k" in r.stdout
+    # too few prompts for TOKEN_BUDGET is shown, not a reason to refuse
+    r = run_make(server, tmp_path, "plan", TOKEN_BUDGET="1M", TOTAL_COST=95, **variables)
+    plan = json.loads((tmp_path / "work" / "build.plan.json").read_text())
+    assert plan["fits"] and all(d["short"] for d in plan["datasets"])
+    assert "too few prompts, A: 30 prompts to do reach ~15.36k tokens of 1M" in " ".join(r.stdout.split())
+    assert server.stats()["completions_started"] == 0
+
+
+def smallest_hashes(ids, n):
+    return set(sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:n])
+
+
+def test_make_pilot_then_make_all_pays_for_no_pilot_answer_twice(standin, tmp_path):
+    server = standin(ledger=True)
+    variables = write_sources(tmp_path, {"A": 40, "B": 50})
+    r = run_make(server, tmp_path, "pilot", PILOT=12, **variables)
+    assert r.returncode == 0, r.stderr
+    assert "check: ok: tokenizer" in r.stdout  # the checks come first
+    assert len(server.ledger()) == 24
+    for name in "AB":
+        answers = read_jsonl(tmp_path / "work" / f"{name}.responses.jsonl")
+        ids = [p["id"] for p in prompts_of(tmp_path, name)]
+        assert {x["id"] for x in answers} == smallest_hashes(ids, 12)
+        pilot = json.loads((tmp_path / "work" / f"{name}.pilot.json").read_text())
+        tokens = [x["usage"]["completion_tokens"] for x in answers]
+        assert pilot["answers"] == 12
+        assert pilot["completion_tokens"]["mean"] == pytest.approx(sum(tokens) / 12, abs=0.01)
+        assert pilot["cost_per_answer"]["mean"] == pytest.approx(sum(x["usage"]["cost"] for x in answers) / 12)
+        assert pilot["reasoning_share"] == pytest.approx(
+            sum(x["usage"]["reasoning_tokens"] for x in answers) / sum(tokens), abs=1e-4)
+        assert pilot["length_cut_share"] == sum(x["finish_reason"] == "length" for x in answers) / 12
+        assert sum(pilot["providers"].values()) == pytest.approx(1, abs=0.01)
+        assert not (tmp_path / "work" / f"{name}.responses.done").exists()
+    r = run_make(server, tmp_path, "plan", **variables)
+    assert r.returncode == 0 and "A (pilot: 12 answers (A.pilot.json))" in " ".join(r.stdout.split())
+    r = run_make(server, tmp_path, "all", **variables)
+    assert r.returncode == 0, r.stderr
+    paid = Counter(x["request_user_text_sha256"] for x in server.ledger())
+    every = [user_text_sha256(p["messages"]) for name in "AB" for p in prompts_of(tmp_path, name)]
+    assert set(paid) == set(every) and set(paid.values()) == {1}  # each answer paid for once
+    assert [len(read_jsonl(tmp_path / "work" / f"{n}.responses.jsonl")) for n in "AB"] == [40, 50]
+
+
+def message_target(stderr: str) -> str:
+    m = re.search(r"make all TOTAL_COST=([\d.]+)", stderr)
+    assert m, stderr
+    return m.group(1)
+
+
+@pytest.mark.parametrize("jobs", ["-j1", "-j3"])
+def test_total_cost_caps_the_whole_build_and_raising_it_finishes(standin, tmp_path, jobs):
+    """TOTAL_COST below what three datasets cost: the stand-in's bill never exceeds it (with
+    -j3 the datasets run at the same time and share one reservation file), the build stops
+    with a money stop saying which datasets are complete and what TOTAL_COST would finish
+    them; raising it to that and rerunning finishes every dataset."""
+    server = standin(ledger=True, price_scale=200.0, latency=0.3 if jobs == "-j3" else None)
+    variables = write_sources(tmp_path, {"A": 30, "B": 30, "C": 30})
+    r = run_make(server, tmp_path, jobs, "all", TOTAL_COST=4, ALLOW_SHORT=1, TOKEN_BUDGET="",
+                 CONCURRENCY=4, **variables)
+    assert r.returncode != 0
+    assert billed(server) <= 4
+    assert "make: " in r.stderr and "stopped by TOTAL_COST=4 (the cap on the whole build" in r.stderr
+    assert "complete: " in r.stderr and "not complete: " in r.stderr
+    assert "--min-credits" not in r.stderr.split("stopped by TOTAL_COST")[1]
+    stopped = [n for n in "ABC" if not (tmp_path / "work" / f"{n}.responses.done").exists()]
+    assert stopped  # a money stop is never stamped done
+    if jobs == "-j3":
+        owner = {user_text_sha256(p["messages"]): n for n in "ABC" for p in prompts_of(tmp_path, n)}
+        order = [owner[x["request_user_text_sha256"]] for x in server.ledger()]
+        assert len(set(order)) >= 2  # the datasets ran at the same time
+    target = message_target(r.stderr)
+    r = run_make(server, tmp_path, jobs, "all", TOTAL_COST=target, TOKEN_BUDGET="", CONCURRENCY=4, **variables)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert billed(server) <= float(target)
+    for n in "ABC":
+        assert json.loads((tmp_path / "shards" / n / "manifest.json").read_text())["totals"]["records"] == 30
+    paid = Counter(x["request_user_text_sha256"] for x in server.ledger())
+    assert len(paid) == 90 and set(paid.values()) == {1}
+    # all bought: a TOTAL_COST below what was spent refuses nothing, and buys nothing
+    r = run_make(server, tmp_path, "all", TOTAL_COST=1, TOKEN_BUDGET="", CONCURRENCY=4, **variables)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "fits" in r.stdout and len(server.ledger()) == 90
+
+
+def test_make_all_refuses_what_total_cost_cannot_pay_unless_allow_short(standin, tmp_path):
+    server = standin(ledger=True, price_scale=100.0)
+    variables = write_sources(tmp_path, {"A": 30, "B": 30})
+    r = run_make(server, tmp_path, "all", TOKEN_BUDGET="10k", TOTAL_COST=2, **variables)
+    assert r.returncode != 0
+    said = " ".join(r.stderr.split())
+    assert "make all: refusing to start (nothing was sent): TOTAL_COST $2.00 cannot pay" in said
+    assert "does NOT fit" in r.stdout and "make all: the plan" in r.stdout  # the plan is printed
+    fix = re.search(r"make all TOKEN_BUDGET=(\S+)", r.stderr).group(1)
+    assert server.stats()["completions_started"] == 0  # nothing was started
+    assert not list((tmp_path / "work").glob("*.responses.jsonl"))
+    # the TOKEN_BUDGET it names fits
+    r = run_make(server, tmp_path, "plan", TOKEN_BUDGET=fix, TOTAL_COST=2, **{k: v for k, v in variables.items()})
+    assert "against TOTAL_COST $2.00: fits" in r.stdout
+    # ALLOW_SHORT=1 starts anyway, and TOTAL_COST still holds
+    r = run_make(server, tmp_path, "all", TOKEN_BUDGET="10k", TOTAL_COST=2, ALLOW_SHORT=1, **variables)
+    assert "ALLOW_SHORT=1: going ahead" in r.stderr
+    assert server.stats()["completions_started"] > 0 and billed(server) <= 2
+
+
+def test_make_check_finds_what_would_fail_later_before_any_money(standin, tmp_path):
+    server = standin(ledger=True)
+    variables = write_sources(tmp_path, {"A": 10})
+    r = run_make(server, tmp_path, "check", **variables)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [x.split(":")[2].strip() for x in r.stdout.splitlines() if x.startswith("check: ok")] == [
+        "A", "tokenizer", "key and base URL", "outputs", "outputs"]
+    # a missing tokenizer and a missing source, a read-only output, a wrong key: all named
+    # at once, and `make all` starts no completion (the tokenizer was found after all
+    # inference had been paid, before)
+    shards = tmp_path / "ro"
+    shards.mkdir()
+    shards.chmod(0o500)
+    bad = {**variables, "TOKENIZER": tmp_path / "no-tokenizer", "DATASETS": "A Z", "SHARDS": shards}
+    r = run_make(server, tmp_path, "check", env={"OPENROUTER_API_KEY": "sk-or-wrong"}, **bad)
+    assert r.returncode != 0
+    failed = [x for x in r.stdout.splitlines() if x.startswith("check: FAILED")]
+    assert any("Z: no source file" in x and "SOURCE_Z" in x for x in failed)
+    assert any("tokenizer:" in x and "no-tokenizer" in x for x in failed)
+    assert any("key and base URL" in x and "401" in x for x in failed)
+    if os.geteuid() != 0:  # root writes anywhere
+        assert any(f"{shards}/ cannot be written" in x for x in failed)
+    assert "nothing was started" in r.stderr and "sk-or-wrong" not in r.stdout + r.stderr
+    r = run_make(server, tmp_path, "all", TOKENIZER=tmp_path / "no-tokenizer", **variables)
+    assert r.returncode != 0 and "no-tokenizer" in r.stdout
+    assert server.stats()["completions_started"] == 0
+    # the key: one refusal, no completion sent
+    r = run_make(server, tmp_path, "all", env={"OPENROUTER_API_KEY": "sk-or-wrong"}, **variables)
+    assert r.returncode != 0 and "refused the API key" in r.stdout
+    assert server.stats()["completions_started"] == 0
+    # a base URL nobody answers is named
+    r = run_make(server, tmp_path, "check", BASE_URL="http://127.0.0.1:9/api/v1", **variables)
+    assert r.returncode != 0 and "cannot reach OpenRouter at http://127.0.0.1:9/api/v1" in r.stdout
+
+
+def test_make_honours_an_exported_openrouter_base_url(standin, tmp_path):
+    server = standin(balance=0.5)
+    cmd = ["make", "--no-print-directory", "-C", str(REPO), "credits", f"VENV={VENV}"]
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key, "OPENROUTER_BASE_URL": server.base_url}
+    env.pop("BASE_URL", None)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"--base-url {server.base_url}" in r.stdout and '"remaining": 0.5' in r.stdout
+
+
+def test_bare_make_prints_help_and_starts_nothing(tmp_path):
+    r = subprocess.run(["make", "--no-print-directory", "-C", str(REPO), f"WORK={tmp_path / 'work'}",
+                        f"VENV={tmp_path / 'no-venv'}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for word in ("make plan", "make pilot", "make check", "make all", "TOTAL_COST=95", "ALLOW_SHORT",
+                 "TOKEN_BUDGET=10M"):
+        assert word in r.stdout
+    assert not (tmp_path / "work").exists() and not (tmp_path / "no-venv").exists()
+    again = subprocess.run(["make", "--no-print-directory", "-C", str(REPO), "help"], capture_output=True,
+                           text=True, timeout=60)
+    assert again.stdout == r.stdout.replace(f"WORK={tmp_path / 'work'}", "WORK=work")
+    lines = again.stdout.splitlines()  # an 80x24 terminal shows it whole
+    assert len(lines) <= 24 and max(len(line) for line in lines) <= 80
+
+
+def test_prompts_are_remade_when_their_source_changes_and_the_stage_command_is_shown(standin, tmp_path):
+    server = standin()
+    variables = write_sources(tmp_path, {"A": 10})
+    target = str(tmp_path / "work" / "A.prompts.jsonl")
+    r = run_make(server, tmp_path, target, **variables)
+    assert r.returncode == 0 and len(prompts_of(tmp_path, "A")) == 10
+    stamp = os.stat(target).st_mtime_ns
+    assert run_make(server, tmp_path, target, **variables).returncode == 0
+    assert os.stat(target).st_mtime_ns == stamp  # not remade while its source is unchanged
+    source = tmp_path / "A.json"
+    source.write_text(json.dumps(CONVERSATIONS[:7]))
+    os.utime(source, ns=(stamp + 10**9, stamp + 10**9))
+    r = run_make(server, tmp_path, target, **variables)
+    assert r.returncode == 0 and len(prompts_of(tmp_path, "A")) == 7
+    r = run_make(server, tmp_path, "all", **variables)
+    assert r.returncode == 0, r.stderr
+    shown = [line for line in r.stdout.splitlines() if line.startswith(f"{VENV}/bin/kp-infer ")]
+    assert len(shown) == 1 and "--total-cost 95" in shown[0] and "-o " in shown[0]
+
+
+def test_build_outputs_are_ignored_by_git():
+    names = ["work/B3.responses.jsonl", "shards/B3/manifest.json", "demo-out/work/x"]
+    r = subprocess.run(["git", "check-ignore", *names], cwd=REPO, capture_output=True, text=True)
+    assert r.stdout.split() == names
+
+
+def test_a_stop_make_does_not_know_is_named_with_kp_infers_words(tmp_path):
+    """The money-stop message reads kp-infer's summary: a stop reason it has no make
+    variable for (a credit limit added later, a full disk) is named as kp-infer names it,
+    and no summary at all (removed before each run) points at kp-infer's own message."""
+    import sys
+
+    work = tmp_path / "work"
+    work.mkdir()
+    summary = {"stop_reason": "max-cost", "spend_this_run": 0.5, "spend_total": 0.75}
+    args = [sys.executable, "-m", "kimipipe.fullbuild", "stopped", "--dataset", "D", "--work", str(work),
+            "--datasets", "D", "--max-cost", "0.75"]
+    (work / "D.infer-summary.json").write_text(json.dumps(summary))
+    said = " ".join(subprocess.run(args, capture_output=True, text=True).stderr.split())
+    assert "make: D stopped by MAX_COST=0.75 (the cap per dataset, kp-infer exit 3): $0.5000 this run" in said
+    (work / "D.infer-summary.json").write_text(json.dumps({**summary, "stop_reason": "some-new-limit"}))
+    said = " ".join(subprocess.run(args, capture_output=True, text=True).stderr.split())
+    assert "make: D stopped (kp-infer exit 3: money or a full disk): stop reason 'some-new-limit'" in said
+    assert "D is not marked done" in said
+    (work / "D.infer-summary.json").unlink()
+    said = " ".join(subprocess.run(args, capture_output=True, text=True).stderr.split())
+    assert "see kp-infer's message above; rerun make to resume" in said
