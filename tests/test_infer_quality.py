@@ -104,7 +104,7 @@ def test_require_parameters_keeps_a_provider_that_drops_sampling_out(standin, tm
     assert "Together" not in served and len(served) >= 2
     assert all(line["sampling_dropped"] == [] for line in server.ledger())
     r = infer(server, prompts, "--plan")
-    together = next(x for x in r.stderr.splitlines() if x.lstrip().startswith("Together"))
+    together = next(x for x in r.stdout.decode().splitlines() if x.lstrip().startswith("Together"))
     assert together.rstrip().endswith("does not support temperature, top_p (require_parameters)")
 
     loose = tmp_path / "loose.jsonl"
@@ -137,15 +137,15 @@ def test_an_unknown_model_gets_no_invented_sampling(standin, tmp_path):
     r = infer(server, prompts, "--plan", *flags)
     assert r.code == 0, r.stderr
     assert ("sampling: no preset for moonshotai/kimi-k2-0905: no default is invented; nothing "
-            "sent, each provider samples at its own defaults") in r.stderr
+            "sent, each provider samples at its own defaults") in r.stdout.decode()
     r = infer(server, prompts, "--plan")
     assert "sampling: temperature 1.0, top_p 0.95 (moonshotai/kimi-k2.5 as served in thinking " \
-           "mode)" in r.stderr
+           "mode)" in r.stdout.decode()
     r = infer(server, prompts, "--plan", "--no-reasoning", "--temperature", "0.5")
     assert ("sampling: temperature 0.5, top_p 0.95 (moonshotai/kimi-k2.5 as served in instant "
-            "mode; set by you: temperature)") in r.stderr
+            "mode; set by you: temperature)") in r.stdout.decode()
     r = infer(server, prompts, "--plan", "--no-require-parameters")
-    assert "warning: without provider.require_parameters" in r.stderr
+    assert "warning: without provider.require_parameters" in r.stdout.decode()
 
 
 
@@ -157,7 +157,7 @@ def test_distillation_is_enforced_by_default_and_plan_says_whether_it_is_allowed
     r = infer(server, prompts, "--plan")
     assert r.code == 0, r.stderr
     assert ("distillation: allowed by the authors of moonshotai/kimi-k2.5 (is_trainable_text); "
-            "provider.enforce_distillable_text sent") in r.stderr
+            "provider.enforce_distillable_text sent") in r.stdout.decode()
     r = infer(server, prompts, "-o", tmp_path / "r.jsonl")
     assert r.code == 0, r.stderr
     assert all(b["provider"]["enforce_distillable_text"] is True for b in server.requests())
@@ -165,7 +165,7 @@ def test_distillation_is_enforced_by_default_and_plan_says_whether_it_is_allowed
     server.configure(not_distillable=True)
     r = infer(server, prompts, "--plan")
     assert r.code == 0, r.stderr
-    assert "distillation: NOT allowed by the authors of moonshotai/kimi-k2.5" in r.stderr
+    assert "distillation: NOT allowed by the authors of moonshotai/kimi-k2.5" in r.stdout.decode()
     # a run is refused before any request (OpenRouter would route none of them)
     before = server.stats()["requests"]
     out = tmp_path / "refused.jsonl"
@@ -479,7 +479,7 @@ def test_report_reads_older_lines_and_refuses_what_is_not_a_result(standin, tmp_
     # a prompts file literally named `report` is still an INPUT
     (tmp_path / "report").write_bytes(prompts.read_bytes())
     r = kp("infer", "report", "--plan", "--base-url", server.base_url, cwd=tmp_path)
-    assert r.code == 0 and "2 in the input, 2 to do" in r.stderr, r.stderr
+    assert r.code == 0 and "2 in the input, 2 to do" in r.stdout.decode(), r.stderr
 
 
 # --- 5. the preflight ----------------------------------------------------------------------
