@@ -3,8 +3,10 @@
     config.py          RunConfig: the one configuration of a run (every limit lives here)
     prepare.py         before anything is sent: input validation, stdin spool, previous work,
                        the partition's counts, the endpoints table, price bound, warnings
-    run.py             the run: admission (concurrency and budget), retries, draining, signals,
-                       balance polling; `run_infer`, what commands/infer.py calls
+    run.py             the run: admission (concurrency, budget, disk), stops, draining,
+                       signals, balance polling; `run_infer`, what commands/infer.py calls
+    prompt_work.py     one admitted prompt: attempts, retries and backoff, refused answers
+                       sent again, its record or failure written (mixed into run.Run)
     output.py          response and failure records, the routing and reasoning checks
                        (what is refused, and the prompt's next routing), the writers
     report.py          Stats, StopReason (exit code and message), progress line, summary
@@ -14,6 +16,9 @@
     preflight.py       `--preflight [N]`: N real requests that check what the run assumes
     plan.py            --plan: the routing table and the cost estimate
     budget.py          money and tokens: worst-case reservations against the caps
+    total_cost.py      --total-cost: one cap shared by the runs of a build (reservations file)
+    disk.py            the disk guard: admission waits while the output's free space is short
+    rescue.py          answers a failing output cannot take, kept for the next run (--rescue)
     limiter.py         adaptive concurrency (shrinks on 429s, grows back)
     process_pool.py    the HTTP transport: in this process, or a WorkerPool of processes
     worker_process.py  a worker process (`python -m kimipipe.infer.worker_process`)

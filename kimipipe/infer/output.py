@@ -32,7 +32,7 @@ pay for the same answer again at every provider. An answer cut by `max_tokens`
 (`finish_reason: length`) whose reasoning ran into the limit has its reasoning and is kept,
 marked by its finish reason.
 
-A refused answer was paid for: the run (infer/run.py) counts its cost, and sends the prompt
+A refused answer was paid for: the run (infer/prompt_work.py) counts its cost, and sends the prompt
 again with the provider that served it added to that prompt's `provider.ignore`
 (`next_policy`; not when that would leave the endpoints table no allowed provider: then the
 same routing again), up to `--max-attempts`; the refusals ride on the record finally
