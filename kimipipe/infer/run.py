@@ -5,8 +5,11 @@
 summary (infer/report.py) and returns the exit code.
 
 The run itself (`Run`) streams the validated input again. Each prompt not done is
-admitted when a concurrency slot is free (infer/limiter.py: the limit shrinks on 429s)
-and its worst-case cost fits the budget (infer/budget.py) and its worst-case record fits the
+admitted when a concurrency slot is free (infer/limiter.py: the limit shrinks on 429s),
+its worst-case cost fits the budget (infer/budget.py) and the money in flight
+(infer/inflight.py: the sum of the worst cases in flight stays under a ceiling sized to
+the balance read at the start, refreshed every --credits-interval, cut by OpenRouter's
+in-flight 402s and grown back while none come), and its worst-case record fits the
 free space of the output's filesystem (infer/disk.py); it is then sent by the
 transport (infer/process_pool.py) until it gets an answer or a permanent failure, with
 jittered exponential backoff between attempts. Each answer is checked (routing, and the
@@ -17,8 +20,10 @@ cannot take (a full disk) stops the run and is kept in the rescue file, as is ev
 still arriving, for the next run to take in (infer/rescue.py). What happens to one
 admitted prompt (attempts, retries, refused answers, records) is infer/prompt_work.py.
 
-A stop ends admission: the budget (`--max-cost`, `--token-budget`), a 402, the balance
-under `--min-credits` (polled), a 401 or 404, a failed write to the output, or SIGINT/SIGTERM. Requests in
+An in-flight 402 is a wait, never a stop. A stop ends admission: the budget (`--max-cost`,
+`--token-budget`), a money limit OpenRouter names (the balance, the key's limit, a
+workspace or guardrail budget: 402 or 403 with `limit_source`; no prompt is failed for
+it), the balance under `--min-credits` (polled), a 401 or 404, a failed write to the output, or SIGINT/SIGTERM. Requests in
 flight then finish within `--grace` seconds (they are paid for) and are written; a second
 Ctrl-C cancels them at once. Memory holds the IDs, the requests in flight and their prompt
 lines; answers are written as they arrive.
@@ -43,6 +48,7 @@ from ..records import Refusal
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .disk import DiskGuard
+from .inflight import MoneyInFlight
 from .limiter import AdaptiveLimiter
 from .output import Output
 from .plan import plan_json, plan_text
@@ -77,12 +83,13 @@ class Run(PromptWork):
         self.transport = transport  # CompletionClient or WorkerPool: `attempt(body, stream)`
         self.progress = progress
         self.say = say
-        self.account = account  # polled for --min-credits
+        self.account = account  # the balance: read at the start, polled (--min-credits too)
         self.output = Output(config, prepared.endpoints)
         self.disk = DiskGuard(config.output, config.request.max_tokens, config.min_free_disk)
         self.stats = Stats(todo=prepared.todo, skipped=prepared.skipped,
                            taken_in=prepared.taken_in)
         self.limiter = AdaptiveLimiter(config.concurrency)
+        self.money = MoneyInFlight(lambda: budget.spent_this_run)
         self.stop_reason: StopReason | None = None
         self.stopping = asyncio.Event()
         self.settled = asyncio.Event()
@@ -104,6 +111,7 @@ class Run(PromptWork):
                         if self.limiter.in_flight else ""))
         self.stopping.set()
         self.settled.set()
+        self.money.close()
 
     def _on_signal(self) -> None:
         self._interrupts += 1
@@ -150,7 +158,7 @@ class Run(PromptWork):
 
     def summary(self) -> dict:
         return summary(self.stats, self.stop_reason, self.prepared.scan.records, self.budget,
-                       self.config, self.limiter.current)
+                       self.config, self.limiter.current, self.money.state())
 
     async def _admit_all(self) -> None:
         for _lineno, prompt, line in iter_records(self.prepared.scan.path, PROMPT_DECODER):
@@ -164,7 +172,10 @@ class Run(PromptWork):
             if not await self.disk.wait_for_room(record_bound, self.stopping, self.settled,
                                                  self.say, self._show_waiting):
                 return
+            if not await self.money.acquire(reservation):
+                return
             if not await self._acquire_unless_stopped():
+                self.money.release(reservation)
                 return
             self.budget.reserve(reservation)
             self.disk.reserve(record_bound)
@@ -243,7 +254,9 @@ class Run(PromptWork):
         except Exception as e:  # a failed poll is not a reason to stop paid work
             self.say(f"kp-infer: warning: could not read the balance: {e}")
             return
-        if remaining is not None and remaining < self.config.min_credits:
+        self.money.set_balance(remaining)
+        if (remaining is not None and self.config.min_credits is not None
+                and remaining < self.config.min_credits):
             self.stop(StopReason.MIN_CREDITS)
 
     async def _poll_balance(self) -> None:
@@ -263,7 +276,8 @@ class Run(PromptWork):
         if not now and clock - self._last_postfix < 0.5:
             return
         self._last_postfix = clock
-        postfix = progress_postfix(self.stats, self.budget, self.limiter.in_flight, self.limiter.current)
+        postfix = progress_postfix(self.stats, self.budget, self.limiter.in_flight, self.limiter.current,
+                                   (self.money.amount, self.money.ceiling()))
         if self.disk.waiting:
             postfix = f"waiting for disk, {postfix}"
         self.progress.set_postfix_str(postfix, refresh=now)
@@ -275,7 +289,7 @@ class Run(PromptWork):
 async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
                say: Callable[[str], None]) -> Run:
     async with open_transport(config, prepared.todo) as transport:
-        account = Account(config.api_key, config.base_url, proxy=config.proxy) if config.min_credits is not None else None
+        account = Account(config.api_key, config.base_url, proxy=config.proxy)
         try:
             run = Run(config, prepared, budget, transport, progress, say, account)
             await run.run()
