@@ -42,7 +42,7 @@ import click
 
 from ..errors import ExitCode
 from ..io import iter_records
-from ..openrouter.account import Account
+from ..openrouter.account import Account, AccountError, Balance, fetch_balance
 from ..partition import in_partition
 from ..records import Refusal
 from .budget import Budget, prompt_token_bound
@@ -308,6 +308,15 @@ def _event_loop_run(coro):
         return asyncio.run(coro)
 
 
+def _balance_for_plan(config: RunConfig, say: Stderr) -> Balance | None:
+    """What the plan sizes the money in flight to (None, said, when it cannot be read)."""
+    try:
+        return fetch_balance(config.api_key, config.base_url, proxy=config.proxy, timeout=15.0)
+    except AccountError as e:
+        say(f"kp-infer: the balance could not be read: {e}")
+        return None
+
+
 def run_infer(config: RunConfig, say: Stderr) -> int:
     """Prepare, then plan or run; print the summary; the exit code (see infer/report.py).
 
@@ -319,8 +328,9 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
         budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
                         total=prepared.total)
         if config.plan:  # a report: stdout
-            click.echo(plan_json(config, prepared, budget) if config.plan_json
-                       else plan_text(config, prepared, budget))
+            balance = _balance_for_plan(config, say)
+            click.echo(plan_json(config, prepared, budget, balance) if config.plan_json
+                       else plan_text(config, prepared, budget, balance))
             return ExitCode.OK
         try:
             freeze_startup_objects()
