@@ -10,10 +10,11 @@ balance that OpenRouter does not publish, so kp-infer learns it:
                      /key's limit_remaining) - what this run spent since that read
     ratio          starts at START_RATIO (the balance itself, from the first request);
                    an in-flight 402 cuts it to CUT (90%) of what was in flight then, as a
-                   share of spendable, but by no more than a quarter at once, and once per
-                   GROW_EVERY seconds (a burst of 402s answers one moment: a request
-                   refused while ours have just finished still counts on OpenRouter's side
-                   for a while); every GROW_EVERY seconds without one it grows by
+                   share of spendable (the requests refused with it are let go one by
+                   one, so a burst of 402s cuts down to what OpenRouter took), but by no
+                   more than half in one burst (GROW_EVERY seconds): a request refused
+                   while ours have just finished meets reservations OpenRouter still
+                   counts for a while; every GROW_EVERY seconds without one it grows by
                    GROW_FACTOR, up to MAX_RATIO
 
 so the ceiling follows the balance down as it is spent, and `--max-tokens` decides how
@@ -38,7 +39,7 @@ from collections.abc import Callable
 START_RATIO = 1.0
 MAX_RATIO = 2.0  # our worst case uses the highest price of the table: OpenRouter's is lower
 CUT = 0.9
-DEEPEST_CUT = 0.75
+DEEPEST_CUT = 0.5
 GROW_EVERY = 1.0
 GROW_FACTOR = 1.02
 
@@ -57,6 +58,7 @@ class MoneyInFlight:
         self.cuts = 0
         self.closed = False
         self._last_cut = -math.inf
+        self._burst_floor: tuple[float, float | None] = (0.0, None)
         self._last_grow = clock()
         self._waiters: deque[tuple[float, asyncio.Future]] = deque()
         self._timer: asyncio.TimerHandle | None = None
@@ -126,16 +128,19 @@ class MoneyInFlight:
         """An in-flight 402, while the refused request's worst case is still counted."""
         now = self.clock()
         self.not_before = max(self.not_before, now + (retry_after or 0.0))
-        if now - self._last_cut < GROW_EVERY:
-            return  # the same burst
+        if now - self._last_cut >= GROW_EVERY:  # a new burst: its cuts go at most this deep
+            self._burst_floor = (DEEPEST_CUT * self.ratio,
+                                 None if self.fixed is None else DEEPEST_CUT * self.fixed)
+            self._last_cut = now
+            self.cuts += 1
+        self._last_grow = now
         left = self.spendable()
         if left:
-            self.ratio = max(DEEPEST_CUT * self.ratio, min(self.ratio, CUT * self.amount / left))
+            self.ratio = max(self._burst_floor[0], min(self.ratio, CUT * self.amount / left))
         else:
             cut = CUT * self.amount
-            self.fixed = cut if self.fixed is None else max(DEEPEST_CUT * self.fixed, min(self.fixed, cut))
-        self._last_cut = self._last_grow = now
-        self.cuts += 1
+            floor = self._burst_floor[1]
+            self.fixed = cut if self.fixed is None else max(floor or 0.0, min(self.fixed, cut))
 
     def _maybe_grow(self) -> None:
         now = self.clock()
