@@ -9,12 +9,16 @@ The user: 2000 requests in flight, --max-tokens 16384, a $100 balance; the worst
 process) answers with its own answer lengths (~20-250 tokens, ~$0.0004 each) and reserves
 each running request's worst case against `--inflight-ratio R` x the balance left.
 
-spend: a balance scaled from $100 (default $5, R 0.5: ~55 requests' worst case in flight
-    at the start, ~13,000 answers to spend it), more prompts than it pays for, kp-infer at
-    --concurrency 2000. Printed: the share of the balance turned into kept answers (the
-    output's usage.cost summed, over the balance) when kp-infer stops (exit 3), the 402s by
-    kind, what is left against one request's worst case. Target: >= 97% (the rest is below
-    two requests' worst case at R 0.5: OpenRouter refuses one larger than the budget).
+spend: a balance scaled from $100 (default $2, R 1.0: ~44 requests' worst case in flight
+    at the start, ~5,400 answers to spend it), more prompts than it pays for, kp-infer at
+    --concurrency 2000, answers after 0.2 s, reservations settling 0.05 s. Printed: the
+    share of the balance turned into kept answers (the output's usage.cost summed, over the
+    balance) when kp-infer stops (exit 3), the 402s by kind, what is left against one
+    request's worst case. Target: >= 97% (the rest is below one request's worst case at R
+    1: OpenRouter refuses a request larger than the whole budget). Smaller balances cannot
+    reach 97%: one worst case ($0.045) is 2.3% of $2. The budget shrinks with the balance
+    left, so the last requests go one at a time: a settle time long against the answers'
+    (e.g. 1 s against 0.05 s) makes that tail slow for any client.
 speed: the $100 itself, R --ratio (0.5: ~1,000 of the 2,000 asked for fit; at R 1.0
     all 2,000 fit and no 402 comes), latency --latency s; answers cost ~3% of the balance,
     so the budget stays about what it was at the start. kp-infer at --concurrency 2000 with
@@ -76,7 +80,7 @@ def kept_cost(out: Path) -> float:
 def part_spend(args, tmp: Path) -> dict:
     prompts = write_prompts(tmp / "spend.jsonl", args.spend_prompts)
     out = tmp / "spend-out.jsonl"
-    with StandIn(balance=args.spend_balance, inflight_ratio=0.5, settle=args.settle,
+    with StandIn(balance=args.spend_balance, inflight_ratio=args.spend_ratio, settle=args.spend_settle,
                  latency=args.spend_latency, ledger=True, workdir=tmp / "standin-spend") as server:
         code, summary, wall = kp_infer(server, prompts, out, "--max-tokens", args.max_tokens,
                                        "--concurrency", args.concurrency)
@@ -84,7 +88,8 @@ def part_spend(args, tmp: Path) -> dict:
         billed = sum(line["cost"] for line in server.ledger())
     kept = kept_cost(out)
     limit = summary.get("limit") or {}
-    return {"part": "spend", "balance": args.spend_balance, "inflight_ratio": 0.5,
+    return {"part": "spend", "balance": args.spend_balance, "inflight_ratio": args.spend_ratio,
+            "latency": args.spend_latency, "settle": args.spend_settle,
             "max_tokens": args.max_tokens, "concurrency": args.concurrency, "exit": code,
             "stop_reason": summary["stop_reason"], "answers": summary["done"],
             "kept_share_of_balance": round(kept / args.spend_balance, 4),
@@ -130,9 +135,11 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=16384)
     p.add_argument("--concurrency", type=int, default=2000)
     p.add_argument("--settle", type=float, default=1.0)
-    p.add_argument("--spend-balance", type=float, default=5.0, help="$100 scaled down (default 5)")
-    p.add_argument("--spend-prompts", type=int, default=16000)
-    p.add_argument("--spend-latency", type=float, default=0.05)
+    p.add_argument("--spend-balance", type=float, default=2.0, help="$100 scaled down (default 2)")
+    p.add_argument("--spend-ratio", type=float, default=1.0)
+    p.add_argument("--spend-prompts", type=int, default=8000)
+    p.add_argument("--spend-latency", type=float, default=0.2)
+    p.add_argument("--spend-settle", type=float, default=0.05)
     p.add_argument("--speed-prompts", type=int, default=6000)
     p.add_argument("--latency", type=float, default=4.0)
     p.add_argument("--ratio", type=float, default=0.5, help="the speed part's in-flight ratio")
