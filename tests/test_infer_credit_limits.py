@@ -28,20 +28,20 @@ def billed_and_kept(server, out) -> tuple[set, set]:
 
 
 def test_in_flight_402s_are_waits_and_every_prompt_is_answered(standin, tmp_path):
-    """$0.10 pays for every answer but holds ~4 worst cases at once (ratio 0.5): the run
+    """$0.10 pays for every answer but holds ~4 worst cases at once (ratio 0.5; 30 need 2.5x that): the run
     waits on in-flight 402s (not attempts: --max-attempts 1) and spends exactly the bill."""
-    server = standin(balance=0.10, inflight_ratio=0.5, settle=0.2, latency=0.1, ledger=True)
-    prompts = make_prompts(tmp_path / "p.jsonl", 40)
+    server = standin(balance=0.10, inflight_ratio=0.5, settle=0.01, latency=0.2, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 30)
     r, summary, failed = run(server, prompts, tmp_path, "--max-tokens", "4096",
-                             "--concurrency", "40", "--max-attempts", "1")
+                             "--concurrency", "30", "--max-attempts", "1")
     assert r.code == 0, r.stderr
-    assert summary["done"] == 40 and failed == [] and summary["stop_reason"] is None
+    assert summary["done"] == 30 and failed == [] and summary["stop_reason"] is None
     refused = server.stats()["refusals"]["402"].get("in_flight_budget_exhausted", 0)
     assert summary["retries"].get("402-inflight", 0) == refused
     assert summary["limit_refusals"].get("402 in_flight_budget_exhausted", 0) == refused
     assert summary["spend_this_run"] == pytest.approx(sum(x["cost"] for x in server.ledger()), abs=1e-9)
     billed, kept = billed_and_kept(server, tmp_path / "r.jsonl")
-    assert billed == kept and len(kept) == 40
+    assert billed == kept and len(kept) == 30
     # sized to the balance from the first request: what was read, and the ceiling learned
     money = summary["money_in_flight"]
     assert money["balance_read"] == pytest.approx(0.10)
@@ -52,9 +52,9 @@ def test_in_flight_402s_are_waits_and_every_prompt_is_answered(standin, tmp_path
 def test_money_short_spends_the_balance_down_and_a_top_up_finishes(standin, tmp_path):
     """The balance runs down to less than two requests' worst case (the in-flight budget
     is half of it): exit 3, every billed answer kept, no failure; a top-up finishes."""
-    server = standin(balance=0.02, inflight_ratio=0.5, settle=0.2, ledger=True)
+    server = standin(balance=0.008, inflight_ratio=0.5, settle=0.01, latency=0.05, ledger=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
-    flags = ("--max-tokens", "1024", "--concurrency", "16")
+    flags = ("--max-tokens", "256", "--concurrency", "16")
     r, summary, failed = run(server, prompts, tmp_path, *flags)
     assert r.code == 3, r.stderr
     assert summary["stop_reason"] == "payment" and failed == []
