@@ -6,6 +6,8 @@ key/workspace/guardrail budgets are money stops (exit 3) that fail no prompt, mo
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 from conftest import read_jsonl, write_jsonl
@@ -76,18 +78,34 @@ def test_money_short_spends_the_balance_down_and_a_top_up_finishes(standin, tmp_
 
 @pytest.mark.parametrize("status", [403, 402])
 def test_key_limit_is_a_money_stop_that_fails_no_prompt(standin, tmp_path, status):
-    server = standin(key_limit=0.01, limit_status=status, ledger=True)
+    """The key's limit is lowered to what is spent once 10 answers are billed: every
+    request after that is refused with STATUS (limit_source openrouter_key_limit)."""
+    server = standin(key_limit=10.0, limit_status=status, latency=0.1, ledger=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
-    flags = ("--max-tokens", "512", "--concurrency", "8", "--max-attempts", "1")
+    flags = ("--max-tokens", "512", "--concurrency", "4", "--max-attempts", "1")
+    lowered = []
+
+    def reach_the_limit():
+        while len(server.ledger()) < 10:
+            time.sleep(0.01)  # the ledger file has no event to wait on
+        lowered.append(server.stats()["total_usage"])
+        server.configure(key_limit=lowered[0])
+
+    watcher = threading.Thread(target=reach_the_limit, daemon=True)
+    watcher.start()
     r, summary, failed = run(server, prompts, tmp_path, *flags)
+    watcher.join(timeout=30)
     assert r.code == 3, r.stderr
     assert summary["stop_reason"] == "key-limit" and failed == [] and summary["failed"] == {}
-    assert summary["limit"]["limit_source"] == "openrouter_key_limit"
-    assert summary["limit"]["limit_usd"] == 0.01 and summary["limit"]["status"] in (402, status)
-    assert summary["money_in_flight"]["balance_read"] == pytest.approx(0.01)  # /key limit_remaining
+    limit = summary["limit"]
+    assert limit["limit_source"] == "openrouter_key_limit" and limit["status"] == status
+    assert limit["limit_usd"] == pytest.approx(lowered[0]) and limit["scope"] == "key_limit"
+    assert server.stats()["refusals"][str(status)].get("openrouter_key_limit")
+    assert summary["money_in_flight"]["balance_read"] == pytest.approx(10.0)  # /key's limit_remaining
     billed, kept = billed_and_kept(server, tmp_path / "r.jsonl")
-    assert billed == kept and 0 < len(kept) < 60
-    assert "key's spending limit" in " ".join(r.stderr.split())
+    assert billed == kept and 10 <= len(kept) < 60
+    said = " ".join(r.stderr.split())
+    assert "key's spending limit" in said and f"limit ${limit['limit_usd']:g}" in said
     server.configure(key_limit=None)
     r, summary, failed = run(server, prompts, tmp_path, *flags)
     assert r.code == 0, r.stderr
