@@ -10,12 +10,13 @@ balance that OpenRouter does not publish, so kp-infer learns it:
                      /key's limit_remaining) - what this run spent since that read
     ratio          starts at START_RATIO (the balance itself, from the first request);
                    an in-flight 402 cuts it to CUT (90%) of what was in flight then, as a
-                   share of spendable (the requests refused with it are let go one by
-                   one, so a burst of 402s cuts down to what OpenRouter took), but by no
-                   more than half in one burst (GROW_EVERY seconds): a request refused
-                   while ours have just finished meets reservations OpenRouter still
-                   counts for a while; every GROW_EVERY seconds without one it grows by
-                   GROW_FACTOR, up to MAX_RATIO
+                   share of spendable. "In flight" counts the requests finished within
+                   RECENT s too: OpenRouter still counts them, so a 402 that comes as ours
+                   end does not mean that what runs now is too much. The requests refused
+                   with it are let go one by one, so a burst of 402s cuts down to what
+                   OpenRouter took, but by no more than half in one burst (GROW_EVERY
+                   seconds). Every GROW_EVERY seconds without one it grows by GROW_FACTOR,
+                   up to MAX_RATIO
 
 so the ceiling follows the balance down as it is spent, and `--max-tokens` decides how
 many requests it holds (a request's worst case is mostly max_tokens x completion price).
@@ -42,6 +43,7 @@ CUT = 0.9
 DEEPEST_CUT = 0.5
 GROW_EVERY = 1.0
 GROW_FACTOR = 1.02
+RECENT = 1.0
 
 
 class MoneyInFlight:
@@ -61,6 +63,8 @@ class MoneyInFlight:
         self._burst_floor: tuple[float, float | None] = (0.0, None)
         self._last_grow = clock()
         self._waiters: deque[tuple[float, asyncio.Future]] = deque()
+        self._finished: deque[tuple[float, float]] = deque()  # (when, worst case), RECENT s
+        self._finished_sum = 0.0
         self._timer: asyncio.TimerHandle | None = None
 
     # -- the balance ----------------------------------------------------------------------
@@ -106,7 +110,13 @@ class MoneyInFlight:
                 self.release(amount)
             raise
 
-    def release(self, amount: float) -> None:
+    def release(self, amount: float, finished: bool = True) -> None:
+        """A request ended (FINISHED: it ran, so OpenRouter may count it a while longer;
+        False: it was refused, nothing was reserved for it there)."""
+        if finished:
+            now = self.clock()
+            self._finished.append((now, amount))
+            self._finished_sum += amount
         self.amount -= amount
         if self.amount < 1e-12:  # no drift left behind by float sums
             self.amount = 0.0
@@ -135,12 +145,23 @@ class MoneyInFlight:
             self.cuts += 1
         self._last_grow = now
         left = self.spendable()
+        counted = self.amount + self._recently_finished(now)
         if left:
-            self.ratio = max(self._burst_floor[0], min(self.ratio, CUT * self.amount / left))
+            self.ratio = max(self._burst_floor[0], min(self.ratio, CUT * counted / left))
         else:
-            cut = CUT * self.amount
+            cut = CUT * counted
             floor = self._burst_floor[1]
             self.fixed = cut if self.fixed is None else max(floor or 0.0, min(self.fixed, cut))
+
+    def _recently_finished(self, now: float) -> float:
+        """The worst cases of requests finished within RECENT seconds: OpenRouter counts
+        them a while after they end, so a 402 that comes when they have just ended does
+        not mean that what is running now is too much."""
+        while self._finished and self._finished[0][0] < now - RECENT:
+            self._finished_sum -= self._finished.popleft()[1]
+        if not self._finished:
+            self._finished_sum = 0.0
+        return self._finished_sum
 
     def _maybe_grow(self) -> None:
         now = self.clock()

@@ -82,7 +82,7 @@ class PromptWork:
                     self.stats.retries[result.cause] += 1
                     self.stats.limit_refusals[f"{result.status} {result.limit_reason or result.limit_source}"] += 1
                     self.money.refused(result.retry_after)
-                    self.money.release(reservation)
+                    self.money.release(reservation, finished=False)
                     holding_money = False
                     await self.limiter.release()
                     holding_slot = False
