@@ -196,8 +196,17 @@ def test_make_demo_runs_the_whole_pipeline_offline(tmp_path):
     assert "demo: done, offline" in r.stderr
     assert "responses      260 (failed: 0)" in r.stderr
     assert "(verified)" in r.stderr
+    assert "next: look at a row:  .venv/bin/python -m kimipipe.demo --row" in r.stderr
+    assert "one usage token per word" in r.stderr  # why the shards count more tokens
     manifest = json.loads((out / "shards" / "demo" / "manifest.json").read_text())
     assert manifest["totals"]["records"] == 260
+    # the first "next" step, as the README gives it: one row, its IDs decoded
+    row = subprocess.run([sys.executable, "-m", "kimipipe.demo", "--row", "demo-0021", "--out",
+                          str(out)], capture_output=True, text=True, timeout=120)
+    assert row.returncode == 0, row.stderr
+    assert "row demo-0021 (dataset demo)" in row.stdout
+    assert "<|im_assistant|>assistant<|im_middle|>" in row.stdout  # the template's end
+    assert "\n  Thinking about [" in row.stdout  # the output: reasoning first
     # the stand-in is gone: its port no longer answers
     port = int((out / "standin" / "port").read_text())
     import socket
