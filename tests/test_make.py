@@ -116,10 +116,11 @@ def test_money_stop_halts_the_build_and_raising_the_cap_resumes(standin, tmp_pat
     the make variable to change, with the figures; with one and with two HTTP workers."""
     server = standin(price_scale=200.0, ledger=True)
     flags = f"--backoff-base 0.05 --quiet --workers {workers}"
-    r = make(server, tmp_path, "all", MAX_COST=1, INFER_FLAGS=flags)
-    assert r.returncode != 0  # the plan saw it coming: nothing was sent
-    assert "MAX_COST $1.00 stops D1 before its TOKEN_BUDGET" in " ".join(r.stderr.split())
-    assert server.stats()["completions_started"] == 0
+    if workers == "1":  # the plan does not depend on the workers: once is enough
+        r = make(server, tmp_path, "all", MAX_COST=1, INFER_FLAGS=flags)
+        assert r.returncode != 0  # the plan saw it coming: nothing was sent
+        assert "MAX_COST $1.00 stops D1 before its TOKEN_BUDGET" in " ".join(r.stderr.split())
+        assert server.stats()["completions_started"] == 0
     r = make(server, tmp_path, "all", MAX_COST=1, ALLOW_SHORT=1, INFER_FLAGS=flags)
     assert r.returncode != 0
     said = " ".join(r.stderr.split())
