@@ -26,11 +26,6 @@ and `end() -> result` (the body ended without a decision). `post` returns that r
 one of the outcome objects of `outcomes.py` (CollectedResponse, Stalled, Broken), which
 the caller maps to its own error kinds.
 
-One module past 400 lines, on purpose: the connection protocol (`_Connection`) and the pool
-that owns its connections share private state on the hot path (the idle list, each
-request's future, the stall timer), and one cannot be read without the other; the request
-head and the outcome types are already apart (http11_message.py, outcomes.py).
-
 Limits: a response head of at most 64 KiB, an error body kept to its first MiB, a plain
 body of at most 256 MiB, an SSE line of at most 16 MiB. A response that breaks HTTP/1.1 is
 `Broken` and its connection closed.
