@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import textwrap
 import traceback
@@ -163,6 +164,21 @@ class Stderr:
         finally:
             self._bar = None
             bar.close()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """Inside, SIGTERM is a Ctrl-C (KeyboardInterrupt: files closed, locks released, exit
+    130) instead of an instant death; an event loop may handle both itself meanwhile."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def say(message: str, quiet: bool = False) -> None:

@@ -30,7 +30,8 @@ import asyncio
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import click
@@ -84,6 +85,7 @@ class Run(PromptWork):
                            taken_in=prepared.taken_in)
         self.limiter = AdaptiveLimiter(config.concurrency)
         self.stop_reason: StopReason | None = None
+        self.stopped_at: float | None = None  # when admission stopped: --grace counts from it
         self.stopping = asyncio.Event()
         self.settled = asyncio.Event()
         self.tasks: set[asyncio.Task] = set()
@@ -99,6 +101,7 @@ class Run(PromptWork):
         if self.stop_reason is None or (reason in (StopReason.DISK, StopReason.OUTPUT)
                                         and self.stop_reason.exit_code == ExitCode.OK):
             self.stop_reason = reason
+            self.stopped_at = self.stopped_at or time.monotonic()
             self.say(f"kp-infer: {reason.message}"
                      + (f"; waiting for {self.limiter.in_flight} requests in flight"
                         if self.limiter.in_flight else ""))
@@ -114,19 +117,36 @@ class Run(PromptWork):
             for task in list(self.tasks):
                 task.cancel()
 
-    # -- the run --------------------------------------------------------------------------
-    async def run(self) -> int:
-        loop = asyncio.get_running_loop()
+    @contextmanager
+    def signals_handled(self, loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+        """SIGINT and SIGTERM stop the run (a second one cancels what is in flight) for the
+        whole of its event loop's work, the transport's start and close included; then the
+        handlers found are put back (asyncio would leave SIGTERM to kill the process)."""
+        installed = []
         for sig in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(sig)
             try:
                 loop.add_signal_handler(sig, self._on_signal)
-            except (NotImplementedError, RuntimeError):
-                pass
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue
+            installed.append((sig, previous))
+        try:
+            yield
+        finally:
+            for sig, previous in installed:
+                try:
+                    loop.remove_signal_handler(sig)
+                    signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+                except (NotImplementedError, RuntimeError, ValueError):
+                    pass
+
+    # -- the run --------------------------------------------------------------------------
+    async def run(self) -> int:
         self.output.open()
         poller = publisher = None
         try:
-            if self.account is not None:
-                await self._check_balance()
+            if self.account is not None and not self.stopping.is_set():
+                await self._unless_stopped(self._check_balance())
                 poller = asyncio.create_task(self._poll_balance())
             if self.budget.total is not None and self.budget.total.shared is not None:
                 publisher = asyncio.create_task(self._publish_total_cost())
@@ -137,11 +157,6 @@ class Run(PromptWork):
             for task in (poller, publisher):
                 if task:
                     task.cancel()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                try:
-                    loop.remove_signal_handler(sig)
-                except (NotImplementedError, RuntimeError):
-                    pass
             self.output.close()
         return self.exit_code()
 
@@ -224,17 +239,33 @@ class Run(PromptWork):
         return False
 
     async def _drain(self) -> None:
-        if not self.tasks:
+        """Wait for the requests in flight once admission is over: all of them while the run
+        goes on; from a stop (before or during this wait) at most --grace seconds counted
+        from the stop, then the rest are cancelled (a second Ctrl-C cancels them at once)."""
+        tasks = set(self.tasks)
+        if not tasks:
             return
         if not self.stopping.is_set():
-            await asyncio.wait(set(self.tasks))
-            return
-        _done, pending = await asyncio.wait(set(self.tasks), timeout=self.config.grace)
-        for task in pending:
-            task.cancel()
+            await self._unless_stopped(asyncio.wait(tasks))
+        pending = {task for task in tasks if not task.done()}
         if pending:
-            await asyncio.wait(pending)
-            self.stats.abandoned += len(pending)
+            left = self.config.grace - (time.monotonic() - (self.stopped_at or time.monotonic()))
+            _done, pending = await asyncio.wait(pending, timeout=max(0.0, left))
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        self.stats.abandoned += sum(task.cancelled() for task in tasks)
+
+    async def _unless_stopped(self, awaitable) -> None:
+        """Await AWAITABLE, or stop waiting for it (and cancel it) as soon as the run stops."""
+        work = asyncio.ensure_future(awaitable)
+        stopped = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (work, stopped):
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
 
     # -- balance --------------------------------------------------------------------------
     async def _check_balance(self) -> None:
@@ -274,15 +305,17 @@ class Run(PromptWork):
 
 async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
                say: Callable[[str], None]) -> Run:
-    async with open_transport(config, prepared.todo) as transport:
-        account = Account(config.api_key, config.base_url, proxy=config.proxy) if config.min_credits is not None else None
-        try:
-            run = Run(config, prepared, budget, transport, progress, say, account)
-            await run.run()
-            return run
-        finally:
-            if account is not None:
-                await account.aclose()
+    account = Account(config.api_key, config.base_url, proxy=config.proxy) if config.min_credits is not None else None
+    run = Run(config, prepared, budget, None, progress, say, account)
+    try:
+        with run.signals_handled(asyncio.get_running_loop()):
+            async with open_transport(config, prepared.todo) as transport:
+                run.transport = transport
+                await run.run()
+    finally:
+        if account is not None:
+            await account.aclose()
+    return run
 
 
 def _event_loop_run(coro):
