@@ -97,7 +97,7 @@ class PromptWork:
                 self._fail(prompt, last.kind, Attempt("permanent", status=200, message=(
                     f"{last.message}; not sent again: the run stopped")), attempts,
                     provider=last.provider, generation_id=last.generation_id)
-            self.in_progress.discard(prompt.id)
+            self.in_progress.pop(prompt.id, None)
             self.budget.release(reservation)
             self.disk.release(record_bound)
             if holding_slot:

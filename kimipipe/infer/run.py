@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..cli import progress_interval, stderr_is_terminal, stderr_width
 from ..errors import ExitCode
 from ..io import iter_records
 from ..openrouter.account import Account
@@ -49,16 +50,9 @@ from .output import Output
 from .plan import plan_json, plan_text
 from .prepare import PROMPT_DECODER, Prepared, check_outputs, output_locks, prepare
 from .process_pool import open_transport
+from .progress import ProgressSnapshot, progress_line
 from .prompt_work import PromptWork
-from .report import (
-    Stats,
-    StopReason,
-    exit_code,
-    format_summary,
-    progress_postfix,
-    summary,
-    write_summary_json,
-)
+from .report import Stats, StopReason, exit_code, format_summary, summary, write_summary_json
 from .total_cost import PUBLISH_INTERVAL
 from .worker_process import freeze_startup_objects
 
@@ -89,9 +83,11 @@ class Run(PromptWork):
         self.stopping = asyncio.Event()
         self.settled = asyncio.Event()
         self.tasks: set[asyncio.Task] = set()
-        self.in_progress: set[str] = set()
+        self.in_progress: dict[str, float] = {}  # prompt ID -> when admitted, oldest first
         self.refused: dict[str, list[Refusal]] = {}  # answers refused, by prompt in flight
-        self._last_postfix = 0.0
+        self.waiting: str | None = None  # what holds admission back, for the progress line
+        self.terminal = stderr_is_terminal()  # else plain progress lines now and then
+        self._last_shown = 0.0
         self._interrupts = 0
 
     # -- stopping -------------------------------------------------------------------------
@@ -144,6 +140,7 @@ class Run(PromptWork):
     async def run(self) -> int:
         self.output.open()
         poller = publisher = None
+        ticker = asyncio.create_task(self._tick_progress())
         try:
             if self.account is not None and not self.stopping.is_set():
                 await self._unless_stopped(self._check_balance())
@@ -152,11 +149,13 @@ class Run(PromptWork):
                 publisher = asyncio.create_task(self._publish_total_cost())
             if not self.stopping.is_set():
                 await self._admit_all()
+                self.waiting = "all sent"
             await self._drain()
         finally:
-            for task in (poller, publisher):
+            for task in (poller, publisher, ticker):
                 if task:
                     task.cancel()
+            self._show_progress(draw=False)  # the last frame is drawn when the bar closes
             self.output.close()
         return self.exit_code()
 
@@ -179,11 +178,12 @@ class Run(PromptWork):
             if not await self.disk.wait_for_room(record_bound, self.stopping, self.settled,
                                                  self.say, self._show_waiting):
                 return
+            self.waiting = None
             if not await self._acquire_unless_stopped():
                 return
             self.budget.reserve(reservation)
             self.disk.reserve(record_bound)
-            self.in_progress.add(prompt.id)
+            self.in_progress[prompt.id] = time.monotonic()
             task = asyncio.create_task(self._handle(prompt, line, reservation, record_bound))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -220,6 +220,8 @@ class Run(PromptWork):
             total = self.budget.total
             # another run sharing --total-cost may give room back: look again now and then
             poll = blocker == "total-cost" and total is not None and total.others_may_free_room()
+            self.waiting = (f"--{blocker} room" if blocker
+                            else "--token-budget room")  # (the progress line says so)
             if not self.in_progress and not poll:  # nothing in flight will free budget
                 if blocker == "max-cost":
                     self.stop(StopReason.MAX_COST)
@@ -289,18 +291,60 @@ class Run(PromptWork):
             self.budget.total.publish(self.budget.spent_this_run, self.budget.claimed())
 
     # -- progress -------------------------------------------------------------------------
-    def _show_progress(self, now: bool = False) -> None:
-        clock = time.monotonic()
-        if not now and clock - self._last_postfix < 0.5:
+    def snapshot(self) -> ProgressSnapshot:
+        """The run now, for the progress line (infer/progress.py)."""
+        now = time.monotonic()
+        stats, budget = self.stats, self.budget
+        failed = sum(stats.failed.values())
+        finished = stats.done + failed
+        elapsed = max(1e-6, now - stats.started)
+        left = max(0, self.prepared.todo - finished)
+        oldest = next(iter(self.in_progress.values()), None)
+        rate_limited = stats.retries["429"]
+        grace_left = None
+        if self.stopped_at is not None:
+            grace_left = max(0.0, self.config.grace - (now - self.stopped_at))
+        return ProgressSnapshot(
+            finished=finished, total=self.prepared.todo, failed=failed,
+            in_flight=self.limiter.in_flight, limit=self.limiter.current,
+            concurrency=self.config.concurrency, waiting=self.waiting,
+            stopping=self.stop_reason.slug if self.stop_reason else None, grace_left=grace_left,
+            spent=budget.spent if budget.max_cost is not None else budget.spent_this_run,
+            cap=budget.max_cost,
+            rate_limited=rate_limited, retries=sum(stats.retries.values()) - rate_limited,
+            eta=left * elapsed / finished if finished and left and not self.stopping.is_set() else None,
+            oldest=now - oldest if oldest is not None else None,
+            backing_off=max(0, len(self.in_progress) - self.limiter.in_flight),
+            tokens_per_s=stats.completion_tokens / elapsed,
+            tokens_left=(max(0, budget.token_budget - budget.tokens)
+                         if budget.token_budget else None))
+
+    def _show_progress(self, now: bool = False, draw: bool = True) -> None:
+        """Put the run's state on the progress line: on a terminal at most twice a second,
+        or NOW; as a plain line (stderr not a terminal) only when NOW (the ticker's
+        interval, or a change of state worth a line of its own)."""
+        if self.progress.disable:
             return
-        self._last_postfix = clock
-        postfix = progress_postfix(self.stats, self.budget, self.limiter.in_flight, self.limiter.current)
-        if self.disk.waiting:
-            postfix = f"waiting for disk, {postfix}"
-        self.progress.set_postfix_str(postfix, refresh=now)
+        clock = time.monotonic()
+        if not now and draw and clock - self._last_shown < 0.5:
+            return
+        self._last_shown = clock
+        width = stderr_width() - 1 if self.terminal else None  # -1: no wrap at the last column
+        self.progress.set_description_str(progress_line(self.snapshot(), width), refresh=False)
+        if draw and (now or self.terminal):
+            self.progress.refresh()
 
     def _show_waiting(self) -> None:
+        self.waiting = "disk"
         self._show_progress(now=True)
+
+    async def _tick_progress(self) -> None:
+        """Redraw now and then, not only when a prompt finishes: the ETA, the age of the
+        oldest request and a stop's grace move with time."""
+        interval = 1.0 if self.terminal else progress_interval()
+        while True:
+            await asyncio.sleep(interval)
+            self._show_progress(now=True)
 
 
 async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
@@ -343,7 +387,9 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
             return ExitCode.OK
         try:
             freeze_startup_objects()
-            with say.progress(total=prepared.todo, desc="kp-infer", unit="req") as bar:
+            # the whole line is infer/progress.py's, redrawn by the run (mininterval: never by tqdm)
+            with say.progress(total=prepared.todo, desc=f"kp-infer 0/{prepared.todo:,}", unit="req",
+                              bar_format="{desc}", mininterval=float("inf")) as bar:
                 run = _event_loop_run(_run(config, prepared, budget, bar, say))
         finally:
             if budget.total is not None:  # this run's entry in --reservations: ended
