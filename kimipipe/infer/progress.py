@@ -4,24 +4,26 @@
 fills it); `progress_line(snapshot, width)` turns it into one line of at most WIDTH
 columns. Its parts, most important first; those that do not fit are left off from the end:
 
-    kp-infer 120/400 (2 failed), 64 in flight (max 64), $1.23 of $10, ETA 4m10s,
-    429s 12, retries 3, oldest 41s, 5 in back-off, 850 tok/s, 1.2M tok left
+    kp-infer: 120/400, 64 in flight (max 64), $1.23 of $10, 429s 12, 2 failed, ETA 4m10s,
+    oldest 41s, retries 3, 5 in back-off, 850 tok/s, 1.2M tok left
 
-- `120/400`: prompts finished this run (answered or failed) of those to do.
+- `120/400`: prompts finished this run (answered or failed) of those to do; `kp-infer: `
+  leads only when the whole line fits.
 - in flight, and what limits it: `(max 64)` is --concurrency; `(limit 48 after 429s)` when
   the adaptive limit shrank (a count above it is the requests sent before it shrank, still
   finishing); then what holds admission back if anything but a free slot does:
   `waiting for disk`, `waiting for --max-cost room` (reservations of the worst case),
   `waiting for --total-cost room`, `waiting for --token-budget room`, `all sent` once the
-  input is exhausted; after a stop, `stopping: ... grace 41s left`.
+  input is exhausted; after a stop, `stopping (interrupted), 41s grace left`: the
+  requests in flight get at most that long (--grace) before they are cancelled.
 - `$1.23 of $10`: the spend counted against --max-cost (this run and the earlier ones
   recorded in the output), of the cap; without a cap the spend of this run. The slot for
   money in flight (`$0.40 in flight of $2.00`, a ceiling of dollars in flight) comes next
   when the run sets `money_in_flight`.
-- `ETA`, `429s` (rate limits met), `retries` (other retryable failures), `oldest` (the age
-  of the oldest prompt in flight, retries included: a hung request shows here), prompts
-  waiting in back-off before their next attempt, completion tokens per second, and
-  what is left of --token-budget.
+- `429s` (rate limits met), prompts failed this run, `ETA`, `oldest` (the age of the
+  oldest prompt in flight, retries included: a hung request shows here), `retries` (other
+  retryable failures), prompts waiting in back-off before their next attempt, completion
+  tokens per second, and what is left of --token-budget.
 
 A terminal 100 columns wide or more also gets a small bar after the count. When stderr is
 not a terminal (make, a log file), cli.progress prints the line whole (no width limit, no
@@ -65,8 +67,6 @@ def progress_line(snap: ProgressSnapshot, width: int | None = None, name: str = 
     """The line for SNAP in at most WIDTH columns (None: no limit, and no bar). NAME leads
     it when everything fits; when not, it goes first, then the parts from the last."""
     head = f"{snap.finished:,}/{snap.total:,}"
-    if snap.failed:
-        head += f" ({snap.failed:,} failed)"
     parts = [head, *_parts(snap)]
     line = f"{name}: {SEPARATOR.join(parts)}"
     if width is None:
@@ -93,6 +93,8 @@ def _parts(snap: ProgressSnapshot) -> list[str]:
         parts.append(f"{money(in_flight)} in flight of {money(ceiling)}")
     if snap.rate_limited:
         parts.append(f"429s {snap.rate_limited:,}")
+    if snap.failed:
+        parts.append(f"{snap.failed:,} failed")
     if snap.eta is not None:
         parts.append(f"ETA {duration(snap.eta)}")
     if snap.oldest is not None:
@@ -111,9 +113,9 @@ def _in_flight(snap: ProgressSnapshot) -> str:
     """The requests in flight and what limits them: one part, never left off."""
     text = f"{snap.in_flight:,} in flight"
     if snap.stopping is not None:
-        grace = (f", grace {duration(snap.grace_left)} left"
+        grace = (f", {duration(snap.grace_left)} grace left"
                  if snap.grace_left is not None and snap.in_flight else "")
-        return f"{text}, stopping ({snap.stopping}{grace})"
+        return f"{text}, stopping ({snap.stopping}){grace}"
     if snap.waiting == "all sent":
         return f"{text}, all sent"
     if snap.waiting:

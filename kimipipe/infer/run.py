@@ -388,7 +388,7 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
         try:
             freeze_startup_objects()
             # the whole line is infer/progress.py's, redrawn by the run (mininterval: never by tqdm)
-            with say.progress(total=prepared.todo, desc=f"kp-infer 0/{prepared.todo:,}", unit="req",
+            with say.progress(total=prepared.todo, desc=f"kp-infer: 0/{prepared.todo:,}", unit="req",
                               bar_format="{desc}", mininterval=float("inf")) as bar:
                 run = _event_loop_run(_run(config, prepared, budget, bar, say))
         finally:
