@@ -28,6 +28,10 @@ from kimipipe.infer.progress import ProgressSnapshot, progress_line
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 PROGRESS = re.compile(r"^(kp-infer: )?\d[\d,]*/\d[\d,]*\b")  # a progress frame, not a message
+WHOLE_PART_AT_END = re.compile(
+    r"(^(kp-infer: )?[\d,]+/[\d,]+|\(max \d+\)|after 429s\)|all sent|waiting for [-\w ]+|"
+    r"\$[\d.,]+ (of \$[\d.,]+|spent)|429s [\d,]+|[\d,]+ failed|(ETA|oldest) (\d+h\d\dm|\d+m\d\ds|\d+s)|"
+    r"retries [\d,]+|in back-off|[\d,]+ tok/s|tok left)$")
 
 
 def start(server, *args, **popen) -> subprocess.Popen:
@@ -76,6 +80,9 @@ def test_progress_line_fits_an_80_column_terminal_with_its_essentials(standin, t
     progress = [f.rstrip() for f in frames if PROGRESS.match(f)]
     assert len(progress) >= 3, drawn
     assert all(len(f) <= 80 for f in progress), [f for f in progress if len(f) > 80]
+    # fitted by leaving whole parts off, not cut at the edge of the terminal
+    cut = [f for f in progress if not WHOLE_PART_AT_END.search(f)]
+    assert not cut, cut
     seen = "\n".join(progress)
     assert "/12" in progress[-1].split(",")[0] and "12/12" in progress[-1]
     assert re.search(r"\d+ in flight \((max 4|limit \d after 429s)\)", seen), seen
