@@ -19,10 +19,12 @@ admitted prompt (attempts, retries, refused answers, records) is infer/prompt_wo
 
 A stop ends admission: the budget (`--max-cost`, `--token-budget`), a 402, the balance
 under `--min-credits` (polled), a 401 or 404, a failed write to the output, or SIGINT/SIGTERM. Requests in
-flight then finish within `--grace` seconds (they are paid for) and are written; a second
-Ctrl-C cancels them at once. Memory holds the IDs, the requests in flight and their prompt
-lines; answers are written as they arrive.
-"""
+flight then finish within `--grace` seconds counted from the stop (they are paid for) and
+are written, also when the stop comes after the last admission; prompts in back-off are
+not sent again; a second Ctrl-C cancels at once. The handlers cover the whole event loop
+(the workers' start and close too); outside it SIGINT/SIGTERM exit 130 at once
+(`cli.sigterm_as_ctrl_c`). The progress line (infer/progress.py) shows `Run.snapshot()`.
+Memory holds the IDs, the requests in flight and their prompt lines."""
 
 from __future__ import annotations
 
@@ -320,9 +322,8 @@ class Run(PromptWork):
                          if budget.token_budget else None))
 
     def _show_progress(self, now: bool = False, draw: bool = True) -> None:
-        """Put the run's state on the progress line: on a terminal at most twice a second,
-        or NOW; as a plain line (stderr not a terminal) only when NOW (the ticker's
-        interval, or a change of state worth a line of its own)."""
+        """The line: on a terminal at most twice a second, or NOW; off a terminal a plain
+        line only when NOW (the ticker, or a change of state worth a line of its own)."""
         if self.progress.disable:
             return
         clock = time.monotonic()
