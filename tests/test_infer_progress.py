@@ -193,3 +193,17 @@ def test_sigterm_while_reading_the_input_exits_130(standin, tmp_path):
     assert server.stats()["completions_started"] == 0
     r = infer(server, tmp_path / "p.jsonl", "-o", out, "--workers", "0")  # not locked out
     assert r.code == 0 and len(ids_of(out)) == 2
+
+
+def test_sigterm_during_the_preflight_exits_130_at_once(standin, tmp_path):
+    """--preflight's few requests hang: SIGTERM ends it like a Ctrl-C (exit 130, one line),
+    not a silent death, and not after the answers."""
+    server = standin(latency=60)
+    prompts = make_prompts(tmp_path / "p.jsonl", 2)
+    proc = start(server, prompts, "-o", tmp_path / "r.jsonl", "--preflight", "2",
+                 stderr=subprocess.PIPE)
+    wait_until(lambda: server.stats()["in_flight"] == 2, proc, "the preflight's requests")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)  # not the 60 s the answers take
+    assert proc.returncode == 130, err
+    assert b"interrupted" in err and b"Traceback" not in err
