@@ -101,7 +101,8 @@ class Run(PromptWork):
             self.stop_reason = reason
             self.stopped_at = self.stopped_at or time.monotonic()
             self.say(f"kp-infer: {reason.message}"
-                     + (f"; waiting for {self.limiter.in_flight} requests in flight"
+                     + (f"; waiting up to {self.config.grace:g} s (--grace) for "
+                        f"{self.limiter.in_flight} requests in flight"
                         if self.limiter.in_flight else ""))
         self.stopping.set()
         self.settled.set()
