@@ -72,6 +72,7 @@ from ..cli import (
     partition_option,
     read_api_key,
     run_command,
+    sigterm_as_ctrl_c,
 )
 from ..errors import ExitCode, KPError
 from ..infer.config import RunConfig
@@ -327,9 +328,10 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         max_cost=max_cost, token_budget=token_budget, total_cost=total_cost, spent_in=list(spent_in),
         reservations=reservations, min_credits=min_credits,
         credits_interval=credits_interval)
-    if preflight is not None:
-        return run_preflight(config, preflight, as_json, Stderr(quiet), click.echo)
-    return run_infer(config, Stderr(quiet))
+    with sigterm_as_ctrl_c():  # a `kill` or a stopped container: exit 130 with the summary
+        if preflight is not None:
+            return run_preflight(config, preflight, as_json, Stderr(quiet), click.echo)
+        return run_infer(config, Stderr(quiet))
 
 
 main = run_command(cli)
