@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import textwrap
 import traceback
@@ -121,13 +122,72 @@ def common_options(f):
     return quiet_option(debug_option(f))
 
 
+PROGRESS_INTERVAL_ENV = "KP_PROGRESS_INTERVAL"
+# Without the bar graphics: at 80 columns tqdm's bar squeezes to one character and the
+# counts after it are cut off.
+NARROW_FORMAT = "{desc}: {n_fmt}/{total_fmt} {percentage:.0f}% [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+
+
+def progress_interval() -> float:
+    """Seconds between plain progress lines when stderr is not a terminal: 10, or
+    KP_PROGRESS_INTERVAL (tests shorten it)."""
+    try:
+        return max(0.05, float(os.environ.get(PROGRESS_INTERVAL_ENV) or 10))
+    except ValueError:
+        return 10.0
+
+
+def stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def stderr_width() -> int:
+    """The terminal's columns on stderr (80 when it cannot be told)."""
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns or 80
+    except (AttributeError, OSError, ValueError):
+        return 80
+
+
+class PlainLines:
+    """A file for tqdm when stderr is not a terminal (make, a log): each frame a line of
+    its own, no carriage returns and no padding."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.encoding = getattr(stream, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> None:
+        line = text.replace("\r", "").rstrip()
+        if line:
+            self.stream.write(line + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
 def progress(total: int | None = None, desc: str = "", unit: str = "rec", quiet: bool = False,
              **kwargs) -> tqdm:
-    """A progress bar on stderr (never stdout), silenced by --quiet."""
+    """A progress bar on stderr (never stdout), silenced by --quiet.
+
+    On a terminal: tqdm's frames, redrawn in place, without the bar graphics when the
+    terminal is under 100 columns. Otherwise plain lines, one every KP_PROGRESS_INTERVAL
+    seconds (default 10; see `progress_interval`)."""
     from tqdm import tqdm  # here, not at the top: ~30 ms of start-up (tqdm.version)
 
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=quiet,
-                dynamic_ncols=True, mininterval=0.5, **kwargs)
+    if stderr_is_terminal():
+        options = {"file": sys.stderr, "dynamic_ncols": True, "mininterval": 0.5}
+        if total and stderr_width() < 100:
+            options["bar_format"] = NARROW_FORMAT
+    else:
+        options = {"file": PlainLines(sys.stderr), "mininterval": progress_interval()}
+        if total:
+            options["bar_format"] = NARROW_FORMAT
+    options.update(kwargs)
+    return tqdm(total=total, desc=desc, unit=unit, disable=quiet, **options)
 
 
 class Stderr:
@@ -163,6 +223,21 @@ class Stderr:
         finally:
             self._bar = None
             bar.close()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """Inside, SIGTERM is a Ctrl-C (KeyboardInterrupt: files closed, locks released, exit
+    130) instead of an instant death; an event loop may handle both itself meanwhile."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def say(message: str, quiet: bool = False) -> None:

@@ -9,6 +9,7 @@ Then it prints what was made (records, tokens, spend as billed by the stand-in, 
 survived), and the stand-in is stopped, also when the demo is interrupted.
 
     python -m kimipipe.demo --out demo-out
+    python -m kimipipe.demo --row              # then: one finished row, decoded
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import msgspec
 
 from .standin.testing import StandIn
 
@@ -73,13 +76,46 @@ def run_demo(out: Path, make: str = "make", venv: str = ".venv", quiet_make: boo
     return report
 
 
+def show_row(out: Path, row_id: str | None) -> str:
+    """One record of the demo's tokens file (the first, or ROW_ID), with its IDs decoded by
+    the demo tokenizer: what kp-shard turns into a training row."""
+    from .io import iter_records
+    from .tokenize.load import load_tokenizer, offline_environment, prepare_tokenizer_dir
+
+    path = out / "work" / "demo.tokens.jsonl.zst"
+    if not path.exists():
+        raise SystemExit(f"demo: {path} does not exist: run `make demo` first")
+    for _lineno, record, _line in iter_records(str(path), msgspec.json.Decoder()):
+        if row_id is None or record["id"] == row_id:
+            break
+    else:
+        raise SystemExit(f"demo: no row {row_id!r} in {path}")
+    offline_environment()
+    tok = load_tokenizer(prepare_tokenizer_dir(str(DEMO_TOKENIZER), True), trust_remote_code=True)
+    ins, outs = record["input_ids"], record["output_ids"]
+    return "\n".join([
+        f"{path}: row {record['id']} (dataset {record['dataset']})",
+        f"input_ids   {len(ins)} tokens: {ins[:12]} ...",
+        f"output_ids  {len(outs)} tokens: {outs[:12]} ...",
+        "decoded input (the chat template, as the target saw it):",
+        "  " + tok.decode(ins)[-300:].replace("\n", "\n  "),
+        "decoded output (what the target wrote, reasoning first):",
+        "  " + tok.decode(outs)[:300].replace("\n", "\n  ") + " ...",
+    ])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m kimipipe.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="demo-out", help="where the demo writes (replaced)")
     parser.add_argument("--make", default="make", help="the make command to run")
     parser.add_argument("--venv", default=".venv", help="the virtual environment make uses")
+    parser.add_argument("--row", nargs="?", const="", default=None, metavar="ID",
+                        help="run nothing: show one finished row of an earlier demo, decoded")
     args = parser.parse_args()
+    if args.row is not None:
+        print(show_row(Path(args.out).resolve(), args.row or None))
+        return
     try:
         report = run_demo(Path(args.out).resolve(), args.make, args.venv)
     except KeyboardInterrupt:
@@ -98,6 +134,12 @@ def main() -> None:
             f"  shards         {report['shards']} files, {report['shard_records']} rows, "
             f"{report['input_tokens']} input + {report['output_tokens']} output tokens (verified)",
             f"  everything in  {report['out']}/ (work/: prompts, responses, tokens; shards/demo/)",
+            "  (the stand-in bills one usage token per word it writes; the bundled mini tokenizer",
+            "   has 1,158 tokens, so it spends several on a word: the shards count more tokens.",
+            "   Against OpenRouter, usage comes from the provider's own Kimi tokenizer.)",
+            "",
+            "next: look at a row:  .venv/bin/python -m kimipipe.demo --row",
+            "next: a real run:     README.md, \"A real run against OpenRouter\" (make plan, make pilot)",
         ]),
         file=sys.stderr,
     )

@@ -270,3 +270,26 @@ def test_dash_h_is_help(command):
 def test_version(command):
     r = kp(command.name, "--version")
     assert r.code == 0 and r.stdout.decode() == f"kp-{command.name} {__version__}\n"
+
+
+def test_infer_help_reads_as_a_paying_user_reads_it():
+    """kp-infer's options come in sections, money first, every option in one; `-m` is
+    --model; the default --concurrency is set beside the README's 2000."""
+    from kimipipe.commands.infer import OPTION_SECTIONS
+
+    text = kp("infer", "--help").stdout.decode()
+    headings = [line[:-1] for line in text.splitlines() if line.endswith(":") and
+                not line.startswith(" ") and line[:-1] in {*OPTION_SECTIONS, "Other options"}]
+    assert headings == [*OPTION_SECTIONS, "Other options"]
+    other = text.split("\nOther options:\n")[1].split("\n\n")[0]
+    assert [line.split()[0] for line in other.splitlines()] == ["-q,", "--debug", "--version",
+                                                                "-h,"]
+    assert text.index("--max-cost USD") < text.index("--quantization") < text.index(
+        "--max-tokens") < text.index("--concurrency")
+    assert "-m, --model TEXT" in text
+    concurrency = " ".join(text.split("--concurrency INTEGER RANGE")[1].split("\n\n")[0].split())
+    assert "[default: 64" in concurrency and "use 2000" in concurrency
+    named = {name for names in OPTION_SECTIONS.values() for name in names}
+    options = {p.name for p in click_command("infer").params if isinstance(p, click.Option)}
+    assert options - {"help", "version", "quiet", "debug"} <= named, "put it in a section"
+    assert named <= options, "a section names an option kp-infer does not have"

@@ -126,3 +126,30 @@ def test_type_checking_imports_are_not_edges(tmp_path):
     assert graph["pkg.a"] == set() and graph["pkg.b"] == {"pkg.a"}
     (pkg / "a.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    pass\nfrom .b import B\n")
     assert find_cycle(import_graph(pkg, "pkg")) is not None
+
+
+def test_httpx_loads_without_its_command_line_tool():
+    """kimipipe/__init__.py keeps httpx from importing its CLI (rich, pygments) at every
+    start; the client itself still works (a real request to a loopback server)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import http.server, threading, sys\n"
+        "import kimipipe.commands.infer, kimipipe.commands.credits, httpx\n"
+        "assert 'rich' not in sys.modules and 'pygments' not in sys.modules, 'CLI imported'\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.send_header('Content-Length', '2')\n"
+        "        self.end_headers(); self.wfile.write(b'ok')\n"
+        "    def log_message(self, *a): pass\n"
+        "s = http.server.HTTPServer(('127.0.0.1', 0), H)\n"
+        "threading.Thread(target=s.serve_forever, daemon=True).start()\n"
+        "r = httpx.get(f'http://127.0.0.1:{s.server_port}/', trust_env=False)\n"
+        "assert r.status_code == 200 and r.text == 'ok'\n"
+        "import importlib.util\n"
+        "assert importlib.util.find_spec('rich') is not None  # installed: the guard matters\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr

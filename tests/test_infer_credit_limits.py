@@ -14,11 +14,12 @@ from conftest import read_jsonl, write_jsonl
 from test_infer import ids_of, infer, make_prompts
 
 
-def run(server, prompts, tmp_path, *flags, name="r"):
+def run(server, prompts, tmp_path, *flags, name="r", env=None):
     """One kp-infer run over PROMPTS into tmp_path/NAME.jsonl: (result, summary, failures)."""
     out, failures, summary = (tmp_path / f"{name}.jsonl", tmp_path / f"{name}.failures.jsonl",
                               tmp_path / f"{name}.summary.json")
-    r = infer(server, prompts, "-o", out, "--failures", failures, "--summary-json", summary, *flags)
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--summary-json", summary, *flags,
+              env=env)
     failed = read_jsonl(failures) if failures.exists() else []
     return r, json.loads(summary.read_text()), failed
 
@@ -35,7 +36,8 @@ def test_in_flight_402s_are_waits_and_every_prompt_is_answered(standin, tmp_path
     server = standin(balance=0.10, inflight_ratio=0.5, settle=0.01, latency=0.2, ledger=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 30)
     r, summary, failed = run(server, prompts, tmp_path, "--max-tokens", "4096",
-                             "--concurrency", "30", "--max-attempts", "1")
+                             "--concurrency", "30", "--max-attempts", "1",
+                             env={"KP_PROGRESS_INTERVAL": "1"})
     assert r.code == 0, r.stderr
     assert summary["done"] == 30 and failed == [] and summary["stop_reason"] is None
     refused = server.stats()["refusals"]["402"].get("in_flight_budget_exhausted", 0)
@@ -48,7 +50,7 @@ def test_in_flight_402s_are_waits_and_every_prompt_is_answered(standin, tmp_path
     money = summary["money_in_flight"]
     assert money["balance_read"] == pytest.approx(0.10)
     assert money["peak"] <= 0.10 * 2.0 + 1e-9
-    assert "$in-flight" in r.stderr  # the progress line shows the money in flight
+    assert " in flight of $" in r.stderr  # the progress line shows the money in flight
 
 
 def test_money_short_spends_the_balance_down_and_a_top_up_finishes(standin, tmp_path):

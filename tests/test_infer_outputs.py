@@ -85,8 +85,12 @@ def test_a_second_make_all_stops_at_the_locked_output(standin, tmp_path):
                              start_new_session=True)
     try:
         wait_for_lines(responses, 10, first)
+        # the first build must still be answering when the second reaches kp-infer, however
+        # loaded the machine: slow answers while the second runs, fast ones after
+        server.configure(latency=8.0)
         second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         assert first.poll() is None
+        server.configure(latency=0.05)
         _, err = first.communicate(timeout=300)
     finally:
         if first.poll() is None:

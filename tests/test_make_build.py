@@ -10,12 +10,13 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 from collections import Counter
 
 import pytest
 from conftest import REPO, read_jsonl
-from test_make import SOURCE, VENV, make_command
+from test_make import SOURCE, TOKENIZER, VENV, make_command
 
 from kimipipe.standin.answers import user_text_sha256
 
@@ -240,6 +241,23 @@ def test_make_check_finds_what_would_fail_later_before_any_money(standin, tmp_pa
     assert r.returncode == 0, r.stdout + r.stderr
     assert [x.split(":")[2].strip() for x in r.stdout.splitlines() if x.startswith("check: ok")] == [
         "A", "tokenizer", "key and base URL", "outputs", "outputs"]
+
+    def tokenizer_line(r):
+        return next(x for x in r.stdout.splitlines() if x.startswith("check: ") and "tokenizer" in x)
+
+    assert "not reloaded" not in tokenizer_line(r)
+    # a tokenizer that loaded, unchanged since, is not loaded again; a changed one is
+    copy = tmp_path / "tok"
+    shutil.copytree(TOKENIZER, copy)
+    first = run_make(server, tmp_path, "check", TOKENIZER=copy, **variables)
+    again = run_make(server, tmp_path, "check", TOKENIZER=copy, **variables)
+    assert "not reloaded" not in tokenizer_line(first) and first.returncode == 0
+    assert tokenizer_line(again).startswith("check: ok: tokenizer: ") and "not reloaded" in tokenizer_line(again)
+    (copy / "tokenizer_config.json").write_text("{")  # broken: the next check must see it
+    r = run_make(server, tmp_path, "check", TOKENIZER=copy, **variables)
+    assert r.returncode != 0 and tokenizer_line(r).startswith("check: FAILED: tokenizer")
+    r = run_make(server, tmp_path, "check", TOKENIZER=copy, TOKENIZE_FLAGS="", **variables)
+    assert r.returncode != 0 and "not reloaded" not in tokenizer_line(r)  # never remembered
     # a missing tokenizer and a missing source, a read-only output, a wrong key: all named
     # at once, and `make all` starts no completion (the tokenizer was found after all
     # inference had been paid, before)

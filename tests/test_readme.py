@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import BIN, REPO
 
@@ -26,6 +27,7 @@ def options_of(text: str) -> set[str]:
 
 HELP = {name: help_text([str(BIN / f"kp-{name}")]) for name in COMMANDS}
 STANDIN_HELP = help_text([sys.executable, "-m", "kimipipe.standin"])
+DEMO_HELP = help_text([sys.executable, "-m", "kimipipe.demo"])
 BENCH_HELP = {script.name: help_text([sys.executable, str(script)])
               for script in sorted((REPO / "bench").glob("bench_*.py"))}
 
@@ -56,7 +58,7 @@ def test_every_example_invocation_uses_options_its_command_has():
 
 def test_every_option_named_anywhere_exists_somewhere():
     known = set().union(*(options_of(h) for h in [*HELP.values(), *BENCH_HELP.values()]),
-                        options_of(STANDIN_HELP), FOREIGN)
+                        options_of(STANDIN_HELP), options_of(DEMO_HELP), FOREIGN)
     unknown = options_of(README) - known
     assert not unknown, f"README names options no command has: {sorted(unknown)}"
 
@@ -78,3 +80,45 @@ def test_make_variables_and_targets_named_exist():
         assert variable in README and re.search(rf"^{variable} \?=", makefile, flags=re.M), variable
     for target in ["demo", "test", "credits", "all", "lint", "plan", "pilot", "check"]:
         assert f"make {target}" in README and re.search(rf"^{target}:", makefile, flags=re.M), target
+
+
+def test_the_try_your_own_file_walkthrough_runs_as_written(tmp_path):
+    """The README's nine lines, as written, in a directory holding the checkout's Makefile,
+    .venv and package (as a clone does) and a one-line ShareGPT `my.json`; only the
+    stand-in's port is changed to a free one."""
+    import json
+    import os
+    import signal
+    import socket
+
+    block = README.split("<!-- walkthrough -->\n```\n", 1)[1].split("```", 1)[0]
+    assert len(block.strip().splitlines()) <= 10
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = block.replace("8765", str(port))
+    venv = Path(sys.executable).parent.parent  # the .venv the tests run in
+    for name in ["Makefile", "kimipipe", "setup.cfg", "pyproject.toml"]:
+        (tmp_path / name).symlink_to(REPO / name)
+    (tmp_path / ".venv").symlink_to(venv)
+    conversations = json.loads((REPO / "kimipipe/data/demo/sharegpt.json").read_text())[:12]
+    (tmp_path / "my.json").write_text(json.dumps(conversations))  # one line, as json.dump writes
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "MAKE"))}
+    proc = subprocess.Popen(["bash", "-e", "-c", script], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the stand-in, if a line failed before `kill`
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, err[-3000:]
+    assert len(out.split("kp-shard stats")[0].splitlines()) >= 2  # the two prompt records
+    first = json.loads(out.splitlines()[0])
+    assert first["dataset"] == "mine" and first["messages"]
+    manifest = json.loads((tmp_path / "shards/mine/manifest.json").read_text())
+    assert manifest["totals"]["records"] == 12
+    assert "shards/mine: OK (1 shard, 12 rows" in out
+    assert "kp-shard stats: shards/mine" in out

@@ -74,6 +74,7 @@ from ..cli import (
     partition_option,
     read_api_key,
     run_command,
+    sigterm_as_ctrl_c,
 )
 from ..errors import ExitCode, KPError
 from ..infer.config import RunConfig
@@ -113,8 +114,45 @@ EXAMPLES = """
 """
 
 
+# --help lists the options as a paying user reads them: what a run will cost and what stops
+# it, where it may go, what it asks for, where its files go, then tuning. An option missing
+# here is listed under "Other options" (and tests/test_cli_conventions.py fails).
+OPTION_SECTIONS = {
+    "Plan and money": ["plan", "preflight", "max_cost", "token_budget", "total_cost",
+                       "spent_in", "reservations", "min_credits", "credits_interval", "sample"],
+    "Routing (which providers may answer)": [
+        "model", "quantization", "any_quantization", "ignore_provider", "only_provider",
+        "max_price_prompt", "max_price_completion", "sort", "no_fallbacks", "data_collection",
+        "allow_non_distillable"],
+    "Request (what is asked)": [
+        "max_tokens", "temperature", "top_p", "seed", "reasoning", "reasoning_effort",
+        "no_require_parameters", "extra_body"],
+    "Files and resume": ["output", "failures", "summary_json", "done_files", "rescue_dir",
+                         "min_free_disk", "partition", "report_files", "as_json"],
+    "Tuning and connection": ["concurrency", "max_attempts", "backoff_base", "grace",
+                              "idle_timeout", "workers", "stream", "proxy", "base_url",
+                              "api_key_file"],
+}
+
+
 class _InferCommand(KPCommand):
-    """`kp-infer report FILE...` is spelled as a word too (= --report FILE ...)."""
+    """`kp-infer report FILE...` is spelled as a word too (= --report FILE ...); --help
+    shows the options in OPTION_SECTIONS' order and headings."""
+
+    def format_options(self, ctx, formatter):
+        records = {param.name: param.get_help_record(ctx) for param in self.get_params(ctx)
+                   if isinstance(param, click.Option)}
+        listed = set()
+        for title, names in OPTION_SECTIONS.items():
+            rows = [records[name] for name in names if records.get(name)]
+            listed.update(names)
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+        rest = [record for name, record in records.items() if record and name not in listed]
+        if rest:
+            with formatter.section("Other options"):
+                formatter.write_dl(rest)
 
     def parse_args(self, ctx, args):
         args = list(args)
@@ -133,7 +171,7 @@ class _InferCommand(KPCommand):
     "responses and failures files on disk; the report on stdout (--json for JSON)."))
 @input_argument()
 @output_option("Output file, appended to and resumed from (`-` = stdout, no resume).")
-@click.option("--model", default="moonshotai/kimi-k2.5", show_default=True, help="OpenRouter model slug.")
+@click.option("-m", "--model", default="moonshotai/kimi-k2.5", show_default=True, help="OpenRouter model slug.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=16384, show_default=True,
               help="Completion cap per request (reasoning included); bounds the worst-case cost.")
 @click.option("--temperature", type=float, default=None,
@@ -172,7 +210,9 @@ class _InferCommand(KPCommand):
 @click.option("--max-price-completion", type=float, default=None, metavar="USD_PER_M",
               help="provider.max_price.completion (USD per million tokens).")
 @click.option("--concurrency", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Requests in flight at most (the limit adapts down on 429s and back up).")
+              help="Requests in flight at most (the limit adapts down on 429s and back up). "
+                   "64 suits a first try; the user's runs in the README use 2000 (one client "
+                   "holds 2000 in flight: see docs/performance.md).")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=8, show_default=True,
               help="Attempts per prompt before it is recorded as failed (this run); an answer "
                    "refused (routing, no reasoning, a think tag) counts as one.")
@@ -290,9 +330,10 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         max_cost=max_cost, token_budget=token_budget, total_cost=total_cost, spent_in=list(spent_in),
         reservations=reservations, min_credits=min_credits,
         credits_interval=credits_interval)
-    if preflight is not None:
-        return run_preflight(config, preflight, as_json, Stderr(quiet), click.echo)
-    return run_infer(config, Stderr(quiet))
+    with sigterm_as_ctrl_c():  # a `kill` or a stopped container: exit 130 with the summary
+        if preflight is not None:
+            return run_preflight(config, preflight, as_json, Stderr(quiet), click.echo)
+        return run_infer(config, Stderr(quiet))
 
 
 main = run_command(cli)

@@ -4,7 +4,10 @@ Each check runs whatever the others find, and every problem is listed:
 
 - sources: each dataset's source file exists (or its prompts file is already built);
 - tokenizer: `kp-tokenize --check` loads TOKENIZER with TOKENIZE_FLAGS as the tokens
-  stage will (a missing tokenizer used to be found after all inference was paid);
+  stage will (a missing tokenizer used to be found after all inference was paid). A
+  directory that loaded before, unchanged since (the same files, sizes and times, the same
+  flags, the same transformers and kimipipe), is not loaded again: `make all` reruns the
+  checks after every money change, and a load costs seconds (WORK/.tokenizer-check.json);
 - key and base URL: `kp-credits` reads the balance: one GET to BASE_URL, where a wrong key
   fails once instead of on a full concurrency of requests, and a URL that cannot be
   reached is named;
@@ -22,6 +25,7 @@ import os
 import shlex
 import subprocess
 import tempfile
+from importlib.metadata import PackageNotFoundError, version
 
 OUTPUT_SUFFIXES = (".responses.jsonl", ".failures.jsonl", ".infer-summary.json", ".tokens.jsonl.zst",
                    ".rejects.jsonl", ".pilot.json", ".plan.json")
@@ -54,11 +58,56 @@ def check_sources(sources: dict[str, tuple[str, str]]) -> list[tuple[bool, str]]
     return results
 
 
-def check_tokenizer(bin_dir: str, tokenizer: str, flags: str) -> tuple[bool, str]:
+def tokenizer_fingerprint(tokenizer: str, flags: str) -> dict | None:
+    """What a tokenizer check's result depends on, for a directory TOKENIZER; None for a
+    model name (resolved in the Hugging Face cache: always loaded)."""
+    if not os.path.isdir(tokenizer):
+        return None
+    files = []
+    for root, dirs, names in os.walk(tokenizer):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(names):
+            st = os.stat(os.path.join(root, name))
+            files.append([os.path.relpath(os.path.join(root, name), tokenizer), st.st_size,
+                          st.st_mtime_ns])
+    versions = {}
+    for package in ("transformers", "tokenizers", "tiktoken", "kimipipe"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    return {"tokenizer": os.path.abspath(tokenizer), "flags": flags, "files": files,
+            "versions": versions}
+
+
+def check_tokenizer(bin_dir: str, tokenizer: str, flags: str,
+                    memo: str | None = None) -> tuple[bool, str]:
+    fingerprint = tokenizer_fingerprint(tokenizer, flags) if memo else None
+    if fingerprint is not None:
+        try:
+            with open(memo, encoding="utf-8") as f:
+                before = json.load(f)
+            if before.get("fingerprint") == fingerprint:
+                return True, f"tokenizer: {before['line']} (unchanged since it loaded: not reloaded)"
+        except (OSError, ValueError, AttributeError, KeyError):
+            pass
     code, out, err = _run([os.path.join(bin_dir, "kp-tokenize"), "--check", "--tokenizer", tokenizer,
                            *shlex.split(flags)], timeout=600)
     if code == 0:
-        return True, f"tokenizer: {_last_line(out).removeprefix('kp-tokenize: ')}"
+        line = _last_line(out).removeprefix("kp-tokenize: ")
+        if fingerprint is not None:
+            try:
+                os.makedirs(os.path.dirname(memo) or ".", exist_ok=True)
+                with open(memo, "w", encoding="utf-8") as f:
+                    json.dump({"fingerprint": fingerprint, "line": line}, f)
+            except OSError:
+                pass  # WORK not writable: the outputs check says so
+        return True, f"tokenizer: {line}"
+    if memo:
+        try:
+            os.unlink(memo)
+        except OSError:
+            pass
     return False, f"tokenizer: {_last_line(err)} (TOKENIZER={tokenizer})"
 
 
@@ -94,7 +143,8 @@ def check_outputs(directories: list[str], work: str, datasets: list[str]) -> lis
 def run_checks(sources: dict[str, tuple[str, str]], bin_dir: str, tokenizer: str, tokenize_flags: str,
                base_url: str, directories: list[str], work: str) -> list[tuple[bool, str]]:
     results = check_sources(sources)
-    results.append(check_tokenizer(bin_dir, tokenizer, tokenize_flags))
+    results.append(check_tokenizer(bin_dir, tokenizer, tokenize_flags,
+                                   os.path.join(work, ".tokenizer-check.json")))
     results.append(check_key(bin_dir, base_url))
     results += check_outputs(directories, work, list(sources))
     return results

@@ -4,14 +4,16 @@
     prepare.py         before anything is sent: input validation, stdin spool, previous work,
                        the partition's counts, the endpoints table, price bound, warnings
     run.py             the run: admission (concurrency, budget, money in flight, disk),
-                       stops, draining, signals, the balance read at the start and polled;
+                       stops, draining, signals (bounded by --grace in every phase), the
+                       balance read at the start and polled, the progress snapshot;
                        `run_infer`, what commands/infer.py calls
     prompt_work.py     one admitted prompt: attempts, retries and backoff, in-flight 402s
                        waited out, money limits as stops, refused answers sent again, its
                        record or failure written (mixed into run.Run)
     output.py          response and failure records, the routing and reasoning checks
                        (what is refused, and the prompt's next routing), the writers
-    report.py          Stats, StopReason (exit code and message), progress line, summary
+    report.py          Stats, StopReason (exit code and message), summary
+    progress.py        the progress line: a snapshot of the run, fitted to the terminal
     providers_table.py the providers compared (one row per provider), for the summary and
                        the report
     report_files.py    `kp-infer report FILE...`: that table from files on disk

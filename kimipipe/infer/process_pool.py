@@ -130,14 +130,18 @@ class WorkerPool:
         for worker in self._workers:
             if worker.proc.stdin:
                 worker.proc.stdin.close()
-        for worker in self._workers:
-            try:
-                await asyncio.wait_for(worker.proc.wait(), timeout=5)
-            except TimeoutError:
-                worker.proc.kill()
-                await worker.proc.wait()
-            if worker.reader_task:
-                await worker.reader_task
+        # All at once, 5 s at most in all: a worker cancels what it still holds on EOF.
+        await asyncio.gather(*(self._close(worker) for worker in self._workers))
+
+    @staticmethod
+    async def _close(worker: _Worker) -> None:
+        try:
+            await asyncio.wait_for(worker.proc.wait(), timeout=5)
+        except TimeoutError:
+            worker.proc.kill()
+            await worker.proc.wait()
+        if worker.reader_task:
+            await worker.reader_task
 
 
 def open_transport(config: RunConfig, todo: int) -> WorkerPool | CompletionClient:

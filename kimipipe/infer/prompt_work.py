@@ -72,10 +72,11 @@ class PromptWork:
                         pass
                     if self.stopping.is_set():
                         return  # not sent again: a stop admits no new requests
-                    await self.limiter.acquire()
-                    holding_slot = True
-                    if self.stopping.is_set():
+                    # a slot again, unless the run stops while waiting for one (a Ctrl-C
+                    # must not wait for a slot that only a long answer would free)
+                    if not await self._acquire_unless_stopped():
                         return
+                    holding_slot = True
                     continue
                 if result.kind == "wait":  # the in-flight budget is full: not this prompt's fault
                     attempts -= 1
@@ -128,7 +129,7 @@ class PromptWork:
                 self._fail(prompt, last.kind, Attempt("permanent", status=200, message=(
                     f"{last.message}; not sent again: the run stopped")), attempts,
                     provider=last.provider, generation_id=last.generation_id)
-            self.in_progress.discard(prompt.id)
+            self.in_progress.pop(prompt.id, None)
             self.budget.release(reservation)
             self.disk.release(record_bound)
             if holding_money:

@@ -1,4 +1,5 @@
-"""What a kp-infer run tells the user: counts, why it stopped, the progress line, the summary.
+"""What a kp-infer run tells the user: counts, why it stopped, the summary (the progress
+line is infer/progress.py).
 
 `StopReason` is every reason a run ends before its input is exhausted, each with the one
 exit code and the one message it gives. A run that did what was asked exits 0: everything
@@ -188,25 +189,6 @@ def exit_code(stop: StopReason | None, stats: Stats) -> int:
     if sum(stats.failed.values()):
         return ExitCode.PARTIAL
     return ExitCode.OK
-
-
-def progress_postfix(stats: Stats, budget: Budget, in_flight: int, limit: int,
-                     money: tuple[float, float | None] | None = None) -> str:
-    """The live part of the progress line: in flight, speed, spend, what is left, retries.
-    MONEY: the worst cases in flight and their learned ceiling (infer/inflight.py)."""
-    elapsed = max(1e-6, time.monotonic() - stats.started)
-    parts = [f"in flight {in_flight}/{limit}"]
-    if money is not None and money[1] is not None:
-        parts.append(f"$in-flight {money[0]:.2f}/{money[1]:.2f}")
-    parts += [f"{stats.completion_tokens / elapsed:,.0f} tok/s", f"${budget.spent_this_run:.4f}"]
-    remaining = budget.remaining_cost()
-    if remaining is not None:
-        parts.append(f"${remaining:.2f} left")
-    if budget.token_budget:
-        parts.append(f"{max(0, budget.token_budget - budget.tokens):,} tok left")
-    if stats.retries:
-        parts.append("retries " + " ".join(f"{k}:{v}" for k, v in stats.retries.most_common()))
-    return ", ".join(parts)
 
 
 def refused_by_kind(refused: Counter) -> dict[str, dict[str, int]]:

@@ -23,11 +23,14 @@ admitted prompt (attempts, retries, refused answers, records) is infer/prompt_wo
 An in-flight 402 is a wait, never a stop. A stop ends admission: the budget (`--max-cost`,
 `--token-budget`), a money limit OpenRouter names (the balance, the key's limit, a
 workspace or guardrail budget: 402 or 403 with `limit_source`; no prompt is failed for
-it), the balance under `--min-credits` (polled), a 401 or 404, a failed write to the output, or SIGINT/SIGTERM. Requests in
-flight then finish within `--grace` seconds (they are paid for) and are written; a second
-Ctrl-C cancels them at once. Memory holds the IDs, the requests in flight and their prompt
-lines; answers are written as they arrive.
-"""
+it), the balance under `--min-credits` (polled), a 401 or 404, a failed write to the
+output, or SIGINT/SIGTERM. Requests in
+flight then finish within `--grace` seconds counted from the stop (they are paid for) and
+are written, also when the stop comes after the last admission; prompts in back-off are
+not sent again; a second Ctrl-C cancels at once. The handlers cover the whole event loop
+(the workers' start and close too); outside it SIGINT/SIGTERM exit 130 at once
+(`cli.sigterm_as_ctrl_c`). The progress line (infer/progress.py) shows `Run.snapshot()`.
+Memory holds the IDs, the requests in flight and their prompt lines."""
 
 from __future__ import annotations
 
@@ -35,11 +38,13 @@ import asyncio
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import click
 
+from ..cli import progress_interval, stderr_is_terminal, stderr_width
 from ..errors import ExitCode
 from ..io import iter_records
 from ..openrouter.account import Account, AccountError, Balance, fetch_balance
@@ -54,16 +59,9 @@ from .output import Output
 from .plan import plan_json, plan_text
 from .prepare import PROMPT_DECODER, Prepared, check_outputs, output_locks, prepare
 from .process_pool import open_transport
+from .progress import ProgressSnapshot, progress_line
 from .prompt_work import PromptWork
-from .report import (
-    Stats,
-    StopReason,
-    exit_code,
-    format_summary,
-    progress_postfix,
-    summary,
-    write_summary_json,
-)
+from .report import Stats, StopReason, exit_code, format_summary, summary, write_summary_json
 from .total_cost import PUBLISH_INTERVAL
 from .worker_process import freeze_startup_objects
 
@@ -91,12 +89,15 @@ class Run(PromptWork):
         self.limiter = AdaptiveLimiter(config.concurrency)
         self.money = MoneyInFlight(lambda: budget.spent_this_run)
         self.stop_reason: StopReason | None = None
+        self.stopped_at: float | None = None  # when admission stopped: --grace counts from it
         self.stopping = asyncio.Event()
         self.settled = asyncio.Event()
         self.tasks: set[asyncio.Task] = set()
-        self.in_progress: set[str] = set()
+        self.in_progress: dict[str, float] = {}  # prompt ID -> when admitted, oldest first
         self.refused: dict[str, list[Refusal]] = {}  # answers refused, by prompt in flight
-        self._last_postfix = 0.0
+        self.waiting: str | None = None  # what holds admission back, for the progress line
+        self.terminal = stderr_is_terminal()  # else plain progress lines now and then
+        self._last_shown = 0.0
         self._interrupts = 0
 
     # -- stopping -------------------------------------------------------------------------
@@ -106,8 +107,10 @@ class Run(PromptWork):
         if self.stop_reason is None or (reason in (StopReason.DISK, StopReason.OUTPUT)
                                         and self.stop_reason.exit_code == ExitCode.OK):
             self.stop_reason = reason
+            self.stopped_at = self.stopped_at or time.monotonic()
             self.say(f"kp-infer: {reason.message}"
-                     + (f"; waiting for {self.limiter.in_flight} requests in flight"
+                     + (f"; waiting up to {self.config.grace:g} s (--grace) for "
+                        f"{self.limiter.in_flight} requests in flight"
                         if self.limiter.in_flight else ""))
         self.stopping.set()
         self.settled.set()
@@ -122,34 +125,49 @@ class Run(PromptWork):
             for task in list(self.tasks):
                 task.cancel()
 
-    # -- the run --------------------------------------------------------------------------
-    async def run(self) -> int:
-        loop = asyncio.get_running_loop()
+    @contextmanager
+    def signals_handled(self, loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+        """SIGINT and SIGTERM stop the run (a second one cancels what is in flight) for the
+        whole of its event loop's work, the transport's start and close included; then the
+        handlers found are put back (asyncio would leave SIGTERM to kill the process)."""
+        installed = []
         for sig in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(sig)
             try:
                 loop.add_signal_handler(sig, self._on_signal)
-            except (NotImplementedError, RuntimeError):
-                pass
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue
+            installed.append((sig, previous))
+        try:
+            yield
+        finally:
+            for sig, previous in installed:
+                try:
+                    loop.remove_signal_handler(sig)
+                    signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+                except (NotImplementedError, RuntimeError, ValueError):
+                    pass
+
+    # -- the run --------------------------------------------------------------------------
+    async def run(self) -> int:
         self.output.open()
         poller = publisher = None
+        ticker = asyncio.create_task(self._tick_progress())
         try:
-            if self.account is not None:
-                await self._check_balance()
+            if self.account is not None and not self.stopping.is_set():
+                await self._unless_stopped(self._check_balance())
                 poller = asyncio.create_task(self._poll_balance())
             if self.budget.total is not None and self.budget.total.shared is not None:
                 publisher = asyncio.create_task(self._publish_total_cost())
             if not self.stopping.is_set():
                 await self._admit_all()
+                self.waiting = "all sent"
             await self._drain()
         finally:
-            for task in (poller, publisher):
+            for task in (poller, publisher, ticker):
                 if task:
                     task.cancel()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                try:
-                    loop.remove_signal_handler(sig)
-                except (NotImplementedError, RuntimeError):
-                    pass
+            self._show_progress(draw=False)  # the last frame is drawn when the bar closes
             self.output.close()
         return self.exit_code()
 
@@ -172,14 +190,17 @@ class Run(PromptWork):
             if not await self.disk.wait_for_room(record_bound, self.stopping, self.settled,
                                                  self.say, self._show_waiting):
                 return
+            if not self.money.fits(reservation):
+                self.waiting = "room for money in flight"  # (the progress line says so)
             if not await self.money.acquire(reservation):
                 return
+            self.waiting = None
             if not await self._acquire_unless_stopped():
                 self.money.release(reservation)
                 return
             self.budget.reserve(reservation)
             self.disk.reserve(record_bound)
-            self.in_progress.add(prompt.id)
+            self.in_progress[prompt.id] = time.monotonic()
             task = asyncio.create_task(self._handle(prompt, line, reservation, record_bound))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -216,6 +237,8 @@ class Run(PromptWork):
             total = self.budget.total
             # another run sharing --total-cost may give room back: look again now and then
             poll = blocker == "total-cost" and total is not None and total.others_may_free_room()
+            self.waiting = (f"--{blocker} room" if blocker
+                            else "--token-budget room")  # (the progress line says so)
             if not self.in_progress and not poll:  # nothing in flight will free budget
                 if blocker == "max-cost":
                     self.stop(StopReason.MAX_COST)
@@ -235,17 +258,33 @@ class Run(PromptWork):
         return False
 
     async def _drain(self) -> None:
-        if not self.tasks:
+        """Wait for the requests in flight once admission is over: all of them while the run
+        goes on; from a stop (before or during this wait) at most --grace seconds counted
+        from the stop, then the rest are cancelled (a second Ctrl-C cancels them at once)."""
+        tasks = set(self.tasks)
+        if not tasks:
             return
         if not self.stopping.is_set():
-            await asyncio.wait(set(self.tasks))
-            return
-        _done, pending = await asyncio.wait(set(self.tasks), timeout=self.config.grace)
-        for task in pending:
-            task.cancel()
+            await self._unless_stopped(asyncio.wait(tasks))
+        pending = {task for task in tasks if not task.done()}
         if pending:
-            await asyncio.wait(pending)
-            self.stats.abandoned += len(pending)
+            left = self.config.grace - (time.monotonic() - (self.stopped_at or time.monotonic()))
+            _done, pending = await asyncio.wait(pending, timeout=max(0.0, left))
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        self.stats.abandoned += sum(task.cancelled() for task in tasks)
+
+    async def _unless_stopped(self, awaitable) -> None:
+        """Await AWAITABLE, or stop waiting for it (and cancel it) as soon as the run stops."""
+        work = asyncio.ensure_future(awaitable)
+        stopped = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (work, stopped):
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
 
     # -- balance --------------------------------------------------------------------------
     async def _check_balance(self) -> None:
@@ -271,32 +310,75 @@ class Run(PromptWork):
             self.budget.total.publish(self.budget.spent_this_run, self.budget.claimed())
 
     # -- progress -------------------------------------------------------------------------
-    def _show_progress(self, now: bool = False) -> None:
-        clock = time.monotonic()
-        if not now and clock - self._last_postfix < 0.5:
+    def snapshot(self) -> ProgressSnapshot:
+        """The run now, for the progress line (infer/progress.py)."""
+        now = time.monotonic()
+        stats, budget = self.stats, self.budget
+        failed = sum(stats.failed.values())
+        finished = stats.done + failed
+        elapsed = max(1e-6, now - stats.started)
+        left = max(0, self.prepared.todo - finished)
+        oldest = next(iter(self.in_progress.values()), None)
+        rate_limited = stats.retries["429"]
+        ceiling = self.money.ceiling()
+        grace_left = None
+        if self.stopped_at is not None:
+            grace_left = max(0.0, self.config.grace - (now - self.stopped_at))
+        return ProgressSnapshot(
+            finished=finished, total=self.prepared.todo, failed=failed,
+            in_flight=self.limiter.in_flight, limit=self.limiter.current,
+            concurrency=self.config.concurrency, waiting=self.waiting,
+            stopping=self.stop_reason.slug if self.stop_reason else None, grace_left=grace_left,
+            spent=budget.spent if budget.max_cost is not None else budget.spent_this_run,
+            cap=budget.max_cost,
+            rate_limited=rate_limited, retries=sum(stats.retries.values()) - rate_limited,
+            eta=left * elapsed / finished if finished and left and not self.stopping.is_set() else None,
+            oldest=now - oldest if oldest is not None else None,
+            money_in_flight=(self.money.amount, ceiling) if ceiling is not None else None,
+            backing_off=max(0, len(self.in_progress) - self.limiter.in_flight),
+            tokens_per_s=stats.completion_tokens / elapsed,
+            tokens_left=(max(0, budget.token_budget - budget.tokens)
+                         if budget.token_budget else None))
+
+    def _show_progress(self, now: bool = False, draw: bool = True) -> None:
+        """The line: on a terminal at most twice a second, or NOW; off a terminal a plain
+        line only when NOW (the ticker, or a change of state worth a line of its own)."""
+        if self.progress.disable:
             return
-        self._last_postfix = clock
-        postfix = progress_postfix(self.stats, self.budget, self.limiter.in_flight, self.limiter.current,
-                                   (self.money.amount, self.money.ceiling()))
-        if self.disk.waiting:
-            postfix = f"waiting for disk, {postfix}"
-        self.progress.set_postfix_str(postfix, refresh=now)
+        clock = time.monotonic()
+        if not now and draw and clock - self._last_shown < 0.5:
+            return
+        self._last_shown = clock
+        width = stderr_width() - 1 if self.terminal else None  # -1: no wrap at the last column
+        self.progress.set_description_str(progress_line(self.snapshot(), width), refresh=False)
+        if draw and (now or self.terminal):
+            self.progress.refresh()
 
     def _show_waiting(self) -> None:
+        self.waiting = "disk"
         self._show_progress(now=True)
+
+    async def _tick_progress(self) -> None:
+        """Redraw now and then, not only when a prompt finishes: the ETA, the age of the
+        oldest request and a stop's grace move with time."""
+        interval = 1.0 if self.terminal else progress_interval()
+        while True:
+            await asyncio.sleep(interval)
+            self._show_progress(now=True)
 
 
 async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
                say: Callable[[str], None]) -> Run:
-    async with open_transport(config, prepared.todo) as transport:
-        account = Account(config.api_key, config.base_url, proxy=config.proxy)
-        try:
-            run = Run(config, prepared, budget, transport, progress, say, account)
-            await run.run()
-            return run
-        finally:
-            if account is not None:
-                await account.aclose()
+    account = Account(config.api_key, config.base_url, proxy=config.proxy)
+    run = Run(config, prepared, budget, None, progress, say, account)
+    try:
+        with run.signals_handled(asyncio.get_running_loop()):
+            async with open_transport(config, prepared.todo) as transport:
+                run.transport = transport
+                await run.run()
+    finally:
+        await account.aclose()
+    return run
 
 
 def _event_loop_run(coro):
@@ -334,7 +416,9 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
             return ExitCode.OK
         try:
             freeze_startup_objects()
-            with say.progress(total=prepared.todo, desc="kp-infer", unit="req") as bar:
+            # the whole line is infer/progress.py's, redrawn by the run (mininterval: never by tqdm)
+            with say.progress(total=prepared.todo, desc=f"kp-infer: 0/{prepared.todo:,}", unit="req",
+                              bar_format="{desc}", mininterval=float("inf")) as bar:
                 run = _event_loop_run(_run(config, prepared, budget, bar, say))
         finally:
             if budget.total is not None:  # this run's entry in --reservations: ended

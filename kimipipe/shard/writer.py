@@ -20,6 +20,10 @@ manifest with all of its files, or (between 2 and 4) no manifest at all; never a
 that names a missing or half-written file. Leftover temporary files are removed by the next
 run in the same directory (an exclusive lock on `DIR/.kp-shard.lock` keeps two runs apart).
 
+One module past 400 lines, on purpose: the crash-safety argument above is about the order
+of renames, fsyncs and deletions across the shard writer and the set's commit, and it can
+only be checked by reading them in one place.
+
 The tests crash a real process at each step: with `KP_TEST_PAUSE_AT=STEP` in its
 environment, kp-shard stops itself (SIGSTOP) at that step and the test kills it with
 SIGKILL there, so no cleanup runs, as in a real crash. The steps, in order: `commit`

@@ -5,7 +5,8 @@ the answer is a few hundred words from a seeded RNG, stream chunks are assembled
 pre-encoded byte templates, and access logging is off, so one core carries thousands of
 slow connections. This module holds every check that can refuse a completion; serving an
 accepted one is `jobs.py`, the metadata endpoints `metadata.py`, the 402/403 bodies and
-the in-flight ledger `refusals.py`, the settings `config.py`.
+the in-flight ledger `refusals.py`, the settings `config.py`. It runs past 400 lines on
+purpose: the order of checks below is OpenRouter's, and it is reviewed in one place.
 
 Order of checks for `POST /api/v1/chat/completions`, as OpenRouter does it:
 auth (401) -> body (400) -> model (400) -> budget layers: guardrail, workspace, key limit
