@@ -334,7 +334,9 @@ class Run(PromptWork):
             rate_limited=rate_limited, retries=sum(stats.retries.values()) - rate_limited,
             eta=left * elapsed / finished if finished and left and not self.stopping.is_set() else None,
             oldest=now - oldest if oldest is not None else None,
-            money_in_flight=(self.money.amount, ceiling) if ceiling is not None else None,
+            # shown when it may bind: half used, or OpenRouter's in-flight 402s met
+            money_in_flight=((self.money.amount, ceiling) if ceiling is not None
+                             and (self.money.cuts or self.money.amount >= ceiling / 2) else None),
             backing_off=max(0, len(self.in_progress) - self.limiter.in_flight),
             tokens_per_s=stats.completion_tokens / elapsed,
             tokens_left=(max(0, budget.token_budget - budget.tokens)
