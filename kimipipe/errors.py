@@ -6,7 +6,8 @@ Exit codes are part of the interface (README documents them once):
     1    unexpected error (a bug, a network failure kimipipe could not ride out)
     2    usage or input error: nothing was done (no request sent, no output finished)
     3    stopped by money: a cost cap (--max-cost), the account's balance or a credit limit
-         OpenRouter enforces (402, --min-credits, kp-credits --min); or by a full disk (no
+         OpenRouter enforces (the balance's 402, the key's limit or a workspace/guardrail
+         budget as 402 or 403, --min-credits, kp-credits --min); or by a full disk (no
          room for the output: ENOSPC, a quota, a file size limit); rerun (with more budget,
          credits or room) to resume
     4    finished, but some records failed permanently (see the failures file)

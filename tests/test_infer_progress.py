@@ -30,7 +30,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 PROGRESS = re.compile(r"^(kp-infer: )?\d[\d,]*/\d[\d,]*\b")  # a progress frame, not a message
 WHOLE_PART_AT_END = re.compile(
     r"(^(kp-infer: )?[\d,]+/[\d,]+|\(max \d+\)|after 429s\)|all sent|waiting for [-\w ]+|"
-    r"\$[\d.,]+ (of \$[\d.,]+|spent)|429s [\d,]+|[\d,]+ failed|(ETA|oldest) (\d+h\d\dm|\d+m\d\ds|\d+s)|"
+    r"\$[\d.,]+ (of \$[\d.,]+|spent|in flight of \$[\d.,]+)|429s [\d,]+|[\d,]+ failed|(ETA|oldest) (\d+h\d\dm|\d+m\d\ds|\d+s)|"
     r"retries [\d,]+|in back-off|[\d,]+ tok/s|tok left)$")
 
 

@@ -113,7 +113,8 @@ def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
 @pytest.mark.parametrize("workers", ["1", "2"], ids=["1worker", "2workers"])
 def test_money_stop_halts_the_build_and_raising_the_cap_resumes(standin, tmp_path, workers):
     """A money stop (kp-infer exit 3) is never stamped done, and make names the limit and
-    the make variable to change, with the figures; with one and with two HTTP workers."""
+    the make variable to change, with the figures: MAX_COST, the balance (402), the key's
+    limit (403); with one and with two HTTP workers."""
     server = standin(price_scale=200.0, ledger=True)
     flags = f"--backoff-base 0.05 --quiet --workers {workers}"
     if workers == "1":  # the plan does not depend on the workers: once is enough
@@ -138,7 +139,20 @@ def test_money_stop_halts_the_build_and_raising_the_cap_resumes(standin, tmp_pat
     said = " ".join(r.stderr.split())
     assert "make: D1 stopped: OpenRouter answered 402, the balance or the key's limit is used up" in said
     assert "make credits" in said and not (tmp_path / "work" / "D1.responses.done").exists()
-    server.configure(balance=1000)
+    # the key's limit (limit_source openrouter_key_limit): the same, naming it
+    before = len(read_jsonl(tmp_path / "work" / "D1.responses.jsonl"))
+    spent = sum(x["cost"] for x in server.ledger())
+    server.configure(balance=1000, key_limit=spent + 15)  # one worst case is ~$9.8 here
+    r = make(server, tmp_path, "all", MAX_COST=100, MIN_CREDITS="", INFER_FLAGS=flags)
+    assert r.returncode != 0
+    said = " ".join(r.stderr.split())
+    assert "make: D1 stopped: the API key's spending limit (openrouter_key_limit) is reached" in said
+    assert "limit $" in said.split("make: D1 stopped")[1]
+    assert not (tmp_path / "work" / "D1.responses.done").exists()
+    assert not (tmp_path / "work" / "D1.failures.jsonl").exists() or \
+        read_jsonl(tmp_path / "work" / "D1.failures.jsonl") == []  # no prompt failed for money
+    assert before < len(read_jsonl(tmp_path / "work" / "D1.responses.jsonl")) < 260
+    server.configure(balance=1000, key_limit=None)
     r = make(server, tmp_path, "all", MAX_COST=100, INFER_FLAGS=flags)
     assert r.returncode == 0, r.stderr
     ids = [x["id"] for x in read_jsonl(tmp_path / "work" / "D1.responses.jsonl")]

@@ -47,8 +47,10 @@ before it sends anything.
 Exit codes: 0 done as asked: every prompt answered, or --token-budget reached (the summary
 says `"stop_reason": "token-budget"`; raise it and rerun to continue); 2 bad input, flags,
 an output that cannot be written or is locked by another run, key (401) or routing (404);
-3 stopped by money (--max-cost, --total-cost, a 402 or --min-credits: raise the budget or
-add credits) or by a full disk (free some space): rerun to resume; 4 done but some prompts
+3 stopped by money (--max-cost, --total-cost, --min-credits, OpenRouter's balance, the
+key's limit or a workspace/guardrail budget: raise the budget or add credits; no prompt is
+failed for it) or by a full disk (free some space): rerun to resume; an in-flight 402 is
+a wait, not a stop; 4 done but some prompts
 failed permanently (see --failures; a rerun retries them); 1 the output could not be
 written (an I/O error); 130 interrupted (rerun to resume). --preflight: 0 every check
 passed (warnings allowed), 4 one failed.
@@ -244,7 +246,7 @@ class _InferCommand(KPCommand):
 @click.option("--min-credits", type=click.FloatRange(min=0), default=None, metavar="USD",
               help="Stop admitting work when the account balance falls below USD (polled; exit 3).")
 @click.option("--credits-interval", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
-              help="Seconds between balance polls for --min-credits.")
+              help="Seconds between balance polls (the money in flight follows the balance; --min-credits).")
 @click.option("--done", "done_files", multiple=True, type=click.Path(),
               help="Another responses file whose IDs count as done (repeatable).")
 @click.option("--failures", type=click.Path(), default=None,

@@ -2,7 +2,9 @@
 
 kp-infer's summary (WORK/D.infer-summary.json, removed before each run so that an old one
 is never read) names the stop in `stop_reason`; the message gives the figures and the make
-variable to change (MAX_COST=, TOTAL_COST=, MIN_CREDITS=), never a kp-infer flag. For
+variable to change (MAX_COST=, TOTAL_COST=, MIN_CREDITS=), never a kp-infer flag; for
+OpenRouter's own limits (the balance, the key's limit, a workspace or guardrail budget) it
+names the limit and the figures OpenRouter gave (`limit` in the summary). For
 TOTAL_COST it also says which datasets are complete (their responses stage is stamped
 done) and what TOTAL_COST would finish the others: the spend recorded now, plus each
 unfinished dataset's expected cost to go (at the cost per answer its answers measured, see
@@ -15,11 +17,14 @@ from __future__ import annotations
 import math
 import os
 
-from ..infer.report import StopReason
+from ..infer.report import StopReason, limit_text
 from .plan import BuildPlan, read_json
 from .report import money, wrap
 
 MARGIN = 1.10
+LIMITS = {"key-limit": "the API key's spending limit (openrouter_key_limit)",
+          "workspace-budget": "the workspace's budget (openrouter_workspace_budget)",
+          "guardrail-budget": "a guardrail's budget (openrouter_guardrail_budget)"}
 
 
 def finishing_total_cost(plan: BuildPlan, complete: set[str]) -> float:
@@ -75,8 +80,16 @@ def stop_message(dataset: str, work: str, plan: BuildPlan | None, complete: set[
     elif slug == "payment":
         lines.append(f"make: {dataset} stopped: OpenRouter answered 402, the balance or the key's "
                      f"limit is used up (kp-infer exit 3): {spent}")
-        lines.append("  add credits or raise the key's limit (make credits shows both), "
-                     "and rerun make to resume")
+        if summary.get("limit"):
+            lines.append(f"  {limit_text(summary['limit'])}")
+        lines.append("  add credits or raise the key's limit (make credits shows both), or a smaller "
+                     "MAX_TOKENS= (what is left must cover one request's worst case), and rerun make to resume")
+    elif slug in LIMITS:
+        lines.append(f"make: {dataset} stopped: {LIMITS[slug]} is reached (kp-infer exit 3): {spent}")
+        if summary.get("limit"):
+            lines.append(f"  {limit_text(summary['limit'])}")
+        lines.append("  raise it on openrouter.ai (or wait until it resets; make credits shows the "
+                     "key's limit), and rerun make to resume")
     else:
         try:
             said = StopReason.from_slug(slug).message

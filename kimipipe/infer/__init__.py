@@ -3,11 +3,13 @@
     config.py          RunConfig: the one configuration of a run (every limit lives here)
     prepare.py         before anything is sent: input validation, stdin spool, previous work,
                        the partition's counts, the endpoints table, price bound, warnings
-    run.py             the run: admission (concurrency, budget, disk), stops, draining,
-                       signals (bounded by --grace in every phase), balance polling, the
-                       progress snapshot; `run_infer`, what commands/infer.py calls
-    prompt_work.py     one admitted prompt: attempts, retries and backoff, refused answers
-                       sent again, its record or failure written (mixed into run.Run)
+    run.py             the run: admission (concurrency, budget, money in flight, disk),
+                       stops, draining, signals (bounded by --grace in every phase), the
+                       balance read at the start and polled, the progress snapshot;
+                       `run_infer`, what commands/infer.py calls
+    prompt_work.py     one admitted prompt: attempts, retries and backoff, in-flight 402s
+                       waited out, money limits as stops, refused answers sent again, its
+                       record or failure written (mixed into run.Run)
     output.py          response and failure records, the routing and reasoning checks
                        (what is refused, and the prompt's next routing), the writers
     report.py          Stats, StopReason (exit code and message), summary
@@ -16,8 +18,11 @@
                        the report
     report_files.py    `kp-infer report FILE...`: that table from files on disk
     preflight.py       `--preflight [N]`: N real requests that check what the run assumes
-    plan.py            --plan: the routing table and the cost estimate
+    plan.py            --plan: the routing table, the cost estimate, what the balance keeps
+                       in flight
     budget.py          money and tokens: worst-case reservations against the caps
+    inflight.py        money in flight: the worst cases running, under a ceiling sized to
+                       the balance and learned from OpenRouter's in-flight 402s
     total_cost.py      --total-cost: one cap shared by the runs of a build (reservations file)
     disk.py            the disk guard: admission waits while the output's free space is short
     rescue.py          answers a failing output cannot take, kept for the next run (--rescue)

@@ -28,14 +28,25 @@ The JSON object (prices in USD per million tokens, money in USD):
      "cost": {"expected", "worst_case", "worst_case_request"} | null,
      "recorded": {"spend", "completion_tokens"},
      "max_cost", "token_budget", "total_cost": {"cap", "recorded", "spent_in"} | null,
-     "warnings": [str], "sampling": [str], "distillation": str, "notes": [str]}
+     "warnings": [str], "sampling": [str], "distillation": str, "notes": [str],
+     "in_flight": {"balance", "balance_source", "worst_case_request", "requests",
+                   "concurrency", "max_tokens_for_concurrency"} | null}
+
+`in_flight` is what the balance can keep in flight at once: OpenRouter reserves each
+running request's worst case (prompt + --max-tokens at the endpoint's prices) against the
+balance (GET /key limit_remaining, GET /credits; null when neither could be read or there
+is no price bound). `requests` is how many worst cases (at the highest allowed prices)
+the balance covers, `max_tokens_for_concurrency` the largest --max-tokens at which it
+covers all of --concurrency (null: none does). OpenRouter's in-flight budget is a share of
+the balance it does not publish, so these are upper bounds: the run starts there and
+learns the rest from OpenRouter's in-flight 402s (infer/inflight.py).
 """
 
 from __future__ import annotations
 
 import json
 
-from ..openrouter.account import ModelInfo
+from ..openrouter.account import Balance, ModelInfo
 from ..openrouter.models import served_sampling, thinking
 from ..openrouter.request import SAMPLING_PARAMETERS, RequestOptions
 from ..openrouter.routing import Policy, allowed_endpoints, why_excluded
@@ -95,8 +106,24 @@ def distillation_line(config: RunConfig, info: ModelInfo | str | None) -> str:
             "the answers must not train a drafter")
 
 
-def plan_data(config: RunConfig, prepared: Prepared, budget: Budget) -> dict:
-    """The plan's figures (see the module docstring for the fields)."""
+def in_flight_data(config: RunConfig, balance: Balance | None, prompt_part: float,
+                   completion_price: float) -> dict | None:
+    """What the balance keeps in flight at once (see the module docstring)."""
+    spendable = balance.spendable if balance is not None else None
+    if spendable is None:
+        return None
+    worst = prompt_part + config.request.max_tokens * completion_price
+    per_slot = spendable / config.concurrency - prompt_part
+    allowing = int(per_slot / completion_price) if completion_price > 0 and per_slot > 0 else None
+    return {"balance": round(spendable, 6), "balance_source": balance.source,
+            "worst_case_request": round(worst, 6),
+            "requests": int(spendable / worst) if worst > 0 else None,
+            "concurrency": config.concurrency, "max_tokens_for_concurrency": allowing}
+
+
+def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
+              balance: Balance | None = None) -> dict:
+    """The plan's figures (see the module docstring for the fields); BALANCE: as read."""
     request, policy, endpoints = config.request, config.policy, prepared.endpoints
     scan, todo = prepared.scan, prepared.todo
     routes = None
@@ -128,7 +155,10 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget) -> dict:
                 "completion": sum(e.completion_price for e in allowed) / len(allowed)}
     elif bound is not None:
         mean = {"prompt": bound.prompt, "completion": bound.completion}
-    cost = None
+    cost = in_flight = None
+    if bound is not None:
+        in_flight = in_flight_data(config, balance, scan.prompt_token_bound / records * bound.prompt,
+                                   bound.completion)
     if bound is not None and mean is not None:
         per_prompt_bound = scan.prompt_token_bound / records
         worst_request = per_prompt_bound * bound.prompt + request.max_tokens * bound.completion
@@ -160,15 +190,34 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget) -> dict:
         "sampling": sampling_lines(request, policy),
         "distillation": distillation_line(config, prepared.model_info),
         "notes": list(prepared.notes),
+        "in_flight": in_flight,
     }
 
 
-def plan_json(config: RunConfig, prepared: Prepared, budget: Budget) -> str:
-    return json.dumps(plan_data(config, prepared, budget))
+def plan_json(config: RunConfig, prepared: Prepared, budget: Budget,
+              balance: Balance | None = None) -> str:
+    return json.dumps(plan_data(config, prepared, budget, balance))
 
 
-def plan_text(config: RunConfig, prepared: Prepared, budget: Budget) -> str:
-    data = plan_data(config, prepared, budget)
+def in_flight_lines(data: dict | None) -> list[str]:
+    if data is None:
+        return ["in flight: the balance could not be read; the run learns what OpenRouter "
+                "keeps in flight from its in-flight 402s"]
+    n, c = data["requests"], data["concurrency"]
+    line = (f"in flight: the balance ${data['balance']:,.2f} ({data['balance_source']}) covers "
+            f"{n:,} requests' worst case (${data['worst_case_request']:.4f} each at --max-tokens) "
+            f"at once, of --concurrency {c:,}")
+    if n is not None and n >= c:
+        return [line + ": all of them"]
+    allowing = data["max_tokens_for_concurrency"]
+    return [line, f"  --max-tokens {allowing:,} would let all {c:,} be in flight" if allowing
+            else f"  no --max-tokens lets all {c:,} be in flight: the prompts alone use the balance",
+            "  (OpenRouter's in-flight budget may be a smaller share of the balance: the run learns it)"]
+
+
+def plan_text(config: RunConfig, prepared: Prepared, budget: Budget,
+              balance: Balance | None = None) -> str:
+    data = plan_data(config, prepared, budget, balance)
     out = []
     if data["routes"] is None:
         out.append("endpoints table unavailable: routing cannot be shown")
@@ -200,4 +249,6 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget) -> str:
     if total is not None:
         out.append(f"--total-cost ${total['cap']:g}: ${total['recorded']:.4f} already recorded here and in "
                    f"{len(total['spent_in'])} --spent-in file(s); the runs stop before exceeding it")
+    if data["prices"]["bound"] is not None and todo:
+        out.extend(in_flight_lines(data["in_flight"]))
     return "\n".join(out)

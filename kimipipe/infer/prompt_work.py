@@ -3,7 +3,10 @@
 `PromptWork` is the half of `infer.run.Run` that owns one prompt from admission to its record:
 it sends the request through the transport until an answer or a permanent failure, with
 jittered exponential backoff between retryable attempts (a 429 also shrinks the concurrency
-limit); checks each answer (routing, the reasoning asked for: `Output.refusal`), sends a
+limit); an in-flight 402 (kind "wait") is no failed attempt: the request gives back its
+slot and its money in flight (whose ceiling the 402 cuts: infer/inflight.py), waits
+`Retry-After` and is admitted again; a money limit (kind "payment": the balance, the key's
+limit, a workspace or guardrail budget) stops the run and fails no prompt; checks each answer (routing, the reasoning asked for: `Output.refusal`), sends a
 refused one again at once with its provider ignored while `--max-attempts`, the run and
 `--max-cost` allow (the prompt's reservation still covers the next attempt's worst case);
 writes the answer or the failure record whole (infer/output.py), and keeps in the rescue
@@ -23,9 +26,13 @@ from .output import RESCUED, WRITTEN, failure_record
 from .report import StopReason
 
 
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
 class PromptWork:
-    """Mixed into `Run`, whose state it uses (config, transport, limiter, budget, disk,
-    output, stats, refused, in_progress, stopping, settled, progress, stop, say)."""
+    """Mixed into `Run`, whose state it uses (config, transport, limiter, money, budget,
+    disk, output, stats, refused, in_progress, stopping, settled, progress, stop, say)."""
 
     # -- one prompt -----------------------------------------------------------------------
     async def _handle(self, prompt: Prompt, line: bytes, reservation: float,
@@ -33,7 +40,7 @@ class PromptWork:
         policy = self.config.policy
         body = self.config.request.body(prompt, policy)
         attempts = 0
-        holding_slot = True
+        holding_slot = holding_money = True
         try:
             while True:
                 attempts += 1
@@ -71,9 +78,34 @@ class PromptWork:
                         return
                     holding_slot = True
                     continue
+                if result.kind == "wait":  # the in-flight budget is full: not this prompt's fault
+                    attempts -= 1
+                    self.stats.retries[result.cause] += 1
+                    self.stats.limit_refusals[f"{result.status} {result.limit_reason or result.limit_source}"] += 1
+                    self.money.refused(result.retry_after)
+                    self.money.release(reservation, finished=False)
+                    holding_money = False
+                    await self.limiter.release()
+                    holding_slot = False
+                    delay = result.retry_after if result.retry_after is not None else self._backoff(1, None)
+                    try:
+                        await asyncio.wait_for(self.stopping.wait(), timeout=delay)
+                    except TimeoutError:
+                        pass
+                    if self.stopping.is_set() or not await self.money.acquire(reservation):
+                        return
+                    holding_money = True
+                    if not await self._acquire_unless_stopped():
+                        return
+                    holding_slot = True
+                    continue
                 if result.kind == "payment":
-                    self.stats.retries["402"] += 1
-                    self.stop(StopReason.PAYMENT)
+                    self.stats.limit_refusals[
+                        f"{result.status} {result.limit_reason or result.limit_source or 'no limit named'}"] += 1
+                    if self.stats.limit is None:
+                        self.stats.limit = {**result.limit(), "balance_left": _rounded(self.money.spendable()),
+                                            "worst_case_request": round(reservation, 6)}
+                    self.stop(StopReason.for_limit(result.limit_source))
                     return
                 if result.kind == "auth":
                     self.stop(StopReason.AUTH)
@@ -100,6 +132,8 @@ class PromptWork:
             self.in_progress.pop(prompt.id, None)
             self.budget.release(reservation)
             self.disk.release(record_bound)
+            if holding_money:
+                self.money.release(reservation)
             if holding_slot:
                 await self.limiter.release()
             self.settled.set()

@@ -4,9 +4,12 @@ line is infer/progress.py).
 `StopReason` is every reason a run ends before its input is exhausted, each with the one
 exit code and the one message it gives. A run that did what was asked exits 0: everything
 answered, or `--token-budget` reached (the output holds the tokens asked for; the summary
-says `stop_reason: "token-budget"`). Exit 3 is for money (`--max-cost`, `--total-cost`, a
-402 from OpenRouter, `--min-credits`) and for a full disk: both resumable. Permanent
-failures make an otherwise successful run exit 4.
+says `stop_reason: "token-budget"`). Exit 3 is for money (`--max-cost`, `--total-cost`,
+`--min-credits`, and OpenRouter's money limits: the balance ("payment": gone, or below one
+request's worst case), the key's limit, a workspace or guardrail budget) and for a full
+disk: all resumable, and no prompt is a failure because of them. An in-flight 402 is a
+wait, not a stop (infer/inflight.py). Permanent failures make an otherwise successful run
+exit 4.
 
 The summary (stderr, and `--summary-json`):
     {"exit_code", "stop_reason": null|"max-cost"|"token-budget"|..., "input_records", "todo",
@@ -19,7 +22,12 @@ The summary (stderr, and `--summary-json`):
      "finish_reasons": {reason: n}, "refused": {kind: {provider: n}},
      "by_provider": [row, ...] (infer/providers_table.py: answers, tokens, reasoning share,
      finish reasons, refusals, tokens/s, latency, $ per million output tokens), "elapsed_s", "requests_per_s", "completion_tokens_per_s",
-     "concurrency_limit_end"}
+     "concurrency_limit_end",
+     "limit": null | {"status", "limit_source", "reason", "scope", "limit_usd", "spend_usd",
+              "resets_at", "message", "balance_left", "worst_case_request"} (the money limit
+              that stopped the run, the fields OpenRouter gave),
+     "limit_refusals": {"402 in_flight_budget_exhausted"|"403 openrouter_key_limit"|...: n},
+     "money_in_flight": {"ceiling_end", "ratio_end", "peak", "cuts", "balance_read"}}
 """
 
 from __future__ import annotations
@@ -49,8 +57,17 @@ class StopReason(Enum):
                   "files, with what the runs sharing --reservations have in flight); raise it "
                   "and rerun to resume")
     PAYMENT = ("payment", ExitCode.BUDGET,
-               "stopped: OpenRouter answered 402 (balance or key limit too low); "
-               "add credits and rerun to resume")
+               "stopped: OpenRouter answered 402: the balance cannot pay for one more "
+               "request's worst case; add credits (or lower --max-tokens) and rerun to resume")
+    KEY_LIMIT = ("key-limit", ExitCode.BUDGET,
+                 "stopped: the API key's spending limit is reached (openrouter_key_limit); "
+                 "raise the key's limit (or wait for it to reset) and rerun to resume")
+    WORKSPACE_BUDGET = ("workspace-budget", ExitCode.BUDGET,
+                        "stopped: the workspace's budget is spent (openrouter_workspace_budget); "
+                        "raise it (or wait for it to reset) and rerun to resume")
+    GUARDRAIL_BUDGET = ("guardrail-budget", ExitCode.BUDGET,
+                        "stopped: a guardrail's budget is spent (openrouter_guardrail_budget); "
+                        "raise it (or wait for it to reset) and rerun to resume")
     MIN_CREDITS = ("min-credits", ExitCode.BUDGET,
                    "stopped: account balance below --min-credits; add credits and rerun to resume")
     TOKEN_BUDGET = ("token-budget", ExitCode.OK,
@@ -81,6 +98,32 @@ class StopReason(Enum):
     def from_slug(cls, slug: str) -> StopReason:
         return next(reason for reason in cls if reason.slug == slug)
 
+    @classmethod
+    def for_limit(cls, limit_source: str) -> StopReason:
+        """The stop for a money limit OpenRouter named (`error.metadata.limit_source`)."""
+        return {"openrouter_key_limit": cls.KEY_LIMIT,
+                "openrouter_workspace_budget": cls.WORKSPACE_BUDGET,
+                "openrouter_guardrail_budget": cls.GUARDRAIL_BUDGET}.get(limit_source, cls.PAYMENT)
+
+
+def limit_text(limit: dict) -> str:
+    """The figures of a money limit, in one line: what OpenRouter said and what is left."""
+    parts = []
+    if limit.get("limit_usd") is not None:
+        parts.append(f"limit ${limit['limit_usd']:g}")
+    if limit.get("spend_usd") is not None:
+        parts.append(f"spent ${limit['spend_usd']:g}")
+    if limit.get("resets_at"):
+        parts.append(f"resets at {limit['resets_at']}")
+    if limit.get("balance_left") is not None and limit.get("worst_case_request") is not None:
+        parts.append(f"about ${limit['balance_left']:.4f} of the balance left against "
+                     f"${limit['worst_case_request']:.4f} for one request's worst case")
+    said = f"OpenRouter {limit.get('status', '')}: " + "; ".join(
+        [f"{limit.get('reason') or limit.get('limit_source') or 'no limit named'}"] + parts)
+    if limit.get("message"):
+        said += f" ({limit['message']})"
+    return said
+
 
 @dataclass
 class Stats:
@@ -106,6 +149,8 @@ class Stats:
     rescue_files: dict = field(default_factory=dict)  # {"output"|"failures": path} used
     rescue_errors: list = field(default_factory=list)  # why a rescue file failed too
     taken_in: int = 0  # answers an earlier run kept in the rescue file, taken in first
+    limit_refusals: Counter = field(default_factory=Counter)  # "402 in_flight_budget_exhausted": n
+    limit: dict | None = None  # the money limit that stopped the run (Attempt.limit())
     started: float = field(default_factory=time.monotonic)
 
     def answered(self, answer: Attempt, latency: float | None = None) -> None:
@@ -155,7 +200,7 @@ def refused_by_kind(refused: Counter) -> dict[str, dict[str, int]]:
 
 
 def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: Budget,
-            config: RunConfig, concurrency_end: int) -> dict:
+            config: RunConfig, concurrency_end: int, money_in_flight: dict | None = None) -> dict:
     elapsed = time.monotonic() - stats.started
     total_providers = sum(stats.providers.values())
     return {
@@ -191,6 +236,9 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         "requests_per_s": round(stats.done / elapsed, 3) if elapsed else 0.0,
         "completion_tokens_per_s": round(stats.completion_tokens / elapsed, 1) if elapsed else 0.0,
         "concurrency_limit_end": concurrency_end,
+        "limit": stats.limit,
+        "limit_refusals": dict(stats.limit_refusals),
+        "money_in_flight": money_in_flight,
     }
 
 
@@ -226,6 +274,10 @@ def format_summary(summary: dict) -> str:
         lines.append(f"  taken in from the rescue file first (paid for by an earlier run): "
                      f"{counted(summary['taken_in_from_rescue'], 'answer')}")
     lines.extend(_unwritten_lines(summary))
+    if summary.get("limit_refusals"):
+        lines.append("  money limits: " + ", ".join(f"{k}: {v}" for k, v in summary["limit_refusals"].items()))
+    if summary.get("limit"):
+        lines.append(f"  {limit_text(summary['limit'])}")
     if summary["stop_reason"]:
         lines.append(f"  {StopReason.from_slug(summary['stop_reason']).message}")
     elif failed:

@@ -5,8 +5,11 @@
 summary (infer/report.py) and returns the exit code.
 
 The run itself (`Run`) streams the validated input again. Each prompt not done is
-admitted when a concurrency slot is free (infer/limiter.py: the limit shrinks on 429s)
-and its worst-case cost fits the budget (infer/budget.py) and its worst-case record fits the
+admitted when a concurrency slot is free (infer/limiter.py: the limit shrinks on 429s),
+its worst-case cost fits the budget (infer/budget.py) and the money in flight
+(infer/inflight.py: the sum of the worst cases in flight stays under a ceiling sized to
+the balance read at the start, refreshed every --credits-interval, cut by OpenRouter's
+in-flight 402s and grown back while none come), and its worst-case record fits the
 free space of the output's filesystem (infer/disk.py); it is then sent by the
 transport (infer/process_pool.py) until it gets an answer or a permanent failure, with
 jittered exponential backoff between attempts. Each answer is checked (routing, and the
@@ -17,8 +20,11 @@ cannot take (a full disk) stops the run and is kept in the rescue file, as is ev
 still arriving, for the next run to take in (infer/rescue.py). What happens to one
 admitted prompt (attempts, retries, refused answers, records) is infer/prompt_work.py.
 
-A stop ends admission: the budget (`--max-cost`, `--token-budget`), a 402, the balance
-under `--min-credits` (polled), a 401 or 404, a failed write to the output, or SIGINT/SIGTERM. Requests in
+An in-flight 402 is a wait, never a stop. A stop ends admission: the budget (`--max-cost`,
+`--token-budget`), a money limit OpenRouter names (the balance, the key's limit, a
+workspace or guardrail budget: 402 or 403 with `limit_source`; no prompt is failed for
+it), the balance under `--min-credits` (polled), a 401 or 404, a failed write to the
+output, or SIGINT/SIGTERM. Requests in
 flight then finish within `--grace` seconds counted from the stop (they are paid for) and
 are written, also when the stop comes after the last admission; prompts in back-off are
 not sent again; a second Ctrl-C cancels at once. The handlers cover the whole event loop
@@ -41,12 +47,13 @@ import click
 from ..cli import progress_interval, stderr_is_terminal, stderr_width
 from ..errors import ExitCode
 from ..io import iter_records
-from ..openrouter.account import Account
+from ..openrouter.account import Account, AccountError, Balance, fetch_balance
 from ..partition import in_partition
 from ..records import Refusal
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .disk import DiskGuard
+from .inflight import MoneyInFlight
 from .limiter import AdaptiveLimiter
 from .output import Output
 from .plan import plan_json, plan_text
@@ -74,12 +81,13 @@ class Run(PromptWork):
         self.transport = transport  # CompletionClient or WorkerPool: `attempt(body, stream)`
         self.progress = progress
         self.say = say
-        self.account = account  # polled for --min-credits
+        self.account = account  # the balance: read at the start, polled (--min-credits too)
         self.output = Output(config, prepared.endpoints)
         self.disk = DiskGuard(config.output, config.request.max_tokens, config.min_free_disk)
         self.stats = Stats(todo=prepared.todo, skipped=prepared.skipped,
                            taken_in=prepared.taken_in)
         self.limiter = AdaptiveLimiter(config.concurrency)
+        self.money = MoneyInFlight(lambda: budget.spent_this_run)
         self.stop_reason: StopReason | None = None
         self.stopped_at: float | None = None  # when admission stopped: --grace counts from it
         self.stopping = asyncio.Event()
@@ -106,6 +114,7 @@ class Run(PromptWork):
                         if self.limiter.in_flight else ""))
         self.stopping.set()
         self.settled.set()
+        self.money.close()
 
     def _on_signal(self) -> None:
         self._interrupts += 1
@@ -167,7 +176,7 @@ class Run(PromptWork):
 
     def summary(self) -> dict:
         return summary(self.stats, self.stop_reason, self.prepared.scan.records, self.budget,
-                       self.config, self.limiter.current)
+                       self.config, self.limiter.current, self.money.state())
 
     async def _admit_all(self) -> None:
         for _lineno, prompt, line in iter_records(self.prepared.scan.path, PROMPT_DECODER):
@@ -181,8 +190,13 @@ class Run(PromptWork):
             if not await self.disk.wait_for_room(record_bound, self.stopping, self.settled,
                                                  self.say, self._show_waiting):
                 return
+            if not self.money.fits(reservation):
+                self.waiting = "room for money in flight"  # (the progress line says so)
+            if not await self.money.acquire(reservation):
+                return
             self.waiting = None
             if not await self._acquire_unless_stopped():
+                self.money.release(reservation)
                 return
             self.budget.reserve(reservation)
             self.disk.reserve(record_bound)
@@ -279,7 +293,9 @@ class Run(PromptWork):
         except Exception as e:  # a failed poll is not a reason to stop paid work
             self.say(f"kp-infer: warning: could not read the balance: {e}")
             return
-        if remaining is not None and remaining < self.config.min_credits:
+        self.money.set_balance(remaining)
+        if (remaining is not None and self.config.min_credits is not None
+                and remaining < self.config.min_credits):
             self.stop(StopReason.MIN_CREDITS)
 
     async def _poll_balance(self) -> None:
@@ -304,6 +320,7 @@ class Run(PromptWork):
         left = max(0, self.prepared.todo - finished)
         oldest = next(iter(self.in_progress.values()), None)
         rate_limited = stats.retries["429"]
+        ceiling = self.money.ceiling()
         grace_left = None
         if self.stopped_at is not None:
             grace_left = max(0.0, self.config.grace - (now - self.stopped_at))
@@ -317,6 +334,9 @@ class Run(PromptWork):
             rate_limited=rate_limited, retries=sum(stats.retries.values()) - rate_limited,
             eta=left * elapsed / finished if finished and left and not self.stopping.is_set() else None,
             oldest=now - oldest if oldest is not None else None,
+            # shown when it may bind: half used, or OpenRouter's in-flight 402s met
+            money_in_flight=((self.money.amount, ceiling) if ceiling is not None
+                             and (self.money.cuts or self.money.amount >= ceiling / 2) else None),
             backing_off=max(0, len(self.in_progress) - self.limiter.in_flight),
             tokens_per_s=stats.completion_tokens / elapsed,
             tokens_left=(max(0, budget.token_budget - budget.tokens)
@@ -351,7 +371,7 @@ class Run(PromptWork):
 
 async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
                say: Callable[[str], None]) -> Run:
-    account = Account(config.api_key, config.base_url, proxy=config.proxy) if config.min_credits is not None else None
+    account = Account(config.api_key, config.base_url, proxy=config.proxy)
     run = Run(config, prepared, budget, None, progress, say, account)
     try:
         with run.signals_handled(asyncio.get_running_loop()):
@@ -359,8 +379,7 @@ async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
                 run.transport = transport
                 await run.run()
     finally:
-        if account is not None:
-            await account.aclose()
+        await account.aclose()
     return run
 
 
@@ -371,6 +390,15 @@ def _event_loop_run(coro):
         return uvloop.run(coro)
     except ImportError:
         return asyncio.run(coro)
+
+
+def _balance_for_plan(config: RunConfig, say: Stderr) -> Balance | None:
+    """What the plan sizes the money in flight to (None, said, when it cannot be read)."""
+    try:
+        return fetch_balance(config.api_key, config.base_url, proxy=config.proxy, timeout=15.0)
+    except AccountError as e:
+        say(f"kp-infer: the balance could not be read: {e}")
+        return None
 
 
 def run_infer(config: RunConfig, say: Stderr) -> int:
@@ -384,8 +412,9 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
         budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
                         total=prepared.total)
         if config.plan:  # a report: stdout
-            click.echo(plan_json(config, prepared, budget) if config.plan_json
-                       else plan_text(config, prepared, budget))
+            balance = _balance_for_plan(config, say)
+            click.echo(plan_json(config, prepared, budget, balance) if config.plan_json
+                       else plan_text(config, prepared, budget, balance))
             return ExitCode.OK
         try:
             freeze_startup_objects()

@@ -8,10 +8,22 @@ about it (the facts behind each row: docs/openrouter.md, "Errors"):
     retry      transient (408/429/5xx/524/529, connection errors, idle stalls, 200 with an
                error body, empty choices or empty output, mid-stream error, cut stream):
                retry with backoff, honouring `retry_after`
-    permanent  400/403/413/422 and other 4xx: record as failed, no retry this run
-    payment    402: the balance cannot cover the request: stop admitting work
+    wait       the in-flight spending budget is full (402 `reason: in_flight_budget_exhausted`,
+               `limit_source: openrouter_in_flight_budget`; cause "402-inflight"): send it
+               again once requests in flight settle, after `retry_after`; not a failed attempt
+    permanent  400/403/413/422 and other 4xx without a `limit_source` (a 403 is moderation or
+               a provider's refusal): record as failed, no retry this run
+    payment    a money limit: stop admitting work (exit 3), no prompt is failed for it. Which
+               one is `limit_source`: "openrouter_credits" (the balance gone, or with `reason:
+               weight_exceeds_budget` one request's worst case beyond what the balance
+               allows), "openrouter_key_limit", "openrouter_workspace_budget",
+               "openrouter_guardrail_budget" (402 or 403, with `scope`, `limit_usd`,
+               `spend_usd`, `resets_at` when given), or "" (a bare 402: the balance)
     auth       401: bad key: stop the run
     no_route   404 (e.g. constraint_filtered): a configuration error: stop the run
+
+The status does not decide a 402's or a 403's kind: `error.metadata.limit_source` and
+`reason` do (docs/openrouter.md, "Credit limits").
 
 `error_attempt(status, payload, ...)` classifies a non-200 answer; `body_error(error)` an
 `error` object inside a 200 body; `midstream_error(error, after_output)` an error chunk of a
@@ -34,7 +46,7 @@ RETRYABLE_STATUSES = {408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525
 class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     """The outcome of one HTTP attempt (sent between processes as msgpack: keep it flat)."""
 
-    kind: str  # ok | retry | permanent | payment | auth | no_route
+    kind: str  # ok | retry | wait | permanent | payment | auth | no_route
     cause: str = ""  # for retries/failures: "429", "502", "timeout", "cut", "error200", ...
     status: int = 0
     code: str = ""
@@ -52,6 +64,50 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     cost: float | None = None
     chunks: int = 0
     reasoning_source: str = ""  # field | details | inline ("" when there is none)
+    # a money limit's `error.metadata` (kinds wait and payment)
+    limit_source: str = ""
+    limit_reason: str = ""
+    limit_scope: str = ""
+    limit_usd: float | None = None
+    spend_usd: float | None = None
+    resets_at: str | None = None
+
+    def limit(self) -> dict:
+        """The limit named by a payment attempt, for the summary (fields given only)."""
+        named = {"status": self.status, "limit_source": self.limit_source,
+                 "reason": self.limit_reason, "scope": self.limit_scope,
+                 "limit_usd": self.limit_usd, "spend_usd": self.spend_usd,
+                 "resets_at": self.resets_at, "message": self.message}
+        return {k: v for k, v in named.items() if v not in ("", None)}
+
+
+IN_FLIGHT_SOURCE = "openrouter_in_flight_budget"
+IN_FLIGHT_REASON = "in_flight_budget_exhausted"
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _limit_attempt(status: int, err: dict, code: str, message: str,
+                   retry_after: float | None) -> Attempt | None:
+    """A money limit named by `error.metadata` (limit_source or reason); None: none named."""
+    meta = err.get("metadata")
+    if not isinstance(meta, dict):
+        return None
+    source, reason = str(meta.get("limit_source") or ""), str(meta.get("reason") or "")
+    if not source and reason not in (IN_FLIGHT_REASON, "weight_exceeds_budget"):
+        return None  # e.g. moderation's `reasons`: the prompt's own refusal
+    if reason == IN_FLIGHT_REASON or source == IN_FLIGHT_SOURCE:
+        return Attempt("wait", cause="402-inflight", status=status, code=code, message=message,
+                       retry_after=retry_after, limit_source=source, limit_reason=reason)
+    resets = meta.get("resets_at")
+    return Attempt("payment", cause=str(status), status=status, code=code, message=message,
+                   retry_after=retry_after, limit_source=source, limit_reason=reason,
+                   limit_scope=str(meta.get("scope") or ""),
+                   limit_usd=_number(meta.get("limit_usd")),
+                   spend_usd=_number(meta.get("spend_usd")),
+                   resets_at=str(resets) if resets else None)
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -71,6 +127,8 @@ def error_attempt(status: int, payload: dict | None, retry_after: float | None,
     err = err if isinstance(err, dict) else {}
     message = redact(str(err.get("message") or default_message))[:500]
     code = str(err.get("code") or status)
+    if status in (402, 403) and (limit := _limit_attempt(status, err, code, message, retry_after)):
+        return limit
     availability = err.get("availability") or (payload or {}).get("availability")
     if isinstance(availability, dict):
         ra = availability.get("retry_after")
