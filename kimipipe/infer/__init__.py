@@ -14,6 +14,7 @@
                        (what is refused, and the prompt's next routing), the writers
     report.py          Stats, StopReason (exit code and message), summary
     progress.py        the progress line: a snapshot of the run, fitted to the terminal
+    run_progress.py    the run's side of it: the snapshot and the redraws (mixed into run.Run)
     providers_table.py the providers compared (one row per provider), for the summary and
                        the report
     report_files.py    `kp-infer report FILE...`: that table from files on disk

@@ -1,6 +1,6 @@
 """kp-infer's progress line: what a user watching a paid run needs first, fitted to a width.
 
-`ProgressSnapshot` is the run's state at one moment (`Run.snapshot()` in infer/run.py
+`ProgressSnapshot` is the run's state at one moment (`Run.snapshot()`, infer/run_progress.py
 fills it); `progress_line(snapshot, width)` turns it into one line of at most WIDTH
 columns. Its parts, most important first; those that do not fit are left off from the end:
 
