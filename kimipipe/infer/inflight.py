@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable
 
 START_RATIO = 1.0
-MAX_RATIO = 2.0  # our worst case uses the highest price of the table: OpenRouter's is lower
+MAX_RATIO = 1.2  # our worst case is at the table's highest price, OpenRouter's at the serving one's
 CUT = 0.9
 DEEPEST_CUT = 0.5
 GROW_EVERY = 1.0
