@@ -550,3 +550,46 @@ def test_quiet_silences_the_torn_tail_note_too(standin, tmp_path):
         f.write(b'{"id": "p00005", "dataset": "B3", "messa')
     r = infer(server, prompts, "-o", out)  # without --quiet the repair is reported
     assert r.code == 0 and f"{out}:7: removed a torn last line" in r.stderr
+
+
+def _worker_children(pid: int) -> int:
+    """How many `kimipipe.infer.worker_process` children PID has (from /proc)."""
+    found = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        found += ppid == pid and b"kimipipe.infer.worker_process" in cmdline
+    return found
+
+
+@pytest.mark.parametrize("concurrency,prompts,workers", [(64, 300, 0), (300, 300, os.cpu_count() or 1),
+                                                         (2000, 200, 0)])
+def test_worker_processes_by_default_only_when_many_can_be_in_flight(standin, tmp_path, concurrency,
+                                                                     prompts, workers):
+    """README: no worker process while at most 256 requests can be in flight (the smaller of
+    --concurrency and the prompts to do), one per core above that."""
+    server = standin(latency=1.0)
+    path = make_prompts(tmp_path / "p.jsonl", prompts)
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
+    proc = subprocess.Popen([str(BIN / "kp-infer"), str(path), "-o", str(tmp_path / "r.jsonl"),
+                             "--base-url", server.base_url, "--concurrency", str(concurrency),
+                             "--max-tokens", "50", "-q"], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while server.stats()["completions_started"] == 0:  # requests are being sent now
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        seen = _worker_children(proc.pid)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert seen == workers
+    assert len(read_jsonl(tmp_path / "r.jsonl")) == prompts

@@ -219,7 +219,8 @@ class _InferCommand(KPCommand):
 @click.option("--idle-timeout", type=click.FloatRange(min=0.01), default=180.0, show_default=True,
               help="Seconds without data (keep-alive comments don't count) before an attempt is retried.")
 @click.option("--workers", type=click.IntRange(min=0), default=None,
-              help="Worker processes for the HTTP work (default: the number of cores; 0 = in this process).")
+              help="Worker processes for the HTTP work (default: in this process when at most 256 "
+                   "requests can be in flight, else the number of cores; 0 = in this process).")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Stream answers (SSE).")
 @click.option("--proxy", default=None, metavar="URL",
               help="Send every request through this HTTP proxy (http://[USER:PASSWORD@]HOST:PORT), "

@@ -144,9 +144,23 @@ class WorkerPool:
             await worker.reader_task
 
 
+IN_PROCESS_UP_TO = 256
+
+
+def default_workers(concurrency: int, todo: int) -> int:
+    """Worker processes when --workers is not given (see `open_transport`)."""
+    return 0 if min(concurrency, todo) <= IN_PROCESS_UP_TO else (os.cpu_count() or 1)
+
+
 def open_transport(config: RunConfig, todo: int) -> WorkerPool | CompletionClient:
-    """The HTTP transport for a run with TODO prompts to send (enter it with `async with`)."""
-    workers = (os.cpu_count() or 1) if config.workers is None else config.workers
+    """The HTTP transport for a run with TODO prompts to send (enter it with `async with`).
+
+    --workers by default: in this process when at most IN_PROCESS_UP_TO requests can be in
+    flight at once (the smaller of --concurrency and TODO), else one worker per core. One
+    process carries well over a thousand live streams (docs/performance.md), so a small run
+    gains nothing from workers and would pay their start (~0.3 s of CPU each) and an IPC
+    hop per request."""
+    workers = default_workers(config.concurrency, todo) if config.workers is None else config.workers
     workers = min(workers, max(1, todo)) if workers else 0
     if workers:
         return WorkerPool(workers, config.base_url, config.api_key, idle_timeout=config.idle_timeout,
