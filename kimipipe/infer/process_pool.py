@@ -1,9 +1,9 @@
 """Where kp-infer's HTTP work runs: in this process, or spread over worker processes.
 
 `open_transport(config, todo)` gives the run its transport: a `CompletionClient`
-(openrouter/client.py) in this process for `--workers 0`, else a `WorkerPool` of N worker
-processes (infer/worker_process.py; default one per core, never more than the prompts to
-do). Both have the same interface (`async with`, `attempt(body, stream)`).
+(openrouter/client.py) in this process for `--workers 0` (the default while at most 256
+requests can be in flight), else a `WorkerPool` of N worker processes
+(infer/worker_process.py; default one per core, never more than the prompts to do). Both have the same interface (`async with`, `attempt(body, stream)`).
 
 One event loop tops out at one core, and a live stream costs client CPU per chunk
 (docs/performance.md): 2000 streams at ~40 chunks/s need more than one core. So the
