@@ -254,7 +254,10 @@ def test_a_tmpfs_filled_during_the_run_loses_no_paid_answer(standin, tmp_path, t
     prompts = make_prompts(tmp_path / "p.jsonl", 400)
     out, summary, tmpdir = mnt / name, tmp_path / "s.json", tmp_path / "tmp"
     tmpdir.mkdir()
-    args = (prompts, "-o", out, "--concurrency", "8", "--max-tokens", "1000", "--min-free-disk", "0",
+    # 32 in flight: their answers must not all fit in the slack of the output's last page
+    # when the filler lands (with 8, a few compressed .zst records sometimes did, and then
+    # the run rightly waited for disk instead of meeting the failed write this test is about)
+    args = (prompts, "-o", out, "--concurrency", "32", "--max-tokens", "1000", "--min-free-disk", "0",
             "--summary-json", summary)
     proc, stderr = start_infer(server, *args, tmpdir=tmpdir)
     try:
