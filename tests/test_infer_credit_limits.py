@@ -154,3 +154,29 @@ def test_plan_sizes_the_money_in_flight_to_the_balance(standin, tmp_path):
     text = r.stdout.decode()
     assert f"covers {flight['requests']:,} requests' worst case" in text
     assert f"--max-tokens {allowing:,} would let all 2,000 be in flight" in text
+
+
+@pytest.mark.parametrize("credits_mode", ["forbidden", "zeros"])
+def test_a_normal_key_learns_the_money_in_flight_from_402s_alone(standin, tmp_path, credits_mode):
+    """The common live case: a normal key with no limit of its own, so /credits is refused
+    (403, management keys only) or answers zeros, and /key has no limit_remaining: the
+    balance is unknown. The run starts with no ceiling, learns one from the in-flight 402s,
+    and answers every prompt at the bill, as when the balance could be read."""
+    server = standin(balance=0.10, inflight_ratio=0.5, settle=0.01, latency=0.2, ledger=True,
+                     credits_mode=credits_mode)
+    prompts = make_prompts(tmp_path / "p.jsonl", 30)
+    r, summary, failed = run(server, prompts, tmp_path, "--max-tokens", "4096",
+                             "--concurrency", "30", "--max-attempts", "1")
+    assert r.code == 0, r.stderr
+    assert summary["done"] == 30 and failed == [] and summary["stop_reason"] is None
+    refused = server.stats()["refusals"]["402"].get("in_flight_budget_exhausted", 0)
+    assert refused > 0 and summary["retries"].get("402-inflight", 0) == refused
+    money = summary["money_in_flight"]
+    assert money["balance_read"] is None and money["ratio_end"] is None
+    # all 30 went at once (no ceiling yet: $0.37 of worst cases), then bursts of 402s cut
+    # the learned ceiling, by at most half a burst, near OpenRouter's $0.05 (0.5 x $0.10)
+    assert money["cuts"] >= 2 and money["peak"] > 0.3
+    assert 0.025 <= money["ceiling_end"] <= 0.10
+    assert summary["spend_this_run"] == pytest.approx(sum(x["cost"] for x in server.ledger()), abs=1e-9)
+    billed, kept = billed_and_kept(server, tmp_path / "r.jsonl")
+    assert billed == kept and len(kept) == 30
