@@ -148,7 +148,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 test: venv
-	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist worksteal $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check kimipipe tests bench
