@@ -65,12 +65,7 @@ class PromptWork:
                         return
                     await self.limiter.release()
                     holding_slot = False
-                    delay = self._backoff(attempts, result.retry_after)
-                    try:
-                        await asyncio.wait_for(self.stopping.wait(), timeout=delay)
-                    except TimeoutError:
-                        pass
-                    if self.stopping.is_set():
+                    if not await self._sleep_unless_stopped(self._backoff(attempts, result.retry_after)):
                         return  # not sent again: a stop admits no new requests
                     # a slot again, unless the run stops while waiting for one (a Ctrl-C
                     # must not wait for a slot that only a long answer would free)
@@ -88,11 +83,7 @@ class PromptWork:
                     await self.limiter.release()
                     holding_slot = False
                     delay = result.retry_after if result.retry_after is not None else self._backoff(1, None)
-                    try:
-                        await asyncio.wait_for(self.stopping.wait(), timeout=delay)
-                    except TimeoutError:
-                        pass
-                    if self.stopping.is_set() or not await self.money.acquire(reservation):
+                    if not await self._sleep_unless_stopped(delay) or not await self.money.acquire(reservation):
                         return
                     holding_money = True
                     if not await self._acquire_unless_stopped():
@@ -138,6 +129,14 @@ class PromptWork:
                 await self.limiter.release()
             self.settled.set()
             self._show_progress()
+
+    async def _sleep_unless_stopped(self, delay: float) -> bool:
+        """Wait DELAY seconds before sending again; False when the run stops meanwhile."""
+        try:
+            await asyncio.wait_for(self.stopping.wait(), timeout=delay)
+        except TimeoutError:
+            pass
+        return not self.stopping.is_set()
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         delay = min(self.config.backoff_max, self.config.backoff_base * 2 ** (attempt - 1))
