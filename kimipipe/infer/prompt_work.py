@@ -76,7 +76,7 @@ class PromptWork:
                 if result.kind == "wait":  # the in-flight budget is full: not this prompt's fault
                     attempts -= 1
                     self.stats.retries[result.cause] += 1
-                    self.stats.limit_refusals[f"{result.status} {result.limit_reason or result.limit_source}"] += 1
+                    self.stats.limit_refusals[result.limit_key()] += 1
                     self.money.refused(result.retry_after)
                     self.money.release(reservation, finished=False)
                     holding_money = False
@@ -91,8 +91,7 @@ class PromptWork:
                     holding_slot = True
                     continue
                 if result.kind == "payment":
-                    self.stats.limit_refusals[
-                        f"{result.status} {result.limit_reason or result.limit_source or 'no limit named'}"] += 1
+                    self.stats.limit_refusals[result.limit_key()] += 1
                     if self.stats.limit is None:
                         self.stats.limit = {**result.limit(), "balance_left": _rounded(self.money.spendable()),
                                             "worst_case_request": round(reservation, 6)}

@@ -73,7 +73,7 @@ class Run(PromptWork, RunProgress):
     """One kp-infer run over a prepared input (see the module docstring)."""
 
     def __init__(self, config: RunConfig, prepared: Prepared, budget: Budget, transport,
-                 progress, say: Callable[[str], None], account: Account | None = None):
+                 progress, say: Callable[[str], None], account: Account):
         self.config = config
         self.prepared = prepared
         self.done = prepared.done
@@ -154,7 +154,7 @@ class Run(PromptWork, RunProgress):
         poller = publisher = None
         ticker = asyncio.create_task(self._tick_progress())
         try:
-            if self.account is not None and not self.stopping.is_set():
+            if not self.stopping.is_set():
                 await self._unless_stopped(self._check_balance())
                 poller = asyncio.create_task(self._poll_balance())
             if self.budget.total is not None and self.budget.total.shared is not None:

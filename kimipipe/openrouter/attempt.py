@@ -72,6 +72,10 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     spend_usd: float | None = None
     resets_at: str | None = None
 
+    def limit_key(self) -> str:
+        """How the summary counts a credit-limit refusal: status, then reason or source."""
+        return f"{self.status} {self.limit_reason or self.limit_source or 'no limit named'}"
+
     def limit(self) -> dict:
         """The limit named by a payment attempt, for the summary (fields given only)."""
         named = {"status": self.status, "limit_source": self.limit_source,
