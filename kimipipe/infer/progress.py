@@ -7,8 +7,11 @@ columns. Its parts, most important first; those that do not fit are left off fro
     kp-infer: 120/400, 64 in flight (max 64), $1.23 of $10, 429s 12, 2 failed, ETA 4m10s,
     oldest 41s, retries 3, 5 in back-off, 850 tok/s, 1.2M tok left
 
-- `120/400`: prompts finished this run (answered or failed) of those to do; `kp-infer: `
-  leads only when the whole line fits.
+- `120/400`: requests finished this run (answered or failed) of those to do (a
+  conversation's turns each count; turns of a conversation ended early leave the total);
+  `kp-infer: ` leads only when the whole line fits. A run with conversations then shows
+  `conversations 30 done, 64 in progress` (done: every turn answered, or cut by
+  max_tokens).
 - in flight, and what limits it: `(max 64)` is --concurrency; `(limit 48 after 429s)` when
   the adaptive limit shrank (a count above it is the requests sent before it shrank, still
   finishing); then what holds admission back if anything but a free slot does:
@@ -42,7 +45,8 @@ class ProgressSnapshot:
     """A kp-infer run at one moment, as the progress line shows it."""
 
     finished: int  # answered or failed this run
-    total: int  # prompts to do this run
+    total: int  # requests to send this run (each turn of a conversation is one)
+    conversations: tuple[int, int] | None = None  # (ended this run, in progress), if any
     failed: int = 0
     in_flight: int = 0  # requests sent and not finished (holding a concurrency slot)
     limit: int = 0  # the adaptive concurrency limit now
@@ -68,6 +72,9 @@ def progress_line(snap: ProgressSnapshot, width: int | None = None, name: str = 
     it when everything fits; when not, it goes first, then the parts from the last."""
     head = f"{snap.finished:,}/{snap.total:,}"
     parts = [head, *_parts(snap)]
+    if snap.conversations is not None:
+        ended, going = snap.conversations
+        parts.insert(1, f"conversations {ended:,} done, {going:,} in progress")
     line = f"{name}: {SEPARATOR.join(parts)}"
     if width is None:
         return line

@@ -36,9 +36,11 @@ class PromptWork:
 
     # -- one prompt -----------------------------------------------------------------------
     async def _handle(self, prompt: Prompt, line: bytes, reservation: float,
-                      record_bound: int = 0) -> None:
+                      record_bound: int = 0, session_id: str | None = None) -> Attempt | None:
+        """The answer kept for PROMPT (written, or at least paid for), else None.
+        SESSION_ID: a conversation's, sent with each of its requests (sticky routing)."""
         policy = self.config.policy
-        body = self.config.request.body(prompt, policy)
+        body = self.config.request.body(prompt, policy, session_id)
         attempts = 0
         holding_slot = holding_money = True
         try:
@@ -50,11 +52,11 @@ class PromptWork:
                     refused = self.output.refusal(result)
                     if refused is None:
                         self._accept(prompt, line, result, attempts, time.monotonic() - started)
-                        return
+                        return result
                     policy = self._refuse(prompt, result, *refused, attempts, policy)
                     if policy is None:
-                        return
-                    body = self.config.request.body(prompt, policy)  # its own provider.ignore
+                        return None
+                    body = self.config.request.body(prompt, policy, session_id)  # its own provider.ignore
                     continue
                 if result.kind == "retry":
                     self.stats.retries[result.cause] += 1

@@ -18,7 +18,9 @@ The summary (stderr, and `--summary-json`):
      "paid_not_written": {"answers", "cost", "rescued", "rescue_file", "error"},
      "failures_not_written": {"records", "rescued", "rescue_file"},
      "spend_this_run", "spend_total", "max_cost", "total_cost", "tokens": {"prompt", "completion",
-     "reasoning", "completion_total"}, "token_budget", "providers": {name: share},
+     "reasoning", "completion_total", "cached", "cached_share"}, "token_budget",
+     "conversations": null | {"turns_by_number": {"1": n, ...}, "done", "cut",
+                              "turns_not_sent"} (conversations asked turn by turn), "providers": {name: share},
      "finish_reasons": {reason: n}, "refused": {kind: {provider: n}},
      "by_provider": [row, ...] (infer/providers_table.py: answers, tokens, reasoning share,
      finish reasons, refusals, tokens/s, latency, $ per million output tokens), "elapsed_s", "requests_per_s", "completion_tokens_per_s",
@@ -151,11 +153,17 @@ class Stats:
     taken_in: int = 0  # answers an earlier run kept in the rescue file, taken in first
     limit_refusals: Counter = field(default_factory=Counter)  # "402 in_flight_budget_exhausted": n
     limit: dict | None = None  # the money limit that stopped the run (Attempt.limit())
+    cached_tokens: int = 0  # prompt tokens served from the provider's prompt cache
+    turns: Counter = field(default_factory=Counter)  # a conversation's turns answered, by number
+    conversations_done: int = 0  # conversations whose last turn was answered this run
+    conversations_cut: int = 0  # ended by a turn cut by max_tokens (later turns not sent)
+    turns_not_sent: int = 0  # turns of conversations ended early (cut, failed, stopped)
     started: float = field(default_factory=time.monotonic)
 
     def answered(self, answer: Attempt, latency: float | None = None) -> None:
         """An answer written to the output (LATENCY: seconds from sent to complete)."""
         self.done += 1
+        self.cached_tokens += answer.cached_tokens
         self.completion_tokens += answer.completion_tokens
         self.reasoning_tokens += answer.reasoning_tokens
         self.providers[answer.provider or "unknown"] += 1
@@ -225,7 +233,14 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         "max_cost": config.max_cost,
         "total_cost": config.total_cost,
         "tokens": {"prompt": stats.prompt_tokens, "completion": stats.completion_tokens,
-                   "reasoning": stats.reasoning_tokens, "completion_total": budget.tokens},
+                   "reasoning": stats.reasoning_tokens, "completion_total": budget.tokens,
+                   "cached": stats.cached_tokens,
+                   "cached_share": round(stats.cached_tokens / stats.prompt_tokens, 4)
+                   if stats.prompt_tokens else 0.0},
+        "conversations": {"turns_by_number": {str(k): n for k, n in sorted(stats.turns.items())},
+                          "done": stats.conversations_done, "cut": stats.conversations_cut,
+                          "turns_not_sent": stats.turns_not_sent} if stats.turns or
+        stats.turns_not_sent else None,
         "token_budget": config.token_budget,
         "providers": {k: round(v / total_providers, 4) for k, v in stats.providers.most_common()}
         if total_providers else {},
@@ -253,10 +268,17 @@ def format_summary(summary: dict) -> str:
         f"  tokens: {summary['tokens']['completion']:,} completion "
         f"({summary['tokens']['reasoning']:,} reasoning), {summary['tokens']['prompt']:,} prompt; "
         f"{summary['tokens']['completion_total']:,} completion in all"
-        + (f" (budget {summary['token_budget']:,})" if summary['token_budget'] else ""),
+        + (f" (budget {summary['token_budget']:,})" if summary['token_budget'] else "")
+        + (f"; {summary['tokens']['cached']:,} prompt tokens cached "
+           f"({summary['tokens']['cached_share']:.0%})" if summary['tokens'].get('cached') else ""),
         f"  throughput: {summary['requests_per_s']:.2f} req/s, "
         f"{summary['completion_tokens_per_s']:,.0f} tok/s over {summary['elapsed_s']:.1f} s",
     ]
+    if summary.get("conversations"):
+        conv = summary["conversations"]
+        lines.append("  conversations: " + f"{conv['done']:,} finished, {conv['cut']:,} cut by "
+                     "max_tokens (later turns not sent); turns answered by number: "
+                     + ", ".join(f"#{k} {n:,}" for k, n in conv["turns_by_number"].items()))
     if summary["retries"]:
         lines.append("  retries: " + ", ".join(f"{k}: {v}" for k, v in summary["retries"].items()))
     if summary["providers"]:

@@ -38,6 +38,7 @@ import asyncio
 import signal
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -48,10 +49,12 @@ from ..cli import stderr_is_terminal
 from ..errors import ExitCode
 from ..io import iter_records
 from ..openrouter.account import Account, AccountError, Balance, fetch_balance
+from ..openrouter.attempt import Attempt
 from ..partition import in_partition
-from ..records import Refusal
+from ..records import Prompt, Refusal, ResponseText
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
+from .conversations import TurnWork, first_turn, is_conversation
 from .disk import DiskGuard
 from .inflight import MoneyInFlight
 from .limiter import AdaptiveLimiter
@@ -96,6 +99,10 @@ class Run(PromptWork, RunProgress):
         self.in_progress: dict[str, float] = {}  # prompt ID -> when admitted, oldest first
         self.refused: dict[str, list[Refusal]] = {}  # answers refused, by prompt in flight
         self.waiting: str | None = None  # what holds admission back, for the progress line
+        # conversations (infer/conversations.py): their next turns go ahead of new prompts
+        self.ready_turns: deque[TurnWork] = deque()
+        self.open_conversations: set[str] = set()  # a turn in flight or ready
+        self.turn_ready = asyncio.Event()
         self.terminal = stderr_is_terminal()  # else plain progress lines now and then
         self._last_shown = 0.0
         self._interrupts = 0
@@ -178,11 +185,45 @@ class Run(PromptWork, RunProgress):
         return summary(self.stats, self.stop_reason, self.prepared.scan.records, self.budget,
                        self.config, self.limiter.current, self.money.state())
 
-    async def _admit_all(self) -> None:
+    def _new_work(self) -> Iterator[tuple[Prompt, bytes, TurnWork | None]]:
+        """The input's prompts not done, in order: (prompt, line, None) for a single
+        request, the first turn to send of a conversation (its TurnWork)."""
+        resume = self.prepared.conversations
         for _lineno, prompt, line in iter_records(self.prepared.scan.path, PROMPT_DECODER):
             if (prompt.id in self.done or not in_partition(prompt.id, self.config.partition)
                     or not self.prepared.selected(prompt.id)):
                 continue
+            if not is_conversation(prompt):
+                yield prompt, line, None
+                continue
+            turn = first_turn(prompt, line, self.config.history_reasoning,
+                              resume.resume_point(prompt.id) if resume else None)
+            if resume:
+                resume.forget(prompt.id)  # its record now lives in the turn only
+            if turn is not None:
+                self.open_conversations.add(prompt.id)
+                yield turn.prompt, turn.line, turn
+
+    async def _next_work(self, new: Iterator) -> tuple[Prompt, bytes, TurnWork | None] | None:
+        """What to admit next: a conversation's next turn first (so conversations finish
+        and memory stays bounded by the work in flight), else the input's next prompt;
+        at the input's end, wait while conversations may still have turns to send."""
+        while True:
+            if self.ready_turns:
+                turn = self.ready_turns.popleft()
+                return turn.prompt, turn.line, turn
+            work = next(new, None)
+            if work is not None:
+                return work
+            if not self.open_conversations or self.stopping.is_set():
+                return None
+            self.turn_ready.clear()
+            await self._unless_stopped(self.turn_ready.wait())
+
+    async def _admit_all(self) -> None:
+        new = self._new_work()
+        while (work := await self._next_work(new)) is not None:
+            prompt, line, turn = work
             reservation = self.budget.worst_case(prompt_token_bound(prompt.messages))
             if not await self._wait_for_budget(reservation):
                 return
@@ -201,9 +242,42 @@ class Run(PromptWork, RunProgress):
             self.budget.reserve(reservation)
             self.disk.reserve(record_bound)
             self.in_progress[prompt.id] = time.monotonic()
-            task = asyncio.create_task(self._handle(prompt, line, reservation, record_bound))
+            task = asyncio.create_task(self._handle_work(prompt, line, turn, reservation, record_bound))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+
+    async def _handle_work(self, prompt: Prompt, line: bytes, turn: TurnWork | None,
+                           reservation: float, record_bound: int) -> None:
+        if turn is None:
+            await self._handle(prompt, line, reservation, record_bound)
+            return
+        answer = None
+        try:
+            answer = await self._handle(prompt, line, reservation, record_bound,
+                                        session_id=turn.conversation)
+        finally:
+            self._turn_ended(turn, answer if prompt.id in self.done else None)
+
+    def _turn_ended(self, turn: TurnWork, answer: Attempt | None) -> None:
+        """Turn TURN's answer is kept (ANSWER) or not (None: failed, or not sent again
+        after a stop): queue the conversation's next turn, or end it for this run."""
+        nxt = None
+        if answer is not None:
+            self.stats.turns[turn.turn] += 1
+            if answer.finish_reason == "length":
+                self.stats.conversations_cut += 1  # kept and marked; its later turns never go
+            elif turn.last:
+                self.stats.conversations_done += 1
+            elif not self.stopping.is_set():
+                nxt = turn.next_turn(ResponseText(content=answer.content, reasoning=answer.reasoning))
+        if nxt is not None:
+            self.ready_turns.append(nxt)
+        else:
+            self.open_conversations.discard(turn.conversation)
+            if not turn.last and (answer is None or answer.finish_reason == "length"
+                                  or self.stopping.is_set()):
+                self.stats.turns_not_sent += turn.turns - turn.turn
+        self.turn_ready.set()
 
     async def _acquire_unless_stopped(self) -> bool:
         """A concurrency slot for a new request; False (and no slot) once the run stops."""
@@ -359,7 +433,7 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
         try:
             freeze_startup_objects()
             # the whole line is infer/progress.py's, redrawn by the run (mininterval: never by tqdm)
-            with say.progress(total=prepared.todo, desc=f"kp-infer: 0/{prepared.todo:,}", unit="req",
+            with say.progress(total=prepared.turns_todo, desc=f"kp-infer: 0/{prepared.turns_todo:,}", unit="req",
                               bar_format="{desc}", mininterval=float("inf")) as bar:
                 run = _event_loop_run(_run(config, prepared, budget, bar, say))
         finally:

@@ -27,7 +27,8 @@ class RunProgress:
         failed = sum(stats.failed.values())
         finished = stats.done + failed
         elapsed = max(1e-6, now - stats.started)
-        left = max(0, self.prepared.todo - finished)
+        total = max(0, self.prepared.turns_todo - stats.turns_not_sent)  # requests to send
+        left = max(0, total - finished)
         oldest = next(iter(self.in_progress.values()), None)
         rate_limited = stats.retries["429"]
         ceiling = self.money.ceiling()
@@ -35,7 +36,10 @@ class RunProgress:
         if self.stopped_at is not None:
             grace_left = max(0.0, self.config.grace - (now - self.stopped_at))
         return ProgressSnapshot(
-            finished=finished, total=self.prepared.todo, failed=failed,
+            finished=finished, total=total, failed=failed,
+            conversations=((stats.conversations_done + stats.conversations_cut,
+                            len(self.open_conversations))
+                           if self.prepared.conversations_todo else None),
             in_flight=self.limiter.in_flight, limit=self.limiter.current,
             concurrency=self.config.concurrency, waiting=self.waiting,
             stopping=self.stop_reason.slug if self.stop_reason else None, grace_left=grace_left,

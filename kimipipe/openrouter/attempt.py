@@ -71,6 +71,7 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     limit_usd: float | None = None
     spend_usd: float | None = None
     resets_at: str | None = None
+    cached_tokens: int = 0  # of prompt_tokens, served from the provider's prompt cache
 
     def limit_key(self) -> str:
         """How the summary counts a credit-limit refusal: status, then reason or source."""

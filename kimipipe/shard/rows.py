@@ -29,6 +29,12 @@ class TokenLists:
     n_in: int
     output: memoryview | bytes
     n_out: int
+    conversation: str | None = None  # a conversation's turn (kp-infer's `conversation`)
+
+    @property
+    def split_key(self) -> str:
+        """What the eval split hashes: the conversation, so that its turns stay together."""
+        return self.conversation or self.id
 
 
 _full_decoder = msgspec.json.Decoder(Tokens)  # records.Tokens: the fields kp-shard reads
@@ -196,13 +202,13 @@ class TokenRecordDecoder:
             return None  # the slow path reports it, with byte offsets into the real line
         if rec.input_ids != _MARKER_RAW or rec.output_ids != _MARKER_RAW:
             return None
-        return TokenLists(rec.id, view[i0:i1], n_in, view[o0:o1], n_out)
+        return TokenLists(rec.id, view[i0:i1], n_in, view[o0:o1], n_out, rec.conversation)
 
     def _slow(self, line: bytes) -> TokenLists:
         rec = _full_decoder.decode(line)
         prompt, n_in = _raw_list_body(rec.input_ids, "input_ids", self.ids)
         output, n_out = _raw_list_body(rec.output_ids, "output_ids", self.ids)
-        return TokenLists(rec.id, prompt, n_in, output, n_out)
+        return TokenLists(rec.id, prompt, n_in, output, n_out, rec.conversation)
 
 
 def _raw_list_body(raw: Raw, name: str, ids: IdListChecker) -> tuple[bytes, int]:
@@ -243,13 +249,16 @@ class Row:
     input_tokens: int
     output_tokens: int
     data: bytes
+    split_key: str = ""  # the id, or the conversation of a turn (`eval_point` hashes it)
 
 
 def eval_point(record_id: str) -> float:
     """Where an ID falls in [0, 1): rows below `--eval-fraction` form the eval split.
 
     A hash of the ID alone (no seed, no dataset, no position), so an ID lands in the same
-    split on every rerun and in every dataset it appears in. Reproduce it elsewhere as
+    split on every rerun and in every dataset it appears in. A conversation's turns are
+    split by the conversation's id (their `conversation` field), never by their own, so
+    no conversation has turns on both sides. Reproduce it elsewhere as
     `int.from_bytes(blake2b(id.encode(), digest_size=8, person=b"kp-shard-eval").digest(),
     "big") / 2**64`.
     """
@@ -302,7 +311,7 @@ class RowBuilder:
             data = eagle_row(rec.id, prompt, n_in, output, n_out)
         else:
             data = raw_row(line, output if cut else None)
-        return Row(rec.id, n_in, n_out, data)
+        return Row(rec.id, n_in, n_out, data, rec.split_key)
 
 
 def eagle_row(record_id: str, prompt: bytes, n_in: int, output: bytes, n_out: int) -> bytes:

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from .answers import Answer, user_text_sha256
 from .providers import Endpoint
+from .sessions import CACHE_READ_FACTOR
 from .wire import Generation, encode, json_response
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ class Job:
 
     def __init__(self, server: StandIn, request: web.Request, body: dict, answer: Answer,
                  endpoint: Endpoint, fault: str | None, created: int, gen_id: str,
-                 started: float, ledger_extra: dict | None = None):
+                 started: float, ledger_extra: dict | None = None, cached_tokens: int = 0):
         self.server = server
         self.config = server.config
         self.request = request
@@ -46,12 +47,18 @@ class Job:
         self.headers = {"X-Generation-Id": gen_id}
         self.charged = False
         self.ledger_extra = ledger_extra   # what the ledger line adds (sampling, quirks)
+        self.cached_tokens = min(cached_tokens, answer.prompt_tokens)  # read from the cache
 
     # -- shared pieces ------------------------------------------------------------------
+    def _prompt_cost(self) -> float:
+        """The prompt at the endpoint's price, its cached tokens at the cache-read price."""
+        a, e, cached = self.answer, self.endpoint, self.cached_tokens
+        return ((a.prompt_tokens - cached) + cached * CACHE_READ_FACTOR) * e.prompt \
+            * self.config.price_scale
+
     def _cost(self) -> float:
         a, e = self.answer, self.endpoint
-        return (a.prompt_tokens * e.prompt + a.completion_tokens * e.completion) \
-            * self.config.price_scale
+        return self._prompt_cost() + a.completion_tokens * e.completion * self.config.price_scale
 
     def _charge(self, first_token_at: float, streamed: bool) -> float:
         self.charged = True
@@ -72,12 +79,12 @@ class Job:
             "completion_tokens": a.completion_tokens,
             "total_tokens": a.prompt_tokens + a.completion_tokens,
             "completion_tokens_details": {"reasoning_tokens": a.reasoning_tokens},
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
             "cost": cost,
             "is_byok": False,
             "cost_details": {
                 "upstream_inference_cost": cost,
-                "upstream_inference_prompt_cost": a.prompt_tokens * e.prompt * scale,
+                "upstream_inference_prompt_cost": self._prompt_cost(),
                 "upstream_inference_completions_cost": a.completion_tokens * e.completion * scale,
             },
         }
