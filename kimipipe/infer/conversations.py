@@ -29,7 +29,7 @@ so a rerun sends it again and the conversation goes on.
 A resume does not mix recipes (`recipe_mismatch`): every record says how it was asked for
 (`model`, `sampling` with the reasoning object, and on a turn `history_reasoning`); a run
 whose settings differ from what the output holds is refused (exit 2), naming the
-difference, unless `--allow-mixed`.
+difference, unless `--allow-mixed`. `max_tokens` may change (`RECIPE_SAMPLING`).
 """
 
 from __future__ import annotations
@@ -257,6 +257,11 @@ def scan_output(path: str) -> OutputConversations:
 
 
 # -- recipes --------------------------------------------------------------------------
+# The sampling fields a resume must not change: how tokens are drawn, and the reasoning
+# asked for. `max_tokens` is not among them: it decides only where an answer may be cut,
+# which each record says (`finish_reason`), and lowering it is how a run is fitted to the
+# money left ("lower --max-tokens and rerun to resume").
+RECIPE_SAMPLING = tuple(n for n in Sampling.__struct_fields__ if n != "max_tokens")
 def _same_model(asked: str, recorded: str | None) -> bool:
     """A record's `model` is the one that answered: the slug asked for, or a dated
     version of it (`moonshotai/kimi-k2.5-0127`)."""
@@ -276,11 +281,10 @@ def recipe_mismatch(recipes: Counter, model: str, sampling: Sampling, history_re
         what = None
         if not _same_model(model, recipe.model):
             what = ("model", recipe.model, model)
-        elif recipe.sampling is not None and recipe.sampling != sampling:
-            held = recipe.sampling
-            name = next(n for n in Sampling.__struct_fields__
-                        if getattr(held, n) != getattr(sampling, n))
-            what = (f"sampling.{name}", _encode(getattr(held, name)).decode(),
+        elif recipe.sampling is not None and (name := next(
+                (n for n in RECIPE_SAMPLING if getattr(recipe.sampling, n) != getattr(sampling, n)),
+                None)):
+            what = (f"sampling.{name}", _encode(getattr(recipe.sampling, name)).decode(),
                     _encode(getattr(sampling, name)).decode())
         elif recipe.history_reasoning is not None and recipe.history_reasoning != history_reasoning:
             what = ("history_reasoning", recipe.history_reasoning, history_reasoning)
