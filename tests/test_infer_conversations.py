@@ -157,7 +157,7 @@ def test_a_turn_cut_by_max_tokens_ends_its_conversation(standin, tmp_path):
     records = read_jsonl(out)
     convs = by_conversation(records)
     cut = 0
-    for cid, turns in convs.items():
+    for turns in convs.values():
         last = max(turns)
         assert sorted(turns) == list(range(1, last + 1))
         assert all(turns[k]["finish_reason"] == "stop" for k in range(1, last))

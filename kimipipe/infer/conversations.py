@@ -34,8 +34,9 @@ difference, unless `--allow-mixed`. `max_tokens` may change (`RECIPE_SAMPLING`).
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 
 import msgspec
@@ -43,6 +44,7 @@ from msgspec import Raw, Struct
 
 from ..errors import ExitCode, InputError, KPError
 from ..io import describe_decode_error, iter_lines
+from ..openrouter.attempt import Attempt
 from ..records import (
     Message,
     Prompt,
@@ -136,6 +138,57 @@ def first_turn(source: Prompt, source_line: bytes, history_reasoning: str,
         return make_turn(source, source_line, 1, list(source.messages), history_reasoning)
     done = make_turn(source, source_line, resume.turn, resume.messages, history_reasoning)
     return done.next_turn(resume.answer)
+
+
+# -- a run's conversations ------------------------------------------------------------
+class ConversationQueue:
+    """A run's conversations in progress (infer/run.py admits from it): each one's next
+    turn, queued when the turn before it is kept and admitted ahead of the input's next
+    prompt, so conversations finish and memory stays bounded by the work in flight. STATS
+    (report.Stats) counts turns by number, conversations finished and cut."""
+
+    def __init__(self, history_reasoning: str, stats, resume: OutputConversations | None):
+        self.history_reasoning = history_reasoning
+        self.stats = stats
+        self.resume = resume
+        self.ready: deque[TurnWork] = deque()
+        self.open: set[str] = set()  # a turn in flight or queued
+        self.changed = asyncio.Event()  # a turn queued, or a conversation ended
+
+    def start(self, source: Prompt, source_line: bytes) -> TurnWork | None:
+        """Conversation SOURCE's first turn to send this run (after the turns the output
+        holds); None when it has none left."""
+        point = self.resume.resume_point(source.id) if self.resume else None
+        if self.resume:
+            self.resume.forget(source.id)  # its last record now lives in the turn only
+        turn = first_turn(source, source_line, self.history_reasoning, point)
+        if turn is not None:
+            self.open.add(source.id)
+        return turn
+
+    def next_ready(self) -> TurnWork | None:
+        return self.ready.popleft() if self.ready else None
+
+    def ended(self, turn: TurnWork, kept: Attempt | None, stopping: bool) -> None:
+        """TURN's work ended: its answer KEPT (written), or None (failed, or not sent again
+        after a stop). Queue the conversation's next turn, or end it for this run."""
+        stats = self.stats
+        nxt = None
+        if kept is not None:
+            stats.turns[turn.turn] += 1
+            if kept.finish_reason == "length":
+                stats.conversations_cut += 1  # kept and marked; its later turns never go
+            elif turn.last:
+                stats.conversations_done += 1
+            elif not stopping:
+                nxt = turn.next_turn(ResponseText(content=kept.content, reasoning=kept.reasoning))
+        if nxt is not None:
+            self.ready.append(nxt)
+        else:
+            self.open.discard(turn.conversation)
+            if not turn.last and (kept is None or kept.finish_reason == "length" or stopping):
+                stats.turns_not_sent += turn.turns - turn.turn
+        self.changed.set()
 
 
 # -- resume ---------------------------------------------------------------------------
