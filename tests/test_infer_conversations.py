@@ -112,6 +112,10 @@ def test_each_turn_is_asked_on_the_models_own_earlier_answers(standin, tmp_path,
     assert s["tokens"]["cached"] == sum(x["usage"]["cached_tokens"] for x in records) > 0
     assert all(x["usage"]["cached_tokens"] > 0 for x in records if x["turn"] > 1)
     assert "conversations: 12 finished" in r.stderr and "prompt tokens cached" in r.stderr
+    report = json.loads(kp("infer", "report", out, "--json").stdout)
+    assert report["turns"] == {"conversations": 12, "by_number": {"1": 12, "2": 12, "3": 12}}
+    assert report["prompt_tokens"]["cached"] == s["tokens"]["cached"]
+    assert 0 < report["prompt_tokens"]["cached_share"] < 1
     # a rerun has nothing left to send
     r = infer(server, prompts, "-o", out, "--history-reasoning", policy)
     assert r.code == 0 and len(server.requests()) == 36
@@ -255,3 +259,50 @@ def test_eval_split_keeps_each_conversation_on_one_side(tmp_path):
             side.setdefault(rec["conversation"], set()).add(split)
     assert len(side) == 60 and all(len(s) == 1 for s in side.values())
     assert {s for sides in side.values() for s in sides} == {"train", "eval"}
+
+
+def test_plan_counts_conversations_and_turns_and_grows_each_turns_prompt(standin, tmp_path):
+    server = standin(price_scale=1000.0)
+    prompts = make_conversations(tmp_path / "p.jsonl", 10, turns=3)
+    singles = write_jsonl(tmp_path / "s.jsonl", [
+        {**{k: v for k, v in row.items() if k != "follow_ups"}} for row in read_jsonl(prompts)])
+    out = tmp_path / "r.jsonl"
+
+    def plan(path, *flags):
+        r = infer(server, path, "-o", out, "--plan", "--json", "--max-tokens", "1000", *flags)
+        assert r.code == 0, r.stderr
+        return json.loads(r.stdout)
+
+    alone, conv = plan(singles), plan(prompts)
+    assert conv["prompts"]["todo"] == 10 and conv["requests"]["todo"] == 30
+    assert conv["requests"]["conversations"] == conv["requests"]["conversations_todo"] == 10
+    # turns 2 and 3 carry 1 and 2 earlier answers (assumed at half of --max-tokens: 500)
+    assert conv["requests"]["history_answer_tokens"] == 500
+    assert not conv["requests"]["history_answer_measured"]
+    assert conv["prompt_tokens"]["per_prompt"] > alone["prompt_tokens"]["per_prompt"] + 500
+    assert conv["cost"]["expected"] > 3 * alone["cost"]["expected"]
+    assert conv["cost"]["worst_case_request"] > alone["cost"]["worst_case_request"]
+    # after a pilot, the earlier answers are counted at their measured length (content only)
+    r = infer(server, prompts, "-o", out, "--sample", "2", "--max-tokens", "1000")
+    assert r.code == 0, r.stderr
+    measured = plan(prompts)
+    assert measured["requests"]["todo"] == 24 and measured["requests"]["history_answer_measured"]
+    records = read_jsonl(out)
+    content = sum(x["usage"]["completion_tokens"] - x["usage"]["reasoning_tokens"] for x in records)
+    assert measured["requests"]["history_answer_tokens"] == round(content / len(records), 1)
+
+
+def test_preflight_keeps_a_conversations_first_turn_and_the_run_goes_on(standin, tmp_path):
+    server = standin(request_log=True)
+    prompts = make_conversations(tmp_path / "p.jsonl", 4, turns=2)
+    out = tmp_path / "r.jsonl"
+    r = infer(server, prompts, "-o", out, "--preflight", "2")
+    assert r.code in (0, 4), r.stderr
+    kept = read_jsonl(out)
+    assert [x["id"] for x in kept] == ["c0000#1", "c0001#1"]
+    assert [b["session_id"] for b in server.requests()] == ["c0000", "c0001"]
+    r = infer(server, prompts, "-o", out)
+    assert r.code == 0, r.stderr
+    records = read_jsonl(out)
+    assert len(records) == 8
+    assert_chained(records, prompts, server.requests())

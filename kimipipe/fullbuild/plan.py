@@ -234,8 +234,10 @@ def dataset_plan(name: str, work: str, plan: dict, token_budget: int | None, wei
         answer_tokens = answer_tokens_prior if answer_tokens_prior else plan["max_tokens"] / 2
         cost = (per_prompt * mean["prompt"] + answer_tokens * mean["completion"]) / 1e6
     worst = (plan.get("cost") or {}).get("worst_case_request", 0.0)
+    # an answer is one request's: a conversation's turns each count (older plans: prompts)
+    requests = plan.get("requests") or plan["prompts"]
     return DatasetPlan(
-        complete=stage_complete(work, name), name=name, prompts=plan["prompts"]["input"], todo=plan["prompts"]["todo"],
+        complete=stage_complete(work, name), name=name, prompts=requests["input"], todo=requests["todo"],
         answered=plan["prompts"]["done"], prompt_tokens=per_prompt,
         recorded_spend=plan["recorded"]["spend"], recorded_tokens=plan["recorded"]["completion_tokens"],
         answer_tokens=float(answer_tokens), cost_per_answer=float(cost), measured=measured,
@@ -249,8 +251,11 @@ def refreshed(plan: dict, work: str, name: str) -> dict:
     got = measure(os.path.join(work, f"{name}.responses.jsonl"))
     spend = got["spend"] + recorded_spend(os.path.join(work, f"{name}.failures.jsonl"))
     prompts = plan["prompts"]["input"]
+    requests = (plan.get("requests") or plan["prompts"])["input"]
     return {**plan, "prompts": {**plan["prompts"], "done": got["answers"],
                                 "todo": max(0, prompts - got["answers"])},
+            "requests": {**plan.get("requests", {}), "input": requests,
+                         "todo": max(0, requests - got["answers"])},
             "recorded": {"spend": spend, "completion_tokens": got["completion_tokens"]["total"]}}
 
 

@@ -51,6 +51,7 @@ from ..records import (
     ResponseText,
     Sampling,
     Turn,
+    Usage,
     decode_passthrough,
     encode_over,
 )
@@ -203,6 +204,7 @@ class _RecordHead(Struct):
     turn: int | None = None
     turns: int | None = None
     history_reasoning: str | None = None
+    usage: Usage | None = None
 
 
 class _TurnBody(Struct):
@@ -255,6 +257,17 @@ class OutputConversations:
     open: dict[str, OpenConversation]  # unfinished: the last turn there
     turns: int  # turn records read
     recipes: Counter  # Recipe -> records
+    answers: int = 0  # records read (turns or not), and their tokens: what --plan measures
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def mean_history_answer(self, history_reasoning: str) -> float | None:
+        """The tokens an earlier answer adds to a later turn's prompt, as measured: its
+        content (drop), or all of it (keep); None before any answer."""
+        if not self.answers:
+            return None
+        kept = self.completion_tokens - (self.reasoning_tokens if history_reasoning == "drop" else 0)
+        return kept / self.answers
 
     def resume_point(self, conversation: str) -> OpenConversation | None:
         return self.open.get(conversation)
@@ -286,6 +299,10 @@ def scan_output(path: str) -> OutputConversations:
             break
         head = _decode(_head_decoder, line, path, lineno)
         found.recipes[Recipe.of(head.model, head.sampling, head.history_reasoning)] += 1
+        if head.usage is not None:
+            found.answers += 1
+            found.completion_tokens += head.usage.completion_tokens
+            found.reasoning_tokens += head.usage.reasoning_tokens
         conv = head.conversation
         if conv is None or head.turn is None:
             continue

@@ -8,8 +8,12 @@ preset's served values, or none for a model without a preset) and whether
 `provider.require_parameters` goes with it, whether the model's authors allow distillation
 (`is_trainable_text`), how many prompts are to do, and the cost estimate:
 
-    expected = todo x (prompt tokens x mean allowed prompt price
-                       + completion tokens x mean allowed completion price)
+    expected = requests to do x (prompt tokens x mean allowed prompt price
+                                 + completion tokens x mean allowed completion price)
+
+(a conversation's turns each count as a request, and a later turn's prompt tokens include
+the earlier answers its history carries: their measured length when the output holds
+answers, a pilot's, else the expected answer length; in the worst case --max-tokens each)
 
 with prompt tokens estimated at ~4 bytes a token (+16 for the template) and completion
 tokens at half of `--max-tokens` (or what is left of `--token-budget`, shared out), and the
@@ -19,6 +23,8 @@ answer at `--max-tokens`, at the highest allowed prices.
 The JSON object (prices in USD per million tokens, money in USD):
 
     {"model", "input", "prompts": {"input", "todo", "done", "sample"},
+     "requests": {"input", "todo", "conversations", "conversations_todo", "history_reasoning",
+                  "history_answer_tokens", "history_answer_measured"},
      "prompt_tokens": {"estimated", "per_prompt", "bound"},
      "routes": [{"provider", "tag", "quantization", "prompt_price", "completion_price",
                  "verdict", "allowed"}] | null  (null: the endpoints table could not be read),
@@ -140,14 +146,23 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
     warnings = requantization_warnings(request.model, policy, endpoints)
     if endpoints is not None and not allowed:
         warnings.append("no provider is allowed: requests would fail with 404 constraint_filtered")
-    records = max(1, scan.records)
-    per_prompt = scan.prompt_bytes / PROMPT_BYTES_PER_TOKEN / records + PROMPT_TEMPLATE_TOKENS
+    requests = max(1, scan.requests)
+    todo_requests = prepared.turns_todo  # a conversation's turns each count
     expected_completion = request.max_tokens / 2
     assumed = f"half of --max-tokens {request.max_tokens}"
-    if budget.token_budget is not None and todo:
-        left = max(0, budget.token_budget - budget.tokens) / todo
+    if budget.token_budget is not None and todo_requests:
+        left = max(0, budget.token_budget - budget.tokens) / todo_requests
         if left < expected_completion:
             expected_completion, assumed = left, assumed + ", within --token-budget"
+    # a later turn's prompt carries the earlier turns' answers: as measured in the output
+    # (a pilot's), else at the expected answer length
+    conversations = prepared.conversations
+    measured = (conversations.mean_history_answer(config.history_reasoning)
+                if conversations is not None else None)
+    history_answer = measured if measured is not None else expected_completion
+    answers_per_request = scan.history_answers / requests
+    per_prompt = (scan.request_bytes / PROMPT_BYTES_PER_TOKEN / requests + PROMPT_TEMPLATE_TOKENS
+                  + answers_per_request * history_answer)
     bound = budget.price
     mean = None
     if allowed:
@@ -156,14 +171,17 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
     elif bound is not None:
         mean = {"prompt": bound.prompt, "completion": bound.completion}
     cost = in_flight = None
+    # each earlier answer in a history is at most --max-tokens tokens
+    per_prompt_bound = (scan.request_token_bound / requests
+                        + answers_per_request * request.max_tokens)
     if bound is not None:
-        in_flight = in_flight_data(config, balance, scan.prompt_token_bound / records * bound.prompt,
+        in_flight = in_flight_data(config, balance, per_prompt_bound * bound.prompt,
                                    bound.completion)
     if bound is not None and mean is not None:
-        per_prompt_bound = scan.prompt_token_bound / records
         worst_request = per_prompt_bound * bound.prompt + request.max_tokens * bound.completion
-        cost = {"expected": todo * (per_prompt * mean["prompt"] + expected_completion * mean["completion"]),
-                "worst_case": todo * worst_request, "worst_case_request": worst_request}
+        cost = {"expected": todo_requests * (per_prompt * mean["prompt"]
+                                             + expected_completion * mean["completion"]),
+                "worst_case": todo_requests * worst_request, "worst_case_request": worst_request}
     total = None
     if config.total_cost is not None:
         total = {"cap": config.total_cost, "recorded": prepared.spent + prepared.spent_elsewhere,
@@ -173,8 +191,14 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
         "input": scan.shown,
         "prompts": {"input": scan.records, "todo": todo, "done": prepared.skipped,
                     "sample": config.sample},
-        "prompt_tokens": {"estimated": round(per_prompt * scan.records), "per_prompt": round(per_prompt, 1),
-                          "bound": scan.prompt_token_bound},
+        "requests": {"input": scan.requests, "todo": todo_requests,
+                     "conversations": len(scan.turns),
+                     "conversations_todo": prepared.conversations_todo,
+                     "history_reasoning": config.history_reasoning,
+                     "history_answer_tokens": round(history_answer, 1),
+                     "history_answer_measured": measured is not None},
+        "prompt_tokens": {"estimated": round(per_prompt * scan.requests), "per_prompt": round(per_prompt, 1),
+                          "bound": round(per_prompt_bound * scan.requests)},
         "routes": routes,
         "prices": {"allowed_mean": {k: _per_m(v) for k, v in mean.items()} if mean else None,
                    "bound": {"prompt": _per_m(bound.prompt), "completion": _per_m(bound.completion)}
@@ -233,12 +257,20 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget,
     out.append(data["distillation"])
     for note in data["notes"]:
         out.append(f"note: {note}")
-    prompts = data["prompts"]
+    prompts, requests = data["prompts"], data["requests"]
     out.append(f"prompts: {prompts['input']} in the input, {prompts['todo']} to do"
                + (f" (--sample {prompts['sample']})" if prompts["sample"] is not None else ""))
-    todo, cost = prompts["todo"], data["cost"]
+    if requests["conversations"]:
+        out.append(f"conversations: {requests['conversations']:,} in the input, "
+                   f"{requests['conversations_todo']:,} to do; {requests['todo']:,} requests to send "
+                   f"(each turn one), each later turn's prompt carrying the earlier answers "
+                   f"(--history-reasoning {requests['history_reasoning']}: "
+                   f"~{requests['history_answer_tokens']:,.0f} tokens each, "
+                   + ("measured in the output)" if requests["history_answer_measured"]
+                      else "assumed)"))
+    todo, cost = requests["todo"], data["cost"]
     if cost is not None and todo:
-        out.append(f"cost estimate for {todo} prompts: expected ~${cost['expected']:,.2f} (prompts at ~4 bytes/token, "
+        out.append(f"cost estimate for {todo} requests: expected ~${cost['expected']:,.2f} (prompts at ~4 bytes/token, "
                    f"answers at {data['answer_tokens']['assumed']}); worst case ${cost['worst_case']:,.2f}")
         if config.max_cost is not None:
             out.append(f"--max-cost ${config.max_cost:g}: ${budget.spent:.4f} already recorded; "

@@ -76,7 +76,7 @@ from ..openrouter.routing import (
 )
 from ..partition import in_partition
 from ..records import CostOnly, Failure, Prompt, Response, Usage
-from .budget import prompt_token_bound
+from .budget import MESSAGE_OVERHEAD_TOKENS, prompt_token_bound
 from .config import RunConfig
 from .conversations import OutputConversations, check_recipe, scan_output, turn_count
 from .rescue import check_rescue_dir, take_in
@@ -139,7 +139,13 @@ class InputScan:
     prompt_bytes: int
     prompt_token_bound: int
     turns: dict[str, int] = field(default_factory=dict)  # a conversation's id -> its turns
-    follow_up_bytes: int = 0  # the later user turns' text (what each later turn adds)
+    # every request the input makes (a conversation's turns each count), for --plan: how
+    # many, their prompts' bytes and token bound without the earlier answers in their
+    # history, and how many earlier answers their histories carry in all
+    requests: int = 0
+    request_bytes: int = 0
+    request_token_bound: int = 0
+    history_answers: int = 0
 
     def turns_of(self, prompt_id: str) -> int:
         return self.turns.get(prompt_id, 1)
@@ -172,11 +178,31 @@ class Prepared:
         return self.sample is None or prompt_id in self.sample
 
 
+class _Requests:
+    """The sums InputScan keeps of the requests the input makes (see there)."""
+
+    def __init__(self) -> None:
+        self.n = self.bytes = self.token_bound = self.answers = 0
+
+    def add(self, prompt: Prompt) -> None:
+        size = sum(len(m.content.encode()) for m in prompt.messages)
+        bound = prompt_token_bound(prompt.messages)
+        for k, follow_up in enumerate(("", *prompt.follow_ups)):  # turn k+1 adds a user turn
+            if k:
+                size += len(follow_up.encode())
+                bound += len(follow_up.encode()) + 2 * MESSAGE_OVERHEAD_TOKENS  # + its answer's
+            self.n += 1
+            self.bytes += size
+            self.token_bound += bound
+            self.answers += k
+
+
 def validate_input(path: str, shown: str) -> InputScan:
     """Check every line before any money is spent: format, duplicate IDs, empty messages."""
     first_line: dict[str, int] = {}
     turns: dict[str, int] = {}
-    prompt_bytes = follow_up_bytes = 0
+    requests = _Requests()
+    prompt_bytes = 0
     token_bound = 0
     records = 0
     for lineno, prompt, _line in iter_records(path, PROMPT_DECODER, expect="prompt", shown=shown):
@@ -194,11 +220,11 @@ def validate_input(path: str, shown: str) -> InputScan:
         records += 1
         prompt_bytes += sum(len(m.content.encode()) for m in prompt.messages)
         token_bound += prompt_token_bound(prompt.messages)
+        requests.add(prompt)
         if prompt.follow_ups:
             turns[prompt.id] = turn_count(prompt)
-            follow_up_bytes += sum(len(t.encode()) for t in prompt.follow_ups)
     return InputScan(path, shown, set(first_line), records, prompt_bytes, token_bound, turns,
-                     follow_up_bytes)
+                     requests.n, requests.bytes, requests.token_bound, requests.answers)
 
 
 def take_in_rescued(config: RunConfig, say: Callable[[str], None]) -> int:
