@@ -16,7 +16,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import BIN, kp, read_jsonl, write_jsonl
+from conftest import BIN, TOKENIZER_KINDS, kp, read_jsonl, write_jsonl
 from test_infer import infer
 
 from kimipipe.standin.answers import answer_for_request, history_sha256
@@ -306,3 +306,58 @@ def test_preflight_keeps_a_conversations_first_turn_and_the_run_goes_on(standin,
     records = read_jsonl(out)
     assert len(records) == 8
     assert_chained(records, prompts, server.requests())
+
+
+@pytest.mark.parametrize("policy", ["drop", "keep"])
+def test_kp_tokenize_makes_one_row_per_turn_with_the_history_as_the_template_renders_it(
+        standin, tmp_path, policy):
+    from transformers import AutoTokenizer
+
+    server = standin()
+    prompts = make_conversations(tmp_path / "p.jsonl", 3, turns=3)
+    out, tokens = tmp_path / "r.jsonl", tmp_path / "t.jsonl"
+    r = infer(server, prompts, "-o", out, "--history-reasoning", policy)
+    assert r.code == 0, r.stderr
+    r = kp("tokenize", out, "--tokenizer", TOKENIZER_KINDS["fast"], "-o", tokens, "--workers", "1")
+    assert r.code == 0, r.stderr
+    rows = {x["id"]: x for x in read_jsonl(tokens)}
+    records = {x["id"]: x for x in read_jsonl(out)}
+    assert sorted(rows) == sorted(records) and len(rows) == 9
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_KINDS["fast"])
+    for rid, row in rows.items():
+        rec = records[rid]
+        prompt = tok.decode(row["input_ids"])
+        # each earlier turn as history: an empty think block and its content, never its
+        # reasoning (K2.5's template drops it, also when it was sent back under keep)
+        for m in rec["messages"]:
+            if m["role"] == "assistant":
+                assert f"<|im_middle|><think></think>{m['content']}<|im_end|>" in prompt
+        for k in range(1, rec["turn"]):
+            earlier = records[f"{rec['conversation']}#{k}"]["response"]["reasoning"]
+            assert earlier not in prompt
+        assert prompt.endswith(f"{rec['messages'][-1]['content']}<|im_end|>"
+                               "<|im_assistant|>assistant<|im_middle|><think>")
+        assert tok.decode(row["output_ids"]) == (
+            f"{rec['response']['reasoning']}</think>{rec['response']['content']}<|im_end|>")
+
+
+def test_make_all_with_turns_all_builds_shards_of_whole_conversations(standin, tmp_path):
+    from test_make import make
+
+    server = standin(ledger=True)
+    r = make(server, tmp_path, "all", TURNS="all", MAX_TOKENS=4096,
+             SHARD_FLAGS="--eval-fraction 0.2 --format raw")
+    assert r.returncode == 0, r.stderr + r.stdout
+    responses = read_jsonl(tmp_path / "work" / "D1.responses.jsonl")
+    turns = [x for x in responses if "conversation" in x]
+    assert turns and any(x["turn"] > 1 for x in turns)  # the sample's conversations, turn by turn
+    assert len(server.ledger()) == len(responses)
+    manifest = json.loads((tmp_path / "shards" / "D1" / "manifest.json").read_text())
+    assert manifest["records_read"] == len(responses)  # one token row per turn record
+    assert set(manifest["splits"]) == {"train", "eval"}
+    side = {}
+    for path in (tmp_path / "shards" / "D1").glob("*.jsonl.zst"):
+        for row in read_jsonl(path):
+            key = row.get("conversation") or row["id"]
+            side.setdefault(key, set()).add("eval" if "-eval-" in path.name else "train")
+    assert all(len(s) == 1 for s in side.values())
