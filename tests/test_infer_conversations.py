@@ -345,7 +345,7 @@ def test_make_all_with_turns_all_builds_shards_of_whole_conversations(standin, t
     from test_make import make
 
     server = standin(ledger=True)
-    r = make(server, tmp_path, "all", TURNS="all", MAX_TOKENS=4096,
+    r = make(server, tmp_path, "all", TURNS="all",
              SHARD_FLAGS="--eval-fraction 0.2 --format raw")
     assert r.returncode == 0, r.stderr + r.stdout
     responses = read_jsonl(tmp_path / "work" / "D1.responses.jsonl")
