@@ -112,6 +112,8 @@ def test_each_turn_is_asked_on_the_models_own_earlier_answers(standin, tmp_path,
     assert s["tokens"]["cached"] == sum(x["usage"]["cached_tokens"] for x in records) > 0
     assert all(x["usage"]["cached_tokens"] > 0 for x in records if x["turn"] > 1)
     assert "conversations: 12 finished" in r.stderr and "prompt tokens cached" in r.stderr
+    # the progress line's last frame: requests (turns) and conversations
+    assert "kp-infer: 36/36, conversations 12 done, 0 in progress" in r.stderr
     report = json.loads(kp("infer", "report", out, "--json").stdout)
     assert report["turns"] == {"conversations": 12, "by_number": {"1": 12, "2": 12, "3": 12}}
     assert report["prompt_tokens"]["cached"] == s["tokens"]["cached"]
