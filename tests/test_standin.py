@@ -685,7 +685,7 @@ def test_session_id_keeps_a_conversation_on_one_provider_and_its_prefix_cached(s
     turns = [{"role": "user", "content": f"turn {k}"} for k in range(4)]
     providers, cached, prompt = [], [], []
     messages = []
-    for k, user in enumerate(turns):
+    for user in turns:
         messages = [*messages, user]
         r = post(srv, body(messages=messages, session_id="conv-7"))
         data = r.json()
