@@ -363,3 +363,11 @@ def test_make_all_with_turns_all_builds_shards_of_whole_conversations(standin, t
             key = row.get("conversation") or row["id"]
             side.setdefault(key, set()).add("eval" if "-eval-" in path.name else "train")
     assert all(len(s) == 1 for s in side.values())
+    # a changed sampling flag reruns the responses stage, which says so instead of
+    # resuming into a mixed file; nothing is sent
+    sent = server.stats()["requests"]
+    r = make(server, tmp_path, "all", TURNS="all", SHARD_FLAGS="--eval-fraction 0.2 --format raw",
+             INFER_FLAGS="--backoff-base 0.05 --quiet --temperature 0.5")
+    assert r.returncode == 2, r.stderr + r.stdout
+    assert "sampling.temperature 1.0" in r.stderr and "--allow-mixed" in r.stderr
+    assert server.stats()["requests"] == sent

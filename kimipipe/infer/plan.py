@@ -270,7 +270,8 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget,
                       else "assumed)"))
     todo, cost = requests["todo"], data["cost"]
     if cost is not None and todo:
-        out.append(f"cost estimate for {todo} requests: expected ~${cost['expected']:,.2f} (prompts at ~4 bytes/token, "
+        what = "requests" if requests["conversations"] else "prompts"  # (a turn is a request)
+        out.append(f"cost estimate for {todo} {what}: expected ~${cost['expected']:,.2f} (prompts at ~4 bytes/token, "
                    f"answers at {data['answer_tokens']['assumed']}); worst case ${cost['worst_case']:,.2f}")
         if config.max_cost is not None:
             out.append(f"--max-cost ${config.max_cost:g}: ${budget.spent:.4f} already recorded; "
