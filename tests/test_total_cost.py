@@ -22,6 +22,23 @@ from kimipipe.standin.answers import user_text_sha256
 TIGHT = ("--max-tokens", "60", "--concurrency", "8")
 
 
+
+def read_reservations(path) -> dict:
+    """The reservations file as its writers see it: read under the same flock(2) they hold
+    while they rewrite it in place (pwrite then ftruncate), so a read never sees half a
+    rewrite."""
+    import fcntl
+    import os
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        data = b""
+        while chunk := os.pread(fd, 1 << 16, len(data)):
+            data += chunk
+    finally:
+        os.close(fd)  # (closing releases the lock)
+    return json.loads(data.split(b"\n", 1)[0])
+
 def billed(server) -> float:
     return sum(x["cost"] for x in server.ledger())
 
@@ -148,13 +165,13 @@ def test_a_live_runs_claim_is_honoured_and_a_dead_runs_claim_is_dropped(standin,
         while True:  # until this run has spent its room and gave back its claim: it is waiting
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "the run never waited"
-            own = [e for e in json.loads(shared.read_text())["entries"] if e["label"] == str(out)]
+            own = [e for e in read_reservations(shared)["entries"] if e["label"] == str(out)]
             if own and own[0]["spent"] > 0 and own[0]["claim"] == 0 and billed(server) > 0.5:
                 break
             time.sleep(0.05)
         assert billed(server) <= 1.0  # 100 - the live claim of 99: the dead claim counted nothing
         assert len(read_jsonl(out)) < 30
-        gone = [e for e in json.loads(shared.read_text())["entries"] if e["token"] == "dead"][0]
+        gone = [e for e in read_reservations(shared)["entries"] if e["token"] == "dead"][0]
         assert gone["ended"] and gone["died"] and gone["claim"] == 0
     finally:
         sleeper.send_signal(signal.SIGKILL)
