@@ -114,6 +114,38 @@ def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     assert sum(paid.values()) <= 260 + 16  # at most the requests in flight at the crash
 
 
+def test_exit_4_of_kp_infer_and_of_kp_tokenize_finishes_their_stage(standin, tmp_path):
+    """README (make): kp-infer's exit 4 (done, some prompts failed for good: here refused by
+    moderation) and kp-tokenize's exit 4 (done, some records rejected: here an answer cut by
+    a content filter) each finish their stage: it is stamped, the build goes on to the
+    shards, and what failed is in the failures and rejects files, not in the shards."""
+    conversations = json.loads(SOURCE.read_text())[:30]
+    source = tmp_path / "small.json"
+    source.write_text(json.dumps(conversations))
+    server = standin(moderation_marker="misconceptions")
+    work = tmp_path / "work"
+    r = make(server, tmp_path, str(work / "D1.responses.done"), SOURCE_D1=source,
+             INFER_FLAGS="--backoff-base 0.05")
+    assert r.returncode == 0, r.stderr[-2000:]
+    prompts = read_jsonl(work / "D1.prompts.jsonl")
+    moderated = {p["id"] for p in prompts if "misconceptions" in p["messages"][-1]["content"]}
+    assert moderated and len(moderated) < len(prompts)
+    assert "kp-infer: " in r.stderr and "failed" in r.stderr  # kp-infer said so (exit 4)
+    assert {x["id"] for x in read_jsonl(work / "D1.failures.jsonl")} == moderated
+    assert (work / "D1.responses.done").exists()
+    # an answer kp-tokenize rejects: a provider's content filter cut it (finish_reason)
+    lines = (work / "D1.responses.jsonl").read_text().splitlines()
+    cut = json.loads(lines[0])
+    cut["finish_reason"] = "content_filter"
+    (work / "D1.responses.jsonl").write_text("\n".join([json.dumps(cut), *lines[1:]]) + "\n")
+    r = make(server, tmp_path, "all", SOURCE_D1=source, INFER_FLAGS="--backoff-base 0.05")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (work / "D1.tokens.done").exists()
+    assert [x["id"] for x in read_jsonl(work / "D1.rejects.jsonl")] == [cut["id"]]
+    manifest = json.loads((tmp_path / "shards" / "D1" / "manifest.json").read_text())
+    assert manifest["totals"]["records"] == len(prompts) - len(moderated) - 1
+
+
 def test_ctrl_c_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, tmp_path):
     """README: rerun `make all` after a Ctrl-C. SIGINT goes to make's whole process group,
     as a terminal's Ctrl-C does, while kp-infer has answers written and requests held at

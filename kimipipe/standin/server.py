@@ -123,6 +123,7 @@ class StandIn(MetadataEndpoints):
         self.requests = 0
         self.completions_started = 0
         self.held = 0                       # requests waiting at the hold_after gate
+        self.abandoned = 0                  # fault-free answers whose client went away
         self._gate = asyncio.Event()        # set (and replaced) whenever the config changes
         self.in_flight = 0
         self.max_in_flight = 0
@@ -224,6 +225,7 @@ class StandIn(MetadataEndpoints):
             "requests": self.requests,
             "completions_started": self.completions_started,
             "held": self.held,
+            "abandoned": self.abandoned,
             "charged": self.charged,
             "total_usage": self.usage,
             "balance_remaining": self.config.balance - self.usage,
