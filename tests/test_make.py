@@ -328,9 +328,9 @@ def test_make_test_creates_the_venv_when_it_is_missing(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(packages), "PIP_NO_INDEX": "1",
            "PIP_NO_BUILD_ISOLATION": "0"}
     env.pop("VENV", None)
-    r = subprocess.run(["make", "-C", str(copy), "test",
+    r = subprocess.run(["make", "-C", str(copy), "test", "PYTEST_JOBS=0",  # no nested workers
                         "PYTEST_ARGS=tests/test_io.py -p no:cacheprovider"],
-                       capture_output=True, text=True, env=env, timeout=600)
+                       capture_output=True, text=True, env=env, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "python3 -m venv .venv" in r.stdout and "pip install --quiet --no-compile -e '.[test]'" in r.stdout
     assert (copy / ".venv" / ".installed").exists()

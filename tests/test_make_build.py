@@ -51,7 +51,7 @@ def run_make(server, tmp_path, *args, env: dict | None = None, read_only: Path |
     if read_only is not None and os.geteuid() == 0:
         cmd = ["unshare", "-m", "sh", "-c", 'mount --bind "$1" "$1" && mount -o remount,bind,ro '
                '"$1" && shift && exec "$@"', "sh", str(read_only), *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, env={**full_env, **(env or {})}, timeout=600)
+    return subprocess.run(cmd, capture_output=True, text=True, env={**full_env, **(env or {})}, timeout=240)
 
 
 def billed(server) -> float:

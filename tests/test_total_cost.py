@@ -110,6 +110,13 @@ def run_together(server, tmp_path, cap, shared: bool) -> tuple[list[int], dict[s
         if shared:
             args += ["--reservations", work / "total-cost.json"]
         procs.append(start_infer(server, *args))
+    # the stand-in holds every completion until all three runs have sent theirs (two in
+    # flight each): they then run at the same time however the machine schedules them
+    deadline = time.monotonic() + 120
+    while server.stats()["held"] < 6:
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+        time.sleep(0.02)
+    server.configure(hold_after=None)
     codes = [p.wait(timeout=300) for p in procs]
     return codes, owner
 
@@ -120,6 +127,7 @@ def test_runs_at_the_same_time_share_the_total_cost_and_never_exceed_it(standin,
     and each stops with exit 3. Without the shared file the same three overshoot: each
     only knows its own reservations."""
     server = standin(ledger=True, price_scale=1000.0, latency=1.0)
+    server.configure(hold_after=0)
     codes, owner = run_together(server, tmp_path, 4.0, shared=True)
     assert codes == [3, 3, 3]
     ledger = server.ledger()
@@ -135,6 +143,7 @@ def test_runs_at_the_same_time_share_the_total_cost_and_never_exceed_it(standin,
     assert sum(e["spent"] for e in entries) == pytest.approx(billed(server))
 
     server2 = standin(ledger=True, price_scale=1000.0, latency=1.0)
+    server2.configure(hold_after=0)
     codes, _ = run_together(server2, tmp_path, 4.0, shared=False)
     assert billed(server2) > 4.0  # what the shared file prevents
 
