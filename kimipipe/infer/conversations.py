@@ -132,13 +132,17 @@ def make_turn(source: Prompt, source_line: bytes, turn: int, messages: list[Mess
 
 
 def first_turn(source: Prompt, source_line: bytes, history_reasoning: str,
-               resume: OpenConversation | None = None) -> TurnWork:
+               resume: OpenConversation | None = None) -> TurnWork | None:
     """The next turn of conversation SOURCE to send: turn 1, or the one after RESUME's
-    last turn in the output (on that turn's own answer)."""
+    last turn in the output (its messages as sent, then its own answer); None when that
+    was the last (the input now has fewer turns than the output's records said)."""
     if resume is None:
         return make_turn(source, source_line, 1, list(source.messages), history_reasoning)
-    done = make_turn(source, source_line, resume.turn, resume.messages, history_reasoning)
-    return done.next_turn(resume.answer)
+    if resume.turn >= turn_count(source):
+        return None
+    messages = [*resume.messages, assistant_turn(resume.answer, history_reasoning),
+                Message(role="user", content=source.follow_ups[resume.turn - 1])]
+    return make_turn(source, source_line, resume.turn + 1, messages, history_reasoning)
 
 
 # -- a run's conversations ------------------------------------------------------------
