@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_conversations.py                  # 2000 x 3 turns, 2000 in flight
     .venv/bin/python bench/bench_conversations.py --conversations 500 --concurrency 500 --latency 4
+    .venv/bin/python bench/bench_conversations.py --pairs 4     # alternating order, medians
 
 Two kp-infer runs, each against its own stand-in (`--latency` seconds per answer,
 non-streaming by default: the figure is about admission and the turn queue, not SSE):
@@ -22,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -89,24 +91,39 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=8.0)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="run the pair N times, alternating which goes first; medians last")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="kp-bench-conv-") as tmp:
-        tmp = Path(tmp)
-        conversations, out = tmp / "conversations.jsonl", tmp / "conversations.out.jsonl"
-        write_conversations(conversations, args.conversations, args.turns)
-        requests = args.conversations * args.turns
-        conv = run("conversations", conversations, out, tmp, args, requests)
-        print(json.dumps(conv), flush=True)
-        singles = tmp / "singles.jsonl"
-        assert single_turn_prompts(out, singles) == requests
-        single = run("single-turn", singles, tmp / "singles.out.jsonl", tmp, args, requests)
-        print(json.dumps(single), flush=True)
-        print(json.dumps({
-            "conversations_wall_over_single_turn": round(conv["wall_s"] / single["wall_s"], 3),
-            "conversations_elapsed_over_single_turn": round(
-                conv["run_elapsed_s"] / single["run_elapsed_s"], 3),
-            "conversations_cpu_per_request_over_single_turn": round(
-                conv["cpu_ms_per_request"] / single["cpu_ms_per_request"], 3)}), flush=True)
+    requests = args.conversations * args.turns
+    ratios = []
+    for pair in range(args.pairs):
+        with tempfile.TemporaryDirectory(prefix="kp-bench-conv-") as tmp:
+            tmp = Path(tmp)
+            conversations, out = tmp / "conversations.jsonl", tmp / "conversations.out.jsonl"
+            write_conversations(conversations, args.conversations, args.turns)
+            singles = tmp / "singles.jsonl"
+            if pair % 2 == 0:
+                conv = run("conversations", conversations, out, tmp, args, requests)
+                assert single_turn_prompts(out, singles) == requests
+                single = run("single-turn", singles, tmp / "singles.out.jsonl", tmp, args, requests)
+            else:  # the same requests need the conversations' answers: a first run makes them
+                run("conversations-warmup", conversations, tmp / "warmup.jsonl", tmp, args, requests)
+                assert single_turn_prompts(tmp / "warmup.jsonl", singles) == requests
+                single = run("single-turn", singles, tmp / "singles.out.jsonl", tmp, args, requests)
+                conv = run("conversations", conversations, out, tmp, args, requests)
+            for row in (conv, single):
+                print(json.dumps({"pair": pair + 1, **row}), flush=True)
+            ratio = {
+                "conversations_wall_over_single_turn": round(conv["wall_s"] / single["wall_s"], 3),
+                "conversations_elapsed_over_single_turn": round(
+                    conv["run_elapsed_s"] / single["run_elapsed_s"], 3),
+                "conversations_cpu_per_request_over_single_turn": round(
+                    conv["cpu_ms_per_request"] / single["cpu_ms_per_request"], 3)}
+            print(json.dumps({"pair": pair + 1, **ratio}), flush=True)
+            ratios.append(ratio)
+    if len(ratios) > 1:
+        print(json.dumps({"medians_of_pairs": len(ratios), **{
+            key: statistics.median(r[key] for r in ratios) for key in ratios[0]}}), flush=True)
 
 
 if __name__ == "__main__":

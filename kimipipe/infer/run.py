@@ -120,6 +120,7 @@ class Run:
                         if self.limiter.in_flight else ""))
         state.stopping.set()
         state.settled.set()
+        self.conversations.changed.set()  # admission waiting for a conversation's next turn
         self.money.close()
 
     def _on_signal(self) -> None:
@@ -216,7 +217,7 @@ class Run:
             if not conversations.open or self.state.stopping.is_set():
                 return None
             conversations.changed.clear()
-            await self._unless_stopped(conversations.changed.wait())
+            await conversations.changed.wait()  # (a stop sets it too)
 
     async def _admit_all(self, parts: RunParts) -> None:
         state = self.state
