@@ -189,9 +189,38 @@ class _CostOfRefusal(Struct):
     cost: float = 0.0
 
 
+class _CostOfUsage(Struct):
+    cost: float = 0.0
+
+
+def record_cost(usage_cost: float | None, refused_costs, failure_cost: float) -> float:
+    """What a kp-infer record cost: THE definition, used by every reader of spend (resume,
+    `--spent-in`, `--total-cost`, `make plan`, `kp-infer report`, the pilot's figures).
+
+    A response record (it has `usage`; a token record too): `usage.cost` + the cost of the
+    answers refused before it (`refused[].cost`: paid for, not kept, not in `usage.cost`).
+    A failure line (no `usage`): its `cost`, which already holds its `refused[].cost`."""
+    if usage_cost is not None:
+        return usage_cost + sum(refused_costs)
+    return failure_cost
+
+
+class RecordCost(Struct):
+    """A responses or failures line as far as spend goes (`paid`: `record_cost`)."""
+
+    usage: _CostOfUsage | None = None
+    refused: list[_CostOfRefusal] = msgspec.field(default_factory=list)
+    cost: float = 0.0
+
+    @property
+    def paid(self) -> float:
+        return record_cost(None if self.usage is None else self.usage.cost,
+                           (r.cost for r in self.refused), self.cost)
+
+
 class CostOnly(Struct):
-    """What budget accounting needs from a finished response record: its cost, and that
-    of the answers refused before it (`refused`)."""
+    """What resume needs from a finished response record: its id, its tokens, and what it
+    cost (`paid`: `record_cost`)."""
 
     id: str
     usage: Usage = msgspec.field(default_factory=Usage)
@@ -199,7 +228,7 @@ class CostOnly(Struct):
 
     @property
     def paid(self) -> float:
-        return self.usage.cost + sum(r.cost for r in self.refused)
+        return record_cost(self.usage.cost, (r.cost for r in self.refused), 0.0)
 
 
 _encoder = msgspec.json.Encoder()
