@@ -194,12 +194,12 @@ def test_price_bound_takes_every_override_and_never_the_discount():
     table = [
         Endpoint(provider_name="A", tag="a", pricing=Pricing(**base, discount=0.5, overrides=[
             {"min_prompt_tokens": 100000, "prompt": "0.0000009", "completion": "0.000003"},
-            {"utc_start": "18:00", "utc_end": "22:00", "completion": "0.000008"}])),
+            {"utc_start": 1800, "utc_end": 2200, "completion": "0.000008"}])),
         Endpoint(provider_name="B", tag="b", pricing=Pricing(prompt="0.0000006", completion="0.0000025")),
     ]
     bound = price_bound(Policy(only=["b"]), table)
     assert bound.prompt == pytest.approx(9e-7) and bound.completion == pytest.approx(8e-6)
-    assert "a pricing.overrides[1] (utc_start 18:00, utc_end 22:00)" in bound.override
+    assert "a pricing.overrides[1] (utc_start 1800, utc_end 2200)" in bound.override
     assert "a pricing.overrides[0] (min_prompt_tokens 100000)" in bound.override
     # an override a --max-price flag may not filter still counts; the base prices are capped
     capped = price_bound(Policy(max_price_prompt=0.55, max_price_completion=2.2), table)

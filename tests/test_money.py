@@ -112,3 +112,71 @@ def test_every_spend_reader_counts_the_same_files_the_same(standin, tmp_path):
                 "--spent-in alone": every, "make plan": every, "pilot B3": b3,
                 "report B3": b3, "report all": every}
     assert figures == pytest.approx(expected, abs=1e-9)
+
+
+# -- the stand-in bills like the service (item 5) ---------------------------------------
+def _complete(server, i: int, stream: bool, only: str = "together") -> tuple[dict | None, str, str | None]:
+    """(the answer's usage or None, its generation id, its finish_reason)."""
+    import httpx
+
+    body = {"model": "moonshotai/kimi-k2.5", "messages": [{"role": "user", "content": f"question {i}"}],
+            "max_tokens": 400, "stream": stream, "provider": {"only": [only]}}
+    r = httpx.post(server.base_url + "/chat/completions", json=body,
+                   headers={"Authorization": f"Bearer {server.api_key}"}, timeout=30)
+    assert r.status_code == 200
+    if not stream:
+        data = r.json()
+        return data.get("usage"), r.headers["X-Generation-Id"], data["choices"][0]["finish_reason"]
+    usage = finish = None
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or ():
+                finish = choice.get("finish_reason") or finish
+    return usage, r.headers["X-Generation-Id"], finish
+
+
+def test_the_stand_in_bills_overrides_discounts_and_hides_costs_as_told(standin):
+    import httpx
+    import openrouter.operations as orop
+    from test_conformance import conforms
+
+    server = standin(ledger=True, price_overrides={"together": (4, 5)}, discounts={"parasail": 0.25},
+                     no_cost=0.4, no_usage=0.2, generation_delay=30)
+    doc = httpx.get(server.base_url + "/models/moonshotai/kimi-k2.5/endpoints").json()
+    conforms(orop.ListEndpointsResponse, doc)  # the SDK's PricingOverride and discount
+    pricing = {e["tag"]: e["pricing"] for e in doc["data"]["endpoints"]}
+    assert pricing["together"]["overrides"] == [{"prompt": "2e-06", "completion": "1.12e-05",
+                                                 "min_prompt_tokens": 5}]
+    assert pricing["together"]["prompt"] == "5e-07" and pricing["parasail"]["discount"] == 0.25
+    shown = []
+    for i in range(20):
+        usage, gen_id, _ = _complete(server, i, stream=bool(i % 2))
+        shown.append("none" if usage is None else "cost" if "cost" in usage else "no_cost")
+        billed_line = next(x for x in server.ledger() if x["generation_id"] == gen_id)
+        # the prompt (over 5 tokens) is billed at the override: 4x the base prices
+        assert billed_line["cost"] == pytest.approx(billed_line["prompt_tokens"] * 2e-6
+                                                    + billed_line["completion_tokens"] * 1.12e-5)
+        if usage is not None and "cost" in usage:
+            assert usage["cost"] == pytest.approx(billed_line["cost"])
+        # /generation has it only after --generation-delay
+        r = httpx.get(server.base_url + "/generation", params={"id": gen_id},
+                      headers={"Authorization": f"Bearer {server.api_key}"})
+        assert r.status_code == 404
+    assert {"cost", "no_cost", "none"} <= set(shown)
+    usage, gen_id, _ = _complete(server, 99, stream=False, only="parasail")
+    line = server.ledger()[-1]
+    assert line["cost"] == pytest.approx(0.75 * (line["prompt_tokens"] * 5.5e-7 + line["completion_tokens"] * 2.7e-6))
+    server.configure(generation_delay=0)
+    r = httpx.get(server.base_url + "/generation", params={"id": gen_id},
+                  headers={"Authorization": f"Bearer {server.api_key}"})
+    assert r.status_code == 200 and r.json()["data"]["total_cost"] == pytest.approx(line["cost"])
+
+
+def test_zero_completion_answers_are_not_billed(standin):
+    server = standin(ledger=True, faults={"zero": 1.0})
+    for i, stream in enumerate((False, True)):
+        usage, gen_id, finish = _complete(server, i, stream)
+        assert usage["completion_tokens"] == 0 and usage["cost"] == 0 and finish is None
+    assert server.ledger() == [] and server.stats()["charged"] == 0 and server.stats()["total_usage"] == 0
