@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import kp, read_jsonl, write_jsonl
-from test_infer import infer, make_prompts
+from conftest import kp, write_jsonl
+from test_infer import infer
 
 
 def billed(server) -> float:

@@ -32,7 +32,6 @@ import time
 from .providers import Endpoint
 
 
-
 def overrides_for(endpoint: Endpoint, config) -> list[dict]:
     """The endpoint's `pricing.overrides[]` (USD per token, as strings), before the scale."""
     entries = []
