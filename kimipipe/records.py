@@ -93,15 +93,20 @@ class Refusal(Struct, omit_defaults=True):
     cost: float = 0.0
     generation_id: str | None = None
     message: str = ""
+    cost_source: str = "usage"  # as Generation.cost_source
 
 
 class Generation(Struct):
     """The fields kp-infer adds to a prompt record: the answer and what it cost.
 
-    `sampling`, `refused` and `latency_s` came later (older records lack them: None, [] and
-    None): how the answer was asked for, the answers paid for before it and not kept
-    (their cost is not in `usage.cost`, and counts against `--max-cost`), and the seconds
-    from the request sent to the answer's end."""
+    `sampling`, `refused`, `latency_s` and `cost_source` came later (older records lack
+    them: None, [], None and "usage"): how the answer was asked for, the answers paid for
+    before it and not kept (their cost is not in `usage.cost`, and counts against
+    `--max-cost`), the seconds from the request sent to the answer's end, and where
+    `usage.cost` came from (infer/costs.py): "usage" (the answer's own `usage.cost`),
+    "generation" (the answer showed none: GET /generation's `total_cost`) or "estimate"
+    (no figure in time: its usage tokens at the highest price that could bill it, or with
+    no usage at all its worst case; never less than the bill)."""
 
     response: ResponseText
     finish_reason: str | None
@@ -113,6 +118,7 @@ class Generation(Struct):
     sampling: Sampling | None = None
     refused: list[Refusal] = msgspec.field(default_factory=list)
     latency_s: float | None = None
+    cost_source: str = "usage"
 
 
 class Response(Prompt, kw_only=True):
@@ -128,6 +134,7 @@ class Response(Prompt, kw_only=True):
     sampling: Sampling | None = None
     refused: list[Refusal] = msgspec.field(default_factory=list)
     latency_s: float | None = None
+    cost_source: str = "usage"
 
 
 class Failure(Struct, omit_defaults=True):
