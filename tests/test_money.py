@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import kp, write_jsonl
-from test_infer import infer
+from conftest import kp, read_jsonl, write_jsonl
+from test_infer import infer, make_prompts
 
 
 def billed(server) -> float:
@@ -180,3 +180,180 @@ def test_zero_completion_answers_are_not_billed(standin):
         usage, gen_id, finish = _complete(server, i, stream)
         assert usage["completion_tokens"] == 0 and usage["cost"] == 0 and finish is None
     assert server.ledger() == [] and server.stats()["charged"] == 0 and server.stats()["total_usage"] == 0
+
+
+# -- (a) --max-cost holds with half the answers showing no cost -----------------------------
+def _recorded(*paths) -> float:
+    """What the files record, by the one definition (records.record_cost)."""
+    from kimipipe.records import record_cost
+
+    total = 0.0
+    for path in paths:
+        if path.exists():
+            for rec in read_jsonl(path):
+                usage = rec.get("usage")
+                total += record_cost(None if usage is None else usage["cost"],
+                                     (r["cost"] for r in rec.get("refused", ())), rec.get("cost", 0.0))
+    return total
+
+
+def test_max_cost_holds_when_half_the_answers_show_no_cost_in_a_run_and_a_rerun(standin, tmp_path):
+    """Half the answers' usage has no `cost` (it is in /generation only, after a delay):
+    each is booked at its estimate at once, its real figure read and written into its
+    record. Before issue 25 they were booked as $0: --max-cost 0.03 billed 0.0583."""
+    server = standin(ledger=True, price_scale=5, no_cost=0.5, generation_delay=0.3)
+    prompts = make_prompts(tmp_path / "p.jsonl", 40)
+    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
+    flags = ("-o", out, "--max-cost", "0.03", "--max-tokens", "400", "--concurrency", "8",
+             "--summary-json", summary)
+    r = infer(server, prompts, *flags)
+    assert r.code == 3 and "--max-cost reached" in r.stderr, r.stderr
+    assert billed(server) <= 0.03
+    records = read_jsonl(out)
+    by_id = {x["generation_id"]: x["cost"] for x in server.ledger()}
+    # every dollar billed is a dollar counted: each record holds its generation's bill
+    assert sorted(by_id) == sorted(x["generation_id"] for x in records)
+    for rec in records:
+        assert rec["usage"]["cost"] == pytest.approx(by_id[rec["generation_id"]])
+    sources = {rec["cost_source"] for rec in records}
+    assert sources == {"usage", "generation"}
+    s = json.loads(summary.read_text())
+    assert s["costs"]["generation"] == sum(rec["cost_source"] == "generation" for rec in records) > 0
+    assert s["costs"]["usage"] + s["costs"]["generation"] == len(records) and s["costs"]["estimate"] == 0
+    assert s["spend_total"] == pytest.approx(billed(server))
+    assert "looked up (GET /generation" in r.stderr
+    # the rerun of the same command reads those figures back: the cap still holds
+    r = infer(server, prompts, *flags)
+    assert r.code == 3, r.stderr
+    assert billed(server) <= 0.03 and _recorded(out) == pytest.approx(billed(server))
+
+
+def test_an_answer_whose_cost_never_shows_is_booked_at_its_highest_price(standin, tmp_path):
+    """No figure in time (/generation 404s past --cost-lookup-wait), or no usage at all:
+    the record keeps the estimate (usage tokens at the price bound; no usage: the worst
+    case), never less than the bill; the cap holds on those estimates."""
+    server = standin(ledger=True, price_scale=5, no_cost=0.3, no_usage=0.3, generation_delay=3600)
+    summary = tmp_path / "s.json"
+    estimates, records = [], []
+    for half, stream in ((0, "--stream"), (1, "--no-stream")):  # each its own output and cap
+        part, out = make_prompts(tmp_path / f"p{half}.jsonl", 15, start=15 * half), tmp_path / f"r{half}.jsonl"
+        before = billed(server)
+        r = infer(server, part, "-o", out, "--max-cost", "0.03", "--max-tokens", "400",
+                  "--cost-lookup-wait", "0.3", "--summary-json", summary, stream)
+        assert r.code in (0, 3), r.stderr
+        assert billed(server) - before <= 0.03
+        estimates.append(json.loads(summary.read_text())["costs"]["estimate"])
+        records += read_jsonl(out)
+    by_id = {x["generation_id"]: x for x in server.ledger()}
+    assert sorted(by_id) == sorted(x["generation_id"] for x in records)
+    estimated = [rec for rec in records if rec["cost_source"] == "estimate"]
+    assert estimated and {rec["cost_source"] for rec in records} == {"usage", "estimate"}
+    for rec in records:
+        bill = by_id[rec["generation_id"]]["cost"]
+        if rec["cost_source"] == "usage":
+            assert rec["usage"]["cost"] == pytest.approx(bill)
+        else:
+            assert rec["usage"]["cost"] >= bill  # an overcount, never an undercount
+    # a stream with no usage at all: booked at its worst case (prompt bound and --max-tokens)
+    assert any(rec["usage"]["completion_tokens"] == 0 and rec["usage"]["cost"] >= 400 * 3e-6 * 5
+               for rec in estimated)
+    assert estimates[0] > 0 and estimates[1] > 0  # streamed and not
+
+
+# -- (b) --max-cost holds when an override bills 4x the base price --------------------------
+def test_max_cost_holds_when_a_pricing_override_bills_four_times_the_base(standin, tmp_path):
+    """One of the two allowed providers bills an override at 4x its base prices. Before
+    issue 25 the bound was the base prices': --max-cost 0.02 billed 0.0258."""
+    server = standin(ledger=True, price_overrides={"together": 4})
+    prompts = make_prompts(tmp_path / "p.jsonl", 40)
+    out = tmp_path / "r.jsonl"
+    flags = ("--only-provider", "together", "--only-provider", "parasail", "--max-cost", "0.02",
+             "--max-tokens", "600", "--concurrency", "8")
+    plan = infer(server, prompts, "--plan", *flags)
+    assert plan.code == 0, plan.stderr
+    assert "set by a pricing override: prompt $2/M by together pricing.overrides[0]" in plan.stdout.decode()
+    assert "completion $11.2/M by together pricing.overrides[0]" in plan.stdout.decode()
+    r = infer(server, prompts, "-o", out, *flags)
+    assert r.code == 3 and "--max-cost reached" in r.stderr, r.stderr
+    assert {x["provider"] for x in server.ledger()} == {"Together", "Parasail"}
+    assert billed(server) <= 0.02
+    assert _recorded(out) == pytest.approx(billed(server))
+
+
+# -- (c) TOTAL_COST across three datasets while a provider drops reasoning ------------------
+def test_total_cost_holds_across_three_datasets_with_answers_refused_for_no_reasoning(standin, tmp_path):
+    """Three datasets built one after the other, as the Makefile runs kp-infer (--total-cost
+    with the --spent-in globs and --reservations); Together drops the reasoning from most
+    answers, each refused and paid for. Before issue 25, --spent-in left those costs out:
+    TOTAL_COST=0.08 billed 0.0933."""
+    server = standin(ledger=True, price_scale=4, drop_reasoning={"together": 0.8})
+    work = tmp_path / "work"
+    work.mkdir()
+    spent_in = ("--spent-in", str(work / "*.responses.jsonl"), "--spent-in", str(work / "*.failures.jsonl"))
+    codes = []
+    for i, name in enumerate(("B3", "B4", "B5")):
+        prompts = make_prompts(work / f"{name}.prompts.jsonl", 25, dataset=name, start=100 * i)
+        r = infer(server, prompts, "-o", work / f"{name}.responses.jsonl",
+                  "--failures", work / f"{name}.failures.jsonl", "--total-cost", "0.08", *spent_in,
+                  "--reservations", work / "total-cost.json", "--max-tokens", "500", "--concurrency", "8")
+        assert r.code in (0, 3, 4), r.stderr
+        codes.append(r.code)
+        assert billed(server) <= 0.08, f"{name}: billed {billed(server):.4f}"
+    assert codes[-1] == 3  # the cap stopped the build
+    files = sorted(work.glob("*.responses.jsonl")) + sorted(work.glob("*.failures.jsonl"))
+    refused = sum(len(rec.get("refused", ())) for path in files for rec in read_jsonl(path))
+    assert refused >= 5  # most of Together's answers were refused, each paid for
+    assert _recorded(*files) == pytest.approx(billed(server))
+
+
+# -- (d) a guard that cannot read the balance says so ---------------------------------------
+def test_min_credits_with_a_normal_key_warns_once_what_the_key_cannot_read(standin, tmp_path):
+    """A normal key (what most users have): /credits 403, /key without a limit. Before issue
+    25, --min-credits 5 ran without a word about the guard."""
+    server = standin(credits_mode="forbidden")
+    prompts = make_prompts(tmp_path / "p.jsonl", 6)
+    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--min-credits", "5",
+              "--credits-interval", "0.1", "--concurrency", "2")
+    assert r.code == 0, r.stderr
+    warnings = [x for x in r.stderr.splitlines() if "guards nothing" in x]
+    assert warnings == ["kp-infer: warning: --min-credits 5 guards nothing: this key can read "
+                        "neither the account's balance (/credits refused it: it needs a management "
+                        "key) nor a credit limit (/key: the key has none); it can read its own usage "
+                        "($0.0000, /key); a key with a credit limit (set on the key at "
+                        "openrouter.ai/settings/keys; then /key gives limit_remaining), or a "
+                        "management key, makes it work"]
+    # without --min-credits there is no guard to warn about
+    r = infer(server, prompts, "-o", tmp_path / "r2.jsonl")
+    assert r.code == 0 and "guards nothing" not in r.stderr
+    # a key with a limit makes the guard work: no warning
+    server.configure(key_limit=50)
+    r = infer(server, prompts, "-o", tmp_path / "r3.jsonl", "--min-credits", "5")
+    assert r.code == 0 and "guards nothing" not in r.stderr
+    server.configure(key_limit=None)
+    # kp-credits says why it shows no balance, in the text form and beside the JSON record
+    env = {"OPENROUTER_BASE_URL": server.base_url, "OPENROUTER_API_KEY": server.api_key}
+    text = kp("credits", "--text", env=env)
+    assert text.code == 0 and "remaining      unknown: this key can read neither" in text.stdout.decode()
+    assert "a key with a credit limit" in text.stdout.decode()
+    js = kp("credits", "--json", env=env)
+    assert js.code == 0 and js.records()[0]["remaining"] is None
+    assert "kp-credits: no balance to show: this key can read neither" in js.stderr
+
+
+def test_make_check_warns_once_that_min_credits_guards_nothing_with_a_normal_key(standin, tmp_path):
+    from test_make_build import run_make, write_sources
+
+    server = standin(credits_mode="forbidden")
+    variables = write_sources(tmp_path, {"A": 5})
+    r = run_make(server, tmp_path, "check", MIN_CREDITS=5, **variables)
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = (r.stdout + r.stderr).splitlines()
+    assert [x for x in said if "guards nothing" in x] == [
+        "check: ok: key and base URL: " + server.base_url + " answers (the balance is unknown); "
+        "warning: MIN_CREDITS=5 guards nothing: this key can read neither the account's balance "
+        "(/credits refused it: it needs a management key) nor a credit limit (/key: the key has "
+        "none); it can read its own usage ($0.0000, /key); a key with a credit limit (set on the "
+        "key at openrouter.ai/settings/keys; then /key gives limit_remaining), or a management "
+        "key, makes it work"]
+    r = run_make(server, tmp_path, "check", MIN_CREDITS="", **variables)
+    assert r.returncode == 0 and "guards nothing" not in r.stdout + r.stderr

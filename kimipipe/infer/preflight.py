@@ -57,8 +57,8 @@ from ..openrouter.probe import Probe, send_probe
 from ..openrouter.routing import allowed_endpoints, serving_endpoints
 from ..partition import in_partition
 from ..records import Prompt, Refusal
-from .acceptance import Acceptance, reasoning_refusal
 from . import costs
+from .acceptance import Acceptance, reasoning_refusal
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .prepare import PROMPT_DECODER, Prepared, prepare
