@@ -53,6 +53,8 @@ class Config:
     no_cost_rate: float = 0.0      # share of billed answers whose usage has no `cost`
     no_usage_rate: float = 0.0     # share of billed answers with no usage at all
     generation_delay: float = 0.0  # seconds /generation answers 404 after a generation ends
+    # -- for tests: a gate, so a test can act while work is provably unfinished --
+    hold_after: int | None = None    # completions past this many wait until it is raised/None
 
     def check(self) -> None:
         for kind, rate in self.faults.items():
@@ -80,6 +82,8 @@ class Config:
             raise ValueError(f"limit_status must be 403 or 402, got {self.limit_status}")
         if self.limit_reset is not None and self.limit_reset not in LIMIT_RESETS:
             raise ValueError(f"limit_reset must be one of {', '.join(LIMIT_RESETS)}")
+        if self.hold_after is not None and self.hold_after < 0:
+            raise ValueError("hold_after must be >= 0")
         if self.moderation_marker is not None and not self.moderation_marker:
             raise ValueError("moderation_marker must not be empty")
         for slug, rate in self.drop_reasoning.items():
@@ -133,6 +137,7 @@ LIVE_SETTINGS = {
                                   for k, (f, m) in dict(v).items()},
     "discounts": lambda v: {str(k): float(d) for k, d in dict(v).items()},
     "no_cost_rate": float, "no_usage_rate": float, "generation_delay": float,
+    "hold_after": _nullable(int),
 }
 
 

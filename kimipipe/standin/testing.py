@@ -14,7 +14,12 @@ a string or path puts it there). The credit limits: `inflight_ratio`, `settle`,
 {provider: rate}), `inline_reasoning` and `ignore_sampling` (lists of providers),
 `not_distillable`; billing: `price_overrides` ({provider: factor or (factor,
 min_prompt_tokens)}), `discounts` ({provider: discount}), `no_cost`, `no_usage`,
-`generation_delay` (kimipipe/standin/billing.py). Each can also be changed live with `configure(...)`. Only the standard library is used to talk to the server,
+`generation_delay` (kimipipe/standin/billing.py). Each can also be changed live with
+`configure(...)` (billing's as `price_overrides`, `discounts`, `no_cost_rate`,
+`no_usage_rate`, `generation_delay`); so can
+`hold_after=N` (live only: the completions after the first N wait, counted in stats'
+`held`, until it is raised or set to None), which lets a test act while a run provably
+has work left. Only the standard library is used to talk to the server,
 so any test can use it whatever its own event loop does.
 """
 
