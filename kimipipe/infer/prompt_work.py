@@ -7,9 +7,10 @@ what each attempt ends in (`kinds.AttemptKind`) has one handler here (`PromptWor
 
     ok         the answer is checked (routing, the reasoning asked for: infer/acceptance.py),
                its cost settled when its usage showed none (infer/costs.py: GET /generation,
-               else an estimate that cannot fall short), and written; a refused one is paid for and sent again at once with its
-               provider ignored while `--max-attempts`, the run and `--max-cost` allow (the
-               prompt's reservation still covers the next attempt's worst case)
+               else an estimate that cannot fall short), and written; a refused one is paid
+               for and sent again at once with its provider ignored while `--max-attempts`,
+               the run and `--max-cost` allow (the prompt's reservation still covers the
+               next attempt's worst case)
     retry      jittered exponential backoff, then again, up to `--max-attempts` (a 429 also
                shrinks the concurrency limit); the cause is counted (`kinds.RetryCause`)
     wait       an in-flight 402 is no failed attempt: the request gives back its slot and
@@ -266,7 +267,6 @@ class PromptWork:
                 raise
         parts.stats.cost_sources[source] += 1
         return source
-
 
     async def _sleep_unless_stopped(self, delay: float) -> bool:
         """Wait DELAY seconds before sending again; False when the run stops meanwhile."""
