@@ -360,3 +360,19 @@ def test_make_check_warns_once_that_min_credits_guards_nothing_with_a_normal_key
         "key, makes it work"]
     r = run_make(server, tmp_path, "check", MIN_CREDITS="", **variables)
     assert r.returncode == 0 and "guards nothing" not in r.stdout + r.stderr
+
+
+def test_preflight_settles_a_missing_cost_as_the_run_does(standin, tmp_path):
+    server = standin(ledger=True, no_cost=1.0, generation_delay=0.2)
+    prompts = make_prompts(tmp_path / "p.jsonl", 4)
+    out = tmp_path / "r.jsonl"
+    r = infer(server, prompts, "-o", out, "--preflight", "2", "--json")
+    report = json.loads(r.stdout)
+    cost_checks = [c for c in report["checks"] if c["check"].endswith("cost")]
+    assert len(cost_checks) == 2 and all(c["verdict"] == "warn" and "read from GET /generation" in c["detail"]
+                                         for c in cost_checks)
+    by_id = {x["generation_id"]: x["cost"] for x in server.ledger()}
+    records = read_jsonl(out)
+    assert len(records) == 2 and all(rec["cost_source"] == "generation" for rec in records)
+    assert all(rec["usage"]["cost"] == pytest.approx(by_id[rec["generation_id"]]) for rec in records)
+    assert report["spend"] == pytest.approx(sum(by_id.values()))

@@ -113,22 +113,25 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
     checks = [_table_check(config, prepared), _distillation_check(config, prepared.model_info)]
     async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
         checks.extend(await _balance_checks(config, prepared, budget, account))
-        output = Output(config)
-        acceptance = Acceptance.for_run(config, prepared.endpoints)
-        timeout = httpx.Timeout(config.idle_timeout, connect=30.0)
-        async with httpx.AsyncClient(timeout=timeout, trust_env=True, proxy=config.proxy) as http:
-            probes = await asyncio.gather(*(
-                send_probe(http, config.base_url, config.api_key,
-                           config.request.body(prompt, config.policy), config.request.stream)
-                for prompt, _line in prompts))
-        # an answer whose usage shows no cost: settled as the run settles it (infer/costs.py)
-        sources = {}
-        for (prompt, _line), probe in zip(prompts, probes, strict=True):
-            a = probe.attempt
-            if a.kind == AttemptKind.OK:
+    output = Output(config)
+    acceptance = Acceptance.for_run(config, prepared.endpoints)
+    timeout = httpx.Timeout(config.idle_timeout, connect=30.0)
+    async with httpx.AsyncClient(timeout=timeout, trust_env=True, proxy=config.proxy) as http:
+        probes = await asyncio.gather(*(
+            send_probe(http, config.base_url, config.api_key,
+                       config.request.body(prompt, config.policy), config.request.stream)
+            for prompt, _line in prompts))
+    # an answer whose usage shows no cost: settled as the run settles it (infer/costs.py)
+    sources = {}
+    unsettled = [(prompt, probe) for (prompt, _line), probe in zip(prompts, probes, strict=True)
+                 if probe.attempt.kind == AttemptKind.OK and probe.attempt.cost is None]
+    if unsettled:
+        async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
+            for prompt, probe in unsettled:
                 worst = budget.worst_case(prompt_token_bound(prompt.messages))
-                a.cost, sources[id(probe)] = await costs.settle(
-                    a, prepared.price, worst, account.generation_cost, config.cost_lookup_wait)
+                probe.attempt.cost, sources[id(probe)] = await costs.settle(
+                    probe.attempt, prepared.price, worst, account.generation_cost,
+                    config.cost_lookup_wait)
     output.open()
     spend = 0.0
     answers = []
