@@ -12,8 +12,8 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from conftest import REPO, read_jsonl
