@@ -179,6 +179,8 @@ class Output:
         fields = generation_fields(answer, attempts, self.config.request.model, self.sampling)
         fields.refused = list(refused or ())
         fields.latency_s = round(latency, 3) if latency is not None else None
+        now = time.time()
+        fields.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
         return self._write("responses", "output", encode_over(decode_passthrough(prompt_line), fields))
 
     def write_failure(self, failure: Failure) -> str:
