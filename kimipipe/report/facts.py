@@ -244,6 +244,38 @@ class BuildFacts:
         return every
 
 
+@dataclass
+class Conversations:
+    turns: Counter  # answered turns per conversation -> conversations
+    complete: int
+    cut: int  # the last kept turn ended by length: its later turns were not sent
+    unfinished: int  # fewer turns than `turns` for another reason (a failure, a run going on)
+
+
+
+def conversations(d: DatasetFacts) -> Conversations | None:
+    by: dict = {}
+    for a in d.answers:
+        if a.conversation is not None:
+            by.setdefault(str(a.conversation), []).append(a)
+    if not by:
+        return None
+    turns: Counter = Counter()
+    complete = cut = unfinished = 0
+    for answers in by.values():
+        answers.sort(key=lambda a: a.turn or 0)
+        turns[len(answers)] += 1
+        last = answers[-1]
+        planned = max((a.turns or 0) for a in answers)
+        if len(answers) >= planned:
+            complete += 1
+        elif last.finish == "length":
+            cut += 1
+        else:
+            unfinished += 1
+    return Conversations(turns, complete, cut, unfinished)
+
+
 def reject_label(reason: str) -> str:
     """A reject's reason, short enough to group by (its text up to the first colon)."""
     head = reason.split(":", 1)[0].strip()

@@ -17,7 +17,9 @@ import html
 import re
 
 from ..infer.providers_table import REFUSAL_KINDS
-from . import figures as fig
+from . import plots_build as build_plots
+from . import plots_providers as provider_plots
+from .canvas import Colors, Note, Plot, count_text, money
 from .facts import MAX_LENGTHS, BuildFacts, DatasetFacts, Settings
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'"
@@ -39,6 +41,7 @@ figcaption { font-size: 12.5px; color: #444; margin-bottom: 4px; } figcaption b 
 figure.note p { color: #666; font-style: italic; margin: 6px 0; }
 .over { color: #b22; font-weight: 600; }
 details { margin: 10px 0; } summary { cursor: pointer; font-weight: 600; font-size: 15px; }
+details.meta summary { font-size: 12px; font-weight: normal; }
 .scroll { overflow-x: auto; }
 """
 
@@ -51,8 +54,8 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "x"
 
 
-def _item(item: fig.Plot | fig.Note) -> str:
-    if isinstance(item, fig.Note):
+def _item(item: Plot | Note) -> str:
+    if isinstance(item, Note):
         return (f'<figure class="note" id="note-{_e(item.key)}"><figcaption><b>{_e(item.title)}</b>'
                 f"</figcaption><p>{_e(item.text)}</p></figure>")
     caption = f" {_e(item.caption)}" if item.caption else ""
@@ -102,20 +105,20 @@ def _overview(facts: BuildFacts, settings: Settings) -> str:
             _e("whole build" if whole else d.name), f"{len(d.answers):,}",
             f"{failures:,}" + (f" ({_e(', '.join(f'{k} {v}' for k, v in d.failures.most_common()))})"
                                if failures else ""),
-            f"{len(d.refused):,}", _of(d.spend, cap, fig.money), fig.money(sum(r.cost for r in d.refused)),
-            _of(completion, budget, fig.count_text), _pct(reasoning / completion if completion else None),
+            f"{len(d.refused):,}", _of(d.spend, cap, money), money(sum(r.cost for r in d.refused)),
+            _of(completion, budget, count_text), _pct(reasoning / completion if completion else None),
             _pct(length / len(d.answers) if d.answers else None),
             f"{len(training):,}" + (f" ({_e(training.source)})" if len(training) else ""),
             _pct(training.kept_whole()[16384] if len(training) else None), f"{sum(d.rejects.values()):,}"])
         classes.append("all" if whole else "")
     caps = []
     if settings.total_cost is not None:
-        caps.append(f"TOTAL_COST {fig.money(settings.total_cost)} (whole build)")
+        caps.append(f"TOTAL_COST {money(settings.total_cost)} (whole build)")
     if settings.max_cost is not None:
-        caps.append(f"MAX_COST {fig.money(settings.max_cost)} (each dataset)")
+        caps.append(f"MAX_COST {money(settings.max_cost)} (each dataset)")
     budgets = {d.name: settings.budget(d.name) for d in datasets}
     if any(budgets.values()):
-        caps.append("TOKEN_BUDGET " + ", ".join(f"{n} {fig.count_text(b) if b else 'none'}"
+        caps.append("TOKEN_BUDGET " + ", ".join(f"{n} {count_text(b) if b else 'none'}"
                                                 for n, b in budgets.items()))
     note = (f'<p class="meta">Against: {_e("; ".join(caps))}.</p>' if caps
             else '<p class="meta">No cap given (TOTAL_COST, MAX_COST, TOKEN_BUDGET).</p>')
@@ -134,24 +137,24 @@ def _provider_table(rows: list[dict]) -> str:
             "-" if ct["mean"] is None else f"{ct['mean']:,.0f}", "-" if ct["p95"] is None else f"{ct['p95']:,}",
             _pct(r["reasoning_share"]), "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}",
             "-" if lat["p50"] is None else f"{lat['p50']:.2f}s", "-" if lat["p95"] is None else f"{lat['p95']:.2f}s",
-            "-" if r["usd_per_m_output"] is None else f"${r['usd_per_m_output']:.2f}", fig.money(r["cost"]),
-            "/".join(str(r["refused"][k]) for k in REFUSAL_KINDS), fig.money(r["refused_cost"]),
+            "-" if r["usd_per_m_output"] is None else f"${r['usd_per_m_output']:.2f}", money(r["cost"]),
+            "/".join(str(r["refused"][k]) for k in REFUSAL_KINDS), money(r["refused_cost"]),
             _e(" ".join(f"{k} {v}" for k, v in r["finish_reasons"].items()))])
     return _table(head, out)
 
 
-def _provider_plots(d: DatasetFacts, rows: list[dict], colors: fig.Colors, prefix: str) -> list:
-    return [fig.answer_share(rows, colors, f"{prefix}share"),
-            fig.latency(rows, colors, f"{prefix}latency"),
-            fig.tokens_per_second(rows, colors, f"{prefix}tokens-per-s"),
-            fig.completion_lengths(d, rows, colors, f"{prefix}lengths"),
-            fig.refusals_by_kind(d, colors, f"{prefix}refusals")]
+def _provider_plots(d: DatasetFacts, rows: list[dict], colors: Colors, prefix: str) -> list:
+    return [provider_plots.answer_share(rows, colors, f"{prefix}share"),
+            provider_plots.latency(rows, colors, f"{prefix}latency"),
+            provider_plots.tokens_per_second(rows, colors, f"{prefix}tokens-per-s"),
+            provider_plots.completion_lengths(d, rows, colors, f"{prefix}lengths"),
+            provider_plots.refusals_by_kind(d, colors, f"{prefix}refusals")]
 
 
 def render(facts: BuildFacts, settings: Settings, now: datetime.datetime | None = None) -> str:
     """The whole page (see the module docstring)."""
     now = now or datetime.datetime.now(datetime.UTC)
-    colors = fig.Colors(facts)
+    colors = Colors(facts)
     datasets = list(facts.datasets.values())
     build = facts.merged() if len(datasets) > 1 else (datasets[0] if datasets else DatasetFacts("all"))
     rows = build.table().rows()
@@ -166,25 +169,26 @@ def render(facts: BuildFacts, settings: Settings, now: datetime.datetime | None 
         f"<title>{_e(settings.title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{_e(settings.title)}</h1>",
         f'<p class="meta">{len(datasets)} dataset(s): {_e(", ".join(d.name for d in datasets) or "none")}; '
-        f"written {now.strftime('%Y-%m-%d %H:%M UTC')} from {len(facts.paths)} file(s): "
-        + ", ".join(f"<code>{_e(p)}</code>" for p in facts.paths) + "</p>",
+        f"written {now.strftime('%Y-%m-%d %H:%M UTC')} from {len(facts.paths)} file(s).</p>",
+        '<details class="meta" id="files"><summary>files read</summary>'
+        + "<br>".join(f"<code>{_e(p)}</code>" for p in facts.paths) + "</details>",
         '<h2 id="overview">The build at a glance</h2>', _overview(facts, settings),
         '<h2 id="money">Money</h2>',
-        _grid([fig.spend_over_time(datasets, facts.timed, colors, settings.max_cost, settings.total_cost),
-               fig.usd_per_million(rows, colors), fig.refused_cost(build, colors)]),
+        _grid([build_plots.spend_over_time(datasets, facts.timed, colors, settings.max_cost, settings.total_cost),
+               provider_plots.usd_per_million(rows, colors), provider_plots.refused_cost(build, colors)]),
         '<h2 id="tokens">Tokens</h2>',
-        _grid([fig.completion_vs_budget(datasets, {d.name: settings.budget(d.name) for d in datasets}, colors),
-               fig.reasoning_share(rows, build, colors),
-               fig.finish_reasons(by_dataset_groups + by_provider_groups)]),
+        _grid([build_plots.completion_vs_budget(datasets, {d.name: settings.budget(d.name) for d in datasets}, colors),
+               provider_plots.reasoning_share(rows, build, colors),
+               build_plots.finish_reasons(by_dataset_groups + by_provider_groups)]),
         '<h2 id="providers">Providers, side by side</h2>', _provider_table(rows),
         _grid(_provider_plots(build, rows, colors, "")),
         '<h2 id="rows">The rows (what the trainer reads)</h2>',
-        _grid([fig.row_lengths(datasets, colors), fig.kept_whole(datasets, colors)]),
+        _grid([build_plots.row_lengths(datasets, colors), build_plots.kept_whole(datasets, colors)]),
         _dropped(datasets),
         '<h2 id="multi-turn">Multi-turn</h2>',
-        _grid([fig.turns_per_conversation(datasets, colors), fig.conversations_cut(datasets, colors)]),
+        _grid([build_plots.turns_per_conversation(datasets, colors), build_plots.conversations_cut(datasets, colors)]),
         '<h2 id="tokenize">kp-tokenize: rejects and token counts</h2>',
-        _grid([fig.rejects(datasets, colors), fig.token_deltas(build, colors)]),
+        _grid([build_plots.rejects(datasets, colors), provider_plots.token_deltas(build, colors)]),
     ]
     if len(datasets) > 1:
         parts.append('<h2 id="datasets">Each dataset</h2>')
@@ -192,17 +196,17 @@ def render(facts: BuildFacts, settings: Settings, now: datetime.datetime | None 
             prefix = f"{_slug(d.name)}--"
             d_rows = d.table().rows()
             parts.append(f'<details id="dataset-{_e(_slug(d.name))}"><summary>{_e(d.name)}: '
-                         f"{len(d.answers):,} answers, {fig.money(d.spend)}</summary>")
+                         f"{len(d.answers):,} answers, {money(d.spend)}</summary>")
             parts.append(_provider_table(d_rows))
             parts.append(_grid([
-                fig.spend_over_time([d], facts.timed, colors, settings.max_cost, None, f"{prefix}spend"),
-                fig.usd_per_million(d_rows, colors, f"{prefix}usd-per-m"),
-                fig.finish_reasons([(r["provider"], [a for a in d.answers if a.provider == r["provider"]])
+                build_plots.spend_over_time([d], facts.timed, colors, settings.max_cost, None, f"{prefix}spend"),
+                provider_plots.usd_per_million(d_rows, colors, f"{prefix}usd-per-m"),
+                build_plots.finish_reasons([(r["provider"], [a for a in d.answers if a.provider == r["provider"]])
                                     for r in d_rows], f"{prefix}finish"),
                 *_provider_plots(d, d_rows, colors, prefix),
-                fig.row_lengths([d], colors, f"{prefix}row-lengths"),
-                fig.kept_whole([d], colors, f"{prefix}kept-whole"),
-                fig.token_deltas(d, colors, f"{prefix}deltas")]))
+                build_plots.row_lengths([d], colors, f"{prefix}row-lengths"),
+                build_plots.kept_whole([d], colors, f"{prefix}kept-whole"),
+                provider_plots.token_deltas(d, colors, f"{prefix}deltas")]))
             parts.append("</details>")
     parts.append(f'<p class="meta">Made by <code>kp-infer report --html</code> / <code>make report</code>: '
                  f"max_lengths {', '.join(str(m) for m in MAX_LENGTHS)} tokens; see docs/report.md.</p>")
