@@ -202,7 +202,7 @@ def test_html_report_from_any_files_of_a_build(build, tmp_path):
     assert whole[4] == f"${expected['spend']:.4f} of $0.1000 (111%)"  # TOTAL_COST, the whole build
     assert overview["B1"][4] == "$0.0900 of $0.0500 (180%)"  # MAX_COST, each dataset
     assert overview["B2"][4] == "$0.0210 of $0.0500 (42%)"
-    assert overview["B1"][2].startswith("3 (")  # failures: no_reasoning, think_marker, permanent
+    assert overview["B1"][2] == "3no_reasoning 1, think_marker 1, permanent 1"  # failures, by kind
     assert overview["B1"][3] == "3" and overview["B2"][3] == "0"  # refused answers
     assert overview["B1"][6] == "3.03k of 2k (152%)"  # completion tokens, the token-only answer's too
     assert overview["B1"][-1] == "2" and overview["B2"][-1] == "1"  # rejects, B2's by its file name

@@ -103,8 +103,8 @@ def _overview(facts: BuildFacts, settings: Settings) -> str:
         failures = sum(d.failures.values())
         rows.append([
             _e("whole build" if whole else d.name), f"{len(d.answers):,}",
-            f"{failures:,}" + (f" ({_e(', '.join(f'{k} {v}' for k, v in d.failures.most_common()))})"
-                               if failures else ""),
+            f"{failures:,}" + (f'<br><span class="meta">{_e(", ".join(f"{k} {v}" for k, v in d.failures.most_common()))}'
+                               "</span>" if failures else ""),
             f"{len(d.refused):,}", _of(d.spend, cap, money), money(sum(r.cost for r in d.refused)),
             _of(completion, budget, count_text), _pct(reasoning / completion if completion else None),
             _pct(length / len(d.answers) if d.answers else None),

@@ -132,8 +132,10 @@ def latency(rows: list[dict], colors: Colors, key: str = "latency") -> Plot | No
     p50 = [r["latency_s"]["p50"] for r in rows][::-1]
     p95 = [r["latency_s"]["p95"] for r in rows][::-1]
     c = [colors.provider(n) for n in names]
-    b1 = canvas.data(ax.barh([y + 0.2 for y in ys], p50, height=0.4, color=c, label="p50"))
-    b2 = canvas.data(ax.barh([y - 0.2 for y in ys], p95, height=0.4, color=c, alpha=0.45, label="p95"))
+    b1 = canvas.data(ax.barh([y + 0.2 for y in ys], p50, height=0.4, color=c))
+    b2 = canvas.data(ax.barh([y - 0.2 for y in ys], p95, height=0.4, color=c, alpha=0.45))
+    ax.bar([], [], color="#555555", label="p50")  # the legend's keys: one colour per provider above
+    ax.bar([], [], color="#555555", alpha=0.45, label="p95")
     ax.bar_label(b1, labels=[f"{v:.2f}s" for v in p50], padding=3, fontsize=7)
     ax.bar_label(b2, labels=[f"{v:.2f}s" for v in p95], padding=3, fontsize=7)
     ax.set_yticks(ys, names)
