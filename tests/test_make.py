@@ -343,7 +343,7 @@ def check_in_browser(report: Path) -> None:
 def test_make_test_creates_the_venv_when_it_is_missing(tmp_path):
     """README: `make test` (like `make demo`) creates `.venv` when it is missing. A copy of
     the checkout with no .venv; make's own recipe runs (python -m venv, pip install -e
-    '.[test]', compileall, the stamp), then the tests of the copy with that new venv.
+    '.[test,report]', compileall, the stamp), then the tests of the copy with that new venv.
     Offline: pip takes every package from the suite's own environment (on PYTHONPATH,
     no index, no build isolation), so nothing is downloaded."""
     import site
@@ -367,7 +367,7 @@ def test_make_test_creates_the_venv_when_it_is_missing(tmp_path):
                         "PYTEST_ARGS=tests/test_io.py -p no:cacheprovider"],
                        capture_output=True, text=True, env=env, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "python3 -m venv .venv" in r.stdout and "pip install --quiet --no-compile -e '.[test]'" in r.stdout
+    assert "python3 -m venv .venv" in r.stdout and "pip install --quiet --no-compile -e '.[test,report]'" in r.stdout
     assert (copy / ".venv" / ".installed").exists()
     assert re.search(r"\d+ passed", r.stdout)
     for command in ("prompts", "infer", "tokenize", "shard", "credits"):

@@ -141,9 +141,10 @@ def human_tokens(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
-def legend_above(ax, ncols: int = 1) -> None:
-    """The legend over the axes, out of the bars' way."""
-    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncols=ncols, borderaxespad=0.2)
+def legend_above(ax, ncols: int = 1, handles=None) -> None:
+    """The legend over the axes, out of the bars' way (HANDLES: keys of its own)."""
+    ax.legend(**({"handles": handles} if handles else {}), loc="lower left", bbox_to_anchor=(0, 1.0),
+              ncols=ncols, borderaxespad=0.2)
 
 
 def barh_height(n: int) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from matplotlib.ticker import FuncFormatter
+
 from .canvas import (
     BUILD_COLOR,
     FINISH_COLORS,
@@ -20,6 +22,8 @@ from .canvas import (
     money,
 )
 from .facts import MAX_LENGTHS, DatasetFacts, conversations
+
+MAX_STEPS = 2000  # points of a spend curve
 
 
 def spend_over_time(datasets: list[DatasetFacts], timed: bool, colors: Colors, max_cost: float | None,
@@ -37,10 +41,14 @@ def spend_over_time(datasets: list[DatasetFacts], timed: bool, colors: Colors, m
     def series(paid):
         ordered = sorted(paid, key=(lambda p: (p.at, p.order)) if timed else (lambda p: p.order))
         xs, ys, total = [0.0], [0.0], 0.0
+        # At most ~MAX_STEPS points drawn: a million answers would be a million-point
+        # path (tens of MB of SVG) for a curve no screen shows finer.
+        every = max(1, len(ordered) // MAX_STEPS)
         for i, p in enumerate(ordered, 1):
             total += p.cost
-            xs.append((p.at - start) / scale if timed else i)
-            ys.append(total)
+            if i % every == 0 or i == len(ordered):
+                xs.append((p.at - start) / scale if timed else i)
+                ys.append(total)
         return xs, ys
 
     top = 0.0
@@ -72,7 +80,7 @@ def spend_over_time(datasets: list[DatasetFacts], timed: bool, colors: Colors, m
     ax.set_xlim(left=0)
     ax.set_ylabel("USD spent (kept + refused answers)")
     ax.set_xlabel(f"{unit} since the first answer" if timed else "payments, in file order")
-    legend_above(ax)
+    legend_above(ax, ncols=1 if len(ax.get_legend_handles_labels()[1]) <= 4 else 2)
     caption = ("Each step is an answer written (its cost, with the answers refused before it)."
                + ("" if timed else " Some records have no `finished_at` (written before it "
                   "existed): the spend is drawn in file order, not in time."))
@@ -100,6 +108,7 @@ def completion_vs_budget(datasets: list[DatasetFacts], budgets: dict[str, int | 
         else:
             labels.append(f"{count_text(n)} (no TOKEN_BUDGET)")
     ax.bar_label(bars, labels=labels, padding=3, fontsize=8)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: count_text(v)))
     ax.set_xlabel("completion tokens (usage, as billed; reasoning included)")
     ax.margins(x=0.35)
     caption = ("The red tick is the dataset's TOKEN_BUDGET." if any(budgets.get(n) for n in names)

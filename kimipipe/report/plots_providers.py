@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from matplotlib.patches import Patch
+
 from ..infer.providers_table import REFUSAL_KINDS
 from .canvas import (
     BUILD_COLOR,
@@ -22,6 +24,8 @@ from .canvas import (
     money,
 )
 from .facts import DatasetFacts
+
+MAX_FLIER_ROWS = 20_000  # token records up to which each row beyond the whiskers is drawn
 
 
 def usd_per_million(rows: list[dict], colors: Colors, key: str = "usd-per-m") -> Plot | Note:
@@ -134,14 +138,14 @@ def latency(rows: list[dict], colors: Colors, key: str = "latency") -> Plot | No
     c = [colors.provider(n) for n in names]
     b1 = canvas.data(ax.barh([y + 0.2 for y in ys], p50, height=0.4, color=c))
     b2 = canvas.data(ax.barh([y - 0.2 for y in ys], p95, height=0.4, color=c, alpha=0.45))
-    ax.bar([], [], color="#555555", label="p50")  # the legend's keys: one colour per provider above
-    ax.bar([], [], color="#555555", alpha=0.45, label="p95")
     ax.bar_label(b1, labels=[f"{v:.2f}s" for v in p50], padding=3, fontsize=7)
     ax.bar_label(b2, labels=[f"{v:.2f}s" for v in p95], padding=3, fontsize=7)
     ax.set_yticks(ys, names)
     ax.set_xlabel("seconds from request sent to the answer's last byte")
     ax.margins(x=0.15)
-    legend_above(ax, ncols=2)
+    # the keys in grey: each bar has its provider's colour
+    legend_above(ax, ncols=2, handles=[Patch(color="#555555", label="p50"),
+                                       Patch(color="#555555", alpha=0.45, label="p95")])
     return canvas.plot(title, "Solid: p50; light: p95 (nearest rank).")
 
 
@@ -186,7 +190,8 @@ def completion_lengths(d: DatasetFacts, rows: list[dict], colors: Colors, key: s
         mid = sorted(values)[max(0, math.ceil(len(values) / 2) - 1)]
         ax.axvline(mid, color=BUILD_COLOR, lw=1, ls="--")
         ax.text(1.0, 0.9, f"{name}: {len(values):,} answers, p50 {mid:,}", transform=ax.transAxes,
-                ha="right", va="top", fontsize=8)
+                ha="right", va="top", fontsize=8,
+                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none", "pad": 1})
         ax.set_xscale("log", base=2)
         ax.set_ylabel("%")
     canvas.axes[-1][0].set_xlabel("completion tokens per answer (log scale, 4 bins an octave)")
@@ -206,8 +211,10 @@ def token_deltas(d: DatasetFacts, colors: Colors, key: str = "deltas") -> Plot |
     canvas = Canvas(key, cols=len(panels), height=barh_height(len(providers)) + 0.4, sharey=True)
     for ax, (name, values) in zip(canvas.axes[0], panels, strict=True):
         names = [p for p in providers if p in values]
+        # each row outside the whiskers is a marker: drawn while they stay few
+        few = sum(len(values[p]) for p in names) <= MAX_FLIER_ROWS
         box = ax.boxplot([values[p] for p in names], vert=False, tick_labels=names, patch_artist=True,
-                         showfliers=True, flierprops={"markersize": 3})
+                         whis=(1, 99), showfliers=few, flierprops={"markersize": 3})
         for patch, p in zip(box["boxes"], names, strict=True):
             patch.set_facecolor(colors.provider(p))
             patch.set_alpha(0.7)
@@ -215,5 +222,6 @@ def token_deltas(d: DatasetFacts, colors: Colors, key: str = "deltas") -> Plot |
         ax.axvline(0, color=BUILD_COLOR, lw=0.8)
         ax.set_title(f"{name}_tokens_delta")
         ax.set_xlabel("tokens (usage minus len(ids))")
-    return canvas.plot(title, "Zero: the provider counts the tokens kp-tokenize wrote. A steady offset "
-                              "for one provider: it renders the prompt differently.")
+    return canvas.plot(title, "Boxes: quartiles and median; whiskers: 1st to 99th percentile. Zero: the "
+                              "provider counts the tokens kp-tokenize wrote; a steady offset for one "
+                              "provider: it renders the prompt differently.")
