@@ -32,7 +32,8 @@ h1 { font-size: 22px; margin: 8px 0 4px; } h2 { font-size: 18px; margin: 28px 0 
 .meta { color: #555; font-size: 12px; } .meta code { font-size: 11px; }
 table { border-collapse: collapse; font-size: 12.5px; background: #fff; margin: 6px 0 10px; }
 th, td { padding: 3px 8px; border-bottom: 1px solid #e4e4e4; text-align: right; white-space: nowrap; }
-th:first-child, td:first-child { text-align: left; } th { background: #f0f0f0; font-weight: 600; }
+th:first-child, td:first-child { text-align: left; }
+th { background: #f0f0f0; font-weight: 600; white-space: normal; vertical-align: bottom; }
 tr.all td { font-weight: 600; border-top: 2px solid #bbb; }
 .grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 14px; }
 figure { margin: 0; background: #fff; border: 1px solid #e2e2e2; border-radius: 6px; padding: 8px 10px; }
