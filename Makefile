@@ -100,7 +100,7 @@ PROMPTS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).prompts.jsonl)
 INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
 
 .DEFAULT_GOAL := help
-.PHONY: help all plan pilot check test test-soak lint docs venv demo credits clean-venv FORCE
+.PHONY: help all plan pilot check test test-soak lint docs venv demo credits report clean-venv FORCE
 .SECONDARY:
 
 help:
@@ -117,6 +117,7 @@ help:
 	@echo "                 checks and plans first, refuses what TOTAL_COST cannot pay"
 	@echo "  make B3.tokens one stage of one dataset again (.prompts .responses .shards)"
 	@echo "  make credits   the account's balance"
+	@echo "  make report    WORK/report.html: the build so far, plotted (one offline page)"
 	@echo "variables (now):"
 	@echo "  DATASETS=\"$(DATASETS)\"  SOURCES=$(SOURCES) (or SOURCE_<D>=file)"
 	@echo "  WORK=$(WORK)  SHARDS=$(SHARDS)  TOKENIZER=$(TOKENIZER)"
@@ -137,7 +138,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[test,report]'
 	@# Byte-compile what the commands import, on every core: with PYTHONDONTWRITEBYTECODE
 	@# set (common in containers) an uncompiled module is compiled again on each start.
 	@# pip compiles serially, and all of transformers' 2,600 model files, of which a
@@ -174,6 +175,13 @@ demo: venv
 
 credits: venv
 	$(BIN)/kp-credits --base-url $(BASE_URL)
+
+# The build report: one self-contained HTML page of plots over what the build has made so
+# far (docs/report.md); the same page as `kp-infer report FILE... --html OUT`.
+report: | venv $(WORK)
+	@$(BIN)/python -m kimipipe.report --work $(WORK) --shards $(SHARDS) --datasets "$(DATASETS)" \
+	  --total-cost "$(TOTAL_COST)" --max-cost "$(MAX_COST)" \
+	  $(foreach d,$(DATASETS),--token-budget $(d)=$(call token_budget,$(d))) -o $(WORK)/report.html
 
 clean-venv:
 	rm -rf $(VENV)

@@ -99,14 +99,15 @@ class Refusal(Struct, omit_defaults=True):
 class Generation(Struct):
     """The fields kp-infer adds to a prompt record: the answer and what it cost.
 
-    `sampling`, `refused`, `latency_s` and `cost_source` came later (older records lack
-    them: None, [], None and "usage"): how the answer was asked for, the answers paid for
-    before it and not kept (their cost is not in `usage.cost`, and counts against
-    `--max-cost`), the seconds from the request sent to the answer's end, and where
+    `sampling`, `refused`, `latency_s`, `cost_source` and `finished_at` came later (older
+    records lack them: None, [], None, "usage" and None): how the answer was asked for, the
+    answers paid for before it and not kept (their cost is not in `usage.cost`, and counts
+    against `--max-cost`), the seconds from the request sent to the answer's end, where
     `usage.cost` came from (infer/costs.py): "usage" (the answer's own `usage.cost`),
     "generation" (the answer showed none: GET /generation's `total_cost`) or "estimate"
     (no figure in time: its usage tokens at the highest price that could bill it, or with
-    no usage at all its worst case; never less than the bill)."""
+    no usage at all its worst case; never less than the bill), and when it was written
+    (UTC, ISO 8601 to the millisecond: the build report's time axis)."""
 
     response: ResponseText
     finish_reason: str | None
@@ -119,6 +120,7 @@ class Generation(Struct):
     refused: list[Refusal] = msgspec.field(default_factory=list)
     latency_s: float | None = None
     cost_source: str = "usage"
+    finished_at: str | None = None
 
 
 class Response(Prompt, kw_only=True):
@@ -135,6 +137,7 @@ class Response(Prompt, kw_only=True):
     refused: list[Refusal] = msgspec.field(default_factory=list)
     latency_s: float | None = None
     cost_source: str = "usage"
+    finished_at: str | None = None
 
 
 class Failure(Struct, omit_defaults=True):

@@ -162,6 +162,8 @@ class Output:
                                    cost, cost_source)
         fields.refused = list(refused or ())
         fields.latency_s = round(latency, 3) if latency is not None else None
+        now = time.time()
+        fields.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
         return self._write(self.responses, encode_over(decode_passthrough(prompt_line), fields))
 
     def write_failure(self, failure: Failure) -> Kept:
