@@ -19,7 +19,6 @@ second writes. Standard input is spooled to a temporary file for the second pass
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
 
 import click
 
@@ -34,40 +33,9 @@ from ..cli import (
 )
 from ..errors import InputError
 from ..io import AtomicOutput, check_writable, spool_stdin
-from ..prompts import (
-    Selection,
-    content_hash,
-    hash_id,
-    make_prompt,
-    prompt_shuffle_key,
-    prompt_turns,
-    with_system,
-)
+from ..prompts.formats import FORMAT_CHOICES
+from ..prompts.selection import Reading, Selection, candidates, make_prompt, select, write_order
 from ..records import encode_line
-from ..sources import FORMATS, FormatError, read_source, source_id, to_messages
-
-
-def _candidates(sources: list[tuple[str, str]], fmt: str, id_field: str, dataset: str,
-                system: str | None, turns: str, counts: Selection) -> Iterator[tuple]:
-    """(position, id or None, messages, meta, shown path, SourceRecord) for every prompt candidate."""
-    for file_index, (path, shown) in enumerate(sources):
-        for rec in read_source(path, fmt, shown):
-            try:
-                messages = to_messages(rec.obj, fmt)
-                sid = source_id(rec.obj, id_field)
-            except FormatError as e:
-                raise InputError(rec.where(f"{e.message} at `{e.json_path}`"), shown, rec.line) from None
-            found = False
-            for k, conversation in prompt_turns(messages, turns):
-                found = True
-                conversation = with_system(conversation, system)
-                pid = None if sid is None else (f"{sid}#{k}" if turns == "each" else sid)
-                meta = rec.obj.get("meta") if isinstance(rec.obj, dict) else None
-                # By element, not by line: a one-line JSON array holds every record on line 1.
-                yield (file_index, rec.index, k), pid, conversation, meta, shown, rec
-            if not found:
-                counts.no_user_turn += 1
-
 
 EXAMPLES = """
     kp-prompts sharegpt.json --dataset B3 -o B3.prompts.jsonl
@@ -80,7 +48,7 @@ EXAMPLES = """
 @input_argument(multiple=True)
 @output_option("Output file (`-` = stdout; `.zst` compresses). Appears only when complete.")
 @click.option("--dataset", default="", help="Dataset name to tag the records with (e.g. B3).")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(FORMAT_CHOICES), default="auto", show_default=True,
               help="Source format; `auto` detects it per record; `text` is one prompt per line.")
 @click.option("--id-field", default="id", show_default=True,
               help="Source field holding a record's own id (else IDs are content hashes).")
@@ -109,60 +77,19 @@ def cli(inputs, output, dataset, fmt, id_field, system, turns, keep_duplicates, 
             else:
                 sources.append((path, path))
 
-        sel = Selection()
-
-        def candidates():
-            return _candidates(sources, fmt, id_field, dataset, system, turns, sel)
-
-        # Pass one: validate everything, decide what is written.
-        for position, pid, messages, _meta, shown, rec in candidates():
-            if max_chars is not None and sum(len(m["content"]) for m in messages) > max_chars:
-                sel.too_long += 1
-                continue
-            digest = content_hash(messages)
-            hashed = pid is None
-            if hashed:
-                pid = hash_id(dataset, messages)
-            if digest in sel.seen_content and not keep_duplicates:
-                sel.duplicates += 1
-                continue
-            if hashed and pid in sel.seen_ids:  # --keep-duplicates: number the repeats
-                n = 2
-                while f"{pid}-{n}" in sel.seen_ids:
-                    n += 1
-                pid = f"{pid}-{n}"
-            first = sel.seen_ids.get(pid)
-            if first is not None:
-                if first[0] != digest:
-                    raise InputError(
-                        rec.where(f"duplicate id {pid!r} with different content "
-                                  f"(first seen at {first[1]}:{first[2]})"),
-                        shown, rec.line)
-                sel.duplicates += 1
-                continue
-            sel.seen_ids[pid] = (digest, shown, rec.line if not rec.element else
-                                 f"{rec.line} (element {rec.index + 1})")
-            sel.seen_content.add(digest)
-            sel.kept[position] = pid
-
-        chosen = list(sel.kept.items())
-        if shuffle:
-            chosen.sort(key=lambda item: prompt_shuffle_key(seed, item[1]))
-        if limit is not None:
-            chosen = chosen[:limit]
-        rank = {position: i for i, (position, _pid) in enumerate(chosen)}
-        del sel.seen_ids, sel.seen_content
+        reading = Reading(sources, fmt, id_field, system, turns)
+        sel = select(reading, dataset, keep_duplicates, max_chars)  # pass one: validate, choose
+        rank = write_order(sel, shuffle, seed, limit)
 
         # Pass two: write.
         out = AtomicOutput(output)
         try:
             buffered: list[bytes | None] = [None] * len(rank) if shuffle else []
-            for position, _pid, messages, meta, _shown, _rec in _candidates(
-                    sources, fmt, id_field, dataset, system, turns, Selection()):
-                i = rank.get(position)
+            for c in candidates(reading, Selection()):
+                i = rank.get(c.position)
                 if i is None:
                     continue
-                line_bytes = encode_line(make_prompt(sel.kept[position], dataset, messages, meta))
+                line_bytes = encode_line(make_prompt(sel.kept[c.position], dataset, c.messages, c.meta))
                 if shuffle:
                     buffered[i] = line_bytes
                 else:
