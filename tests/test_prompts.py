@@ -32,7 +32,7 @@ def write_json(path, obj):
 
 def test_sharegpt_array_keeps_conversation_up_to_last_user_turn(tmp_path):
     src = write_json(tmp_path / "sharegpt.json", SHAREGPT)
-    r = kp("prompts", src, "--dataset", "B3")
+    r = kp("prompts", src, "--dataset", "B3", "--turns", "last")
     assert r.code == 0, r.stderr
     recs = r.records()
     assert [x["id"] for x in recs] == ["conv-1", "conv-2"]
@@ -62,7 +62,7 @@ def test_text_file_gives_hash_ids_stable_byte_for_byte(tmp_path):
     assert len(recs) == 2  # the repeated question is a duplicate
     assert all(x["id"].startswith("B4-") and len(x["id"]) == 3 + 16 for x in recs)
     assert recs[0]["messages"] == [{"role": "user", "content": "Why is the sky blue?"}]
-    assert "skipped 1 duplicate\n" in first.stderr
+    assert f"skipped 1 duplicate (dropped: {src}:4 repeats {src}:1)\n" in first.stderr
     other = kp("prompts", src, "--format", "text", "--dataset", "B5").records()
     assert {x["id"] for x in other}.isdisjoint({x["id"] for x in recs})
 
@@ -193,7 +193,7 @@ def test_error_invalid_utf8(tmp_path):
 def test_error_missing_field(tmp_path):
     check_error(tmp_path, GOOD + b'{"question": "x"}\n',
                 "2: cannot tell the format: expected a `conversations`, `messages`, `instruction`, "
-                "`prompt` or `text` field (or force one with --format) at `$`")
+                "`prompt`, `text` or `turns` field (or force one with --format) at `$`")
 
 
 def test_error_wrong_type_names_json_path(tmp_path):
@@ -203,7 +203,9 @@ def test_error_wrong_type_names_json_path(tmp_path):
 
 def test_error_unknown_role(tmp_path):
     check_error(tmp_path, b'{"conversations": [{"from": "robot", "value": "x"}]}\n',
-                "1: unknown role 'robot' at `$.conversations[0].from`")
+                "1: unknown role 'robot' (accepted: system, developer, human, user, gpt, assistant, "
+                "chatgpt, bard, bing, model, function_call, observation, tool, function, ipython) "
+                "at `$.conversations[0].from`")
 
 
 def test_error_truncated_final_line(tmp_path):

@@ -1,5 +1,6 @@
-"""kp-prompts: prompt sources (ShareGPT, OpenAI messages, Alpaca, prompt/text, plain text)
-in, prompt records out.
+"""kp-prompts: prompt sources (ShareGPT, OpenAI messages, Alpaca, MT-Bench, prompt/text,
+plain text) in, prompt records out. The formats, `--turns` and what is skipped:
+docs/prompts.md; the parts: kimipipe/prompts/.
 
 Usage:
     kp-prompts sharegpt.json --dataset B3 > B3.prompts.jsonl
@@ -8,7 +9,7 @@ Usage:
 
 Schema (one JSON object per line):
     {"id": str, "dataset": str, "messages": [{"role": "system"|"user"|"assistant",
-     "content": str}], "meta": {...}?}
+     "content": str}], "follow_ups": [str]?, "meta": {...}?}
 
 Two passes: the first reads every input whole and validates it, keeping only IDs and
 content hashes (so a bad line stops the command before a single record is written); the
@@ -35,6 +36,7 @@ from ..errors import InputError
 from ..io import AtomicOutput, check_writable, spool_stdin
 from ..prompts.formats import FORMAT_CHOICES
 from ..prompts.selection import Reading, Selection, candidates, make_prompt, select, write_order
+from ..prompts.turns import TURNS
 from ..records import encode_line
 
 EXAMPLES = """
@@ -50,20 +52,26 @@ EXAMPLES = """
 @click.option("--dataset", default="", help="Dataset name to tag the records with (e.g. B3).")
 @click.option("--format", "fmt", type=click.Choice(FORMAT_CHOICES), default="auto", show_default=True,
               help="Source format; `auto` detects it per record; `text` is one prompt per line.")
-@click.option("--id-field", default="id", show_default=True,
-              help="Source field holding a record's own id (else IDs are content hashes).")
+@click.option("--id-field", default=None,
+              help="Source field holding a record's own id (else IDs are content hashes). "
+                   "[default: id; MT-Bench: question_id]")
 @click.option("--system", default=None, help="System message to prepend where a conversation has none.")
-@click.option("--turns", type=click.Choice(["last", "each"]), default="last", show_default=True,
-              help="One prompt per conversation (up to its last user turn), or one per user turn.")
+@click.option("--turns", type=click.Choice(TURNS), default="all", show_default=True,
+              help="all: one prompt per conversation, its first user turn with the later ones as "
+                   "follow_ups (the source's answers dropped); last: the conversation up to its "
+                   "last user turn; each: one prompt per user turn, with the source's history.")
+@click.option("--strict", is_flag=True,
+              help="A record with a tool turn, a tool declaration or a non-text part is an error "
+                   "(by default it is skipped, and counted).")
 @click.option("--keep-duplicates", is_flag=True, help="Keep prompts whose messages repeat an earlier one.")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Write at most N prompts.")
 @click.option("--shuffle", is_flag=True, help="Deterministic shuffle (with --seed) before --limit.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
 @click.option("--max-chars", type=click.IntRange(min=1), default=None,
-              help="Skip prompts whose messages hold more than N characters in all.")
+              help="Skip prompts whose messages and follow-ups hold more than N characters in all.")
 @common_options
-def cli(inputs, output, dataset, fmt, id_field, system, turns, keep_duplicates, limit, shuffle,
-        seed, max_chars, quiet, debug):
+def cli(inputs, output, dataset, fmt, id_field, system, turns, strict, keep_duplicates, limit,
+        shuffle, seed, max_chars, quiet, debug):
     """Read prompt sources (default: stdin) and write prompt records, one JSON per line."""
     inputs = list(inputs) or ["-"]
     if inputs.count("-") > 1:
@@ -77,7 +85,7 @@ def cli(inputs, output, dataset, fmt, id_field, system, turns, keep_duplicates, 
             else:
                 sources.append((path, path))
 
-        reading = Reading(sources, fmt, id_field, system, turns)
+        reading = Reading(sources, fmt, id_field, system, turns, strict)
         sel = select(reading, dataset, keep_duplicates, max_chars)  # pass one: validate, choose
         rank = write_order(sel, shuffle, seed, limit)
 
@@ -89,7 +97,7 @@ def cli(inputs, output, dataset, fmt, id_field, system, turns, keep_duplicates, 
                 i = rank.get(c.position)
                 if i is None:
                     continue
-                line_bytes = encode_line(make_prompt(sel.kept[c.position], dataset, c.messages, c.meta))
+                line_bytes = encode_line(make_prompt(sel.kept[c.position], dataset, c))
                 if shuffle:
                     buffered[i] = line_bytes
                 else:
@@ -100,16 +108,11 @@ def cli(inputs, output, dataset, fmt, id_field, system, turns, keep_duplicates, 
         except BaseException:
             out.discard()
             raise
-    skipped = []
-    if sel.no_user_turn:
-        skipped.append(f"{sel.no_user_turn:,} without a user turn")
-    if sel.duplicates:
-        skipped.append(counted(sel.duplicates, "duplicate"))
-    if sel.too_long:
-        skipped.append(f"{sel.too_long:,} longer than --max-chars")
+    skipped, shortened = sel.summary(), sel.shortened()
     where = "" if output == "-" else f" to {output}"
     say(f"kp-prompts: wrote {counted(len(rank), 'prompt')}{where}"
-        + (f"; skipped {', '.join(skipped)}" if skipped else ""), quiet)
+        + (f"; skipped {', '.join(skipped)}" if skipped else "")
+        + (f"; {'; '.join(shortened)}" if shortened else ""), quiet)
 
 
 main = run_command(cli)

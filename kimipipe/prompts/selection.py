@@ -1,15 +1,14 @@
-"""From source conversations to prompt records: turn selection, stable IDs, dedup, sampling.
-
-A prompt is a conversation up to and including a user turn: the source's assistant
-answers after it are dropped, since they are what the target model regenerates.
+"""From source records to prompt records: stable IDs, dedup, `--max-chars`, sampling, and
+the counts the summary gives.
 
 IDs are stable: the source's own id when it has one (`#N` added for the N-th user turn
 with `--turns each`), else `<dataset>-<16 hex>` from a SHA-256 of the dataset and the
-messages. The same input always gives the same IDs, byte for byte, which resume relies on.
+messages (and the follow-ups, where there are any). The same input always gives the same
+IDs, byte for byte, which resume relies on.
 
 kp-prompts reads its sources twice (`candidates` both times): `select` decides from the
-first pass which candidates are written, under which IDs, keeping only IDs and content
-hashes; the second pass writes the chosen ones (`write_order`).
+first pass which candidates are written, under which IDs, keeping only IDs, content
+hashes and where they were; the second pass writes the chosen ones (`write_order`).
 """
 
 from __future__ import annotations
@@ -20,32 +19,32 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from ..cli import counted
 from ..errors import InputError
 from ..records import Message, Prompt
-from .conversation import FormatError
-from .formats import source_id, to_messages
+from .conversation import Blocker, FormatError
+from .formats import read_record
 from .reading import SourceRecord, read_source
+from .turns import pick_turns
 
 _hash_encoder = msgspec.json.Encoder(order="deterministic")
+SHOWN = 3  # the records a summary names per kind
 
 
-def content_hash(messages: list[dict]) -> str:
-    return hashlib.sha256(_hash_encoder.encode(messages)).hexdigest()
+def _hashed(messages: list[dict], follow_ups: list[str]) -> list:
+    # Without follow-ups the messages alone, so single-turn prompts keep the IDs of every
+    # earlier version (and of --turns last).
+    return [messages, follow_ups] if follow_ups else [messages]
 
 
-def hash_id(dataset: str, messages: list[dict]) -> str:
-    digest = hashlib.sha256(_hash_encoder.encode([dataset, messages])).hexdigest()[:16]
+def content_hash(messages: list[dict], follow_ups: list[str] = ()) -> str:
+    blob = messages if not follow_ups else _hashed(messages, list(follow_ups))
+    return hashlib.sha256(_hash_encoder.encode(blob)).hexdigest()
+
+
+def hash_id(dataset: str, messages: list[dict], follow_ups: list[str] = ()) -> str:
+    digest = hashlib.sha256(_hash_encoder.encode([dataset, *_hashed(messages, list(follow_ups))])).hexdigest()[:16]
     return f"{dataset}-{digest}" if dataset else digest
-
-
-def prompt_turns(messages: list[dict], turns: str) -> Iterator[tuple[int, list[dict]]]:
-    """(user-turn number, conversation up to and including it): the last one, or each."""
-    user_positions = [i for i, m in enumerate(messages) if m["role"] == "user"]
-    if not user_positions:
-        return
-    chosen = user_positions if turns == "each" else user_positions[-1:]
-    for i in chosen:
-        yield user_positions.index(i) + 1, messages[: i + 1]
 
 
 def with_system(messages: list[dict], system: str | None) -> list[dict]:
@@ -61,9 +60,10 @@ class Reading:
 
     sources: list[tuple[str, str]]  # (path to read, path to show)
     fmt: str
-    id_field: str
+    id_field: str | None  # None: each format's own (`id`; MT-Bench's `question_id`)
     system: str | None
     turns: str
+    strict: bool = False
 
 
 @dataclass
@@ -71,9 +71,32 @@ class Candidate:
     position: tuple  # (file, record, user turn): what tells candidates apart
     pid: str | None  # the source's own id (None: a hash of the content is the id)
     messages: list[dict]
+    follow_ups: list[str]
     meta: dict | None
     shown: str
     record: SourceRecord
+
+    @property
+    def where(self) -> str:
+        rec = self.record
+        return f"{self.shown}:{rec.line}" + (f" (element {rec.index + 1})" if rec.element else "")
+
+
+@dataclass
+class Named:
+    """A count, and where its first few records were."""
+
+    n: int = 0
+    first: list[str] = field(default_factory=list)
+
+    def add(self, what: str) -> None:
+        self.n += 1
+        if len(self.first) < SHOWN:
+            self.first.append(what)
+
+    def said(self, what: str, plural: str | None = None, lead: str = "first") -> str:
+        more = ", ..." if self.n > len(self.first) else ""
+        return f"{counted(self.n, what, plural)} ({lead}: {', '.join(self.first)}{more})"
 
 
 @dataclass
@@ -81,33 +104,66 @@ class Selection:
     """Pass one's verdicts: which candidates are written, and the counts for the summary."""
 
     kept: dict[tuple, str] = field(default_factory=dict)  # position -> id
-    seen_ids: dict[str, tuple[str, str, int | str]] = field(default_factory=dict)  # id -> (hash, file, where)
-    seen_content: set[str] = field(default_factory=set)
+    seen_ids: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (hash, where)
+    seen_content: dict[str, tuple[str, str]] = field(default_factory=dict)  # hash -> (id, where)
     no_user_turn: int = 0
-    duplicates: int = 0
     too_long: int = 0
+    duplicates: Named = field(default_factory=Named)
+    skipped: dict[Blocker, Named] = field(default_factory=dict)  # records not regenerable
+    cut: Named = field(default_factory=Named)  # --turns all: ended before a turn
+    tools_left_out: int = 0
+
+    def summary(self) -> list[str]:
+        """The summary's clauses: what was skipped, and what was shortened."""
+        out = []
+        if self.no_user_turn:
+            out.append(f"{self.no_user_turn:,} without a user turn")
+        for blocker, named in self.skipped.items():
+            out.append(f"{named.n:,} with {blocker.value} ({', '.join(named.first)}"
+                       + (", ..." if named.n > len(named.first) else "") + ")")
+        if self.duplicates.n:
+            out.append(self.duplicates.said("duplicate", lead="dropped"))
+        if self.too_long:
+            out.append(f"{self.too_long:,} longer than --max-chars")
+        return out
+
+    def shortened(self) -> list[str]:
+        out = []
+        if self.cut.n:
+            out.append(f"{self.cut.said('conversation')} end before a turn that is not plain text")
+        if self.tools_left_out:
+            out.append(f"{counted(self.tools_left_out, 'tool declaration')} left out")
+        return out
 
 
 def candidates(reading: Reading, counts: Selection) -> Iterator[Candidate]:
-    """Every prompt the sources hold, in order; records without a user turn are counted."""
+    """Every prompt the sources hold, in order, with what is skipped counted in COUNTS."""
     for file_index, (path, shown) in enumerate(reading.sources):
         for rec in read_source(path, reading.fmt, shown):
             try:
-                messages = to_messages(rec.obj, reading.fmt)
-                sid = source_id(rec.obj, reading.id_field)
+                conv, sid = read_record(rec.obj, reading.fmt, reading.id_field)
+                blocker = conv.first_blocker()
+                if reading.strict and blocker:
+                    raise FormatError(f"{blocker[0].value} (--strict: kp-prompts reads plain chat only; "
+                                      "without --strict the record is skipped)", blocker[1])
+                picked = pick_turns(conv, reading.turns)
             except FormatError as e:
                 raise InputError(rec.where(f"{e.message} at `{e.json_path}`"), shown, rec.line) from None
-            found = False
-            meta = rec.obj.get("meta") if isinstance(rec.obj, dict) else None
-            for k, conversation in prompt_turns(messages, reading.turns):
-                found = True
-                conversation = with_system(conversation, reading.system)
-                pid = None if sid is None else (f"{sid}#{k}" if reading.turns == "each" else sid)
-                # By element, not by line: a one-line JSON array holds every record on line 1.
-                yield Candidate((file_index, rec.index, k), pid, conversation,
-                                meta if isinstance(meta, dict) else None, shown, rec)
-            if not found:
+            where = f"{shown}:{rec.line}" + (f" (element {rec.index + 1})" if rec.element else "")
+            if picked.skipped:
+                counts.skipped.setdefault(picked.skipped[0], Named()).add(where)
+            elif not picked.picks:
                 counts.no_user_turn += 1
+            if picked.cut:
+                counts.cut.add(where)
+            counts.tools_left_out += picked.tools_left_out
+            meta = rec.obj.get("meta")
+            for pick in picked.picks:
+                pid = None if sid is None else (f"{sid}#{pick.k}" if reading.turns == "each" else sid)
+                # By element, not by line: a one-line JSON array holds every record on line 1.
+                yield Candidate((file_index, rec.index, pick.k), pid,
+                                with_system(pick.messages, reading.system), pick.follow_ups,
+                                meta if isinstance(meta, dict) else None, shown, rec)
 
 
 def select(reading: Reading, dataset: str, keep_duplicates: bool, max_chars: int | None) -> Selection:
@@ -115,16 +171,19 @@ def select(reading: Reading, dataset: str, keep_duplicates: bool, max_chars: int
     sel = Selection()
     for c in candidates(reading, sel):
         messages, rec = c.messages, c.record
-        if max_chars is not None and sum(len(m["content"]) for m in messages) > max_chars:
+        if max_chars is not None and (sum(len(m["content"]) for m in messages)
+                                      + sum(len(f) for f in c.follow_ups)) > max_chars:
             sel.too_long += 1
             continue
-        digest = content_hash(messages)
+        digest = content_hash(messages, c.follow_ups)
         pid = c.pid
         hashed = pid is None
         if hashed:
-            pid = hash_id(dataset, messages)
-        if digest in sel.seen_content and not keep_duplicates:
-            sel.duplicates += 1
+            pid = hash_id(dataset, messages, c.follow_ups)
+        earlier = sel.seen_content.get(digest)
+        if earlier is not None and not keep_duplicates:
+            sel.duplicates.add(f"{c.where} repeats {earlier[1]}" if hashed or earlier[0] == pid
+                               else f"{pid} repeats {earlier[0]}")
             continue
         if hashed and pid in sel.seen_ids:  # --keep-duplicates: number the repeats
             n = 2
@@ -134,15 +193,12 @@ def select(reading: Reading, dataset: str, keep_duplicates: bool, max_chars: int
         first = sel.seen_ids.get(pid)
         if first is not None:
             if first[0] != digest:
-                raise InputError(
-                    rec.where(f"duplicate id {pid!r} with different content "
-                              f"(first seen at {first[1]}:{first[2]})"),
-                    c.shown, rec.line)
-            sel.duplicates += 1
+                raise InputError(rec.where(f"duplicate id {pid!r} with different content "
+                                           f"(first seen at {first[1]})"), c.shown, rec.line)
+            sel.duplicates.add(f"{c.where} repeats {first[1]}")
             continue
-        sel.seen_ids[pid] = (digest, c.shown, rec.line if not rec.element else
-                             f"{rec.line} (element {rec.index + 1})")
-        sel.seen_content.add(digest)
+        sel.seen_ids[pid] = (digest, c.where)
+        sel.seen_content.setdefault(digest, (pid, c.where))
         sel.kept[c.position] = pid
     del sel.seen_ids, sel.seen_content  # only `kept` and the counts are needed from here
     return sel
@@ -158,12 +214,10 @@ def write_order(sel: Selection, shuffle: bool, seed: int, limit: int | None) -> 
     return {position: i for i, (position, _pid) in enumerate(chosen)}
 
 
-def make_prompt(pid: str, dataset: str, messages: list[dict], meta) -> Prompt:
-    return Prompt(
-        id=pid, dataset=dataset,
-        messages=[Message(role=m["role"], content=m["content"]) for m in messages],
-        meta=meta if isinstance(meta, dict) else None,
-    )
+def make_prompt(pid: str, dataset: str, c: Candidate) -> Prompt:
+    return Prompt(id=pid, dataset=dataset,
+                  messages=[Message(role=m["role"], content=m["content"]) for m in c.messages],
+                  meta=c.meta, follow_ups=c.follow_ups)
 
 
 def prompt_shuffle_key(seed: int, pid: str) -> bytes:

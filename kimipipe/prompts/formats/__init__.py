@@ -1,9 +1,11 @@
 """The source formats kp-prompts reads: one module per format, listed in FORMATS.
 
 A format module gives `DETECT` (the fields that identify its records, for `--format
-auto`) and `messages(obj)` (the record's conversation as [{role, content}] in chat order,
-or FormatError naming the JSON path of what is wrong). Adding a format is one module and
-one entry in FORMATS; `--format` offers every entry, `auto` tries them in table order.
+auto`), `conversation(obj)` (the record as a Conversation, kimipipe/prompts/conversation.py:
+its turns in chat order, what cannot be regenerated marked, or FormatError naming the JSON
+path of what is wrong) and, where it is not `id`, `ID_FIELD` (the field holding a record's
+own id). Adding a format is one module and one entry in FORMATS; `--format` offers every
+entry, and `auto` tries them in table order.
 """
 
 from __future__ import annotations
@@ -12,21 +14,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..conversation import FormatError, json_type
-from . import alpaca, openai, prompt, sharegpt
+from ..conversation import Conversation, FormatError, json_type
+from . import alpaca, mtbench, openai, prompt, sharegpt
 
 
 @dataclass(frozen=True)
 class SourceFormat:
     detect: tuple[str, ...]  # a record with one of these fields is of this format
-    messages: Callable[[dict], list[dict]]
+    conversation: Callable[[dict], Conversation]
+    id_field: str = "id"  # where a record's own id is, unless --id-field says
 
 
 FORMATS: dict[str, SourceFormat] = {
-    "sharegpt": SourceFormat(sharegpt.DETECT, sharegpt.messages),
-    "openai": SourceFormat(openai.DETECT, openai.messages),
-    "alpaca": SourceFormat(alpaca.DETECT, alpaca.messages),
-    "prompt": SourceFormat(prompt.DETECT, prompt.messages),
+    "sharegpt": SourceFormat(sharegpt.DETECT, sharegpt.conversation),
+    "openai": SourceFormat(openai.DETECT, openai.conversation),
+    "alpaca": SourceFormat(alpaca.DETECT, alpaca.conversation),
+    "prompt": SourceFormat(prompt.DETECT, prompt.conversation),
+    "mtbench": SourceFormat(mtbench.DETECT, mtbench.conversation, mtbench.ID_FIELD),
 }
 # `text` is a file layout (one prompt per line, kimipipe/prompts/reading.py) read as `prompt`.
 FORMAT_CHOICES = ("auto", *FORMATS, "text")
@@ -43,21 +47,20 @@ def detect_format(obj: Any) -> str:
     raise FormatError(f"cannot tell the format: expected a {listed} field (or force one with --format)")
 
 
-def to_messages(obj: Any, fmt: str) -> list[dict]:
-    """The conversation a source record holds, as [{role, content}] in chat order."""
+def read_record(obj: Any, fmt: str, id_field: str | None) -> tuple[Conversation, str | None]:
+    """The conversation a source record holds, and its own id (None: none given)."""
     if fmt == "auto":
         fmt = detect_format(obj)
     elif not isinstance(obj, dict):
         raise FormatError(f"expected a JSON object, got {json_type(obj)}")
     if fmt == "text":
         fmt = "prompt"
-    if fmt not in FORMATS:
-        raise FormatError(f"unknown format {fmt!r}")
-    return FORMATS[fmt].messages(obj)
+    source_format = FORMATS[fmt]
+    return source_format.conversation(obj), source_id(obj, id_field or source_format.id_field)
 
 
-def source_id(obj: Any, field: str) -> str | None:
-    if not isinstance(obj, dict) or field not in obj or obj[field] is None:
+def source_id(obj: dict, field: str) -> str | None:
+    if field not in obj or obj[field] is None:
         return None
     value = obj[field]
     if isinstance(value, bool) or not isinstance(value, (str, int)):

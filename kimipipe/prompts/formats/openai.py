@@ -1,12 +1,14 @@
-"""OpenAI chat messages: `{"messages": [{"role": "system"|"user"|"assistant", "content":
-str | [{"type": "text", "text": str}, ...]}, ...]}`."""
+"""OpenAI chat messages: `{"messages": [{"role": "system"|"developer"|"user"|"assistant"|
+"tool", "content": str | [{"type": "text", "text": str}, ...], "tool_calls": [...]?}],
+"tools": [...]?}`. LLaMA-Factory's v1 rows are this with `{"type": "text", "value": str}`
+parts."""
 
 from __future__ import annotations
 
-from ..conversation import turns_of
+from ..conversation import Conversation, turns_of
 
 DETECT = ("messages",)
 
 
-def messages(obj: dict) -> list[dict]:
+def conversation(obj: dict) -> Conversation:
     return turns_of(obj, "messages", (("role", "content"),))

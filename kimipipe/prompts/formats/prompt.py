@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from ..conversation import FormatError, text_of
+from ..conversation import Conversation, FormatError, plain, text_of
 
 DETECT = ("prompt", "text")
 
 
-def messages(obj: dict) -> list[dict]:
+def conversation(obj: dict) -> Conversation:
     key = "prompt" if "prompt" in obj else "text" if "text" in obj else None
     if key is None:
         raise FormatError("missing field `prompt` (or `text`)")
-    return [{"role": "user", "content": text_of(obj[key], f"$.{key}")}]
+    return Conversation([plain("user", text_of(obj[key], f"$.{key}"), f"$.{key}")])
