@@ -130,7 +130,9 @@ class Selection:
     def shortened(self) -> list[str]:
         out = []
         if self.cut.n:
-            out.append(f"{self.cut.said('conversation')} end before a turn that is not plain text")
+            more = ", ..." if self.cut.n > len(self.cut.first) else ""
+            out.append(f"{counted(self.cut.n, 'conversation')} ended early, before a turn that is not "
+                       f"plain text (first: {', '.join(self.cut.first)}{more})")
         if self.tools_left_out:
             out.append(f"{counted(self.tools_left_out, 'tool declaration')} left out")
         return out

@@ -47,8 +47,8 @@ def pick_turns(conv: Conversation, turns: str) -> Picked:
     messages = [{"role": t.role, "content": t.content} for t in conv.turns]
     user_positions = [i for i, m in enumerate(messages) if m["role"] == "user"]
     if len(user_positions) > 1 and not conv.has_answers:
-        raise FormatError(f"these turns have no answers to build a later turn's history from: "
-                          f"read them with --turns all, not --turns {turns}")
+        raise FormatError(f"no answers to build a later turn's history from: read these with "
+                          f"--turns all, not --turns {turns}", conv.turns[user_positions[1]].where)
     chosen = user_positions if turns == "each" else user_positions[-1:]
     return Picked([Pick(user_positions.index(i) + 1, messages[: i + 1]) for i in chosen])
 
