@@ -105,13 +105,14 @@ PROMPTS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).prompts.jsonl)
 INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
 
 .DEFAULT_GOAL := help
-.PHONY: help all plan pilot check test lint venv demo credits clean-venv FORCE
+.PHONY: help all plan pilot check test lint docs venv demo credits clean-venv FORCE
 .SECONDARY:
 
 help:
 	@echo "kimipipe: make TARGET [VARIABLE=value ...]  (\`make\` alone builds nothing)"
 	@echo "  make demo      the whole pipeline offline, on the bundled sample (stand-in)"
 	@echo "  make test      the test suite                  make lint   ruff"
+	@echo "  make docs      docs/cli.md from every --help (a test checks it)"
 	@echo "  make plan      the money, per dataset: prompts, routes and prices, expected"
 	@echo "                 cost at TOKEN_BUDGET, the TOKEN_BUDGET that fits (sends none)"
 	@echo "  make pilot     PAID: PILOT answers per dataset (kept), measured for make plan"
@@ -158,6 +159,10 @@ test: venv
 
 lint: venv
 	$(BIN)/ruff check kimipipe tests bench
+
+# docs/cli.md: every command's --help (tests/test_readme.py fails when it is stale)
+docs: venv
+	$(BIN)/python -m kimipipe.clidoc > docs/cli.md.tmp && mv docs/cli.md.tmp docs/cli.md
 
 # The offline demo: the stand-in on a free port, the bundled prompts and tokenizer, and
 # this very Makefile's `all` target against them (see kimipipe/demo.py).
