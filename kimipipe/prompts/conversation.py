@@ -37,12 +37,12 @@ class Blocker(enum.Enum):
     LATER_SYSTEM = "a system turn after the first user turn"
 
 
-@dataclass
+@dataclass(slots=True)
 class Turn:
     role: str  # system | user | assistant (a tool result: "tool", always blocked)
     content: str  # "" where blocked
     blocker: Blocker | None = None
-    where: str = "$"  # the JSON path of the turn, or of what blocks it
+    where: str = "$"  # the JSON path of what blocks the turn, or of the turn
 
 
 @dataclass
@@ -90,7 +90,12 @@ class RecordContext:
     placeholder_seen: bool = False
 
 
+_NO_MEDIA = RecordContext()
+
+
 def record_context(obj: dict) -> RecordContext:
+    if "images" not in obj and "videos" not in obj and "audios" not in obj:
+        return _NO_MEDIA  # never written to: placeholder_seen is set only where there are placeholders
     return RecordContext(tuple(mark for key, mark in MEDIA_PLACEHOLDERS.items() if _declared(obj.get(key))))
 
 
@@ -98,7 +103,7 @@ def record_blocker(obj: dict, context: RecordContext) -> tuple[Blocker, str] | N
     """What blocks OBJ as a whole, once its turns are read: a tool declaration, or media
     that no turn places (nothing to cut before)."""
     for key in ("tools", "functions"):
-        if _declared(obj.get(key)):
+        if key in obj and _declared(obj[key]):
             return Blocker.TOOL_DECLARATION, f"$.{key}"
     if context.placeholders and not context.placeholder_seen:
         key = next(k for k, mark in MEDIA_PLACEHOLDERS.items() if mark in context.placeholders)
@@ -108,6 +113,8 @@ def record_blocker(obj: dict, context: RecordContext) -> tuple[Blocker, str] | N
 
 def _declared(value: Any) -> bool:
     """A non-empty declaration: LLaMA-Factory writes no tools as "" or "[]"."""
+    if value is None:
+        return False
     if isinstance(value, str):
         return value.strip() not in ("", "[]", "{}", "null")
     return bool(value)
@@ -159,34 +166,42 @@ def turns_of(obj: dict, key: str, role_key_pairs: tuple[tuple[str, str], ...]) -
     context = record_context(obj)
     out = []
     for i, turn in enumerate(turns):
-        where = f"$.{key}[{i}]"
+        # JSON paths are made only where one can be shown (an error, a blocked turn, a
+        # system turn, which can end a conversation): most turns are plain text.
         if not isinstance(turn, dict):
-            raise FormatError(f"expected an object, got {json_type(turn)}", where)
+            raise FormatError(f"expected an object, got {json_type(turn)}", f"$.{key}[{i}]")
         for role_key, content_key in role_key_pairs:  # noqa: B007 (used after the loop)
             if role_key in turn:
                 break
         else:
             names = " or ".join(f"`{r}`" for r, _ in role_key_pairs)
-            raise FormatError(f"turn has no {names} field", where)
+            raise FormatError(f"turn has no {names} field", f"$.{key}[{i}]")
         role = turn[role_key]
         name = role.lower() if isinstance(role, str) else None
         if name in TOOL_ROLES:
-            out.append(Turn(TOOL_ROLES[name], "", Blocker.TOOL_TURN, f"{where}.{role_key}"))
+            out.append(Turn(TOOL_ROLES[name], "", Blocker.TOOL_TURN, f"$.{key}[{i}].{role_key}"))
             continue
         if name not in ROLE_NAMES:
-            raise FormatError(f"unknown role {role!r} (accepted: {ACCEPTED_ROLES})", f"{where}.{role_key}")
+            raise FormatError(f"unknown role {role!r} (accepted: {ACCEPTED_ROLES})",
+                              f"$.{key}[{i}].{role_key}")
         mapped = ROLE_NAMES[name]
-        calls = next((k for k in ("tool_calls", "function_call") if _declared(turn.get(k))), None)
-        if calls:
-            out.append(Turn(mapped, "", Blocker.TOOL_TURN, f"{where}.{calls}"))
-            continue
+        if len(turn) > 2:  # a plain turn has a role and a content only
+            calls = ("tool_calls" if _declared(turn.get("tool_calls"))
+                     else "function_call" if _declared(turn.get("function_call")) else None)
+            if calls:
+                out.append(Turn(mapped, "", Blocker.TOOL_TURN, f"$.{key}[{i}].{calls}"))
+                continue
         if content_key not in turn:
-            raise FormatError(f"turn has no `{content_key}` field", where)
-        text, blocker = content_of(turn[content_key], f"{where}.{content_key}", context)
+            raise FormatError(f"turn has no `{content_key}` field", f"$.{key}[{i}]")
+        content = turn[content_key]
+        if isinstance(content, str) and not context.placeholders:  # plain text, the usual case
+            out.append(Turn(mapped, content, None, f"$.{key}[{i}]" if mapped == "system" else ""))
+            continue
+        text, blocker = content_of(content, f"$.{key}[{i}].{content_key}", context)
         if blocker:
             out.append(Turn(mapped, "", *blocker))
         else:
-            out.append(Turn(mapped, text, None, where))
+            out.append(Turn(mapped, text, None, f"$.{key}[{i}]"))
     return Conversation(out, record_blocker(obj, context))
 
 

@@ -27,6 +27,10 @@ class SourceRecord:
     index: int = 0  # the record's position in its file: what tells records apart
     element: bool = False  # an element of a JSON array (errors then name its number)
 
+    def located(self, shown: str) -> str:
+        """`path:line`, and the element's number in a JSON array: where a summary names it."""
+        return f"{shown}:{self.line}" + (f" (element {self.index + 1})" if self.element else "")
+
     def where(self, message: str) -> str:
         """MESSAGE located inside the record: `element N: ...` for JSON array elements."""
         return f"element {self.index + 1}: {message}" if self.element else message

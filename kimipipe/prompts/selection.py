@@ -78,8 +78,7 @@ class Candidate:
 
     @property
     def where(self) -> str:
-        rec = self.record
-        return f"{self.shown}:{rec.line}" + (f" (element {rec.index + 1})" if rec.element else "")
+        return self.record.located(self.shown)
 
 
 @dataclass
@@ -104,8 +103,10 @@ class Selection:
     """Pass one's verdicts: which candidates are written, and the counts for the summary."""
 
     kept: dict[tuple, str] = field(default_factory=dict)  # position -> id
-    seen_ids: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (hash, where)
-    seen_content: dict[str, tuple[str, str]] = field(default_factory=dict)  # hash -> (id, where)
+    # id -> (hash, where); hash -> (id, where): where as (file shown, line, element number
+    # or 0), made into text only when a summary or an error names it
+    seen_ids: dict[str, tuple[str, tuple]] = field(default_factory=dict)
+    seen_content: dict[str, tuple[str, tuple]] = field(default_factory=dict)
     no_user_turn: int = 0
     too_long: int = 0
     duplicates: Named = field(default_factory=Named)
@@ -151,13 +152,12 @@ def candidates(reading: Reading, counts: Selection) -> Iterator[Candidate]:
                 picked = pick_turns(conv, reading.turns)
             except FormatError as e:
                 raise InputError(rec.where(f"{e.message} at `{e.json_path}`"), shown, rec.line) from None
-            where = f"{shown}:{rec.line}" + (f" (element {rec.index + 1})" if rec.element else "")
             if picked.skipped:
-                counts.skipped.setdefault(picked.skipped[0], Named()).add(where)
+                counts.skipped.setdefault(picked.skipped[0], Named()).add(rec.located(shown))
             elif not picked.picks:
                 counts.no_user_turn += 1
             if picked.cut:
-                counts.cut.add(where)
+                counts.cut.add(rec.located(shown))
             counts.tools_left_out += picked.tools_left_out
             meta = rec.obj.get("meta")
             for pick in picked.picks:
@@ -184,7 +184,7 @@ def select(reading: Reading, dataset: str, keep_duplicates: bool, max_chars: int
             pid = hash_id(dataset, messages, c.follow_ups)
         earlier = sel.seen_content.get(digest)
         if earlier is not None and not keep_duplicates:
-            sel.duplicates.add(f"{c.where} repeats {earlier[1]}" if hashed or earlier[0] == pid
+            sel.duplicates.add(f"{c.where} repeats {_located(earlier[1])}" if hashed or earlier[0] == pid
                                else f"{pid} repeats {earlier[0]}")
             continue
         if hashed and pid in sel.seen_ids:  # --keep-duplicates: number the repeats
@@ -196,14 +196,20 @@ def select(reading: Reading, dataset: str, keep_duplicates: bool, max_chars: int
         if first is not None:
             if first[0] != digest:
                 raise InputError(rec.where(f"duplicate id {pid!r} with different content "
-                                           f"(first seen at {first[1]})"), c.shown, rec.line)
-            sel.duplicates.add(f"{c.where} repeats {first[1]}")
+                                           f"(first seen at {_located(first[1])})"), c.shown, rec.line)
+            sel.duplicates.add(f"{c.where} repeats {_located(first[1])}")
             continue
-        sel.seen_ids[pid] = (digest, c.where)
-        sel.seen_content.setdefault(digest, (pid, c.where))
+        at = (c.shown, rec.line, rec.index + 1 if rec.element else 0)
+        sel.seen_ids[pid] = (digest, at)
+        sel.seen_content.setdefault(digest, (pid, at))
         sel.kept[c.position] = pid
     del sel.seen_ids, sel.seen_content  # only `kept` and the counts are needed from here
     return sel
+
+
+def _located(at: tuple) -> str:
+    shown, line, element = at
+    return f"{shown}:{line}" + (f" (element {element})" if element else "")
 
 
 def write_order(sel: Selection, shuffle: bool, seed: int, limit: int | None) -> dict[tuple, int]:
