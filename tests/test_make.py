@@ -83,7 +83,9 @@ def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     killed with SIGKILL mid-stage; the rerun finishes the build, and no answer that was
     written before the crash is paid for again (the stand-in's ledger, by prompt)."""
     server = standin(latency=0.2, ledger=True)
-    cmd, env = make_command(server, tmp_path, "all")
+    # TURNS=last: the ledger keys a request by its last user text, which conversations
+    # sharing their first user turn would share under TURNS=all
+    cmd, env = make_command(server, tmp_path, "all", TURNS="last")
     responses = tmp_path / "work" / "D1.responses.jsonl"
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # its own process group: make and below
@@ -100,7 +102,7 @@ def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     assert 40 <= len(written) < 260
     assert not (tmp_path / "work" / "D1.responses.done").exists()  # never taken as finished
     assert not (tmp_path / "shards" / "D1").exists()
-    r = make(server, tmp_path, "all")
+    r = make(server, tmp_path, "all", TURNS="last")
     assert r.returncode == 0, r.stderr + r.stdout
     ids = [x["id"] for x in read_jsonl(responses)]
     assert len(ids) == len(set(ids)) == 260
