@@ -146,3 +146,34 @@ def test_the_cli_reference_is_what_help_prints():
     proc = subprocess.run([sys.executable, "-m", "kimipipe.clidoc", "--check"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_promise_map_names_only_tests_that_exist():
+    """tests/README.md maps each promise to its tests by name (`test_x.py::test_y`, and
+    `::test_z` for another test of the same file, `test_y_*` for a family). A renamed or
+    removed test must not leave a promise pointing at nothing."""
+    import ast
+    defined = {}
+    for path in (REPO / "tests").glob("test_*.py"):
+        tree = ast.parse(path.read_text())
+        defined[path.name] = {n.name for n in ast.walk(tree)
+                              if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    text = (REPO / "tests" / "README.md").read_text()
+    named, missing = 0, []
+    for cell in re.findall(r"\|([^|\n]*)\|\s*$", text, flags=re.M):
+        current = None
+        for file, name, more in re.findall(r"(test_\w+\.py)(?:::(\w+\*?))?|::(\w+\*?)", cell):
+            if file:
+                current = file
+                if file not in defined:
+                    missing.append(file)
+                    continue
+            name = name or more
+            if not name or current not in defined:
+                continue
+            named += 1
+            found = (any(d.startswith(name[:-1]) for d in defined[current]) if name.endswith("*")
+                     else name in defined[current])
+            if not found:
+                missing.append(f"{current}::{name}")
+    assert named >= 50 and not missing, missing
