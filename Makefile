@@ -88,7 +88,7 @@ PLAN_ARGS = --work $(WORK) --datasets "$(DATASETS)" --total-cost "$(TOTAL_COST)"
   $(foreach d,$(DATASETS),--token-budget $(d)=$(call token_budget,$(d)) --weight $(d)=$(call weight,$(d)))
 CHECK_ARGS = $(foreach d,$(DATASETS),--source $(d)=$(call source,$(d))) --work $(WORK) \
   --shards $(SHARDS) --bin $(BIN) --tokenizer $(TOKENIZER) --tokenize-flags="$(TOKENIZE_FLAGS)" \
-  --base-url $(BASE_URL)
+  --base-url $(BASE_URL) --min-credits "$(MIN_CREDITS)"
 
 # $(call run_infer,D,extra flags,what): run kp-infer for D, showing the command; exit 0
 # and 4 finish (then `what` runs), exit 3 is a money stop (resumable, never stamped done).

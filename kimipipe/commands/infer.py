@@ -119,7 +119,8 @@ EXAMPLES = """
 # here is listed under "Other options" (and tests/test_cli_conventions.py fails).
 OPTION_SECTIONS = {
     "Plan and money": ["plan", "preflight", "max_cost", "token_budget", "total_cost",
-                       "spent_in", "reservations", "min_credits", "credits_interval", "sample"],
+                       "spent_in", "reservations", "min_credits", "credits_interval", "cost_lookup_wait",
+                       "sample"],
     "Routing (which providers may answer)": [
         "model", "quantization", "any_quantization", "ignore_provider", "only_provider",
         "max_price_prompt", "max_price_completion", "sort", "no_fallbacks", "data_collection",
@@ -248,6 +249,11 @@ class _InferCommand(KPCommand):
               help="Stop admitting work when the account balance falls below USD (polled; exit 3).")
 @click.option("--credits-interval", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               help="Seconds between balance polls (the money in flight follows the balance; --min-credits).")
+@click.option("--cost-lookup-wait", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              metavar="SECONDS",
+              help="An answer whose usage shows no cost is booked at its worst price, then its "
+                   "cost is read from GET /generation for up to SECONDS before its record is "
+                   "written (else the estimate stays; docs/money.md).")
 @click.option("--done", "done_files", multiple=True, type=click.Path(),
               help="Another responses file whose IDs count as done (repeatable).")
 @click.option("--failures", type=click.Path(), default=None,
@@ -289,7 +295,7 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         sort, no_fallbacks, data_collection, allow_non_distillable, max_price_prompt, max_price_completion,
         concurrency, max_attempts, idle_timeout, workers, stream, proxy,
         backoff_base, grace, max_cost, token_budget, total_cost, spent_in, reservations, min_credits,
-        credits_interval, done_files, failures, summary_json, min_free_disk, rescue_dir, partition,
+        credits_interval, cost_lookup_wait, done_files, failures, summary_json, min_free_disk, rescue_dir, partition,
         sample, base_url, api_key_file, plan, report_files, preflight, as_json, quiet, debug):
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
     if report_files:
@@ -330,7 +336,7 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         idle_timeout=idle_timeout, grace=grace, workers=workers, proxy=proxy,
         max_cost=max_cost, token_budget=token_budget, total_cost=total_cost, spent_in=list(spent_in),
         reservations=reservations, min_credits=min_credits,
-        credits_interval=credits_interval)
+        credits_interval=credits_interval, cost_lookup_wait=cost_lookup_wait)
     with sigterm_as_ctrl_c():  # a `kill` or a stopped container: exit 130 with the summary
         if preflight is not None:
             return run_preflight(config, preflight, as_json, Stderr(quiet), click.echo)
