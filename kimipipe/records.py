@@ -6,7 +6,8 @@ every field it does not own (undecoded), so that a pipeline can be cut and resum
 stage:
 
     stage        reads      writes (through)              the record it makes
-    kp-prompts   sources    Prompt                        {id, dataset, messages, meta?}
+    kp-prompts   sources    Prompt                        {id, dataset, messages, meta?,
+                                                           follow_ups?}
     kp-infer     Prompt     Generation over the prompt    Response = Prompt + Generation
                             Failure (--failures)
     kp-tokenize  Response   TokenIds over the response    a token record: the response's
@@ -41,12 +42,17 @@ class Message(Struct, omit_defaults=True):
 
 
 class Prompt(Struct, omit_defaults=True):
-    """A prompt record (kp-prompts); what kp-infer reads."""
+    """A prompt record (kp-prompts); what kp-infer reads.
+
+    `follow_ups` came later (older records lack it: []): the later user turns of a
+    conversation (`kp-prompts --turns all`), each to be asked after the model's own answer
+    to the turn before."""
 
     id: str
     dataset: str
     messages: list[Message]
     meta: dict[str, Any] | None = None
+    follow_ups: list[str] = msgspec.field(default_factory=list)
 
 
 class ResponseText(Struct):

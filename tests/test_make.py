@@ -87,7 +87,9 @@ def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     however fast or slow the machine is."""
     server = standin(latency=0.2, ledger=True)
     server.configure(hold_after=40)
-    cmd, env = make_command(server, tmp_path, "all")
+    # TURNS=last: the ledger keys a request by its last user text, which conversations
+    # sharing their first user turn would share under TURNS=all
+    cmd, env = make_command(server, tmp_path, "all", TURNS="last")
     responses = tmp_path / "work" / "D1.responses.jsonl"
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # its own process group: make and below
@@ -105,7 +107,7 @@ def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     assert len(written) == 40  # what the stand-in answered before its gate
     assert not (tmp_path / "work" / "D1.responses.done").exists()  # never taken as finished
     assert not (tmp_path / "shards" / "D1").exists()
-    r = make(server, tmp_path, "all")
+    r = make(server, tmp_path, "all", TURNS="last")
     assert r.returncode == 0, r.stderr + r.stdout
     ids = [x["id"] for x in read_jsonl(responses)]
     assert len(ids) == len(set(ids)) == 260
@@ -155,7 +157,7 @@ def test_ctrl_c_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     done, and the rerun finishes the build with no answer paid twice."""
     server = standin(latency=0.1, ledger=True)
     server.configure(hold_after=40)
-    cmd, env = make_command(server, tmp_path, "all")
+    cmd, env = make_command(server, tmp_path, "all", TURNS="last")  # the ledger's key: see kill -9
     responses = tmp_path / "work" / "D1.responses.jsonl"
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -179,7 +181,7 @@ def test_ctrl_c_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     assert not (tmp_path / "work" / "D1.responses.done").exists()  # never taken as finished
     written = read_jsonl(responses)  # whole lines only: kp-infer stopped cleanly
     assert 40 <= len(written) < 260
-    r = make(server, tmp_path, "all")
+    r = make(server, tmp_path, "all", TURNS="last")
     assert r.returncode == 0, r.stderr + r.stdout
     ids = [x["id"] for x in read_jsonl(responses)]
     assert len(ids) == len(set(ids)) == 260
