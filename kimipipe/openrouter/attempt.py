@@ -73,6 +73,9 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     spend_usd: float | None = None
     resets_at: str | None = None
     cached_tokens: int = 0  # of prompt_tokens, served from the provider's prompt cache
+    # an `ok` answer came with a `usage` object (a stream can end without one): when not,
+    # its tokens are unknown and it is booked at its worst case (infer/costs.py)
+    usage_seen: bool = True
 
     def limit_key(self) -> str:
         """How the summary counts a credit-limit refusal: status, then reason or source."""

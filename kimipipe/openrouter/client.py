@@ -137,6 +137,7 @@ def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str]
         reasoning_tokens=(details.reasoning_tokens or 0) if details else 0,
         cost=usage.cost if usage else None, chunks=chunks, reasoning_source=source,
         cached_tokens=(cached.cached_tokens or 0) if cached else 0,
+        usage_seen=usage is not None,
     )
 
 
