@@ -79,7 +79,8 @@ def run_demo(out: Path, make: str = "make", venv: str = ".venv", quiet_make: boo
 
 
 def show_row(out: Path, row_id: str | None) -> str:
-    """One record of the demo's tokens file (the first, or ROW_ID), with its IDs decoded by
+    """One record of the demo's tokens file (the first, or ROW_ID: a conversation's id is
+    its first turn), with its IDs decoded by
     the demo tokenizer: what kp-shard turns into a training row."""
     from .io import iter_records
     from .tokenize.load import load_tokenizer, offline_environment, prepare_tokenizer_dir
@@ -88,7 +89,8 @@ def show_row(out: Path, row_id: str | None) -> str:
     if not path.exists():
         raise SystemExit(f"demo: {path} does not exist: run `make demo` first")
     for _lineno, record, _line in iter_records(str(path), msgspec.json.Decoder()):
-        if row_id is None or record["id"] == row_id:
+        # a conversation's id names its first turn (its rows are `<id>#<turn>`)
+        if row_id is None or record["id"] in (row_id, f"{row_id}#1"):
             break
     else:
         raise SystemExit(f"demo: no row {row_id!r} in {path}")

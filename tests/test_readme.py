@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import BIN, REPO
+from conftest import BIN, REPO, read_jsonl
 
 README = (REPO / "README.md").read_text()
 # The reference pages (docs/cli.md is generated from --help, so it is checked by regenerating).
@@ -123,8 +123,10 @@ def test_the_try_your_own_file_walkthrough_runs_as_written(tmp_path):
     first = json.loads(out.splitlines()[0])
     assert first["dataset"] == "mine" and first["messages"]
     manifest = json.loads((tmp_path / "shards/mine/manifest.json").read_text())
-    assert manifest["totals"]["records"] == 12
-    assert "shards/mine: OK (1 shard, 12 rows" in out
+    # a record per request: a conversation asks each of its user turns (docs/conversations.md)
+    rows = sum(1 + len(p.get("follow_ups", [])) for p in read_jsonl(tmp_path / "work/mine.prompts.jsonl"))
+    assert rows > 12 and manifest["totals"]["records"] == rows
+    assert f"shards/mine: OK (1 shard, {rows} rows" in out
     assert "kp-shard stats: shards/mine" in out
 
 
