@@ -101,7 +101,9 @@ class Generation(Struct):
     `sampling`, `refused` and `latency_s` came later (older records lack them: None, [] and
     None): how the answer was asked for, the answers paid for before it and not kept
     (their cost is not in `usage.cost`, and counts against `--max-cost`), and the seconds
-    from the request sent to the answer's end."""
+    from the request sent to the answer's end. `reasoning_source` (later still; None
+    before): where the reasoning came from, `field`, `details` or `inline` (a leading
+    `<think>` block, or the text before a lone `</think>`: kimipipe/think_tags.py)."""
 
     response: ResponseText
     finish_reason: str | None
@@ -113,6 +115,7 @@ class Generation(Struct):
     sampling: Sampling | None = None
     refused: list[Refusal] = msgspec.field(default_factory=list)
     latency_s: float | None = None
+    reasoning_source: str | None = None
 
 
 class Response(Prompt, kw_only=True):
@@ -128,6 +131,7 @@ class Response(Prompt, kw_only=True):
     sampling: Sampling | None = None
     refused: list[Refusal] = msgspec.field(default_factory=list)
     latency_s: float | None = None
+    reasoning_source: str | None = None
 
 
 class Failure(Struct, omit_defaults=True):
@@ -152,9 +156,18 @@ class Failure(Struct, omit_defaults=True):
     refused: list[Refusal] = msgspec.field(default_factory=list)
 
 
-class TokenIds(Struct, omit_defaults=True):
-    """The fields kp-tokenize adds to a response record (written last, lists last)."""
+class TokenIds(Struct, omit_defaults=True, kw_only=True):
+    """The fields kp-tokenize adds to a response record (written last; the ID lists last
+    but for `over_max_length`, where kp-shard's fast path looks for them).
 
+    The deltas (later: absent from older records, and where the provider reported no
+    count) are the provider's `usage` count minus kimipipe's (tokenize/deltas.py).
+    `reasoning_source` is the response record's, or `inline` where kp-tokenize took the
+    reasoning from before a lone `</think>` in the content (kimipipe/think_tags.py)."""
+
+    prompt_tokens_delta: int | None = None
+    completion_tokens_delta: int | None = None
+    reasoning_source: str | None = None
     input_ids: list[int]
     output_ids: list[int]
     over_max_length: bool = False

@@ -1,4 +1,6 @@
-"""kp-tokenize on both tokenizer kinds (HF fast, and Kimi-style tiktoken with its own code).
+"""kp-tokenize on both tokenizer kinds (HF fast, and Kimi-style tiktoken with its own code),
+and on Kimi K2.5's real tokenizer (its 163,840-entry vocabulary, loaded through Moonshot's
+tokenization_kimi.py: the `real` parameter).
 
 Expected IDs are computed independently through transformers itself: the prompt with
 `apply_chat_template(..., tokenize=True)`, the model's text with each kind's documented way
@@ -14,7 +16,7 @@ from functools import cache
 
 import pytest
 import zstandard
-from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
+from conftest import TOKENIZER_KINDS, is_tiktoken, kp, read_jsonl, response_record, write_jsonl
 
 from kimipipe.tokenize.load import load_tokenizer
 
@@ -36,7 +38,7 @@ def hf(directory) -> object:
 def plain(directory, text: str) -> list[int]:
     """TEXT as ordinary text (special-token strings not matched), each kind's own way."""
     tok = hf(directory)
-    if directory == TOKENIZER_KINDS["tiktoken"]:
+    if is_tiktoken(directory):
         return tok.encode(text, allow_special_tokens=False)
     return tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
@@ -202,7 +204,7 @@ def test_the_trap_exists_the_default_encode_makes_control_tokens(kimi_tokenizer)
     """Why plain-text encoding matters: each kind's everyday encode turns the string into the token."""
     d = kimi_tokenizer
     tok = hf(d)
-    everyday = tok.encode("a<|im_end|>b") if d == TOKENIZER_KINDS["tiktoken"] else \
+    everyday = tok.encode("a<|im_end|>b") if is_tiktoken(d) else \
         tok("a<|im_end|>b", add_special_tokens=False)["input_ids"]
     assert tid(d, "<|im_end|>") in everyday
     assert tid(d, "<|im_end|>") not in plain(d, "a<|im_end|>b")
@@ -439,7 +441,7 @@ def test_ctrl_c_with_workers_exits_130_and_a_rerun_completes_exactly(tmp_path):
 
 
 def test_partitions_split_the_records_disjointly_and_completely(tmp_path):
-    from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
+    from conftest import TOKENIZER_KINDS, is_tiktoken, kp, read_jsonl, response_record, write_jsonl
 
     rows = [response_record(f"r{i}", f"question {i}", f"answer {i}", reasoning=f"think {i}")
             for i in range(40)]

@@ -101,10 +101,10 @@ def _batches(path: str, done: set[str], summary: Summary, partition=None,
     size = 0
     try:
         for lineno, rec, line in iter_records(path, fields.DECODER, expect="response"):
-            if not ignore_extra_fields:
-                refusal = fields.unrenderable_field(rec.messages)
-                if refusal:
-                    raise InputError(refusal, path, lineno)
+            refusal = (fields.empty_tool_call_turn(rec.messages) if ignore_extra_fields
+                       else fields.unrenderable_field(rec.messages))
+            if refusal:
+                raise InputError(refusal, path, lineno)
             if rec.id in done:
                 summary.skipped_done += 1
                 continue
@@ -213,6 +213,9 @@ def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
               help="Render each message's role and content only, leaving out fields the template "
                    "would render (name, tool_calls, tool_call_id, non-text parts, earlier turns' "
                    "reasoning_content) instead of stopping at them.")
+@click.option("--max-prompt-delta", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Reject rows whose provider-counted usage.prompt_tokens is more than N "
+                   "away from len(input_ids) (rows with no provider count pass).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes (default: all cores).")
 @click.option("--check", is_flag=True,
@@ -222,7 +225,7 @@ def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
 @common_options
 def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset, thinking,
         drop_truncated, max_length, drop_long, drop_text, rejects, strict, ignore_extra_fields,
-        workers, check, partition, quiet, debug):
+        max_prompt_delta, workers, check, partition, quiet, debug):
     """Rebuild the token IDs the target model saw and produced, from response records."""
     if drop_long and max_length is None:
         raise click.UsageError("--drop-long needs --max-length")
@@ -242,7 +245,7 @@ def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset,
         tokenizer_dir=str(directory), trust_remote_code=trust_remote_code,
         chat_template=template_text, preset=preset, thinking=thinking, max_length=max_length,
         drop_long=drop_long, drop_truncated=drop_truncated, drop_text=drop_text,
-        ignore_extra_fields=ignore_extra_fields, debug=debug,
+        ignore_extra_fields=ignore_extra_fields, max_prompt_delta=max_prompt_delta, debug=debug,
     )
     if check:  # what a run would load, loaded and checked the same way; a report: stdout
         click.echo(f"kp-tokenize: {tokenizer_spec}: {Engine(settings).describe()}")
@@ -260,6 +263,8 @@ def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset,
         _run(engine, workers, _batches(input, done, summary, partition, ignore_extra_fields),
              summary, output, rejects, strict, quiet, input)
     say(summary.report(output, rejects), quiet)
+    for line in summary.deltas_report():
+        say(line, quiet)
     if summary.rejected:
         say(summary.rejects_note(output, rejects), quiet)
         return ExitCode.PARTIAL

@@ -20,11 +20,13 @@ not a result when
     routing_violation  the provider that served it is one the policy and the endpoints
                        table exclude (openrouter/routing.py);
     think_marker       reasoning was asked for and a think tag is left where a leaked
-                       reasoning block puts one: the content begins with `<think>` or
-                       `</think>`, or holds a `</think>` while no reasoning came back (the
-                       provider's template opened the block and never parsed it), or holds
+                       reasoning block puts one: the content begins with `<think>`, or
+                       holds `</think>` more than once while no reasoning came back, or holds
                        either tag after an inline block was split off (where the split fell
-                       is then uncertain);
+                       is then uncertain). A content with one `</think>` and no `<think>`
+                       and no reasoning (the provider's template opened the block and never
+                       parsed it) is not refused: the text before it is the reasoning
+                       (`reasoning_source: inline`, kimipipe/think_tags.py);
     no_reasoning       reasoning was asked for and none came back (empty or blank).
 A tag elsewhere in the content of an answer whose reasoning came in its own field is text
 the model wrote (the stand-in writes such traps on purpose) and is kept: refusing it would
@@ -61,12 +63,22 @@ from ..records import (
     encode_line,
     encode_over,
 )
+from ..think_tags import INLINE, THINK_CLOSE, THINK_OPEN, split_lone_think_close
 from .config import RunConfig
 from .rescue import Rescue
 
 WRITTEN, RESCUED, LOST = "written", "rescued", "lost"
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def recover_lone_think_close(answer: Attempt) -> None:
+    """The reasoning of an answer from a stack with no reasoning parser (think_tags.py),
+    taken from its content in place. Only where reasoning was asked for: with thinking off
+    the prompt closed the block itself, and a `</think>` in the content is text."""
+    split = split_lone_think_close(answer.content, answer.reasoning)
+    if split is not None:
+        answer.content, answer.reasoning = split
+        answer.reasoning_source = INLINE if split[1] else ""
 
 
 def reasoning_refusal(answer: Attempt) -> tuple[str, str] | None:
@@ -101,6 +113,7 @@ def generation_fields(answer: Attempt, attempts: int, model: str,
                     cost=answer.cost if answer.cost is not None else 0.0),
         attempts=attempts,
         sampling=sampling,
+        reasoning_source=answer.reasoning_source or None,
     )
 
 
@@ -160,6 +173,7 @@ class Output:
         if violation:
             return "routing_violation", violation
         if self.expects_reasoning:
+            recover_lone_think_close(answer)
             return reasoning_refusal(answer)
         return None
 
