@@ -307,6 +307,38 @@ def test_inline_reasoning_is_split_and_a_think_tag_left_in_the_content_is_refuse
                for rec in records)
 
 
+def test_reasoning_before_a_lone_think_close_is_recovered_as_inline(standin, tmp_path):
+    """A stack with no reasoning parser (the `<think>` was the prompt's) returns
+    reasoning</think>content as content: the text before the one `</think>` is the
+    reasoning (`reasoning_source: inline`), kept, not refused. A literal tag the model
+    wrote makes a second tag: where the reasoning ended is then a guess (think_marker)."""
+    server = standin(unopened_reasoning=["parasail"], ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 40)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--only-provider", "parasail",
+              "--max-attempts", "1")
+    kept = read_jsonl(out)
+    failed = read_jsonl(failures) if failures.exists() else []
+    assert len(kept) + len(failed) == 40 and kept
+    by_id = {p["id"]: p for p in read_jsonl(prompts)}
+    for rec in kept:
+        want = expected_answer(by_id[rec["id"]]["messages"], model=MODEL, seed=None,
+                               reasoning=True, max_tokens=16384)
+        assert rec["response"] == {"content": want.content, "reasoning": want.reasoning}
+        assert rec["reasoning_source"] == "inline" and not rec["refused"]
+    for f in failed:
+        want = expected_answer(by_id[f["id"]]["messages"], model=MODEL, seed=None,
+                               reasoning=True, max_tokens=16384)
+        text = want.reasoning + want.content
+        assert "</think>" in text or "<think>" in text
+        assert f["kind"] == "think_marker"
+    money_is_exact(server, kept, failed)
+    # a reasoning field: the source says so
+    out2 = tmp_path / "r2.jsonl"
+    assert infer(server, prompts, "-o", out2, "--only-provider", "together").code == 0
+    assert {rec["reasoning_source"] for rec in read_jsonl(out2)} == {"field"}
+
+
 def test_reasoning_cut_by_max_tokens_is_kept_and_marked(standin, tmp_path):
     server = standin(inline_reasoning=["parasail"])
     prompts = make_prompts(tmp_path / "p.jsonl", 10)

@@ -53,7 +53,8 @@ class StandIn:
                  limit_status: int | None = None, limit_reset: str | None = None,
                  moderation_marker: str | None = None, drop_reasoning: dict | None = None,
                  inline_reasoning: list | tuple = (), ignore_sampling: list | tuple = (),
-                 not_distillable: bool = False,
+                 unopened_reasoning: list | tuple = (),
+                 not_distillable: bool = False, tokenizer: str | os.PathLike | None = None,
                  port: int = 0,
                  workdir: str | os.PathLike | None = None, extra_args: tuple = (),
                  start_timeout: float = 20.0):
@@ -81,7 +82,7 @@ class StandIn:
                    "--inflight-ratio": inflight_ratio, "--settle": settle,
                    "--workspace-budget": workspace_budget, "--guardrail-budget": guardrail_budget,
                    "--limit-status": limit_status, "--limit-reset": limit_reset,
-                   "--moderation-marker": moderation_marker}
+                   "--moderation-marker": moderation_marker, "--tokenizer": tokenizer}
         for flag, value in options.items():
             if value is not None:
                 args += [flag, str(value)]
@@ -93,6 +94,8 @@ class StandIn:
             args += ["--drop-reasoning", f"{provider}={rate}"]
         for provider in inline_reasoning:
             args += ["--inline-reasoning", provider]
+        for provider in unopened_reasoning:
+            args += ["--unopened-reasoning", provider]
         for provider in ignore_sampling:
             args += ["--ignore-sampling", provider]
         if not_distillable:
