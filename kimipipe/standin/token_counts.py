@@ -27,28 +27,38 @@ from .answers import Answer, message_text
 
 
 class TokenCounter:
+    """Counts through the tokenizer's own API (transformers' `apply_chat_template`, the
+    tokenizer's `encode`), as a server does, not through kp-tokenize's code: the deltas
+    kp-tokenize writes against these counts compare two ways of counting."""
+
     def __init__(self, directory: str | Path):
-        from ..tokenize.codec import make_codec
         from ..tokenize.load import load_tokenizer, offline_environment
 
         offline_environment()
         self.tok = load_tokenizer(Path(directory), trust_remote_code=True)
-        self.codec = make_codec(self.tok)
+
+    def _text_tokens(self, text: str) -> int:
+        if not text:
+            return 0
+        try:  # Kimi's TikTokenTokenizer: special-token strings in the model's text are text
+            return len(self.tok.encode(text, allow_special_tokens=False))
+        except TypeError:
+            return len(self.tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     def prompt_tokens(self, messages: list[dict], thinking: bool) -> int:
-        from ..tokenize.render import render_prompt
-
         conversation = [{"role": m.get("role"), "content": message_text(m.get("content"))}
                         for m in messages if isinstance(m, dict)]
-        text = render_prompt(self.tok, conversation, thinking)
-        return len(self.codec.encode_prompt([text])[0])
+        ids = self.tok.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True,
+                                           thinking=thinking, enable_thinking=thinking,
+                                           return_dict=False)
+        return len(ids)
 
     def recount(self, messages: list[dict], answer: Answer, thinking: bool) -> Answer:
-        reasoning, content = self.codec.encode_text([answer.reasoning or "", answer.content])
-        sampled = len(reasoning) + len(content)
+        reasoning = self._text_tokens(answer.reasoning or "")
+        sampled = reasoning + self._text_tokens(answer.content)
         if thinking and (answer.content or answer.finish_reason == "stop"):
             sampled += 1  # </think>
         if answer.finish_reason == "stop":
             sampled += 1  # the end-of-turn token
         return replace(answer, prompt_tokens=self.prompt_tokens(messages, thinking),
-                       completion_tokens=sampled, reasoning_tokens=len(reasoning))
+                       completion_tokens=sampled, reasoning_tokens=reasoning)

@@ -114,13 +114,17 @@ class DeltaTable:
         if len(off) >= 2 and len(off) == len(reported) and len(shared) == 1:
             [offset] = shared
             name = min(off)
-            rid, prompt = self._by[name].example.get(offset, ("?", ""))
-            shown = prompt if len(prompt) <= _SHOWN else prompt[:_SHOWN] + "..."
+            example = self._by[name].example.get(offset)
+            if example:
+                rid, prompt = example
+                shown = prompt if len(prompt) <= _SHOWN else prompt[:_SHOWN] + "..."
+                compare = f"compare its rendering of {rid} with the model's own: {shown!r}"
+            else:
+                compare = "kp-tokenize's summary shows a rendered prompt to compare"
             return [f"every provider's prompt_tokens is {offset:+d} from kimipipe's count (all "
                     f"{len(off)}: {', '.join(sorted(off))}): the chat template kp-tokenize renders "
-                    "with is the one that differs (a default system prompt, another template "
-                    f"version?); compare its rendering of {rid} with the model's own template: "
-                    f"{shown!r}"]
+                    f"with is the one that differs (a default system prompt, another template "
+                    f"version?); {compare}"]
         alone = " (the only provider: it, or the chat template, differs)" if len(reported) == 1 else ""
         return [f"provider {name}: prompt_tokens differs from kimipipe's count on "
                 f"{sum(self._by[name].prompt.values()) - self._by[name].prompt[0]:,} of "
