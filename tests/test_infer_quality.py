@@ -62,6 +62,31 @@ def test_kimi_is_sampled_as_served_and_each_record_says_how(standin, tmp_path, m
                                                                               want.reasoning)
 
 
+def test_kimi_k26_has_its_own_preset_sampled_and_routed_as_k25(standin, tmp_path):
+    """K2.6, K2.5's successor: the same native INT4 routing default and the same sampling
+    as served (top_p fixed at 0.95; temperature 1.0 thinking, 0.6 instant)."""
+    from kimipipe.openrouter.models import preset_for
+
+    assert preset_for("moonshotai/kimi-k2.6") is not None
+    server = standin(request_log=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 4)
+    for mode, sampling, reasoning in (((), THINKING, {"enabled": True}),
+                                      (("--no-reasoning",), INSTANT, {"enabled": False})):
+        out = tmp_path / f"r{len(mode)}.jsonl"
+        r = infer(server, prompts, "-o", out, "-m", "moonshotai/kimi-k2.6", *mode)
+        assert r.code == 0, r.stderr
+        records = read_jsonl(out)
+        assert len(records) == 4 and {x["model"] for x in records} == {"moonshotai/kimi-k2.6"}
+        assert all(x["sampling"]["reasoning"] == reasoning for x in records)
+        assert all({k: x["sampling"][k] for k in ("temperature", "top_p")} == sampling
+                   for x in records)
+    bodies = server.requests()
+    assert len(bodies) == 8 and {b["model"] for b in bodies} == {"moonshotai/kimi-k2.6"}
+    assert all(b["provider"]["quantizations"] == ["int4", "unknown"] for b in bodies)
+    assert all(b["provider"]["require_parameters"] is True for b in bodies)
+    assert [(b["temperature"], b["top_p"]) for b in bodies] == [(1.0, 0.95)] * 4 + [(0.6, 0.95)] * 4
+
+
 def test_user_flags_win_over_the_preset(standin, tmp_path):
     server = standin(request_log=True, ledger=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 6)

@@ -37,6 +37,7 @@ from typing import Any, Literal
 REASONING_DEFAULT = {
     "moonshotai/kimi-k2.5": True,
     "moonshotai/kimi-k2-thinking": True,
+    "moonshotai/kimi-k2.6": True,
     "moonshotai/kimi-k2-0905": False,
 }
 
@@ -62,6 +63,8 @@ SERVED_SAMPLING: dict[str, dict[bool, dict[str, float]]] = {
                              False: {"temperature": 0.6, "top_p": 0.95}},
     "moonshotai/kimi-k2-thinking": {True: {"temperature": 1.0, "top_p": 0.95},
                                     False: {"temperature": 0.6, "top_p": 0.95}},
+    "moonshotai/kimi-k2.6": {True: {"temperature": 1.0, "top_p": 0.95},
+                             False: {"temperature": 0.6, "top_p": 0.95}},
     "moonshotai/kimi-k2-0905": {True: {"temperature": 0.6, "top_p": 1.0},
                                 False: {"temperature": 0.6, "top_p": 1.0}},
 }

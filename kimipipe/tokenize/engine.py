@@ -94,8 +94,9 @@ class Engine:
         else:
             preset = PRESETS[settings.preset]
         self.layout = TurnLayout.resolve(preset, settings.thinking, self.codec.token_id)
+        self.template_kwargs = dict(self.layout.preset.template_kwargs)
         self._check_template()
-        self.renderer = PromptRenderer(self.tok, settings.thinking)
+        self.renderer = PromptRenderer(self.tok, settings.thinking, self.template_kwargs)
 
     def _check_template(self) -> None:
         """Fail fast when the template and the preset disagree.
@@ -109,7 +110,7 @@ class Engine:
         thinking = self.settings.thinking
         probe = [{"role": "user", "content": "ping"}]
         try:
-            prompt = render_prompt(self.tok, probe, thinking)
+            prompt = render_prompt(self.tok, probe, thinking, **self.template_kwargs)
         except Exception as e:
             raise SetupError(f"the chat template fails on a one-message conversation: {e}") from None
         problem = check_prompt_end(prompt, self.layout.prompt_end, thinking)
@@ -123,7 +124,7 @@ class Engine:
         try:
             finished = self.tok.apply_chat_template(
                 [*probe, answer], tokenize=False, add_generation_prompt=False, thinking=thinking,
-                enable_thinking=thinking, preserve_thinking=True)
+                enable_thinking=thinking, **{**self.template_kwargs, "preserve_thinking": True})
         except Exception:
             finished = ""
         turn = "".join(t for _, t in self.layout.segments(reasoning if thinking else "", content, False))
