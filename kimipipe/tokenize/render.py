@@ -160,6 +160,9 @@ _PROBES = [
     [{"role": "user", "content": "ping"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
      {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "<|im_end|> 你好"}],
+    [{"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "4.", "reasoning_content": "Add </think> them."},
+     {"role": "user", "content": [{"type": "text", "text": "And "}, {"type": "text", "text": "3+3?"}]}],
 ]
 
 
@@ -169,7 +172,8 @@ class PromptRenderer:
     A tokenizer class that keeps transformers' own `apply_chat_template` is rendered through
     the function that method calls (`render_jinja_template`, with the same variables), once
     per batch, which halves the cost per record; the two are compared on probe conversations
-    first. A class with its own `apply_chat_template` (Kimi's) is always called per record.
+    first. A class with its own `apply_chat_template` (Kimi's) is always called per record
+    (measured on Kimi K2.5's real tokenizer: batching its rendering saves nothing there).
     Each item of the result is the text, or the exception the template raised.
     """
 
