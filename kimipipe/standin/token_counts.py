@@ -20,6 +20,7 @@ count can exceed `max_tokens`; the texts are the same either way.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,14 +37,15 @@ class TokenCounter:
 
         offline_environment()
         self.tok = load_tokenizer(Path(directory), trust_remote_code=True)
+        self.kimi_encode = "allow_special_tokens" in inspect.signature(self.tok.encode).parameters
 
     def _text_tokens(self, text: str) -> int:
+        """TEXT's tokens as the model's text: special-token strings in it stay text."""
         if not text:
             return 0
-        try:  # Kimi's TikTokenTokenizer: special-token strings in the model's text are text
+        if self.kimi_encode:  # Kimi's TikTokenTokenizer
             return len(self.tok.encode(text, allow_special_tokens=False))
-        except TypeError:
-            return len(self.tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+        return len(self.tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     def prompt_tokens(self, messages: list[dict], thinking: bool) -> int:
         conversation = [{"role": m.get("role"), "content": message_text(m.get("content"))}
