@@ -7,7 +7,8 @@ Usage:
     kp-tokenize r.jsonl --tokenizer Qwen/Qwen3-8B --preset qwen3 --no-thinking --strict
 
 Schema (one JSON object per line): the response record's fields, passed through, plus
-    {"input_ids": [int], "output_ids": [int], "over_max_length": true?}
+    {"prompt_tokens_delta": int?, "completion_tokens_delta": int?, "reasoning_source": str?,
+     "input_ids": [int], "output_ids": [int], "over_max_length": true?}
 `input_ids` is the record's messages rendered by the model's chat template with the
 generation prompt (thinking on: ending `<think>`; --no-thinking: `<think></think>`), as the
 serving stack tokenizes it. `output_ids` is the generated turn: for Kimi K2.5
@@ -23,6 +24,13 @@ carrying more that the template would render (`name`, `tool_calls`, `tool_call_i
 non-text content parts, earlier turns' `reasoning_content` under a template that keeps
 it) stops the command with PATH:LINE naming the field, unless --ignore-extra-fields
 (kimipipe/tokenize/fields.py).
+
+The deltas are the provider's usage counts minus kimipipe's (the completion's without the
+structural tokens kp-tokenize inserts); the summary tabulates them per provider, warns
+about a provider (or a template) that renders prompts otherwise, and --max-prompt-delta N
+rejects rows further off (kimipipe/tokenize/deltas.py). A response with no reasoning whose
+content holds one `</think>` and no `<think>` (no reasoning parser) has the text before it
+as its reasoning (`reasoning_source: inline`; kimipipe/think_tags.py).
 
 Every row is verified (decode(input_ids + output_ids) == rendered prompt + rendered turn,
 and no control token inside the model's text); failures go to --rejects and make the exit

@@ -23,7 +23,11 @@ Provider quirks (`answer_for_request(..., drop_reasoning=True)` or `inline_reaso
 a dropped reasoning leaves the content only (reasoning_tokens 0); an inline one moves the
 reasoning into the content as `<think>\n...\n</think>\n\n` (reasoning_tokens 0, the
 completion tokens unchanged; with the reasoning cut by max_tokens and no content, the
-`</think>` never comes).
+`</think>` never comes); an unopened one (`unopened_reasoning=True`: no reasoning parser,
+the `<think>` was the prompt's) as `reasoning</think>content`.
+
+Usage counts are words unless a `counter` (token_counts.TokenCounter, the stand-in's
+`--tokenizer DIR`) recounts them with a real tokenizer.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ line, a rejection with its reason, a drop (`--drop-truncated`, `--drop-long`), o
 the template cannot render faithfully ("invalid": the command stops with PATH:LINE; see
 fields.py).
 
+Each ok row also carries the provider's counts against kimipipe's (deltas.py), and a
+response whose reasoning the content holds before a lone `</think>` is laid out with it
+as reasoning (think_tags.py).
+
 Only two endings are turns whose IDs are known: `finish_reason` `stop` (the model ended the
 turn: the end-of-turn token follows) and `length` (cut by max_tokens: the IDs end where the
 text ends). Any other (`content_filter`, `error`, `tool_calls`, null) is rejected: appending
