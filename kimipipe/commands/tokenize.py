@@ -47,6 +47,7 @@ Nothing is downloaded: --tokenizer is a directory or a name in the local Hugging
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 from collections import deque
@@ -147,6 +148,9 @@ def _outcomes_in_pool(engine: Engine, workers: int, batches):
 
     if "fork" in multiprocessing.get_all_start_methods():
         set_worker_engine(engine)
+        # The tokenizer's objects (Kimi's: two Python dicts over 163,840 IDs) are left out of
+        # the garbage collector's scans, so no forked worker walks, and so copies, them.
+        gc.freeze()
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"),
                                    initializer=ignore_interrupts)
     else:
