@@ -345,6 +345,7 @@ def test_reasoning_before_a_lone_think_close_is_recovered_as_inline(standin, tmp
     kept = read_jsonl(out)
     failed = read_jsonl(failures) if failures.exists() else []
     assert len(kept) + len(failed) == 40 and kept
+    assert r.code == (4 if failed else 0), r.stderr
     by_id = {p["id"]: p for p in read_jsonl(prompts)}
     for rec in kept:
         want = expected_answer(by_id[rec["id"]]["messages"], model=MODEL, seed=None,

@@ -470,7 +470,7 @@ def test_ctrl_c_with_workers_exits_130_and_a_rerun_completes_exactly(tmp_path):
 
 
 def test_partitions_split_the_records_disjointly_and_completely(tmp_path):
-    from conftest import TOKENIZER_KINDS, is_tiktoken, kp, read_jsonl, response_record, write_jsonl
+    from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
 
     rows = [response_record(f"r{i}", f"question {i}", f"answer {i}", reasoning=f"think {i}")
             for i in range(40)]

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 from ..kinds import RefusalKind
 from ..openrouter.attempt import Attempt
-from ..think_tags import INLINE, THINK_CLOSE, THINK_OPEN, split_lone_think_close
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
 from ..openrouter.routing import routing_violation as policy_violation
+from ..think_tags import INLINE, THINK_CLOSE, THINK_OPEN, split_lone_think_close
 from .config import RunConfig
+
 
 def recover_lone_think_close(answer: Attempt) -> None:
     """The reasoning of an answer from a stack with no reasoning parser (think_tags.py),

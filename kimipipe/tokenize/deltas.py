@@ -28,7 +28,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-
 _SHOWN = 600  # characters of the rendered prompt a warning shows
 
 
