@@ -98,10 +98,11 @@ class Refusal(Struct, omit_defaults=True):
 class Generation(Struct):
     """The fields kp-infer adds to a prompt record: the answer and what it cost.
 
-    `sampling`, `refused` and `latency_s` came later (older records lack them: None, [] and
-    None): how the answer was asked for, the answers paid for before it and not kept
-    (their cost is not in `usage.cost`, and counts against `--max-cost`), and the seconds
-    from the request sent to the answer's end."""
+    `sampling`, `refused`, `latency_s` and `api` came later (older records lack them: None,
+    [], None and None): how the answer was asked for, the answers paid for before it and
+    not kept (their cost is not in `usage.cost`, and counts against `--max-cost`), the
+    seconds from the request sent to the answer's end, and the API that answered (the base
+    URL's host, infer/api.py)."""
 
     response: ResponseText
     finish_reason: str | None
@@ -113,6 +114,7 @@ class Generation(Struct):
     sampling: Sampling | None = None
     refused: list[Refusal] = msgspec.field(default_factory=list)
     latency_s: float | None = None
+    api: str | None = None  # the base URL's host (infer/api.py)
 
 
 class Response(Prompt, kw_only=True):
@@ -128,6 +130,7 @@ class Response(Prompt, kw_only=True):
     sampling: Sampling | None = None
     refused: list[Refusal] = msgspec.field(default_factory=list)
     latency_s: float | None = None
+    api: str | None = None  # the base URL's host (infer/api.py)
 
 
 class Failure(Struct, omit_defaults=True):
@@ -150,6 +153,7 @@ class Failure(Struct, omit_defaults=True):
     generation_id: str | None = None
     cost: float = 0.0
     refused: list[Refusal] = msgspec.field(default_factory=list)
+    api: str | None = None  # the base URL's host (infer/api.py)
 
 
 class TokenIds(Struct, omit_defaults=True):

@@ -68,6 +68,7 @@ from ..cli import (
     Quantity,
     Stderr,
     common_options,
+    help_only,
     input_argument,
     kp_command,
     output_option,
@@ -75,6 +76,7 @@ from ..cli import (
     read_api_key,
     run_command,
     sigterm_as_ctrl_c,
+    word_help,
 )
 from ..errors import ExitCode, KPError
 from ..infer.config import RunConfig
@@ -135,6 +137,16 @@ OPTION_SECTIONS = {
 }
 
 
+WORDS = {"report": help_only(
+    "kp-infer report",
+    "The providers compared, from responses and failures files on disk (= --report FILE "
+    "...): per provider its answers, failures, cost, tokens and latency, and a histogram; "
+    "on stdout. Sends nothing, needs no key.",
+    arguments="FILE...", options=(("--json", "The report as one JSON object."),),
+    examples="kp-infer report B3.responses.jsonl B3.failures.jsonl\n"
+             "kp-infer report work/*.responses.jsonl --json")}
+
+
 class _InferCommand(KPCommand):
     """`kp-infer report FILE...` is spelled as a word too (= --report FILE ...); --help
     shows the options in OPTION_SECTIONS' order and headings."""
@@ -156,6 +168,7 @@ class _InferCommand(KPCommand):
 
     def parse_args(self, ctx, args):
         args = list(args)
+        word_help(ctx, args, WORDS)
         if len(args) >= 2 and args[0] == "report" and not args[1].startswith("-"):
             args = [a for arg in args[1:]
                     for a in ((arg,) if arg.startswith("-") and arg != "-" else ("--report", arg))]

@@ -1,9 +1,9 @@
 """Where a kp-infer run's results go: response records, failure records, the routing check.
 
 A response record is the prompt line as it came (every field passed through, undecoded)
-with kp-infer's own fields, `records.Generation`, written over it; it is written whole and
-flushed as the answer arrives (`durable`), so `kill -9` never loses a written answer nor
-tears a line of a plain file. A prompt given up on this run goes to `--failures` as a
+with kp-infer's own fields, `records.Generation` (`api`: who answered, infer/api.py),
+written over it; it is written whole and flushed as the answer arrives (`durable`), so
+`kill -9` never loses a written answer nor tears a line of a plain file. A prompt given up on this run goes to `--failures` as a
 `records.Failure` line (its cost set when the failed answer was paid for).
 
 A write the output refuses (a full disk, a file size limit, an I/O error; RecordWriter has
@@ -61,6 +61,7 @@ from ..records import (
     encode_line,
     encode_over,
 )
+from .api import api_of
 from .config import RunConfig
 from .rescue import Rescue
 
@@ -126,6 +127,7 @@ class Output:
         self.endpoints = endpoints
         self.sampling = config.request.sampling(config.policy)  # the same for every prompt
         self.expects_reasoning = config.request.asks_for_reasoning()
+        self.api = api_of(config.base_url)  # who answers: on every record (infer/api.py)
         self.responses: RecordWriter | None = None
         self.failures: RecordWriter | None = None
         self.rescues = {name: Rescue(path, config.rescue_dir)
@@ -179,11 +181,13 @@ class Output:
         fields = generation_fields(answer, attempts, self.config.request.model, self.sampling)
         fields.refused = list(refused or ())
         fields.latency_s = round(latency, 3) if latency is not None else None
+        fields.api = self.api
         return self._write("responses", "output", encode_over(decode_passthrough(prompt_line), fields))
 
     def write_failure(self, failure: Failure) -> str:
         if not self.config.failures:
             return WRITTEN  # (not asked to keep them)
+        failure.api = self.api
         return self._write("failures", "failures", encode_line(failure))
 
     def _write(self, attribute: str, name: str, line: bytes) -> str:

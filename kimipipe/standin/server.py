@@ -55,6 +55,7 @@ from collections import Counter
 
 from aiohttp import web
 
+from ..infer.api import STANDIN_GENERATION_PREFIX
 from .answers import (
     SAMPLING_PARAMETERS,
     THINK_OPEN,
@@ -200,7 +201,9 @@ class StandIn(MetadataEndpoints):
         return None
 
     def new_generation_id(self, created: int) -> str:
-        return f"gen-{created}-{self._ids.getrandbits(80):020x}"
+        # The stand-in's mark on every answer (OpenRouter's ids are gen-<time>-<random>): a
+        # record of offline filler says so, whatever wrote it (kimipipe/infer/api.py)
+        return f"{STANDIN_GENERATION_PREFIX}{created}-{self._ids.getrandbits(80):020x}"
 
     def charge(self, gen: Generation, user_sha: str, extra: dict | None = None) -> None:
         self.usage += gen.cost
