@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from ..cli import counted
 from ..errors import ExitCode, KPError
 from ..infer.api import is_standin
 from ..io import iter_lines
@@ -92,7 +93,8 @@ def clean(work: str, shards: str, datasets: list[str], build: bool, paid: bool,
     answers = [p for p in files if p.endswith((".responses.jsonl", ".failures.jsonl"))]
     kept = [found for found in map(paid_in, answers) if found.records] if not paid else []
     if kept:
-        lines = [f"  {k.path}: {k.records:,} paid records, ${k.cost:,.4f} ({', '.join(k.apis)})" for k in kept]
+        lines = [f"  {k.path}: {counted(k.records, 'paid record')}, ${k.cost:,.4f} ({', '.join(k.apis)})"
+                 for k in kept]
         raise KPError("nothing removed: these hold answers paid for (not the stand-in's):\n"
                       + "\n".join(lines) + "\nCLEAN_PAID=1 removes them too", ExitCode.USAGE)
     say(f"make clean: removing {what}:")
@@ -100,7 +102,7 @@ def clean(work: str, shards: str, datasets: list[str], build: bool, paid: bool,
         say(f"  {path}")
     for path in directories:
         count = sum(len(names) for _root, _dirs, names in os.walk(path))
-        say(f"  {path}/ ({count:,} files)")
+        say(f"  {path}/ ({counted(count, 'file')})")
     with ExitStack() as stack:  # a kp-infer writing one of them refuses the whole clean
         for path in answers:
             if not os.path.basename(path).startswith("."):
@@ -117,5 +119,5 @@ def clean(work: str, shards: str, datasets: list[str], build: bool, paid: bool,
                 os.rmdir(directory)  # only when nothing else is left in it
             except OSError:
                 pass
-    say(f"make clean: removed {len(files):,} files and {len(directories):,} shard sets")
+    say(f"make clean: removed {counted(len(files), 'file')} and {counted(len(directories), 'shard set')}")
     return ExitCode.OK
