@@ -105,7 +105,7 @@ PROMPTS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).prompts.jsonl)
 INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
 
 .DEFAULT_GOAL := help
-.PHONY: help all plan pilot check test lint venv demo credits clean clean-venv FORCE
+.PHONY: help all plan preflight pilot check test lint venv demo credits clean clean-venv FORCE
 .SECONDARY:
 
 help:
@@ -114,6 +114,7 @@ help:
 	@echo "  make test      the test suite                  make lint   ruff"
 	@echo "  make plan      the money, per dataset: prompts, routes and prices, expected"
 	@echo "                 cost at TOKEN_BUDGET, the TOKEN_BUDGET that fits (sends none)"
+	@echo "  make preflight PAID: PREFLIGHT requests per dataset (kept), each answer checked"
 	@echo "  make pilot     PAID: PILOT answers per dataset (kept), measured for make plan"
 	@echo "  make check     what would fail later: sources, tokenizer, key, outputs"
 	@echo "  make all       PAID: every dataset, prompts -> responses -> tokens -> shards;"
@@ -200,6 +201,18 @@ $(WORK)/build.gate: $(PROMPTS_ALL) $(INFER_FLAGS_ALL) $(WORK)/build.flags | venv
 	$(foreach d,$(DATASETS),$(call plan_json,$(d)))
 	@$(FULLBUILD) plan --gate --allow-short "$(ALLOW_SHORT)" $(PLAN_ARGS) --json $(WORK)/build.plan.json
 	@touch $@
+
+# --- the preflight: a few real requests per dataset (kp-infer --preflight, 3 by default:
+# PREFLIGHT) with the very flags of its run, each answer checked (route, reasoning, cost,
+# stream); the answers are kept in the responses file the run resumes from.
+PREFLIGHT ?= 3
+preflight: | venv
+	@$(MAKE) --no-print-directory check
+	@$(MAKE) --no-print-directory $(foreach d,$(DATASETS),$(d).preflight)
+
+%.preflight: $(WORK)/%.prompts.jsonl FORCE | venv
+	@echo "$(call infer,$*,--preflight $(PREFLIGHT))"
+	@$(call infer,$*,--preflight $(PREFLIGHT))
 
 # --- the pilot: PILOT prompts of each dataset, chosen by the SHA-256 of their id, answered
 # into the very responses file the full run resumes from, then measured for make plan.

@@ -16,7 +16,8 @@ Schema (one JSON object per line): the prompt record's fields plus
      "usage": {"prompt_tokens", "completion_tokens", "reasoning_tokens", "cost"},
      "attempts": int, "sampling": {"max_tokens", "temperature"?, "top_p"?, "seed"?, ...,
      "reasoning"?, "require_parameters"?}, "refused": [{"kind", "provider", "cost",
-     "generation_id", "message"}], "latency_s": float}
+     "generation_id", "message"}], "latency_s": float, "api": str}
+("api": the base URL's host that answered; the stand-in's generation ids begin gen-standin-.)
 
 For Kimi K2.5, what you do not set is sampled as served (thinking: temperature 1.0,
 top_p 0.95; --no-reasoning: 0.6, 0.95), with provider.require_parameters.
@@ -29,7 +30,9 @@ smallest (a pilot: its answers stay in OUTPUT, and the full run resumes from the
 
 Resume: rerun the same command. IDs already in OUTPUT (and in `--done` files) are
 skipped; a torn last line left by a crash is repaired and its prompt redone; spend and
-tokens recorded in OUTPUT count against `--max-cost` and `--token-budget`.
+tokens recorded in OUTPUT count against `--max-cost` and `--token-budget`. OUTPUT or
+--failures holding answers of another API (their "api") is refused, exit 2: answers of
+two APIs never mix. --spent-in counts only the spend of this run's API.
 The whole input is validated before the first request (so it is read twice; stdin is
 spooled to a temporary file).
 

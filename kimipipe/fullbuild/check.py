@@ -14,6 +14,9 @@ Each check runs whatever the others find, and every problem is listed:
 - outputs: WORK and SHARDS can be created and written, and no output file the build
   writes there is read-only.
 
+`python -m kimipipe.fullbuild.check --fingerprint TOKENIZER` prints the digest of the
+tokenizer's files (`stamp_fingerprint`) that the Makefile's tokens stage depends on.
+
 The report goes to stdout, one line per check; the exit code is 2 when anything failed
 (nothing was started), else 0.
 """

@@ -85,7 +85,7 @@ def files_of(work: str, shards: str, datasets: list[str], build: bool) -> tuple[
 
 def clean(work: str, shards: str, datasets: list[str], build: bool, paid: bool,
           say=print) -> int:
-    what = "the build" if build else " ".join(datasets)
+    what = " ".join(datasets) + (" and the build's own files" if build else "")
     files, directories = files_of(work, shards, datasets, build)
     if not files and not directories:
         say(f"make clean: nothing to remove for {what} (in {work}/ and {shards}/)")

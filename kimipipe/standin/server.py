@@ -19,6 +19,10 @@ provider's quirks (dropped/inline reasoning, ignored sampling) -> answer (with l
 token rate) -> charge -> last chunk. Every 402/403 is counted in stats `refusals` by
 status and reason (or limit_source, or "moderation").
 
+Every generation id begins `gen-standin-` (OpenRouter's: `gen-<unix time>-<random>`): the
+stand-in's mark on its answers, a plain string id as the schema has it, so that offline
+filler is never taken for a real answer (kimipipe/infer/api.py).
+
 The ledger (`--ledger`) has one line per charged generation: generation_id, provider (the
 endpoint that served it), model, prompt/completion/reasoning tokens, cost, finish_reason,
 request_user_text_sha256, and, when the request sent temperature or top_p or the provider
