@@ -114,7 +114,7 @@ help:
 	@echo "  make test      the test suite                  make lint   ruff"
 	@echo "  make plan      the money, per dataset: prompts, routes and prices, expected"
 	@echo "                 cost at TOKEN_BUDGET, the TOKEN_BUDGET that fits (sends none)"
-	@echo "  make preflight PAID: PREFLIGHT requests per dataset (kept), each answer checked"
+	@echo "  make preflight PAID: PREFLIGHT requests per dataset (kept), answers checked"
 	@echo "  make pilot     PAID: PILOT answers per dataset (kept), measured for make plan"
 	@echo "  make check     what would fail later: sources, tokenizer, key, outputs"
 	@echo "  make all       PAID: every dataset, prompts -> responses -> tokens -> shards;"
