@@ -105,13 +105,14 @@ PROMPTS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).prompts.jsonl)
 INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
 
 .DEFAULT_GOAL := help
-.PHONY: help all plan preflight pilot check test lint venv demo credits clean clean-venv FORCE
+.PHONY: help all plan preflight pilot check test test-soak lint docs venv demo credits clean clean-venv FORCE
 .SECONDARY:
 
 help:
 	@echo "kimipipe: make TARGET [VARIABLE=value ...]  (\`make\` alone builds nothing)"
 	@echo "  make demo      the whole pipeline offline, on the bundled sample (stand-in)"
-	@echo "  make test      the test suite                  make lint   ruff"
+	@echo "  make test      the test suite    make lint  ruff    make docs  docs/cli.md"
+	@echo "  make test-soak the suite SOAK_RUNS=10 times, one core busy: failures per test"
 	@echo "  make plan      the money, per dataset: prompts, routes and prices, expected"
 	@echo "                 cost at TOKEN_BUDGET, the TOKEN_BUDGET that fits (sends none)"
 	@echo "  make preflight PAID: PREFLIGHT requests per dataset (kept), answers checked"
@@ -127,10 +128,9 @@ help:
 	@echo "  WORK=$(WORK)  SHARDS=$(SHARDS)  TOKENIZER=$(TOKENIZER)"
 	@echo "  TOTAL_COST=$(TOTAL_COST) (USD, whole build)  MAX_COST=$(MAX_COST) (USD, each dataset)"
 	@echo "  TOKEN_BUDGET=$(TOKEN_BUDGET) (each; TOKEN_BUDGET_<D>, WEIGHT_<D>)  ALLOW_SHORT=$(ALLOW_SHORT)"
-	@echo "  PILOT=$(PILOT)  ANSWER_TOKENS=$(ANSWER_TOKENS)  MIN_CREDITS=$(MIN_CREDITS)  CONCURRENCY=$(CONCURRENCY)"
-	@echo "  MODEL=$(MODEL)  MAX_TOKENS=$(MAX_TOKENS)"
+	@echo "  PILOT=$(PILOT)  ANSWER_TOKENS=$(ANSWER_TOKENS)  MIN_CREDITS=$(MIN_CREDITS)  CONCURRENCY=$(CONCURRENCY)  MAX_TOKENS=$(MAX_TOKENS)"
+	@echo "  MODEL=$(MODEL)  BASE_URL=$(BASE_URL)"
 	@echo "  IGNORE_PROVIDERS=\"$(IGNORE_PROVIDERS)\"  QUANTIZATIONS=\"$(QUANTIZATIONS)\""
-	@echo "  BASE_URL=$(BASE_URL)"
 	@echo "  PROMPT_FLAGS INFER_FLAGS TOKENIZE_FLAGS SHARD_FLAGS: anything else, per stage"
 	@echo "start with: export OPENROUTER_API_KEY=sk-or-...; make plan"
 
@@ -158,8 +158,18 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 test: venv
 	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist worksteal $(PYTEST_ARGS)
 
+# The flake hunt: the suite SOAK_RUNS times with SOAK_LOAD cores kept busy; failures per test
+SOAK_RUNS ?= 10
+SOAK_LOAD ?= 1
+test-soak: venv
+	$(BIN)/python tests/soak.py --runs $(SOAK_RUNS) --load $(SOAK_LOAD) --jobs $(PYTEST_JOBS) -- $(PYTEST_ARGS)
+
 lint: venv
 	$(BIN)/ruff check kimipipe tests bench
+
+# docs/cli.md: every command's --help (tests/test_readme.py fails when it is stale)
+docs: venv
+	$(BIN)/python -m kimipipe.clidoc > docs/cli.md.tmp && mv docs/cli.md.tmp docs/cli.md
 
 # The offline demo: the stand-in on a free port, the bundled prompts and tokenizer, and
 # this very Makefile's `all` target against them (see kimipipe/demo.py).

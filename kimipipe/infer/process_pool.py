@@ -36,6 +36,7 @@ import sys
 
 import msgspec
 
+from ..kinds import AttemptKind, RetryCause
 from ..openrouter.attempt import Attempt
 from ..openrouter.client import CompletionClient
 from .config import RunConfig
@@ -102,7 +103,8 @@ class WorkerPool:
             # A worker that died takes its attempts with it: they are retried elsewhere.
             for future in worker.pending.values():
                 if not future.done():
-                    future.set_result(Attempt("retry", cause="worker", message="worker process ended"))
+                    future.set_result(Attempt(AttemptKind.RETRY, cause=RetryCause.WORKER,
+                                              message="worker process ended"))
             worker.pending.clear()
 
     async def attempt(self, body: bytes, stream: bool) -> Attempt:
@@ -118,7 +120,8 @@ class WorkerPool:
             worker.proc.stdin.write(_HEADER.pack(len(payload)) + payload)
         except (ConnectionError, RuntimeError):
             worker.pending.pop(request_id, None)
-            return Attempt("retry", cause="worker", message="worker process ended")
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.WORKER,
+                           message="worker process ended")
         try:
             return await future
         except asyncio.CancelledError:

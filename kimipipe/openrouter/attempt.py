@@ -39,6 +39,7 @@ from __future__ import annotations
 import msgspec
 
 from ..errors import redact
+from ..kinds import AttemptKind, RetryCause
 
 RETRYABLE_STATUSES = {408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525, 526, 529}
 
@@ -46,8 +47,8 @@ RETRYABLE_STATUSES = {408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525
 class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     """The outcome of one HTTP attempt (sent between processes as msgpack: keep it flat)."""
 
-    kind: str  # ok | retry | wait | permanent | payment | auth | no_route
-    cause: str = ""  # for retries/failures: "429", "502", "timeout", "cut", "error200", ...
+    kind: AttemptKind
+    cause: str = ""  # for retries/failures: a RetryCause, or the HTTP status ("502", "400")
     status: int = 0
     code: str = ""
     message: str = ""
@@ -103,10 +104,10 @@ def _limit_attempt(status: int, err: dict, code: str, message: str,
     if not source and reason not in (IN_FLIGHT_REASON, "weight_exceeds_budget"):
         return None  # e.g. moderation's `reasons`: the prompt's own refusal
     if reason == IN_FLIGHT_REASON or source == IN_FLIGHT_SOURCE:
-        return Attempt("wait", cause="402-inflight", status=status, code=code, message=message,
+        return Attempt(AttemptKind.WAIT, cause=RetryCause.IN_FLIGHT_402, status=status, code=code, message=message,
                        retry_after=retry_after, limit_source=source, limit_reason=reason)
     resets = meta.get("resets_at")
-    return Attempt("payment", cause=str(status), status=status, code=code, message=message,
+    return Attempt(AttemptKind.PAYMENT, cause=RetryCause.of_status(status), status=status, code=code, message=message,
                    retry_after=retry_after, limit_source=source, limit_reason=reason,
                    limit_scope=str(meta.get("scope") or ""),
                    limit_usd=_number(meta.get("limit_usd")),
@@ -142,20 +143,21 @@ def error_attempt(status: int, payload: dict | None, retry_after: float | None,
         if avail_code:
             code = str(avail_code)
         if "retryable" in availability:
-            kind = "retry" if availability["retryable"] else ("no_route" if status == 404 else "permanent")
-            return Attempt(kind, cause=str(status), status=status, code=code, message=message,
+            kind = (AttemptKind.RETRY if availability["retryable"] else
+                    AttemptKind.NO_ROUTE if status == 404 else AttemptKind.PERMANENT)
+            return Attempt(kind, cause=RetryCause.of_status(status), status=status, code=code, message=message,
                            retry_after=retry_after)
     if status == 401:
-        kind = "auth"
+        kind = AttemptKind.AUTH
     elif status == 402:
-        kind = "payment"
+        kind = AttemptKind.PAYMENT
     elif status == 404:
-        kind = "no_route"
+        kind = AttemptKind.NO_ROUTE
     elif status in RETRYABLE_STATUSES or status >= 500:
-        kind = "retry"
+        kind = AttemptKind.RETRY
     else:
-        kind = "permanent"
-    return Attempt(kind, cause=str(status), status=status, code=code, message=message,
+        kind = AttemptKind.PERMANENT
+    return Attempt(kind, cause=RetryCause.of_status(status), status=status, code=code, message=message,
                    retry_after=retry_after)
 
 
@@ -167,12 +169,12 @@ def body_error(error: dict) -> Attempt:
     status = code if isinstance(code, int) else 200
     if status in (401, 402, 404) or (400 <= status < 500 and status not in RETRYABLE_STATUSES):
         return error_attempt(status, {"error": error}, None, message)
-    return Attempt("retry", cause="error200", status=200, code=str(code or ""), message=message)
+    return Attempt(AttemptKind.RETRY, cause=RetryCause.ERROR200, status=200, code=str(code or ""), message=message)
 
 
 def midstream_error(error: dict, after_output: bool) -> Attempt:
     """An error chunk: `midstream` once output has flowed, else like a 200 error body."""
     attempt = body_error(error)
-    if attempt.kind == "retry" and after_output:
-        attempt.cause = "midstream"
+    if attempt.kind == AttemptKind.RETRY and after_output:
+        attempt.cause = RetryCause.MIDSTREAM
     return attempt
