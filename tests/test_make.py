@@ -83,6 +83,15 @@ def test_full_build_then_nothing_to_redo(standin, tmp_path):
     assert "D1.responses.jsonl: holds answers of 127.0.0.1 (the kimipipe stand-in's offline filler" in said
     assert "this run asks 127.1" in said
     assert server.stats()["completions_started"] == stats["completions_started"]
+    # D1's spend counts against another dataset's TOTAL_COST under its own API only
+    def recorded_elsewhere(base_url):
+        r = make(server, tmp_path, "plan", DATASETS="D2", SOURCE_D2=SOURCE, BASE_URL=base_url)
+        assert r.returncode == 0, r.stderr
+        return json.loads((tmp_path / "work" / "build.plan.json").read_text())["recorded_elsewhere"]
+
+    spent = sum(a["usage"]["cost"] for a in answers)
+    assert recorded_elsewhere(server.base_url) == pytest.approx(spent) and spent > 0
+    assert recorded_elsewhere(other) == 0.0
     # make D1.clean says what it removes, then removes it; paid answers only when told
     real = answers[0] | {"generation_id": "gen-1764583200-abc"}  # not the stand-in's mark
     with open(tmp_path / "work" / "D1.responses.jsonl", "a") as f:
@@ -98,8 +107,8 @@ def test_full_build_then_nothing_to_redo(standin, tmp_path):
     assert all(str(p) in listed for p in files) and f"{tmp_path / 'shards' / 'D1'}/" in listed
     assert not list((tmp_path / "work").glob("*D1.*")) and not (tmp_path / "shards" / "D1").exists()
     assert (tmp_path / "work" / "build.flags").exists()  # the build's own: `make clean`
-    r = make(server, tmp_path, "clean")
-    assert r.returncode == 0 and "build.flags" in r.stdout
+    r = make(server, tmp_path, "clean", DATASETS="D1 D2")  # (D2: the plan above)
+    assert r.returncode == 0 and "build.flags" in r.stdout and "D2.prompts.jsonl" in r.stdout
     assert not (tmp_path / "work").exists() and not (tmp_path / "shards").exists()
     # then the other API builds from nothing
     r = make(server, tmp_path, "plan", BASE_URL=other)
