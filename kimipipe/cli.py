@@ -107,20 +107,26 @@ class KPCommand(click.Command):
             formatter.write_text(self.exit_codes)
 
 
-def word_help(ctx: click.Context, args: list[str], words: dict[str, KPCommand]) -> None:
+def word_help(ctx: click.Context, args: list[str],
+              words: dict[str, KPCommand | Callable[[], KPCommand]]) -> None:
     """`kp-shard stats -h`, `kp-infer report --help`: a word's own help (usage, options,
-    examples, exit codes), not its parent's. WORDS: the word's help-only commands."""
+    examples, exit codes), not its parent's. WORDS: the word's help-only commands (or what
+    makes one, when it takes its parent's options)."""
     if args and args[0] in words and any(a in ("-h", "--help") for a in args[1:]):
         command = words[args[0]]
+        if not isinstance(command, click.Command):
+            command = command()
         own = command.context_class(command, info_name=command.name, **command.context_settings)
         click.echo(command.get_help(own))
         ctx.exit(0)
 
 
 def help_only(name: str, text: str, *, arguments: str, examples: str,
-              options: tuple[tuple[str, str], ...] = ()) -> KPCommand:
-    """A word's help as its own command (`word_help` prints it; the parent parses the word)."""
-    params: list[click.Parameter] = [click.Argument(["arguments"], nargs=-1, metavar=arguments)]
+              options: tuple[tuple[str, str], ...] = (),
+              params: list[click.Parameter] | tuple = ()) -> KPCommand:
+    """A word's help as its own command (`word_help` prints it; the parent parses the word):
+    OPTIONS as (flags, help) flags, PARAMS the parent's own options the word takes."""
+    params = [click.Argument(["arguments"], nargs=-1, metavar=arguments), *params]
     params += [click.Option(flags.split(", "), is_flag=True, help=what) for flags, what in options]
     command = KPCommand(name, help=text, params=params, examples=examples)
     command.params = [p for p in command.params if p.name != "version"]  # the parent's flag

@@ -22,7 +22,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from ..errors import InputError
-from ..records import CostOnly
+from ..records import CostOnly, RecordCost
 
 STANDIN_GENERATION_PREFIX = "gen-standin-"
 
@@ -63,3 +63,11 @@ def other_api(path: str, record_api: str, generation_id: str | None, record_id: 
         f"(under make: another WORK, or `make D.clean` first), or resume with the --base-url of "
         f"{record_api}", path)
 
+
+class Spent(RecordCost):
+    """What a spend reader takes of a responses or failures line: its cost, and who
+    answered (a failure line names its id and generation too, for a refusal to resume)."""
+
+    id: str = ""
+    api: str | None = None
+    generation_id: str | None = None

@@ -77,8 +77,8 @@ from ..openrouter.routing import (
     unknown_slug,
 )
 from ..partition import in_partition
-from ..records import Failure, Prompt, Response, Usage
-from .api import Answered, api_of, counts_here, other_api
+from ..records import Failure, Prompt, Response
+from .api import Answered, Spent, api_of, counts_here, other_api
 from .budget import prompt_token_bound
 from .config import RunConfig
 from .rescue import check_rescue_dir, take_in
@@ -122,15 +122,7 @@ def output_locks(config: RunConfig, say: Callable[[str], None]) -> Iterator[None
         yield
 
 
-class _Spend(msgspec.Struct):
-    """The spend of a responses record (`usage.cost`) or of a failures record (`cost`)."""
-
-    usage: Usage | None = None
-    cost: float = 0.0
-    api: str | None = None
-
-
-_spend_decoder = msgspec.json.Decoder(_Spend)
+_spend_decoder = msgspec.json.Decoder(Spent)  # records.record_cost: what a line cost, and who answered
 
 
 @dataclass
@@ -218,10 +210,10 @@ def finished_records(path: str, decoder: msgspec.json.Decoder):
 
 
 def recorded_spend(path: str, api: str | None = None) -> float:
-    """USD recorded in a responses or failures file (finished lines); with API, only what
-    that API answered (or records too old to say: infer/api.py)."""
-    return sum(r.usage.cost if r.usage is not None else r.cost
-               for r in finished_records(path, _spend_decoder) if counts_here(r.api, api))
+    """USD recorded in a responses or failures file (finished lines), by
+    `records.record_cost`: a response's refused answers included; with API, only what that
+    API answered (or records too old to say: infer/api.py)."""
+    return sum(r.paid for r in finished_records(path, _spend_decoder) if counts_here(r.api, api))
 
 
 def expand_spent_in(patterns: list[str], own: list[str]) -> list[str]:
@@ -263,10 +255,10 @@ def previous_work(output: str, failures: str | None, say: Callable[[str], None],
         cost += rec.paid  # its own cost, and that of the answers refused before it
         tokens += rec.usage.completion_tokens
     if failures and os.path.exists(failures):
-        for rec in (iter_finished if repair else finished_records)(failures, _failure_decoder):
+        for rec in (iter_finished if repair else finished_records)(failures, _spend_decoder):
             if api is not None and rec.api is not None and rec.api != api:
                 raise other_api(failures, rec.api, rec.generation_id, rec.id, api)
-            cost += rec.cost
+            cost += rec.paid
     return done, cost, tokens
 
 
