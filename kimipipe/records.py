@@ -111,15 +111,18 @@ class Refusal(Struct, omit_defaults=True):
 class Generation(Struct):
     """The fields kp-infer adds to a prompt record: the answer and what it cost.
 
-    `sampling`, `refused`, `latency_s`, `cost_source` and `finished_at` came later (older
-    records lack them: None, [], None, "usage" and None): how the answer was asked for, the
-    answers paid for before it and not kept (their cost is not in `usage.cost`, and counts
-    against `--max-cost`), the seconds from the request sent to the answer's end, where
-    `usage.cost` came from (infer/costs.py): "usage" (the answer's own `usage.cost`),
-    "generation" (the answer showed none: GET /generation's `total_cost`) or "estimate"
-    (no figure in time: its usage tokens at the highest price that could bill it, or with
-    no usage at all its worst case; never less than the bill), and when it was written
-    (UTC, ISO 8601 to the millisecond: the build report's time axis)."""
+    `sampling`, `refused`, `latency_s`, `cost_source`, `finished_at` and `api` came later
+    (older records lack them: None, [], None, "usage", None and None): how the answer was
+    asked for, the answers paid for before it and not kept (their cost is not in
+    `usage.cost`, and counts against `--max-cost`), the seconds from the request sent to the
+    answer's end, where `usage.cost` came from (infer/costs.py): "usage" (the answer's own
+    `usage.cost`), "generation" (the answer showed none: GET /generation's `total_cost`) or
+    "estimate" (no figure in time: its usage tokens at the highest price that could bill it,
+    or with no usage at all its worst case; never less than the bill), when it was written
+    (UTC, ISO 8601 to the millisecond: the build report's time axis), and the API that
+    answered (the base URL's host, infer/api.py). `reasoning_source` (later still; None
+    before): where the reasoning came from, `field`, `details` or `inline` (a leading
+    `<think>` block, or the text before a lone `</think>`: kimipipe/think_tags.py)."""
 
     response: ResponseText
     finish_reason: str | None
@@ -133,6 +136,8 @@ class Generation(Struct):
     latency_s: float | None = None
     cost_source: str = "usage"
     finished_at: str | None = None
+    api: str | None = None  # the base URL's host (infer/api.py)
+    reasoning_source: str | None = None
 
 
 class Turn(Struct):
@@ -167,6 +172,8 @@ class Response(Prompt, kw_only=True):
     history_reasoning: str | None = None
     cost_source: str = "usage"
     finished_at: str | None = None
+    api: str | None = None  # the base URL's host (infer/api.py)
+    reasoning_source: str | None = None
 
 
 class Failure(Struct, omit_defaults=True):
@@ -189,11 +196,21 @@ class Failure(Struct, omit_defaults=True):
     generation_id: str | None = None
     cost: float = 0.0
     refused: list[Refusal] = msgspec.field(default_factory=list)
+    api: str | None = None  # the base URL's host (infer/api.py)
 
 
-class TokenIds(Struct, omit_defaults=True):
-    """The fields kp-tokenize adds to a response record (written last, lists last)."""
+class TokenIds(Struct, omit_defaults=True, kw_only=True):
+    """The fields kp-tokenize adds to a response record (written last; the ID lists last
+    but for `over_max_length`, where kp-shard's fast path looks for them).
 
+    The deltas (later: absent from older records, and where the provider reported no
+    count) are the provider's `usage` count minus kimipipe's (tokenize/deltas.py).
+    `reasoning_source` is the response record's, or `inline` where kp-tokenize took the
+    reasoning from before a lone `</think>` in the content (kimipipe/think_tags.py)."""
+
+    prompt_tokens_delta: int | None = None
+    completion_tokens_delta: int | None = None
+    reasoning_source: str | None = None
     input_ids: list[int]
     output_ids: list[int]
     over_max_length: bool = False

@@ -26,7 +26,10 @@ The report (text on stdout; `--json` for this object, stable for scripts):
      "by_provider": [row, ...],           infer/providers_table.py (the same rows as the
                                           run's summary)
      "histogram": {"upto": [int, ...],    completion tokens per answer, shared bins
-                   "by_provider": {provider: [answers per bin, ...]}}}
+                   "by_provider": {provider: [answers per bin, ...]}},
+     "token_deltas": [row, ...]}          token records only: the provider's counts minus
+                                          kimipipe's, per provider (tokenize/deltas.py; the
+                                          same rows and warnings as kp-tokenize's summary)
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import msgspec
 from ..errors import InputError
 from ..io import describe_decode_error, iter_lines
 from ..records import Refusal, Usage, record_cost
+from ..tokenize.deltas import DeltaTable
 from .providers_table import REFUSAL_KINDS, ProviderTable, table_text
 
 
@@ -58,6 +62,8 @@ class _Line(msgspec.Struct):
     cost: float = 0.0
     turn: int | None = None  # a conversation's turn (records.Turn)
     conversation: str | None = None
+    prompt_tokens_delta: int | None = None  # token records (kp-tokenize)
+    completion_tokens_delta: int | None = None
 
 
 _decoder = msgspec.json.Decoder(_Line)
@@ -66,6 +72,7 @@ _decoder = msgspec.json.Decoder(_Line)
 def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
     """The report over PATHS (see the module docstring)."""
     table = ProviderTable()
+    deltas = DeltaTable()
     answers = refused = 0
     spend = 0.0
     failures: Counter = Counter()
@@ -92,6 +99,7 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
                 if line.turn is not None:
                     turns[line.turn] += 1
                     conversations.add(line.conversation or "")
+                deltas.add(line.provider, line.prompt_tokens_delta, line.completion_tokens_delta)
                 key = json.dumps(line.sampling, sort_keys=True)
                 sampling.setdefault(key, [line.sampling, 0])[1] += 1
             elif line.kind is not None and line.status is not None:
@@ -122,7 +130,9 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
                      for s, n in sorted(sampling.values(), key=lambda item: -item[1])],
         "by_provider": table.rows(),
         "histogram": {"upto": edges, "by_provider": counts},
+        "token_deltas": deltas.rows(),
         "_table": table,
+        "_deltas": deltas,
     }
 
 
@@ -149,6 +159,9 @@ def format_report(report: dict) -> str:
     lines.append(table_text(report["by_provider"], indent="  "))
     lines.append("")
     lines.append(report["_table"].histogram())
+    if report["_deltas"]:
+        lines += ["", report["_deltas"].text(indent=""),
+                  *(f"warning: {w}" for w in report["_deltas"].warnings())]
     return "\n".join(lines)
 
 

@@ -20,6 +20,10 @@ provider's quirks (dropped/inline reasoning, ignored sampling) -> answer (with l
 token rate) -> charge -> last chunk. Every 402/403 is counted in stats `refusals` by
 status and reason (or limit_source, or "moderation").
 
+Every generation id begins `gen-standin-` (OpenRouter's: `gen-<unix time>-<random>`): the
+stand-in's mark on its answers, a plain string id as the schema has it, so that offline
+filler is never taken for a real answer (kimipipe/infer/api.py).
+
 The ledger (`--ledger`) has one line per charged generation: generation_id, provider (the
 endpoint that served it), model, prompt/completion/reasoning tokens, cost, finish_reason,
 request_user_text_sha256, and, when the request sent temperature or top_p or the provider
@@ -63,6 +67,7 @@ from collections import Counter
 
 from aiohttp import web
 
+from ..infer.api import STANDIN_GENERATION_PREFIX
 from .answers import (
     SAMPLING_PARAMETERS,
     THINK_OPEN,
@@ -151,6 +156,10 @@ class StandIn(MetadataEndpoints):
         self.sessions = Sessions()  # sticky routing and the prompt cache (session_id)
         self._ledger = open(config.ledger, "a", encoding="utf-8") if config.ledger else None
         self._request_log = open(config.request_log, "ab") if config.request_log else None
+        self.counter = None
+        if config.tokenizer:
+            from .token_counts import TokenCounter
+            self.counter = TokenCounter(config.tokenizer)
 
     def close(self) -> None:
         if self._ledger:
@@ -216,7 +225,9 @@ class StandIn(MetadataEndpoints):
         return None
 
     def new_generation_id(self, created: int) -> str:
-        return f"gen-{created}-{self._ids.getrandbits(80):020x}"
+        # The stand-in's mark on every answer (OpenRouter's ids are gen-<time>-<random>): a
+        # record of offline filler says so, whatever wrote it (kimipipe/infer/api.py)
+        return f"{STANDIN_GENERATION_PREFIX}{created}-{self._ids.getrandbits(80):020x}"
 
     def draw_usage_shown(self) -> str:
         """What a billed answer's usage shows of its cost: cost | no_cost | none (billing.py)."""
@@ -472,8 +483,10 @@ class StandIn(MetadataEndpoints):
                         0.0)
             drop = rate > 0 and self.quirk_rng.random() < rate
         inline = reasoning and not drop and matches_any(endpoint, cfg.inline_reasoning)
+        unopened = reasoning and not drop and matches_any(endpoint, cfg.unopened_reasoning)
         answer = answer_for_request(body, honours_sampling=honours, drop_reasoning=drop,
-                                    inline_reasoning=inline)
+                                    inline_reasoning=inline, unopened_reasoning=unopened,
+                                    counter=self.counter)
         extra: dict = {}
         applied, dropped = applied_sampling(body, honours_sampling=honours)
         if not honours or any(k in body for k in SAMPLING_PARAMETERS):
@@ -487,4 +500,7 @@ class StandIn(MetadataEndpoints):
         if inline and answer.content.startswith(THINK_OPEN):
             extra["reasoning_inline"] = True
             self.quirks["inline_reasoning"] += 1
+        if unopened:
+            extra["reasoning_inline"] = True
+            self.quirks["unopened_reasoning"] += 1
         return answer, extra
