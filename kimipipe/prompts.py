@@ -10,24 +10,11 @@ messages. The same input always gives the same IDs, byte for byte, which resume 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import msgspec
-
+from .ids import content_hash, hash_id, prompt_shuffle_key  # noqa: F401 (the hashes: ids.py)
 from .records import Message, Prompt
-
-_hash_encoder = msgspec.json.Encoder(order="deterministic")
-
-
-def content_hash(messages: list[dict]) -> str:
-    return hashlib.sha256(_hash_encoder.encode(messages)).hexdigest()
-
-
-def hash_id(dataset: str, messages: list[dict]) -> str:
-    digest = hashlib.sha256(_hash_encoder.encode([dataset, messages])).hexdigest()[:16]
-    return f"{dataset}-{digest}" if dataset else digest
 
 
 def prompt_turns(messages: list[dict], turns: str) -> Iterator[tuple[int, list[dict]]]:
@@ -66,8 +53,3 @@ def make_prompt(pid: str, dataset: str, messages: list[dict], meta) -> Prompt:
         meta=meta if isinstance(meta, dict) else None,
     )
 
-
-def prompt_shuffle_key(seed: int, pid: str) -> bytes:
-    """Where prompt PID falls in kp-prompts' `--shuffle` order: a SHA-256 of the seed and
-    the ID, compared as bytes (the order depends on the seed and the IDs alone)."""
-    return hashlib.sha256(f"{seed}\0{pid}".encode()).digest()
