@@ -47,6 +47,8 @@ class Config:
     inline_reasoning: list[str] = field(default_factory=list)
     ignore_sampling: list[str] = field(default_factory=list)
     not_distillable: bool = False
+    # -- for tests: a gate, so a test can act while work is provably unfinished --
+    hold_after: int | None = None    # completions past this many wait until it is raised/None
 
     def check(self) -> None:
         for kind, rate in self.faults.items():
@@ -74,6 +76,8 @@ class Config:
             raise ValueError(f"limit_status must be 403 or 402, got {self.limit_status}")
         if self.limit_reset is not None and self.limit_reset not in LIMIT_RESETS:
             raise ValueError(f"limit_reset must be one of {', '.join(LIMIT_RESETS)}")
+        if self.hold_after is not None and self.hold_after < 0:
+            raise ValueError("hold_after must be >= 0")
         if self.moderation_marker is not None and not self.moderation_marker:
             raise ValueError("moderation_marker must not be empty")
         for slug, rate in self.drop_reasoning.items():
@@ -109,6 +113,7 @@ LIVE_SETTINGS = {
     "guardrail_budget": _nullable(float), "moderation_marker": _nullable(str),
     "drop_reasoning": lambda v: {str(k): float(r) for k, r in dict(v).items()},
     "inline_reasoning": _slugs, "ignore_sampling": _slugs, "not_distillable": bool,
+    "hold_after": _nullable(int),
 }
 
 
