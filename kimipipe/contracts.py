@@ -8,7 +8,8 @@ decoding it (a reader never walks a dict), so the schema is declared here once:
     WORK/D.plan.json                  kp-infer --plan --json          fullbuild/plan.py
     (InferPlan)                       (infer/plan.py)                 (make plan, make all)
     --summary-json FILE               kp-infer (infer/report.py)      fullbuild/stop.py (make's
-    (InferSummary)                                                    money-stop message)
+    (InferSummary)                                                    money-stop message:
+                                                                      SummaryStop)
     --reservations FILE               kp-infer --total-cost           the other runs sharing
     (Reservations)                    (infer/total_cost.py)           the cap
     .NAME.lock beside an output       every resumable stage           the next run on it
@@ -203,6 +204,16 @@ class InferSummary(Struct):
     limit: MoneyLimit | None
     limit_refusals: dict[str, int]  # "402 in_flight_budget_exhausted": n
     money_in_flight: MoneyInFlightEnd | None
+
+
+class SummaryStop(Struct):
+    """The view of a summary that make's money-stop message reads (fullbuild/stop.py):
+    only these fields, so a summary of an older or newer kp-infer is read as well."""
+
+    spend_this_run: float
+    spend_total: float
+    stop_reason: str | None = None
+    limit: MoneyLimit | None = None
 
 
 # -- --reservations (infer/total_cost.py) -----------------------------------------------------

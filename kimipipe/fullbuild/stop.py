@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 
+from ..contracts import SummaryStop
 from ..infer.report import StopReason, limit_text, read_summary
 from .plan import BuildPlan
 from .report import money, wrap
@@ -42,7 +43,7 @@ def _status(plan: BuildPlan, complete: set[str]) -> str:
 def stop_message(dataset: str, work: str, plan: BuildPlan | None, complete: set[str],
                  settings: dict) -> str:
     """The lines make prints after kp-infer's exit 3 on DATASET."""
-    summary = read_summary(os.path.join(work, f"{dataset}.infer-summary.json"))
+    summary = read_summary(os.path.join(work, f"{dataset}.infer-summary.json"), SummaryStop)
     slug = summary.stop_reason if summary else None
     head = f"make: {dataset} stopped (kp-infer exit 3: money or a full disk)"
     if summary is None:

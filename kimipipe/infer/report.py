@@ -351,14 +351,12 @@ def write_summary_json(path: str, result: InferSummary) -> None:
         raise
 
 
-_summary_decoder = msgspec.json.Decoder(InferSummary)
-
-
-def read_summary(path: str) -> InferSummary | None:
-    """A --summary-json file, decoded; None when there is none (make removes it before each
+def read_summary(path: str, view: type = InferSummary):
+    """A --summary-json file decoded as VIEW (the whole summary, or a view of some of its
+    fields: contracts.SummaryStop); None when there is none (make removes it before each
     run, and a run killed before its end leaves none)."""
     try:
         with open(path, "rb") as f:
-            return _summary_decoder.decode(f.read())
+            return msgspec.json.decode(f.read(), type=view)
     except FileNotFoundError:
         return None
