@@ -157,7 +157,9 @@ class MoneyLimit(Struct, omit_defaults=True):
     spend_usd: float | None = None
     resets_at: str | None = None
     message: str | None = None
-    balance_left: float | None = None
+    # what the run knew: null when the balance could not be read, absent in a limit
+    # written by something else
+    balance_left: float | None | msgspec.UnsetType = msgspec.UNSET
     worst_case_request: float | None = None
 
 
@@ -231,7 +233,8 @@ class ReservationEntry(Struct):
     claim: float = 0.0  # USD it may have in flight (>= its reservations)
     ended: bool = False
     started: float = 0.0  # time.time() at registration
-    died: bool | None = None  # true once another run found it dead (its claim dropped)
+    # true once another run found it dead (its claim dropped); absent until then
+    died: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class Reservations(Struct):

@@ -126,7 +126,7 @@ def limit_text(limit: MoneyLimit) -> str:
         parts.append(f"spent ${limit.spend_usd:g}")
     if limit.resets_at:
         parts.append(f"resets at {limit.resets_at}")
-    if limit.balance_left is not None and limit.worst_case_request is not None:
+    if limit.balance_left not in (None, msgspec.UNSET) and limit.worst_case_request is not None:
         parts.append(f"about ${limit.balance_left:.4f} of the balance left against "
                      f"${limit.worst_case_request:.4f} for one request's worst case")
     status = limit.status if limit.status is not None else ""

@@ -16,7 +16,7 @@ entry in it:
 
     {"token", "pid", "host", "proc_start", "label", "spent": USD this run,
      "claim": USD it may have in flight (>= its reservations), "ended": bool, "started",
-     "died": true when another run found it dead (else null)}
+     "died": true once another run found it dead (absent until then)}
 
 At start (`register`), under the lock, a run takes the snapshot S0 = the sum of every
 entry's `spent` and adds its own entry; only THEN does it read the files (F0). Whatever an
