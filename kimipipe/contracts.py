@@ -61,9 +61,17 @@ class PricePair(Struct):
     completion: float
 
 
+class PlanPriceBound(Struct):
+    """The prices a worst case is reserved at (openrouter/routing.py `price_bound`)."""
+
+    prompt: float  # USD per million tokens
+    completion: float
+    override: str | None = None  # the `pricing.overrides[]` entry that sets it, if one does
+
+
 class PlanPrices(Struct):
-    allowed_mean: PricePair | None  # the mean of the allowed routes
-    bound: PricePair | None  # the highest prices (what the budget reserves at)
+    allowed_mean: PricePair | None  # the mean of the allowed routes, less their discounts
+    bound: PlanPriceBound | None
 
 
 class PlanAnswerTokens(Struct):
@@ -173,6 +181,14 @@ class MoneyInFlightEnd(Struct):
     balance_read: float | None
 
 
+class SummaryCosts(Struct):
+    """Answers paid for (kept or refused) by where their cost came from (infer/costs.py)."""
+
+    usage: int = 0  # usage.cost
+    generation: int = 0  # GET /generation (the answer showed none)
+    estimate: int = 0  # neither in time: usage tokens at the price bound, or the worst case
+
+
 class InferSummary(Struct):
     """kp-infer's summary (infer/report.py's docstring says what each figure means)."""
 
@@ -206,6 +222,7 @@ class InferSummary(Struct):
     limit: MoneyLimit | None
     limit_refusals: dict[str, int]  # "402 in_flight_budget_exhausted": n
     money_in_flight: MoneyInFlightEnd | None
+    costs: SummaryCosts = msgspec.field(default_factory=lambda: SummaryCosts())
 
 
 class SummaryStop(Struct):

@@ -7,10 +7,14 @@ machine, every run and every stage agrees on it. Anyone can reproduce them:
                                  big-endian, mod N, plus 1 (kp-infer and kp-tokenize agree)
     sample_key(id)               --sample N: the N IDs of smallest SHA-256 (the same N in
                                  every run)
-    content_hash(messages)       kp-prompts' duplicate check: SHA-256 hex of the messages as
+    content_hash(messages, follow_ups)
+                                 kp-prompts' duplicate check: SHA-256 hex of the messages
+                                 (with the follow-ups, when any: [messages, follow_ups]) as
                                  deterministic JSON (keys sorted)
-    hash_id(dataset, messages)   kp-prompts' derived ID: `DATASET-` + the first 16 hex
-                                 digits of SHA-256 of [dataset, messages] as that JSON
+    hash_id(dataset, messages, follow_ups)
+                                 kp-prompts' derived ID: `DATASET-` + the first 16 hex
+                                 digits of SHA-256 of [dataset, messages(, follow_ups)] as
+                                 that JSON
     prompt_shuffle_key(seed, id) kp-prompts --shuffle: SHA-256 of `SEED\\0ID`, as bytes
     eval_point(id)               kp-shard's eval split: a 64-bit BLAKE2b of the ID (person
                                  `kp-shard-eval`) / 2**64, in [0, 1)
@@ -42,12 +46,19 @@ def sample_key(record_id: str) -> bytes:
     return hashlib.sha256(record_id.encode()).digest()
 
 
-def content_hash(messages: list[dict]) -> str:
-    return hashlib.sha256(_hash_encoder.encode(messages)).hexdigest()
+def _hashed(messages: list[dict], follow_ups: list[str]) -> list:
+    # Without follow-ups the messages alone, so single-turn prompts keep the IDs of every
+    # earlier version (and of --turns last).
+    return [messages, follow_ups] if follow_ups else [messages]
 
 
-def hash_id(dataset: str, messages: list[dict]) -> str:
-    digest = hashlib.sha256(_hash_encoder.encode([dataset, messages])).hexdigest()[:16]
+def content_hash(messages: list[dict], follow_ups: list[str] = ()) -> str:
+    blob = messages if not follow_ups else _hashed(messages, list(follow_ups))
+    return hashlib.sha256(_hash_encoder.encode(blob)).hexdigest()
+
+
+def hash_id(dataset: str, messages: list[dict], follow_ups: list[str] = ()) -> str:
+    digest = hashlib.sha256(_hash_encoder.encode([dataset, *_hashed(messages, list(follow_ups))])).hexdigest()[:16]
     return f"{dataset}-{digest}" if dataset else digest
 
 

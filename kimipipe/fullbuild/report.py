@@ -66,7 +66,8 @@ def report(plan: BuildPlan, title: str = "make plan") -> str:
         bound = plan.prices.bound if plan.prices is not None else None
         if mean and bound:
             out.append(f"  expected at their mean {mean.prompt:.3f} / {mean.completion:.3f}; "
-                       f"reserved at the highest {bound.prompt:.2f} / {bound.completion:.2f}")
+                       f"reserved at the highest {bound.prompt:.2f} / {bound.completion:.2f}"
+                       + (f" (a pricing override: {bound.override})" if bound.override else ""))
     else:
         out.append("no route allowed: see kp-infer --plan")
     out.append("")

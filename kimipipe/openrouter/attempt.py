@@ -72,6 +72,9 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     limit_usd: float | None = None
     spend_usd: float | None = None
     resets_at: str | None = None
+    # an `ok` answer came with a `usage` object (a stream can end without one): when not,
+    # its tokens are unknown and it is booked at its worst case (infer/costs.py)
+    usage_seen: bool = True
 
     def limit_key(self) -> str:
         """How the summary counts a credit-limit refusal: status, then reason or source."""

@@ -13,7 +13,7 @@ from .providers import known_provider
 from .refusals import LIMIT_RESETS, LIMIT_STATUSES
 
 FAULT_KINDS = ("429", "500", "502", "503", "524", "529", "error200", "empty", "midstream",
-               "cut", "hang", "heartbeat", "misroute", "moderation")
+               "cut", "hang", "heartbeat", "misroute", "moderation", "zero")
 CREDITS_MODES = ("normal", "forbidden", "zeros")
 
 
@@ -47,6 +47,12 @@ class Config:
     inline_reasoning: list[str] = field(default_factory=list)
     ignore_sampling: list[str] = field(default_factory=list)
     not_distillable: bool = False
+    # -- billing (billing.py) --
+    price_overrides: dict[str, tuple] = field(default_factory=dict)  # slug -> (factor, min prompt tokens)
+    discounts: dict[str, float] = field(default_factory=dict)        # slug -> discount
+    no_cost_rate: float = 0.0      # share of billed answers whose usage has no `cost`
+    no_usage_rate: float = 0.0     # share of billed answers with no usage at all
+    generation_delay: float = 0.0  # seconds /generation answers 404 after a generation ends
     # -- for tests: a gate, so a test can act while work is provably unfinished --
     hold_after: int | None = None    # completions past this many wait until it is raised/None
 
@@ -83,7 +89,21 @@ class Config:
         for slug, rate in self.drop_reasoning.items():
             if not 0.0 <= float(rate) <= 1.0:
                 raise ValueError(f"drop_reasoning rate for {slug} must be in [0, 1], got {rate}")
-        for slug in [*self.drop_reasoning, *self.inline_reasoning, *self.ignore_sampling]:
+        for name in ("no_cost_rate", "no_usage_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1]")
+        if self.no_cost_rate + self.no_usage_rate > 1.0 + 1e-9:
+            raise ValueError("no_cost_rate + no_usage_rate must be at most 1 (one draw per answer)")
+        if self.generation_delay < 0:
+            raise ValueError("generation_delay must be >= 0")
+        for slug, (factor, _min_prompt) in self.price_overrides.items():
+            if float(factor) <= 0:
+                raise ValueError(f"price override factor for {slug} must be > 0")
+        for slug, d in self.discounts.items():
+            if not 0.0 <= float(d) < 1.0:
+                raise ValueError(f"discount for {slug} must be in [0, 1)")
+        for slug in [*self.drop_reasoning, *self.inline_reasoning, *self.ignore_sampling,
+                     *self.price_overrides, *self.discounts]:
             if not known_provider(slug):
                 raise ValueError(f"unknown provider {slug!r} (a tag or provider name of the "
                                  "endpoints table)")
@@ -113,6 +133,10 @@ LIVE_SETTINGS = {
     "guardrail_budget": _nullable(float), "moderation_marker": _nullable(str),
     "drop_reasoning": lambda v: {str(k): float(r) for k, r in dict(v).items()},
     "inline_reasoning": _slugs, "ignore_sampling": _slugs, "not_distillable": bool,
+    "price_overrides": lambda v: {str(k): (float(f), None if m is None else int(m))
+                                  for k, (f, m) in dict(v).items()},
+    "discounts": lambda v: {str(k): float(d) for k, d in dict(v).items()},
+    "no_cost_rate": float, "no_usage_rate": float, "generation_delay": float,
     "hold_after": _nullable(int),
 }
 
