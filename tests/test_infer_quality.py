@@ -500,7 +500,7 @@ def test_preflight_checks_every_assumption_and_keeps_its_answers(standin, tmp_pa
     details = {c["check"]: c["detail"] for c in report["checks"]}
     assert "from field" in details["answer 1: reasoning"]
     for a in report["answers"]:
-        assert a["usage_chunk"] and a["done"] and a["comments"] > 0 and a["reasoning_source"] == "field"
+        assert a["usage_shape"] == "own chunk" and a["done"] and a["comments"] > 0 and a["reasoning_source"] == "field"
     # the answers are kept, as a run writes them, and billed once
     kept = read_jsonl(out)
     assert sorted(x["id"] for x in kept) == sorted(a["id"] for a in report["answers"])

@@ -1,5 +1,6 @@
 """The stand-in's money and metadata endpoints: `GET /credits`, `/key` (and `/auth/key`),
-`/generation`, `/models`, `/model/{author}/{slug}`, `/models/{author}/{slug}/endpoints`.
+`/generation`, `/models`, `/models/{author}/{slug}/endpoints` (no `/model/{slug}`: OpenRouter
+has none).
 
 A mixin of `server.StandIn`: it reads the server's config, usage, budget layers and
 remembered generations, and changes nothing but the request counters.
@@ -93,7 +94,8 @@ class MetadataEndpoints:
         model = f"{request.match_info['author']}/{request.match_info['slug']}"
         if model not in MODELS:
             return error_response(404, f"Model {model} not found")
-        document = endpoints_document(model, int(time.time()), self.config.ignore_sampling)
+        document = endpoints_document(model, int(time.time()), self.config.ignore_sampling,
+                                      nulls=self.config.endpoint_nulls)
         scale = self.config.price_scale
         if scale != 1.0:  # list the prices that are billed
             for endpoint in document["data"]["endpoints"]:
@@ -114,10 +116,3 @@ class MetadataEndpoints:
         if wanted in ("true", "false"):
             docs = [d for d in docs if d["is_trainable_text"] is (wanted == "true")]
         return json_response({"data": docs, "links": {"next": None}, "total_count": len(docs)})
-
-    async def model(self, request: web.Request) -> web.Response:
-        self.endpoint_requests["model"] += 1
-        model = f"{request.match_info['author']}/{request.match_info['slug']}"
-        if model not in MODELS:
-            return error_response(404, f"Model {model} not found")
-        return json_response({"data": self.model_document(model)})

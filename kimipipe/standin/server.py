@@ -10,7 +10,7 @@ purpose: the order of checks below is OpenRouter's, and it is reviewed in one pl
 
 Order of checks for `POST /api/v1/chat/completions`, as OpenRouter does it:
 auth (401) -> body (400) -> model (400) -> budget layers: guardrail, workspace, key limit
-spent (403, or 402 with --limit-status 402) -> balance gone (402) -> routing (400/404,
+spent (402, or 403 with --limit-status 403) -> balance gone (402) -> routing (400/404,
 including require_parameters and enforce_distillable_text) -> moderation marker (403) ->
 one request's worst case against what it may reserve (402 weight_exceeds_budget, or the
 key limit's 402) -> in-flight budget (402 in_flight_budget_exhausted + Retry-After; else
@@ -20,7 +20,7 @@ token rate) -> charge -> last chunk. Every 402/403 is counted in stats `refusals
 status and reason (or limit_source, or "moderation").
 
 The ledger (`--ledger`) has one line per charged generation: generation_id, provider (the
-endpoint that served it), model, prompt/completion/reasoning tokens, cost, finish_reason,
+name of the endpoint that served it), endpoint (its tag: one name can cover several), model, prompt/completion/reasoning tokens, cost, finish_reason,
 request_user_text_sha256, and, when the request sent temperature or top_p or the provider
 ignores them, `sampling` (the temperature/top_p applied) and `sampling_dropped` (the names
 sent but not applied); `reasoning_dropped: true` / `reasoning_inline: true` when a quirk
@@ -64,6 +64,7 @@ from .answers import (
     last_user_text,
     wants_reasoning,
 )
+from .availability import availability, unavailable_error
 from .config import CREDITS_MODES, FAULT_KINDS, Config, changed
 from .jobs import Job
 from .metadata import MetadataEndpoints
@@ -161,7 +162,6 @@ class StandIn(MetadataEndpoints):
         r.add_get("/api/v1/generation", self.generation)
         r.add_get("/api/v1/models/{author}/{slug}/endpoints", self.model_endpoints)
         r.add_get("/api/v1/models", self.models)
-        r.add_get("/api/v1/model/{author}/{slug}", self.model)
         r.add_get("/_standin/stats", self.stats_handler)
         r.add_post("/_standin/config", self.config_handler)
         return app
@@ -320,6 +320,10 @@ class StandIn(MetadataEndpoints):
         except RoutingError as e:
             return error_response(e.status, e.message, e.metadata, e.availability)
         endpoint = chosen.endpoint
+        if cfg.unavailable:  # e.g. a model its hosts retire under a long run
+            allowed = [e.provider_name for e in MODELS[model] if e not in chosen.excluded]
+            status, error, headers = unavailable_error(cfg.unavailable, model, allowed, cfg.retry_after)
+            return json_response(error, status, headers)
         text = last_user_text(body["messages"])
         if cfg.moderation_marker and cfg.moderation_marker in text:
             return self.refuse(moderation(model, endpoint.provider_name,
@@ -343,13 +347,15 @@ class StandIn(MetadataEndpoints):
             self.faults[fault] += 1
         self.completions_started += 1
         if fault in STATUS_FAULTS:
-            headers = {"Retry-After": f"{cfg.retry_after:g}"} if fault == "429" else None
-            availability = ({"code": "rate_limited", "retryable": True,
-                             "retry_after": cfg.retry_after} if fault == "429" else None)
+            headers = {"Retry-After": f"{cfg.retry_after:g}"} if fault in ("429", "503") else None
+            # the two documented availability failures among them (errors docs)
+            code = {"429": "capacity_exhausted", "503": "temporarily_unavailable"}.get(fault)
+            avail = None if code is None else availability(
+                code, model, [endpoint.provider_name], retry_after=cfg.retry_after)
             return error_response(int(fault), STATUS_FAULTS[fault], {
                 "provider_name": endpoint.provider_name,
                 "raw": f"{endpoint.tag}: upstream error {fault}",
-                "error_type": STATUS_ERROR_TYPES[fault]}, availability, headers)
+                "error_type": STATUS_ERROR_TYPES[fault]}, avail, headers)
         answer, extra = self.served_answer(body, endpoint)
         created = int(time.time())
         job = Job(self, request, body, answer, endpoint, fault, created,

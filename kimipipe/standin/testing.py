@@ -12,7 +12,8 @@ a string or path puts it there). The credit limits: `inflight_ratio`, `settle`,
 `key_limit`, `workspace_budget`, `guardrail_budget`, `limit_status` (403|402),
 `limit_reset`, `moderation_marker`; the provider quirks: `drop_reasoning` (a dict
 {provider: rate}), `inline_reasoning` and `ignore_sampling` (lists of providers),
-`not_distillable`. Each can also be changed live with `configure(...)`. Only the standard library is used to talk to the server,
+`not_distillable`; the wire's variants: `stream_usage` ("own-chunk"|"finish-chunk"),
+`midstream_code`, `unavailable` (an availability code), `endpoint_nulls`. Each can also be changed live with `configure(...)`. Only the standard library is used to talk to the server,
 so any test can use it whatever its own event loop does.
 """
 
@@ -54,6 +55,8 @@ class StandIn:
                  moderation_marker: str | None = None, drop_reasoning: dict | None = None,
                  inline_reasoning: list | tuple = (), ignore_sampling: list | tuple = (),
                  not_distillable: bool = False,
+                 stream_usage: str | None = None, midstream_code: str | None = None,
+                 unavailable: str | None = None, endpoint_nulls: bool = False,
                  port: int = 0,
                  workdir: str | os.PathLike | None = None, extra_args: tuple = (),
                  start_timeout: float = 20.0):
@@ -97,6 +100,12 @@ class StandIn:
             args += ["--ignore-sampling", provider]
         if not_distillable:
             args.append("--not-distillable")
+        for flag, value in (("--stream-usage", stream_usage), ("--midstream-code", midstream_code),
+                            ("--unavailable", unavailable)):
+            if value is not None:
+                args += [flag, value]
+        if endpoint_nulls:
+            args.append("--endpoint-nulls")
         self.args = [*args, *map(str, extra_args)]
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
