@@ -113,6 +113,9 @@ class Generation(Struct):
     sampling: Sampling | None = None
     refused: list[Refusal] = msgspec.field(default_factory=list)
     latency_s: float | None = None
+    # "unverifiable": the provider named covers an endpoint the routing excludes (a variant
+    # told apart by tag only), so the answer cannot be traced to an allowed one
+    routing: str | None = None
 
 
 class Response(Prompt, kw_only=True):
@@ -128,6 +131,7 @@ class Response(Prompt, kw_only=True):
     sampling: Sampling | None = None
     refused: list[Refusal] = msgspec.field(default_factory=list)
     latency_s: float | None = None
+    routing: str | None = None
 
 
 class Failure(Struct, omit_defaults=True):

@@ -14,7 +14,9 @@ closed, or the rescue file failed too).
 
 Routing is verified, not trusted: `routing_violation(provider)` checks the provider that
 served an answer against the policy and the endpoints table (openrouter/routing.py); an
-answer that breaks it is a failure, never a result.
+answer that breaks it is a failure, never a result. An answer from a provider name that
+covers an excluded variant as well as an allowed endpoint cannot be traced (no response
+field names the endpoint): it is kept, marked `"routing": "unverifiable"`.
 Routing and reasoning are verified, not trusted (`Output.refusal(answer)`): an answer is
 not a result when
     routing_violation  the provider that served it is one the policy and the endpoints
@@ -179,6 +181,8 @@ class Output:
         fields = generation_fields(answer, attempts, self.config.request.model, self.sampling)
         fields.refused = list(refused or ())
         fields.latency_s = round(latency, 3) if latency is not None else None
+        if answer.provider in self.config.policy.unverifiable_names:
+            fields.routing = "unverifiable"  # (counted in the summary: report.py)
         return self._write("responses", "output", encode_over(decode_passthrough(prompt_line), fields))
 
     def write_failure(self, failure: Failure) -> str:

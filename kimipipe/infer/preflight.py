@@ -61,7 +61,7 @@ from ..records import Prompt, Refusal
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .output import Output, failure_record, reasoning_refusal
-from .prepare import PROMPT_DECODER, Prepared, prepare
+from .prepare import PROMPT_DECODER, Prepared, endpoint_warnings, prepare
 
 DEFAULT_REQUESTS = 3
 
@@ -110,6 +110,7 @@ def first_to_do(config: RunConfig, prepared: Prepared, n: int) -> list[tuple[Pro
 async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
                      prompts: list[tuple[Prompt, bytes]]) -> dict:
     checks = [_table_check(config, prepared), _distillation_check(config, prepared.model_info)]
+    checks += [Check("routing", "warn", w) for w in endpoint_warnings(config.policy, prepared.endpoints)]
     async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
         checks.extend(await _balance_checks(config, prepared, budget, account))
     output = Output(config, prepared.endpoints)

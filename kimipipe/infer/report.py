@@ -19,7 +19,8 @@ The summary (stderr, and `--summary-json`):
      "failures_not_written": {"records", "rescued", "rescue_file"},
      "spend_this_run", "spend_total", "max_cost", "total_cost", "tokens": {"prompt", "completion",
      "reasoning", "completion_total"}, "token_budget", "providers": {name: share},
-     "finish_reasons": {reason: n}, "refused": {kind: {provider: n}},
+     "finish_reasons": {reason: n}, "routing_unverifiable": {provider: n},
+     "refused": {kind: {provider: n}},
      "by_provider": [row, ...] (infer/providers_table.py: answers, tokens, reasoning share,
      finish reasons, refusals, tokens/s, latency, $ per million output tokens), "elapsed_s", "requests_per_s", "completion_tokens_per_s",
      "concurrency_limit_end",
@@ -230,6 +231,9 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         "providers": {k: round(v / total_providers, 4) for k, v in stats.providers.most_common()}
         if total_providers else {},
         "finish_reasons": dict(stats.finish_reasons),
+        # answers from a name covering an excluded variant too: kept, but not verifiable
+        "routing_unverifiable": {name: stats.providers[name] for name in config.policy.unverifiable_names
+                                 if stats.providers[name]},
         "refused": refused_by_kind(stats.refused),
         "by_provider": stats.table.rows(),
         "elapsed_s": round(elapsed, 3),
@@ -264,6 +268,10 @@ def format_summary(summary: dict) -> str:
     if summary.get("by_provider"):
         lines.append("  by provider (refused r/n/t: routing violation, no reasoning, think marker):")
         lines.append(table_text(summary["by_provider"], indent="    "))
+    if summary.get("routing_unverifiable"):
+        lines.append("  routing unverifiable (a provider name covering an excluded variant too; kept, "
+                     "marked \"routing\": \"unverifiable\"): "
+                     + ", ".join(f"{p} {n}" for p, n in summary["routing_unverifiable"].items()))
     if summary.get("refused"):
         lines.append("  refused (paid for, not kept; sent again with the provider ignored): " + "; ".join(
             f"{kind} " + ", ".join(f"{p} {n}" for p, n in by.items())
