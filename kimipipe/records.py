@@ -154,6 +154,8 @@ class Failure(Struct, omit_defaults=True):
     generation_id: str | None = None
     cost: float = 0.0
     refused: list[Refusal] = msgspec.field(default_factory=list)
+    # the last error's `metadata.error_type`, as OpenRouter typed it (provider_overloaded, ...)
+    error_type: str | None = None
 
 
 class TokenIds(Struct, omit_defaults=True):

@@ -182,7 +182,8 @@ def test_404_no_route_during_the_run_stops_with_exit_2(standin, tmp_path):
     r = infer(server, prompts, "-o", out, "--failures", failures, "--concurrency", "4",
               "--extra-body", '{"provider": {"only": ["nobody"]}}')
     assert r.code == 2, r.stderr
-    assert "no provider matches the routing flags (404)" in r.stderr
+    assert "OpenRouter can route no request (a 404" in r.stderr
+    assert "constraint_filtered (HTTP 404, not retryable)" in r.stderr
     assert read_jsonl(out) == [] and (not failures.exists() or read_jsonl(failures) == [])
     assert server.stats()["statuses"] == {"404": len(server.requests())}
     assert len(server.requests()) <= 4  # the requests in flight at most: no retry, no more admitted

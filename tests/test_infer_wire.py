@@ -69,3 +69,84 @@ def test_an_answer_from_a_variant_under_an_allowed_name_is_marked_unverifiable(s
     assert marked == [x for x in records if x["provider"] == "DeepInfra"]
     assert json.loads(summary.read_text())["routing_unverifiable"] == {"DeepInfra": len(marked)}
     assert "routing unverifiable" in r.stderr
+
+
+# -- 2. error.availability ------------------------------------------------------------------
+
+@pytest.mark.parametrize("code, status", [("model_deprecated", 404), ("region_restricted", 403)])
+def test_a_non_retryable_availability_error_on_the_first_request_stops_the_run(standin, tmp_path,
+                                                                               code, status):
+    """"Always switch on availability.retryable, not just the code": a 404 or a 403 that
+    says the model cannot be served stops the run at once (exit 2), naming the code, the
+    models and the providers; no prompt is failed for it."""
+    server = standin(unavailable=code)
+    prompts = make_prompts(tmp_path / "p.jsonl", 40)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--concurrency", "4")
+    assert r.code == 2, r.stderr
+    assert f"kp-infer: {code} (HTTP {status}, not retryable): " in r.stderr
+    assert "models: moonshotai/kimi-k2.5; providers: " in r.stderr and "Together" in r.stderr
+    assert read_jsonl(out) == [] and (not failures.exists() or read_jsonl(failures) == [])
+    assert server.stats()["requests"] <= 4  # the first requests in flight: no retry, no more
+
+
+def test_a_model_retired_mid_run_stops_resumably_and_the_rerun_finishes(standin, tmp_path):
+    server = standin(latency=0.05, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 60)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    import subprocess
+    import time
+
+    from conftest import BIN
+    proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--failures",
+                             str(failures), "--base-url", server.base_url, "--concurrency", "4",
+                             "--backoff-base", "0.01"],
+                            env={**__import__("os").environ, "OPENROUTER_API_KEY": server.api_key},
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(server.ledger()) < 10:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    server.configure(unavailable="model_deprecated")  # the hosts retire it under the run
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 2, stderr.decode()
+    assert "model_deprecated (HTTP 404, not retryable)" in stderr.decode()
+    first = ids_of(out)
+    assert 10 <= len(first) < 60 and (not failures.exists() or read_jsonl(failures) == [])
+    assert len(first) == len(server.ledger())  # every answer paid for is kept
+    server.configure(unavailable=None)  # served again (or another model): the same command resumes
+    r = infer(server, prompts, "-o", out, "--failures", failures)
+    assert r.code == 0, r.stderr
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(60)]
+    assert len(server.ledger()) == 60  # nothing paid twice
+
+
+def test_capacity_exhausted_is_retried_after_its_retry_after(standin, tmp_path):
+    """429 capacity_exhausted (retryable: true) with availability.retry_after: retried, and
+    every prompt answered once it clears; a failure keeps the error's error_type."""
+    server = standin(faults={"429": 0.3}, retry_after=0.05, seed=4, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 30)
+    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
+    r = infer(server, prompts, "-o", out, "--summary-json", summary, "--max-attempts", "20")
+    assert r.code == 0, r.stderr
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(30)]
+    assert json.loads(summary.read_text())["retries"]["429"] == server.stats()["faults"]["429"]
+    # one attempt only: the failure record says how OpenRouter typed the error
+    server.configure(faults={"502": 1.0})
+    failures = tmp_path / "f.jsonl"
+    r = infer(server, make_prompts(tmp_path / "q.jsonl", 2, start=100), "-o", tmp_path / "q.out",
+              "--failures", failures, "--max-attempts", "1")
+    assert r.code == 4, r.stderr
+    assert [f["error_type"] for f in read_jsonl(failures)] == ["provider_unavailable"] * 2
+
+
+@pytest.mark.parametrize("code", ["429", "408", "provider_overloaded", "server_error"])
+def test_midstream_errors_with_4xx_and_string_codes_are_retried(standin, tmp_path, code):
+    server = standin(faults={"midstream": 0.4}, midstream_code=code, seed=6, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 20)
+    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
+    r = infer(server, prompts, "-o", out, "--summary-json", summary, "--max-attempts", "20")
+    assert r.code == 0, r.stderr
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(20)]
+    assert_correct(read_jsonl(out), prompts)
+    assert json.loads(summary.read_text())["retries"]["midstream"] == server.stats()["faults"]["midstream"]

@@ -116,7 +116,7 @@ def failure_record(prompt: Prompt, kind: str, attempt: Attempt, attempts: int, *
         code=attempt.code or attempt.cause, message=redact(attempt.message), attempts=attempts,
         time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         provider=provider or None, generation_id=generation_id or None, cost=cost,
-        refused=list(refused or ()),
+        refused=list(refused or ()), error_type=attempt.error_type or None,
     )
 
 

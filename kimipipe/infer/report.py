@@ -79,9 +79,11 @@ class StopReason(Enum):
     AUTH = ("auth", ExitCode.USAGE,
             "stopped: OpenRouter rejected the API key (401); check OPENROUTER_API_KEY")
     NO_ROUTE = ("no-route", ExitCode.USAGE,
-                "stopped: no provider matches the routing flags (404); check "
-                "--ignore-provider/--only-provider/--quantization, and whether the model's "
-                "authors allow distillation (try --plan)")
+                "stopped: OpenRouter can route no request (a 404, or an error.availability that "
+                "is not retryable: the line above names its code, models and providers); check "
+                "--ignore-provider/--only-provider/--quantization, whether the model's authors "
+                "allow distillation and whether it is still served (try --plan); rerun the same "
+                "command to resume")
     DISK = ("disk", ExitCode.BUDGET,
             "stopped: no room for the output (a full disk, a quota or a file size limit); "
             "free some space and rerun the same command to resume")
