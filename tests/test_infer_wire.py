@@ -150,3 +150,46 @@ def test_midstream_errors_with_4xx_and_string_codes_are_retried(standin, tmp_pat
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(20)]
     assert_correct(read_jsonl(out), prompts)
     assert json.loads(summary.read_text())["retries"]["midstream"] == server.stats()["faults"]["midstream"]
+
+
+# -- 7. provenance and hygiene on every request ---------------------------------------------
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_every_completion_asks_for_no_cache_and_names_kimipipe(standin, tmp_path, workers):
+    """X-OpenRouter-Cache: false (a cached answer is a verbatim duplicate at $0, whatever
+    the sampling) and the current X-OpenRouter-Title, on the run's requests (in this
+    process and from a worker) and the preflight's."""
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 6)
+    out = tmp_path / "r.jsonl"
+    assert infer(server, "--preflight", "2", prompts, "-o", out).code == 0
+    assert infer(server, prompts, "-o", out, "--workers", workers).code == 0
+    headers = server.stats()["completion_headers"]
+    assert headers["X-OpenRouter-Cache"] == {"false": 6}
+    assert headers["X-OpenRouter-Title"] == {"kimipipe": 6}
+    assert headers["HTTP-Referer"] == {"https://github.com/kimipipe/kimipipe": 6}
+
+
+# -- 4. nulls in the endpoints table --------------------------------------------------------
+
+def test_nulls_in_the_endpoints_table_are_read(standin, tmp_path):
+    """The live table leaves quantization, max_completion_tokens, optional pricing keys and
+    supported_parameters null or out. A null quantization is `unknown` (allowed by Kimi's
+    default, as OpenRouter's filter allows it), null supported_parameters is "not known"
+    (not excluded by require_parameters); plan, preflight and run read the table."""
+    server = standin(endpoint_nulls=True, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 10)
+    out = tmp_path / "r.jsonl"
+    r = infer(server, "--plan", "--json", prompts)
+    assert r.code == 0, r.stderr
+    routes = {x["tag"]: x for x in json.loads(r.stdout)["routes"]}
+    assert routes["moonshotai"]["quantization"] is None and routes["moonshotai"]["allowed"]
+    assert routes["parasail"]["allowed"]  # supported_parameters null: not excluded
+    r = infer(server, "--plan", prompts)
+    assert r.code == 0 and "Moonshot AI" in r.stdout.decode()
+    r = infer(server, "--preflight", "2", prompts, "-o", out, "--json")
+    assert r.code == 0, r.stdout.decode() + r.stderr
+    r = infer(server, prompts, "-o", out)
+    assert r.code == 0, r.stderr
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(10)]
+    assert {x["provider"] for x in read_jsonl(out)} <= {"Moonshot AI", "Together", "DeepInfra", "Parasail"}

@@ -79,6 +79,7 @@ from ..openrouter.routing import (
 from ..partition import in_partition
 from ..records import CostOnly, Failure, Prompt, Response, Usage
 from .budget import prompt_token_bound
+from .disk import DiskGuard
 from .config import RunConfig
 from .rescue import check_rescue_dir, take_in
 from .total_cost import ReservationFile, TotalCost
@@ -371,6 +372,8 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         path, shown = spool_stdin(tmpdir), "<stdin>"
     scan = validate_input(path, shown)
     require_distinct(config.output, config.input, *config.done_files)
+    if not config.plan:  # a disk that cannot take one answer: exit 3 now, not a wait for ever
+        DiskGuard(config.output, config.request.max_tokens, config.min_free_disk).check_room_at_start()
     # --plan may run beside a build writing OUTPUT: it neither repairs nor takes anything in
     taken_in = 0 if config.plan else take_in_rescued(config, say)
     done, spent, tokens = previous_work(config.output, config.failures, say, repair=not config.plan)

@@ -83,7 +83,8 @@ class Run(PromptWork, RunProgress):
         self.say = say
         self.account = account  # the balance: read at the start, polled (--min-credits too)
         self.output = Output(config, prepared.endpoints)
-        self.disk = DiskGuard(config.output, config.request.max_tokens, config.min_free_disk)
+        self.disk = DiskGuard(config.output, config.request.max_tokens, config.min_free_disk,
+                              config.disk_wait)
         self.stats = Stats(todo=prepared.todo, skipped=prepared.skipped,
                            taken_in=prepared.taken_in)
         self.limiter = AdaptiveLimiter(config.concurrency)
@@ -189,6 +190,8 @@ class Run(PromptWork, RunProgress):
             record_bound = self.disk.worst_case(line)
             if not await self.disk.wait_for_room(record_bound, self.stopping, self.settled,
                                                  self.say, self._show_waiting):
+                if self.disk.gave_up:  # --disk-wait with nothing in flight: a full disk's stop
+                    self.stop(StopReason.DISK)
                 return
             if not self.money.fits(reservation):
                 self.waiting = "room for money in flight"  # (the progress line says so)

@@ -67,7 +67,7 @@ class RunProgress:
             self.progress.refresh()
 
     def _show_waiting(self) -> None:
-        self.waiting = "disk"
+        self.waiting = self.disk.waiting_for()  # with the time left when nothing is in flight
         self._show_progress(now=True)
 
     async def _tick_progress(self) -> None:

@@ -27,7 +27,7 @@ import msgspec
 
 from ..errors import redact
 from .attempt import Attempt, error_attempt, retry_after_seconds
-from .client import CompletionClient, StreamAnswer
+from .client import COMPLETION_HEADERS, CompletionClient, StreamAnswer
 
 
 # The two shapes of a stream's last chunk, both OpenRouter's (docs/preflight.md).
@@ -73,7 +73,7 @@ async def send_probe(http: httpx.AsyncClient, base_url: str, api_key: str, body:
     """Send BODY to /chat/completions and read every line of the answer."""
     url = base_url.rstrip("/") + "/chat/completions"
     headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
-               "HTTP-Referer": "https://github.com/kimipipe/kimipipe", "X-Title": "kimipipe"}
+               **COMPLETION_HEADERS}
     started = time.monotonic()
     probe = Probe(Attempt("retry", cause="connection"), streamed=stream)
     try:

@@ -103,6 +103,8 @@ STATUS_FAULTS = {
 STATUS_ERROR_TYPES = {"429": "rate_limit_exceeded", "500": "server", "502": "provider_unavailable",
                       "503": "provider_unavailable", "524": "timeout", "529": "provider_overloaded"}
 DEFAULT_MAX_COMPLETION = 262144
+# Request headers counted in stats `completion_headers` (by value; "(none)" when absent).
+WATCHED_HEADERS = ("X-OpenRouter-Title", "X-Title", "X-OpenRouter-Cache", "HTTP-Referer")
 
 
 class HTTPDone(Exception):
@@ -127,6 +129,8 @@ class StandIn(MetadataEndpoints):
         self.faults: Counter[str] = Counter()
         self.statuses: Counter[str] = Counter()
         self.endpoint_requests: Counter[str] = Counter()
+        # completions by the value of the request headers that change what OpenRouter does
+        self.completion_headers: dict[str, Counter[str]] = {h: Counter() for h in WATCHED_HEADERS}
         self.generations: dict[str, Generation] = {}
         self.rng = random.Random(config.seed)
         self.quirk_rng = random.Random(f"quirks|{config.seed}")   # apart from the fault draws
@@ -228,6 +232,7 @@ class StandIn(MetadataEndpoints):
             "max_in_flight": self.max_in_flight,
             "statuses": dict(self.statuses),
             "endpoint_requests": dict(self.endpoint_requests),
+            "completion_headers": {h: dict(c) for h, c in self.completion_headers.items()},
             "refusals": {status: dict(kinds) for status, kinds in self.refusals.items()},
             "inflight_reserved": self.inflight.reserved(time.monotonic()),
             "inflight_cap": self.inflight_cap(),
@@ -307,6 +312,8 @@ class StandIn(MetadataEndpoints):
             return denied
         raw = await request.read()
         self.log_request(raw)
+        for header, seen in self.completion_headers.items():
+            seen[request.headers.get(header, "(none)")] += 1
         body = self._parse(raw)
         model = body["model"]
         cfg = self.config
