@@ -5,16 +5,20 @@
                        the partition's counts, the endpoints table, price bound, warnings
     run.py             the run: admission (concurrency, budget, money in flight, disk),
                        stops, draining, signals (bounded by --grace in every phase), the
-                       balance read at the start and polled, the progress snapshot;
+                       balance read at the start and polled;
                        `run_infer`, what commands/infer.py calls
-    prompt_work.py     one admitted prompt: attempts, retries and backoff, in-flight 402s
-                       waited out, money limits as stops, refused answers sent again, its
-                       record or failure written (mixed into run.Run)
-    output.py          response and failure records, the routing and reasoning checks
-                       (what is refused, and the prompt's next routing), the writers
+    prompt_work.py     one admitted prompt (`PromptWork`, given the run's parts: `RunParts`):
+                       one handler per attempt kind (kinds.AttemptKind): retries and
+                       backoff, in-flight 402s waited out, money limits as stops, refused
+                       answers sent again, its record or failure written
+    state.py           RunState: what the parts of a run share (the stop, what admission
+                       waits for, the prompts in progress)
+    acceptance.py      which answers are results: the routing, reasoning and think-marker
+                       checks, and a refused prompt's next routing
+    writing.py         response and failure records, the writers and their rescue files
     report.py          Stats, StopReason (exit code and message), summary
-    progress.py        the progress line: a snapshot of the run, fitted to the terminal
-    run_progress.py    the run's side of it: the snapshot and the redraws (mixed into run.Run)
+    progress.py        the progress line: the run's snapshot (`RunProgress`), fitted to the
+                       terminal, and when it is redrawn
     providers_table.py the providers compared (one row per provider), for the summary and
                        the report
     report_files.py    `kp-infer report FILE...`: that table from files on disk

@@ -165,14 +165,15 @@ class DiskGuard:
         self.reserved = max(0, self.reserved - amount)
 
     async def wait_for_room(self, amount: int, stopping: asyncio.Event, settled: asyncio.Event,
-                            say: Callable[[str], None], show: Callable[[], None]) -> bool:
+                            say: Callable[[str], None], show: Callable[[str], None]) -> bool:
         """Wait until AMOUNT more fits; False when the run stops first.
 
         Wakes when a request in flight settles (its reservation is released) and every
         POLL_SECONDS (space freed by someone else sends no event). Near the limit admission
         pauses and resumes with every answer written, so SAY gets the "waiting for disk"
         line at most once a minute, and "disk space is back" only when free space grew (it
-        was freed, not just released by the run); SHOW redraws the progress line.
+        was freed, not just released by the run); SHOW(what) redraws the progress line with
+        what admission waits for (`waiting_for()`).
         """
         if self.fits(amount):
             return True
@@ -189,7 +190,7 @@ class DiskGuard:
                 f"{human_bytes(self.margin)}); free some space and the run goes on")
         if self.reserved == 0:
             self._idle_since = now
-        show()
+        show(self.waiting_for())
         shown_at = now
         try:
             while not stopping.is_set():
@@ -198,7 +199,7 @@ class DiskGuard:
                 if self.reserved == 0:
                     if self._idle_since is None:  # the last answer is in: the clock starts
                         self._idle_since = time.monotonic()
-                        show()
+                        show(self.waiting_for())
                     if time.monotonic() - self._idle_since >= self.give_up_after:
                         self.gave_up = True
                         say(f"kp-infer: no room for {self.path} after waiting "
@@ -224,9 +225,9 @@ class DiskGuard:
                     return True
                 if time.monotonic() - shown_at >= SHOW_SECONDS:  # the time left moves
                     shown_at = time.monotonic()
-                    show()
+                    show(self.waiting_for())
             return False
         finally:
             self.waiting = False
             self._idle_since = None
-            show()
+            show("disk")

@@ -16,7 +16,7 @@ line of each answer (openrouter/probe.py), per answer:
     provider           the provider that served it is allowed, and the endpoints table
                        lists it, with the quantization the table gives it
     reasoning          present, and where it came from (field, details or inline), when
-                       reasoning is asked for; the run's own check (infer/output.py)
+                       reasoning is asked for; the run's own check (infer/acceptance.py)
     cost               `usage.cost` present, and plausible against the serving endpoint's
                        listed prices (above them: fail, the budget's bound would not hold;
                        under half of them: warn)
@@ -52,16 +52,18 @@ import httpx
 
 from ..errors import ExitCode, KPError
 from ..io import iter_records
+from ..kinds import AttemptKind
 from ..openrouter.account import Account, AccountError, ModelInfo
 from ..openrouter.attempt import Attempt
 from ..openrouter.probe import Probe, send_probe
 from ..openrouter.routing import allowed_endpoints, serving_endpoints
 from ..partition import in_partition
 from ..records import Prompt, Refusal
+from .acceptance import Acceptance, reasoning_refusal
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
-from .output import Output, failure_record, reasoning_refusal
 from .prepare import PROMPT_DECODER, Prepared, endpoint_warnings, prepare
+from .writing import Output, failure_record
 
 DEFAULT_REQUESTS = 3
 
@@ -113,7 +115,8 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
     checks += [Check("routing", "warn", w) for w in endpoint_warnings(config.policy, prepared.endpoints)]
     async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
         checks.extend(await _balance_checks(config, prepared, budget, account))
-    output = Output(config, prepared.endpoints)
+    output = Output(config)
+    acceptance = Acceptance.for_run(config, prepared.endpoints)
     timeout = httpx.Timeout(config.idle_timeout, connect=30.0)
     async with httpx.AsyncClient(timeout=timeout, trust_env=True, proxy=config.proxy) as http:
         probes = await asyncio.gather(*(
@@ -125,8 +128,8 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
     answers = []
     try:
         for i, ((prompt, line), probe) in enumerate(zip(prompts, probes, strict=True), start=1):
-            checks.extend(_answer_checks(i, probe, output, config))
-            spend += _keep(prompt, line, probe, output)
+            checks.extend(_answer_checks(i, probe, acceptance, config))
+            spend += _keep(prompt, line, probe, acceptance, output)
             a = probe.attempt
             answers.append({"id": prompt.id, "status": probe.status, "provider": a.provider,
                             "finish_reason": a.finish_reason,
@@ -143,19 +146,20 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
             "answers": answers, "passed": not any(c.verdict == "fail" for c in checks)}
 
 
-def _keep(prompt: Prompt, line: bytes, probe: Probe, output: Output) -> float:
+def _keep(prompt: Prompt, line: bytes, probe: Probe, acceptance: Acceptance,
+          output: Output) -> float:
     """Write a paid answer as the run would (a result, or a failure with its cost)."""
     a = probe.attempt
-    if a.kind != "ok":
+    if a.kind != AttemptKind.OK:
         return 0.0
     cost = a.cost or 0.0
-    refused = output.refusal(a)
+    refused = acceptance.refusal(a)
     if refused is None:
         output.write_response(line, a, 1, latency=probe.seconds)
     else:
         kind, why = refused
         output.write_failure(failure_record(
-            prompt, kind, Attempt("permanent", message=why, status=200), 1, provider=a.provider,
+            prompt, kind, Attempt(AttemptKind.PERMANENT, message=why, status=200), 1, provider=a.provider,
             generation_id=a.generation_id, cost=cost, refused=[Refusal(
                 kind=kind, provider=a.provider, cost=cost, generation_id=a.generation_id,
                 message=why)]))
@@ -213,16 +217,17 @@ async def _balance_checks(config: RunConfig, prepared: Prepared, budget: Budget,
                            "lower --max-tokens or add credits")]
 
 
-def _answer_checks(i: int, probe: Probe, output: Output, config: RunConfig) -> list[Check]:
+def _answer_checks(i: int, probe: Probe, acceptance: Acceptance,
+                   config: RunConfig) -> list[Check]:
     a = probe.attempt
     name = f"answer {i}: "
-    if a.kind != "ok":
+    if a.kind != AttemptKind.OK:
         return [Check(name + "status", "fail",
                       f"{a.kind} ({a.status or a.cause}): {a.message or 'no answer'}")]
     checks = [Check(name + "status", "pass",
                     f"{probe.status}, {a.completion_tokens:,} completion tokens in {probe.seconds:.1f} s")]
-    checks.append(_provider_check(name, a, output))
-    if output.expects_reasoning:
+    checks.append(_provider_check(name, a, acceptance))
+    if acceptance.expects_reasoning:
         refused = reasoning_refusal(a)
         if refused:
             checks.append(Check(name + "reasoning", "fail", f"{refused[0]}: {refused[1]}"))
@@ -232,7 +237,7 @@ def _answer_checks(i: int, probe: Probe, output: Output, config: RunConfig) -> l
                                 f"{len(a.reasoning or ''):,} characters, from {a.reasoning_source}{wire}"))
     else:
         checks.append(Check(name + "reasoning", "skip", "not asked for"))
-    checks.append(_cost_check(name, a, output))
+    checks.append(_cost_check(name, a, acceptance))
     if a.finish_reason == "stop":
         checks.append(Check(name + "finish", "pass", "stop"))
     elif a.finish_reason == "length":
@@ -253,15 +258,15 @@ def _answer_checks(i: int, probe: Probe, output: Output, config: RunConfig) -> l
     return checks
 
 
-def _provider_check(name: str, a: Attempt, output: Output) -> Check:
-    violation = output.routing_violation(a.provider)
+def _provider_check(name: str, a: Attempt, acceptance: Acceptance) -> Check:
+    violation = acceptance.routing_violation(a.provider)
     if violation:
         return Check(name + "provider", "fail", violation)
     if not a.provider:
         return Check(name + "provider", "warn", "the answer names no provider")
-    if output.endpoints is None:
+    if acceptance.endpoints is None:
         return Check(name + "provider", "warn", f"{a.provider}: no endpoints table, name checked only")
-    served = serving_endpoints(a.provider, output.endpoints)
+    served = serving_endpoints(a.provider, acceptance.endpoints)
     if not served:
         return Check(name + "provider", "fail",
                      f"{a.provider} is not in the endpoints table: its quantization is unknown")
@@ -269,10 +274,10 @@ def _provider_check(name: str, a: Attempt, output: Output) -> Check:
     return Check(name + "provider", "pass", f"{a.provider}: {quants} in the endpoints table, allowed")
 
 
-def _cost_check(name: str, a: Attempt, output: Output) -> Check:
+def _cost_check(name: str, a: Attempt, acceptance: Acceptance) -> Check:
     if a.cost is None:
         return Check(name + "cost", "fail", "usage.cost missing: the spend could not be booked")
-    served = serving_endpoints(a.provider or "", output.endpoints)
+    served = serving_endpoints(a.provider or "", acceptance.endpoints)
     if not served:
         return Check(name + "cost", "warn", f"${a.cost:.6f}; no listed price to compare it with")
     listed = max(a.prompt_tokens * e.prompt_price + a.completion_tokens * e.completion_price

@@ -36,6 +36,7 @@ import sys
 
 import msgspec
 
+from ..kinds import AttemptKind, RetryCause
 from ..openrouter.attempt import Attempt
 from ..openrouter.client import CompletionClient
 from .config import RunConfig
@@ -118,7 +119,8 @@ class WorkerPool:
         worker.alive = False
         for future in worker.pending.values():
             if not future.done():
-                future.set_result(Attempt("retry", cause="worker", message="worker process ended"))
+                future.set_result(Attempt(AttemptKind.RETRY, cause=RetryCause.WORKER,
+                                          message="worker process ended"))
         worker.pending.clear()
         if self._closing or worker not in self._workers:
             return
@@ -158,7 +160,8 @@ class WorkerPool:
     async def attempt(self, body: bytes, stream: bool) -> Attempt:
         worker = await self._live_worker()
         if worker is None:
-            return Attempt("retry", cause="worker", message="no worker process could be started")
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.WORKER,
+                           message="no worker process could be started")
         # No await from the liveness check to `pending`: a worker found alive here hands
         # this attempt back as a retry if it dies before answering.
         request_id = next(self._ids)
@@ -169,7 +172,8 @@ class WorkerPool:
             worker.proc.stdin.write(_HEADER.pack(len(payload)) + payload)
         except (ConnectionError, RuntimeError):
             worker.pending.pop(request_id, None)
-            return Attempt("retry", cause="worker", message="worker process ended")
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.WORKER,
+                           message="worker process ended")
         try:
             return await future
         except asyncio.CancelledError:

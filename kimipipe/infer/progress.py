@@ -1,8 +1,11 @@
 """kp-infer's progress line: what a user watching a paid run needs first, fitted to a width.
 
-`ProgressSnapshot` is the run's state at one moment (`Run.snapshot()`, infer/run_progress.py
-fills it); `progress_line(snapshot, width)` turns it into one line of at most WIDTH
-columns. Its parts, most important first; those that do not fit are left off from the end:
+`ProgressSnapshot` is the run's state at one moment (`RunProgress.snapshot()` reads it from
+the parts of the run it is given); `progress_line(snapshot, width)` turns it into one line
+of at most WIDTH columns. `RunProgress` also decides when the line is redrawn: at most
+twice a second on a terminal, and now and then by a ticker (the ETA, the oldest request's
+age and a stop's grace move with time), or as a plain line every KP_PROGRESS_INTERVAL
+seconds when stderr is not a terminal. Its parts, most important first; those that do not fit are left off from the end:
 
     kp-infer: 120/400, 64 in flight (max 64), $1.23 of $10, 429s 12, 2 failed, ETA 4m10s,
     oldest 41s, retries 3, 5 in back-off, 850 tok/s, 1.2M tok left
@@ -32,7 +35,21 @@ bar) as a plain line every KP_PROGRESS_INTERVAL seconds (default 10) instead.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..cli import progress_interval, stderr_width
+from ..kinds import RetryCause
+
+if TYPE_CHECKING:
+    from .budget import Budget
+    from .config import RunConfig
+    from .inflight import MoneyInFlight
+    from .limiter import AdaptiveLimiter
+    from .report import Stats
+    from .state import RunState
 
 SEPARATOR = ", "
 
@@ -61,6 +78,89 @@ class ProgressSnapshot:
     backing_off: int = 0  # prompts waiting before their next attempt
     tokens_per_s: float = 0.0
     tokens_left: int | None = None  # of --token-budget
+
+
+class RunProgress:
+    """The progress line of one run: BAR (the tqdm bar whose description is the line, or a
+    disabled one) and the parts whose state it shows."""
+
+    def __init__(self, bar, config: RunConfig, todo: int, state: RunState, stats: Stats,
+                 budget: Budget, limiter: AdaptiveLimiter, money: MoneyInFlight,
+                 terminal: bool):
+        self.bar = bar
+        self.config = config
+        self.todo = todo
+        self.state = state
+        self.stats = stats
+        self.budget = budget
+        self.limiter = limiter
+        self.money = money
+        self.terminal = terminal  # else plain progress lines now and then
+        self._last_shown = 0.0
+
+    def snapshot(self) -> ProgressSnapshot:
+        """The run now, for the progress line."""
+        now = time.monotonic()
+        stats, budget, state = self.stats, self.budget, self.state
+        failed = sum(stats.failed.values())
+        finished = stats.done + failed
+        elapsed = max(1e-6, now - stats.started)
+        left = max(0, self.todo - finished)
+        oldest = next(iter(state.in_progress.values()), None)
+        rate_limited = stats.retries[RetryCause.RATE_LIMITED]
+        ceiling = self.money.ceiling()
+        grace_left = None
+        if state.stopped_at is not None:
+            grace_left = max(0.0, self.config.grace - (now - state.stopped_at))
+        return ProgressSnapshot(
+            finished=finished, total=self.todo, failed=failed,
+            in_flight=self.limiter.in_flight, limit=self.limiter.current,
+            concurrency=self.config.concurrency, waiting=state.waiting,
+            stopping=state.stop_reason.slug if state.stop_reason else None,
+            grace_left=grace_left,
+            spent=budget.spent if budget.max_cost is not None else budget.spent_this_run,
+            cap=budget.max_cost,
+            rate_limited=rate_limited, retries=sum(stats.retries.values()) - rate_limited,
+            eta=(left * elapsed / finished if finished and left and not state.stopping.is_set()
+                 else None),
+            oldest=now - oldest if oldest is not None else None,
+            # shown when it may bind: half used, or OpenRouter's in-flight 402s met
+            money_in_flight=((self.money.amount, ceiling) if ceiling is not None
+                             and (self.money.cuts or self.money.amount >= ceiling / 2) else None),
+            backing_off=max(0, len(state.in_progress) - self.limiter.in_flight),
+            tokens_per_s=stats.completion_tokens / elapsed,
+            tokens_left=(max(0, budget.token_budget - budget.tokens)
+                         if budget.token_budget else None))
+
+    def finished_one(self) -> None:
+        """A prompt answered or failed."""
+        self.bar.update(1)
+
+    def show(self, now: bool = False, draw: bool = True) -> None:
+        """The line: on a terminal at most twice a second, or NOW; off a terminal a plain
+        line only when NOW (the ticker, or a change of state worth a line of its own)."""
+        if self.bar.disable:
+            return
+        clock = time.monotonic()
+        if not now and draw and clock - self._last_shown < 0.5:
+            return
+        self._last_shown = clock
+        width = stderr_width() - 1 if self.terminal else None  # -1: no wrap at the last column
+        self.bar.set_description_str(progress_line(self.snapshot(), width), refresh=False)
+        if draw and (now or self.terminal):
+            self.bar.refresh()
+
+    def show_waiting_for_disk(self, what: str = "disk") -> None:
+        self.state.waiting = what  # (the disk guard's: with the time left, nothing in flight)
+        self.show(now=True)
+
+    async def tick(self) -> None:
+        """Redraw now and then, not only when a prompt finishes: the ETA, the age of the
+        oldest request and a stop's grace move with time."""
+        interval = 1.0 if self.terminal else progress_interval()
+        while True:
+            await asyncio.sleep(interval)
+            self.show(now=True)
 
 
 def progress_line(snap: ProgressSnapshot, width: int | None = None, name: str = "kp-infer") -> str:

@@ -1,16 +1,28 @@
 """What happens to one admitted prompt of a kp-infer run: its attempts and what each ends in.
 
-`PromptWork` is the half of `infer.run.Run` that owns one prompt from admission to its record:
-it sends the request through the transport until an answer or a permanent failure, with
-jittered exponential backoff between retryable attempts (a 429 also shrinks the concurrency
-limit); an in-flight 402 (kind "wait") is no failed attempt: the request gives back its
-slot and its money in flight (whose ceiling the 402 cuts: infer/inflight.py), waits
-`Retry-After` and is admitted again; a money limit (kind "payment": the balance, the key's
-limit, a workspace or guardrail budget) stops the run and fails no prompt; checks each answer (routing, the reasoning asked for: `Output.refusal`), sends a
-refused one again at once with its provider ignored while `--max-attempts`, the run and
-`--max-cost` allow (the prompt's reservation still covers the next attempt's worst case);
-writes the answer or the failure record whole (infer/output.py), and keeps in the rescue
-file what a failing output cannot take. Admission, stops and draining stay in `Run`.
+The run (infer/run.py) admits a prompt, then hands it to a `PromptWork` of its own, given
+the run's parts explicitly (`RunParts`); the work owns the prompt from admission to its
+record. It sends the request through the transport until an answer or a permanent failure;
+what each attempt ends in (`kinds.AttemptKind`) has one handler here (`PromptWork.HANDLERS`):
+
+    ok         the answer is checked (routing, the reasoning asked for: infer/acceptance.py)
+               and written; a refused one is paid for and sent again at once with its
+               provider ignored while `--max-attempts`, the run and `--max-cost` allow (the
+               prompt's reservation still covers the next attempt's worst case)
+    retry      jittered exponential backoff, then again, up to `--max-attempts` (a 429 also
+               shrinks the concurrency limit); the cause is counted (`kinds.RetryCause`)
+    wait       an in-flight 402 is no failed attempt: the request gives back its slot and
+               its money in flight (whose ceiling the 402 cuts: infer/inflight.py), waits
+               `Retry-After` and is admitted again
+    payment    a money limit (the balance, the key's limit, a workspace or guardrail
+               budget): the run stops, no prompt is failed for it
+    auth       401: the run stops
+    no_route   404: the run stops, unless the providers this prompt ignores (after refused
+               answers) left no route: then it is the prompt's failure
+    permanent  the prompt fails
+
+The record or failure is written whole (infer/writing.py), and what a failing output cannot
+take is kept in the rescue file. Admission, stops and draining stay in the run.
 """
 
 from __future__ import annotations
@@ -18,195 +30,294 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
 
+from ..kinds import AttemptKind, FailureKind, RefusalKind, RetryCause
 from ..openrouter.attempt import Attempt
-from ..openrouter.routing import Policy
 from ..records import Prompt, Refusal
-from .output import RESCUED, WRITTEN, failure_record
-from .report import StopReason
+from .acceptance import Acceptance
+from .budget import Budget
+from .config import RunConfig
+from .disk import DiskGuard
+from .inflight import MoneyInFlight
+from .limiter import AdaptiveLimiter
+from .progress import RunProgress
+from .report import Stats, StopReason
+from .state import RunState
+from .writing import RESCUED, WRITTEN, Output, failure_record
+
+
+class Transport(Protocol):
+    """CompletionClient or WorkerPool (infer/process_pool.py)."""
+
+    async def attempt(self, body: bytes, stream: bool) -> Attempt: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunParts:
+    """What one prompt's work is given by its run: nothing else of the run is reached."""
+
+    config: RunConfig
+    transport: Transport
+    limiter: AdaptiveLimiter  # the concurrency slots
+    money: MoneyInFlight  # the worst cases in flight, under the balance's ceiling
+    budget: Budget  # --max-cost, --total-cost, --token-budget
+    disk: DiskGuard
+    acceptance: Acceptance
+    output: Output
+    stats: Stats
+    done: set[str]  # the IDs answered (in the output)
+    state: RunState
+    progress: RunProgress
+    stop: Callable[[StopReason], None]  # the run's stop (admission ends)
+    say: Callable[[str], None]
 
 
 def _rounded(x: float | None) -> float | None:
     return None if x is None else round(x, 6)
 
 
-class PromptWork:
-    """Mixed into `Run`, whose state it uses (config, transport, limiter, money, budget,
-    disk, output, stats, refused, in_progress, stopping, settled, progress, stop, say)."""
+async def acquire_unless_stopped(limiter: AdaptiveLimiter, stopping: asyncio.Event) -> bool:
+    """A concurrency slot for a new request; False (and no slot) once the run stops."""
+    if limiter.in_flight < limiter.current:
+        await limiter.acquire()
+    else:
+        acquire = asyncio.create_task(limiter.acquire())
+        stopped = asyncio.create_task(stopping.wait())
+        await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not acquire.done():
+            acquire.cancel()
+            await asyncio.wait({acquire})
+        if acquire.cancelled():
+            return False
+    if stopping.is_set():
+        await limiter.release()
+        return False
+    return True
 
-    # -- one prompt -----------------------------------------------------------------------
-    async def _handle(self, prompt: Prompt, line: bytes, reservation: float,
-                      record_bound: int = 0) -> None:
-        policy = self.config.policy
-        body = self.config.request.body(prompt, policy)
-        attempts = 0
-        holding_slot = holding_money = True
+
+class PromptWork:
+    """One admitted PROMPT (its LINE as read), holding a concurrency slot, RESERVATION
+    dollars of budget and money in flight, and RECORD_BOUND bytes of disk: `await run()`."""
+
+    def __init__(self, parts: RunParts, prompt: Prompt, line: bytes, reservation: float,
+                 record_bound: int = 0):
+        self.parts = parts
+        self.prompt = prompt
+        self.line = line
+        self.reservation = reservation
+        self.record_bound = record_bound
+        self.policy = parts.config.policy  # this prompt's: refused providers get ignored
+        self.body = parts.config.request.body(prompt, self.policy)
+        self.attempts = 0
+        self.started = 0.0  # when the attempt now in flight was sent
+        self.holding_slot = self.holding_money = True
+        self.refused: list[Refusal] = []  # answers refused (paid for), not yet on a record
+
+    async def run(self) -> None:
+        parts = self.parts
+        stream = parts.config.request.stream
         try:
             while True:
-                attempts += 1
-                started = time.monotonic()
-                result: Attempt = await self.transport.attempt(body, self.config.request.stream)
-                if result.kind == "ok":
-                    refused = self.output.refusal(result)
-                    if refused is None:
-                        self._accept(prompt, line, result, attempts, time.monotonic() - started)
-                        return
-                    policy = self._refuse(prompt, result, *refused, attempts, policy)
-                    if policy is None:
-                        return
-                    body = self.config.request.body(prompt, policy)  # its own provider.ignore
-                    continue
-                if result.kind == "retry":
-                    self.stats.retries[result.cause] += 1
-                    if result.cause == "429":
-                        self.limiter.rate_limited()
-                    if attempts >= self.config.max_attempts:
-                        self._fail(prompt, "retries_exhausted", result, attempts)
-                        return
-                    await self.limiter.release()
-                    holding_slot = False
-                    if not await self._sleep_unless_stopped(self._backoff(attempts, result.retry_after)):
-                        return  # not sent again: a stop admits no new requests
-                    # a slot again, unless the run stops while waiting for one (a Ctrl-C
-                    # must not wait for a slot that only a long answer would free)
-                    if not await self._acquire_unless_stopped():
-                        return
-                    holding_slot = True
-                    continue
-                if result.kind == "wait":  # the in-flight budget is full: not this prompt's fault
-                    attempts -= 1
-                    self.stats.retries[result.cause] += 1
-                    self.stats.limit_refusals[result.limit_key()] += 1
-                    self.money.refused(result.retry_after)
-                    self.money.release(reservation, finished=False)
-                    holding_money = False
-                    await self.limiter.release()
-                    holding_slot = False
-                    delay = result.retry_after if result.retry_after is not None else self._backoff(1, None)
-                    if not await self._sleep_unless_stopped(delay) or not await self.money.acquire(reservation):
-                        return
-                    holding_money = True
-                    if not await self._acquire_unless_stopped():
-                        return
-                    holding_slot = True
-                    continue
-                if result.kind == "payment":
-                    self.stats.limit_refusals[result.limit_key()] += 1
-                    if self.stats.limit is None:
-                        self.stats.limit = {**result.limit(), "balance_left": _rounded(self.money.spendable()),
-                                            "worst_case_request": round(reservation, 6)}
-                    self.stop(StopReason.for_limit(result.limit_source))
+                self.attempts += 1
+                self.started = time.monotonic()
+                result = await parts.transport.attempt(self.body, stream)
+                if not await self.HANDLERS[result.kind](self, result):
                     return
-                if result.kind == "auth":
-                    self.stop(StopReason.AUTH)
-                    return
-                if result.kind == "no_route" and policy is not self.config.policy:
-                    # the providers this prompt ignores left no route: its failure, not the run's
-                    last = self.refused[prompt.id][-1]
-                    self._fail(prompt, last.kind, Attempt("permanent", message=(
-                        f"{last.message}; no provider left after ignoring {', '.join(policy.ignore)}"),
-                        status=404), attempts, provider=last.provider, generation_id=last.generation_id)
-                    return
-                if result.kind == "no_route":
-                    self.say(f"kp-infer: {result.message}")
-                    self.stop(StopReason.NO_ROUTE)
-                    return
-                self._fail(prompt, "permanent", result, attempts)
-                return
         finally:
-            if prompt.id in self.refused:  # refused, paid for, and not sent again: a stop
-                last = self.refused[prompt.id][-1]
-                self._fail(prompt, last.kind, Attempt("permanent", status=200, message=(
-                    f"{last.message}; not sent again: the run stopped")), attempts,
+            if self.refused:  # refused, paid for, and not sent again: a stop
+                last = self.refused[-1]
+                self._fail(last.kind, Attempt(AttemptKind.PERMANENT, status=200, message=(
+                    f"{last.message}; not sent again: the run stopped")),
                     provider=last.provider, generation_id=last.generation_id)
-            self.in_progress.pop(prompt.id, None)
-            self.budget.release(reservation)
-            self.disk.release(record_bound)
-            if holding_money:
-                self.money.release(reservation)
-            if holding_slot:
-                await self.limiter.release()
-            self.settled.set()
-            self._show_progress()
+            parts.state.in_progress.pop(self.prompt.id, None)
+            parts.budget.release(self.reservation)
+            parts.disk.release(self.record_bound)
+            if self.holding_money:
+                parts.money.release(self.reservation)
+            if self.holding_slot:
+                await parts.limiter.release()
+            parts.state.settled.set()
+            parts.progress.show()
 
+    # -- one handler per attempt kind: True sends the prompt again -----------------------
+    async def _on_ok(self, answer: Attempt) -> bool:
+        refused = self.parts.acceptance.refusal(answer)
+        if refused is None:
+            self._accept(answer, time.monotonic() - self.started)
+            return False
+        if not self._refuse(answer, *refused):
+            return False
+        self.body = self.parts.config.request.body(self.prompt, self.policy)  # its own ignore
+        return True
+
+    async def _on_retry(self, result: Attempt) -> bool:
+        parts = self.parts
+        parts.stats.retries[result.cause] += 1
+        if result.cause == RetryCause.RATE_LIMITED:
+            parts.limiter.rate_limited()
+        if self.attempts >= parts.config.max_attempts:
+            self._fail(FailureKind.RETRIES_EXHAUSTED, result)
+            return False
+        await parts.limiter.release()
+        self.holding_slot = False
+        if not await self._sleep_unless_stopped(self._backoff(self.attempts, result.retry_after)):
+            return False  # not sent again: a stop admits no new requests
+        # a slot again, unless the run stops while waiting for one (a Ctrl-C must not wait
+        # for a slot that only a long answer would free)
+        if not await acquire_unless_stopped(parts.limiter, parts.state.stopping):
+            return False
+        self.holding_slot = True
+        return True
+
+    async def _on_wait(self, result: Attempt) -> bool:
+        """The in-flight budget is full: not this prompt's fault, and no attempt of its."""
+        parts = self.parts
+        self.attempts -= 1
+        parts.stats.retries[result.cause] += 1
+        parts.stats.limit_refusals[result.limit_key()] += 1
+        parts.money.refused(result.retry_after)
+        parts.money.release(self.reservation, finished=False)
+        self.holding_money = False
+        await parts.limiter.release()
+        self.holding_slot = False
+        delay = result.retry_after if result.retry_after is not None else self._backoff(1, None)
+        if (not await self._sleep_unless_stopped(delay)
+                or not await parts.money.acquire(self.reservation)):
+            return False
+        self.holding_money = True
+        if not await acquire_unless_stopped(parts.limiter, parts.state.stopping):
+            return False
+        self.holding_slot = True
+        return True
+
+    async def _on_payment(self, result: Attempt) -> bool:
+        stats = self.parts.stats
+        stats.limit_refusals[result.limit_key()] += 1
+        if stats.limit is None:
+            stats.limit = {**result.limit(), "balance_left": _rounded(self.parts.money.spendable()),
+                           "worst_case_request": round(self.reservation, 6)}
+        self.parts.stop(StopReason.for_limit(result.limit_source))
+        return False
+
+    async def _on_auth(self, result: Attempt) -> bool:
+        self.parts.stop(StopReason.AUTH)
+        return False
+
+    async def _on_no_route(self, result: Attempt) -> bool:
+        if self.policy is not self.parts.config.policy:
+            # the providers this prompt ignores left no route: its failure, not the run's
+            last = self.refused[-1]
+            self._fail(last.kind, Attempt(AttemptKind.PERMANENT, message=(
+                f"{last.message}; no provider left after ignoring {', '.join(self.policy.ignore)}"),
+                status=404), provider=last.provider, generation_id=last.generation_id)
+            return False
+        self.parts.say(f"kp-infer: {result.message}")
+        self.parts.stop(StopReason.NO_ROUTE)
+        return False
+
+    async def _on_permanent(self, result: Attempt) -> bool:
+        self._fail(FailureKind.PERMANENT, result)
+        return False
+
+    HANDLERS: dict[AttemptKind, Callable[[PromptWork, Attempt], Awaitable[bool]]] = {
+        AttemptKind.OK: _on_ok,
+        AttemptKind.RETRY: _on_retry,
+        AttemptKind.WAIT: _on_wait,
+        AttemptKind.PAYMENT: _on_payment,
+        AttemptKind.AUTH: _on_auth,
+        AttemptKind.NO_ROUTE: _on_no_route,
+        AttemptKind.PERMANENT: _on_permanent,
+    }
+    assert set(HANDLERS) == set(AttemptKind), "every attempt kind has its handler"
+
+    # -- the steps the handlers share -----------------------------------------------------
     async def _sleep_unless_stopped(self, delay: float) -> bool:
         """Wait DELAY seconds before sending again; False when the run stops meanwhile."""
+        stopping = self.parts.state.stopping
         try:
-            await asyncio.wait_for(self.stopping.wait(), timeout=delay)
+            await asyncio.wait_for(stopping.wait(), timeout=delay)
         except TimeoutError:
             pass
-        return not self.stopping.is_set()
+        return not stopping.is_set()
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        delay = min(self.config.backoff_max, self.config.backoff_base * 2 ** (attempt - 1))
+        config = self.parts.config
+        delay = min(config.backoff_max, config.backoff_base * 2 ** (attempt - 1))
         delay *= random.uniform(0.5, 1.5)
         if retry_after is not None:
             delay = max(delay, retry_after)
         return delay
 
-    def _refuse(self, prompt: Prompt, answer: Attempt, kind: str, why: str, attempts: int,
-                policy: Policy) -> Policy | None:
-        """Count a refused ANSWER (paid for); the policy for the prompt's next attempt, or
-        None when it is not sent again (then it is a failure of KIND)."""
+    def _refuse(self, answer: Attempt, kind: RefusalKind, why: str) -> bool:
+        """Count a refused ANSWER (paid for); True when the prompt is sent again (with the
+        policy for its next attempt), False when not (then it is a failure of KIND)."""
+        parts = self.parts
         cost = answer.cost if answer.cost is not None else 0.0
-        self.stats.prompt_tokens += answer.prompt_tokens
-        self.budget.record(cost, 0)
-        self.refused.setdefault(prompt.id, []).append(Refusal(
-            kind=kind, provider=answer.provider, cost=cost, generation_id=answer.generation_id,
-            message=why))
-        self.stats.refusal(answer.provider, kind, cost)
-        if (attempts >= self.config.max_attempts or self.stopping.is_set()
-                or not self.budget.cost_fits(0)):  # the next attempt's worst case must still fit
-            self._fail(prompt, kind, Attempt("permanent", message=why, status=200), attempts,
+        parts.stats.prompt_tokens += answer.prompt_tokens
+        parts.budget.record(cost, 0)
+        self.refused.append(Refusal(kind=kind, provider=answer.provider, cost=cost,
+                                    generation_id=answer.generation_id, message=why))
+        parts.stats.refusal(answer.provider, kind, cost)
+        if (self.attempts >= parts.config.max_attempts or parts.state.stopping.is_set()
+                or not parts.budget.cost_fits(0)):  # the next attempt's worst case must still fit
+            self._fail(kind, Attempt(AttemptKind.PERMANENT, message=why, status=200),
                        provider=answer.provider, generation_id=answer.generation_id)
-            return None
-        self.stats.retries[kind] += 1
-        return self.output.next_policy(policy, answer.provider)
+            return False
+        parts.stats.retries[kind] += 1
+        self.policy = parts.acceptance.next_policy(self.policy, answer.provider)
+        return True
 
-    def _accept(self, prompt: Prompt, line: bytes, answer: Attempt, attempts: int,
-                latency: float | None = None) -> None:
+    def _accept(self, answer: Attempt, latency: float | None = None) -> None:
+        parts = self.parts
         cost = answer.cost if answer.cost is not None else 0.0
-        self.stats.prompt_tokens += answer.prompt_tokens
-        refused = self.refused.pop(prompt.id, [])
-        kept = self.output.write_response(line, answer, attempts, refused=refused, latency=latency)
+        parts.stats.prompt_tokens += answer.prompt_tokens
+        refused, self.refused = self.refused, []
+        kept = parts.output.write_response(self.line, answer, self.attempts, refused=refused,
+                                           latency=latency)
         if kept != WRITTEN:  # paid all the same: in the rescue file, or lost (stdout closed)
-            self.budget.record(cost, 0)  # (the refused answers' cost is recorded already)
-            self.stats.not_written(cost + sum(r.cost for r in refused), rescued=kept == RESCUED)
+            parts.budget.record(cost, 0)  # (the refused answers' cost is recorded already)
+            parts.stats.not_written(cost + sum(r.cost for r in refused), rescued=kept == RESCUED)
             self._output_failed()  # no point paying for answers that cannot be kept
             return
-        self.done.add(prompt.id)
-        self.budget.record(cost, answer.completion_tokens)
-        self.stats.answered(answer, latency)
-        self.progress.update(1)
-        if self.budget.tokens_exhausted() and not self.stopping.is_set():
-            self.stop(StopReason.TOKEN_BUDGET)
+        parts.done.add(self.prompt.id)
+        parts.budget.record(cost, answer.completion_tokens)
+        parts.stats.answered(answer, latency)
+        parts.progress.finished_one()
+        if parts.budget.tokens_exhausted() and not parts.state.stopping.is_set():
+            parts.stop(StopReason.TOKEN_BUDGET)
 
-    def _fail(self, prompt: Prompt, kind: str, attempt: Attempt, attempts: int, *,
-              provider: str | None = None, generation_id: str | None = None) -> None:
-        refused = self.refused.pop(prompt.id, [])  # paid for: their cost is the failure's
-        self.stats.failure(kind, attempt)
-        kept = self.output.write_failure(failure_record(
-            prompt, kind, attempt, attempts, provider=provider, generation_id=generation_id,
-            cost=sum(r.cost for r in refused), refused=refused))
-        self.progress.update(1)
+    def _fail(self, kind: str, attempt: Attempt, *, provider: str | None = None,
+              generation_id: str | None = None) -> None:
+        parts = self.parts
+        refused, self.refused = self.refused, []  # paid for: their cost is the failure's
+        parts.stats.failure(kind, attempt)
+        kept = parts.output.write_failure(failure_record(
+            self.prompt, kind, attempt, self.attempts, provider=provider,
+            generation_id=generation_id, cost=sum(r.cost for r in refused), refused=refused))
+        parts.progress.finished_one()
         if kept != WRITTEN:
-            self.stats.failure_not_written(rescued=kept == RESCUED)
+            parts.stats.failure_not_written(rescued=kept == RESCUED)
             self._output_failed()
 
     def _output_failed(self) -> None:
         """A file refused a write: say so once (and where what arrives now is kept), stop."""
-        output = self.output
+        parts = self.parts
+        output, stats = parts.output, parts.stats
         if output.error_file == "-":
-            self.stop(StopReason.CLOSED_PIPE)
+            parts.stop(StopReason.CLOSED_PIPE)
             return
-        if self.stats.write_error is None:
+        if stats.write_error is None:
             error = output.error
-            self.stats.write_error = f"{output.error_file}: {error.strerror or error}"
-            rescue = output.rescues.get("failures" if output.error_file == self.config.failures
+            stats.write_error = f"{output.error_file}: {error.strerror or error}"
+            rescue = output.rescues.get("failures" if output.error_file == parts.config.failures
                                         else "output")
-            self.say(f"kp-infer: cannot write {self.stats.write_error} (it ends with its last "
-                     "whole record); answers paid for that it cannot take are kept in "
-                     f"{rescue.path} for the next run")
-        self.stats.rescue_files = {name: r.path for name, r in output.rescues.items() if r.saved}
-        self.stats.rescue_errors = [r.error for r in output.rescues.values() if r.error]
-        self.stop(StopReason.DISK if output.disk_full else StopReason.OUTPUT)
+            parts.say(f"kp-infer: cannot write {stats.write_error} (it ends with its last "
+                      "whole record); answers paid for that it cannot take are kept in "
+                      f"{rescue.path} for the next run")
+        stats.rescue_files = {name: r.path for name, r in output.rescues.items() if r.saved}
+        stats.rescue_errors = [r.error for r in output.rescues.values() if r.error]
+        parts.stop(StopReason.DISK if output.disk_full else StopReason.OUTPUT)

@@ -35,8 +35,11 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-REFUSAL_KINDS = ("routing_violation", "no_reasoning", "think_marker")
-_SHORT = {"routing_violation": "r", "no_reasoning": "n", "think_marker": "t"}
+from ..kinds import RefusalKind
+
+REFUSAL_KINDS = tuple(RefusalKind)  # routing_violation, no_reasoning, think_marker
+_SHORT = {RefusalKind.ROUTING_VIOLATION: "r", RefusalKind.NO_REASONING: "n",
+          RefusalKind.THINK_MARKER: "t"}
 
 
 def percentile(sorted_values: list, q: float):

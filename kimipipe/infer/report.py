@@ -42,6 +42,7 @@ from enum import Enum
 
 from ..cli import counted
 from ..errors import ExitCode
+from ..kinds import FailureKind
 from ..openrouter.attempt import Attempt
 from .budget import Budget
 from .config import RunConfig
@@ -183,7 +184,8 @@ class Stats:
 
     def failure(self, kind: str, attempt: Attempt) -> None:
         """A prompt given up on this run, counted by kind (a permanent error by its status)."""
-        self.failed[kind if kind != "permanent" else f"http_{attempt.status or attempt.cause}"] += 1
+        self.failed[kind if kind != FailureKind.PERMANENT
+                    else f"http_{attempt.status or attempt.cause}"] += 1
 
 
 def exit_code(stop: StopReason | None, stats: Stats) -> int:

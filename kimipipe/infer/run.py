@@ -13,12 +13,15 @@ in-flight 402s and grown back while none come), and its worst-case record fits t
 free space of the output's filesystem (infer/disk.py); it is then sent by the
 transport (infer/process_pool.py) until it gets an answer or a permanent failure, with
 jittered exponential backoff between attempts. Each answer is checked (routing, and the
-reasoning asked for) and written whole as it completes (infer/output.py); a refused
+reasoning asked for: infer/acceptance.py) and written whole as it completes
+(infer/writing.py); a refused
 answer is paid for and the prompt sent again at once with its provider ignored, while
 `--max-attempts`, the run and `--max-cost` allow. An answer the output
 cannot take (a full disk) stops the run and is kept in the rescue file, as is every answer
 still arriving, for the next run to take in (infer/rescue.py). What happens to one
-admitted prompt (attempts, retries, refused answers, records) is infer/prompt_work.py.
+admitted prompt (attempts, retries, refused answers, records) is a `PromptWork` of its own
+(infer/prompt_work.py), given the run's parts explicitly (`RunParts`), with one handler per
+attempt kind.
 
 An in-flight 402 is a wait, never a stop. A stop ends admission: the budget (`--max-cost`,
 `--token-budget`), a money limit OpenRouter names (the balance, the key's limit, a
@@ -29,7 +32,9 @@ flight then finish within `--grace` seconds counted from the stop (they are paid
 are written, also when the stop comes after the last admission; prompts in back-off are
 not sent again; a second Ctrl-C cancels at once. The handlers cover the whole event loop
 (the workers' start and close too); outside it SIGINT/SIGTERM exit 130 at once
-(`cli.sigterm_as_ctrl_c`). The progress line (infer/progress.py) shows `Run.snapshot()` (infer/run_progress.py).
+(`cli.sigterm_as_ctrl_c`). The progress line and its snapshot of the run are
+infer/progress.py (`RunProgress`); what the parts share while the run runs (the stop, what
+admission waits for, the prompts in progress) is one `RunState` (infer/state.py).
 Memory holds the IDs, the requests in flight and their prompt lines."""
 
 from __future__ import annotations
@@ -49,72 +54,67 @@ from ..errors import ExitCode
 from ..io import iter_records
 from ..openrouter.account import Account, AccountError, Balance, fetch_balance
 from ..partition import in_partition
-from ..records import Refusal
+from .acceptance import Acceptance
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .disk import DiskGuard
 from .inflight import MoneyInFlight
 from .limiter import AdaptiveLimiter
-from .output import Output
 from .plan import plan_json, plan_text
 from .prepare import PROMPT_DECODER, Prepared, check_outputs, output_locks, prepare
 from .process_pool import open_transport
-from .prompt_work import PromptWork
+from .progress import RunProgress
+from .prompt_work import PromptWork, RunParts, Transport, acquire_unless_stopped
 from .report import Stats, StopReason, exit_code, format_summary, summary, write_summary_json
-from .run_progress import RunProgress
+from .state import RunState
 from .total_cost import PUBLISH_INTERVAL
 from .worker_process import freeze_startup_objects
+from .writing import Output
 
 if TYPE_CHECKING:
     from ..cli import Stderr
 
 
-class Run(PromptWork, RunProgress):
-    """One kp-infer run over a prepared input (see the module docstring)."""
+class Run:
+    """One kp-infer run over a prepared input (see the module docstring). BAR is the
+    progress bar whose description is the progress line."""
 
-    def __init__(self, config: RunConfig, prepared: Prepared, budget: Budget, transport,
-                 progress, say: Callable[[str], None], account: Account):
+    def __init__(self, config: RunConfig, prepared: Prepared, budget: Budget, bar,
+                 say: Callable[[str], None], account: Account):
         self.config = config
         self.prepared = prepared
-        self.done = prepared.done
         self.budget = budget
-        self.transport = transport  # CompletionClient or WorkerPool: `attempt(body, stream)`
-        self.progress = progress
         self.say = say
         self.account = account  # the balance: read at the start, polled (--min-credits too)
-        self.output = Output(config, prepared.endpoints)
+        self.state = RunState()
+        self.output = Output(config)
+        self.acceptance = Acceptance.for_run(config, prepared.endpoints)
         self.disk = DiskGuard(config.output, config.request.max_tokens, config.min_free_disk,
                               config.disk_wait)
         self.stats = Stats(todo=prepared.todo, skipped=prepared.skipped,
                            taken_in=prepared.taken_in)
         self.limiter = AdaptiveLimiter(config.concurrency)
         self.money = MoneyInFlight(lambda: budget.spent_this_run)
-        self.stop_reason: StopReason | None = None
-        self.stopped_at: float | None = None  # when admission stopped: --grace counts from it
-        self.stopping = asyncio.Event()
-        self.settled = asyncio.Event()
+        self.progress = RunProgress(bar, config, prepared.todo, self.state, self.stats, budget,
+                                    self.limiter, self.money, stderr_is_terminal())
         self.tasks: set[asyncio.Task] = set()
-        self.in_progress: dict[str, float] = {}  # prompt ID -> when admitted, oldest first
-        self.refused: dict[str, list[Refusal]] = {}  # answers refused, by prompt in flight
-        self.waiting: str | None = None  # what holds admission back, for the progress line
-        self.terminal = stderr_is_terminal()  # else plain progress lines now and then
-        self._last_shown = 0.0
         self._interrupts = 0
 
     # -- stopping -------------------------------------------------------------------------
     def stop(self, reason: StopReason) -> None:
         # A failed write outranks a stop that would exit 0 (a token budget reached): answers
         # waiting in the rescue file must not look like a finished job.
-        if self.stop_reason is None or (reason in (StopReason.DISK, StopReason.OUTPUT)
-                                        and self.stop_reason.exit_code == ExitCode.OK):
-            self.stop_reason = reason
-            self.stopped_at = self.stopped_at or time.monotonic()
+        state = self.state
+        if state.stop_reason is None or (reason in (StopReason.DISK, StopReason.OUTPUT)
+                                         and state.stop_reason.exit_code == ExitCode.OK):
+            state.stop_reason = reason
+            state.stopped_at = state.stopped_at or time.monotonic()
             self.say(f"kp-infer: {reason.message}"
                      + (f"; waiting up to {self.config.grace:g} s (--grace) for "
                         f"{self.limiter.in_flight} requests in flight"
                         if self.limiter.in_flight else ""))
-        self.stopping.set()
-        self.settled.set()
+        state.stopping.set()
+        state.settled.set()
         self.money.close()
 
     def _on_signal(self) -> None:
@@ -150,99 +150,90 @@ class Run(PromptWork, RunProgress):
                     pass
 
     # -- the run --------------------------------------------------------------------------
-    async def run(self) -> int:
+    async def run(self, transport: Transport) -> int:
+        """The run, sending through TRANSPORT (`attempt(body, stream)`); its exit code."""
+        state = self.state
+        parts = RunParts(
+            config=self.config, transport=transport, limiter=self.limiter, money=self.money,
+            budget=self.budget, disk=self.disk, acceptance=self.acceptance, output=self.output,
+            stats=self.stats, done=self.prepared.done, state=state, progress=self.progress,
+            stop=self.stop, say=self.say)
         self.output.open()
         poller = publisher = None
-        ticker = asyncio.create_task(self._tick_progress())
+        ticker = asyncio.create_task(self.progress.tick())
         try:
-            if not self.stopping.is_set():
+            if not state.stopping.is_set():
                 await self._unless_stopped(self._check_balance())
                 poller = asyncio.create_task(self._poll_balance())
             if self.budget.total is not None and self.budget.total.shared is not None:
                 publisher = asyncio.create_task(self._publish_total_cost())
-            if not self.stopping.is_set():
-                await self._admit_all()
-                self.waiting = "all sent"
+            if not state.stopping.is_set():
+                await self._admit_all(parts)
+                state.waiting = "all sent"
             await self._drain()
         finally:
             for task in (poller, publisher, ticker):
                 if task:
                     task.cancel()
-            self._show_progress(draw=False)  # the last frame is drawn when the bar closes
+            self.progress.show(draw=False)  # the last frame is drawn when the bar closes
             self.output.close()
         return self.exit_code()
 
     def exit_code(self) -> int:
-        return exit_code(self.stop_reason, self.stats)
+        return exit_code(self.state.stop_reason, self.stats)
 
     def summary(self) -> dict:
-        return summary(self.stats, self.stop_reason, self.prepared.scan.records, self.budget,
-                       self.config, self.limiter.current, self.money.state())
+        return summary(self.stats, self.state.stop_reason, self.prepared.scan.records,
+                       self.budget, self.config, self.limiter.current, self.money.state())
 
-    async def _admit_all(self) -> None:
+    async def _admit_all(self, parts: RunParts) -> None:
+        state, done = self.state, self.prepared.done
         for _lineno, prompt, line in iter_records(self.prepared.scan.path, PROMPT_DECODER):
-            if (prompt.id in self.done or not in_partition(prompt.id, self.config.partition)
+            if (prompt.id in done or not in_partition(prompt.id, self.config.partition)
                     or not self.prepared.selected(prompt.id)):
                 continue
             reservation = self.budget.worst_case(prompt_token_bound(prompt.messages))
             if not await self._wait_for_budget(reservation):
                 return
             record_bound = self.disk.worst_case(line)
-            if not await self.disk.wait_for_room(record_bound, self.stopping, self.settled,
-                                                 self.say, self._show_waiting):
+            if not await self.disk.wait_for_room(record_bound, state.stopping, state.settled,
+                                                 self.say, self.progress.show_waiting_for_disk):
                 if self.disk.gave_up:  # --disk-wait with nothing in flight: a full disk's stop
                     self.stop(StopReason.DISK)
                 return
             if not self.money.fits(reservation):
-                self.waiting = "room for money in flight"  # (the progress line says so)
+                state.waiting = "room for money in flight"  # (the progress line says so)
             if not await self.money.acquire(reservation):
                 return
-            self.waiting = None
-            if not await self._acquire_unless_stopped():
+            state.waiting = None
+            if not await acquire_unless_stopped(self.limiter, state.stopping):
                 self.money.release(reservation)
                 return
             self.budget.reserve(reservation)
             self.disk.reserve(record_bound)
-            self.in_progress[prompt.id] = time.monotonic()
-            task = asyncio.create_task(self._handle(prompt, line, reservation, record_bound))
+            state.in_progress[prompt.id] = time.monotonic()
+            work = PromptWork(parts, prompt, line, reservation, record_bound)
+            task = asyncio.create_task(work.run())
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def _acquire_unless_stopped(self) -> bool:
-        """A concurrency slot for a new request; False (and no slot) once the run stops."""
-        if self.limiter.in_flight < self.limiter.current:
-            await self.limiter.acquire()
-        else:
-            acquire = asyncio.create_task(self.limiter.acquire())
-            stopped = asyncio.create_task(self.stopping.wait())
-            await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
-            if not acquire.done():
-                acquire.cancel()
-                await asyncio.wait({acquire})
-            if acquire.cancelled():
-                return False
-        if self.stopping.is_set():
-            await self.limiter.release()
-            return False
-        return True
-
     async def _wait_for_budget(self, reservation: float) -> bool:
         """Wait until the next request's worst case fits; False when the run must stop."""
-        while not self.stopping.is_set():
+        state = self.state
+        while not state.stopping.is_set():
             if self.budget.tokens_exhausted():
                 self.stop(StopReason.TOKEN_BUDGET)
                 return False
             blocker = self.budget.cost_blocker(reservation)
             # in_progress, not tasks: a finished task leaves `tasks` only in a later callback
-            if blocker is None and self.budget.tokens_fit(len(self.in_progress)):
+            if blocker is None and self.budget.tokens_fit(len(state.in_progress)):
                 return True
             total = self.budget.total
             # another run sharing --total-cost may give room back: look again now and then
             poll = blocker == "total-cost" and total is not None and total.others_may_free_room()
-            self.waiting = (f"--{blocker} room" if blocker
-                            else "--token-budget room")  # (the progress line says so)
-            if not self.in_progress and not poll:  # nothing in flight will free budget
+            state.waiting = (f"--{blocker} room" if blocker
+                             else "--token-budget room")  # (the progress line says so)
+            if not state.in_progress and not poll:  # nothing in flight will free budget
                 if blocker == "max-cost":
                     self.stop(StopReason.MAX_COST)
                     return False
@@ -250,14 +241,14 @@ class Run(PromptWork, RunProgress):
                     self.stop(StopReason.TOTAL_COST)
                     return False
                 return True
-            self.settled.clear()
+            state.settled.clear()
             if poll:
                 try:
-                    await asyncio.wait_for(self.settled.wait(), timeout=PUBLISH_INTERVAL)
+                    await asyncio.wait_for(state.settled.wait(), timeout=PUBLISH_INTERVAL)
                 except TimeoutError:
                     pass
             else:
-                await self.settled.wait()
+                await state.settled.wait()
         return False
 
     async def _drain(self) -> None:
@@ -267,11 +258,12 @@ class Run(PromptWork, RunProgress):
         tasks = set(self.tasks)
         if not tasks:
             return
-        if not self.stopping.is_set():
+        if not self.state.stopping.is_set():
             await self._unless_stopped(asyncio.wait(tasks))
         pending = {task for task in tasks if not task.done()}
         if pending:
-            left = self.config.grace - (time.monotonic() - (self.stopped_at or time.monotonic()))
+            stopped_at = self.state.stopped_at
+            left = self.config.grace - (time.monotonic() - (stopped_at or time.monotonic()))
             _done, pending = await asyncio.wait(pending, timeout=max(0.0, left))
             for task in pending:
                 task.cancel()
@@ -282,7 +274,7 @@ class Run(PromptWork, RunProgress):
     async def _unless_stopped(self, awaitable) -> None:
         """Await AWAITABLE, or stop waiting for it (and cancel it) as soon as the run stops."""
         work = asyncio.ensure_future(awaitable)
-        stopped = asyncio.ensure_future(self.stopping.wait())
+        stopped = asyncio.ensure_future(self.state.stopping.wait())
         await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
         for task in (work, stopped):
             if not task.done():
@@ -302,7 +294,7 @@ class Run(PromptWork, RunProgress):
             self.stop(StopReason.MIN_CREDITS)
 
     async def _poll_balance(self) -> None:
-        while not self.stopping.is_set():
+        while not self.state.stopping.is_set():
             await asyncio.sleep(self.config.credits_interval)
             await self._check_balance()
 
@@ -315,12 +307,11 @@ class Run(PromptWork, RunProgress):
 async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
                say: Callable[[str], None]) -> Run:
     account = Account(config.api_key, config.base_url, proxy=config.proxy)
-    run = Run(config, prepared, budget, None, progress, say, account)
+    run = Run(config, prepared, budget, progress, say, account)
     try:
         with run.signals_handled(asyncio.get_running_loop()):
             async with open_transport(config, prepared.todo) as transport:
-                run.transport = transport
-                await run.run()
+                await run.run(transport)
     finally:
         await account.aclose()
     return run

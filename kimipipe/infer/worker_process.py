@@ -20,6 +20,7 @@ import sys
 
 import msgspec
 
+from ..kinds import AttemptKind, RetryCause
 from ..openrouter.attempt import Attempt
 from ..openrouter.client import CompletionClient
 
@@ -42,7 +43,8 @@ async def serve(base_url: str, api_key: str, idle_timeout: float, proxy: str | N
             try:
                 attempt = await client.attempt(body, stream)
             except Exception as e:  # a bug must not take the whole worker down
-                attempt = Attempt("retry", cause="worker", message=f"{type(e).__name__}: {e}"[:300])
+                attempt = Attempt(AttemptKind.RETRY, cause=RetryCause.WORKER,
+                                  message=f"{type(e).__name__}: {e}"[:300])
             payload = _result_encoder.encode((request_id, attempt))
             writer.write(_HEADER.pack(len(payload)) + payload)
 

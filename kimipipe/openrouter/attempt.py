@@ -44,6 +44,7 @@ from __future__ import annotations
 import msgspec
 
 from ..errors import redact
+from ..kinds import AttemptKind, RetryCause
 
 RETRYABLE_STATUSES = {408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525, 526, 529}
 
@@ -51,8 +52,8 @@ RETRYABLE_STATUSES = {408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525
 class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     """The outcome of one HTTP attempt (sent between processes as msgpack: keep it flat)."""
 
-    kind: str  # ok | retry | wait | permanent | payment | auth | no_route
-    cause: str = ""  # for retries/failures: "429", "502", "timeout", "cut", "error200", ...
+    kind: AttemptKind
+    cause: str = ""  # for retries/failures: a RetryCause, or the HTTP status ("502", "400")
     status: int = 0
     code: str = ""
     message: str = ""
@@ -110,10 +111,10 @@ def _limit_attempt(status: int, err: dict, code: str, message: str,
     if not source and reason not in (IN_FLIGHT_REASON, "weight_exceeds_budget"):
         return None  # e.g. moderation's `reasons`: the prompt's own refusal
     if reason == IN_FLIGHT_REASON or source == IN_FLIGHT_SOURCE:
-        return Attempt("wait", cause="402-inflight", status=status, code=code, message=message,
+        return Attempt(AttemptKind.WAIT, cause=RetryCause.IN_FLIGHT_402, status=status, code=code, message=message,
                        retry_after=retry_after, limit_source=source, limit_reason=reason)
     resets = meta.get("resets_at")
-    return Attempt("payment", cause=str(status), status=status, code=code, message=message,
+    return Attempt(AttemptKind.PAYMENT, cause=RetryCause.of_status(status), status=status, code=code, message=message,
                    retry_after=retry_after, limit_source=source, limit_reason=reason,
                    limit_scope=str(meta.get("scope") or ""),
                    limit_usd=_number(meta.get("limit_usd")),
@@ -152,22 +153,23 @@ def error_attempt(status: int, payload: dict | None, retry_after: float | None,
             code = str(avail_code)
         if "retryable" in availability:
             if availability["retryable"]:
-                return Attempt("retry", cause=str(status), status=status, code=code,
-                               message=message, retry_after=retry_after, error_type=error_type)
-            return Attempt("no_route", cause=str(status), status=status, code=code,
+                return Attempt(AttemptKind.RETRY, cause=RetryCause.of_status(status), status=status,
+                               code=code, message=message, retry_after=retry_after,
+                               error_type=error_type)
+            return Attempt(AttemptKind.NO_ROUTE, cause=str(status), status=status, code=code,
                            message=redact(_unavailable_message(status, message, availability))[:500],
                            error_type=error_type)
     if status == 401:
-        kind = "auth"
+        kind = AttemptKind.AUTH
     elif status == 402:
-        kind = "payment"
+        kind = AttemptKind.PAYMENT
     elif status == 404:
-        kind = "no_route"
+        kind = AttemptKind.NO_ROUTE
     elif status in RETRYABLE_STATUSES or status >= 500:
-        kind = "retry"
+        kind = AttemptKind.RETRY
     else:
-        kind = "permanent"
-    return Attempt(kind, cause=str(status), status=status, code=code, message=message,
+        kind = AttemptKind.PERMANENT
+    return Attempt(kind, cause=RetryCause.of_status(status), status=status, code=code, message=message,
                    retry_after=retry_after, error_type=error_type)
 
 
@@ -198,13 +200,13 @@ def body_error(error: dict) -> Attempt:
         return error_attempt(status, {"error": error}, None, message)
     meta = error.get("metadata") if isinstance(error, dict) else None
     error_type = str(meta.get("error_type") or "") if isinstance(meta, dict) else ""
-    return Attempt("retry", cause="error200", status=200, code=str(code or ""), message=message,
-                   error_type=error_type)
+    return Attempt(AttemptKind.RETRY, cause=RetryCause.ERROR200, status=200, code=str(code or ""),
+                   message=message, error_type=error_type)
 
 
 def midstream_error(error: dict, after_output: bool) -> Attempt:
     """An error chunk: `midstream` once output has flowed, else like a 200 error body."""
     attempt = body_error(error)
-    if attempt.kind == "retry" and after_output:
-        attempt.cause = "midstream"
+    if attempt.kind == AttemptKind.RETRY and after_output:
+        attempt.cause = RetryCause.MIDSTREAM
     return attempt

@@ -29,6 +29,7 @@ from __future__ import annotations
 import msgspec
 
 from ..errors import redact
+from ..kinds import AttemptKind, RetryCause
 from .attempt import Attempt, body_error, error_attempt, midstream_error, retry_after_seconds
 from .http11 import Http11Pool
 from .outcomes import Broken, CollectedResponse, Stalled
@@ -120,10 +121,10 @@ def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str]
     if text and not source:
         source = "inline"
     if not content and not text:
-        return Attempt("retry", cause="empty", status=200, message="empty output")
+        return Attempt(AttemptKind.RETRY, cause=RetryCause.EMPTY, status=200, message="empty output")
     details = usage.completion_tokens_details if usage else None
     return Attempt(
-        "ok", status=200, content=content, reasoning=text, finish_reason=finish_reason,
+        AttemptKind.OK, status=200, content=content, reasoning=text, finish_reason=finish_reason,
         provider=provider, model=model, generation_id=body_id,
         prompt_tokens=(usage.prompt_tokens or 0) if usage else 0,
         completion_tokens=(usage.completion_tokens or 0) if usage else 0,
@@ -176,11 +177,11 @@ class CompletionClient:
         try:
             outcome = await self._pool.post(body, StreamAnswer() if stream else None)
         except TimeoutError:
-            return Attempt("retry", cause="timeout", message=f"no connection within {self._connect_timeout:g} s")
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.TIMEOUT, message=f"no connection within {self._connect_timeout:g} s")
         except ProxyError as e:  # its message names the proxy, never its credentials
-            return Attempt("retry", cause="proxy", message=redact(str(e))[:300])
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.PROXY, message=redact(str(e))[:300])
         except OSError as e:
-            return Attempt("retry", cause="connection", message=redact(f"{type(e).__name__}: {e}")[:300])
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.CONNECTION, message=redact(f"{type(e).__name__}: {e}")[:300])
         if isinstance(outcome, Attempt):
             return outcome
         if isinstance(outcome, CollectedResponse):
@@ -195,31 +196,32 @@ class CompletionClient:
                                  f"HTTP {outcome.status}")
         if isinstance(outcome, Stalled):
             what = "data" if stream else "bytes"
-            return Attempt("retry", cause="timeout", message=f"no {what} for {outcome.seconds:g} s")
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.TIMEOUT, message=f"no {what} for {outcome.seconds:g} s")
         assert isinstance(outcome, Broken), outcome
         # stale: a reused keep-alive connection closed before answering; sent again only as
         # the caller's next attempt, counted under its own cause
-        cause = "cut" if outcome.cut else "stale" if outcome.stale else "connection"
-        return Attempt("retry", cause=cause, message=redact(outcome.message)[:300])
+        cause = (RetryCause.CUT if outcome.cut else RetryCause.STALE if outcome.stale
+                 else RetryCause.CONNECTION)
+        return Attempt(AttemptKind.RETRY, cause=cause, message=redact(outcome.message)[:300])
 
     @staticmethod
     def _read_plain(raw: bytes) -> Attempt:
         if not raw.strip():
-            return Attempt("retry", cause="empty", status=200, message="empty body")
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.EMPTY, status=200, message="empty body")
         try:
             body = _body_decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return Attempt("retry", cause="bad_json", status=200, message="body is not valid JSON")
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.BAD_JSON, status=200, message="body is not valid JSON")
         if body.error is not None:
             return body_error(body.error)
         if not body.choices:
-            return Attempt("retry", cause="empty", status=200, message="no choices")
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.EMPTY, status=200, message="no choices")
         choice = body.choices[0]
         if choice.error is not None or choice.finish_reason == "error":
             return body_error(choice.error or {"message": "finish_reason: error"})
         msg = choice.message or _Message()
         if choice.finish_reason is None:
-            return Attempt("retry", cause="empty", status=200, message="no finish_reason")
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.EMPTY, status=200, message="no finish_reason")
         return _finish(body.id, body.provider, body.model, msg.content or "",
                        _reasoning_text(msg.reasoning, msg.reasoning_details),
                        choice.finish_reason, body.usage)
@@ -254,7 +256,7 @@ class StreamAnswer:
         try:
             chunk = _body_decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return Attempt("retry", cause="bad_json", status=200, message="stream chunk is not valid JSON")
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.BAD_JSON, status=200, message="stream chunk is not valid JSON")
         if chunk.error is not None:
             return midstream_error(chunk.error, self._has_output())
         if self.gen_id is None:
@@ -281,8 +283,8 @@ class StreamAnswer:
             # Without a finish_reason the answer is partial; without [DONE] and usage we
             # cannot tell what was billed. Never saved as a result.
             if done and not self._has_output():
-                return Attempt("retry", cause="empty", status=200, message="stream with no output")
-            return Attempt("retry", cause="cut", status=200, message="stream ended early")
+                return Attempt(AttemptKind.RETRY, cause=RetryCause.EMPTY, status=200, message="stream with no output")
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.CUT, status=200, message="stream ended early")
         return _finish(self.gen_id, self.provider, self.model, "".join(self.content),
                        _reasoning_text("".join(self.reasoning), self.details), self.finish_reason,
                        self.usage, self.chunks)

@@ -26,6 +26,7 @@ import httpx
 import msgspec
 
 from ..errors import redact
+from ..kinds import AttemptKind, RetryCause
 from .attempt import Attempt, error_attempt, retry_after_seconds
 from .client import COMPLETION_HEADERS, CompletionClient, StreamAnswer
 
@@ -75,7 +76,7 @@ async def send_probe(http: httpx.AsyncClient, base_url: str, api_key: str, body:
     headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
                **COMPLETION_HEADERS}
     started = time.monotonic()
-    probe = Probe(Attempt("retry", cause="connection"), streamed=stream)
+    probe = Probe(Attempt(AttemptKind.RETRY, cause=RetryCause.CONNECTION), streamed=stream)
     try:
         async with http.stream("POST", url, content=body, headers=headers) as response:
             probe.status = response.status_code
@@ -85,7 +86,7 @@ async def send_probe(http: httpx.AsyncClient, base_url: str, api_key: str, body:
             else:
                 probe.attempt = await _read_stream(response, probe)
     except httpx.HTTPError as e:
-        probe.attempt = Attempt("retry", cause="connection",
+        probe.attempt = Attempt(AttemptKind.RETRY, cause=RetryCause.CONNECTION,
                                 message=redact(f"{type(e).__name__}: {e}")[:300])
     probe.seconds = time.monotonic() - started
     return probe

@@ -1,0 +1,174 @@
+"""Where a kp-infer run's results go: response records, failure records, the rescue file.
+
+A response record is the prompt line as it came (every field passed through, undecoded)
+with kp-infer's own fields, `records.Generation`, written over it; it is written whole and
+flushed as the answer arrives (`durable`), so `kill -9` never loses a written answer nor
+tears a line of a plain file. A prompt given up on this run goes to `--failures` as a
+`records.Failure` line (its cost set when the failed answer was paid for).
+
+A write the output refuses (a full disk, a file size limit, an I/O error; RecordWriter has
+cut the file back to its last whole record) stops the run; that answer and every one still
+arriving are paid for, so they go to the rescue file (infer/rescue.py), which the next run
+takes in first. Each write says what became of its record (`Kept`): WRITTEN, RESCUED or
+LOST (stdout closed, or the rescue file failed too).
+
+Which answers are results at all (routing, reasoning, think markers) is
+infer/acceptance.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+from enum import StrEnum
+
+from ..errors import KPError, redact
+from ..io import OutputWriteError, RecordWriter
+from ..openrouter.attempt import Attempt
+from ..records import (
+    Failure,
+    Generation,
+    Prompt,
+    Refusal,
+    ResponseText,
+    Sampling,
+    Usage,
+    decode_passthrough,
+    encode_line,
+    encode_over,
+)
+from .config import RunConfig
+from .rescue import Rescue
+
+
+class Kept(StrEnum):
+    """What became of one record written."""
+
+    WRITTEN = "written"
+    RESCUED = "rescued"  # the file refused it: in the rescue file, for the next run
+    LOST = "lost"  # refused, and no rescue file took it (stdout closed, or it failed too)
+
+
+WRITTEN, RESCUED, LOST = Kept.WRITTEN, Kept.RESCUED, Kept.LOST
+
+
+def generation_fields(answer: Attempt, attempts: int, model: str,
+                      sampling: Sampling | None = None) -> Generation:
+    """kp-infer's fields of a response record, from an `ok` attempt (MODEL if it names none)."""
+    return Generation(
+        response=ResponseText(content=answer.content, reasoning=answer.reasoning),
+        finish_reason=answer.finish_reason,
+        model=answer.model or model,
+        provider=answer.provider,
+        generation_id=answer.generation_id,
+        usage=Usage(prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens,
+                    reasoning_tokens=answer.reasoning_tokens,
+                    cost=answer.cost if answer.cost is not None else 0.0),
+        attempts=attempts,
+        sampling=sampling,
+    )
+
+
+def failure_record(prompt: Prompt, kind: str, attempt: Attempt, attempts: int, *,
+                   provider: str | None = None, cost: float = 0.0,
+                   generation_id: str | None = None,
+                   refused: list[Refusal] | None = None) -> Failure:
+    """A failure line; COST is what was paid for this prompt this run (its REFUSED answers)."""
+    return Failure(
+        id=prompt.id, dataset=prompt.dataset, kind=kind, status=attempt.status,
+        code=attempt.code or attempt.cause, message=redact(attempt.message), attempts=attempts,
+        time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        provider=provider or None, generation_id=generation_id or None, cost=cost,
+        refused=list(refused or ()), error_type=attempt.error_type or None,
+    )
+
+
+class Destination:
+    """One file of the run (the output, or --failures) and the rescue file behind it."""
+
+    def __init__(self, path: str, rescue: Rescue | None):
+        self.path = path
+        self.rescue = rescue
+        self.writer: RecordWriter | None = None  # None: not opened, or refused a write
+        self.error: OSError | None = None  # why it refused one
+
+    def open(self) -> None:
+        self.writer = RecordWriter(self.path, append=True, durable=True)
+
+    def write(self, line: bytes) -> Kept:
+        if self.writer is not None:
+            try:
+                self.writer.write_line(line)
+                return WRITTEN
+            except (OSError, OutputWriteError) as e:
+                # (the writer has closed itself; a closed stdout is closed for good too)
+                self.writer = None
+                self.error = e.error if isinstance(e, OutputWriteError) else e
+        if self.rescue is not None and self.rescue.save(line):
+            return RESCUED
+        return LOST
+
+    def close(self) -> None:
+        if self.writer is not None:
+            try:  # (a .zst file's frame is ended here; if even that fails, the next run does)
+                self.writer.close()
+            except (OSError, KPError):
+                pass  # a closed pipe or a full disk: already reported as an output stop
+        self.writer = None
+        if self.rescue is not None:
+            self.rescue.close()
+
+
+class Output:
+    """The output file and the failures file of one run (`open()`, then `close()`)."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.sampling = config.request.sampling(config.policy)  # the same for every prompt
+        self.rescues = {name: Rescue(path, config.rescue_dir)
+                        for name, path in (("output", config.output), ("failures", config.failures))
+                        if path and path != "-"}
+        self.responses = Destination(config.output, self.rescues.get("output"))
+        self.failures = (Destination(config.failures, self.rescues.get("failures"))
+                         if config.failures else None)
+        self.error: OSError | None = None  # the first write either file refused
+        self.error_file: str | None = None
+
+    def open(self) -> None:
+        self.responses.open()
+        if self.failures is not None:
+            self.failures.open()
+
+    def close(self) -> None:
+        for destination in (self.responses, self.failures):
+            if destination is not None:
+                destination.close()
+
+    def write_response(self, prompt_line: bytes, answer: Attempt, attempts: int, *,
+                       refused: list[Refusal] | None = None, latency: float | None = None) -> Kept:
+        """Write the response record of PROMPT_LINE: WRITTEN, RESCUED or LOST."""
+        fields = generation_fields(answer, attempts, self.config.request.model, self.sampling)
+        fields.refused = list(refused or ())
+        fields.latency_s = round(latency, 3) if latency is not None else None
+        if answer.provider in self.config.policy.unverifiable_names:
+            # its name covers an excluded variant too (openrouter/routing.py: mixed_names):
+            # kept, but not verifiable; counted in the summary (report.py)
+            fields.routing = "unverifiable"
+        return self._write(self.responses, encode_over(decode_passthrough(prompt_line), fields))
+
+    def write_failure(self, failure: Failure) -> Kept:
+        if self.failures is None:
+            return WRITTEN  # (not asked to keep them)
+        return self._write(self.failures, encode_line(failure))
+
+    def _write(self, destination: Destination, line: bytes) -> Kept:
+        refused_before = destination.error
+        kept = destination.write(line)
+        if destination.error is not refused_before and self.error is None:
+            self.error, self.error_file = destination.error, destination.path
+        return kept
+
+    @property
+    def disk_full(self) -> bool:
+        """The write that failed was refused for room (a full disk, a quota, a size limit)."""
+        return self.error is not None and self.error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
