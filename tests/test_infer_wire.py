@@ -193,3 +193,29 @@ def test_nulls_in_the_endpoints_table_are_read(standin, tmp_path):
     assert r.code == 0, r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(10)]
     assert {x["provider"] for x in read_jsonl(out)} <= {"Moonshot AI", "Together", "DeepInfra", "Parasail"}
+
+
+# -- 6. a systematic failure stops the run early --------------------------------------------
+
+def test_every_request_refused_the_same_way_stops_the_run_early(standin, tmp_path):
+    """A request OpenRouter refuses whatever the prompt (here a provider key it does not
+    know: 400) is a configuration error: after 50 identical permanent failures in a row
+    with no answer the run stops, exit 2, naming the status and the message and suggesting
+    --preflight, instead of writing a failure line for every prompt. Answers kept."""
+    server = standin(request_log=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 300)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    r = infer(server, make_prompts(tmp_path / "few.jsonl", 5), "-o", out)
+    assert r.code == 0, r.stderr
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--concurrency", "8",
+              "--extra-body", '{"provider": {"prefer": ["together"]}}',
+              "--summary-json", tmp_path / "s.json")
+    assert r.code == 2, r.stderr
+    assert ("kp-infer: 50 requests in a row failed the same way, with no answer in between: "
+            "HTTP 400: Unrecognized key(s) in provider: prefer") in r.stderr
+    assert "check it with --preflight" in r.stderr
+    failed = read_jsonl(failures)
+    assert 50 <= len(failed) < 50 + 8 and {f["status"] for f in failed} == {400}
+    assert len(server.requests()) < 50 + 8 + 5  # the first 5, then no more than one window
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(5)]  # answered, kept
+    assert json.loads((tmp_path / "s.json").read_text())["stop_reason"] == "systematic-failure"

@@ -79,6 +79,10 @@ class StopReason(Enum):
                    "interrupted; rerun the same command to resume")
     AUTH = ("auth", ExitCode.USAGE,
             "stopped: OpenRouter rejected the API key (401); check OPENROUTER_API_KEY")
+    SYSTEMATIC = ("systematic-failure", ExitCode.USAGE,
+                  "stopped: every request failed the same way (the line above names the "
+                  "status and the message): a configuration error; check it with "
+                  "--preflight, then rerun the same command to resume")
     NO_ROUTE = ("no-route", ExitCode.USAGE,
                 "stopped: OpenRouter can route no request (a 404, or an error.availability that "
                 "is not retryable: the line above names its code, models and providers); check "

@@ -67,6 +67,7 @@ from .progress import RunProgress
 from .prompt_work import PromptWork, RunParts, Transport, acquire_unless_stopped
 from .report import Stats, StopReason, exit_code, format_summary, summary, write_summary_json
 from .state import RunState
+from .systematic import SystematicFailure
 from .total_cost import PUBLISH_INTERVAL
 from .worker_process import freeze_startup_objects
 from .writing import Output
@@ -157,7 +158,7 @@ class Run:
             config=self.config, transport=transport, limiter=self.limiter, money=self.money,
             budget=self.budget, disk=self.disk, acceptance=self.acceptance, output=self.output,
             stats=self.stats, done=self.prepared.done, state=state, progress=self.progress,
-            stop=self.stop, say=self.say)
+            stop=self.stop, say=self.say, systematic=SystematicFailure())
         self.output.open()
         poller = publisher = None
         ticker = asyncio.create_task(self.progress.tick())
