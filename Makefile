@@ -100,13 +100,15 @@ PROMPTS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).prompts.jsonl)
 INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
 
 .DEFAULT_GOAL := help
-.PHONY: help all plan pilot check test lint venv demo credits clean-venv FORCE
+.PHONY: help all plan pilot check test test-soak lint docs venv demo credits clean-venv FORCE
 .SECONDARY:
 
 help:
 	@echo "kimipipe: make TARGET [VARIABLE=value ...]  (\`make\` alone builds nothing)"
 	@echo "  make demo      the whole pipeline offline, on the bundled sample (stand-in)"
 	@echo "  make test      the test suite                  make lint   ruff"
+	@echo "  make docs      docs/cli.md from every --help (a test checks it)"
+	@echo "  make test-soak the suite SOAK_RUNS=10 times, one core busy: failures per test"
 	@echo "  make plan      the money, per dataset: prompts, routes and prices, expected"
 	@echo "                 cost at TOKEN_BUDGET, the TOKEN_BUDGET that fits (sends none)"
 	@echo "  make pilot     PAID: PILOT answers per dataset (kept), measured for make plan"
@@ -151,8 +153,18 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 test: venv
 	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist worksteal $(PYTEST_ARGS)
 
+# The flake hunt: the suite SOAK_RUNS times with SOAK_LOAD cores kept busy; failures per test
+SOAK_RUNS ?= 10
+SOAK_LOAD ?= 1
+test-soak: venv
+	$(BIN)/python tests/soak.py --runs $(SOAK_RUNS) --load $(SOAK_LOAD) --jobs $(PYTEST_JOBS) -- $(PYTEST_ARGS)
+
 lint: venv
 	$(BIN)/ruff check kimipipe tests bench
+
+# docs/cli.md: every command's --help (tests/test_readme.py fails when it is stale)
+docs: venv
+	$(BIN)/python -m kimipipe.clidoc > docs/cli.md.tmp && mv docs/cli.md.tmp docs/cli.md
 
 # The offline demo: the stand-in on a free port, the bundled prompts and tokenizer, and
 # this very Makefile's `all` target against them (see kimipipe/demo.py).

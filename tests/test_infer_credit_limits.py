@@ -80,18 +80,23 @@ def test_money_short_spends_the_balance_down_and_a_top_up_finishes(standin, tmp_
 
 @pytest.mark.parametrize("status", [403, 402])
 def test_key_limit_is_a_money_stop_that_fails_no_prompt(standin, tmp_path, status):
-    """The key's limit is lowered to what is spent once 10 answers are billed: every
-    request after that is refused with STATUS (limit_source openrouter_key_limit)."""
+    """The key's limit is lowered to what is spent once 10 answers are billed (the stand-in
+    holds the 11th on until then): every request after that is refused with STATUS
+    (limit_source openrouter_key_limit)."""
     server = standin(key_limit=10.0, limit_status=status, latency=0.1, ledger=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
     flags = ("--max-tokens", "512", "--concurrency", "4", "--max-attempts", "1")
     lowered = []
 
+    server.configure(hold_after=10)  # 10 answers, then the stand-in holds the rest ...
+
     def reach_the_limit():
-        while len(server.ledger()) < 10:
-            time.sleep(0.01)  # the ledger file has no event to wait on
+        while len(server.ledger()) < 10 or not server.stats()["held"]:
+            time.sleep(0.01)
         lowered.append(server.stats()["total_usage"])
-        server.configure(key_limit=lowered[0])
+        # ... and lets them go only with the limit lowered (one change): no request can
+        # slip past it, however slow this thread is
+        server.configure(key_limit=lowered[0], hold_after=None)
 
     watcher = threading.Thread(target=reach_the_limit, daemon=True)
     watcher.start()
@@ -105,7 +110,7 @@ def test_key_limit_is_a_money_stop_that_fails_no_prompt(standin, tmp_path, statu
     assert server.stats()["refusals"][str(status)].get("openrouter_key_limit")
     assert summary["money_in_flight"]["balance_read"] == pytest.approx(10.0)  # /key's limit_remaining
     billed, kept = billed_and_kept(server, tmp_path / "r.jsonl")
-    assert billed == kept and 10 <= len(kept) < 60
+    assert billed == kept and len(kept) == 10
     said = " ".join(r.stderr.split())
     assert "key's spending limit" in said and f"limit ${limit['limit_usd']:g}" in said
     server.configure(key_limit=None)

@@ -394,7 +394,7 @@ def test_adaptive_concurrency_uses_the_ceiling_and_grows_back_after_429s(standin
         server.configure(faults={"429": 1.0})
         wait_for(lambda: server.stats()["faults"].get("429", 0) >= 20, "a burst of 429s")
         server.configure(faults={})
-        assert proc.wait(timeout=600) == 0
+        assert proc.wait(timeout=240) == 0
     finally:
         proc.kill()
         proc.wait()

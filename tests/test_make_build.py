@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 from collections import Counter
 
 import pytest
@@ -39,11 +40,18 @@ def write_sources(tmp_path, sizes: dict[str, int]) -> dict[str, str]:
     return {"DATASETS": " ".join(sizes), **variables}
 
 
-def run_make(server, tmp_path, *args, env: dict | None = None, **variables):
-    """make against SERVER; MAX_COST (1 in test_make's settings) out of the way of TOTAL_COST."""
+def run_make(server, tmp_path, *args, env: dict | None = None, read_only: Path | None = None,
+             **variables):
+    """make against SERVER; MAX_COST (1 in test_make's settings) out of the way of TOTAL_COST.
+    READ_ONLY: a directory make sees unwritable. Mode 0500 is enough for a normal user; root
+    (CI) writes anywhere, so as root make runs in a mount namespace of its own where the
+    directory is a read-only bind mount (EROFS for root too)."""
     variables = {"MAX_COST": 95, **variables}
     cmd, full_env = make_command(server, tmp_path, "--no-print-directory", *args, **variables)
-    return subprocess.run(cmd, capture_output=True, text=True, env={**full_env, **(env or {})}, timeout=600)
+    if read_only is not None and os.geteuid() == 0:
+        cmd = ["unshare", "-m", "sh", "-c", 'mount --bind "$1" "$1" && mount -o remount,bind,ro '
+               '"$1" && shift && exec "$@"', "sh", str(read_only), *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, env={**full_env, **(env or {})}, timeout=240)
 
 
 def billed(server) -> float:
@@ -189,7 +197,7 @@ def test_total_cost_caps_the_whole_build_and_raising_it_finishes(standin, tmp_pa
     variables = write_sources(tmp_path, {"A": 30, "B": 30, "C": 30})
     r = run_make(server, tmp_path, jobs, "all", TOTAL_COST=4, ALLOW_SHORT=1, TOKEN_BUDGET="",
                  CONCURRENCY=4, **variables)
-    assert r.returncode != 0
+    assert r.returncode == 2  # make: a recipe failed (its message below)
     assert billed(server) <= 4
     assert "make: " in r.stderr and "stopped by TOTAL_COST=4 (the cap on the whole build" in r.stderr
     assert "complete: " in r.stderr and "not complete: " in r.stderr
@@ -218,7 +226,7 @@ def test_make_all_refuses_what_total_cost_cannot_pay_unless_allow_short(standin,
     server = standin(ledger=True, price_scale=100.0)
     variables = write_sources(tmp_path, {"A": 30, "B": 30})
     r = run_make(server, tmp_path, "all", TOKEN_BUDGET="10k", TOTAL_COST=2, **variables)
-    assert r.returncode != 0
+    assert r.returncode == 2  # make: a recipe failed (its message below)
     said = " ".join(r.stderr.split())
     assert "make all: refusing to start (nothing was sent): TOTAL_COST $2.00 cannot pay" in said
     assert "does NOT fit" in r.stdout and "make all: the plan" in r.stdout  # the plan is printed
@@ -255,9 +263,9 @@ def test_make_check_finds_what_would_fail_later_before_any_money(standin, tmp_pa
     assert tokenizer_line(again).startswith("check: ok: tokenizer: ") and "not reloaded" in tokenizer_line(again)
     (copy / "tokenizer_config.json").write_text("{")  # broken: the next check must see it
     r = run_make(server, tmp_path, "check", TOKENIZER=copy, **variables)
-    assert r.returncode != 0 and tokenizer_line(r).startswith("check: FAILED: tokenizer")
+    assert r.returncode == 2 and tokenizer_line(r).startswith("check: FAILED: tokenizer")
     r = run_make(server, tmp_path, "check", TOKENIZER=copy, TOKENIZE_FLAGS="", **variables)
-    assert r.returncode != 0 and "not reloaded" not in tokenizer_line(r)  # never remembered
+    assert r.returncode == 2 and "not reloaded" not in tokenizer_line(r)  # never remembered
     # a missing tokenizer and a missing source, a read-only output, a wrong key: all named
     # at once, and `make all` starts no completion (the tokenizer was found after all
     # inference had been paid, before)
@@ -265,25 +273,25 @@ def test_make_check_finds_what_would_fail_later_before_any_money(standin, tmp_pa
     shards.mkdir()
     shards.chmod(0o500)
     bad = {**variables, "TOKENIZER": tmp_path / "no-tokenizer", "DATASETS": "A Z", "SHARDS": shards}
-    r = run_make(server, tmp_path, "check", env={"OPENROUTER_API_KEY": "sk-or-wrong"}, **bad)
-    assert r.returncode != 0
+    r = run_make(server, tmp_path, "check", env={"OPENROUTER_API_KEY": "sk-or-wrong"},
+                 read_only=shards, **bad)
+    assert r.returncode == 2, r.stderr  # make's own code for a failed recipe
     failed = [x for x in r.stdout.splitlines() if x.startswith("check: FAILED")]
     assert any("Z: no source file" in x and "SOURCE_Z" in x for x in failed)
     assert any("tokenizer:" in x and "no-tokenizer" in x for x in failed)
     assert any("key and base URL" in x and "401" in x for x in failed)
-    if os.geteuid() != 0:  # root writes anywhere
-        assert any(f"{shards}/ cannot be written" in x for x in failed)
+    assert any(f"{shards}/ cannot be written" in x for x in failed)
     assert "nothing was started" in r.stderr and "sk-or-wrong" not in r.stdout + r.stderr
     r = run_make(server, tmp_path, "all", TOKENIZER=tmp_path / "no-tokenizer", **variables)
-    assert r.returncode != 0 and "no-tokenizer" in r.stdout
+    assert r.returncode == 2 and "no-tokenizer" in r.stdout
     assert server.stats()["completions_started"] == 0
     # the key: one refusal, no completion sent
     r = run_make(server, tmp_path, "all", env={"OPENROUTER_API_KEY": "sk-or-wrong"}, **variables)
-    assert r.returncode != 0 and "refused the API key" in r.stdout
+    assert r.returncode == 2 and "refused the API key" in r.stdout
     assert server.stats()["completions_started"] == 0
     # a base URL nobody answers is named
     r = run_make(server, tmp_path, "check", BASE_URL="http://127.0.0.1:9/api/v1", **variables)
-    assert r.returncode != 0 and "cannot reach OpenRouter at http://127.0.0.1:9/api/v1" in r.stdout
+    assert r.returncode == 2 and "cannot reach OpenRouter at http://127.0.0.1:9/api/v1" in r.stdout
 
 
 def test_make_honours_an_exported_openrouter_base_url(standin, tmp_path):

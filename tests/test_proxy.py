@@ -228,6 +228,27 @@ def test_ssl_cert_dir_is_honoured(standin, ca, tmp_path):
     assert len(read_jsonl(out)) == 6
 
 
+@pytest.mark.parametrize("workers", ["0", "1"], ids=["in-process", "worker"])
+def test_an_unloadable_ssl_cert_file_is_exit_2_before_any_request(standin, ca, tmp_path, workers):
+    """README (proxies and CAs): an SSL_CERT_FILE that cannot be loaded (here: not a PEM)
+    stops kp-infer with exit 2 and one line naming it, before any request: not the
+    endpoints table, not a completion; nothing is written."""
+    _, context = ca
+    bad = tmp_path / "corporate-ca.pem"
+    bad.write_text("this is not a certificate\n")
+    server = standin(request_log=True)
+    with TLSTerminator(int(server.base_url.split(":")[2].split("/")[0]), context) as tls:
+        r, out = infer(f"https://localhost:{tls.port}/api/v1", server.api_key, tmp_path,
+                       "--workers", workers, env={**proxy_env(), "SSL_CERT_FILE": str(bad)})
+        connections = tls.connections
+    assert r.code == 2, r.stderr
+    assert f"SSL_CERT_FILE={bad}" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert connections == 0 and server.requests() == []
+    assert server.stats()["endpoint_requests"] == {}
+    assert not out.exists() or read_jsonl(out) == []
+
+
 def test_kp_infer_plain_http_origin_through_http_proxy(standin, proxies, tmp_path):
     server = standin(request_log=True)
     proxy = proxies()

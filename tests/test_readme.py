@@ -1,4 +1,5 @@
-"""README.md stays true: every command and option it names exists, with the same name."""
+"""README.md and docs/ stay true: every command and option they name exists, with the same
+name; the README stays short and its links resolve; docs/cli.md is what `--help` prints."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from pathlib import Path
 from conftest import BIN, REPO
 
 README = (REPO / "README.md").read_text()
+# The reference pages (docs/cli.md is generated from --help, so it is checked by regenerating).
+DOC_PAGES = sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "cli.md")
+DOCS = README + "".join(p.read_text() for p in DOC_PAGES)
 COMMANDS = ["prompts", "infer", "tokenize", "shard", "credits"]
 # Options of other programs the README shows (zstd, the Hugging Face CLI, make, ...).
 FOREIGN = {"--local-dir", "--help", "--fault", "--port-file", "--balance", "--latency"}
@@ -34,7 +38,7 @@ BENCH_HELP = {script.name: help_text([sys.executable, str(script)])
 
 def invocations():
     """(command, its text) for every `kp-NAME ...` in a code block, continuation lines joined."""
-    for block in re.findall(r"```[^\n]*\n(.*?)```", README, flags=re.S):
+    for block in re.findall(r"```[^\n]*\n(.*?)```", DOCS, flags=re.S):
         joined = re.sub(r"\\\n\s*", " ", block)
         for line in joined.splitlines():
             for m in re.finditer(r"\bkp-([a-z]+)((?:\s+[^\s#|]+)*)", line):
@@ -42,7 +46,7 @@ def invocations():
 
 
 def test_every_command_named_exists():
-    named = set(re.findall(r"\bkp-([a-z]+)\b", README))
+    named = set(re.findall(r"\bkp-([a-z]+)\b", DOCS))
     assert named <= set(COMMANDS), named - set(COMMANDS)
     assert set(COMMANDS) <= named
 
@@ -59,13 +63,13 @@ def test_every_example_invocation_uses_options_its_command_has():
 def test_every_option_named_anywhere_exists_somewhere():
     known = set().union(*(options_of(h) for h in [*HELP.values(), *BENCH_HELP.values()]),
                         options_of(STANDIN_HELP), options_of(DEMO_HELP), FOREIGN)
-    unknown = options_of(README) - known
-    assert not unknown, f"README names options no command has: {sorted(unknown)}"
+    unknown = options_of(DOCS) - known
+    assert not unknown, f"README or docs/ name options no command has: {sorted(unknown)}"
 
 
 def test_every_benchmark_command_uses_options_its_script_has():
     seen = 0
-    for script, args in re.findall(r"bench/(bench_\w+\.py)((?:[ \t]+--?[\w-]+(?:[ \t]+[^\s`|-][^\s`|]*)?)*)", README):
+    for script, args in re.findall(r"bench/(bench_\w+\.py)((?:[ \t]+--?[\w-]+(?:[ \t]+[^\s`|-][^\s`|]*)?)*)", DOCS):
         seen += 1
         unknown = options_of(args) - options_of(BENCH_HELP[script])
         assert not unknown, f"{script} has no {sorted(unknown)}"
@@ -77,9 +81,9 @@ def test_make_variables_and_targets_named_exist():
     for variable in ["MODEL", "CONCURRENCY", "MAX_COST", "TOKEN_BUDGET", "IGNORE_PROVIDERS",
                      "QUANTIZATIONS", "TOKENIZER", "BASE_URL", "MIN_CREDITS", "DATASETS",
                      "TOTAL_COST", "ALLOW_SHORT", "PILOT", "ANSWER_TOKENS"]:
-        assert variable in README and re.search(rf"^{variable} \?=", makefile, flags=re.M), variable
+        assert variable in DOCS and re.search(rf"^{variable} \?=", makefile, flags=re.M), variable
     for target in ["demo", "test", "credits", "all", "lint", "plan", "pilot", "check"]:
-        assert f"make {target}" in README and re.search(rf"^{target}:", makefile, flags=re.M), target
+        assert f"make {target}" in DOCS and re.search(rf"^{target}:", makefile, flags=re.M), target
 
 
 def test_the_try_your_own_file_walkthrough_runs_as_written(tmp_path):
@@ -122,3 +126,54 @@ def test_the_try_your_own_file_walkthrough_runs_as_written(tmp_path):
     assert manifest["totals"]["records"] == 12
     assert "shards/mine: OK (1 shard, 12 rows" in out
     assert "kp-shard stats: shards/mine" in out
+
+
+def test_readme_is_short_and_every_link_resolves():
+    """The README is the front page (what it is, the two commands, the pipeline, a real run,
+    links); the reference lives in docs/. Every relative link of the README and the docs
+    pages names a file that exists."""
+    assert len(README.splitlines()) <= 200
+    for page, text in [(REPO / "README.md", README), *((p, p.read_text()) for p in DOC_PAGES)]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" in target:
+                continue
+            assert (page.parent / target).exists(), f"{page.name}: broken link {target}"
+
+
+def test_the_cli_reference_is_what_help_prints():
+    """docs/cli.md is generated from every command's --help; a changed option, help text or
+    example must come with `make docs`, or this fails naming the fix."""
+    proc = subprocess.run([sys.executable, "-m", "kimipipe.clidoc", "--check"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_promise_map_names_only_tests_that_exist():
+    """tests/README.md maps each promise to its tests by name (`test_x.py::test_y`, and
+    `::test_z` for another test of the same file, `test_y_*` for a family). A renamed or
+    removed test must not leave a promise pointing at nothing."""
+    import ast
+    defined = {}
+    for path in (REPO / "tests").glob("test_*.py"):
+        tree = ast.parse(path.read_text())
+        defined[path.name] = {n.name for n in ast.walk(tree)
+                              if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    text = (REPO / "tests" / "README.md").read_text()
+    named, missing = 0, []
+    for cell in re.findall(r"\|([^|\n]*)\|\s*$", text, flags=re.M):
+        current = None
+        for file, name, more in re.findall(r"(test_\w+\.py)(?:::(\w+\*?))?|::(\w+\*?)", cell):
+            if file:
+                current = file
+                if file not in defined:
+                    missing.append(file)
+                    continue
+            name = name or more
+            if not name or current not in defined:
+                continue
+            named += 1
+            found = (any(d.startswith(name[:-1]) for d in defined[current]) if name.endswith("*")
+                     else name in defined[current])
+            if not found:
+                missing.append(f"{current}::{name}")
+    assert named >= 50 and not missing, missing

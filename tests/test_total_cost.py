@@ -22,6 +22,23 @@ from kimipipe.standin.answers import user_text_sha256
 TIGHT = ("--max-tokens", "60", "--concurrency", "8")
 
 
+
+def read_reservations(path) -> dict:
+    """The reservations file as its writers see it: read under the same flock(2) they hold
+    while they rewrite it in place (pwrite then ftruncate), so a read never sees half a
+    rewrite."""
+    import fcntl
+    import os
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        data = b""
+        while chunk := os.pread(fd, 1 << 16, len(data)):
+            data += chunk
+    finally:
+        os.close(fd)  # (closing releases the lock)
+    return json.loads(data.split(b"\n", 1)[0])
+
 def billed(server) -> float:
     return sum(x["cost"] for x in server.ledger())
 
@@ -93,6 +110,13 @@ def run_together(server, tmp_path, cap, shared: bool) -> tuple[list[int], dict[s
         if shared:
             args += ["--reservations", work / "total-cost.json"]
         procs.append(start_infer(server, *args))
+    # the stand-in holds every completion until all three runs have sent theirs (two in
+    # flight each): they then run at the same time however the machine schedules them
+    deadline = time.monotonic() + 120
+    while server.stats()["held"] < 6:
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+        time.sleep(0.02)
+    server.configure(hold_after=None)
     codes = [p.wait(timeout=300) for p in procs]
     return codes, owner
 
@@ -103,6 +127,7 @@ def test_runs_at_the_same_time_share_the_total_cost_and_never_exceed_it(standin,
     and each stops with exit 3. Without the shared file the same three overshoot: each
     only knows its own reservations."""
     server = standin(ledger=True, price_scale=1000.0, latency=1.0)
+    server.configure(hold_after=0)
     codes, owner = run_together(server, tmp_path, 4.0, shared=True)
     assert codes == [3, 3, 3]
     ledger = server.ledger()
@@ -118,6 +143,7 @@ def test_runs_at_the_same_time_share_the_total_cost_and_never_exceed_it(standin,
     assert sum(e["spent"] for e in entries) == pytest.approx(billed(server))
 
     server2 = standin(ledger=True, price_scale=1000.0, latency=1.0)
+    server2.configure(hold_after=0)
     codes, _ = run_together(server2, tmp_path, 4.0, shared=False)
     assert billed(server2) > 4.0  # what the shared file prevents
 
@@ -148,13 +174,13 @@ def test_a_live_runs_claim_is_honoured_and_a_dead_runs_claim_is_dropped(standin,
         while True:  # until this run has spent its room and gave back its claim: it is waiting
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "the run never waited"
-            own = [e for e in json.loads(shared.read_text())["entries"] if e["label"] == str(out)]
+            own = [e for e in read_reservations(shared)["entries"] if e["label"] == str(out)]
             if own and own[0]["spent"] > 0 and own[0]["claim"] == 0 and billed(server) > 0.5:
                 break
             time.sleep(0.05)
         assert billed(server) <= 1.0  # 100 - the live claim of 99: the dead claim counted nothing
         assert len(read_jsonl(out)) < 30
-        gone = [e for e in json.loads(shared.read_text())["entries"] if e["token"] == "dead"][0]
+        gone = [e for e in read_reservations(shared)["entries"] if e["token"] == "dead"][0]
         assert gone["ended"] and gone["died"] and gone["claim"] == 0
     finally:
         sleeper.send_signal(signal.SIGKILL)

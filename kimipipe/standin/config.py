@@ -58,6 +58,8 @@ class Config:
     midstream_code: str = "502"       # MIDSTREAM_CODES
     unavailable: str | None = None    # every completion refused with this availability code
     endpoint_nulls: bool = False      # the endpoints table with the nulls the service sends
+    # -- for tests: a gate, so a test can act while work is provably unfinished --
+    hold_after: int | None = None    # completions past this many wait until it is raised/None
 
     def check(self) -> None:
         for kind, rate in self.faults.items():
@@ -85,6 +87,8 @@ class Config:
             raise ValueError(f"limit_status must be 403 or 402, got {self.limit_status}")
         if self.limit_reset is not None and self.limit_reset not in LIMIT_RESETS:
             raise ValueError(f"limit_reset must be one of {', '.join(LIMIT_RESETS)}")
+        if self.hold_after is not None and self.hold_after < 0:
+            raise ValueError("hold_after must be >= 0")
         if self.moderation_marker is not None and not self.moderation_marker:
             raise ValueError("moderation_marker must not be empty")
         for slug, rate in self.drop_reasoning.items():
@@ -128,6 +132,7 @@ LIVE_SETTINGS = {
     "inline_reasoning": _slugs, "ignore_sampling": _slugs, "not_distillable": bool,
     "stream_usage": str, "midstream_code": str, "unavailable": _nullable(str),
     "endpoint_nulls": bool,
+    "hold_after": _nullable(int),
 }
 
 

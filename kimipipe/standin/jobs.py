@@ -135,9 +135,14 @@ class Job:
 
     def _bill_if_cancelled(self, streamed: bool) -> None:
         """Some providers finish (and bill) a generation whose client went away; with
-        `bill_cancelled` the stand-in does the same for an accepted, fault-free request."""
-        if self.config.bill_cancelled and not self.charged and self.fault in (None, "misroute"):
-            self._charge(time.monotonic(), streamed)
+        `bill_cancelled` the stand-in does the same for an accepted, fault-free request.
+        Such a request is counted (stats' `abandoned`): a client that gave up on an answer
+        that was coming (an idle timeout on a slow machine) is told apart from one that
+        met an injected stall."""
+        if not self.charged and self.fault in (None, "misroute"):
+            self.server.abandoned += 1
+            if self.config.bill_cancelled:
+                self._charge(time.monotonic(), streamed)
 
     async def _plain(self) -> web.StreamResponse:
         fault = self.fault

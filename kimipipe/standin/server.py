@@ -47,6 +47,7 @@ a fault never charges, except `misroute`, which serves a real, billed answer):
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import random
@@ -124,6 +125,9 @@ class StandIn(MetadataEndpoints):
         self.charged = 0
         self.requests = 0
         self.completions_started = 0
+        self.held = 0                       # requests waiting at the hold_after gate
+        self.abandoned = 0                  # fault-free answers whose client went away
+        self._gate = asyncio.Event()        # set (and replaced) whenever the config changes
         self.in_flight = 0
         self.max_in_flight = 0
         self.faults: Counter[str] = Counter()
@@ -224,6 +228,8 @@ class StandIn(MetadataEndpoints):
         return {
             "requests": self.requests,
             "completions_started": self.completions_started,
+            "held": self.held,
+            "abandoned": self.abandoned,
             "charged": self.charged,
             "total_usage": self.usage,
             "balance_remaining": self.config.balance - self.usage,
@@ -252,6 +258,8 @@ class StandIn(MetadataEndpoints):
         except (ValueError, TypeError) as e:
             return error_response(400, f"bad config: {e}")
         self.config = new
+        self._gate.set()  # held requests look at the new hold_after
+        self._gate = asyncio.Event()
         return json_response(new.public())
 
     # -- completions ----------------------------------------------------------------------
@@ -306,6 +314,18 @@ class StandIn(MetadataEndpoints):
             raise HTTPDone(error_response(400, "stream must be a boolean"))
         return body
 
+    async def _pass_gate(self) -> None:
+        """With `hold_after` N set, the completions after the first N wait here (counted in
+        stats' `held`) until the setting is raised or cleared: a test can then act while
+        a run provably has work left, instead of racing it."""
+        while (self.config.hold_after is not None
+               and self.completions_started >= self.config.hold_after):
+            self.held += 1
+            try:
+                await self._gate.wait()
+            finally:
+                self.held -= 1
+
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
         if (denied := self.auth_error(request)) is not None:
@@ -315,6 +335,7 @@ class StandIn(MetadataEndpoints):
         for header, seen in self.completion_headers.items():
             seen[request.headers.get(header, "(none)")] += 1
         body = self._parse(raw)
+        await self._pass_gate()
         model = body["model"]
         cfg = self.config
         if (refused := self.budget_refusal()) is not None:

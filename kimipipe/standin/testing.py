@@ -13,7 +13,11 @@ a string or path puts it there). The credit limits: `inflight_ratio`, `settle`,
 `limit_reset`, `moderation_marker`; the provider quirks: `drop_reasoning` (a dict
 {provider: rate}), `inline_reasoning` and `ignore_sampling` (lists of providers),
 `not_distillable`; the wire's variants: `stream_usage` ("own-chunk"|"finish-chunk"),
-`midstream_code`, `unavailable` (an availability code), `endpoint_nulls`. Each can also be changed live with `configure(...)`. Only the standard library is used to talk to the server,
+`midstream_code`, `unavailable` (an availability code), `endpoint_nulls`. Each can also be
+changed live with `configure(...)`; so can
+`hold_after=N` (live only: the completions after the first N wait, counted in stats'
+`held`, until it is raised or set to None), which lets a test act while a run provably
+has work left. Only the standard library is used to talk to the server,
 so any test can use it whatever its own event loop does.
 """
 
