@@ -219,3 +219,21 @@ def test_every_request_refused_the_same_way_stops_the_run_early(standin, tmp_pat
     assert len(server.requests()) < 50 + 8 + 5  # the first 5, then no more than one window
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(5)]  # answered, kept
     assert json.loads((tmp_path / "s.json").read_text())["stop_reason"] == "systematic-failure"
+
+
+def test_plan_and_preflight_warn_when_one_endpoint_alone_is_allowed(standin, tmp_path):
+    """Hosts retire Kimi K2.5 (one lists 2026-11-18): with one endpoint left allowed, its
+    retirement or its capacity stops the run. --plan and --preflight say so beforehand."""
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 4)
+    warning = "only one endpoint is allowed (Together, together)"
+    r = infer(server, "--plan", prompts, "--only-provider", "together")
+    assert r.code == 0 and f"warning: {warning}" in r.stdout.decode()
+    r = infer(server, "--preflight", "1", prompts, "-o", tmp_path / "r.jsonl", "--json",
+              "--only-provider", "together")
+    assert r.code == 0, r.stdout.decode() + r.stderr
+    checks = json.loads(r.stdout)["checks"]
+    assert {"check": "routing", "verdict": "warn", "detail": warning + ": if it retires the model "
+            "or runs out of capacity, the run stops"} in checks
+    r = infer(server, "--plan", prompts)  # four allowed: no such warning
+    assert "only one endpoint" not in r.stdout.decode()
