@@ -136,7 +136,10 @@ class WorkerPool:
         task.add_done_callback(self._replacing.discard)
 
     async def _replace(self) -> None:
-        worker = await self._spawn()
+        try:
+            worker = await self._spawn()
+        except OSError:  # no process to be had (out of memory, say): the live ones go on,
+            return       # and with none left attempts come back as retries (_live_worker)
         if self._closing:
             worker.proc.stdin.close()
             self._dead.append(worker)
@@ -152,10 +155,7 @@ class WorkerPool:
                 return min(live, key=lambda w: len(w.pending))
             if self._closing or not self._replacing:
                 return None
-            done, _ = await asyncio.wait(set(self._replacing), return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if not task.cancelled() and task.exception() is not None:
-                    return None
+            await asyncio.wait(set(self._replacing), return_when=asyncio.FIRST_COMPLETED)
 
     async def attempt(self, body: bytes, stream: bool) -> Attempt:
         worker = await self._live_worker()
