@@ -20,8 +20,10 @@ PYTEST_JOBS ?= $(shell $(PYTHON) -c 'import os; print((os.cpu_count() or 1) + 1)
 # --- what to build -----------------------------------------------------------------------
 DATASETS ?= B3 B4 B5 B6 B7 B8
 SOURCES ?= sources
-# A dataset's source: SOURCE_<D> if set, else $(SOURCES)/<D>.json
-source = $(or $(SOURCE_$(1)),$(SOURCES)/$(1).json)
+# A dataset's source: SOURCE_<D> if set, else the first of $(SOURCES)/<D>.json, .jsonl,
+# .json.zst, .jsonl.zst that exists (none: <D>.json, for kp-prompts to name as missing)
+SOURCE_SUFFIXES = json jsonl json.zst jsonl.zst
+source = $(or $(SOURCE_$(1)),$(firstword $(wildcard $(foreach sfx,$(SOURCE_SUFFIXES),$(SOURCES)/$(1).$(sfx)))),$(SOURCES)/$(1).json)
 WORK ?= work
 SHARDS ?= shards
 
@@ -53,6 +55,9 @@ QUANTIZATIONS ?= int4 unknown
 TOKENIZER ?= ./kimi-k2.5
 # An exported OPENROUTER_BASE_URL (e.g. the stand-in's) is honoured.
 BASE_URL ?= $(or $(OPENROUTER_BASE_URL),https://openrouter.ai/api/v1)
+# kp-prompts --turns: all (each conversation's user turns, answered turn by turn on the
+# model's own answers), last or each (one turn, on the source's answers): docs/prompts.md
+TURNS ?= all
 PROMPT_FLAGS ?=
 INFER_FLAGS ?=
 TOKENIZE_FLAGS ?= --trust-remote-code
@@ -83,7 +88,7 @@ PLAN_ARGS = --work $(WORK) --datasets "$(DATASETS)" --total-cost "$(TOTAL_COST)"
   $(foreach d,$(DATASETS),--token-budget $(d)=$(call token_budget,$(d)) --weight $(d)=$(call weight,$(d)))
 CHECK_ARGS = $(foreach d,$(DATASETS),--source $(d)=$(call source,$(d))) --work $(WORK) \
   --shards $(SHARDS) --bin $(BIN) --tokenizer $(TOKENIZER) --tokenize-flags="$(TOKENIZE_FLAGS)" \
-  --base-url $(BASE_URL)
+  --base-url $(BASE_URL) --min-credits "$(MIN_CREDITS)"
 
 # $(call run_infer,D,extra flags,what): run kp-infer for D, showing the command; exit 0
 # and 4 finish (then `what` runs), exit 3 is a money stop (resumable, never stamped done).
@@ -100,7 +105,7 @@ PROMPTS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).prompts.jsonl)
 INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
 
 .DEFAULT_GOAL := help
-.PHONY: help all plan pilot check test test-soak lint docs venv demo credits clean-venv FORCE
+.PHONY: help all plan pilot check test test-soak lint docs venv demo credits report clean-venv FORCE
 .SECONDARY:
 
 help:
@@ -117,8 +122,9 @@ help:
 	@echo "                 checks and plans first, refuses what TOTAL_COST cannot pay"
 	@echo "  make B3.tokens one stage of one dataset again (.prompts .responses .shards)"
 	@echo "  make credits   the account's balance"
+	@echo "  make report    WORK/report.html: the build so far, plotted (one offline page)"
 	@echo "variables (now):"
-	@echo "  DATASETS=\"$(DATASETS)\"  SOURCES=$(SOURCES) (or SOURCE_<D>=file)"
+	@echo "  DATASETS=\"$(DATASETS)\"  SOURCES=$(SOURCES) (or SOURCE_<D>=file)  TURNS=$(TURNS)"
 	@echo "  WORK=$(WORK)  SHARDS=$(SHARDS)  TOKENIZER=$(TOKENIZER)"
 	@echo "  TOTAL_COST=$(TOTAL_COST) (USD, whole build)  MAX_COST=$(MAX_COST) (USD, each dataset)"
 	@echo "  TOKEN_BUDGET=$(TOKEN_BUDGET) (each; TOKEN_BUDGET_<D>, WEIGHT_<D>)  ALLOW_SHORT=$(ALLOW_SHORT)"
@@ -137,7 +143,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[test,report]'
 	@# Byte-compile what the commands import, on every core: with PYTHONDONTWRITEBYTECODE
 	@# set (common in containers) an uncompiled module is compiled again on each start.
 	@# pip compiles serially, and all of transformers' 2,600 model files, of which a
@@ -174,6 +180,13 @@ demo: venv
 
 credits: venv
 	$(BIN)/kp-credits --base-url $(BASE_URL)
+
+# The build report: one self-contained HTML page of plots over what the build has made so
+# far (docs/report.md); the same page as `kp-infer report FILE... --html OUT`.
+report: | venv $(WORK)
+	@$(BIN)/python -m kimipipe.report --work $(WORK) --shards $(SHARDS) --datasets "$(DATASETS)" \
+	  --total-cost "$(TOTAL_COST)" --max-cost "$(MAX_COST)" \
+	  $(foreach d,$(DATASETS),--token-budget $(d)=$(call token_budget,$(d))) -o $(WORK)/report.html
 
 clean-venv:
 	rm -rf $(VENV)
@@ -226,13 +239,13 @@ $(WORK) $(SHARDS):
 $(WORK)/%.infer-flags: FORCE | $(WORK)
 	@echo '$(call content_args,$*)' | cmp -s - $@ || echo '$(call content_args,$*)' > $@
 $(WORK)/%.prompt-flags: FORCE | $(WORK)
-	@echo '$(call source,$*) $(PROMPT_FLAGS)' | cmp -s - $@ || echo '$(call source,$*) $(PROMPT_FLAGS)' > $@
+	@echo '$(call source,$*) --turns $(TURNS) $(PROMPT_FLAGS)' | cmp -s - $@ || echo '$(call source,$*) --turns $(TURNS) $(PROMPT_FLAGS)' > $@
 
 # Stage 1: prompts (kp-prompts writes the file whole or not at all), remade when the
 # source file changes. A missing source is kp-prompts' error to name.
 .SECONDEXPANSION:
 $(WORK)/%.prompts.jsonl: $$(wildcard $$(call source,$$*)) $(WORK)/%.prompt-flags | venv $(WORK)
-	$(BIN)/kp-prompts $(call source,$*) --dataset $* $(PROMPT_FLAGS) -o $@
+	$(BIN)/kp-prompts $(call source,$*) --dataset $* --turns $(TURNS) $(PROMPT_FLAGS) -o $@
 
 # Stage 2: responses. Exit 0 (all done, or TOKEN_BUDGET reached: the dataset is as large
 # as asked) and 4 (done, some failed: see WORK/<D>.failures.jsonl) finish the stage; exit 3

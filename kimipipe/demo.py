@@ -4,9 +4,10 @@ Starts the OpenRouter stand-in on a free port of 127.0.0.1 (with faults and a ra
 switched on, so the retries are real), then runs the Makefile's own `make all` for one
 dataset, `demo`, built from the bundled ShareGPT sample (kimipipe/data/demo/) with the
 bundled small Kimi-style tokenizer, exactly as a real build runs against OpenRouter: the
-checks and the money plan first (TOTAL_COST=2, at the stand-in's prices), then the stages.
-Then it prints what was made (records, tokens, spend as billed by the stand-in, retries
-survived), and the stand-in is stopped, also when the demo is interrupted.
+checks and the money plan first (TOTAL_COST=2, at the stand-in's prices), then the stages,
+then `make report` (the build report, WORK/report.html). Then it prints what was made
+(records, tokens, spend as billed by the stand-in, retries survived, the report's path),
+and the stand-in is stopped, also when the demo is interrupted.
 
     python -m kimipipe.demo --out demo-out
     python -m kimipipe.demo --row              # then: one finished row, decoded
@@ -31,7 +32,7 @@ REPO = PACKAGE.parent
 DEMO_SOURCE = PACKAGE / "data" / "demo" / "sharegpt.json"
 DEMO_TOKENIZER = PACKAGE / "data" / "tokenizers" / "kimi-k2.5-mini-tiktoken"
 FAULTS = {"429": 0.05, "502": 0.02, "503": 0.02, "error200": 0.02, "midstream": 0.02, "cut": 0.02,
-          "empty": 0.01}
+          "empty": 0.01, "misroute": 0.02}
 
 
 def run_demo(out: Path, make: str = "make", venv: str = ".venv", quiet_make: bool = False) -> dict:
@@ -44,7 +45,7 @@ def run_demo(out: Path, make: str = "make", venv: str = ".venv", quiet_make: boo
         print(f"demo: OpenRouter stand-in listening on {server.base_url} "
               f"(faults: {', '.join(f'{k} {v:.0%}' for k, v in FAULTS.items())})", file=sys.stderr)
         env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
-        cmd = [*make.split(), "-C", str(REPO), "all", "DATASETS=demo", f"VENV={venv}",
+        cmd = [*make.split(), "-C", str(REPO), "all", "report", "DATASETS=demo", f"VENV={venv}",
                f"SOURCE_demo={DEMO_SOURCE}", f"WORK={work}", f"SHARDS={shards}",
                f"BASE_URL={server.base_url}", f"TOKENIZER={DEMO_TOKENIZER}",
                "CONCURRENCY=64", "TOTAL_COST=2", "MAX_COST=2", "TOKEN_BUDGET=", "MAX_TOKENS=2048",
@@ -72,6 +73,7 @@ def run_demo(out: Path, make: str = "make", venv: str = ".venv", quiet_make: boo
         "input_tokens": totals.get("input_tokens"),
         "output_tokens": totals.get("output_tokens"),
         "out": str(out),
+        "report": str(work / "report.html"),
     }
     return report
 
@@ -134,6 +136,7 @@ def main() -> None:
             f"  shards         {report['shards']} files, {report['shard_records']} rows, "
             f"{report['input_tokens']} input + {report['output_tokens']} output tokens (verified)",
             f"  everything in  {report['out']}/ (work/: prompts, responses, tokens; shards/demo/)",
+            f"  build report   {report['report']} (open it in a browser)",
             "  (the stand-in bills one usage token per word it writes; the bundled mini tokenizer",
             "   has 1,158 tokens, so it spends several on a word: the shards count more tokens.",
             "   Against OpenRouter, usage comes from the provider's own Kimi tokenizer.)",

@@ -6,7 +6,8 @@ every field it does not own (undecoded), so that a pipeline can be cut and resum
 stage:
 
     stage        reads      writes (through)              the record it makes
-    kp-prompts   sources    Prompt                        {id, dataset, messages, meta?}
+    kp-prompts   sources    Prompt                        {id, dataset, messages, meta?,
+                                                           follow_ups?}
     kp-infer     Prompt     Generation over the prompt    Response = Prompt + Generation
                             Failure (--failures)
     kp-tokenize  Response   TokenIds over the response    a token record: the response's
@@ -41,12 +42,17 @@ class Message(Struct, omit_defaults=True):
 
 
 class Prompt(Struct, omit_defaults=True):
-    """A prompt record (kp-prompts); what kp-infer reads."""
+    """A prompt record (kp-prompts); what kp-infer reads.
+
+    `follow_ups` came later (older records lack it: []): the later user turns of a
+    conversation (`kp-prompts --turns all`), each to be asked after the model's own answer
+    to the turn before."""
 
     id: str
     dataset: str
     messages: list[Message]
     meta: dict[str, Any] | None = None
+    follow_ups: list[str] = msgspec.field(default_factory=list)
 
 
 class ResponseText(Struct):
@@ -93,15 +99,21 @@ class Refusal(Struct, omit_defaults=True):
     cost: float = 0.0
     generation_id: str | None = None
     message: str = ""
+    cost_source: str = "usage"  # as Generation.cost_source
 
 
 class Generation(Struct):
     """The fields kp-infer adds to a prompt record: the answer and what it cost.
 
-    `sampling`, `refused` and `latency_s` came later (older records lack them: None, [] and
-    None): how the answer was asked for, the answers paid for before it and not kept
-    (their cost is not in `usage.cost`, and counts against `--max-cost`), and the seconds
-    from the request sent to the answer's end."""
+    `sampling`, `refused`, `latency_s`, `cost_source` and `finished_at` came later (older
+    records lack them: None, [], None, "usage" and None): how the answer was asked for, the
+    answers paid for before it and not kept (their cost is not in `usage.cost`, and counts
+    against `--max-cost`), the seconds from the request sent to the answer's end, where
+    `usage.cost` came from (infer/costs.py): "usage" (the answer's own `usage.cost`),
+    "generation" (the answer showed none: GET /generation's `total_cost`) or "estimate"
+    (no figure in time: its usage tokens at the highest price that could bill it, or with
+    no usage at all its worst case; never less than the bill), and when it was written
+    (UTC, ISO 8601 to the millisecond: the build report's time axis)."""
 
     response: ResponseText
     finish_reason: str | None
@@ -113,6 +125,8 @@ class Generation(Struct):
     sampling: Sampling | None = None
     refused: list[Refusal] = msgspec.field(default_factory=list)
     latency_s: float | None = None
+    cost_source: str = "usage"
+    finished_at: str | None = None
     # "unverifiable": the provider named covers an endpoint the routing excludes (a variant
     # told apart by tag only), so the answer cannot be traced to an allowed one
     routing: str | None = None
@@ -131,6 +145,8 @@ class Response(Prompt, kw_only=True):
     sampling: Sampling | None = None
     refused: list[Refusal] = msgspec.field(default_factory=list)
     latency_s: float | None = None
+    cost_source: str = "usage"
+    finished_at: str | None = None
     routing: str | None = None
 
 
@@ -195,9 +211,38 @@ class _CostOfRefusal(Struct):
     cost: float = 0.0
 
 
+class _CostOfUsage(Struct):
+    cost: float = 0.0
+
+
+def record_cost(usage_cost: float | None, refused_costs, failure_cost: float) -> float:
+    """What a kp-infer record cost: THE definition, used by every reader of spend (resume,
+    `--spent-in`, `--total-cost`, `make plan`, `kp-infer report`, the pilot's figures).
+
+    A response record (it has `usage`; a token record too): `usage.cost` + the cost of the
+    answers refused before it (`refused[].cost`: paid for, not kept, not in `usage.cost`).
+    A failure line (no `usage`): its `cost`, which already holds its `refused[].cost`."""
+    if usage_cost is not None:
+        return usage_cost + sum(refused_costs)
+    return failure_cost
+
+
+class RecordCost(Struct):
+    """A responses or failures line as far as spend goes (`paid`: `record_cost`)."""
+
+    usage: _CostOfUsage | None = None
+    refused: list[_CostOfRefusal] = msgspec.field(default_factory=list)
+    cost: float = 0.0
+
+    @property
+    def paid(self) -> float:
+        return record_cost(None if self.usage is None else self.usage.cost,
+                           (r.cost for r in self.refused), self.cost)
+
+
 class CostOnly(Struct):
-    """What budget accounting needs from a finished response record: its cost, and that
-    of the answers refused before it (`refused`)."""
+    """What resume needs from a finished response record: its id, its tokens, and what it
+    cost (`paid`: `record_cost`)."""
 
     id: str
     usage: Usage = msgspec.field(default_factory=Usage)
@@ -205,7 +250,7 @@ class CostOnly(Struct):
 
     @property
     def paid(self) -> float:
-        return self.usage.cost + sum(r.cost for r in self.refused)
+        return record_cost(self.usage.cost, (r.cost for r in self.refused), 0.0)
 
 
 _encoder = msgspec.json.Encoder()

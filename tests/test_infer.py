@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -49,6 +51,9 @@ def assert_correct(records, prompts_path, **answer_args):
         assert rec["usage"]["completion_tokens"] == expected.completion_tokens
         assert rec["usage"]["cost"] > 0
         assert rec["provider"] and rec["generation_id"]
+        # when it was written, to the millisecond (the build report's time axis)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", rec["finished_at"])
+        assert abs(datetime.datetime.fromisoformat(rec["finished_at"]).timestamp() - time.time()) < 600
 
 
 def ids_of(path):

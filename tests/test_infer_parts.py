@@ -185,3 +185,28 @@ def test_limiter_grows_while_a_caller_waits_for_a_slot():
         assert limiter.current == 4 and limiter.in_flight == 4
 
     asyncio.run(scenario())
+
+
+def test_price_bound_takes_every_override_and_never_the_discount():
+    """Issue 25 item 3: the bound is the highest price that can bill, overrides included,
+    across the whole table; a discount never lowers it; the override that sets it is named."""
+    base = {"prompt": "0.0000005", "completion": "0.000002"}
+    table = [
+        Endpoint(provider_name="A", tag="a", pricing=Pricing(**base, discount=0.5, overrides=[
+            {"min_prompt_tokens": 100000, "prompt": "0.0000009", "completion": "0.000003"},
+            {"utc_start": 1800, "utc_end": 2200, "completion": "0.000008"}])),
+        Endpoint(provider_name="B", tag="b", pricing=Pricing(prompt="0.0000006", completion="0.0000025")),
+    ]
+    bound = price_bound(Policy(only=["b"]), table)
+    assert bound.prompt == pytest.approx(9e-7) and bound.completion == pytest.approx(8e-6)
+    assert "a pricing.overrides[1] (utc_start 1800, utc_end 2200)" in bound.override
+    assert "a pricing.overrides[0] (min_prompt_tokens 100000)" in bound.override
+    # an override a --max-price flag may not filter still counts; the base prices are capped
+    capped = price_bound(Policy(max_price_prompt=0.55, max_price_completion=2.2), table)
+    assert capped.prompt == pytest.approx(9e-7) and capped.completion == pytest.approx(8e-6)
+    plain = price_bound(Policy(), [table[1]])
+    assert plain.override is None and plain.completion == pytest.approx(2.5e-6)
+    # odd override shapes are read as far as they go
+    odd = Endpoint(provider_name="C", pricing=Pricing(**base, overrides=[{"prompt": None}, {"completion": "x"}]))
+    assert price_bound(Policy(), [odd]).completion == pytest.approx(2e-6)
+    assert table[0].discount == 0.5 and table[1].discount == 0.0

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import browser
 import pytest
 from conftest import REPO, read_jsonl
 
@@ -86,7 +87,9 @@ def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     however fast or slow the machine is."""
     server = standin(latency=0.2, ledger=True)
     server.configure(hold_after=40)
-    cmd, env = make_command(server, tmp_path, "all")
+    # TURNS=last: the ledger keys a request by its last user text, which conversations
+    # sharing their first user turn would share under TURNS=all
+    cmd, env = make_command(server, tmp_path, "all", TURNS="last")
     responses = tmp_path / "work" / "D1.responses.jsonl"
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # its own process group: make and below
@@ -104,7 +107,7 @@ def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     assert len(written) == 40  # what the stand-in answered before its gate
     assert not (tmp_path / "work" / "D1.responses.done").exists()  # never taken as finished
     assert not (tmp_path / "shards" / "D1").exists()
-    r = make(server, tmp_path, "all")
+    r = make(server, tmp_path, "all", TURNS="last")
     assert r.returncode == 0, r.stderr + r.stdout
     ids = [x["id"] for x in read_jsonl(responses)]
     assert len(ids) == len(set(ids)) == 260
@@ -154,7 +157,7 @@ def test_ctrl_c_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     done, and the rerun finishes the build with no answer paid twice."""
     server = standin(latency=0.1, ledger=True)
     server.configure(hold_after=40)
-    cmd, env = make_command(server, tmp_path, "all")
+    cmd, env = make_command(server, tmp_path, "all", TURNS="last")  # the ledger's key: see kill -9
     responses = tmp_path / "work" / "D1.responses.jsonl"
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -178,7 +181,7 @@ def test_ctrl_c_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     assert not (tmp_path / "work" / "D1.responses.done").exists()  # never taken as finished
     written = read_jsonl(responses)  # whole lines only: kp-infer stopped cleanly
     assert 40 <= len(written) < 260
-    r = make(server, tmp_path, "all")
+    r = make(server, tmp_path, "all", TURNS="last")
     assert r.returncode == 0, r.stderr + r.stdout
     ids = [x["id"] for x in read_jsonl(responses)]
     assert len(ids) == len(set(ids)) == 260
@@ -298,6 +301,10 @@ def test_make_demo_runs_the_whole_pipeline_offline(tmp_path):
     assert "row demo-0021 (dataset demo)" in row.stdout
     assert "<|im_assistant|>assistant<|im_middle|>" in row.stdout  # the template's end
     assert "\n  Thinking about [" in row.stdout  # the output: reasoning first
+    # the build report, written by `make report` at the end, opened in a real browser
+    report = out / "work" / "report.html"
+    assert f"build report   {report}" in r.stderr
+    check_in_browser(report)
     # the stand-in is gone: its port no longer answers
     port = int((out / "standin" / "port").read_text())
     import socket
@@ -305,10 +312,40 @@ def test_make_demo_runs_the_whole_pipeline_offline(tmp_path):
         assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
+SCREENSHOT = REPO / "docs" / "report.png"
+
+
+def check_in_browser(report: Path) -> None:
+    """REPORT in headless Chromium (tests/browser.py): no request leaves the file, no console
+    message, every panel of every plot has drawn data; then a full-page screenshot, whose
+    size (not pixels: the demo's timings differ run to run) matches docs/report.png's.
+    KP_UPDATE_SCREENSHOT=1 writes it to docs/report.png instead."""
+    if browser.CHROMIUM is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium)")
+    shot = report.with_suffix(".png")
+    seen = browser.open_page(report, shot)
+    assert seen.requests == [report.resolve().as_uri()], "the page asked for more than itself"
+    assert seen.console == []
+    assert seen.title == "kimipipe build report"
+    assert len(seen.figures) >= 12, seen.figures  # the demo has data for most plots
+    for figure in seen.figures:
+        assert figure["shown"] > 300, figure  # laid out at a readable width
+        assert figure["panels"], figure
+        for panel in figure["panels"]:
+            assert panel["drawn"] > 0, (figure["id"], panel)
+    width, height = browser.png_size(shot)
+    if os.environ.get("KP_UPDATE_SCREENSHOT") == "1":
+        shutil.copyfile(shot, SCREENSHOT)
+    kept_width, kept_height = browser.png_size(SCREENSHOT)
+    assert width == kept_width == browser.WIDTH
+    assert abs(height - kept_height) <= 0.1 * kept_height, (height, kept_height)
+    assert 0.5 < shot.stat().st_size / SCREENSHOT.stat().st_size < 2
+
+
 def test_make_test_creates_the_venv_when_it_is_missing(tmp_path):
     """README: `make test` (like `make demo`) creates `.venv` when it is missing. A copy of
     the checkout with no .venv; make's own recipe runs (python -m venv, pip install -e
-    '.[test]', compileall, the stamp), then the tests of the copy with that new venv.
+    '.[test,report]', compileall, the stamp), then the tests of the copy with that new venv.
     Offline: pip takes every package from the suite's own environment (on PYTHONPATH,
     no index, no build isolation), so nothing is downloaded."""
     import site
@@ -332,7 +369,7 @@ def test_make_test_creates_the_venv_when_it_is_missing(tmp_path):
                         "PYTEST_ARGS=tests/test_io.py -p no:cacheprovider"],
                        capture_output=True, text=True, env=env, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "python3 -m venv .venv" in r.stdout and "pip install --quiet --no-compile -e '.[test]'" in r.stdout
+    assert "python3 -m venv .venv" in r.stdout and "pip install --quiet --no-compile -e '.[test,report]'" in r.stdout
     assert (copy / ".venv" / ".installed").exists()
     assert re.search(r"\d+ passed", r.stdout)
     for command in ("prompts", "infer", "tokenize", "shard", "credits"):

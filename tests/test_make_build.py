@@ -12,8 +12,8 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from conftest import REPO, read_jsonl
@@ -38,6 +38,13 @@ def write_sources(tmp_path, sizes: dict[str, int]) -> dict[str, str]:
         variables[f"SOURCE_{name}"] = path
         start += n
     return {"DATASETS": " ".join(sizes), **variables}
+
+
+def single_turn(variables: dict) -> dict:
+    """TURNS=last, for a test that tells prompts apart by the stand-in ledger's key, a
+    request's last user text: under TURNS=all, conversations of the sample that share
+    their first user turn would share it."""
+    return {**variables, "TURNS": "last"}
 
 
 def run_make(server, tmp_path, *args, env: dict | None = None, read_only: Path | None = None,
@@ -152,7 +159,8 @@ def smallest_hashes(ids, n):
 
 def test_make_pilot_then_make_all_pays_for_no_pilot_answer_twice(standin, tmp_path):
     server = standin(ledger=True)
-    variables = write_sources(tmp_path, {"A": 40, "B": 50})
+    # TURNS=last: the ledger keys a request by its last user text (see single_turn)
+    variables = single_turn(write_sources(tmp_path, {"A": 40, "B": 50}))
     r = run_make(server, tmp_path, "pilot", PILOT=12, **variables)
     assert r.returncode == 0, r.stderr
     assert "check: ok: tokenizer" in r.stdout  # the checks come first
@@ -194,7 +202,7 @@ def test_total_cost_caps_the_whole_build_and_raising_it_finishes(standin, tmp_pa
     with a money stop saying which datasets are complete and what TOTAL_COST would finish
     them; raising it to that and rerunning finishes every dataset."""
     server = standin(ledger=True, price_scale=200.0, latency=0.3 if jobs == "-j3" else None)
-    variables = write_sources(tmp_path, {"A": 30, "B": 30, "C": 30})
+    variables = single_turn(write_sources(tmp_path, {"A": 30, "B": 30, "C": 30}))
     r = run_make(server, tmp_path, jobs, "all", TOTAL_COST=4, ALLOW_SHORT=1, TOKEN_BUDGET="",
                  CONCURRENCY=4, **variables)
     assert r.returncode == 2  # make: a recipe failed (its message below)

@@ -5,9 +5,15 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import sys
+from pathlib import Path
 
+import msgspec
+import pytest
 import zstandard
-from conftest import BIN, kp, read_jsonl
+from conftest import BIN, REPO, kp, read_jsonl
+
+from kimipipe.records import Prompt, encode_line
 
 SHAREGPT = [
     {"id": "conv-1", "conversations": [
@@ -32,7 +38,7 @@ def write_json(path, obj):
 
 def test_sharegpt_array_keeps_conversation_up_to_last_user_turn(tmp_path):
     src = write_json(tmp_path / "sharegpt.json", SHAREGPT)
-    r = kp("prompts", src, "--dataset", "B3")
+    r = kp("prompts", src, "--dataset", "B3", "--turns", "last")
     assert r.code == 0, r.stderr
     recs = r.records()
     assert [x["id"] for x in recs] == ["conv-1", "conv-2"]
@@ -62,7 +68,7 @@ def test_text_file_gives_hash_ids_stable_byte_for_byte(tmp_path):
     assert len(recs) == 2  # the repeated question is a duplicate
     assert all(x["id"].startswith("B4-") and len(x["id"]) == 3 + 16 for x in recs)
     assert recs[0]["messages"] == [{"role": "user", "content": "Why is the sky blue?"}]
-    assert "skipped 1 duplicate\n" in first.stderr
+    assert f"skipped 1 duplicate (dropped: {src}:4 repeats {src}:1)\n" in first.stderr
     other = kp("prompts", src, "--format", "text", "--dataset", "B5").records()
     assert {x["id"] for x in other}.isdisjoint({x["id"] for x in recs})
 
@@ -193,7 +199,7 @@ def test_error_invalid_utf8(tmp_path):
 def test_error_missing_field(tmp_path):
     check_error(tmp_path, GOOD + b'{"question": "x"}\n',
                 "2: cannot tell the format: expected a `conversations`, `messages`, `instruction`, "
-                "`prompt` or `text` field (or force one with --format) at `$`")
+                "`prompt`, `text` or `turns` field (or force one with --format) at `$`")
 
 
 def test_error_wrong_type_names_json_path(tmp_path):
@@ -203,7 +209,9 @@ def test_error_wrong_type_names_json_path(tmp_path):
 
 def test_error_unknown_role(tmp_path):
     check_error(tmp_path, b'{"conversations": [{"from": "robot", "value": "x"}]}\n',
-                "1: unknown role 'robot' at `$.conversations[0].from`")
+                "1: unknown role 'robot' (accepted: system, developer, human, user, gpt, assistant, "
+                "chatgpt, bard, bing, model, function_call, observation, tool, function, ipython) "
+                "at `$.conversations[0].from`")
 
 
 def test_error_truncated_final_line(tmp_path):
@@ -303,3 +311,187 @@ def test_head_closes_pipe_quietly(tmp_path):
 def test_unknown_option_is_a_usage_error():
     r = kp("prompts", "--no-such-flag")
     assert r.code == 2 and "No such option" in r.stderr
+
+
+# --- --turns all, tool and non-text records, the formats of public files -------------------
+
+DATA = REPO / "tests" / "data" / "sources"
+EXPECTED = json.loads((DATA / "EXPECTED.json").read_text())
+
+
+def test_turns_all_is_the_default_one_record_per_conversation(tmp_path):
+    src = write_json(tmp_path / "sharegpt.json", SHAREGPT)
+    r = kp("prompts", src, "--dataset", "B3")
+    assert r.code == 0, r.stderr
+    assert r.records() == [
+        {"id": "conv-1", "dataset": "B3", "messages": [{"role": "user", "content": "What is 2+2?"}],
+         "follow_ups": ["And 3+3?"]},
+        {"id": "conv-2", "dataset": "B3", "messages": [{"role": "system", "content": "Be terse."},
+                                                        {"role": "user", "content": "Hello"}]}]
+    assert r.stderr == "kp-prompts: wrote 2 prompts; skipped 1 without a user turn\n"
+    assert kp("prompts", src, "--dataset", "B3", "--turns", "all").stdout == r.stdout
+
+
+def test_old_prompt_records_decode_without_follow_ups():
+    decoded = msgspec.json.decode(b'{"id":"a","dataset":"B3","messages":[{"role":"user","content":"Hi"}]}',
+                                  type=Prompt)
+    assert decoded.follow_ups == []
+    assert b"follow_ups" not in encode_line(decoded)  # an empty list is left out, as before
+
+
+def test_single_turn_prompts_keep_their_hash_ids_under_turns_all(tmp_path):
+    """The default changed from `last` to `all`: a prompt without follow-ups keeps the ID
+    `last` gave it, so resuming an older output of single-turn data redoes nothing."""
+    src = tmp_path / "q.jsonl"
+    src.write_text('{"prompt": "Why is the sky blue?"}\n'
+                   '{"conversations": [{"from": "system", "value": "Be terse."}, {"from": "human", "value": "Hello"}]}\n')
+    assert kp("prompts", src, "--dataset", "B4").stdout == kp("prompts", src, "--dataset", "B4",
+                                                              "--turns", "last").stdout
+    one = tmp_path / "one.txt"
+    one.write_text("Why is the sky blue?\n")
+    [rec] = kp("prompts", one, "--format", "text", "--dataset", "B4").records()
+    assert rec["id"] == "B4-c661c6ffbf284fbd"  # test_hash_id_formula_is_pinned's, under `all`
+
+
+OPENAI_TOOLS = [
+    {"id": "t1", "messages": [
+        {"role": "system", "content": "You can look things up."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Which day?"},
+        {"role": "user", "content": "Today."},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                                                                "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": "Thanks!"}]},
+    {"id": "t2", "messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",
+                                                             "function": {"name": "x", "arguments": "{}"}}]},
+        {"role": "user", "content": "Hello?"}]},
+    {"id": "t3", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "x.png"}}]}]},
+    {"id": "t4", "messages": [{"role": "user", "content": "Plain"}, {"role": "assistant", "content": "Yes"}]},
+]
+
+
+def test_turns_all_ends_a_conversation_before_its_first_tool_turn(tmp_path):
+    src = tmp_path / "tools.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in OPENAI_TOOLS))
+    r = kp("prompts", src)
+    assert r.code == 0, r.stderr
+    recs = {x["id"]: x for x in r.records()}
+    assert recs["t1"]["messages"] == [{"role": "system", "content": "You can look things up."},
+                                      {"role": "user", "content": "Weather in Paris?"}]
+    assert recs["t1"]["follow_ups"] == ["Today."]  # not "Thanks!": it came after the tool call
+    # an assistant turn with tool_calls and content "" is a tool turn, never an empty answer
+    assert "follow_ups" not in recs["t2"] and recs["t2"]["messages"] == [{"role": "user", "content": "Hi"}]
+    assert sorted(recs) == ["t1", "t2", "t4"]  # t3's only user turn holds an image
+    assert r.stderr == (f"kp-prompts: wrote 3 prompts; skipped 1 with a non-text part ({src}:3); "
+                        f"2 conversations ended early, before a turn that is not plain text "
+                        f"(first: {src}:1, {src}:2)\n")
+
+
+def test_tool_and_non_text_records_are_skipped_with_last_and_strict_is_an_error(tmp_path):
+    src = tmp_path / "tools.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in OPENAI_TOOLS))
+    r = kp("prompts", src, "--turns", "last")
+    assert r.code == 0, r.stderr
+    assert [x["id"] for x in r.records()] == ["t4"]
+    assert r.stderr == (f"kp-prompts: wrote 1 prompt; skipped 2 with a tool turn ({src}:1, {src}:2), "
+                        f"1 with a non-text part ({src}:3)\n")
+    for turns in ("last", "all"):
+        out = tmp_path / "out.jsonl"
+        r = kp("prompts", src, "--turns", turns, "--strict", "-o", out)
+        assert r.code == 2 and not out.exists()
+        assert r.stderr.strip() == (f"kp-prompts: {src}:1: a tool turn (--strict: kp-prompts reads plain "
+                                    "chat only; without --strict the record is skipped) at "
+                                    "`$.messages[4].tool_calls`")
+    glaive = DATA / "llamafactory_glaive_toolcall_en_demo.json"
+    r = kp("prompts", glaive, "--strict")
+    assert r.code == 2 and r.stderr.strip() == (
+        f"kp-prompts: {glaive}:2: element 1: a tool declaration (--strict: kp-prompts reads plain chat "
+        "only; without --strict the record is skipped) at `$.tools`")
+
+
+def test_sharegpt_top_level_system_is_kept(tmp_path):
+    src = write_json(tmp_path / "lf.json", [
+        {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"},
+                           {"from": "human", "value": "Bye"}], "system": "You are a pirate."},
+        {"conversations": [{"from": "system", "value": "Own system."}, {"from": "human", "value": "Yo"}],
+         "system": "Column system."}])
+    for turns, first_len in (("all", 2), ("last", 4)):
+        recs = kp("prompts", src, "--turns", turns).records()
+        assert recs[0]["messages"][0] == {"role": "system", "content": "You are a pirate."}
+        assert len(recs[0]["messages"]) == first_len
+        assert recs[1]["messages"][0] == {"role": "system", "content": "Own system."}  # the turn wins
+
+
+def test_mt_bench_questions_are_one_conversation_each(tmp_path):
+    src = DATA / "fastchat_mt_bench_question.jsonl"
+    recs = kp("prompts", src, "--dataset", "MT").records()
+    first = json.loads(src.read_text().splitlines()[0])
+    assert [x["id"] for x in recs] == ["81", "82", "101"]
+    assert recs[0]["messages"] == [{"role": "user", "content": first["turns"][0]}]
+    assert recs[0]["follow_ups"] == first["turns"][1:]
+
+
+def test_v1_value_parts_and_alpaca_history_are_read(tmp_path):
+    src = tmp_path / "v1.jsonl"
+    src.write_text(json.dumps({"messages": [
+        {"role": "user", "content": [{"type": "text", "value": "Part one. "}, {"type": "text", "value": "Two."}]},
+        {"role": "assistant", "content": [{"type": "text", "value": "Ok"}]},
+        {"role": "user", "content": [{"type": "text", "value": "More?"}]}]}) + "\n"
+        + json.dumps({"instruction": "And now?", "history": [["First q", "First a"]]}) + "\n")
+    recs = kp("prompts", src).records()
+    assert recs[0]["messages"] == [{"role": "user", "content": "Part one. Two."}]
+    assert recs[0]["follow_ups"] == ["More?"]
+    assert recs[1]["messages"] == [{"role": "user", "content": "First q"}]
+    assert recs[1]["follow_ups"] == ["And now?"]
+    last = kp("prompts", src, "--turns", "last").records()
+    assert last[1]["messages"] == [{"role": "user", "content": "First q"},
+                                   {"role": "assistant", "content": "First a"},
+                                   {"role": "user", "content": "And now?"}]
+
+
+@pytest.mark.parametrize("name", sorted(k for k in EXPECTED if k != "_"))
+def test_public_sources_give_the_expected_counts(name):
+    """Real files nobody here wrote (tests/data/sources/README.md: where from, licence, and
+    why each count is what it is)."""
+    for turns, expected in EXPECTED[name].items():
+        r = kp("prompts", name, "--turns", turns, "--dataset", "T", cwd=DATA)
+        recs = r.records() if r.code == 0 else []
+        got = {"exit": r.code, "prompts": len(recs),
+               "follow_ups": sum(len(x.get("follow_ups", [])) for x in recs), "stderr": r.stderr.strip()}
+        assert got == expected, (name, turns)
+
+
+def test_every_public_source_has_its_origin_and_licence_noted():
+    noted = (DATA / "README.md").read_text()
+    files = sorted(p.name for p in DATA.iterdir() if p.name not in ("README.md", "EXPECTED.json"))
+    assert files == sorted(k for k in EXPECTED if k != "_")
+    for name in files:
+        row = next(line for line in noted.splitlines() if line.startswith(f"| {name} |"))
+        assert "Apache-2.0" in row or "MIT" in row
+
+
+def test_make_finds_a_jsonl_or_zst_source_and_passes_turns(tmp_path):
+    """sources/D.jsonl (and .jsonl.zst) are sources, as sources/D.json is; TURNS reaches
+    kp-prompts. Only the prompts stage runs: nothing is sent."""
+    sources = tmp_path / "sources"
+    sources.mkdir()
+    rows = (DATA / "openai_cookbook_toy_chat_fine_tuning.jsonl").read_bytes()
+    (sources / "J.jsonl").write_bytes(rows)
+    (sources / "Z.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(rows))
+    venv = Path(sys.executable).parent.parent
+    for turns, follow_ups in (("all", 3), ("last", 0)):
+        work = tmp_path / f"work-{turns}"
+        targets = [work / "J.prompts.jsonl", work / "Z.prompts.jsonl"]
+        proc = subprocess.run(["make", "-C", str(REPO), "--no-print-directory", *map(str, targets),
+                               f"SOURCES={sources}", f"WORK={work}", f"VENV={venv}", f"TURNS={turns}",
+                               "DATASETS=J Z"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert f"kp-prompts {sources}/J.jsonl --dataset J --turns {turns}" in proc.stdout
+        for target in targets:
+            recs = read_jsonl(target)
+            assert len(recs) == 3 and sum(len(x.get("follow_ups", [])) for x in recs) == follow_ups

@@ -12,7 +12,10 @@ Schema (one JSON object, `--json`):
 Reads `GET /credits`; when that is refused (403) or answers zeros (a normal key, not a
 management key), falls back to `GET /key` (source "key": total_credits unknown, remaining =
 the key's limit_remaining) and says so on stderr. `--min` compares what can still be spent:
-the smaller of `remaining` and `key_limit_remaining`.
+the smaller of `remaining` and `key_limit_remaining`. A key that can read neither (a normal
+key without a credit limit: /credits refused, /key limit null) has no balance to show, and
+kp-credits says why, and what makes one readable (a credit limit on the key, or a
+management key).
 
 The API key comes from OPENROUTER_API_KEY or `--api-key-file`; it never appears in any
 output or message. Proxies: HTTPS_PROXY/HTTP_PROXY/NO_PROXY, or `--proxy URL`; a
@@ -39,7 +42,14 @@ import click
 from ..cli import common_options, kp_command, read_api_key, run_command, say
 from ..errors import ExitCode, KPError
 from ..openrouter import DEFAULT_BASE_URL
-from ..openrouter.account import AccountError, AuthError, Balance, fetch_balance
+from ..openrouter.account import (
+    GUARD_FIX,
+    AccountError,
+    AuthError,
+    Balance,
+    fetch_balance,
+    unreadable_balance,
+)
 from ..openrouter.proxy import parse_proxy, scrub
 
 
@@ -61,6 +71,10 @@ def human(b: Balance) -> str:
                      f"(remaining {usd(b.key_limit_remaining)})")
     else:
         lines.append("  key limit      none")
+    why = unreadable_balance(b)
+    if why:
+        lines.append(f"  remaining      unknown: {why}; a balance guard (kp-credits --min, "
+                     f"kp-infer --min-credits) cannot work with it: {GUARD_FIX}")
     return "\n".join(lines)
 
 
@@ -109,6 +123,9 @@ def cli(as_json, as_text, minimum, api_key_file, base_url, timeout, proxy, quiet
         raise KPError(scrub(str(e), proxy), ExitCode.ERROR) from None
     if balance.note:
         say(f"kp-credits: {balance.note}", quiet)
+    why = unreadable_balance(balance)
+    if why and (as_json or (not as_text and not sys.stdout.isatty())):  # (the text form says it)
+        say(f"kp-credits: no balance to show: {why}; {GUARD_FIX}", quiet)
     if as_json or (not as_text and not sys.stdout.isatty()):
         click.echo(json.dumps(balance.record()))
     else:
@@ -116,8 +133,8 @@ def cli(as_json, as_text, minimum, api_key_file, base_url, timeout, proxy, quiet
     if minimum is not None:
         spendable = balance.spendable
         if spendable is None:
-            raise KPError("cannot check --min: the balance is unknown (/credits refused and "
-                          "the key has no limit)", ExitCode.ERROR)
+            raise KPError(f"cannot check --min: the balance is unknown: {why}; {GUARD_FIX}",
+                          ExitCode.ERROR)
         if spendable < minimum:
             raise KPError(f"{usd(spendable)} left, below --min {usd(minimum)}",
                           ExitCode.BUDGET)

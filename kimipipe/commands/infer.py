@@ -7,6 +7,7 @@ Usage:
     kp-infer B3.prompts.jsonl -o B3.responses.jsonl --concurrency 2000 \\
         --quantization int4 --quantization unknown --max-cost 95 --token-budget 10M
     kp-infer report B3.responses.jsonl B3.failures.jsonl               # providers compared
+    kp-infer report work/*.jsonl work/*.zst shards/ --html report.html # the build, plotted
 
 For Kimi K2.5, no --quantization flag means int4 and unknown (its native weights).
 
@@ -16,7 +17,7 @@ Schema (one JSON object per line): the prompt record's fields plus
      "usage": {"prompt_tokens", "completion_tokens", "reasoning_tokens", "cost"},
      "attempts": int, "sampling": {"max_tokens", "temperature"?, "top_p"?, "seed"?, ...,
      "reasoning"?, "require_parameters"?}, "refused": [{"kind", "provider", "cost",
-     "generation_id", "message"}], "latency_s": float}
+     "generation_id", "message"}], "latency_s": float, "finished_at": str}
 
 For Kimi K2.5, what you do not set is sampled as served (thinking: temperature 1.0,
 top_p 0.95; --no-reasoning: 0.6, 0.95), with provider.require_parameters.
@@ -112,6 +113,7 @@ EXAMPLES = """
     kp-prompts questions.txt --format text | kp-infer --max-cost 1 > answers.jsonl
     kp-infer B3.prompts.jsonl -o B3.responses.jsonl --preflight
     kp-infer report B3.responses.jsonl B3.failures.jsonl
+    kp-infer report work/B3.* shards/B3 --html B3.html --max-cost 95 --token-budget 10M
 """
 
 
@@ -120,7 +122,8 @@ EXAMPLES = """
 # here is listed under "Other options" (and tests/test_cli_conventions.py fails).
 OPTION_SECTIONS = {
     "Plan and money": ["plan", "preflight", "max_cost", "token_budget", "total_cost",
-                       "spent_in", "reservations", "min_credits", "credits_interval", "sample"],
+                       "spent_in", "reservations", "min_credits", "credits_interval", "cost_lookup_wait",
+                       "sample"],
     "Routing (which providers may answer)": [
         "model", "quantization", "any_quantization", "ignore_provider", "only_provider",
         "max_price_prompt", "max_price_completion", "sort", "no_fallbacks", "data_collection",
@@ -129,11 +132,15 @@ OPTION_SECTIONS = {
         "max_tokens", "temperature", "top_p", "seed", "reasoning", "reasoning_effort",
         "no_require_parameters", "extra_body"],
     "Files and resume": ["output", "failures", "summary_json", "done_files", "rescue_dir",
-                         "min_free_disk", "disk_wait", "partition", "report_files", "as_json"],
+                         "min_free_disk", "disk_wait", "partition", "report_files", "as_json", "html"],
     "Tuning and connection": ["concurrency", "max_attempts", "backoff_base", "grace",
                               "idle_timeout", "workers", "stream", "proxy", "base_url",
                               "api_key_file"],
 }
+
+
+# The options `kp-infer report FILE...` takes with a value (not a file to read).
+_REPORT_VALUE_OPTIONS = {"--html", "--total-cost", "--max-cost", "--token-budget"}
 
 
 class _InferCommand(KPCommand):
@@ -158,8 +165,11 @@ class _InferCommand(KPCommand):
     def parse_args(self, ctx, args):
         args = list(args)
         if len(args) >= 2 and args[0] == "report" and not args[1].startswith("-"):
-            args = [a for arg in args[1:]
-                    for a in ((arg,) if arg.startswith("-") and arg != "-" else ("--report", arg))]
+            words, args = args[1:], []
+            for i, arg in enumerate(words):  # a file, unless it is an option or its value
+                option = arg.startswith("-") and arg != "-"
+                value = i > 0 and words[i - 1] in _REPORT_VALUE_OPTIONS
+                args += [arg] if option or value else ["--report", arg]
         # `--preflight` takes an optional N: followed by anything but a number, it is 3
         args = [f"--preflight={DEFAULT_REQUESTS}" if arg == "--preflight"
                 and not (i + 1 < len(args) and args[i + 1].isdigit()) else arg
@@ -169,7 +179,8 @@ class _InferCommand(KPCommand):
 
 @kp_command("kp-infer", examples=EXAMPLES, cls=_InferCommand, epilog=(
     "Also: `kp-infer report FILE...` (= --report FILE ...): the providers compared, from "
-    "responses and failures files on disk; the report on stdout (--json for JSON)."))
+    "responses and failures files on disk; the report on stdout (--json for JSON); with "
+    "--html OUT, the build plotted in one HTML page from any of its files (docs/report.md)."))
 @input_argument()
 @output_option("Output file, appended to and resumed from (`-` = stdout, no resume).")
 @click.option("-m", "--model", default="moonshotai/kimi-k2.5", show_default=True, help="OpenRouter model slug.")
@@ -249,6 +260,11 @@ class _InferCommand(KPCommand):
               help="Stop admitting work when the account balance falls below USD (polled; exit 3).")
 @click.option("--credits-interval", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               help="Seconds between balance polls (the money in flight follows the balance; --min-credits).")
+@click.option("--cost-lookup-wait", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              metavar="SECONDS",
+              help="An answer whose usage shows no cost is booked at its worst price, then its "
+                   "cost is read from GET /generation for up to SECONDS before its record is "
+                   "written (else the estimate stays; docs/money.md).")
 @click.option("--done", "done_files", multiple=True, type=click.Path(),
               help="Another responses file whose IDs count as done (repeatable).")
 @click.option("--failures", type=click.Path(), default=None,
@@ -286,6 +302,11 @@ class _InferCommand(KPCommand):
                    "prices, the stream's shape, the balance and how many requests it covers at "
                    "once); a pass/fail table on stdout, exit 4 on a failed check. The answers are "
                    "kept in -o FILE (needed) like a run's.")
+@click.option("--html", type=click.Path(dir_okay=False, allow_dash=True), default=None, metavar="OUT",
+              help="With --report: write the build report, one self-contained HTML page of plots, to "
+                   "OUT instead (responses, failures, token records, rejects files, shard "
+                   "directories; --total-cost, --max-cost and --token-budget drawn as its caps). "
+                   "Needs the `report` extra (matplotlib).")
 @click.option("--json", "as_json", is_flag=True,
               help="With --plan, --report or --preflight: the report as JSON on stdout.")
 @common_options
@@ -294,9 +315,19 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         sort, no_fallbacks, data_collection, allow_non_distillable, max_price_prompt, max_price_completion,
         concurrency, max_attempts, idle_timeout, workers, stream, proxy,
         backoff_base, grace, max_cost, token_budget, total_cost, spent_in, reservations, min_credits,
-        credits_interval, done_files, failures, summary_json, min_free_disk, disk_wait, rescue_dir, partition,
-        sample, base_url, api_key_file, plan, report_files, preflight, as_json, quiet, debug):
+        credits_interval, cost_lookup_wait, done_files, failures, summary_json, min_free_disk, disk_wait,
+        rescue_dir, partition, sample, base_url, api_key_file, plan, report_files, preflight, html, as_json,
+        quiet, debug):
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
+    if html and not report_files:
+        raise KPError("--html goes with --report (kp-infer report FILE... --html OUT)", ExitCode.USAGE)
+    if report_files and html:
+        from ..report import Settings, write_report  # (the shard readers: only here)
+        settings = Settings(total_cost=total_cost, max_cost=max_cost, token_budget=token_budget)
+        write_report(list(report_files), settings, html, Stderr(quiet))
+        if html != "-":
+            Stderr(quiet)(f"kp-infer: the build report is in {html}")
+        return ExitCode.OK
     if report_files:
         report = read_report(list(report_files), Stderr(quiet))
         click.echo(report_json(report) if as_json else format_report(report))
@@ -335,7 +366,7 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         idle_timeout=idle_timeout, grace=grace, workers=workers, proxy=proxy,
         max_cost=max_cost, token_budget=token_budget, total_cost=total_cost, spent_in=list(spent_in),
         reservations=reservations, min_credits=min_credits,
-        credits_interval=credits_interval)
+        credits_interval=credits_interval, cost_lookup_wait=cost_lookup_wait)
     with sigterm_as_ctrl_c():  # a `kill` or a stopped container: exit 130 with the summary
         if preflight is not None:
             return run_preflight(config, preflight, as_json, Stderr(quiet), click.echo)

@@ -3,7 +3,7 @@
 The arguments are make's variables, passed as they are (an empty value means unset):
 
     check    --source D=PATH... --work DIR --shards DIR --bin DIR --tokenizer T
-             --tokenize-flags FLAGS --base-url URL
+             --tokenize-flags FLAGS --base-url URL [--min-credits USD]
     plan     --work DIR --datasets "D..." [--token-budget D=N]... [--weight D=W]...
              [--total-cost USD] [--max-cost USD] [--spent-in GLOB]... [--answer-tokens N]
              [--gate [--allow-short]] [--json FILE]
@@ -115,7 +115,7 @@ def cmd_check(args) -> int:
     sources = {d: (path, os.path.join(args.work, f"{d}.prompts.jsonl"))
                for d, path in _pairs(args.source, "--source").items()}
     results = run_checks(sources, args.bin, args.tokenizer, args.tokenize_flags, args.base_url,
-                         [args.work, args.shards], args.work)
+                         [args.work, args.shards], args.work, args.min_credits)
     for ok, line in results:
         print(f"check: {'ok' if ok else 'FAILED'}: {line}", flush=True)
     failed = sum(1 for ok, _ in results if not ok)
@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--tokenize-flags", default="")
     p.add_argument("--base-url", required=True)
+    p.add_argument("--min-credits", default="")
     p.set_defaults(run=cmd_check)
     args = parser.parse_args(argv)
     if getattr(args, "allow_short", None) is not None:

@@ -10,7 +10,8 @@ Each check runs whatever the others find, and every problem is listed:
   checks after every money change, and a load costs seconds (WORK/.tokenizer-check.json);
 - key and base URL: `kp-credits` reads the balance: one GET to BASE_URL, where a wrong key
   fails once instead of on a full concurrency of requests, and a URL that cannot be
-  reached is named;
+  reached is named; with MIN_CREDITS set and a key that can read no balance (a normal key
+  without a credit limit), the line warns that MIN_CREDITS guards nothing, and why;
 - outputs: WORK and SHARDS can be created and written, and no output file the build
   writes there is read-only.
 
@@ -111,14 +112,20 @@ def check_tokenizer(bin_dir: str, tokenizer: str, flags: str,
     return False, f"tokenizer: {_last_line(err)} (TOKENIZER={tokenizer})"
 
 
-def check_key(bin_dir: str, base_url: str) -> tuple[bool, str]:
-    code, out, err = _run([os.path.join(bin_dir, "kp-credits"), "--json", "--quiet", "--base-url", base_url],
+def check_key(bin_dir: str, base_url: str, min_credits: str = "") -> tuple[bool, str]:
+    code, out, err = _run([os.path.join(bin_dir, "kp-credits"), "--json", "--base-url", base_url],
                           timeout=60)
     if code == 0:
         balance = json.loads(out)
         spendable = [v for v in (balance.get("remaining"), balance.get("key_limit_remaining")) if v is not None]
         left = f"${min(spendable):,.4f} can be spent" if spendable else "the balance is unknown"
-        return True, f"key and base URL: {base_url} answers ({left})"
+        line = f"key and base URL: {base_url} answers ({left})"
+        # kp-credits says why no balance can be shown (a normal key without a credit limit)
+        why = next((x.split("no balance to show: ", 1)[1] for x in err.splitlines()
+                    if "no balance to show: " in x), None)
+        if not spendable and min_credits and why:
+            line += f"; warning: MIN_CREDITS={min_credits} guards nothing: {why}"
+        return True, line
     return False, f"key and base URL: {_last_line(err)} (BASE_URL={base_url})"
 
 
@@ -141,10 +148,11 @@ def check_outputs(directories: list[str], work: str, datasets: list[str]) -> lis
 
 
 def run_checks(sources: dict[str, tuple[str, str]], bin_dir: str, tokenizer: str, tokenize_flags: str,
-               base_url: str, directories: list[str], work: str) -> list[tuple[bool, str]]:
+               base_url: str, directories: list[str], work: str,
+               min_credits: str = "") -> list[tuple[bool, str]]:
     results = check_sources(sources)
     results.append(check_tokenizer(bin_dir, tokenizer, tokenize_flags,
                                    os.path.join(work, ".tokenizer-check.json")))
-    results.append(check_key(bin_dir, base_url))
+    results.append(check_key(bin_dir, base_url, min_credits))
     results += check_outputs(directories, work, list(sources))
     return results

@@ -9,6 +9,11 @@ kp-infer may be writing it) and returns, as one JSON-able dict:
      "length_cut_share" (finish_reason "length"), "providers": {name: share},
      "failures": {kind: n}}
 
+"spend" is what the records cost by `records.record_cost` (the one definition every spend
+reader uses): each answer's `usage.cost`, the answers refused before it (`refused[].cost`),
+and with FAILURES the paid failure lines' `cost`; "cost_per_answer" shares all of it out
+over the answers kept (refused and failed answers recur in the same share).
+
 Every answer in the file counts: the pilot's sample, and any answered before it (all are
 answers of the same dataset under the same flags).
 """
@@ -22,11 +27,16 @@ from collections import Counter
 import msgspec
 
 from ..infer.prepare import finished_records
-from ..records import Usage
+from ..records import RecordCost, Usage, record_cost
+
+
+class _Refused(msgspec.Struct):
+    cost: float = 0.0
 
 
 class _Answer(msgspec.Struct):
     usage: Usage
+    refused: list[_Refused] = msgspec.field(default_factory=list)
     finish_reason: str | None = None
     provider: str | None = None
 
@@ -37,6 +47,7 @@ class _Failed(msgspec.Struct):
 
 _answer = msgspec.json.Decoder(_Answer)
 _failed = msgspec.json.Decoder(_Failed)
+_failure_cost = msgspec.json.Decoder(RecordCost)
 
 
 def _percentile(sorted_values: list[int], q: float) -> int:
@@ -53,18 +64,20 @@ def measure(responses: str, failures: str | None = None) -> dict:
     providers: Counter = Counter()
     for answer in finished_records(responses, _answer):
         completion.append(answer.usage.completion_tokens)
-        costs.append(answer.usage.cost)
+        # what the answer cost, the answers refused before it included (records.record_cost)
+        costs.append(record_cost(answer.usage.cost, (r.cost for r in answer.refused), 0.0))
         reasoning += answer.usage.reasoning_tokens
         prompt_tokens += answer.usage.prompt_tokens
         cut += answer.finish_reason == "length"
         providers[answer.provider or "unknown"] += 1
     failed = Counter(f.kind for f in finished_records(failures, _failed)) if failures else Counter()
+    failed_cost = sum(f.paid for f in finished_records(failures, _failure_cost)) if failures else 0.0
     n = len(completion)
     ordered = sorted(completion)
     total_completion = sum(completion)
     return {
         "answers": n,
-        "spend": round(sum(costs), 10),
+        "spend": round(sum(costs) + failed_cost, 10),
         "completion_tokens": {
             "total": total_completion,
             "mean": round(total_completion / n, 2) if n else None,
@@ -74,9 +87,11 @@ def measure(responses: str, failures: str | None = None) -> dict:
         },
         "prompt_tokens_mean": round(prompt_tokens / n, 2) if n else None,
         "reasoning_share": round(reasoning / total_completion, 4) if total_completion else None,
-        "cost_per_answer": {"mean": sum(costs) / n if n else None,
+        # (paid failures are part of what an answer costs: they recur in the same share)
+        "cost_per_answer": {"mean": (sum(costs) + failed_cost) / n if n else None,
                             "sd": statistics.pstdev(costs) if n else None},
-        "cost_per_completion_token": sum(costs) / total_completion if total_completion else None,
+        "cost_per_completion_token": ((sum(costs) + failed_cost) / total_completion
+                                      if total_completion else None),
         "length_cut_share": round(cut / n, 4) if n else None,
         "providers": {k: round(v / n, 4) for k, v in providers.most_common()},
         "failures": dict(failed),

@@ -65,7 +65,8 @@ def report(plan: BuildPlan, title: str = "make plan") -> str:
         mean, bound = plan.prices.get("allowed_mean"), plan.prices.get("bound")
         if mean and bound:
             out.append(f"  expected at their mean {mean['prompt']:.3f} / {mean['completion']:.3f}; "
-                       f"reserved at the highest {bound['prompt']:.2f} / {bound['completion']:.2f}")
+                       f"reserved at the highest {bound['prompt']:.2f} / {bound['completion']:.2f}"
+                       + (f" (a pricing override: {bound['override']})" if bound.get("override") else ""))
     else:
         out.append("no route allowed: see kp-infer --plan")
     out.append("")

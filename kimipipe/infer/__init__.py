@@ -26,6 +26,8 @@
     plan.py            --plan: the routing table, the cost estimate, what the balance keeps
                        in flight
     budget.py          money and tokens: worst-case reservations against the caps
+    costs.py           an answer whose usage shows no cost: GET /generation, else an
+                       estimate that cannot fall short, before its record is written
     inflight.py        money in flight: the worst cases running, under a ceiling sized to
                        the balance and learned from OpenRouter's in-flight 402s
     total_cost.py      --total-cost: one cap shared by the runs of a build (reservations file)

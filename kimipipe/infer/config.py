@@ -51,3 +51,5 @@ class RunConfig:
     reservations: str | None = None  # --reservations: the file runs sharing --total-cost lock
     min_credits: float | None = None  # USD of balance below which admission stops
     credits_interval: float = 60.0  # seconds between balance polls
+    # seconds an answer without usage.cost waits for GET /generation's figure (infer/costs.py)
+    cost_lookup_wait: float = 30.0

@@ -14,7 +14,10 @@ preset's served values, or none for a model without a preset) and whether
 with prompt tokens estimated at ~4 bytes a token (+16 for the template) and completion
 tokens at half of `--max-tokens` (or what is left of `--token-budget`, shared out), and the
 worst case, which is what the budget reserves: every prompt at its token bound and every
-answer at `--max-tokens`, at the highest allowed prices.
+answer at `--max-tokens`, at the price bound (openrouter/routing.py `price_bound`: the
+highest price that can bill, a `pricing.overrides[]` entry's included; `override` names the
+entry when one sets it, else null). The expected cost takes each endpoint's `discount`
+off its prices; the bound never does.
 
 The JSON object (prices in USD per million tokens, money in USD):
 
@@ -23,7 +26,7 @@ The JSON object (prices in USD per million tokens, money in USD):
      "routes": [{"provider", "tag", "quantization", "prompt_price", "completion_price",
                  "verdict", "allowed"}] | null  (null: the endpoints table could not be read),
      "prices": {"allowed_mean": {"prompt", "completion"} | null,
-                "bound": {"prompt", "completion"} | null},
+                "bound": {"prompt", "completion", "override"} | null},
      "max_tokens", "answer_tokens": {"expected", "assumed"},
      "cost": {"expected", "worst_case", "worst_case_request"} | null,
      "recorded": {"spend", "completion_tokens"},
@@ -152,8 +155,10 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
     bound = budget.price
     mean = None
     if allowed:
-        mean = {"prompt": sum(e.prompt_price for e in allowed) / len(allowed),
-                "completion": sum(e.completion_price for e in allowed) / len(allowed)}
+        # (expected: at the default conditions' prices, less the discount; the bound takes
+        # neither the discount nor a lower price than an override's)
+        mean = {"prompt": sum(e.prompt_price * (1 - e.discount) for e in allowed) / len(allowed),
+                "completion": sum(e.completion_price * (1 - e.discount) for e in allowed) / len(allowed)}
     elif bound is not None:
         mean = {"prompt": bound.prompt, "completion": bound.completion}
     cost = in_flight = None
@@ -178,7 +183,8 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
                           "bound": scan.prompt_token_bound},
         "routes": routes,
         "prices": {"allowed_mean": {k: _per_m(v) for k, v in mean.items()} if mean else None,
-                   "bound": {"prompt": _per_m(bound.prompt), "completion": _per_m(bound.completion)}
+                   "bound": {"prompt": _per_m(bound.prompt), "completion": _per_m(bound.completion),
+                             "override": bound.override}
                    if bound else None},
         "max_tokens": request.max_tokens,
         "answer_tokens": {"expected": round(expected_completion, 1), "assumed": assumed},
@@ -237,6 +243,12 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget,
     prompts = data["prompts"]
     out.append(f"prompts: {prompts['input']} in the input, {prompts['todo']} to do"
                + (f" (--sample {prompts['sample']})" if prompts["sample"] is not None else ""))
+    bound = data["prices"]["bound"]
+    if bound is not None:
+        out.append(f"price bound (what a worst case is reserved at): ${bound['prompt']:g}/M in, "
+                   f"${bound['completion']:g}/M out"
+                   + (f"; set by a pricing override: {bound['override']}" if bound["override"]
+                      else ", the table's highest base prices"))
     todo, cost = prompts["todo"], data["cost"]
     if cost is not None and todo:
         out.append(f"cost estimate for {todo} prompts: expected ~${cost['expected']:,.2f} (prompts at ~4 bytes/token, "

@@ -59,6 +59,7 @@ from ..openrouter.probe import Probe, send_probe
 from ..openrouter.routing import allowed_endpoints, serving_endpoints
 from ..partition import in_partition
 from ..records import Prompt, Refusal
+from . import costs
 from .acceptance import Acceptance, reasoning_refusal
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
@@ -123,13 +124,25 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
             send_probe(http, config.base_url, config.api_key,
                        config.request.body(prompt, config.policy), config.request.stream)
             for prompt, _line in prompts))
+    # an answer whose usage shows no cost: settled as the run settles it (infer/costs.py)
+    sources = {}
+    unsettled = [(prompt, probe) for (prompt, _line), probe in zip(prompts, probes, strict=True)
+                 if probe.attempt.kind == AttemptKind.OK and probe.attempt.cost is None]
+    if unsettled:
+        async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
+            for prompt, probe in unsettled:
+                worst = budget.worst_case(prompt_token_bound(prompt.messages))
+                probe.attempt.cost, sources[id(probe)] = await costs.settle(
+                    probe.attempt, prepared.price, worst, account.generation_cost,
+                    config.cost_lookup_wait)
     output.open()
     spend = 0.0
     answers = []
     try:
         for i, ((prompt, line), probe) in enumerate(zip(prompts, probes, strict=True), start=1):
-            checks.extend(_answer_checks(i, probe, acceptance, config))
-            spend += _keep(prompt, line, probe, acceptance, output)
+            source = sources.get(id(probe), costs.USAGE)
+            checks.extend(_answer_checks(i, probe, acceptance, config, source))
+            spend += _keep(prompt, line, probe, acceptance, output, source)
             a = probe.attempt
             answers.append({"id": prompt.id, "status": probe.status, "provider": a.provider,
                             "finish_reason": a.finish_reason,
@@ -147,22 +160,23 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
 
 
 def _keep(prompt: Prompt, line: bytes, probe: Probe, acceptance: Acceptance,
-          output: Output) -> float:
-    """Write a paid answer as the run would (a result, or a failure with its cost)."""
+          output: Output, source: str) -> float:
+    """Write a paid answer as the run would (a result, or a failure with its cost, settled
+    by infer/costs.py when its usage showed none)."""
     a = probe.attempt
     if a.kind != AttemptKind.OK:
         return 0.0
-    cost = a.cost or 0.0
+    cost = a.cost
     refused = acceptance.refusal(a)
     if refused is None:
-        output.write_response(line, a, 1, latency=probe.seconds)
+        output.write_response(line, a, 1, latency=probe.seconds, cost=cost, cost_source=source)
     else:
         kind, why = refused
         output.write_failure(failure_record(
             prompt, kind, Attempt(AttemptKind.PERMANENT, message=why, status=200), 1, provider=a.provider,
             generation_id=a.generation_id, cost=cost, refused=[Refusal(
                 kind=kind, provider=a.provider, cost=cost, generation_id=a.generation_id,
-                message=why)]))
+                message=why, cost_source=source)]))
     return cost
 
 
@@ -218,7 +232,7 @@ async def _balance_checks(config: RunConfig, prepared: Prepared, budget: Budget,
 
 
 def _answer_checks(i: int, probe: Probe, acceptance: Acceptance,
-                   config: RunConfig) -> list[Check]:
+                   config: RunConfig, source: str = "usage") -> list[Check]:
     a = probe.attempt
     name = f"answer {i}: "
     if a.kind != AttemptKind.OK:
@@ -237,7 +251,7 @@ def _answer_checks(i: int, probe: Probe, acceptance: Acceptance,
                                 f"{len(a.reasoning or ''):,} characters, from {a.reasoning_source}{wire}"))
     else:
         checks.append(Check(name + "reasoning", "skip", "not asked for"))
-    checks.append(_cost_check(name, a, acceptance))
+    checks.append(_cost_check(name, a, acceptance, source))
     if a.finish_reason == "stop":
         checks.append(Check(name + "finish", "pass", "stop"))
     elif a.finish_reason == "length":
@@ -274,9 +288,13 @@ def _provider_check(name: str, a: Attempt, acceptance: Acceptance) -> Check:
     return Check(name + "provider", "pass", f"{a.provider}: {quants} in the endpoints table, allowed")
 
 
-def _cost_check(name: str, a: Attempt, acceptance: Acceptance) -> Check:
-    if a.cost is None:
-        return Check(name + "cost", "fail", "usage.cost missing: the spend could not be booked")
+def _cost_check(name: str, a: Attempt, acceptance: Acceptance, source: str = "usage") -> Check:
+    if source == costs.ESTIMATE:
+        return Check(name + "cost", "warn", f"usage.cost missing and GET /generation had no figure "
+                     f"in time: booked at the estimate ${a.cost:.6f} (the run does the same)")
+    if source == costs.GENERATION:
+        return Check(name + "cost", "warn", f"usage.cost missing: ${a.cost:.6f} read from GET "
+                     "/generation (the run does the same)")
     served = serving_endpoints(a.provider or "", acceptance.endpoints)
     if not served:
         return Check(name + "cost", "warn", f"${a.cost:.6f}; no listed price to compare it with")

@@ -77,7 +77,7 @@ from ..openrouter.routing import (
     variant_ignores,
 )
 from ..partition import in_partition
-from ..records import CostOnly, Failure, Prompt, Response, Usage
+from ..records import CostOnly, Failure, Prompt, RecordCost, Response
 from .budget import prompt_token_bound
 from .disk import DiskGuard
 from .config import RunConfig
@@ -122,14 +122,7 @@ def output_locks(config: RunConfig, say: Callable[[str], None]) -> Iterator[None
         yield
 
 
-class _Spend(msgspec.Struct):
-    """The spend of a responses record (`usage.cost`) or of a failures record (`cost`)."""
-
-    usage: Usage | None = None
-    cost: float = 0.0
-
-
-_spend_decoder = msgspec.json.Decoder(_Spend)
+_spend_decoder = msgspec.json.Decoder(RecordCost)  # records.record_cost: what a line cost
 
 
 @dataclass
@@ -217,9 +210,9 @@ def finished_records(path: str, decoder: msgspec.json.Decoder):
 
 
 def recorded_spend(path: str) -> float:
-    """USD recorded in a responses or failures file (finished lines)."""
-    return sum(r.usage.cost if r.usage is not None else r.cost
-               for r in finished_records(path, _spend_decoder))
+    """USD recorded in a responses or failures file (finished lines), by
+    `records.record_cost`: a response's refused answers included."""
+    return sum(r.paid for r in finished_records(path, _spend_decoder))
 
 
 def expand_spent_in(patterns: list[str], own: list[str]) -> list[str]:
@@ -258,8 +251,8 @@ def previous_work(output: str, failures: str | None, say: Callable[[str], None],
         cost += rec.paid  # its own cost, and that of the answers refused before it
         tokens += rec.usage.completion_tokens
     if failures and os.path.exists(failures):
-        for rec in (iter_finished if repair else finished_records)(failures, _failure_decoder):
-            cost += rec.cost
+        for rec in (iter_finished if repair else finished_records)(failures, _spend_decoder):
+            cost += rec.paid
     return done, cost, tokens
 
 

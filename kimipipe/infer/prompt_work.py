@@ -5,10 +5,12 @@ the run's parts explicitly (`RunParts`); the work owns the prompt from admission
 record. It sends the request through the transport until an answer or a permanent failure;
 what each attempt ends in (`kinds.AttemptKind`) has one handler here (`PromptWork.HANDLERS`):
 
-    ok         the answer is checked (routing, the reasoning asked for: infer/acceptance.py)
-               and written; a refused one is paid for and sent again at once with its
-               provider ignored while `--max-attempts`, the run and `--max-cost` allow (the
-               prompt's reservation still covers the next attempt's worst case)
+    ok         the answer is checked (routing, the reasoning asked for: infer/acceptance.py),
+               its cost settled when its usage showed none (infer/costs.py: GET /generation,
+               else an estimate that cannot fall short), and written; a refused one is paid
+               for and sent again at once with its provider ignored while `--max-attempts`,
+               the run and `--max-cost` allow (the prompt's reservation still covers the
+               next attempt's worst case)
     retry      jittered exponential backoff, then again, up to `--max-attempts` (a 429 also
                shrinks the concurrency limit); the cause is counted (`kinds.RetryCause`)
     wait       an in-flight 402 is no failed attempt: the request gives back its slot and
@@ -38,6 +40,7 @@ from typing import Protocol
 from ..kinds import AttemptKind, FailureKind, RefusalKind, RetryCause
 from ..openrouter.attempt import Attempt
 from ..records import Prompt, Refusal
+from . import costs
 from .acceptance import Acceptance
 from .budget import Budget
 from .config import RunConfig
@@ -75,6 +78,8 @@ class RunParts:
     progress: RunProgress
     stop: Callable[[StopReason], None]  # the run's stop (admission ends)
     say: Callable[[str], None]
+    # GET /generation's total_cost of a generation id, None while not there (infer/costs.py)
+    read_cost: Callable[[str], Awaitable[float | None]]
     systematic: SystematicFailure  # identical permanent failures in a row: a stop
 
 
@@ -148,11 +153,13 @@ class PromptWork:
 
     # -- one handler per attempt kind: True sends the prompt again -----------------------
     async def _on_ok(self, answer: Attempt) -> bool:
+        latency = time.monotonic() - self.started
         refused = self.parts.acceptance.refusal(answer)
+        source = await self._settle_cost(answer, refused, latency)
         if refused is None:
-            self._accept(answer, time.monotonic() - self.started)
+            self._accept(answer, latency, source)
             return False
-        if not self._refuse(answer, *refused):
+        if not self._refuse(answer, *refused, source):
             return False
         self.body = self.parts.config.request.body(self.prompt, self.policy)  # its own ignore
         return True
@@ -238,6 +245,32 @@ class PromptWork:
     assert set(HANDLERS) == set(AttemptKind), "every attempt kind has its handler"
 
     # -- the steps the handlers share -----------------------------------------------------
+    async def _settle_cost(self, answer: Attempt, refused: tuple[RefusalKind, str] | None,
+                           latency: float) -> str:
+        """Set ANSWER's cost when its usage showed none (infer/costs.py): GET /generation's
+        figure, else the estimate; where it came from. Meanwhile the prompt's reservation
+        (its worst case, at least the estimate) stays held: every cap counts it. Cancelled
+        (the grace period ended, a second Ctrl-C), the answer is kept at its estimate now:
+        its record written, or its refusal on the failure line, then the cancel goes on."""
+        parts = self.parts
+        if answer.cost is not None:
+            source = costs.USAGE
+        else:
+            try:
+                answer.cost, source = await costs.settle(
+                    answer, parts.budget.price, self.reservation, parts.read_cost,
+                    parts.config.cost_lookup_wait)
+            except asyncio.CancelledError:
+                answer.cost = costs.estimate(answer, parts.budget.price, self.reservation)
+                parts.stats.cost_sources[costs.ESTIMATE] += 1
+                if refused is None:
+                    self._accept(answer, latency, costs.ESTIMATE)
+                else:  # (the failure line is written as the work ends: not sent again)
+                    self._book_refusal(answer, *refused, costs.ESTIMATE)
+                raise
+        parts.stats.cost_sources[source] += 1
+        return source
+
     async def _sleep_unless_stopped(self, delay: float) -> bool:
         """Wait DELAY seconds before sending again; False when the run stops meanwhile."""
         stopping = self.parts.state.stopping
@@ -255,16 +288,22 @@ class PromptWork:
             delay = max(delay, retry_after)
         return delay
 
-    def _refuse(self, answer: Attempt, kind: RefusalKind, why: str) -> bool:
-        """Count a refused ANSWER (paid for); True when the prompt is sent again (with the
-        policy for its next attempt), False when not (then it is a failure of KIND)."""
+    def _book_refusal(self, answer: Attempt, kind: RefusalKind, why: str, source: str) -> None:
+        """A refused ANSWER (paid for, its cost settled): booked, and kept for the record."""
         parts = self.parts
-        cost = answer.cost if answer.cost is not None else 0.0
         parts.stats.prompt_tokens += answer.prompt_tokens
-        parts.budget.record(cost, 0)
-        self.refused.append(Refusal(kind=kind, provider=answer.provider, cost=cost,
-                                    generation_id=answer.generation_id, message=why))
-        parts.stats.refusal(answer.provider, kind, cost)
+        parts.budget.record(answer.cost, 0)
+        self.refused.append(Refusal(kind=kind, provider=answer.provider, cost=answer.cost,
+                                    generation_id=answer.generation_id, message=why,
+                                    cost_source=source))
+        parts.stats.refusal(answer.provider, kind, answer.cost)
+
+    def _refuse(self, answer: Attempt, kind: RefusalKind, why: str, source: str) -> bool:
+        """Count a refused ANSWER (paid for, its cost settled); True when the prompt is sent
+        again (with the policy for its next attempt), False when not (then it is a failure
+        of KIND)."""
+        parts = self.parts
+        self._book_refusal(answer, kind, why, source)
         if (self.attempts >= parts.config.max_attempts or parts.state.stopping.is_set()
                 or not parts.budget.cost_fits(0)):  # the next attempt's worst case must still fit
             self._fail(kind, Attempt(AttemptKind.PERMANENT, message=why, status=200),
@@ -274,13 +313,14 @@ class PromptWork:
         self.policy = parts.acceptance.next_policy(self.policy, answer.provider)
         return True
 
-    def _accept(self, answer: Attempt, latency: float | None = None) -> None:
+    def _accept(self, answer: Attempt, latency: float | None, source: str) -> None:
+        """Write ANSWER's record (its cost settled: SOURCE) and book it."""
         parts = self.parts
-        cost = answer.cost if answer.cost is not None else 0.0
+        cost = answer.cost
         parts.stats.prompt_tokens += answer.prompt_tokens
         refused, self.refused = self.refused, []
         kept = parts.output.write_response(self.line, answer, self.attempts, refused=refused,
-                                           latency=latency)
+                                           latency=latency, cost=cost, cost_source=source)
         if kept != WRITTEN:  # paid all the same: in the rescue file, or lost (stdout closed)
             parts.budget.record(cost, 0)  # (the refused answers' cost is recorded already)
             parts.stats.not_written(cost + sum(r.cost for r in refused), rescued=kept == RESCUED)

@@ -28,7 +28,9 @@ The summary (stderr, and `--summary-json`):
               "resets_at", "message", "balance_left", "worst_case_request"} (the money limit
               that stopped the run, the fields OpenRouter gave),
      "limit_refusals": {"402 in_flight_budget_exhausted"|"403 openrouter_key_limit"|...: n},
-     "money_in_flight": {"ceiling_end", "ratio_end", "peak", "cuts", "balance_read"}}
+     "money_in_flight": {"ceiling_end", "ratio_end", "peak", "cuts", "balance_read"},
+     "costs": {"usage", "generation", "estimate"} (answers paid for, kept or refused, by where
+              their cost came from: infer/costs.py)}
 """
 
 from __future__ import annotations
@@ -159,6 +161,9 @@ class Stats:
     taken_in: int = 0  # answers an earlier run kept in the rescue file, taken in first
     limit_refusals: Counter = field(default_factory=Counter)  # "402 in_flight_budget_exhausted": n
     limit: dict | None = None  # the money limit that stopped the run (Attempt.limit())
+    # answers paid for (kept or refused) by where their cost came from (infer/costs.py):
+    # "usage" (usage.cost), "generation" (GET /generation), "estimate" (neither in time)
+    cost_sources: Counter = field(default_factory=Counter)
     started: float = field(default_factory=time.monotonic)
 
     def answered(self, answer: Attempt, latency: float | None = None) -> None:
@@ -251,6 +256,8 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         "limit": stats.limit,
         "limit_refusals": dict(stats.limit_refusals),
         "money_in_flight": money_in_flight,
+        "costs": {source: stats.cost_sources.get(source, 0)
+                  for source in ("usage", "generation", "estimate")},
     }
 
 
@@ -269,6 +276,11 @@ def format_summary(summary: dict) -> str:
         f"  throughput: {summary['requests_per_s']:.2f} req/s, "
         f"{summary['completion_tokens_per_s']:,.0f} tok/s over {summary['elapsed_s']:.1f} s",
     ]
+    costs = summary.get("costs") or {}
+    if costs.get("generation") or costs.get("estimate"):
+        lines.append(f"  costs: {costs['usage']:,} from usage.cost, {costs['generation']:,} looked up "
+                     f"(GET /generation: the answer showed none), {costs['estimate']:,} booked by "
+                     "estimate (no figure in time: usage tokens at the price bound, or the worst case)")
     if summary["retries"]:
         lines.append("  retries: " + ", ".join(f"{k}: {v}" for k, v in summary["retries"].items()))
     if summary["providers"]:

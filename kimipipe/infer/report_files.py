@@ -34,7 +34,7 @@ import msgspec
 
 from ..errors import InputError
 from ..io import describe_decode_error, iter_lines
-from ..records import Refusal, Usage
+from ..records import Refusal, Usage, record_cost
 from .providers_table import REFUSAL_KINDS, ProviderTable, table_text
 
 
@@ -75,7 +75,6 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
             if line.response is not msgspec.UNSET:
                 usage = line.usage or Usage()
                 answers += 1
-                spend += usage.cost
                 table.answer(line.provider, usage.completion_tokens, usage.reasoning_tokens,
                              line.finish_reason, usage.cost, line.latency_s)
                 key = json.dumps(line.sampling, sort_keys=True)
@@ -85,13 +84,14 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
                 if not line.refused and line.kind in REFUSAL_KINDS:  # older lines
                     table.refusal(line.provider, line.kind, line.cost)
                     refused += 1
-                    spend += line.cost
             else:
                 raise InputError("neither a response record nor a failure line", path, lineno)
             for r in line.refused:
                 table.refusal(r.provider, r.kind, r.cost)
                 refused += 1
-                spend += r.cost
+            # what the line cost, as every spend reader counts it (records.record_cost)
+            spend += record_cost(None if line.response is msgspec.UNSET else (line.usage or Usage()).cost,
+                                 (r.cost for r in line.refused), line.cost)
     edges, counts = table.histogram_bins()
     return {
         "files": list(paths),

@@ -43,7 +43,7 @@ from ..io import (
     iter_lines,
     repair_and_report,
 )
-from ..records import IdOnly
+from ..records import IdOnly, record_cost
 
 
 def default_rescue_dir() -> str:
@@ -159,7 +159,8 @@ def take_in(target: str, rescue_dir: str | None, decoder: msgspec.json.Decoder, 
 
 
 def _cost_of(record) -> float:
+    """What a rescued Response or Failure cost (records.record_cost)."""
     usage = getattr(record, "usage", None)
-    if usage is not None:
-        return usage.cost
-    return getattr(record, "cost", 0.0) or 0.0
+    return record_cost(None if usage is None else usage.cost,
+                       (r.cost for r in getattr(record, "refused", ())),
+                       getattr(record, "cost", 0.0) or 0.0)

@@ -52,7 +52,14 @@ import click
 from ..cli import stderr_is_terminal
 from ..errors import ExitCode
 from ..io import iter_records
-from ..openrouter.account import Account, AccountError, Balance, fetch_balance
+from ..openrouter.account import (
+    GUARD_FIX,
+    Account,
+    AccountError,
+    Balance,
+    fetch_balance,
+    unreadable_balance,
+)
 from ..partition import in_partition
 from .acceptance import Acceptance
 from .budget import Budget, prompt_token_bound
@@ -87,6 +94,7 @@ class Run:
         self.budget = budget
         self.say = say
         self.account = account  # the balance: read at the start, polled (--min-credits too)
+        self._guard_warned = False  # --min-credits with a key that reads no balance: said once
         self.state = RunState()
         self.output = Output(config)
         self.acceptance = Acceptance.for_run(config, prepared.endpoints)
@@ -158,7 +166,8 @@ class Run:
             config=self.config, transport=transport, limiter=self.limiter, money=self.money,
             budget=self.budget, disk=self.disk, acceptance=self.acceptance, output=self.output,
             stats=self.stats, done=self.prepared.done, state=state, progress=self.progress,
-            stop=self.stop, say=self.say, systematic=SystematicFailure())
+            stop=self.stop, say=self.say, read_cost=self.account.generation_cost,
+            systematic=SystematicFailure())
         self.output.open()
         poller = publisher = None
         ticker = asyncio.create_task(self.progress.tick())
@@ -285,10 +294,16 @@ class Run:
     # -- balance --------------------------------------------------------------------------
     async def _check_balance(self) -> None:
         try:
-            remaining = (await self.account.balance()).spendable
+            balance = await self.account.balance()
         except Exception as e:  # a failed poll is not a reason to stop paid work
             self.say(f"kp-infer: warning: could not read the balance: {e}")
             return
+        remaining = balance.spendable
+        why = unreadable_balance(balance)
+        if why and self.config.min_credits is not None and not self._guard_warned:
+            self._guard_warned = True  # (once: the polls read the same)
+            self.say(f"kp-infer: warning: --min-credits {self.config.min_credits:g} guards "
+                     f"nothing: {why}; {GUARD_FIX}")
         self.money.set_balance(remaining)
         if (remaining is not None and self.config.min_credits is not None
                 and remaining < self.config.min_credits):

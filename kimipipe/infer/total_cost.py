@@ -2,7 +2,8 @@
 
 What counts against it: the spend recorded in this run's OUTPUT and `--failures` (as for
 `--max-cost`), the spend recorded in every `--spent-in` file (other datasets' responses
-and failures files: `usage.cost` of a response, `cost` of a failure), read once at start
+and failures files: what each line cost by `records.record_cost`, a response's refused
+answers included), read once at start
 (prepare.py: finished lines only, another run may be writing one), and this run's spend
 since. Before a request is sent its worst case is reserved against the cap, as for
 `--max-cost`, so the cap is never exceeded as long as providers bill at most their listed

@@ -53,8 +53,17 @@ WRITTEN, RESCUED, LOST = Kept.WRITTEN, Kept.RESCUED, Kept.LOST
 
 
 def generation_fields(answer: Attempt, attempts: int, model: str,
-                      sampling: Sampling | None = None) -> Generation:
-    """kp-infer's fields of a response record, from an `ok` attempt (MODEL if it names none)."""
+                      sampling: Sampling | None = None, cost: float | None = None,
+                      cost_source: str = "usage") -> Generation:
+    """kp-infer's fields of a response record, from an `ok` attempt (MODEL if it names none).
+
+    COST: what the answer cost, settled (infer/costs.py) when its usage showed none; an
+    answer without a cost is never written as free."""
+    if cost is None:
+        cost = answer.cost
+    if cost is None:
+        raise ValueError("an answer's cost must be settled before its record is written "
+                         "(infer/costs.py)")
     return Generation(
         response=ResponseText(content=answer.content, reasoning=answer.reasoning),
         finish_reason=answer.finish_reason,
@@ -62,10 +71,10 @@ def generation_fields(answer: Attempt, attempts: int, model: str,
         provider=answer.provider,
         generation_id=answer.generation_id,
         usage=Usage(prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens,
-                    reasoning_tokens=answer.reasoning_tokens,
-                    cost=answer.cost if answer.cost is not None else 0.0),
+                    reasoning_tokens=answer.reasoning_tokens, cost=cost),
         attempts=attempts,
         sampling=sampling,
+        cost_source=cost_source,
     )
 
 
@@ -145,11 +154,16 @@ class Output:
                 destination.close()
 
     def write_response(self, prompt_line: bytes, answer: Attempt, attempts: int, *,
-                       refused: list[Refusal] | None = None, latency: float | None = None) -> Kept:
-        """Write the response record of PROMPT_LINE: WRITTEN, RESCUED or LOST."""
-        fields = generation_fields(answer, attempts, self.config.request.model, self.sampling)
+                       refused: list[Refusal] | None = None, latency: float | None = None,
+                       cost: float | None = None, cost_source: str = "usage") -> Kept:
+        """Write the response record of PROMPT_LINE: WRITTEN, RESCUED or LOST (COST and
+        COST_SOURCE: as settled by infer/costs.py when the answer's usage showed none)."""
+        fields = generation_fields(answer, attempts, self.config.request.model, self.sampling,
+                                   cost, cost_source)
         fields.refused = list(refused or ())
         fields.latency_s = round(latency, 3) if latency is not None else None
+        now = time.time()
+        fields.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
         if answer.provider in self.config.policy.unverifiable_names:
             # its name covers an excluded variant too (openrouter/routing.py: mixed_names):
             # kept, but not verifiable; counted in the summary (report.py)

@@ -26,8 +26,11 @@ or 200 with zeros. `GET /key` works with any key and gives the key's usage and l
                                                  remaining = the key's limit_remaining
                                                  (unknown when the key has no limit)
 
-`/key` is always read as well, for the key's limit. `Balance.spendable` is what can still
-be spent: the smaller of the account's remaining and the key's limit_remaining.
+`/key` is always read as well, for the key's limit. `generation_cost(id)` reads what one
+generation cost (`GET /generation?id=`, `total_cost`) for an answer whose usage had none. `Balance.spendable` is what can still
+be spent: the smaller of the account's remaining and the key's limit_remaining. When it is
+unknown (a normal key without a limit), `unreadable_balance(balance)` says what the key
+can and cannot read, for every balance guard to warn with (`GUARD_FIX`: what makes it work).
 (docs/openrouter.md, "Account endpoints".)
 
 Connections: httpx's `trust_env` stays on, so HTTPS_PROXY/NO_PROXY and SSL_CERT_FILE from
@@ -51,8 +54,9 @@ from ..errors import keep_secret, redact
 from . import DEFAULT_BASE_URL
 from .routing import Endpoint, parse_endpoints
 
-__all__ = ["Account", "AccountError", "AuthError", "Balance", "ModelInfo", "NetworkError",
-           "balance_from", "fetch_balance", "fetch_endpoints", "fetch_model_info"]
+__all__ = ["GUARD_FIX", "Account", "AccountError", "AuthError", "Balance", "ModelInfo",
+           "NetworkError", "balance_from", "fetch_balance", "fetch_endpoints", "fetch_model_info",
+           "unreadable_balance"]
 
 
 class AccountError(Exception):
@@ -86,6 +90,25 @@ class Balance:
         d = asdict(self)
         d.pop("note")
         return d
+
+
+GUARD_FIX = ("a key with a credit limit (set on the key at openrouter.ai/settings/keys; "
+             "then /key gives limit_remaining), or a management key, makes it work")
+
+
+def unreadable_balance(balance: Balance) -> str | None:
+    """What this key can and cannot read, when it can read neither the account's balance
+    nor a credit limit (a normal key without a limit: most users'); None when something
+    can be spent is known. A balance guard (--min-credits, MIN_CREDITS, kp-credits --min)
+    then guards nothing, and must say so rather than pass."""
+    if balance.spendable is not None:
+        return None
+    credits = ("/credits answered zeros" if balance.note and "zeros" in balance.note
+               else "/credits refused it")
+    usage = (f"; it can read its own usage (${balance.total_usage:,.4f}, /key)"
+             if balance.total_usage is not None else "")
+    return (f"this key can read neither the account's balance ({credits}: it needs a "
+            f"management key) nor a credit limit (/key: the key has none){usage}")
 
 
 @dataclass(frozen=True)
@@ -226,6 +249,24 @@ class Account:
         defaults = entry.get("default_parameters")
         return ModelInfo(model, trainable if isinstance(trainable, bool) else None,
                          defaults if isinstance(defaults, dict) else None, path)
+
+    async def generation_cost(self, generation_id: str) -> float | None:
+        """`GET /generation?id=`'s `total_cost` (USD) of a generation; None while OpenRouter
+        has it not yet (404: it can for a few seconds after the answer). AccountError for
+        any other answer, or a 200 without a number."""
+        path = "/generation"
+        try:
+            response = await self._client.get(f"{self.base_url}{path}", params={"id": generation_id})
+        except (httpx.HTTPError, httpx.InvalidURL, OSError) as e:
+            raise NetworkError(redact(f"cannot reach OpenRouter at {self.base_url}{path} "
+                                      f"({type(e).__name__})")) from None
+        if response.status_code == 404:
+            return None
+        data = _data(response.status_code, self._json(response), path)
+        cost = data.get("total_cost")
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)):
+            raise AccountError(f"GET {path} answered 200 without a total_cost")
+        return float(cost)
 
     async def balance(self) -> Balance:
         """The account's balance and the key's limit (see the module docstring)."""

@@ -77,6 +77,9 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     limit_usd: float | None = None
     spend_usd: float | None = None
     resets_at: str | None = None
+    # an `ok` answer came with a `usage` object (a stream can end without one): when not,
+    # its tokens are unknown and it is booked at its worst case (infer/costs.py)
+    usage_seen: bool = True
     # the error's `metadata.error_type` (rate_limit_exceeded, provider_overloaded, ...)
     error_type: str = ""
 

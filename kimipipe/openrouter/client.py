@@ -130,6 +130,7 @@ def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str]
         completion_tokens=(usage.completion_tokens or 0) if usage else 0,
         reasoning_tokens=(details.reasoning_tokens or 0) if details else 0,
         cost=usage.cost if usage else None, chunks=chunks, reasoning_source=source,
+        usage_seen=usage is not None,
     )
 
 

@@ -6,7 +6,7 @@ module builds OpenRouter's `provider` object from the flags, reads the model's e
 table (`GET /models/{author}/{slug}/endpoints`: providers, quantizations, prices), decides
 which endpoints the policy allows (for `--plan`), the worst-case price a budget reservation
 needs (the whole table's, since an excluded endpoint that serves anyway bills its own
-price), and verifies each answer's serving provider against the policy:
+price, and every price that can bill: base prices and `pricing.overrides[]` alike), and verifies each answer's serving provider against the policy:
 routing is verified, not trusted.
 
 The policy also carries `enforce_distillable_text` (sent by default by kp-infer) and the
@@ -92,9 +92,27 @@ class Policy:
         return obj
 
 
+def _price(value) -> float | None:
+    """A price as the table writes it (a string, a number or null); None: not given."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 class Pricing(msgspec.Struct):
+    """An endpoint's `pricing`: the top-level prices are those "under default conditions";
+    `overrides[]` (OpenRouter's PricingOverride: `min_prompt_tokens`, `utc_start`,
+    `utc_end`, `prompt`, `completion`, ...) bill other prices above a prompt length or in
+    a time window; `discount` bills price x (1 - discount). Overrides are kept as given
+    (objects whose other keys and shapes may change): only their prices are read."""
+
     prompt: str | float | None = None
     completion: str | float | None = None
+    discount: str | float | None = None
+    overrides: list[dict] | None = None
 
 
 class Endpoint(msgspec.Struct):
@@ -115,6 +133,23 @@ class Endpoint(msgspec.Struct):
     @property
     def completion_price(self) -> float:
         return float(self.pricing.completion or 0)
+
+    @property
+    def discount(self) -> float:
+        """The share taken off every price (0 when none); only expected costs use it."""
+        d = _price(self.pricing.discount) or 0.0
+        return d if 0.0 < d < 1.0 else 0.0
+
+    def highest(self, side: str) -> tuple[float, int | None]:
+        """The highest price that can bill SIDE ("prompt" or "completion") at this endpoint:
+        its base price or an override's, whichever is higher; and the index of the override
+        that sets it (None: the base price). No discount: a bound never counts on one."""
+        top, which = _price(getattr(self.pricing, side)) or 0.0, None
+        for i, override in enumerate(self.pricing.overrides or ()):
+            price = _price(override.get(side)) if isinstance(override, dict) else None
+            if price is not None and price > top:
+                top, which = price, i
+        return top, which
 
 
 class _EndpointsData(msgspec.Struct):
@@ -270,29 +305,52 @@ class PriceBound:
     prompt: float
     completion: float
     source: str
+    # when a pricing override (not a base price) sets either side: which, said for --plan
+    override: str | None = None
+
+
+def _override_text(endpoint: Endpoint, index: int) -> str:
+    entry = (endpoint.pricing.overrides or [])[index]
+    conditions = [f"{k} {entry[k]}" for k in ("min_prompt_tokens", "utc_start", "utc_end")
+                  if entry.get(k) is not None]
+    return (f"{endpoint.tag or endpoint.provider_name} pricing.overrides[{index}]"
+            + (f" ({', '.join(conditions)})" if conditions else ""))
 
 
 def price_bound(policy: Policy, endpoints: list[Endpoint] | None) -> PriceBound | None:
-    """Worst-case prices: the highest of the WHOLE endpoints table, capped by --max-price-*.
+    """Worst-case prices: the highest price that can bill, across the WHOLE endpoints table,
+    base prices and every `pricing.overrides[]` entry alike, capped by --max-price-*.
 
     Not the highest among the endpoints the policy allows: an answer served anyway by an
     endpoint the flags exclude (a routing violation, detected and recorded, but paid for)
     is billed at that endpoint's price, so every endpoint that could bill the request
-    counts. `max_price` is the exception: OpenRouter filters endpoints by it (a hard
-    filter, not a preference), so a price flag caps its side of the bound. Without a table,
-    both flags are needed for a bound.
+    counts. Not the base prices alone: the top-level prices are those "under default
+    conditions", and an override (a longer prompt, an hour of the day) bills more. A
+    `discount` never lowers the bound (it may end at any time). `max_price` caps its side
+    of the base prices: OpenRouter filters endpoints by it (a hard filter, not a
+    preference); an override above it still counts, since whether that filter looks at an
+    override's price is not documented. Without a table, both flags are needed for a bound.
     """
     flag_prompt = policy.max_price_prompt / 1e6 if policy.max_price_prompt is not None else None
     flag_completion = (policy.max_price_completion / 1e6
                        if policy.max_price_completion is not None else None)
     if endpoints:
-        prompt = max(e.prompt_price for e in endpoints)
-        completion = max(e.completion_price for e in endpoints)
-        if flag_prompt is not None:
-            prompt = min(prompt, flag_prompt)
-        if flag_completion is not None:
-            completion = min(completion, flag_completion)
-        return PriceBound(prompt, completion, "endpoints table")
+        sides = {}
+        setters = []
+        for side, flag in (("prompt", flag_prompt), ("completion", flag_completion)):
+            base = max(_price(getattr(e.pricing, side)) or 0.0 for e in endpoints)
+            if flag is not None:
+                base = min(base, flag)
+            top, setter = base, None
+            for e in endpoints:
+                price, which = e.highest(side)
+                if which is not None and price > top:
+                    top, setter = price, (e, which)
+            sides[side] = top
+            if setter is not None:
+                setters.append(f"{side} ${top * 1e6:g}/M by {_override_text(*setter)}")
+        return PriceBound(sides["prompt"], sides["completion"], "endpoints table",
+                          "; ".join(setters) or None)
     if flag_prompt is not None and flag_completion is not None:
         return PriceBound(flag_prompt, flag_completion, "--max-price flags")
     return None

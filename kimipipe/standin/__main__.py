@@ -36,6 +36,17 @@ Provider quirks (PROVIDER: a tag or provider name, as provider.only takes it):
     --not-distillable               the models' authors do not allow distillation
                                     (is_trainable_text false; enforce_distillable_text
                                     requests get the no-route 404)
+Billing (billing.py):
+    --price-override PROVIDER=FACTOR[:MIN_PROMPT_TOKENS]
+                                    a pricing.overrides[] entry at FACTOR x the base prices
+                                    (above that prompt length), billed when it applies
+    --discount PROVIDER=D           pricing.discount D: billed at price x (1 - D)
+    --no-cost RATE, --no-usage RATE that share of billed answers shows usage without
+                                    `cost`, or no usage at all: the cost is in /generation
+                                    only, after --generation-delay S seconds (404 before)
+    --fault zero=RATE               zero-completion answers, not billed
+A normal key (what most users have): --credits-mode forbidden (/credits 403, "only
+management keys") and no --key-limit (/key limit null): the balance is unreadable.
 """
 
 from __future__ import annotations
@@ -89,6 +100,18 @@ def parse_fault(text: str) -> tuple[str, float]:
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"fault rate must be in [0, 1], got {value}")
     return kind, value
+
+
+def parse_price_override(text: str) -> tuple[str, tuple[float, int | None]]:
+    slug, sep, rest = text.rpartition("=")
+    factor, _, min_prompt = rest.partition(":")
+    try:
+        value = (float(factor), int(min_prompt) if min_prompt else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected PROVIDER=FACTOR[:MIN_PROMPT_TOKENS], got {text!r}") from None
+    if not sep or value[0] <= 0:
+        raise argparse.ArgumentTypeError(f"expected PROVIDER=FACTOR[:MIN_PROMPT_TOKENS], got {text!r}")
+    return parse_provider(slug), value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,6 +205,21 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the endpoints table with the nulls and missing keys the service "
                            "sends (quantization, max_completion_tokens, pricing keys, "
                            "supported_parameters)")
+    billing = p.add_argument_group("billing (billing.py)")
+    billing.add_argument("--price-override", action="append", type=parse_price_override,
+                         default=[], metavar="PROVIDER=FACTOR[:MIN_PROMPT_TOKENS]",
+                         help="that provider's pricing gets an overrides[] entry at FACTOR x "
+                              "its base prices (above MIN_PROMPT_TOKENS prompt tokens when "
+                              "given), and bills it")
+    billing.add_argument("--discount", action="append", type=parse_provider_rate, default=[],
+                         metavar="PROVIDER=D", help="that provider's pricing.discount: it "
+                                                     "bills price x (1 - D)")
+    billing.add_argument("--no-cost", type=float, default=0.0, metavar="RATE",
+                         help="share of billed answers whose usage has no `cost`")
+    billing.add_argument("--no-usage", type=float, default=0.0, metavar="RATE",
+                         help="share of billed answers with no usage at all")
+    billing.add_argument("--generation-delay", type=float, default=0.0, metavar="S",
+                         help="seconds GET /generation answers 404 after a generation ends")
     return p
 
 
@@ -239,7 +277,10 @@ def main(argv: list[str] | None = None) -> None:
         drop_reasoning=dict(args.drop_reasoning), inline_reasoning=args.inline_reasoning,
         ignore_sampling=args.ignore_sampling, not_distillable=args.not_distillable,
         stream_usage=args.stream_usage, midstream_code=args.midstream_code,
-        unavailable=args.unavailable, endpoint_nulls=args.endpoint_nulls)
+        unavailable=args.unavailable, endpoint_nulls=args.endpoint_nulls,
+        price_overrides=dict(args.price_override), discounts=dict(args.discount),
+        no_cost_rate=args.no_cost, no_usage_rate=args.no_usage,
+        generation_delay=args.generation_delay)
     try:
         config.check()
     except ValueError as e:

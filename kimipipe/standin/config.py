@@ -14,7 +14,7 @@ from .providers import known_provider
 from .refusals import LIMIT_RESETS, LIMIT_STATUSES
 
 FAULT_KINDS = ("429", "500", "502", "503", "524", "529", "error200", "empty", "midstream",
-               "cut", "hang", "heartbeat", "misroute", "moderation")
+               "cut", "hang", "heartbeat", "misroute", "moderation", "zero")
 CREDITS_MODES = ("normal", "forbidden", "zeros")
 # Where a stream's usage comes (both are OpenRouter's): a last chunk of its own with
 # `choices: []`, or on a last finish chunk (one choice, empty delta, finish_reason repeated).
@@ -58,6 +58,12 @@ class Config:
     midstream_code: str = "502"       # MIDSTREAM_CODES
     unavailable: str | None = None    # every completion refused with this availability code
     endpoint_nulls: bool = False      # the endpoints table with the nulls the service sends
+    # -- billing (billing.py) --
+    price_overrides: dict[str, tuple] = field(default_factory=dict)  # slug -> (factor, min prompt tokens)
+    discounts: dict[str, float] = field(default_factory=dict)        # slug -> discount
+    no_cost_rate: float = 0.0      # share of billed answers whose usage has no `cost`
+    no_usage_rate: float = 0.0     # share of billed answers with no usage at all
+    generation_delay: float = 0.0  # seconds /generation answers 404 after a generation ends
     # -- for tests: a gate, so a test can act while work is provably unfinished --
     hold_after: int | None = None    # completions past this many wait until it is raised/None
 
@@ -100,7 +106,21 @@ class Config:
             raise ValueError(f"midstream_code must be one of {', '.join(MIDSTREAM_CODES)}")
         if self.unavailable is not None and self.unavailable not in AVAILABILITY:
             raise ValueError(f"unavailable must be one of {', '.join(AVAILABILITY)}")
-        for slug in [*self.drop_reasoning, *self.inline_reasoning, *self.ignore_sampling]:
+        for name in ("no_cost_rate", "no_usage_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1]")
+        if self.no_cost_rate + self.no_usage_rate > 1.0 + 1e-9:
+            raise ValueError("no_cost_rate + no_usage_rate must be at most 1 (one draw per answer)")
+        if self.generation_delay < 0:
+            raise ValueError("generation_delay must be >= 0")
+        for slug, (factor, _min_prompt) in self.price_overrides.items():
+            if float(factor) <= 0:
+                raise ValueError(f"price override factor for {slug} must be > 0")
+        for slug, d in self.discounts.items():
+            if not 0.0 <= float(d) < 1.0:
+                raise ValueError(f"discount for {slug} must be in [0, 1)")
+        for slug in [*self.drop_reasoning, *self.inline_reasoning, *self.ignore_sampling,
+                     *self.price_overrides, *self.discounts]:
             if not known_provider(slug):
                 raise ValueError(f"unknown provider {slug!r} (a tag or provider name of the "
                                  "endpoints table)")
@@ -132,6 +152,10 @@ LIVE_SETTINGS = {
     "inline_reasoning": _slugs, "ignore_sampling": _slugs, "not_distillable": bool,
     "stream_usage": str, "midstream_code": str, "unavailable": _nullable(str),
     "endpoint_nulls": bool,
+    "price_overrides": lambda v: {str(k): (float(f), None if m is None else int(m))
+                                  for k, (f, m) in dict(v).items()},
+    "discounts": lambda v: {str(k): float(d) for k, d in dict(v).items()},
+    "no_cost_rate": float, "no_usage_rate": float, "generation_delay": float,
     "hold_after": _nullable(int),
 }
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from .answers import Answer, user_text_sha256
+from .billing import billed_prices
 from .providers import Endpoint
 from .wire import Generation, encode, json_response
 
@@ -53,16 +54,21 @@ class Job:
         self.model = body["model"]
         self.headers = {"X-Generation-Id": gen_id}
         self.charged = False
+        self.shown = "cost"   # what its usage shows of the cost: cost | no_cost | none (billing.py)
         self.ledger_extra = ledger_extra   # what the ledger line adds (sampling, quirks)
 
     # -- shared pieces ------------------------------------------------------------------
+    def _prices(self) -> tuple[float, float]:
+        """USD per token this generation is billed at (billing.py: overrides, discount, scale)."""
+        return billed_prices(self.endpoint, self.config, self.answer.prompt_tokens)
+
     def _cost(self) -> float:
-        a, e = self.answer, self.endpoint
-        return (a.prompt_tokens * e.prompt + a.completion_tokens * e.completion) \
-            * self.config.price_scale
+        prompt, completion = self._prices()
+        return self.answer.prompt_tokens * prompt + self.answer.completion_tokens * completion
 
     def _charge(self, first_token_at: float, streamed: bool) -> float:
         self.charged = True
+        self.shown = self.server.draw_usage_shown()
         now = time.monotonic()
         cost = self._cost()
         self.server.charge(Generation(
@@ -75,9 +81,13 @@ class Job:
             {"endpoint": self.endpoint.tag, **(self.ledger_extra or {})})
         return cost
 
-    def _usage(self, cost: float) -> dict:
-        a, e, scale = self.answer, self.endpoint, self.config.price_scale
-        return {
+    def _usage(self, cost: float) -> dict | None:
+        """The answer's `usage` (None: it shows none; without `cost` when it shows none)."""
+        if self.shown == "none":
+            return None
+        a = self.answer
+        prompt, completion = self._prices()
+        usage = {
             "prompt_tokens": a.prompt_tokens,
             "completion_tokens": a.completion_tokens,
             "total_tokens": a.prompt_tokens + a.completion_tokens,
@@ -87,10 +97,25 @@ class Job:
             "is_byok": False,
             "cost_details": {
                 "upstream_inference_cost": cost,
-                "upstream_inference_prompt_cost": a.prompt_tokens * e.prompt * scale,
-                "upstream_inference_completions_cost": a.completion_tokens * e.completion * scale,
+                "upstream_inference_prompt_cost": a.prompt_tokens * prompt,
+                "upstream_inference_completions_cost": a.completion_tokens * completion,
             },
         }
+        if self.shown == "no_cost":
+            del usage["cost"], usage["cost_details"]
+        return usage
+
+    def _zero_usage(self) -> dict:
+        """A zero-completion answer (the `zero` fault): remembered for /generation at $0,
+        never charged (OpenRouter's zero-completion insurance, billing.py)."""
+        a = self.answer
+        self.server.remember_unbilled(Generation(
+            self.gen_id, self.endpoint.provider_name, self.model, a.prompt_tokens, 0, 0, 0.0,
+            None, self.created, 0.0, 0.0, bool(self.body.get("stream"))))
+        return {"prompt_tokens": a.prompt_tokens, "completion_tokens": 0,
+                "total_tokens": a.prompt_tokens, "completion_tokens_details": {"reasoning_tokens": 0},
+                "prompt_tokens_details": {"cached_tokens": 0}, "cost": 0, "is_byok": False,
+                "cost_details": {"upstream_inference_cost": 0}}
 
     def _error_obj(self, midstream: bool = False) -> dict:
         """The error object of a 200 error body or (MIDSTREAM) of a stream's error chunk,
@@ -160,6 +185,11 @@ class Job:
         if fault == "empty":
             return json_response({**head, "choices": [], "system_fingerprint": None},
                                  headers=self.headers)
+        if fault == "zero":
+            return json_response({**head, "system_fingerprint": None, "choices": [{
+                "index": 0, "logprobs": None, "finish_reason": None, "native_finish_reason": None,
+                "message": {"role": "assistant", "content": "", "refusal": None, "reasoning": None}}],
+                "usage": self._zero_usage()}, headers=self.headers)
         a = self.answer
         message: dict = {"role": "assistant", "content": a.content, "refusal": None,
                          "reasoning": a.reasoning}
@@ -180,7 +210,9 @@ class Job:
             await self._abort()
             return resp
         first = time.monotonic()
-        body["usage"] = self._usage(self._charge(first, streamed=False))
+        usage = self._usage(self._charge(first, streamed=False))
+        if usage is not None:
+            body["usage"] = usage
         return web.Response(body=encode(body), headers=self.headers,
                             content_type="application/json")
 
@@ -229,6 +261,11 @@ class Job:
             await resp.write(b"data: " + encode({**self._head("chat.completion.chunk"),
                                                   "choices": []}) + b"\n\n" + DONE)
             return resp
+        if fault == "zero":
+            await resp.write(prefix + b'"content":""' + suffix + b"data: " + encode(
+                {**self._head("chat.completion.chunk"), "choices": [], "usage": self._zero_usage()})
+                + b"\n\n" + DONE)
+            return resp
         a = self.answer
         chunks = [prefix + b'"content":"","reasoning":' + encode(p)
                   + b',"reasoning_details":[{"type":"reasoning.text","text":' + encode(p)
@@ -249,6 +286,7 @@ class Job:
             return resp
         cost = self._charge(first, streamed=True)
         finish = encode(a.finish_reason)
+        usage = self._usage(cost)
         # OpenRouter sends the usage in one of two shapes (--stream-usage): a last chunk of
         # its own with `choices: []`, or a last finish chunk (empty delta, finish_reason
         # repeated) that carries it.
@@ -257,8 +295,10 @@ class Job:
             "native_finish_reason": a.finish_reason, "logprobs": None}]
         tail = (prefix + b'"content":""},"finish_reason":' + finish
                 + b',"native_finish_reason":' + finish + b',"logprobs":null}]}\n\n'
-                + b"data: " + encode({**self._head("chat.completion.chunk"), "choices": last_choices,
-                                       "usage": self._usage(cost)}) + b"\n\n" + DONE)
+                + (b"" if usage is None else b"data: " + encode({
+                    **self._head("chat.completion.chunk"), "choices": last_choices,
+                    "usage": usage}) + b"\n\n")
+                + DONE)
         await resp.write(tail)
         return resp
 

@@ -13,7 +13,8 @@ import time
 from aiohttp import web
 
 from .answers import REASONING_DEFAULT, served_sampling
-from .providers import MODELS, endpoints_document, model_document
+from .billing import pricing_document
+from .providers import MODELS, endpoints_document, model_document, with_nulls
 from .refusals import effective_budget, key_budget
 from .wire import error_response, json_response
 
@@ -66,7 +67,8 @@ class MetadataEndpoints:
         if not gid:
             return error_response(400, "Missing required query parameter: id")
         g = self.generations.get(gid)
-        if g is None:
+        if g is None or time.monotonic() < self.generation_ended.get(gid, 0.0) + self.config.generation_delay:
+            # (OpenRouter: a few seconds after a generation ends; billing.py)
             return error_response(404, f"Generation {gid} not found")
         return json_response({"data": {
             "id": g.id, "model": g.model, "provider_name": g.provider, "api_type": "completions",
@@ -94,13 +96,13 @@ class MetadataEndpoints:
         model = f"{request.match_info['author']}/{request.match_info['slug']}"
         if model not in MODELS:
             return error_response(404, f"Model {model} not found")
-        document = endpoints_document(model, int(time.time()), self.config.ignore_sampling,
-                                      nulls=self.config.endpoint_nulls)
-        scale = self.config.price_scale
-        if scale != 1.0:  # list the prices that are billed
-            for endpoint in document["data"]["endpoints"]:
-                for kind in ("prompt", "completion"):
-                    endpoint["pricing"][kind] = f"{float(endpoint['pricing'][kind]) * scale:.12g}"
+        document = endpoints_document(model, int(time.time()), self.config.ignore_sampling)
+        # the prices that are billed: scale, discount, overrides (billing.py)
+        for entry, endpoint in zip(document["data"]["endpoints"], MODELS[model], strict=True):
+            entry["pricing"] = pricing_document(endpoint, self.config)
+        if self.config.endpoint_nulls:  # what the live table leaves null or out
+            for entry in document["data"]["endpoints"]:
+                with_nulls(entry)
         return json_response(document)
 
     def model_document(self, model: str) -> dict:

@@ -336,7 +336,8 @@ def with_nulls(endpoint: dict) -> None:
     pricing = endpoint["pricing"]
     for key in ("request", "image", "web_search", "internal_reasoning"):
         pricing.pop(key, None)
-    pricing["discount"] = None
+    if not pricing.get("discount"):  # (a discount that bills stays listed)
+        pricing["discount"] = None
     endpoint["latency_last_30m"] = None
     if endpoint["tag"] == "parasail":
         endpoint["supported_parameters"] = None

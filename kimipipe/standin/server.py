@@ -43,6 +43,12 @@ a fault never charges, except `misroute`, which serves a real, billed answer):
                counted, when nothing was excluded)
     moderation 403 with metadata {reasons, flagged_input, provider_name, model_slug}, no
                limit_source (nothing reserved stays settling)
+    zero       HTTP 200, one choice with empty content and a null finish_reason, usage with
+               0 completion tokens at $0: zero-completion insurance, not billed (billing.py)
+
+Billing (billing.py): the price that applies (pricing overrides, discounts), and the share
+of answers whose usage shows no cost (`--no-cost`) or no usage at all (`--no-usage`), the
+cost then in /generation only (after `--generation-delay`).
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from .answers import (
     wants_reasoning,
 )
 from .availability import availability, unavailable_error
+from .billing import billed_prices
 from .config import CREDITS_MODES, FAULT_KINDS, Config, changed
 from .jobs import Job
 from .metadata import MetadataEndpoints
@@ -138,6 +145,8 @@ class StandIn(MetadataEndpoints):
         self.generations: dict[str, Generation] = {}
         self.rng = random.Random(config.seed)
         self.quirk_rng = random.Random(f"quirks|{config.seed}")   # apart from the fault draws
+        self.billing_rng = random.Random(f"billing|{config.seed}")  # what usage shows (billing.py)
+        self.generation_ended: dict[str, float] = {}  # generation id -> when it ended (/generation)
         self._ids = random.Random()
         self.inflight = InFlight()
         self.refusals: dict[str, Counter[str]] = {"402": Counter(), "403": Counter()}
@@ -210,10 +219,25 @@ class StandIn(MetadataEndpoints):
     def new_generation_id(self, created: int) -> str:
         return f"gen-{created}-{self._ids.getrandbits(80):020x}"
 
+    def draw_usage_shown(self) -> str:
+        """What a billed answer's usage shows of its cost: cost | no_cost | none (billing.py)."""
+        u = self.billing_rng.random()
+        if u < self.config.no_cost_rate:
+            return "no_cost"
+        if u < self.config.no_cost_rate + self.config.no_usage_rate:
+            return "none"
+        return "cost"
+
+    def remember_unbilled(self, gen: Generation) -> None:
+        """A generation /generation shows at $0 and the account is not charged for."""
+        self.generations[gen.id] = gen
+        self.generation_ended[gen.id] = time.monotonic()
+
     def charge(self, gen: Generation, user_sha: str, extra: dict | None = None) -> None:
         self.usage += gen.cost
         self.charged += 1
         self.generations[gen.id] = gen
+        self.generation_ended[gen.id] = time.monotonic()
         if self._ledger:
             self._ledger.write(json.dumps({
                 "generation_id": gen.id, "provider": gen.provider, "model": gen.model,
@@ -412,9 +436,9 @@ class StandIn(MetadataEndpoints):
         """The worst case against what one request may reserve, then against the in-flight
         budget; a request let through reserves its worst case (with the budget on)."""
         cfg = self.config
-        scale = cfg.price_scale
-        prompt_cost = count_prompt_tokens(body["messages"]) * endpoint.prompt * scale
-        per_token = endpoint.completion * scale
+        prompt_tokens = count_prompt_tokens(body["messages"])
+        prompt_price, per_token = billed_prices(endpoint, cfg, prompt_tokens)
+        prompt_cost = prompt_tokens * prompt_price
         worst = prompt_cost + asked * per_token
         cap = self.inflight_cap()
         if cap is None:

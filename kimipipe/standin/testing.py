@@ -13,8 +13,12 @@ a string or path puts it there). The credit limits: `inflight_ratio`, `settle`,
 `limit_reset`, `moderation_marker`; the provider quirks: `drop_reasoning` (a dict
 {provider: rate}), `inline_reasoning` and `ignore_sampling` (lists of providers),
 `not_distillable`; the wire's variants: `stream_usage` ("own-chunk"|"finish-chunk"),
-`midstream_code`, `unavailable` (an availability code), `endpoint_nulls`. Each can also be
-changed live with `configure(...)`; so can
+`midstream_code`, `unavailable` (an availability code), `endpoint_nulls`; billing:
+`price_overrides` ({provider: factor or (factor, min_prompt_tokens)}), `discounts`
+({provider: discount}), `no_cost`, `no_usage`, `generation_delay`
+(kimipipe/standin/billing.py). Each can also be changed live with `configure(...)`
+(billing's as `price_overrides`, `discounts`, `no_cost_rate`, `no_usage_rate`,
+`generation_delay`); so can
 `hold_after=N` (live only: the completions after the first N wait, counted in stats'
 `held`, until it is raised or set to None), which lets a test act while a run provably
 has work left. Only the standard library is used to talk to the server,
@@ -61,6 +65,9 @@ class StandIn:
                  not_distillable: bool = False,
                  stream_usage: str | None = None, midstream_code: str | None = None,
                  unavailable: str | None = None, endpoint_nulls: bool = False,
+                 price_overrides: dict | None = None, discounts: dict | None = None,
+                 no_cost: float | None = None, no_usage: float | None = None,
+                 generation_delay: float | None = None,
                  port: int = 0,
                  workdir: str | os.PathLike | None = None, extra_args: tuple = (),
                  start_timeout: float = 20.0):
@@ -88,7 +95,8 @@ class StandIn:
                    "--inflight-ratio": inflight_ratio, "--settle": settle,
                    "--workspace-budget": workspace_budget, "--guardrail-budget": guardrail_budget,
                    "--limit-status": limit_status, "--limit-reset": limit_reset,
-                   "--moderation-marker": moderation_marker}
+                   "--moderation-marker": moderation_marker, "--no-cost": no_cost,
+                   "--no-usage": no_usage, "--generation-delay": generation_delay}
         for flag, value in options.items():
             if value is not None:
                 args += [flag, str(value)]
@@ -110,6 +118,12 @@ class StandIn:
                 args += [flag, value]
         if endpoint_nulls:
             args.append("--endpoint-nulls")
+        for provider, factor in (price_overrides or {}).items():  # factor, or (factor, min)
+            factor, min_prompt = factor if isinstance(factor, (tuple, list)) else (factor, None)
+            args += ["--price-override", f"{provider}={factor}"
+                     + (f":{min_prompt}" if min_prompt is not None else "")]
+        for provider, discount in (discounts or {}).items():
+            args += ["--discount", f"{provider}={discount}"]
         self.args = [*args, *map(str, extra_args)]
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None

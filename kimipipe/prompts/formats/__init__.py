@@ -1,0 +1,68 @@
+"""The source formats kp-prompts reads: one module per format, listed in FORMATS.
+
+A format module gives `DETECT` (the fields that identify its records, for `--format
+auto`), `conversation(obj)` (the record as a Conversation, kimipipe/prompts/conversation.py:
+its turns in chat order, what cannot be regenerated marked, or FormatError naming the JSON
+path of what is wrong) and, where it is not `id`, `ID_FIELD` (the field holding a record's
+own id). Adding a format is one module and one entry in FORMATS; `--format` offers every
+entry, and `auto` tries them in table order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..conversation import Conversation, FormatError, json_type
+from . import alpaca, mtbench, openai, prompt, sharegpt
+
+
+@dataclass(frozen=True)
+class SourceFormat:
+    detect: tuple[str, ...]  # a record with one of these fields is of this format
+    conversation: Callable[[dict], Conversation]
+    id_field: str = "id"  # where a record's own id is, unless --id-field says
+
+
+FORMATS: dict[str, SourceFormat] = {
+    "sharegpt": SourceFormat(sharegpt.DETECT, sharegpt.conversation),
+    "openai": SourceFormat(openai.DETECT, openai.conversation),
+    "alpaca": SourceFormat(alpaca.DETECT, alpaca.conversation),
+    "prompt": SourceFormat(prompt.DETECT, prompt.conversation),
+    "mtbench": SourceFormat(mtbench.DETECT, mtbench.conversation, mtbench.ID_FIELD),
+}
+# `text` is a file layout (one prompt per line, kimipipe/prompts/reading.py) read as `prompt`.
+FORMAT_CHOICES = ("auto", *FORMATS, "text")
+
+
+def detect_format(obj: Any) -> str:
+    if not isinstance(obj, dict):
+        raise FormatError(f"expected a JSON object, got {type(obj).__name__}")
+    for name, fmt in FORMATS.items():
+        if any(key in obj for key in fmt.detect):
+            return name
+    fields = [key for fmt in FORMATS.values() for key in fmt.detect]
+    listed = ", ".join(f"`{k}`" for k in fields[:-1]) + f" or `{fields[-1]}`"
+    raise FormatError(f"cannot tell the format: expected a {listed} field (or force one with --format)")
+
+
+def read_record(obj: Any, fmt: str, id_field: str | None) -> tuple[Conversation, str | None]:
+    """The conversation a source record holds, and its own id (None: none given)."""
+    if fmt == "auto":
+        fmt = detect_format(obj)
+    elif not isinstance(obj, dict):
+        raise FormatError(f"expected a JSON object, got {json_type(obj)}")
+    if fmt == "text":
+        fmt = "prompt"
+    source_format = FORMATS[fmt]
+    return source_format.conversation(obj), source_id(obj, id_field or source_format.id_field)
+
+
+def source_id(obj: dict, field: str) -> str | None:
+    if field not in obj or obj[field] is None:
+        return None
+    value = obj[field]
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise FormatError(f"expected a string or integer id, got {json_type(value)}", f"$.{field}")
+    return str(value)
