@@ -63,6 +63,11 @@ INFER_FLAGS ?=
 TOKENIZE_FLAGS ?= --trust-remote-code
 SHARD_FLAGS ?=
 
+# Who answers: BASE_URL's host, as kp-infer records it in every answer (`api`; the port is
+# left out: a stand-in restarted on another port is the same API). A new host reruns the
+# responses stage, where kp-infer refuses to resume answers of another API (exit 2).
+api_host = $(firstword $(subst :, ,$(firstword $(subst /, ,$(lastword $(subst ://, ,$(BASE_URL)))))))
+
 # What a dataset's answers are (a change reruns, and resumes, its responses stage) ...
 content_args = --model $(MODEL) --max-tokens $(MAX_TOKENS) \
   $(if $(call token_budget,$(1)),--token-budget $(call token_budget,$(1))) \
@@ -84,7 +89,7 @@ infer = $(BIN)/kp-infer $(WORK)/$(1).prompts.jsonl -o $(WORK)/$(1).responses.jso
 FULLBUILD = $(BIN)/python -m kimipipe.fullbuild
 PLAN_ARGS = --work $(WORK) --datasets "$(DATASETS)" --total-cost "$(TOTAL_COST)" \
   --max-cost "$(MAX_COST)" --min-credits "$(MIN_CREDITS)" --answer-tokens "$(ANSWER_TOKENS)" \
-  $(foreach g,$(SPENT_IN),--spent-in '$(g)') \
+  $(foreach g,$(SPENT_IN),--spent-in '$(g)') --base-url $(BASE_URL) \
   $(foreach d,$(DATASETS),--token-budget $(d)=$(call token_budget,$(d)) --weight $(d)=$(call weight,$(d)))
 CHECK_ARGS = $(foreach d,$(DATASETS),--source $(d)=$(call source,$(d))) --work $(WORK) \
   --shards $(SHARDS) --bin $(BIN) --tokenizer $(TOKENIZER) --tokenize-flags="$(TOKENIZE_FLAGS)" \
@@ -105,33 +110,32 @@ PROMPTS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).prompts.jsonl)
 INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
 
 .DEFAULT_GOAL := help
-.PHONY: help all plan pilot check test test-soak lint docs venv demo credits report clean-venv FORCE
+.PHONY: help all plan preflight pilot check test test-soak lint docs venv demo credits report clean clean-venv FORCE
 .SECONDARY:
 
 help:
 	@echo "kimipipe: make TARGET [VARIABLE=value ...]  (\`make\` alone builds nothing)"
 	@echo "  make demo      the whole pipeline offline, on the bundled sample (stand-in)"
-	@echo "  make test      the test suite                  make lint   ruff"
-	@echo "  make docs      docs/cli.md from every --help (a test checks it)"
+	@echo "  make test      the test suite    make lint  ruff    make docs  docs/cli.md"
 	@echo "  make test-soak the suite SOAK_RUNS=10 times, one core busy: failures per test"
 	@echo "  make plan      the money, per dataset: prompts, routes and prices, expected"
 	@echo "                 cost at TOKEN_BUDGET, the TOKEN_BUDGET that fits (sends none)"
+	@echo "  make preflight PAID: PREFLIGHT requests per dataset (kept), answers checked"
 	@echo "  make pilot     PAID: PILOT answers per dataset (kept), measured for make plan"
 	@echo "  make check     what would fail later: sources, tokenizer, key, outputs"
 	@echo "  make all       PAID: every dataset, prompts -> responses -> tokens -> shards;"
 	@echo "                 checks and plans first, refuses what TOTAL_COST cannot pay"
-	@echo "  make B3.tokens one stage of one dataset again (.prompts .responses .shards)"
-	@echo "  make credits   the account's balance"
+	@echo "  make B3.tokens a stage again (.prompts .responses .shards), B3.clean its files"
+	@echo "  make credits   the account's balance    make clean  remove the files, listed"
 	@echo "  make report    WORK/report.html: the build so far, plotted (one offline page)"
 	@echo "variables (now):"
 	@echo "  DATASETS=\"$(DATASETS)\"  SOURCES=$(SOURCES) (or SOURCE_<D>=file)  TURNS=$(TURNS)"
 	@echo "  WORK=$(WORK)  SHARDS=$(SHARDS)  TOKENIZER=$(TOKENIZER)"
 	@echo "  TOTAL_COST=$(TOTAL_COST) (USD, whole build)  MAX_COST=$(MAX_COST) (USD, each dataset)"
 	@echo "  TOKEN_BUDGET=$(TOKEN_BUDGET) (each; TOKEN_BUDGET_<D>, WEIGHT_<D>)  ALLOW_SHORT=$(ALLOW_SHORT)"
-	@echo "  PILOT=$(PILOT)  ANSWER_TOKENS=$(ANSWER_TOKENS)  MIN_CREDITS=$(MIN_CREDITS)  CONCURRENCY=$(CONCURRENCY)"
-	@echo "  MODEL=$(MODEL)  MAX_TOKENS=$(MAX_TOKENS)"
+	@echo "  PILOT=$(PILOT)  ANSWER_TOKENS=$(ANSWER_TOKENS)  MIN_CREDITS=$(MIN_CREDITS)  CONCURRENCY=$(CONCURRENCY)  MAX_TOKENS=$(MAX_TOKENS)"
+	@echo "  MODEL=$(MODEL)  BASE_URL=$(BASE_URL)"
 	@echo "  IGNORE_PROVIDERS=\"$(IGNORE_PROVIDERS)\"  QUANTIZATIONS=\"$(QUANTIZATIONS)\""
-	@echo "  BASE_URL=$(BASE_URL)"
 	@echo "  PROMPT_FLAGS INFER_FLAGS TOKENIZE_FLAGS SHARD_FLAGS: anything else, per stage"
 	@echo "start with: export OPENROUTER_API_KEY=sk-or-...; make plan"
 
@@ -220,6 +224,18 @@ $(WORK)/build.gate: $(PROMPTS_ALL) $(INFER_FLAGS_ALL) $(WORK)/build.flags | venv
 	@$(FULLBUILD) plan --gate --allow-short "$(ALLOW_SHORT)" $(PLAN_ARGS) --json $(WORK)/build.plan.json
 	@touch $@
 
+# --- the preflight: a few real requests per dataset (kp-infer --preflight, 3 by default:
+# PREFLIGHT) with the very flags of its run, each answer checked (route, reasoning, cost,
+# stream); the answers are kept in the responses file the run resumes from.
+PREFLIGHT ?= 3
+preflight: | venv
+	@$(MAKE) --no-print-directory check
+	@$(MAKE) --no-print-directory $(foreach d,$(DATASETS),$(d).preflight)
+
+%.preflight: $(WORK)/%.prompts.jsonl FORCE | venv
+	@echo "$(call infer,$*,--preflight $(PREFLIGHT))"
+	@$(call infer,$*,--preflight $(PREFLIGHT))
+
 # --- the pilot: PILOT prompts of each dataset, chosen by the SHA-256 of their id, answered
 # into the very responses file the full run resumes from, then measured for make plan.
 pilot: | venv
@@ -237,9 +253,23 @@ $(WORK) $(SHARDS):
 # model, MAX_TOKENS, routing) makes the responses stage run again (and resume), and new
 # PROMPT_FLAGS or SOURCE_<D> remake the prompts.
 $(WORK)/%.infer-flags: FORCE | $(WORK)
-	@echo '$(call content_args,$*)' | cmp -s - $@ || echo '$(call content_args,$*)' > $@
+	@echo '$(call content_args,$*) api=$(api_host)' | cmp -s - $@ || echo '$(call content_args,$*) api=$(api_host)' > $@
 $(WORK)/%.prompt-flags: FORCE | $(WORK)
 	@echo '$(call source,$*) --turns $(TURNS) $(PROMPT_FLAGS)' | cmp -s - $@ || echo '$(call source,$*) --turns $(TURNS) $(PROMPT_FLAGS)' > $@
+
+# What tokens are made with: TOKENIZER (its path, and a digest of its files' names, sizes
+# and mtimes: a fixed or replaced tokenizer is seen, a mere `touch` costs a retokenizing)
+# and TOKENIZE_FLAGS; what shards are made with: SHARD_FLAGS. Flags that change no output
+# byte (--quiet, --debug) are left out. A new tokenizer or new flags remove the tokens made
+# with the old ones (kp-tokenize would resume from them), so the stage starts over.
+output_neutral = --quiet -q --debug
+tokenizer_digest = $(eval tokenizer_digest := $(shell $(BIN)/python -m kimipipe.fullbuild.check --fingerprint '$(TOKENIZER)'))$(tokenizer_digest)
+tokenize_stamp = $(TOKENIZER) $(tokenizer_digest) $(filter-out $(output_neutral),$(TOKENIZE_FLAGS))
+$(WORK)/%.tokenize-flags: FORCE | venv $(WORK)
+	@echo '$(tokenize_stamp)' | cmp -s - $@ || { rm -f $(WORK)/$*.tokens.jsonl.zst $(WORK)/$*.rejects.jsonl; \
+	  echo '$(tokenize_stamp)' > $@; }
+$(WORK)/%.shard-flags: FORCE | $(WORK)
+	@echo '$(filter-out $(output_neutral),$(SHARD_FLAGS))' | cmp -s - $@ || echo '$(filter-out $(output_neutral),$(SHARD_FLAGS))' > $@
 
 # Stage 1: prompts (kp-prompts writes the file whole or not at all), remade when the
 # source file changes. A missing source is kp-prompts' error to name.
@@ -256,13 +286,13 @@ $(WORK)/%.responses.done: $(WORK)/%.prompts.jsonl $(WORK)/%.infer-flags | venv $
 
 # Stage 3: tokens (kp-tokenize resumes from a partial file; the stamp marks it finished).
 # Exit 4: finished, some records failed verification (WORK/<D>.rejects.jsonl); kept out.
-$(WORK)/%.tokens.done: $(WORK)/%.responses.done | venv
+$(WORK)/%.tokens.done: $(WORK)/%.responses.done $(WORK)/%.tokenize-flags | venv
 	@set +e; $(BIN)/kp-tokenize $(WORK)/$*.responses.jsonl --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS) \
 	  -o $(WORK)/$*.tokens.jsonl.zst --rejects $(WORK)/$*.rejects.jsonl; code=$$?; \
 	if [ $$code -eq 0 ] || [ $$code -eq 4 ]; then touch $@; else exit $$code; fi
 
 # Stage 4: shards (kp-shard writes the set and its manifest atomically).
-$(SHARDS)/%/manifest.json: $(WORK)/%.tokens.done | venv $(SHARDS)
+$(SHARDS)/%/manifest.json: $(WORK)/%.tokens.done $(WORK)/%.shard-flags | venv $(SHARDS)
 	$(BIN)/kp-shard $(WORK)/$*.tokens.jsonl.zst --out $(SHARDS)/$* --name $* $(SHARD_FLAGS)
 	$(BIN)/kp-shard verify $(SHARDS)/$*
 
@@ -275,5 +305,15 @@ $(SHARDS)/%/manifest.json: $(WORK)/%.tokens.done | venv $(SHARDS)
 	rm -f $(WORK)/$*.tokens.done $(WORK)/$*.tokens.jsonl.zst && $(MAKE) $(WORK)/$*.tokens.done
 %.shards: FORCE
 	rm -f $(SHARDS)/$*/manifest.json && $(MAKE) $(SHARDS)/$*/manifest.json
+
+# make clean: the files of every dataset of DATASETS (WORK/D.*, SHARDS/D/) and the build's
+# own (WORK/build.*, total-cost.json); make B3.clean: one dataset's. Each lists what it
+# removes first, and removes nothing while a file holds answers paid for (not the
+# stand-in's) unless CLEAN_PAID=1 (kimipipe/fullbuild/clean.py).
+CLEAN_PAID ?=
+clean: | venv
+	@$(FULLBUILD) clean --work $(WORK) --shards $(SHARDS) --datasets "$(DATASETS)" --build --paid "$(CLEAN_PAID)"
+%.clean: FORCE | venv
+	@$(FULLBUILD) clean --work $(WORK) --shards $(SHARDS) --datasets $* --paid "$(CLEAN_PAID)"
 
 FORCE:

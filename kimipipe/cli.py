@@ -37,6 +37,27 @@ EXIT_CODES_HELP = (
     "credit limit) or a full disk: nothing paid for is lost, rerun to resume; 4 finished with "
     "permanent failures; 130 interrupted (rerun to resume)."
 )
+# Each command's own exit codes, the footer of its --help (kp_command looks its name up; a
+# command not listed here passes `exit_codes=` itself, as kp-credits does).
+EXIT_CODES = {
+    "kp-infer": EXIT_CODES_HELP,
+    "kp-prompts": "Exit codes: 0 success; 1 unexpected error; 2 usage or input error (nothing "
+                  "written); 3 no room for the output (a full disk or a file size limit); "
+                  "130 interrupted.",
+    "kp-tokenize": "Exit codes: 0 success; 1 unexpected error; 2 usage or input error (nothing "
+                   "done); 3 no room for the output (a full disk or a file size limit): rerun "
+                   "to resume; 4 finished, some records failed verification (kept out, listed "
+                   "in --rejects); 130 interrupted (rerun to resume).",
+    "kp-shard": "Exit codes: 0 success; 1 unexpected error; 2 usage or input error (nothing "
+                "written), or verify found problems; 3 no room for the output (a full disk or "
+                "a file size limit); 130 interrupted.",
+    "kp-shard verify": "Exit codes: 0 every set verified; 1 unexpected error; 2 a set has "
+                       "problems (named on stderr), or no set found.",
+    "kp-shard stats": "Exit codes: 0 success; 1 unexpected error; 2 no set found, or a set "
+                      "that cannot be read.",
+    "kp-infer report": "Exit codes: 0 success; 1 unexpected error; 2 a file missing or not "
+                       "responses or failures records.",
+}
 
 
 def counted(n: int, singular: str, plural: str | None = None) -> str:
@@ -56,12 +77,12 @@ class KPCommand(click.Command):
     into a quiet exit 0 (click itself would make an EPIPE exit 1, silently).
     """
 
-    def __init__(self, *args, examples: str = "", exit_codes: str = EXIT_CODES_HELP, **kwargs):
+    def __init__(self, *args, examples: str = "", exit_codes: str | None = None, **kwargs):
         settings = kwargs.setdefault("context_settings", {})
         settings.setdefault("help_option_names", ["-h", "--help"])
         super().__init__(*args, **kwargs)
         self.examples = textwrap.dedent(examples).strip("\n")
-        self.exit_codes = exit_codes
+        self.exit_codes = exit_codes if exit_codes is not None else EXIT_CODES.get(self.name, "")
         # Last of the options, just before -h/--help.
         click.version_option(__version__, "--version", prog_name=self.name,
                              message="%(prog)s %(version)s",
@@ -86,7 +107,33 @@ class KPCommand(click.Command):
             formatter.write_text(self.exit_codes)
 
 
-def kp_command(name: str, *, examples: str, exit_codes: str = EXIT_CODES_HELP,
+def word_help(ctx: click.Context, args: list[str],
+              words: dict[str, KPCommand | Callable[[], KPCommand]]) -> None:
+    """`kp-shard stats -h`, `kp-infer report --help`: a word's own help (usage, options,
+    examples, exit codes), not its parent's. WORDS: the word's help-only commands (or what
+    makes one, when it takes its parent's options)."""
+    if args and args[0] in words and any(a in ("-h", "--help") for a in args[1:]):
+        command = words[args[0]]
+        if not isinstance(command, click.Command):
+            command = command()
+        own = command.context_class(command, info_name=command.name, **command.context_settings)
+        click.echo(command.get_help(own))
+        ctx.exit(0)
+
+
+def help_only(name: str, text: str, *, arguments: str, examples: str,
+              options: tuple[tuple[str, str], ...] = (),
+              params: list[click.Parameter] | tuple = ()) -> KPCommand:
+    """A word's help as its own command (`word_help` prints it; the parent parses the word):
+    OPTIONS as (flags, help) flags, PARAMS the parent's own options the word takes."""
+    params = [click.Argument(["arguments"], nargs=-1, metavar=arguments), *params]
+    params += [click.Option(flags.split(", "), is_flag=True, help=what) for flags, what in options]
+    command = KPCommand(name, help=text, params=params, examples=examples)
+    command.params = [p for p in command.params if p.name != "version"]  # the parent's flag
+    return command
+
+
+def kp_command(name: str, *, examples: str, exit_codes: str | None = None,
                cls: type[KPCommand] = KPCommand, **attrs):
     """`@click.command` for a kp-* command (see KPCommand)."""
     return click.command(name=name, cls=cls, examples=examples, exit_codes=exit_codes, **attrs)

@@ -11,6 +11,8 @@ and the stand-in is stopped, also when the demo is interrupted.
 
     python -m kimipipe.demo --out demo-out
     python -m kimipipe.demo --row              # then: one finished row, decoded
+    python -m kimipipe.demo --row ID --tokens work/B3.tokens.jsonl.zst --tokenizer ./kimi-k2.5
+                                               # a row of your own build
 """
 
 from __future__ import annotations
@@ -78,22 +80,26 @@ def run_demo(out: Path, make: str = "make", venv: str = ".venv", quiet_make: boo
     return report
 
 
-def show_row(out: Path, row_id: str | None) -> str:
-    """One record of the demo's tokens file (the first, or ROW_ID), with its IDs decoded by
-    the demo tokenizer: what kp-shard turns into a training row."""
+def show_row(out: Path, row_id: str | None, tokens: Path | None = None,
+             tokenizer: Path | str = DEMO_TOKENIZER) -> str:
+    """One record of a tokens file (the demo's, or TOKENS: a build's WORK/D.tokens.jsonl.zst),
+    the first or ROW_ID, with its IDs decoded by TOKENIZER (the one that made them): what
+    kp-shard turns into a training row."""
     from .io import iter_records
     from .tokenize.load import load_tokenizer, offline_environment, prepare_tokenizer_dir
 
-    path = out / "work" / "demo.tokens.jsonl.zst"
+    path = tokens if tokens is not None else out / "work" / "demo.tokens.jsonl.zst"
     if not path.exists():
-        raise SystemExit(f"demo: {path} does not exist: run `make demo` first")
+        raise SystemExit(f"demo: {path} does not exist: " + (
+            "give a tokens file of your build (WORK/D.tokens.jsonl.zst)" if tokens is not None
+            else "run `make demo` first, or give --tokens FILE of your own build"))
     for _lineno, record, _line in iter_records(str(path), msgspec.json.Decoder()):
         if row_id is None or record["id"] == row_id:
             break
     else:
         raise SystemExit(f"demo: no row {row_id!r} in {path}")
     offline_environment()
-    tok = load_tokenizer(prepare_tokenizer_dir(str(DEMO_TOKENIZER), True), trust_remote_code=True)
+    tok = load_tokenizer(prepare_tokenizer_dir(str(tokenizer), True), trust_remote_code=True)
     ins, outs = record["input_ids"], record["output_ids"]
     return "\n".join([
         f"{path}: row {record['id']} (dataset {record['dataset']})",
@@ -114,9 +120,20 @@ def main() -> None:
     parser.add_argument("--venv", default=".venv", help="the virtual environment make uses")
     parser.add_argument("--row", nargs="?", const="", default=None, metavar="ID",
                         help="run nothing: show one finished row of an earlier demo, decoded")
+    parser.add_argument("--tokens", metavar="FILE",
+                        help="with --row: a tokens file of your own build instead "
+                             "(WORK/D.tokens.jsonl.zst, or kp-tokenize's -o)")
+    parser.add_argument("--tokenizer", metavar="DIR",
+                        help="with --tokens: the tokenizer that made it (the build's TOKENIZER)")
     args = parser.parse_args()
+    if (args.tokens or args.tokenizer) and args.row is None:
+        parser.error("--tokens and --tokenizer go with --row")
+    if bool(args.tokens) != bool(args.tokenizer):  # IDs decoded by another tokenizer read as noise
+        parser.error("--tokens and --tokenizer go together: the tokens file and the TOKENIZER that made it")
     if args.row is not None:
-        print(show_row(Path(args.out).resolve(), args.row or None))
+        print(show_row(Path(args.out).resolve(), args.row or None,
+                       Path(args.tokens) if args.tokens else None,
+                       args.tokenizer or DEMO_TOKENIZER))
         return
     try:
         report = run_demo(Path(args.out).resolve(), args.make, args.venv)

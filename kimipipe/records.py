@@ -105,15 +105,16 @@ class Refusal(Struct, omit_defaults=True):
 class Generation(Struct):
     """The fields kp-infer adds to a prompt record: the answer and what it cost.
 
-    `sampling`, `refused`, `latency_s`, `cost_source` and `finished_at` came later (older
-    records lack them: None, [], None, "usage" and None): how the answer was asked for, the
-    answers paid for before it and not kept (their cost is not in `usage.cost`, and counts
-    against `--max-cost`), the seconds from the request sent to the answer's end, where
-    `usage.cost` came from (infer/costs.py): "usage" (the answer's own `usage.cost`),
-    "generation" (the answer showed none: GET /generation's `total_cost`) or "estimate"
-    (no figure in time: its usage tokens at the highest price that could bill it, or with
-    no usage at all its worst case; never less than the bill), and when it was written
-    (UTC, ISO 8601 to the millisecond: the build report's time axis)."""
+    `sampling`, `refused`, `latency_s`, `cost_source`, `finished_at` and `api` came later
+    (older records lack them: None, [], None, "usage", None and None): how the answer was
+    asked for, the answers paid for before it and not kept (their cost is not in
+    `usage.cost`, and counts against `--max-cost`), the seconds from the request sent to the
+    answer's end, where `usage.cost` came from (infer/costs.py): "usage" (the answer's own
+    `usage.cost`), "generation" (the answer showed none: GET /generation's `total_cost`) or
+    "estimate" (no figure in time: its usage tokens at the highest price that could bill it,
+    or with no usage at all its worst case; never less than the bill), when it was written
+    (UTC, ISO 8601 to the millisecond: the build report's time axis), and the API that
+    answered (the base URL's host, infer/api.py)."""
 
     response: ResponseText
     finish_reason: str | None
@@ -127,6 +128,7 @@ class Generation(Struct):
     latency_s: float | None = None
     cost_source: str = "usage"
     finished_at: str | None = None
+    api: str | None = None  # the base URL's host (infer/api.py)
     # "unverifiable": the provider named covers an endpoint the routing excludes (a variant
     # told apart by tag only), so the answer cannot be traced to an allowed one
     routing: str | None = None
@@ -147,6 +149,7 @@ class Response(Prompt, kw_only=True):
     latency_s: float | None = None
     cost_source: str = "usage"
     finished_at: str | None = None
+    api: str | None = None  # the base URL's host (infer/api.py)
     routing: str | None = None
 
 
@@ -170,6 +173,7 @@ class Failure(Struct, omit_defaults=True):
     generation_id: str | None = None
     cost: float = 0.0
     refused: list[Refusal] = msgspec.field(default_factory=list)
+    api: str | None = None  # the base URL's host (infer/api.py)
     # the last error's `metadata.error_type`, as OpenRouter typed it (provider_overloaded, ...)
     error_type: str | None = None
 

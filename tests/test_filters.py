@@ -266,6 +266,36 @@ def test_dash_h_is_help(command):
     assert short.code == 0 and short.stdout == long.stdout
 
 
+@pytest.mark.parametrize("command, word, argument", [("shard", "stats", "DIR..."), ("shard", "verify", "DIR..."),
+                                                    ("infer", "report", "FILE...")])
+def test_a_words_help_is_its_own(command, word, argument):
+    """`kp-shard stats -h` is the help of stats, not of kp-shard, with its own exit codes."""
+    from kimipipe.cli import EXIT_CODES
+
+    for flag in ("-h", "--help"):
+        r = kp(command, word, flag)
+        assert r.code == 0 and r.stderr == ""
+        text = r.stdout.decode()
+        assert text.startswith(f"Usage: kp-{command} {word} [OPTIONS] {argument}\n")
+        assert f"\n  kp-{command} {word} " in text.split("\nExamples:\n")[1]
+        assert " ".join(text.split("\n\n")[-1].split()) == EXIT_CODES[f"kp-{command} {word}"]
+        assert kp(command, "-h").stdout.decode() not in text
+
+
+def test_each_commands_exit_codes_are_its_own():
+    """The exit-code footer of each command's help names its own codes: no money stop
+    and no --token-budget outside kp-infer, exit 4 only where the command has it."""
+    footers = {}
+    for name in ("prompts", "infer", "tokenize", "shard", "credits"):
+        text = kp(name, "--help").stdout.decode()
+        footers[name] = " ".join(text.split("\nExit codes: ")[1].split())
+    assert len(set(footers.values())) == len(footers)
+    for name in ("prompts", "tokenize", "shard"):
+        assert "kp-infer" not in footers[name] and "money" not in footers[name]
+    assert "4 finished" in footers["tokenize"] and " 4 " not in footers["prompts"] + footers["shard"]
+    assert "--token-budget" in footers["infer"] and "3 stopped by money" in footers["infer"]
+
+
 @each(COMMANDS, "version")
 def test_version(command):
     r = kp(command.name, "--version")

@@ -79,7 +79,7 @@ def test_a_second_kp_infer_on_one_output_refuses_at_once(standin, tmp_path):
 
 def test_a_second_make_all_stops_at_the_locked_output(standin, tmp_path):
     server = standin(latency=0.2, ledger=True)
-    cmd, env = make_command(server, tmp_path, "all", CONCURRENCY=4)
+    cmd, env = make_command(server, tmp_path, "all", CONCURRENCY=4, TURNS="last")  # (the ledger keys by last user text)
     responses = tmp_path / "work" / "D1.responses.jsonl"
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              start_new_session=True)

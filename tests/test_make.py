@@ -71,6 +71,50 @@ def test_full_build_then_nothing_to_redo(standin, tmp_path):
     assert server.stats()["endpoint_requests"]["endpoints"] == fetches
     assert server.stats()["requests"] == stats["requests"]
     assert len(server.ledger()) == 260  # ... and nothing was paid twice
+    # every answer says who answered; the stand-in's say they are its own
+    answers = read_jsonl(tmp_path / "work" / "D1.responses.jsonl")
+    assert {a["api"] for a in answers} == {"127.0.0.1"}
+    assert all(a["generation_id"].startswith("gen-standin-") for a in answers)
+    # another API (the same stand-in under another host name) is not "nothing to do": the
+    # responses stage runs again, and kp-infer refuses to take these answers for its own
+    other = server.base_url.replace("127.0.0.1", "127.1")
+    r = make(server, tmp_path, "all", BASE_URL=other)
+    assert r.returncode == 2, r.stderr
+    said = " ".join(r.stderr.split())
+    assert "D1.responses.jsonl: holds answers of 127.0.0.1 (the kimipipe stand-in's offline filler" in said
+    assert "this run asks 127.1" in said
+    assert server.stats()["completions_started"] == stats["completions_started"]
+    # D1's spend counts against another dataset's TOTAL_COST under its own API only
+    def recorded_elsewhere(base_url):
+        r = make(server, tmp_path, "plan", DATASETS="D2", SOURCE_D2=SOURCE, BASE_URL=base_url)
+        assert r.returncode == 0, r.stderr
+        return json.loads((tmp_path / "work" / "build.plan.json").read_text())["recorded_elsewhere"]
+
+    spent = sum(a["usage"]["cost"] for a in answers)
+    assert recorded_elsewhere(server.base_url) == pytest.approx(spent) and spent > 0
+    assert recorded_elsewhere(other) == 0.0
+    # make D1.clean says what it removes, then removes it; paid answers only when told
+    real = answers[0] | {"generation_id": "gen-1764583200-abc"}  # not the stand-in's mark
+    with open(tmp_path / "work" / "D1.responses.jsonl", "a") as f:
+        f.write(json.dumps(real | {"id": "real-1"}) + "\n")
+    r = make(server, tmp_path, "D1.clean")
+    assert r.returncode != 0 and "nothing removed" in r.stderr
+    assert "D1.responses.jsonl: 1 paid record, $" in r.stderr and "CLEAN_PAID=1" in r.stderr
+    assert (tmp_path / "work" / "D1.responses.jsonl").exists()
+    files = sorted(p for p in (tmp_path / "work").glob("D1.*"))
+    r = make(server, tmp_path, "D1.clean", CLEAN_PAID=1)
+    assert r.returncode == 0, r.stderr
+    listed = r.stdout.split("removing D1:")[1]
+    assert all(str(p) in listed for p in files) and f"{tmp_path / 'shards' / 'D1'}/" in listed
+    assert not list((tmp_path / "work").glob("*D1.*")) and not (tmp_path / "shards" / "D1").exists()
+    assert (tmp_path / "work" / "build.flags").exists()  # the build's own: `make clean`
+    r = make(server, tmp_path, "clean", DATASETS="D1 D2")  # (D2: the plan above)
+    assert r.returncode == 0 and "build.flags" in r.stdout and "D2.prompts.jsonl" in r.stdout
+    assert not (tmp_path / "work").exists() and not (tmp_path / "shards").exists()
+    # then the other API builds from nothing
+    r = make(server, tmp_path, "plan", BASE_URL=other)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "work" / "D1.plan.json").read_text())["prompts"]["todo"] == 260
 
 
 def whole_lines(path) -> list[dict]:
@@ -268,6 +312,45 @@ def test_one_stage_reruns_from_saved_files(standin, tmp_path):
     # the tokens stage and what follows from it, nothing before it
     assert changed == {"work/D1.tokens.jsonl.zst", "work/D1.tokens.done", "work/D1.rejects.jsonl"}
     assert server.stats()["endpoint_requests"]["endpoints"] == fetches  # kp-infer never started
+    assert len(server.ledger()) == 260
+
+    def remade(**variables) -> set[str]:
+        """What `make all` with VARIABLES rewrote; kp-infer must not have started."""
+        before = stage_files(tmp_path)
+        r = make(server, tmp_path, "all", **variables)
+        assert r.returncode == 0, r.stderr
+        after = stage_files(tmp_path)
+        assert server.stats()["endpoint_requests"]["endpoints"] == fetches
+        return {name for name in after if after[name] != before.get(name)} | (before.keys() - after.keys())
+
+    def only(changed: set[str], *prefixes: str) -> bool:
+        return bool(changed) and all(name.startswith(prefixes) for name in changed)
+
+    remade()  # the shards of the new tokens (`make D1.tokens` stops at the tokens)
+    assert remade() == set()  # and then nothing: every stamp is as it was
+    # SHARD_FLAGS remakes the shards only (and then the README's eval-split lines work)
+    changed = remade(SHARD_FLAGS="--eval-fraction 0.2")
+    assert only(changed, "shards/D1/", "work/D1.shard-flags") and "shards/D1/manifest.json" in changed
+    snippet = (REPO / "docs" / "training.md").read_text().split("<!-- eval-split -->\n```\n", 1)[1].split("```", 1)[0].splitlines()[:2]
+    script = "\n".join(line.replace("shards/B3/B3", str(tmp_path / "shards/D1/D1")) for line in snippet)
+    subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, check=True)
+    splits = json.loads((tmp_path / "shards/D1/manifest.json").read_text())["splits"]
+    for split in ("train", "eval"):
+        rows = (tmp_path / f"B3.{split}.jsonl").read_text().splitlines()
+        assert len(rows) == splits[split]["records"] > 0, split
+    assert remade(SHARD_FLAGS="--eval-fraction 0.2 --quiet") == set()  # --quiet changes no byte
+    # another tokenizer, the same one changed, other TOKENIZE_FLAGS: tokens and shards again
+    copy = tmp_path / "tokenizer"
+    shutil.copytree(TOKENIZER, copy)
+    tokens_and_shards = ("work/D1.tokens", "work/D1.rejects", "work/D1.tokenize-flags", "shards/D1/")
+    for variables in ({"TOKENIZER": copy}, {"TOKENIZER": copy, "touch": "tokenizer.json"},
+                      {"TOKENIZER": copy, "TOKENIZE_FLAGS": "--quiet --trust-remote-code"}):
+        if "touch" in variables:
+            name = variables.pop("touch")
+            os.utime(copy / name, ns=(os.stat(copy / name).st_atime_ns, os.stat(copy / name).st_mtime_ns + 10**9))
+        changed = remade(SHARD_FLAGS="--eval-fraction 0.2", **variables)
+        assert only(changed, *tokens_and_shards) and "work/D1.tokens.jsonl.zst" in changed, variables
+        assert "shards/D1/manifest.json" in changed
     assert len(server.ledger()) == 260
 
 

@@ -181,6 +181,11 @@ def test_make_pilot_then_make_all_pays_for_no_pilot_answer_twice(standin, tmp_pa
         assert not (tmp_path / "work" / f"{name}.responses.done").exists()
     r = run_make(server, tmp_path, "plan", **variables)
     assert r.returncode == 0 and "A (pilot: 12 answers (A.pilot.json))" in " ".join(r.stdout.split())
+    # a preflight: PREFLIGHT requests per dataset with the run's flags, checked, kept
+    r = run_make(server, tmp_path, "preflight", PREFLIGHT=2, **variables)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("preflight: passed") == 2 and "--preflight 2" in r.stdout
+    assert [len(read_jsonl(tmp_path / "work" / f"{n}.responses.jsonl")) for n in "AB"] == [14, 14]
     r = run_make(server, tmp_path, "all", **variables)
     assert r.returncode == 0, r.stderr
     paid = Counter(x["request_user_text_sha256"] for x in server.ledger())
@@ -348,7 +353,8 @@ def test_prompts_are_remade_when_their_source_changes_and_the_stage_command_is_s
 
 
 def test_build_outputs_are_ignored_by_git():
-    names = ["work/B3.responses.jsonl", "shards/B3/manifest.json", "demo-out/work/x"]
+    names = ["work/B3.responses.jsonl", "shards/B3/manifest.json", "demo-out/work/x", "offline/work/x",
+             "standin.port"]
     r = subprocess.run(["git", "check-ignore", *names], cwd=REPO, capture_output=True, text=True)
     assert r.stdout.split() == names
 

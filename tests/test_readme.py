@@ -87,20 +87,19 @@ def test_make_variables_and_targets_named_exist():
 
 
 def test_the_try_your_own_file_walkthrough_runs_as_written(tmp_path):
-    """The README's nine lines, as written, in a directory holding the checkout's Makefile,
-    .venv and package (as a clone does) and a one-line ShareGPT `my.json`; only the
-    stand-in's port is changed to a free one."""
+    """The README's ten lines, as written, in a directory holding the checkout's Makefile,
+    .venv and package (as a clone does) and a one-line ShareGPT `my.json`. The stand-in
+    takes a free port itself (no port is written in the lines: a taken one would fail),
+    the plan is made with the MAX_TOKENS the build uses, and everything lands in offline/,
+    never in a real build's work/ and shards/."""
     import json
     import os
     import signal
-    import socket
 
     block = README.split("<!-- walkthrough -->\n```\n", 1)[1].split("```", 1)[0]
     assert len(block.strip().splitlines()) <= 10
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = block.replace("8765", str(port))
+    assert not re.search(r"--port \d|:\d{4,5}/", block)  # no port of its own
+    script = block
     venv = Path(sys.executable).parent.parent  # the .venv the tests run in
     for name in ["Makefile", "kimipipe", "setup.cfg", "pyproject.toml"]:
         (tmp_path / name).symlink_to(REPO / name)
@@ -122,10 +121,24 @@ def test_the_try_your_own_file_walkthrough_runs_as_written(tmp_path):
     assert len(out.split("kp-shard stats")[0].splitlines()) >= 2  # the two prompt records
     first = json.loads(out.splitlines()[0])
     assert first["dataset"] == "mine" and first["messages"]
-    manifest = json.loads((tmp_path / "shards/mine/manifest.json").read_text())
+    manifest = json.loads((tmp_path / "offline/shards/mine/manifest.json").read_text())
     assert manifest["totals"]["records"] == 12
-    assert "shards/mine: OK (1 shard, 12 rows" in out
-    assert "kp-shard stats: shards/mine" in out
+    assert "offline/shards/mine: OK (1 shard, 12 rows" in out
+    assert "kp-shard stats: offline/shards/mine" in out
+    assert not (tmp_path / "work").exists() and not (tmp_path / "shards").exists()
+    made_by_make_plan = " ".join(out.split("make all: the plan")[0].split())
+    assert "half of MAX_TOKENS (1,024 tokens)" in made_by_make_plan  # the build's MAX_TOKENS=2048
+    answers = [json.loads(line) for line in (tmp_path / "offline/work/mine.responses.jsonl").open()]
+    assert {a["api"] for a in answers} == {"127.0.0.1"}
+    assert all(a["generation_id"].startswith("gen-standin-") for a in answers)
+    # a row of one's own build, decoded (`python -m kimipipe.demo --row` on its tokens file)
+    row = subprocess.run([str(venv / "bin" / "python"), "-m", "kimipipe.demo", "--row", answers[3]["id"],
+                          "--tokens", "offline/work/mine.tokens.jsonl.zst",
+                          "--tokenizer", "kimipipe/data/tokenizers/kimi-k2.5-mini-tiktoken"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert row.returncode == 0, row.stderr
+    assert f"offline/work/mine.tokens.jsonl.zst: row {answers[3]['id']} (dataset mine)" in row.stdout
+    assert answers[3]["messages"][0]["content"][:40] in row.stdout  # the prompt, decoded
 
 
 def test_readme_is_short_and_every_link_resolves():

@@ -17,7 +17,8 @@ Schema (one JSON object per line): the prompt record's fields plus
      "usage": {"prompt_tokens", "completion_tokens", "reasoning_tokens", "cost"},
      "attempts": int, "sampling": {"max_tokens", "temperature"?, "top_p"?, "seed"?, ...,
      "reasoning"?, "require_parameters"?}, "refused": [{"kind", "provider", "cost",
-     "generation_id", "message"}], "latency_s": float, "finished_at": str}
+     "generation_id", "message"}], "latency_s": float, "finished_at": str, "api": str}
+("api": the base URL's host that answered; the stand-in's generation ids begin gen-standin-.)
 
 For Kimi K2.5, what you do not set is sampled as served (thinking: temperature 1.0,
 top_p 0.95; --no-reasoning: 0.6, 0.95), with provider.require_parameters.
@@ -30,7 +31,9 @@ smallest (a pilot: its answers stay in OUTPUT, and the full run resumes from the
 
 Resume: rerun the same command. IDs already in OUTPUT (and in `--done` files) are
 skipped; a torn last line left by a crash is repaired and its prompt redone; spend and
-tokens recorded in OUTPUT count against `--max-cost` and `--token-budget`.
+tokens recorded in OUTPUT count against `--max-cost` and `--token-budget`. OUTPUT or
+--failures holding answers of another API (their "api") is refused, exit 2: answers of
+two APIs never mix. --spent-in counts only the spend of this run's API.
 The whole input is validated before the first request (so it is read twice; stdin is
 spooled to a temporary file).
 
@@ -70,6 +73,7 @@ from ..cli import (
     Quantity,
     Stderr,
     common_options,
+    help_only,
     input_argument,
     kp_command,
     output_option,
@@ -77,6 +81,7 @@ from ..cli import (
     read_api_key,
     run_command,
     sigterm_as_ctrl_c,
+    word_help,
 )
 from ..errors import ExitCode, KPError
 from ..infer.config import RunConfig
@@ -143,6 +148,24 @@ OPTION_SECTIONS = {
 _REPORT_VALUE_OPTIONS = {"--html", "--total-cost", "--max-cost", "--token-budget"}
 
 
+def _report_word() -> KPCommand:
+    """`kp-infer report -h`: the word's own help, with the options it takes (kp-infer's)."""
+    takes = {"html", "as_json", "total_cost", "max_cost", "token_budget", "quiet"}
+    return help_only(
+        "kp-infer report",
+        "The providers compared, from responses and failures files on disk (= --report FILE "
+        "...): per provider its answers, failures, cost, tokens and latency, and a histogram; "
+        "on stdout. With --html OUT, the build plotted in one HTML page from any of its files "
+        "(docs/report.md). Sends nothing, needs no key.",
+        arguments="FILE...", params=[p for p in cli.params if p.name in takes],
+        examples="kp-infer report B3.responses.jsonl B3.failures.jsonl\n"
+                 "kp-infer report work/*.responses.jsonl --json\n"
+                 "kp-infer report work/B3.* shards/B3 --html B3.html --max-cost 95 --token-budget 10M")
+
+
+WORDS = {"report": _report_word}
+
+
 class _InferCommand(KPCommand):
     """`kp-infer report FILE...` is spelled as a word too (= --report FILE ...); --help
     shows the options in OPTION_SECTIONS' order and headings."""
@@ -164,6 +187,7 @@ class _InferCommand(KPCommand):
 
     def parse_args(self, ctx, args):
         args = list(args)
+        word_help(ctx, args, WORDS)
         if len(args) >= 2 and args[0] == "report" and not args[1].startswith("-"):
             words, args = args[1:], []
             for i, arg in enumerate(words):  # a file, unless it is an option or its value

@@ -53,11 +53,13 @@ from ..cli import (
     KPCommand,
     common_options,
     counted,
+    help_only,
     input_argument,
     kp_command,
     progress,
     run_command,
     say,
+    word_help,
 )
 from ..errors import ExitCode, InputError, KPError
 from ..io import check_writable_dir
@@ -82,11 +84,33 @@ EXAMPLES = """
 """
 
 
+WORDS = {
+    "verify": help_only(
+        "kp-shard verify",
+        "Check shard sets, trusting nothing: each shard's size and SHA-256 against the "
+        "manifest, every row's format (input_ids and loss_mask of equal length, ...), the "
+        "counts of records and tokens, no id twice, no unlisted *.jsonl.zst in the "
+        "directory. Each DIR is a set or a parent of sets (every subdirectory holding a "
+        "manifest.json). The report goes to stdout: each problem as DIR/FILE[:LINE]: what "
+        "is wrong, and DIR: OK (...) for a good set.",
+        arguments="DIR...", options=(("-q, --quiet", "Print the problems only, not the OK lines."),),
+        examples="kp-shard verify shards/B3 shards/B4\nkp-shard verify shards"),
+    "stats": help_only(
+        "kp-shard stats",
+        "Row lengths of shard sets, on stdout: prompt, output and total tokens per row "
+        "(percentiles), then rows per length bin with the share a trainer's max_length of "
+        "that size keeps whole. Each DIR is a set or a parent of sets.",
+        arguments="DIR...", examples="kp-shard stats shards/B3 | less\nkp-shard stats shards"),
+}
+
+
 class _ShardCommand(KPCommand):
-    """`kp-shard verify DIR...` and `kp-shard stats DIR...` are spelled as words too."""
+    """`kp-shard verify DIR...` and `kp-shard stats DIR...` are spelled as words too, each
+    with its own -h."""
 
     def parse_args(self, ctx, args):
         args = list(args)
+        word_help(ctx, args, WORDS)
         ctx.meta["kp_shard_argv"] = list(args)
         if len(args) >= 2 and args[0] in ("verify", "stats") and not args[1].startswith("-"):
             args = [f"--{args[0] if args[0] == 'verify' else 'stats-of'}", *args[1:]]

@@ -1,4 +1,4 @@
-"""`python -m kimipipe.fullbuild check|plan|pilot|stopped ...`: what the Makefile runs.
+"""`python -m kimipipe.fullbuild check|plan|pilot|stopped|clean ...`: what the Makefile runs.
 
 The arguments are make's variables, passed as they are (an empty value means unset):
 
@@ -6,12 +6,14 @@ The arguments are make's variables, passed as they are (an empty value means uns
              --tokenize-flags FLAGS --base-url URL [--min-credits USD]
     plan     --work DIR --datasets "D..." [--token-budget D=N]... [--weight D=W]...
              [--total-cost USD] [--max-cost USD] [--spent-in GLOB]... [--answer-tokens N]
-             [--gate [--allow-short]] [--json FILE]
+             [--base-url URL] [--gate [--allow-short]] [--json FILE]
     pilot    RESPONSES [--failures FILE] -o WORK/D.pilot.json
     stopped  --dataset D and plan's arguments
+    clean    --work DIR --shards DIR --datasets "D..." [--build] [--paid 1] (fullbuild/clean.py)
 
 Exit codes: 0 done; 2 a check failed, or (--gate) the plan does not fit TOTAL_COST and
-ALLOW_SHORT is not set (nothing was started).
+ALLOW_SHORT is not set (nothing was started), or clean found answers paid for (nothing
+removed).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import sys
 
 from ..cli import parse_quantity
 from ..errors import KPError
+from ..infer.api import api_of
 from .check import run_checks
+from .clean import clean
 from .measure import measure
 from .plan import build_plan
 from .report import budget_suggestion, money, report, wrap
@@ -58,7 +62,7 @@ def _plan(args, fresh: bool = False):
         raise SystemExit(f"fullbuild: WEIGHT_{bad[0]} must be above 0")
     return build_plan(datasets, args.work, budgets, weights, _money(args.total_cost), _money(args.max_cost),
                       [g for g in args.spent_in if g], int(args.answer_tokens) if args.answer_tokens else None,
-                      fresh=fresh)
+                      fresh=fresh, api=api_of(args.base_url) if args.base_url else None)
 
 
 def cmd_plan(args) -> int:
@@ -153,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--min-credits")
         p.add_argument("--spent-in", action="append", default=[])
         p.add_argument("--answer-tokens")
+        p.add_argument("--base-url")  # the API whose spend counts (infer/api.py)
 
     p = sub.add_parser("plan")
     plan_arguments(p)
@@ -169,6 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--failures")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(run=cmd_pilot)
+    p = sub.add_parser("clean")
+    p.add_argument("--work", required=True)
+    p.add_argument("--shards", required=True)
+    p.add_argument("--datasets", required=True)
+    p.add_argument("--build", action="store_true", help="the build's own files too (make clean)")
+    p.add_argument("--paid", default="", help="CLEAN_PAID: also remove answers paid for")
+    p.set_defaults(run=lambda args: clean(args.work, args.shards, args.datasets.split(), args.build,
+                                          args.paid not in ("", "0", "no", "false")))
     p = sub.add_parser("check")
     p.add_argument("--source", action="append", default=[])
     p.add_argument("--work", required=True)

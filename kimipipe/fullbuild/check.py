@@ -15,12 +15,16 @@ Each check runs whatever the others find, and every problem is listed:
 - outputs: WORK and SHARDS can be created and written, and no output file the build
   writes there is read-only.
 
+`python -m kimipipe.fullbuild.check --fingerprint TOKENIZER` prints the digest of the
+tokenizer's files (`stamp_fingerprint`) that the Makefile's tokens stage depends on.
+
 The report goes to stdout, one line per check; the exit code is 2 when anything failed
 (nothing was started), else 0.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -59,11 +63,10 @@ def check_sources(sources: dict[str, tuple[str, str]]) -> list[tuple[bool, str]]
     return results
 
 
-def tokenizer_fingerprint(tokenizer: str, flags: str) -> dict | None:
-    """What a tokenizer check's result depends on, for a directory TOKENIZER; None for a
-    model name (resolved in the Hugging Face cache: always loaded)."""
-    if not os.path.isdir(tokenizer):
-        return None
+def tokenizer_files(tokenizer: str) -> list[list]:
+    """[relative path, size, mtime in ns] of every file of a tokenizer directory: what
+    tells a changed tokenizer from the same one, at the cost of a stat per file (a hash
+    would read a whole model checkout when TOKENIZER is one)."""
     files = []
     for root, dirs, names in os.walk(tokenizer):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
@@ -71,6 +74,25 @@ def tokenizer_fingerprint(tokenizer: str, flags: str) -> dict | None:
             st = os.stat(os.path.join(root, name))
             files.append([os.path.relpath(os.path.join(root, name), tokenizer), st.st_size,
                           st.st_mtime_ns])
+    return files
+
+
+def stamp_fingerprint(tokenizer: str) -> str:
+    """One word for the tokens stage's stamp (the Makefile's WORK/D.tokenize-flags): a
+    digest of `tokenizer_files`, or `name` for a model name that is not a directory (the
+    Hugging Face cache resolves it: only its name is known here)."""
+    if not os.path.isdir(tokenizer):
+        return "name"
+    listing = json.dumps(tokenizer_files(tokenizer)).encode()
+    return "files-" + hashlib.sha256(listing).hexdigest()[:16]
+
+
+def tokenizer_fingerprint(tokenizer: str, flags: str) -> dict | None:
+    """What a tokenizer check's result depends on, for a directory TOKENIZER; None for a
+    model name (resolved in the Hugging Face cache: always loaded)."""
+    if not os.path.isdir(tokenizer):
+        return None
+    files = tokenizer_files(tokenizer)
     versions = {}
     for package in ("transformers", "tokenizers", "tiktoken", "kimipipe"):
         try:
@@ -156,3 +178,11 @@ def run_checks(sources: dict[str, tuple[str, str]], bin_dir: str, tokenizer: str
     results.append(check_key(bin_dir, base_url, min_credits))
     results += check_outputs(directories, work, list(sources))
     return results
+
+
+if __name__ == "__main__":  # `python -m kimipipe.fullbuild.check --fingerprint DIR` (the Makefile)
+    import sys
+
+    if sys.argv[1:2] != ["--fingerprint"] or len(sys.argv) != 3:
+        raise SystemExit("usage: python -m kimipipe.fullbuild.check --fingerprint TOKENIZER")
+    print(stamp_fingerprint(sys.argv[2]))

@@ -18,7 +18,8 @@ and failures files already record) and what answers measured (WORK/D.pilot.json 
     expected in all = recorded + expected to go
 
 The build: the spend recorded in every file TOTAL_COST counts (the --spent-in globs, other
-datasets' files included) + every dataset's expected to go, with room for one request's
+datasets' files included; records another API than BASE_URL's answered, such as the
+stand-in's, count for nothing: kimipipe/infer/api.py) + every dataset's expected to go, with room for one request's
 worst case (kp-infer reserves it before sending the last request), against TOTAL_COST.
 The TOKEN_BUDGET that fits is the largest whole t with each dataset at WEIGHT_D x t (even
 split: every weight 1) whose expected total fits TOTAL_COST, each rounded down to 3
@@ -244,10 +245,10 @@ def dataset_plan(name: str, work: str, plan: dict, token_budget: int | None, wei
         max_tokens=plan["max_tokens"], notes=list(plan.get("warnings", [])) + list(plan.get("notes", [])))
 
 
-def refreshed(plan: dict, work: str, name: str) -> dict:
+def refreshed(plan: dict, work: str, name: str, api: str | None = None) -> dict:
     """PLAN with what D's files record now (a plan made before a run, read after it)."""
     got = measure(os.path.join(work, f"{name}.responses.jsonl"))
-    spend = got["spend"] + recorded_spend(os.path.join(work, f"{name}.failures.jsonl"))
+    spend = got["spend"] + recorded_spend(os.path.join(work, f"{name}.failures.jsonl"), api)
     prompts = plan["prompts"]["input"]
     return {**plan, "prompts": {**plan["prompts"], "done": got["answers"],
                                 "todo": max(0, prompts - got["answers"])},
@@ -256,16 +257,18 @@ def refreshed(plan: dict, work: str, name: str) -> dict:
 
 def build_plan(datasets: list[str], work: str, token_budgets: dict[str, int | None],
                weights: dict[str, float], total_cost: float | None, max_cost: float | None,
-               spent_in: list[str], answer_tokens_prior: int | None, fresh: bool = False) -> BuildPlan:
+               spent_in: list[str], answer_tokens_prior: int | None, fresh: bool = False,
+               api: str | None = None) -> BuildPlan:
     """The build's plan from WORK/D.plan.json of every dataset; FRESH: with the spend and
-    answers D's files record now (the money-stop message, after the plan was made)."""
+    answers D's files record now (the money-stop message, after the plan was made). The
+    spend of records API did not answer counts for nothing (infer/api.py)."""
     plans = {}
     for name in datasets:
         path = os.path.join(work, f"{name}.plan.json")
         plan = read_json(path)
         if plan is None:
             raise FileNotFoundError(f"{path}: no plan (kp-infer --plan --json writes it)")
-        plans[name] = refreshed(plan, work, name) if fresh else plan
+        plans[name] = refreshed(plan, work, name, api) if fresh else plan
     items = [dataset_plan(d, work, plans[d], token_budgets.get(d), weights.get(d, 1.0), answer_tokens_prior)
              for d in datasets]
     pool = [d for d in items if d.measured_answers]
@@ -276,7 +279,7 @@ def build_plan(datasets: list[str], work: str, token_budgets: dict[str, int | No
             d.cost_per_answer = sum(x.cost_per_answer * x.measured_answers for x in pool) / answers
             d.like = " ".join(x.name for x in pool)
     own = [os.path.join(work, f"{d}.{kind}.jsonl") for d in datasets for kind in ("responses", "failures")]
-    elsewhere = sum(recorded_spend(p) for p in expand_spent_in(spent_in, own))
+    elsewhere = sum(recorded_spend(p, api) for p in expand_spent_in(spent_in, own))
     first = plans[datasets[0]] if datasets else {"routes": [], "prices": {}, "max_tokens": 0}
     routes = [r for r in (first.get("routes") or []) if r["allowed"]]
     prior = (f"{answer_tokens_prior:,} tokens (ANSWER_TOKENS)" if answer_tokens_prior

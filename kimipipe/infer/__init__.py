@@ -16,6 +16,8 @@
     acceptance.py      which answers are results: the routing, reasoning and think-marker
                        checks, and a refused prompt's next routing
     writing.py         response and failure records, the writers and their rescue files
+    api.py             which API answered (`api` on every record, the stand-in's mark),
+                       a resume against another API refused, its spend counted nowhere
     report.py          Stats, StopReason (exit code and message), summary
     progress.py        the progress line: the run's snapshot (`RunProgress`), fitted to the
                        terminal, and when it is redrawn

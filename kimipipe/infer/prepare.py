@@ -15,7 +15,9 @@
 2. Previous work: answers an earlier run paid for but could not write are taken in from
    the rescue file (infer/rescue.py), before anything is sent. Then the IDs already in
    OUTPUT (after cutting a torn last line a crash left) and in `--done` files are skipped; the spend and completion tokens recorded in OUTPUT
-   (and the cost of paid failures in `--failures`) count against the budgets.
+   (and the cost of paid failures in `--failures`) count against the budgets. A record
+   another API answered (its `api`, the base URL's host, is not this run's) refuses the
+   run, exit 2, naming both (infer/api.py): offline answers never pass for real ones.
 3. The partition (`--partition K/N`): how many prompts this run has to do, how many it
    skips as done.
    `--sample N` keeps only the N prompts whose SHA-256 of id is smallest (a stable
@@ -77,7 +79,8 @@ from ..openrouter.routing import (
     variant_ignores,
 )
 from ..partition import in_partition
-from ..records import CostOnly, Failure, Prompt, RecordCost, Response
+from ..records import Failure, Prompt, Response
+from .api import Answered, Spent, api_of, counts_here, other_api
 from .budget import prompt_token_bound
 from .disk import DiskGuard
 from .config import RunConfig
@@ -85,7 +88,7 @@ from .rescue import check_rescue_dir, take_in
 from .total_cost import ReservationFile, TotalCost
 
 PROMPT_DECODER = msgspec.json.Decoder(Prompt)
-_cost_decoder = msgspec.json.Decoder(CostOnly)
+_answered_decoder = msgspec.json.Decoder(Answered)
 _failure_decoder = msgspec.json.Decoder(Failure)
 _response_decoder = msgspec.json.Decoder(Response)
 
@@ -122,7 +125,7 @@ def output_locks(config: RunConfig, say: Callable[[str], None]) -> Iterator[None
         yield
 
 
-_spend_decoder = msgspec.json.Decoder(RecordCost)  # records.record_cost: what a line cost
+_spend_decoder = msgspec.json.Decoder(Spent)  # records.record_cost: what a line cost, and who answered
 
 
 @dataclass
@@ -209,10 +212,11 @@ def finished_records(path: str, decoder: msgspec.json.Decoder):
             raise InputError(describe_decode_error(e, True), path, lineno) from None
 
 
-def recorded_spend(path: str) -> float:
+def recorded_spend(path: str, api: str | None = None) -> float:
     """USD recorded in a responses or failures file (finished lines), by
-    `records.record_cost`: a response's refused answers included."""
-    return sum(r.paid for r in finished_records(path, _spend_decoder))
+    `records.record_cost`: a response's refused answers included; with API, only what that
+    API answered (or records too old to say: infer/api.py)."""
+    return sum(r.paid for r in finished_records(path, _spend_decoder) if counts_here(r.api, api))
 
 
 def expand_spent_in(patterns: list[str], own: list[str]) -> list[str]:
@@ -237,21 +241,26 @@ def stable_sample(ids: set[str], n: int) -> set[str]:
 
 
 def previous_work(output: str, failures: str | None, say: Callable[[str], None],
-                  repair: bool = True) -> tuple[set[str], float, int]:
+                  repair: bool = True, api: str | None = None) -> tuple[set[str], float, int]:
     """(IDs done, USD, completion tokens) recorded by earlier runs, in one pass over OUTPUT
     (after repairing a torn last line; without REPAIR, as --plan reads it, a torn last line
-    is left alone) plus the failures file's costs."""
+    is left alone) plus the failures file's costs. A record another API than API answered
+    refuses the resume (infer/api.py)."""
     if repair:
         repair_and_report(output, report=say)
     done: set[str] = set()
     cost = 0.0
     tokens = 0
-    for rec in (iter_finished if repair else finished_records)(output, _cost_decoder):
+    for rec in (iter_finished if repair else finished_records)(output, _answered_decoder):
+        if api is not None and rec.api is not None and rec.api != api:
+            raise other_api(output, rec.api, rec.generation_id, rec.id, api)
         done.add(rec.id)
         cost += rec.paid  # its own cost, and that of the answers refused before it
         tokens += rec.usage.completion_tokens
     if failures and os.path.exists(failures):
         for rec in (iter_finished if repair else finished_records)(failures, _spend_decoder):
+            if api is not None and rec.api is not None and rec.api != api:
+                raise other_api(failures, rec.api, rec.generation_id, rec.id, api)
             cost += rec.paid
     return done, cost, tokens
 
@@ -369,7 +378,8 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         DiskGuard(config.output, config.request.max_tokens, config.min_free_disk).check_room_at_start()
     # --plan may run beside a build writing OUTPUT: it neither repairs nor takes anything in
     taken_in = 0 if config.plan else take_in_rescued(config, say)
-    done, spent, tokens = previous_work(config.output, config.failures, say, repair=not config.plan)
+    done, spent, tokens = previous_work(config.output, config.failures, say, repair=not config.plan,
+                                        api=api_of(config.base_url))
     for extra in config.done_files:
         if not os.path.exists(extra):
             raise InputError("no such file", extra)
@@ -399,6 +409,10 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         check_distillation(config, info, say)
     prepared = Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, endpoints, bound,
                         taken_in=taken_in, model_info=info, sample=sample)
+    if config.plan and config.output == "-":
+        prepared.notes.append("no -o: the answers a run already wrote cannot be seen here, so every "
+                              "prompt counts as to do; pass the -o (and --failures) of the run to "
+                              "see what is left")
     if config.total_cost is not None:
         prepare_total_cost(config, prepared)
     return prepared
@@ -418,7 +432,7 @@ def prepare_total_cost(config: RunConfig, prepared: Prepared) -> None:
             raise KPError(f"--reservations: {e}", ExitCode.USAGE) from None
     try:
         files = expand_spent_in(config.spent_in, [config.output, config.failures or ""])
-        elsewhere = sum(recorded_spend(path) for path in files)
+        elsewhere = sum(recorded_spend(path, api_of(config.base_url)) for path in files)
     except BaseException:
         if shared is not None:
             TotalCost(config.total_cost, 0.0, shared).close(0.0)

@@ -1,9 +1,9 @@
 """Where a kp-infer run's results go: response records, failure records, the rescue file.
 
 A response record is the prompt line as it came (every field passed through, undecoded)
-with kp-infer's own fields, `records.Generation`, written over it; it is written whole and
-flushed as the answer arrives (`durable`), so `kill -9` never loses a written answer nor
-tears a line of a plain file. A prompt given up on this run goes to `--failures` as a
+with kp-infer's own fields, `records.Generation` (`api`: who answered, infer/api.py),
+written over it; it is written whole and flushed as the answer arrives (`durable`), so
+`kill -9` never loses a written answer nor tears a line of a plain file. A prompt given up on this run goes to `--failures` as a
 `records.Failure` line (its cost set when the failed answer was paid for).
 
 A write the output refuses (a full disk, a file size limit, an I/O error; RecordWriter has
@@ -37,6 +37,7 @@ from ..records import (
     encode_line,
     encode_over,
 )
+from .api import api_of
 from .config import RunConfig
 from .rescue import Rescue
 
@@ -134,6 +135,7 @@ class Output:
     def __init__(self, config: RunConfig):
         self.config = config
         self.sampling = config.request.sampling(config.policy)  # the same for every prompt
+        self.api = api_of(config.base_url)  # who answers: on every record (infer/api.py)
         self.rescues = {name: Rescue(path, config.rescue_dir)
                         for name, path in (("output", config.output), ("failures", config.failures))
                         if path and path != "-"}
@@ -164,6 +166,7 @@ class Output:
         fields.latency_s = round(latency, 3) if latency is not None else None
         now = time.time()
         fields.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+        fields.api = self.api
         if answer.provider in self.config.policy.unverifiable_names:
             # its name covers an excluded variant too (openrouter/routing.py: mixed_names):
             # kept, but not verifiable; counted in the summary (report.py)
@@ -173,6 +176,7 @@ class Output:
     def write_failure(self, failure: Failure) -> Kept:
         if self.failures is None:
             return WRITTEN  # (not asked to keep them)
+        failure.api = self.api
         return self._write(self.failures, encode_line(failure))
 
     def _write(self, destination: Destination, line: bytes) -> Kept:

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import signal
 import sys
@@ -230,7 +231,16 @@ async def serve(config: Config, port: int, port_file: str | None) -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096, reuse_address=True,
                        shutdown_timeout=1.0)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:  # the port is taken (or not ours to take): one line, not a traceback
+        await runner.cleanup()
+        standin.close()
+        why = "the port is taken (something else listens there)" if e.errno == errno.EADDRINUSE \
+            else e.strerror or str(e)
+        print(f"standin: cannot listen on 127.0.0.1:{port}: {why}; pick another --port, "
+              "or --port 0 (any free port) with --port-file FILE", file=sys.stderr)
+        raise SystemExit(2) from None
     bound = runner.addresses[0][1]
     if port_file:
         tmp = f"{port_file}.tmp{os.getpid()}"

@@ -19,6 +19,10 @@ provider's quirks (dropped/inline reasoning, ignored sampling) -> answer (with l
 token rate) -> charge -> last chunk. Every 402/403 is counted in stats `refusals` by
 status and reason (or limit_source, or "moderation").
 
+Every generation id begins `gen-standin-` (OpenRouter's: `gen-<unix time>-<random>`): the
+stand-in's mark on its answers, a plain string id as the schema has it, so that offline
+filler is never taken for a real answer (kimipipe/infer/api.py).
+
 The ledger (`--ledger`) has one line per charged generation: generation_id, provider (the
 name of the endpoint that served it), endpoint (its tag: one name can cover several), model, prompt/completion/reasoning tokens, cost, finish_reason,
 request_user_text_sha256, and, when the request sent temperature or top_p or the provider
@@ -62,6 +66,7 @@ from collections import Counter
 
 from aiohttp import web
 
+from ..infer.api import STANDIN_GENERATION_PREFIX
 from .answers import (
     SAMPLING_PARAMETERS,
     THINK_OPEN,
@@ -217,7 +222,9 @@ class StandIn(MetadataEndpoints):
         return None
 
     def new_generation_id(self, created: int) -> str:
-        return f"gen-{created}-{self._ids.getrandbits(80):020x}"
+        # The stand-in's mark on every answer (OpenRouter's ids are gen-<time>-<random>): a
+        # record of offline filler says so, whatever wrote it (kimipipe/infer/api.py)
+        return f"{STANDIN_GENERATION_PREFIX}{created}-{self._ids.getrandbits(80):020x}"
 
     def draw_usage_shown(self) -> str:
         """What a billed answer's usage shows of its cost: cost | no_cost | none (billing.py)."""
