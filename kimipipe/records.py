@@ -114,7 +114,9 @@ class Generation(Struct):
     "estimate" (no figure in time: its usage tokens at the highest price that could bill it,
     or with no usage at all its worst case; never less than the bill), when it was written
     (UTC, ISO 8601 to the millisecond: the build report's time axis), and the API that
-    answered (the base URL's host, infer/api.py)."""
+    answered (the base URL's host, infer/api.py). `reasoning_source` (later still; None
+    before): where the reasoning came from, `field`, `details` or `inline` (a leading
+    `<think>` block, or the text before a lone `</think>`: kimipipe/think_tags.py)."""
 
     response: ResponseText
     finish_reason: str | None
@@ -129,6 +131,7 @@ class Generation(Struct):
     cost_source: str = "usage"
     finished_at: str | None = None
     api: str | None = None  # the base URL's host (infer/api.py)
+    reasoning_source: str | None = None
     # "unverifiable": the provider named covers an endpoint the routing excludes (a variant
     # told apart by tag only), so the answer cannot be traced to an allowed one
     routing: str | None = None
@@ -150,6 +153,7 @@ class Response(Prompt, kw_only=True):
     cost_source: str = "usage"
     finished_at: str | None = None
     api: str | None = None  # the base URL's host (infer/api.py)
+    reasoning_source: str | None = None
     routing: str | None = None
 
 
@@ -178,9 +182,18 @@ class Failure(Struct, omit_defaults=True):
     error_type: str | None = None
 
 
-class TokenIds(Struct, omit_defaults=True):
-    """The fields kp-tokenize adds to a response record (written last, lists last)."""
+class TokenIds(Struct, omit_defaults=True, kw_only=True):
+    """The fields kp-tokenize adds to a response record (written last; the ID lists last
+    but for `over_max_length`, where kp-shard's fast path looks for them).
 
+    The deltas (later: absent from older records, and where the provider reported no
+    count) are the provider's `usage` count minus kimipipe's (tokenize/deltas.py).
+    `reasoning_source` is the response record's, or `inline` where kp-tokenize took the
+    reasoning from before a lone `</think>` in the content (kimipipe/think_tags.py)."""
+
+    prompt_tokens_delta: int | None = None
+    completion_tokens_delta: int | None = None
+    reasoning_source: str | None = None
     input_ids: list[int]
     output_ids: list[int]
     over_max_length: bool = False

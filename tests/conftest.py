@@ -150,10 +150,46 @@ TOKENIZER_KINDS = {
 }
 
 
-@pytest.fixture(params=sorted(TOKENIZER_KINDS))
+# Kimi K2.5's real tokenizer files (tests/README.md): CI keeps them in ../shared beside the
+# clone; KP_KIMI_TOKENIZER points elsewhere. They have no chat template, so the tests give
+# them the project's K2.5 template in a directory of links (as a user adds one).
+REAL_TOKENIZER = Path(os.environ.get("KP_KIMI_TOKENIZER")
+                      or REPO.parent / "shared" / "kimi-k2.5-tokenizer")
+ALL_KINDS = (*sorted(TOKENIZER_KINDS), "real")
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer(tmp_path_factory) -> Path:
+    """Kimi K2.5's real tokenizer directory with the project's K2.5 chat template; skips
+    (an error in CI) when the files are not there."""
+    if not (REAL_TOKENIZER / "tiktoken.model").is_file():
+        pytest.skip(f"Kimi K2.5's real tokenizer files are not in {REAL_TOKENIZER} "
+                    "(set KP_KIMI_TOKENIZER to their directory)")
+    d = tmp_path_factory.mktemp("tokenizers") / "kimi-k2.5-real"
+    d.mkdir()
+    for f in sorted(REAL_TOKENIZER.iterdir()):
+        if f.is_file():
+            (d / f.name).symlink_to(f.resolve())
+    (d / "chat_template.jinja").write_bytes(
+        (TOKENIZER_KINDS["tiktoken"] / "chat_template.jinja").read_bytes())
+    return d
+
+
+def tokenizer_dir(request, kind: str) -> Path:
+    """The directory of tokenizer KIND: a bundled one, or the real one ("real")."""
+    return request.getfixturevalue("real_tokenizer") if kind == "real" else TOKENIZER_KINDS[kind]
+
+
+def is_tiktoken(directory: Path) -> bool:
+    """Whether DIRECTORY is packaged as Kimi's is (tiktoken.model and its code)."""
+    return (Path(directory) / "tiktoken.model").is_file()
+
+
+@pytest.fixture(params=ALL_KINDS)
 def kimi_tokenizer(request) -> Path:
-    """Each bundled Kimi-shaped tokenizer directory in turn (load with trust_remote_code)."""
-    return TOKENIZER_KINDS[request.param]
+    """Each Kimi tokenizer directory in turn: the two bundled Kimi-shaped ones and Kimi
+    K2.5's real one (load with trust_remote_code)."""
+    return tokenizer_dir(request, request.param)
 
 
 def response_record(rid: str, messages, content: str, reasoning: str | None = None,

@@ -62,6 +62,31 @@ def test_kimi_is_sampled_as_served_and_each_record_says_how(standin, tmp_path, m
                                                                               want.reasoning)
 
 
+def test_kimi_k26_has_its_own_preset_sampled_and_routed_as_k25(standin, tmp_path):
+    """K2.6, K2.5's successor: the same native INT4 routing default and the same sampling
+    as served (top_p fixed at 0.95; temperature 1.0 thinking, 0.6 instant)."""
+    from kimipipe.openrouter.models import preset_for
+
+    assert preset_for("moonshotai/kimi-k2.6") is not None
+    server = standin(request_log=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 4)
+    for mode, sampling, reasoning in (((), THINKING, {"enabled": True}),
+                                      (("--no-reasoning",), INSTANT, {"enabled": False})):
+        out = tmp_path / f"r{len(mode)}.jsonl"
+        r = infer(server, prompts, "-o", out, "-m", "moonshotai/kimi-k2.6", *mode)
+        assert r.code == 0, r.stderr
+        records = read_jsonl(out)
+        assert len(records) == 4 and {x["model"] for x in records} == {"moonshotai/kimi-k2.6"}
+        assert all(x["sampling"]["reasoning"] == reasoning for x in records)
+        assert all({k: x["sampling"][k] for k in ("temperature", "top_p")} == sampling
+                   for x in records)
+    bodies = server.requests()
+    assert len(bodies) == 8 and {b["model"] for b in bodies} == {"moonshotai/kimi-k2.6"}
+    assert all(b["provider"]["quantizations"] == ["int4", "unknown"] for b in bodies)
+    assert all(b["provider"]["require_parameters"] is True for b in bodies)
+    assert [(b["temperature"], b["top_p"]) for b in bodies] == [(1.0, 0.95)] * 4 + [(0.6, 0.95)] * 4
+
+
 def test_user_flags_win_over_the_preset(standin, tmp_path):
     server = standin(request_log=True, ledger=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 6)
@@ -307,6 +332,39 @@ def test_inline_reasoning_is_split_and_a_think_tag_left_in_the_content_is_refuse
     assert len(records) == 60 and all(not rec["refused"] for rec in records)
     assert any("</think>" in rec["response"]["content"] or "<think>" in rec["response"]["content"]
                for rec in records)
+
+
+def test_reasoning_before_a_lone_think_close_is_recovered_as_inline(standin, tmp_path):
+    """A stack with no reasoning parser (the `<think>` was the prompt's) returns
+    reasoning</think>content as content: the text before the one `</think>` is the
+    reasoning (`reasoning_source: inline`), kept, not refused. A literal tag the model
+    wrote makes a second tag: where the reasoning ended is then a guess (think_marker)."""
+    server = standin(unopened_reasoning=["parasail"], ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 40)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--only-provider", "parasail",
+              "--max-attempts", "1")
+    kept = read_jsonl(out)
+    failed = read_jsonl(failures) if failures.exists() else []
+    assert len(kept) + len(failed) == 40 and kept
+    assert r.code == (4 if failed else 0), r.stderr
+    by_id = {p["id"]: p for p in read_jsonl(prompts)}
+    for rec in kept:
+        want = expected_answer(by_id[rec["id"]]["messages"], model=MODEL, seed=None,
+                               reasoning=True, max_tokens=16384)
+        assert rec["response"] == {"content": want.content, "reasoning": want.reasoning}
+        assert rec["reasoning_source"] == "inline" and not rec["refused"]
+    for f in failed:
+        want = expected_answer(by_id[f["id"]]["messages"], model=MODEL, seed=None,
+                               reasoning=True, max_tokens=16384)
+        text = want.reasoning + want.content
+        assert "</think>" in text or "<think>" in text
+        assert f["kind"] == "think_marker"
+    money_is_exact(server, kept, failed)
+    # a reasoning field: the source says so
+    out2 = tmp_path / "r2.jsonl"
+    assert infer(server, prompts, "-o", out2, "--only-provider", "together").code == 0
+    assert {rec["reasoning_source"] for rec in read_jsonl(out2)} == {"field"}
 
 
 def test_reasoning_cut_by_max_tokens_is_kept_and_marked(standin, tmp_path):

@@ -85,7 +85,9 @@ def test_each_stage_output_decodes_with_the_next_stage_struct(standin, tmp_path)
     fast = TokenRecordDecoder()
     for line, response_line in zip(lines(tokens), lines(responses), strict=True):
         record, response = json.loads(line), json.loads(response_line)
-        assert set(record) == set(response) | {"input_ids", "output_ids"}
+        # the stand-in reports usage: each row carries the provider's counts against ours
+        assert set(record) == set(response) | {"input_ids", "output_ids", "prompt_tokens_delta",
+                                               "completion_tokens_delta"}
         assert list(record)[-2:] == ["input_ids", "output_ids"]  # where kp-shard looks first
         lists = fast.decode(line)
         assert (lists.n_in, lists.n_out) == (len(record["input_ids"]), len(record["output_ids"]))
@@ -110,8 +112,9 @@ def test_kp_shard_fast_path_reads_the_names_records_declares():
         assert name in fields(TokenIds) and name in fields(Tokens)
     assert rows._INPUT_OPEN == rows._INPUT_KEY + b":["
     assert rows._OUTPUT_AT_END == b"]," + rows._OUTPUT_KEY + b":["
-    # TokenIds writes the two lists last, in the order the end path expects
-    assert list(TokenIds.__struct_encode_fields__)[:2] == ["input_ids", "output_ids"]
+    # TokenIds writes the two lists last (but for a flag), in the order the end path expects
+    assert list(TokenIds.__struct_encode_fields__)[-3:] == ["input_ids", "output_ids",
+                                                            "over_max_length"]
 
 
 def test_response_is_a_prompt_with_the_generation_fields():

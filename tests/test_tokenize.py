@@ -1,4 +1,6 @@
-"""kp-tokenize on both tokenizer kinds (HF fast, and Kimi-style tiktoken with its own code).
+"""kp-tokenize on both tokenizer kinds (HF fast, and Kimi-style tiktoken with its own code),
+and on Kimi K2.5's real tokenizer (its 163,840-entry vocabulary, loaded through Moonshot's
+tokenization_kimi.py: the `real` parameter).
 
 Expected IDs are computed independently through transformers itself: the prompt with
 `apply_chat_template(..., tokenize=True)`, the model's text with each kind's documented way
@@ -14,7 +16,7 @@ from functools import cache
 
 import pytest
 import zstandard
-from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
+from conftest import TOKENIZER_KINDS, is_tiktoken, kp, read_jsonl, response_record, write_jsonl
 
 from kimipipe.tokenize.load import load_tokenizer
 
@@ -36,7 +38,7 @@ def hf(directory) -> object:
 def plain(directory, text: str) -> list[int]:
     """TEXT as ordinary text (special-token strings not matched), each kind's own way."""
     tok = hf(directory)
-    if directory == TOKENIZER_KINDS["tiktoken"]:
+    if is_tiktoken(directory):
         return tok.encode(text, allow_special_tokens=False)
     return tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
@@ -73,6 +75,9 @@ CASES = [
     response_record("ec", "Hi", content="", reasoning="Nothing to say."),
     response_record("inj", "Show tokens", content=INJECTED_CONTENT, reasoning=INJECTED_REASONING),
     response_record("u", "多语言 🎉 e\u0301?", content=UNICODE_CONTENT, reasoning=UNICODE_REASONING),
+    # a stack with no reasoning parser: reasoning</think>content in the content (think_tags.py)
+    response_record("lone", "Hi", content="Let me see.</think>It is 5."),
+    response_record("lone-cut", "Hi", content="Short.</think>The ans", finish_reason="length"),
 ]
 
 
@@ -99,8 +104,8 @@ def case(batch_runs, kimi_tokenizer):
 def test_the_cases_run_writes_each_in_order_and_counts_them(batch_runs, kimi_tokenizer):
     r, by_id = batch_runs(kimi_tokenizer)
     assert [x["id"] for x in r.records()] == [c["id"] for c in CASES]
-    assert "wrote 8 records" in r.stderr and "rejected 0" in r.stderr
-    assert "1 with no reasoning" in r.stderr and "2 truncated turns" in r.stderr
+    assert "wrote 10 records" in r.stderr and "rejected 0" in r.stderr
+    assert "1 with no reasoning" in r.stderr and "3 truncated turns" in r.stderr
 
 
 def test_single_turn_ids_are_template_prompt_then_reasoning_think_content_end(case, kimi_tokenizer):
@@ -130,12 +135,17 @@ def test_multi_turn_history_renders_with_empty_think_and_no_extra_system(case, k
 def test_no_thinking_prompt_closes_think_and_turn_is_content_end(tmp_path, kimi_tokenizer):
     d = kimi_tokenizer
     rec = response_record("n", "Hi", content="Hello there.")
-    r = run_one(tmp_path, d, rec, "--no-thinking")
+    # the prompt closed the think block: a </think> in the content is text
+    lone = response_record("nl", "Hi", content="a</think>b")
+    src = write_jsonl(tmp_path / "responses.jsonl", [rec, lone])
+    r = tokenize(src, "--tokenizer", d, "--trust-remote-code", "--workers", "1", "--no-thinking")
     assert r.code == 0, r.stderr
-    [out] = r.records()
+    out, out_lone = r.records()
     assert out["input_ids"] == prompt_ids(d, rec["messages"], thinking=False)
     assert out["input_ids"][-2:] == [tid(d, "<think>"), tid(d, "</think>")]
     assert out["output_ids"] == plain(d, "Hello there.") + [tid(d, "<|im_end|>")]
+    assert out_lone["output_ids"] == plain(d, "a</think>b") + [tid(d, "<|im_end|>")]
+    assert "reasoning_source" not in out_lone
 
 
 def test_no_thinking_rejects_a_response_that_has_reasoning(tmp_path, kimi_tokenizer):
@@ -145,6 +155,20 @@ def test_no_thinking_rejects_a_response_that_has_reasoning(tmp_path, kimi_tokeni
     assert r.code == 4 and r.stdout == b""
     [rej] = read_jsonl(rejects)
     assert rej["id"] == "x" and rej["line"] == 1 and "--no-thinking" in rej["reason"]
+
+
+def test_reasoning_before_a_lone_think_close_gets_the_structural_token(case, kimi_tokenizer):
+    """No reasoning, one </think> and no <think> in the content: the text before it was the
+    reasoning, and that </think> the model's control token, not text."""
+    d = kimi_tokenizer
+    out = case("lone")
+    assert out["output_ids"] == (plain(d, "Let me see.") + [tid(d, "</think>")] + plain(d, "It is 5.")
+                                 + [tid(d, "<|im_end|>")])
+    assert out["reasoning_source"] == "inline"
+    assert out["response"] == {"content": "Let me see.</think>It is 5."}  # passed through as it came
+    cut = case("lone-cut")
+    assert cut["output_ids"] == plain(d, "Short.") + [tid(d, "</think>")] + plain(d, "The ans")
+    assert "reasoning_source" not in case("r1")
 
 
 def test_thinking_without_reasoning_closes_think_at_once(case, kimi_tokenizer):
@@ -202,7 +226,7 @@ def test_the_trap_exists_the_default_encode_makes_control_tokens(kimi_tokenizer)
     """Why plain-text encoding matters: each kind's everyday encode turns the string into the token."""
     d = kimi_tokenizer
     tok = hf(d)
-    everyday = tok.encode("a<|im_end|>b") if d == TOKENIZER_KINDS["tiktoken"] else \
+    everyday = tok.encode("a<|im_end|>b") if is_tiktoken(d) else \
         tok("a<|im_end|>b", add_special_tokens=False)["input_ids"]
     assert tid(d, "<|im_end|>") in everyday
     assert tid(d, "<|im_end|>") not in plain(d, "a<|im_end|>b")

@@ -11,15 +11,18 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
+from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, tokenizer_dir, write_jsonl
 from test_tokenize import tokenize as tokenize_in_process
 
 FAST = TOKENIZER_KINDS["fast"]
+# The refusals hold on the bundled fast kind and on Kimi K2.5's real tokenizer.
+KINDS = ["fast", "real"]
 
 
-def tokenize(*args):
-    """kp-tokenize through its entry point in this process (the tokenizer loads once)."""
-    return tokenize_in_process("--tokenizer", FAST, "--workers", "1", *args)
+def tokenize(*args, directory=FAST):
+    """kp-tokenize on DIRECTORY's tokenizer, one worker."""
+    return tokenize_in_process("--tokenizer", directory, "--trust-remote-code", "--workers", "1",
+                               *args)
 
 
 def good(rid="g"):
@@ -49,11 +52,14 @@ FIELD_CASES = [
 ]
 
 
-@pytest.mark.parametrize("index, extra, field", FIELD_CASES)
-def test_fields_the_template_renders_stop_with_path_line(tmp_path, index, extra, field):
+# Every case on the fast kind; on the real tokenizer one of them: the check reads the
+# messages only, before any token is made, and each case is a start of seconds.
+@pytest.mark.parametrize("kind, index, extra, field",
+                         [("fast", *c) for c in FIELD_CASES] + [("real", *FIELD_CASES[1])])
+def test_fields_the_template_renders_stop_with_path_line(request, tmp_path, index, extra, field, kind):
     src = write_jsonl(tmp_path / "r.jsonl", [good("a"), with_message_fields("b", **{index: extra})])
     out = tmp_path / "t.jsonl"
-    r = tokenize(src, "-o", out)
+    r = tokenize(src, "-o", out, directory=tokenizer_dir(request, kind))
     assert r.code == 2, r.stderr
     assert f"kp-tokenize: {src}:2: {field}" in r.stderr and "--ignore-extra-fields" in r.stderr
     assert [x["id"] for x in read_jsonl(out)] == ["a"]  # the records before it are written
@@ -95,22 +101,24 @@ KEEPS_REASONING = (FAST / "chat_template.jinja").read_text().replace(
     "{%- if message.get('reasoning_content') -%}")
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
-def test_earlier_reasoning_is_refused_only_where_the_template_renders_it(tmp_path, workers):
+@pytest.mark.parametrize("workers, kind", [("1", "fast"), ("2", "fast"), ("1", "real")])
+def test_earlier_reasoning_is_refused_only_where_the_template_renders_it(request, tmp_path, workers,
+                                                                          kind):
     assert KEEPS_REASONING != (FAST / "chat_template.jinja").read_text()
     template = tmp_path / "keeps.jinja"
     template.write_text(KEEPS_REASONING)
     rows = [good(f"g{i}") for i in range(5)]
     rows.append(with_message_fields("r", m2={"reasoning_content": "Two and two."}))
     src = write_jsonl(tmp_path / "r.jsonl", rows)
-    base = (src, "--tokenizer", FAST, "--workers", workers, "-q")
+    d = tokenizer_dir(request, kind)
+    base = (src, "--tokenizer", d, "--trust-remote-code", "--workers", workers, "-q")
     # worker processes: a subprocess, as a user runs it
     run = tokenize_in_process if workers == "1" else (lambda *a: kp("tokenize", *a))
 
     # Kimi K2.5's template drops finished turns' reasoning: nothing the model saw is missing.
     dropped = run(*base)
     assert dropped.code == 0, dropped.stderr
-    plain = tokenize(write_jsonl(tmp_path / "p.jsonl", [with_message_fields("r")]), "-q")
+    plain = tokenize(write_jsonl(tmp_path / "p.jsonl", [with_message_fields("r")]), "-q", directory=d)
     assert dropped.records()[-1]["input_ids"] == plain.records()[0]["input_ids"]
 
     # A template that renders it: the record stops the command, naming the field.
@@ -122,10 +130,34 @@ def test_earlier_reasoning_is_refused_only_where_the_template_renders_it(tmp_pat
     assert ignored.code == 0 and len(ignored.records()) == 6
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_ignore_extra_fields_refuses_an_assistant_turn_that_is_its_tool_calls(request, tmp_path, kind):
+    """Content null (or empty) and tool_calls holding the turn: role and content would
+    render an empty assistant turn, which kp-infer could never have sent. Refused with
+    PATH:LINE with the flag as without it; a turn with text beside its calls renders."""
+    calls = [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]
+    with_text = with_message_fields("t", m2={"tool_calls": calls})  # content "4." beside them
+    rows = [good("a"), with_text, with_message_fields("b", m2={"content": None, "tool_calls": calls}),
+            with_message_fields("c", m2={"content": "", "tool_calls": calls})]
+    src = write_jsonl(tmp_path / "r.jsonl", rows)
+    d = tokenizer_dir(request, kind)
+    for flags in ([], ["--ignore-extra-fields"]):
+        out = tmp_path / f"t{len(flags)}.jsonl"
+        r = tokenize(src, "-o", out, *flags, directory=d)
+        assert r.code == 2, r.stderr
+        line = 3 if flags else 2  # without the flag the tool calls beside text stop it first
+        assert f"kp-tokenize: {src}:{line}: `$.messages[2].tool_calls`" in r.stderr
+        assert [x["id"] for x in read_jsonl(out)] == (["a", "t"] if flags else ["a"])
+    assert "an empty assistant turn" in r.stderr
+    r = tokenize(write_jsonl(tmp_path / "c.jsonl", [rows[3]]), "--ignore-extra-fields", directory=d)
+    assert r.code == 2 and f"{tmp_path / 'c.jsonl'}:1: `$.messages[2].tool_calls`" in r.stderr
+
+
 UNENDED = ["content_filter", "error", None, "tool_calls"]
 
 
-def test_a_turn_that_did_not_end_is_rejected_not_given_an_end(tmp_path):
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_turn_that_did_not_end_is_rejected_not_given_an_end(request, tmp_path, kind):
     rows = [good("a")]
     for k, reason in enumerate(UNENDED):
         rows.append(response_record(f"cut{k}", "Hi", content="Partial", reasoning="r",
@@ -134,7 +166,8 @@ def test_a_turn_that_did_not_end_is_rejected_not_given_an_end(tmp_path):
     src = write_jsonl(tmp_path / "r.jsonl", rows)
     rejects = tmp_path / "rejects.jsonl"
     out = tmp_path / "t.jsonl"
-    r = tokenize(src, "-o", out, "--rejects", rejects)
+    d = tokenizer_dir(request, kind)
+    r = tokenize(src, "-o", out, "--rejects", rejects, directory=d)
     assert r.code == 4, r.stderr
     assert [x["id"] for x in read_jsonl(out)] == ["a", "b"]
     rejected = read_jsonl(rejects)
@@ -146,7 +179,7 @@ def test_a_turn_that_did_not_end_is_rejected_not_given_an_end(tmp_path):
     # exit 4 names the rejects file and says what a rerun does
     assert (f"kp-tokenize: {len(UNENDED)} records rejected (listed with their reasons in {rejects}); "
             f"they are not in {out}, and rerunning the same command tries them again") in r.stderr
-    strict = tokenize(src, "--strict")
+    strict = tokenize(src, "--strict", directory=d)
     assert strict.code == 2 and "cut0 (input line 2): finish_reason" in strict.stderr
 
 

@@ -1,4 +1,6 @@
-"""kp-tokenize's exact IDs for pinned cases, on both bundled tokenizer kinds.
+"""kp-tokenize's exact IDs for pinned cases, on both bundled tokenizer kinds and on Kimi
+K2.5's real tokenizer (given the project's K2.5 template with --chat-template, as a user
+gives a directory that has none).
 
 The golden files and the command that regenerates them are in tests/golden/tokenize/
 (README.md, regenerate.sh). A failure here means the IDs changed: if that was intended,
@@ -10,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import REPO, TOKENIZER_KINDS, kp
+from conftest import ALL_KINDS, REAL_TOKENIZER, REPO, TOKENIZER_KINDS, kp
 
 GOLDEN = REPO / "tests" / "golden" / "tokenize"
 CASES = {
@@ -19,22 +21,35 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("kind", sorted(TOKENIZER_KINDS))
+TEMPLATE = TOKENIZER_KINDS["tiktoken"] / "chat_template.jinja"  # the project's K2.5 template
+
+
+def tokenizer_args(request, kind) -> list:
+    if kind != "real":
+        return ["--tokenizer", TOKENIZER_KINDS[kind]]
+    request.getfixturevalue("real_tokenizer")  # skips (an error in CI) without the files
+    return ["--tokenizer", REAL_TOKENIZER, "--chat-template", TEMPLATE]
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
 @pytest.mark.parametrize("mode", ["thinking", "no-thinking"])
-def test_ids_match_the_golden_file(kind, mode):
+def test_ids_match_the_golden_file(request, kind, mode):
     suffix = "" if mode == "thinking" else ".no-thinking"
     args = ["--no-thinking"] if mode == "no-thinking" else []
-    r = kp("tokenize", GOLDEN / f"responses{suffix}.jsonl", "--tokenizer", TOKENIZER_KINDS[kind],
+    r = kp("tokenize", GOLDEN / f"responses{suffix}.jsonl", *tokenizer_args(request, kind),
            "--trust-remote-code", "--drop-text", "--workers", "1", "-q", *args)
     assert r.code == 0 and r.stderr == ""
     assert r.stdout == (GOLDEN / f"tokens{suffix}.{kind}.jsonl").read_bytes()
 
 
-@pytest.mark.parametrize("kind", sorted(TOKENIZER_KINDS))
+BASE = {"fast": 1158, "tiktoken": 1158, "real": 163584}  # [BOS]: the base vocabulary's size
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_golden_files_cover_the_cases_and_put_kimis_tokens_where_they_belong(kind):
     rows = {r["id"]: r for r in map(json.loads, (GOLDEN / f"tokens.{kind}.jsonl").read_text().splitlines())}
     assert set(rows) == CASES
-    base = 1158  # [BOS]: the bundled tokenizers' base vocabulary size (Kimi K2.5: 163584)
+    base = BASE[kind]
     think, think_end, im_end = base + 22, base + 23, base + 2
     for rid, row in rows.items():
         assert row["input_ids"][-1] == think, rid

@@ -229,3 +229,58 @@ def test_code_written_for_another_transformers_is_not_called_a_missing_package(t
         load_tokenizer(prepare_tokenizer_dir(str(d), True), trust_remote_code=True)
     assert "does not import with the installed packages" in e.value.message
     assert "cannot import name 'bytes_to_unicode_gone'" in e.value.message
+
+
+def test_kimi_k26_preset_is_k25s_layout_with_the_history_reasoning_kept(real_tokenizer):
+    """There is no K2.6 tokenizer here: it is K2.5's family, so the preset is checked on
+    K2.5's real tokenizer. The turn's IDs are K2.5's; the history differs: the template
+    gets `preserve_thinking`, so an earlier turn's reasoning renders in the prompt (K2.5
+    renders it as an empty think block), and a record carrying it is refused, not
+    rendered without it."""
+    from kimipipe.tokenize.engine import Engine, Settings
+
+    engines = {name: Engine(Settings(str(real_tokenizer), trust_remote_code=True, preset=name))
+               for name in ("kimi-k2.5", "kimi-k2.6")}
+    assert "preset kimi-k2.6 (confirmed by the template)" in engines["kimi-k2.6"].describe()
+    history = [{"role": "user", "content": "2+2?"},
+               {"role": "assistant", "content": "4.", "reasoning_content": "Add them."},
+               {"role": "user", "content": "3+3?"}]
+    [k25], [k26] = (engines[n].renderer.render([history]) for n in ("kimi-k2.5", "kimi-k2.6"))
+    turn = "<|im_assistant|>assistant<|im_middle|>"
+    assert f"{turn}<think></think>4.<|im_end|>" in k25
+    assert f"{turn}<think>Add them.</think>4.<|im_end|>" in k26
+    assert k26.endswith(f"{turn}<think>") and k25.replace("<think></think>4.", "<think>Add them.</think>4.") == k26
+    single = json.dumps(response_record("s", "Hi", content="Hello.", reasoning="Greet.")).encode()
+    with_history = json.dumps(response_record("h", history, content="6.", reasoning="Add.")).encode()
+    a = engines["kimi-k2.5"].process([(1, single), (2, with_history)])
+    b = engines["kimi-k2.6"].process([(1, single), (2, with_history)])
+    assert a[0].kind == b[0].kind == "ok" and a[0].payload == b[0].payload
+    assert a[1].kind == "ok"  # K2.5 drops it: nothing the model saw is missing
+    assert b[1].kind == "invalid" and "`$.messages[1].reasoning_content`" in b[1].reason
+
+
+def test_the_added_token_table_is_what_kimis_real_files_say(real_tokenizer):
+    """Kimi K2.5's tokenizer_config.json: <think> (163606) and </think> (163607) are added
+    tokens but not special (nor the tool-call tokens); the bundled tiktoken kind has the
+    same table at the same offsets. Special or not, each is a control token when a
+    rendered prompt holds it, and text when the model's text does."""
+    real = json.loads((real_tokenizer / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    by_name = {v["content"]: (int(k), v["special"]) for k, v in real.items()}
+    assert by_name["<think>"] == (163606, False) and by_name["</think>"] == (163607, False)
+    assert by_name["<|im_end|>"] == (163586, True) and by_name["<|im_middle|>"] == (163601, True)
+    assert not any(special for name, (_, special) in by_name.items() if "tool_call" in name)
+    assert len(by_name) == 23
+    mini = json.loads((TOKENIZER_KINDS["tiktoken"] / "tokenizer_config.json").read_text())
+    mini_by_name = {v["content"]: (int(k), v["special"]) for k, v in mini["added_tokens_decoder"].items()}
+    base, mini_base = by_name["[BOS]"][0], mini_by_name["[BOS]"][0]
+    assert {n: (i - mini_base, s) for n, (i, s) in mini_by_name.items()} == {
+        n: (by_name[n][0] - base, by_name[n][1]) for n in mini_by_name}
+    tok = load_tokenizer(real_tokenizer, trust_remote_code=True)
+    assert 163606 not in tok.all_special_ids and 163586 in tok.all_special_ids
+    codec = make_codec(tok)
+    assert {163606, 163607, 163586} <= codec.control_ids
+    assert codec.token_id("<think>") == 163606 and codec.token_id("</think>") == 163607
+    assert codec.encode_prompt(["a<think>b</think>"]) == [tok.encode("a") + [163606] + tok.encode("b") + [163607]]
+    [text] = codec.encode_text(["a<think>b</think>"])
+    assert check_text_ids(text, codec.control_ids) is None and codec.decode([text]) == ["a<think>b</think>"]
+    assert len(tok) == 163840 and tok.convert_tokens_to_ids("[BOS]") == 163584

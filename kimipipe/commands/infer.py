@@ -319,7 +319,8 @@ class _InferCommand(KPCommand):
               "(on stdout).")
 @click.option("--report", "report_files", multiple=True, type=click.Path(allow_dash=True), metavar="FILE",
               help="Send nothing: compare the providers in these responses/failures files (repeatable; "
-                   "also `kp-infer report FILE...`): a table and a histogram on stdout.")
+                   "also `kp-infer report FILE...`): a table and a histogram on stdout; token "
+                   "records add the provider counts against kimipipe's.")
 @click.option("--preflight", type=click.IntRange(min=1), default=None, metavar="[N]",
               help=f"Before the long run: send N real requests (default {DEFAULT_REQUESTS}) and check "
                    "what the run assumes (provider and quantization, reasoning, cost against the "

@@ -7,7 +7,8 @@ Usage:
     kp-tokenize r.jsonl --tokenizer Qwen/Qwen3-8B --preset qwen3 --no-thinking --strict
 
 Schema (one JSON object per line): the response record's fields, passed through, plus
-    {"input_ids": [int], "output_ids": [int], "over_max_length": true?}
+    {"prompt_tokens_delta": int?, "completion_tokens_delta": int?, "reasoning_source": str?,
+     "input_ids": [int], "output_ids": [int], "over_max_length": true?}
 `input_ids` is the record's messages rendered by the model's chat template with the
 generation prompt (thinking on: ending `<think>`; --no-thinking: `<think></think>`), as the
 serving stack tokenizes it. `output_ids` is the generated turn: for Kimi K2.5
@@ -24,6 +25,13 @@ non-text content parts, earlier turns' `reasoning_content` under a template that
 it) stops the command with PATH:LINE naming the field, unless --ignore-extra-fields
 (kimipipe/tokenize/fields.py).
 
+The deltas are the provider's usage counts minus kimipipe's (the completion's without the
+structural tokens kp-tokenize inserts); the summary tabulates them per provider, warns
+about a provider (or a template) that renders prompts otherwise, and --max-prompt-delta N
+rejects rows further off (kimipipe/tokenize/deltas.py). A response with no reasoning whose
+content holds one `</think>` and no `<think>` (no reasoning parser) has the text before it
+as its reasoning (`reasoning_source: inline`; kimipipe/think_tags.py).
+
 Every row is verified (decode(input_ids + output_ids) == rendered prompt + rendered turn,
 and no control token inside the model's text); failures go to --rejects and make the exit
 code 4 (--strict: stop at the first one, exit 2). Streaming, bounded memory; --workers
@@ -39,6 +47,7 @@ Nothing is downloaded: --tokenizer is a directory or a name in the local Hugging
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 from collections import deque
@@ -101,10 +110,10 @@ def _batches(path: str, done: set[str], summary: Summary, partition=None,
     size = 0
     try:
         for lineno, rec, line in iter_records(path, fields.DECODER, expect="response"):
-            if not ignore_extra_fields:
-                refusal = fields.unrenderable_field(rec.messages)
-                if refusal:
-                    raise InputError(refusal, path, lineno)
+            refusal = (fields.empty_tool_call_turn(rec.messages) if ignore_extra_fields
+                       else fields.unrenderable_field(rec.messages))
+            if refusal:
+                raise InputError(refusal, path, lineno)
             if rec.id in done:
                 summary.skipped_done += 1
                 continue
@@ -139,6 +148,9 @@ def _outcomes_in_pool(engine: Engine, workers: int, batches):
 
     if "fork" in multiprocessing.get_all_start_methods():
         set_worker_engine(engine)
+        # The tokenizer's objects (Kimi's: two Python dicts over 163,840 IDs) are left out of
+        # the garbage collector's scans, so no forked worker walks, and so copies, them.
+        gc.freeze()
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"),
                                    initializer=ignore_interrupts)
     else:
@@ -213,6 +225,9 @@ def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
               help="Render each message's role and content only, leaving out fields the template "
                    "would render (name, tool_calls, tool_call_id, non-text parts, earlier turns' "
                    "reasoning_content) instead of stopping at them.")
+@click.option("--max-prompt-delta", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Reject rows whose provider-counted usage.prompt_tokens is more than N "
+                   "away from len(input_ids) (rows with no provider count pass).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes (default: all cores).")
 @click.option("--check", is_flag=True,
@@ -222,7 +237,7 @@ def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
 @common_options
 def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset, thinking,
         drop_truncated, max_length, drop_long, drop_text, rejects, strict, ignore_extra_fields,
-        workers, check, partition, quiet, debug):
+        max_prompt_delta, workers, check, partition, quiet, debug):
     """Rebuild the token IDs the target model saw and produced, from response records."""
     if drop_long and max_length is None:
         raise click.UsageError("--drop-long needs --max-length")
@@ -242,7 +257,7 @@ def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset,
         tokenizer_dir=str(directory), trust_remote_code=trust_remote_code,
         chat_template=template_text, preset=preset, thinking=thinking, max_length=max_length,
         drop_long=drop_long, drop_truncated=drop_truncated, drop_text=drop_text,
-        ignore_extra_fields=ignore_extra_fields, debug=debug,
+        ignore_extra_fields=ignore_extra_fields, max_prompt_delta=max_prompt_delta, debug=debug,
     )
     if check:  # what a run would load, loaded and checked the same way; a report: stdout
         click.echo(f"kp-tokenize: {tokenizer_spec}: {Engine(settings).describe()}")
@@ -260,6 +275,8 @@ def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset,
         _run(engine, workers, _batches(input, done, summary, partition, ignore_extra_fields),
              summary, output, rejects, strict, quiet, input)
     say(summary.report(output, rejects), quiet)
+    for line in summary.deltas_report():
+        say(line, quiet)
     if summary.rejected:
         say(summary.rejects_note(output, rejects), quiet)
         return ExitCode.PARTIAL

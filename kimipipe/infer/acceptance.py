@@ -9,11 +9,13 @@ is not a result when (kinds.RefusalKind)
                        (no response field names the endpoint): its answers are kept,
                        marked `"routing": "unverifiable"` (infer/writing.py);
     think_marker       reasoning was asked for and a think tag is left where a leaked
-                       reasoning block puts one: the content begins with `<think>` or
-                       `</think>`, or holds a `</think>` while no reasoning came back (the
-                       provider's template opened the block and never parsed it), or holds
+                       reasoning block puts one: the content begins with `<think>`, or
+                       holds `</think>` more than once while no reasoning came back, or holds
                        either tag after an inline block was split off (where the split fell
-                       is then uncertain);
+                       is then uncertain). A content with one `</think>`, no `<think>` and
+                       no reasoning (the provider's template opened the block and never
+                       parsed it) is not refused: the text before it is the reasoning
+                       (`reasoning_source: inline`, kimipipe/think_tags.py);
     no_reasoning       reasoning was asked for and none came back (empty or blank).
 A tag elsewhere in the content of an answer whose reasoning came in its own field is text
 the model wrote (the stand-in writes such traps on purpose) and is kept: refusing it would
@@ -34,9 +36,18 @@ from ..kinds import RefusalKind
 from ..openrouter.attempt import Attempt
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
 from ..openrouter.routing import routing_violation as policy_violation
+from ..think_tags import INLINE, THINK_CLOSE, THINK_OPEN, split_lone_think_close
 from .config import RunConfig
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+def recover_lone_think_close(answer: Attempt) -> None:
+    """The reasoning of an answer from a stack with no reasoning parser (think_tags.py),
+    taken from its content in place. Only where reasoning was asked for: with thinking off
+    the prompt closed the block itself, and a `</think>` in the content is text."""
+    split = split_lone_think_close(answer.content, answer.reasoning)
+    if split is not None:
+        answer.content, answer.reasoning = split
+        answer.reasoning_source = INLINE if split[1] else ""
 
 
 def reasoning_refusal(answer: Attempt) -> tuple[RefusalKind, str] | None:
@@ -82,6 +93,7 @@ class Acceptance:
         if violation:
             return RefusalKind.ROUTING_VIOLATION, violation
         if self.expects_reasoning:
+            recover_lone_think_close(answer)
             return reasoning_refusal(answer)
         return None
 

@@ -21,7 +21,10 @@ The report (text on stdout; `--json` for this object, stable for scripts):
      "by_provider": [row, ...],           infer/providers_table.py (the same rows as the
                                           run's summary)
      "histogram": {"upto": [int, ...],    completion tokens per answer, shared bins
-                   "by_provider": {provider: [answers per bin, ...]}}}
+                   "by_provider": {provider: [answers per bin, ...]}},
+     "token_deltas": [row, ...]}          token records only: the provider's counts minus
+                                          kimipipe's, per provider (tokenize/deltas.py; the
+                                          same rows and warnings as kp-tokenize's summary)
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import msgspec
 from ..errors import InputError
 from ..io import describe_decode_error, iter_lines
 from ..records import Refusal, Usage, record_cost
+from ..tokenize.deltas import DeltaTable
 from .providers_table import REFUSAL_KINDS, ProviderTable, table_text
 
 
@@ -51,6 +55,8 @@ class _Line(msgspec.Struct):
     kind: str | None = None
     status: int | None = None
     cost: float = 0.0
+    prompt_tokens_delta: int | None = None  # token records (kp-tokenize)
+    completion_tokens_delta: int | None = None
 
 
 _decoder = msgspec.json.Decoder(_Line)
@@ -59,6 +65,7 @@ _decoder = msgspec.json.Decoder(_Line)
 def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
     """The report over PATHS (see the module docstring)."""
     table = ProviderTable()
+    deltas = DeltaTable()
     answers = refused = 0
     spend = 0.0
     failures: Counter = Counter()
@@ -77,6 +84,7 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
                 answers += 1
                 table.answer(line.provider, usage.completion_tokens, usage.reasoning_tokens,
                              line.finish_reason, usage.cost, line.latency_s)
+                deltas.add(line.provider, line.prompt_tokens_delta, line.completion_tokens_delta)
                 key = json.dumps(line.sampling, sort_keys=True)
                 sampling.setdefault(key, [line.sampling, 0])[1] += 1
             elif line.kind is not None and line.status is not None:
@@ -103,7 +111,9 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
                      for s, n in sorted(sampling.values(), key=lambda item: -item[1])],
         "by_provider": table.rows(),
         "histogram": {"upto": edges, "by_provider": counts},
+        "token_deltas": deltas.rows(),
         "_table": table,
+        "_deltas": deltas,
     }
 
 
@@ -123,6 +133,9 @@ def format_report(report: dict) -> str:
     lines.append(table_text(report["by_provider"], indent="  "))
     lines.append("")
     lines.append(report["_table"].histogram())
+    if report["_deltas"]:
+        lines += ["", report["_deltas"].text(indent=""),
+                  *(f"warning: {w}" for w in report["_deltas"].warnings())]
     return "\n".join(lines)
 
 

@@ -76,6 +76,7 @@ def generation_fields(answer: Attempt, attempts: int, model: str,
         attempts=attempts,
         sampling=sampling,
         cost_source=cost_source,
+        reasoning_source=answer.reasoning_source or None,
     )
 
 

@@ -19,6 +19,12 @@ not set (`served_sampling`), and `provider.require_parameters: true` with them
 said in the body as `reasoning: {"enabled": true}` (so each record says it, and the
 reasoning check knows it was asked for).
 
+Kimi K2.6 is K2.5's successor in the same family (the same tokenizer, native INT4 weights)
+and is served the same way: Moonshot's parameter table fixes K2.6's top_p at 0.95 and its
+temperature (1.0 thinking, 0.6 instant, as Tencent Cloud's Kimi guide gives them for K2.6
+and K2.5 alike). What differs is its history: K2.6's template keeps earlier turns'
+reasoning (`preserve_thinking`), see kp-tokenize's `kimi-k2.6` preset.
+
 An unknown model gets no preset: no routing default, no warning (kimipipe cannot know its
 native weights), and no sampling invented for it (`--plan` says so).
 """
@@ -52,7 +58,7 @@ _KIMI_NATIVE_INT4 = dict(
 
 PRESETS: dict[str, ModelPreset] = {
     slug: ModelPreset(slug=slug, **_KIMI_NATIVE_INT4)
-    for slug in ("moonshotai/kimi-k2.5", "moonshotai/kimi-k2-thinking")
+    for slug in ("moonshotai/kimi-k2.5", "moonshotai/kimi-k2-thinking", "moonshotai/kimi-k2.6")
 }
 
 

@@ -30,6 +30,7 @@ Provider quirks (PROVIDER: a tag or provider name, as provider.only takes it):
     --drop-reasoning PROVIDER=RATE  that provider loses the reasoning at RATE (content
                                     only, reasoning_tokens 0)
     --inline-reasoning PROVIDER     that provider puts it in content as <think>...</think>
+    --unopened-reasoning PROVIDER   no reasoning parser: content is reasoning</think>content
     --ignore-sampling PROVIDER      that provider does not support temperature/top_p: it
                                     samples at its own values, drops what is sent, and
                                     provider.require_parameters routes around it
@@ -47,6 +48,10 @@ Billing (billing.py):
     --fault zero=RATE               zero-completion answers, not billed
 A normal key (what most users have): --credits-mode forbidden (/credits 403, "only
 management keys") and no --key-limit (/key limit null): the balance is unreadable.
+Usage counts:
+    --tokenizer DIR                 count prompt and completion tokens with this tokenizer
+                                    directory and its chat template, as a server does
+                                    (standin/token_counts.py); default: words
 """
 
 from __future__ import annotations
@@ -183,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="PROVIDER",
                         help="that provider puts the reasoning in content as "
                              "<think>...</think> (stream: in content deltas)")
+    quirks.add_argument("--unopened-reasoning", action="append", type=parse_provider,
+                        default=[], metavar="PROVIDER",
+                        help="that provider runs the model with no reasoning parser: the "
+                             "content is the raw generation, reasoning</think>content (the "
+                             "<think> was the prompt's)")
     quirks.add_argument("--ignore-sampling", action="append", type=parse_provider, default=[],
                         metavar="PROVIDER",
                         help="that provider does not support temperature/top_p (absent from "
@@ -193,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the models' authors do not allow distillation: "
                              "is_trainable_text false in /models, and a request with "
                              "provider.enforce_distillable_text gets the no-route 404")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="count usage with this tokenizer directory (its chat template; loaded "
+                        "with trust_remote_code), as a server does; default: words")
     wire = p.add_argument_group("the wire's documented variants (OpenRouter sends each)")
     wire.add_argument("--stream-usage", choices=STREAM_USAGES, default="own-chunk",
                       help="where a stream's usage comes: a last chunk of its own with "
@@ -285,12 +298,13 @@ def main(argv: list[str] | None = None) -> None:
         limit_reset=args.limit_reset, workspace_budget=args.workspace_budget,
         guardrail_budget=args.guardrail_budget, moderation_marker=args.moderation_marker,
         drop_reasoning=dict(args.drop_reasoning), inline_reasoning=args.inline_reasoning,
+        unopened_reasoning=args.unopened_reasoning,
         ignore_sampling=args.ignore_sampling, not_distillable=args.not_distillable,
         stream_usage=args.stream_usage, midstream_code=args.midstream_code,
         unavailable=args.unavailable, endpoint_nulls=args.endpoint_nulls,
         price_overrides=dict(args.price_override), discounts=dict(args.discount),
         no_cost_rate=args.no_cost, no_usage_rate=args.no_usage,
-        generation_delay=args.generation_delay)
+        generation_delay=args.generation_delay, tokenizer=args.tokenizer)
     try:
         config.check()
     except ValueError as e:

@@ -23,7 +23,11 @@ Provider quirks (`answer_for_request(..., drop_reasoning=True)` or `inline_reaso
 a dropped reasoning leaves the content only (reasoning_tokens 0); an inline one moves the
 reasoning into the content as `<think>\n...\n</think>\n\n` (reasoning_tokens 0, the
 completion tokens unchanged; with the reasoning cut by max_tokens and no content, the
-`</think>` never comes).
+`</think>` never comes); an unopened one (`unopened_reasoning=True`: no reasoning parser,
+the `<think>` was the prompt's) as `reasoning</think>content`.
+
+Usage counts are words unless a `counter` (token_counts.TokenCounter, the stand-in's
+`--tokenizer DIR`) recounts them with a real tokenizer.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any, Literal
 REASONING_DEFAULT = {
     "moonshotai/kimi-k2.5": True,
     "moonshotai/kimi-k2-thinking": True,
+    "moonshotai/kimi-k2.6": True,
     "moonshotai/kimi-k2-0905": False,
 }
 
@@ -62,6 +67,8 @@ SERVED_SAMPLING: dict[str, dict[bool, dict[str, float]]] = {
                              False: {"temperature": 0.6, "top_p": 0.95}},
     "moonshotai/kimi-k2-thinking": {True: {"temperature": 1.0, "top_p": 0.95},
                                     False: {"temperature": 0.6, "top_p": 0.95}},
+    "moonshotai/kimi-k2.6": {True: {"temperature": 1.0, "top_p": 0.95},
+                             False: {"temperature": 0.6, "top_p": 0.95}},
     "moonshotai/kimi-k2-0905": {True: {"temperature": 0.6, "top_p": 1.0},
                                 False: {"temperature": 0.6, "top_p": 1.0}},
 }
@@ -225,9 +232,11 @@ def expected_answer(messages: list[dict], *, model: str, seed: int | None, reaso
 
 
 def answer_for_request(body: dict, *, honours_sampling: bool = True,
-                       drop_reasoning: bool = False, inline_reasoning: bool = False) -> Answer:
+                       drop_reasoning: bool = False, inline_reasoning: bool = False,
+                       unopened_reasoning: bool = False, counter=None) -> Answer:
     """The answer the stand-in gives to this chat request body (no faults), from a provider
-    that honours (or not) temperature/top_p, and drops or inlines the reasoning (or not)."""
+    that honours (or not) temperature/top_p, and drops or inlines the reasoning (or not);
+    COUNTER (token_counts.TokenCounter): its usage counted with a real tokenizer."""
     model = body.get("model") or ""
     r = body.get("reasoning")
     exclude = isinstance(r, dict) and bool(r.get("exclude"))
@@ -240,18 +249,22 @@ def answer_for_request(body: dict, *, honours_sampling: bool = True,
                              reasoning=reasoning, max_tokens=max_tokens,
                              exclude_reasoning=exclude, drop_reasoning=drop_reasoning,
                              temperature=applied.get("temperature"), top_p=applied.get("top_p"))
-    if inline_reasoning:
-        answer = with_inline_reasoning(answer)
+    if counter is not None:
+        answer = counter.recount(body.get("messages") or [], answer, reasoning)
+    if inline_reasoning or unopened_reasoning:
+        answer = with_inline_reasoning(answer, opened=not unopened_reasoning)
     return answer
 
 
-def with_inline_reasoning(answer: Answer) -> Answer:
-    """The answer as a provider that puts the reasoning in the content gives it."""
+def with_inline_reasoning(answer: Answer, opened: bool = True) -> Answer:
+    """The answer as a provider that puts the reasoning in the content gives it; OPENED
+    false: a stack with no reasoning parser, whose prompt held the `<think>` (Kimi's
+    generation prompt), returns the raw generation: reasoning, a lone `</think>`, content."""
     if answer.reasoning is None:
         return answer
-    pieces = [THINK_OPEN, *answer.reasoning_pieces]
+    pieces = [THINK_OPEN, *answer.reasoning_pieces] if opened else [*answer.reasoning_pieces]
     if answer.content_pieces or answer.finish_reason == "stop":
-        pieces += [THINK_CLOSE, *answer.content_pieces]
+        pieces += [THINK_CLOSE if opened else "</think>", *answer.content_pieces]
     return Answer(reasoning=None, content="".join(pieces), finish_reason=answer.finish_reason,
                   prompt_tokens=answer.prompt_tokens,
                   completion_tokens=answer.completion_tokens, reasoning_tokens=0,

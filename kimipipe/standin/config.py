@@ -51,8 +51,10 @@ class Config:
     # -- provider quirks (slugs as provider.only/ignore take them) --
     drop_reasoning: dict[str, float] = field(default_factory=dict)   # slug -> rate
     inline_reasoning: list[str] = field(default_factory=list)
+    unopened_reasoning: list[str] = field(default_factory=list)  # reasoning</think>content
     ignore_sampling: list[str] = field(default_factory=list)
     not_distillable: bool = False
+    tokenizer: str | None = None  # count usage with this tokenizer directory (token_counts.py)
     # -- the wire's documented variants (streaming, errors, endpoints table) --
     stream_usage: str = "own-chunk"   # STREAM_USAGES
     midstream_code: str = "502"       # MIDSTREAM_CODES
@@ -119,7 +121,8 @@ class Config:
         for slug, d in self.discounts.items():
             if not 0.0 <= float(d) < 1.0:
                 raise ValueError(f"discount for {slug} must be in [0, 1)")
-        for slug in [*self.drop_reasoning, *self.inline_reasoning, *self.ignore_sampling,
+        for slug in [*self.drop_reasoning, *self.inline_reasoning, *self.unopened_reasoning,
+                     *self.ignore_sampling,
                      *self.price_overrides, *self.discounts]:
             if not known_provider(slug):
                 raise ValueError(f"unknown provider {slug!r} (a tag or provider name of the "
@@ -149,7 +152,7 @@ LIVE_SETTINGS = {
     "limit_reset": _nullable(str), "workspace_budget": _nullable(float),
     "guardrail_budget": _nullable(float), "moderation_marker": _nullable(str),
     "drop_reasoning": lambda v: {str(k): float(r) for k, r in dict(v).items()},
-    "inline_reasoning": _slugs, "ignore_sampling": _slugs, "not_distillable": bool,
+    "inline_reasoning": _slugs, "unopened_reasoning": _slugs, "ignore_sampling": _slugs, "not_distillable": bool,
     "stream_usage": str, "midstream_code": str, "unavailable": _nullable(str),
     "endpoint_nulls": bool,
     "price_overrides": lambda v: {str(k): (float(f), None if m is None else int(m))

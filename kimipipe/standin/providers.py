@@ -80,6 +80,7 @@ KIMI_K2_0905 = (
 MODELS: dict[str, tuple[Endpoint, ...]] = {
     "moonshotai/kimi-k2.5": KIMI_K25,
     "moonshotai/kimi-k2-thinking": KIMI_K25,
+    "moonshotai/kimi-k2.6": KIMI_K25,
     "moonshotai/kimi-k2-0905": KIMI_K2_0905,
 }
 
@@ -278,7 +279,8 @@ def no_endpoints_message() -> str:
 
 def model_name(model: str) -> str:
     slug = model.partition("/")[2]
-    return {"moonshotai/kimi-k2.5": "MoonshotAI: Kimi K2.5"}.get(model, f"MoonshotAI: {slug}")
+    return {"moonshotai/kimi-k2.5": "MoonshotAI: Kimi K2.5",
+            "moonshotai/kimi-k2.6": "MoonshotAI: Kimi K2.6"}.get(model, f"MoonshotAI: {slug}")
 
 
 ARCHITECTURE = {"input_modalities": ["text"], "output_modalities": ["text"],

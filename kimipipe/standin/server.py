@@ -158,6 +158,10 @@ class StandIn(MetadataEndpoints):
         self.quirks: Counter[str] = Counter()
         self._ledger = open(config.ledger, "a", encoding="utf-8") if config.ledger else None
         self._request_log = open(config.request_log, "ab") if config.request_log else None
+        self.counter = None
+        if config.tokenizer:
+            from .token_counts import TokenCounter
+            self.counter = TokenCounter(config.tokenizer)
 
     def close(self) -> None:
         if self._ledger:
@@ -482,8 +486,10 @@ class StandIn(MetadataEndpoints):
                         0.0)
             drop = rate > 0 and self.quirk_rng.random() < rate
         inline = reasoning and not drop and matches_any(endpoint, cfg.inline_reasoning)
+        unopened = reasoning and not drop and matches_any(endpoint, cfg.unopened_reasoning)
         answer = answer_for_request(body, honours_sampling=honours, drop_reasoning=drop,
-                                    inline_reasoning=inline)
+                                    inline_reasoning=inline, unopened_reasoning=unopened,
+                                    counter=self.counter)
         extra: dict = {}
         applied, dropped = applied_sampling(body, honours_sampling=honours)
         if not honours or any(k in body for k in SAMPLING_PARAMETERS):
@@ -497,4 +503,7 @@ class StandIn(MetadataEndpoints):
         if inline and answer.content.startswith(THINK_OPEN):
             extra["reasoning_inline"] = True
             self.quirks["inline_reasoning"] += 1
+        if unopened:
+            extra["reasoning_inline"] = True
+            self.quirks["unopened_reasoning"] += 1
         return answer, extra

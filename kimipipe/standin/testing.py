@@ -62,12 +62,13 @@ class StandIn:
                  limit_status: int | None = None, limit_reset: str | None = None,
                  moderation_marker: str | None = None, drop_reasoning: dict | None = None,
                  inline_reasoning: list | tuple = (), ignore_sampling: list | tuple = (),
+                 unopened_reasoning: list | tuple = (),
                  not_distillable: bool = False,
                  stream_usage: str | None = None, midstream_code: str | None = None,
                  unavailable: str | None = None, endpoint_nulls: bool = False,
                  price_overrides: dict | None = None, discounts: dict | None = None,
                  no_cost: float | None = None, no_usage: float | None = None,
-                 generation_delay: float | None = None,
+                 generation_delay: float | None = None, tokenizer: str | os.PathLike | None = None,
                  port: int = 0,
                  workdir: str | os.PathLike | None = None, extra_args: tuple = (),
                  start_timeout: float = 20.0):
@@ -96,7 +97,8 @@ class StandIn:
                    "--workspace-budget": workspace_budget, "--guardrail-budget": guardrail_budget,
                    "--limit-status": limit_status, "--limit-reset": limit_reset,
                    "--moderation-marker": moderation_marker, "--no-cost": no_cost,
-                   "--no-usage": no_usage, "--generation-delay": generation_delay}
+                   "--no-usage": no_usage, "--generation-delay": generation_delay,
+                   "--tokenizer": tokenizer}
         for flag, value in options.items():
             if value is not None:
                 args += [flag, str(value)]
@@ -108,6 +110,8 @@ class StandIn:
             args += ["--drop-reasoning", f"{provider}={rate}"]
         for provider in inline_reasoning:
             args += ["--inline-reasoning", provider]
+        for provider in unopened_reasoning:
+            args += ["--unopened-reasoning", provider]
         for provider in ignore_sampling:
             args += ["--ignore-sampling", provider]
         if not_distillable:

@@ -7,6 +7,10 @@ line, a rejection with its reason, a drop (`--drop-truncated`, `--drop-long`), o
 the template cannot render faithfully ("invalid": the command stops with PATH:LINE; see
 fields.py).
 
+Each ok row also carries the provider's counts against kimipipe's (deltas.py), and a
+response whose reasoning the content holds before a lone `</think>` is laid out with it
+as reasoning (think_tags.py).
+
 Only two endings are turns whose IDs are known: `finish_reason` `stop` (the model ended the
 turn: the end-of-turn token follows) and `length` (cut by max_tokens: the IDs end where the
 text ends). Any other (`content_filter`, `error`, `tool_calls`, null) is rejected: appending
@@ -25,9 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..records import TokenIds, decode_passthrough, encode_over
+from ..think_tags import INLINE, split_lone_think_close
 from .codec import make_codec
+from .deltas import token_deltas
 from .fields import (
     DECODER,
+    ProviderCounts,
     TokenizeInput,
     history_reasoning_refusal,
     template_messages,
@@ -53,6 +60,7 @@ class Settings:
     drop_truncated: bool = False
     drop_text: bool = False
     ignore_extra_fields: bool = False
+    max_prompt_delta: int | None = None
     debug: bool = False
 
 
@@ -68,6 +76,12 @@ class Outcome:
     truncated: bool = False
     long: bool = False
     no_reasoning: bool = False
+    provider: str | None = None
+    prompt_delta: int | None = None
+    completion_delta: int | None = None
+    # (id, rendered prompt) of the batch's first row per provider and non-zero prompt
+    # delta: what a warning shows to compare (only these cross the process boundary)
+    example: tuple[str, str] | None = None
 
 
 
@@ -84,8 +98,9 @@ class Engine:
         else:
             preset = PRESETS[settings.preset]
         self.layout = TurnLayout.resolve(preset, settings.thinking, self.codec.token_id)
+        self.template_kwargs = dict(self.layout.preset.template_kwargs)
         self._check_template()
-        self.renderer = PromptRenderer(self.tok, settings.thinking)
+        self.renderer = PromptRenderer(self.tok, settings.thinking, self.template_kwargs)
 
     def _check_template(self) -> None:
         """Fail fast when the template and the preset disagree.
@@ -99,7 +114,7 @@ class Engine:
         thinking = self.settings.thinking
         probe = [{"role": "user", "content": "ping"}]
         try:
-            prompt = render_prompt(self.tok, probe, thinking)
+            prompt = render_prompt(self.tok, probe, thinking, **self.template_kwargs)
         except Exception as e:
             raise SetupError(f"the chat template fails on a one-message conversation: {e}") from None
         problem = check_prompt_end(prompt, self.layout.prompt_end, thinking)
@@ -113,7 +128,7 @@ class Engine:
         try:
             finished = self.tok.apply_chat_template(
                 [*probe, answer], tokenize=False, add_generation_prompt=False, thinking=thinking,
-                enable_thinking=thinking, preserve_thinking=True)
+                enable_thinking=thinking, **{**self.template_kwargs, "preserve_thinking": True})
         except Exception:
             finished = ""
         turn = "".join(t for _, t in self.layout.segments(reasoning if thinking else "", content, False))
@@ -158,7 +173,15 @@ class Engine:
                 outcomes[k] = Outcome("reject", rec.id, lineno, reason=(
                     "the response has reasoning but --no-thinking says the prompt closed the think block"))
             else:
-                rows.append(_Row(k, lineno, line, rec, truncated))
+                row = _Row(k, lineno, line, rec, truncated, rec.response.content,
+                           rec.response.reasoning or "", rec.reasoning_source)
+                # A stack with no reasoning parser left it in the content, before a lone
+                # </think> (think_tags.py); with thinking off, a </think> there is text.
+                split = split_lone_think_close(row.content, row.reasoning) if s.thinking else None
+                if split is not None:
+                    row.content, row.reasoning = split
+                    row.reasoning_source = INLINE
+                rows.append(row)
         return rows
 
     def _render_prompts(self, rows: list[_Row], outcomes) -> list[_Row]:
@@ -177,9 +200,8 @@ class Engine:
             if problem:
                 outcomes[row.k] = row.reject(problem)
                 continue
-            response = row.rec.response
             row.prompt_text = prompt
-            row.segments = self.layout.segments(response.reasoning or "", response.content, row.truncated)
+            row.segments = self.layout.segments(row.reasoning, row.content, row.truncated)
             if not row.segments:
                 outcomes[row.k] = row.reject("nothing was generated (empty cut turn)")
                 continue
@@ -214,6 +236,7 @@ class Engine:
                     row.problem = row.problem or check_text_ids(ids, self.codec.control_ids)
                     row.output_ids.extend(ids)
         decoded = self.codec.decode([r.input_ids + r.output_ids for r in rows])
+        shown: set = set()
         for row, text in zip(rows, decoded, strict=True):
             expected = row.prompt_text + "".join(t for _, t in row.segments)
             problem = row.problem or check_roundtrip(text, expected)
@@ -221,6 +244,17 @@ class Engine:
                 outcomes[row.k] = row.reject(problem)
                 continue
             n_in, n_out = len(row.input_ids), len(row.output_ids)
+            usage = row.rec.usage or ProviderCounts()
+            structural_ids = sum(is_token for is_token, _ in row.segments)
+            prompt_delta, completion_delta = token_deltas(
+                usage.prompt_tokens, usage.completion_tokens, n_in, n_out - structural_ids)
+            if (s.max_prompt_delta is not None and prompt_delta is not None
+                    and abs(prompt_delta) > s.max_prompt_delta):
+                outcomes[row.k] = row.reject(
+                    f"prompt_tokens_delta {prompt_delta:+d}: the provider ({row.rec.provider}) "
+                    f"counted {usage.prompt_tokens:,} prompt tokens, kimipipe's rendering "
+                    f"has {n_in:,} (--max-prompt-delta {s.max_prompt_delta})")
+                continue
             long = s.max_length is not None and n_in + n_out > s.max_length
             if long and s.drop_long:
                 outcomes[row.k] = Outcome("drop", row.rec.id, row.lineno, reason="long", long=True,
@@ -230,11 +264,20 @@ class Engine:
             if s.drop_text:
                 for name in TEXT_FIELDS:
                     passthrough.pop(name, None)
-            owned = TokenIds(input_ids=row.input_ids, output_ids=row.output_ids, over_max_length=long)
+            owned = TokenIds(input_ids=row.input_ids, output_ids=row.output_ids, over_max_length=long,
+                             prompt_tokens_delta=prompt_delta,
+                             completion_tokens_delta=completion_delta,
+                             reasoning_source=row.reasoning_source)
+            key = (row.rec.provider, prompt_delta)
+            example = None
+            if prompt_delta and key not in shown:
+                shown.add(key)
+                example = (row.rec.id, row.prompt_text)
             outcomes[row.k] = Outcome(
                 "ok", row.rec.id, row.lineno, payload=encode_over(passthrough, owned),
                 n_in=n_in, n_out=n_out, truncated=row.truncated, long=long,
-                no_reasoning=s.thinking and not row.rec.response.reasoning)
+                no_reasoning=s.thinking and not row.reasoning, provider=row.rec.provider,
+                prompt_delta=prompt_delta, completion_delta=completion_delta, example=example)
 
 
 @dataclass
@@ -246,6 +289,9 @@ class _Row:
     line: bytes
     rec: TokenizeInput
     truncated: bool
+    content: str  # the generated turn's text (reasoning taken from a lone </think>: think_tags)
+    reasoning: str
+    reasoning_source: str | None
     prompt_text: str = ""
     segments: list = field(default_factory=list)
     input_ids: list[int] = field(default_factory=list)

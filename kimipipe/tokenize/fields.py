@@ -17,7 +17,10 @@ rendered some of it differently:
   conversation with and without it to tell).
 
 A refusal is an input error (`PATH:LINE`, exit 2). `--ignore-extra-fields` renders role and
-content only instead (non-text parts left out), as kp-infer would have sent them.
+content only instead (non-text parts left out), as kp-infer would have sent them. Not an
+assistant turn that is its `tool_calls` alone (`content` null, empty, or no text part):
+role and content would render it as an empty assistant turn, a prompt kp-infer could never
+have sent, so it is refused with or without the flag (`empty_tool_call_turn`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,13 @@ class SeenMessage(Struct):
     reasoning_content: str | None = None
 
 
+class ProviderCounts(Struct):
+    """The provider's own token counts (`usage`), the second opinion on each row."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
 class TokenizeInput(Struct):
     """The fields of a response record kp-tokenize uses; the rest is passed through."""
 
@@ -55,6 +65,9 @@ class TokenizeInput(Struct):
     messages: list[SeenMessage]
     response: ResponseText
     finish_reason: str | None
+    provider: str | None = None
+    usage: ProviderCounts | None = None
+    reasoning_source: str | None = None
 
 
 DECODER = msgspec.json.Decoder(TokenizeInput)
@@ -81,6 +94,24 @@ def unrenderable_field(messages: list[SeenMessage]) -> str | None:
                     return (f"`$.messages[{i}].content[{j}]`: a {part.type!r} content part; "
                             "kp-tokenize renders text only; --ignore-extra-fields leaves other "
                             "parts out")
+    return None
+
+
+def _has_text(m: SeenMessage) -> bool:
+    if isinstance(m.content, list):
+        return any(_is_text(p) and p.text for p in m.content)
+    return bool(m.content)
+
+
+def empty_tool_call_turn(messages: list[SeenMessage]) -> str | None:
+    """Why MESSAGES cannot be rendered from role and content even when asked to
+    (--ignore-extra-fields): an assistant turn whose tool calls are all it holds."""
+    for i, m in enumerate(messages):
+        if m.role == "assistant" and m.tool_calls not in (None, "", [], {}) and not _has_text(m):
+            return (f"`$.messages[{i}].tool_calls`: this assistant turn is its tool calls (its "
+                    "content is empty); role and content alone would render an empty assistant "
+                    "turn, a prompt kp-infer could never have sent, so it is refused even with "
+                    "--ignore-extra-fields")
     return None
 
 

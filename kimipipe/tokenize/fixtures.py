@@ -147,10 +147,17 @@ def train_bpe():
     return tok
 
 
+# Kimi K2.5's tokenizer_config.json marks <think> and </think> as added tokens that are not
+# special (tests/test_tokenize_parts.py checks this against the real files); the tiktoken
+# kind copies that. (Kimi's code makes every one of them a control token either way.)
+NOT_SPECIAL = frozenset({"<think>", "</think>"})
+
+
 def _added_tokens_decoder(base: int) -> dict[str, dict]:
     return {
         str(base + offset): {"content": name, "lstrip": False, "normalized": False,
-                             "rstrip": False, "single_word": False, "special": True}
+                             "rstrip": False, "single_word": False,
+                             "special": name not in NOT_SPECIAL}
         for name, offset in sorted(KIMI_SPECIAL_OFFSETS.items(), key=lambda kv: kv[1])
     }
 
@@ -211,7 +218,7 @@ def build_tiktoken(out: Path, bpe=None) -> Path:
         "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
         "added_tokens_decoder": _added_tokens_decoder(len(ranks)),
         "additional_special_tokens": ["<|im_end|>", "<|im_user|>", "<|im_assistant|>",
-                                      "<|im_system|>", "<|im_middle|>", "<think>", "</think>"],
+                                      "<|im_system|>", "<|im_middle|>"],
         "bos_token": "[BOS]", "eos_token": "[EOS]", "pad_token": "[EOS]", "unk_token": "[EOS]",
         "model_max_length": 262144, "clean_up_tokenization_spaces": False,
     })

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..cli import counted
+from .deltas import DeltaTable
 
 
 @dataclass
@@ -21,6 +22,7 @@ class Summary:
     skipped_done: int = 0
     longest: int = 0
     longest_id: str = ""
+    deltas: DeltaTable = field(default_factory=DeltaTable)
 
     def add(self, o) -> None:
         if o.kind == "ok":
@@ -32,6 +34,7 @@ class Summary:
             self.flagged_long += o.long
             if o.n_in + o.n_out > self.longest:
                 self.longest, self.longest_id = o.n_in + o.n_out, o.id
+            self.deltas.add(o.provider, o.prompt_delta, o.completion_delta, o.example)
         elif o.kind == "reject":
             self.rejected += 1
         elif o.reason == "truncated":
@@ -61,6 +64,13 @@ class Summary:
         if self.skipped_done:
             parts.append(f"skipped {self.skipped_done:,} already in the output")
         return "; ".join(parts)
+
+    def deltas_report(self) -> list[str]:
+        """The provider counts against kimipipe's, per provider, and what stands out."""
+        if not self.deltas:
+            return []
+        return [self.deltas.text(indent="kp-tokenize: "),
+                *(f"kp-tokenize: warning: {w}" for w in self.deltas.warnings())]
 
     def rejects_note(self, output: str, rejects: str | None) -> str:
         """What exit 4 means here, and what a rerun does."""
