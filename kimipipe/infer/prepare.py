@@ -82,8 +82,8 @@ from ..partition import in_partition
 from ..records import Failure, Prompt, Response
 from .api import Answered, Spent, api_of, counts_here, other_api
 from .budget import prompt_token_bound
-from .disk import DiskGuard
 from .config import RunConfig
+from .disk import DiskGuard
 from .rescue import check_rescue_dir, take_in
 from .total_cost import ReservationFile, TotalCost
 
