@@ -47,7 +47,8 @@ def test_each_stage_output_decodes_with_the_next_stage_struct(standin, tmp_path)
 
     # kp-prompts -> Prompt (what kp-infer reads)
     prompts = tmp_path / "prompts.jsonl"
-    r = kp("prompts", SOURCE, "--dataset", "C", "--limit", "24", "-o", prompts)
+    # --turns last: one request per prompt, so answers + failures = prompts (turns: test_infer_conversations.py)
+    r = kp("prompts", SOURCE, "--dataset", "C", "--limit", "24", "--turns", "last", "-o", prompts)
     assert r.code == 0, r.stderr
     assert len(decode_all(prompts, Prompt)) == 24
     assert all(set(json.loads(line)) <= fields(Prompt) for line in lines(prompts))
