@@ -31,6 +31,7 @@ from ..records import (
     Prompt,
     Refusal,
     ResponseText,
+    SampledIds,
     Sampling,
     Usage,
     decode_passthrough,
@@ -77,6 +78,8 @@ def generation_fields(answer: Attempt, attempts: int, model: str,
         sampling=sampling,
         cost_source=cost_source,
         reasoning_source=answer.reasoning_source or None,
+        sampled_ids=(None if answer.output_ids is None
+                     else SampledIds(output=answer.output_ids, prompt=answer.prompt_ids)),
     )
 
 

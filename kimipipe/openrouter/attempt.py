@@ -75,6 +75,9 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     # an `ok` answer came with a `usage` object (a stream can end without one): when not,
     # its tokens are unknown and it is booked at its worst case (infer/costs.py)
     usage_seen: bool = True
+    # the IDs a self-hosted server returned (vLLM's return_token_ids): None when it gave none
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] | None = None
 
     def limit_key(self) -> str:
         """How the summary counts a credit-limit refusal: status, then reason or source."""
