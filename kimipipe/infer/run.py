@@ -100,7 +100,7 @@ class Run:
         self.disk = DiskGuard(config.output, config.request.max_tokens, config.min_free_disk)
         self.stats = Stats(todo=prepared.todo, skipped=prepared.skipped,
                            taken_in=prepared.taken_in)
-        self.limiter = AdaptiveLimiter(config.concurrency)
+        self.limiter = AdaptiveLimiter(config.total_concurrency)
         self.money = MoneyInFlight(lambda: budget.spent_this_run)
         self.progress = RunProgress(bar, config, prepared.todo, self.state, self.stats, budget,
                                     self.limiter, self.money, stderr_is_terminal())
@@ -169,7 +169,7 @@ class Run:
         poller = publisher = None
         ticker = asyncio.create_task(self.progress.tick())
         try:
-            if not state.stopping.is_set():
+            if not state.stopping.is_set() and self.config.openrouter:  # (a server has none)
                 await self._unless_stopped(self._check_balance())
                 poller = asyncio.create_task(self._poll_balance())
             if self.budget.total is not None and self.budget.total.shared is not None:

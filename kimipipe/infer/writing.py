@@ -139,7 +139,9 @@ class Output:
     def __init__(self, config: RunConfig):
         self.config = config
         self.sampling = config.request.sampling(config.policy)  # the same for every prompt
-        self.api = api_of(config.base_url)  # who answers: on every record (infer/api.py)
+        # who answers: on every record (infer/api.py); a server's answer names its host
+        self.api = api_of(config.base_url if config.openrouter or not config.servers
+                          else config.servers[0])
         self.rescues = {name: Rescue(path, config.rescue_dir)
                         for name, path in (("output", config.output), ("failures", config.failures))
                         if path and path != "-"}
@@ -170,7 +172,7 @@ class Output:
         fields.latency_s = round(latency, 3) if latency is not None else None
         now = time.time()
         fields.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
-        fields.api = self.api
+        fields.api = answer.api or self.api
         return self._write(self.responses, encode_over(decode_passthrough(prompt_line), fields))
 
     def write_failure(self, failure: Failure) -> Kept:

@@ -78,6 +78,7 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     # the IDs a self-hosted server returned (vLLM's return_token_ids): None when it gave none
     prompt_ids: list[int] | None = None
     output_ids: list[int] | None = None
+    api: str | None = None  # the host that answered, when not the run's base URL (infer/servers.py)
 
     def limit_key(self) -> str:
         """How the summary counts a credit-limit refusal: status, then reason or source."""
