@@ -199,7 +199,10 @@ def test_hybrid_run_money_caps_apply_to_the_openrouter_share(standin, tmp_path):
     assert all("provider" not in b for b in server.requests())
     spent = sum(line["cost"] for line in openrouter.ledger())
     assert sum(r["usage"]["cost"] for r in records) == pytest.approx(spent)
-    assert f"127.0.0.1:{server.port}" in r.stderr  # the summary names the server's share
+    # the summary gives each source's share and tokens/s
+    sources = next(line for line in r.stderr.splitlines() if line.startswith("  sources: "))
+    assert f"127.0.0.1:{server.port} {len(mine) / 16:.0%} (" in sources
+    assert f"openrouter {len(theirs) / 16:.0%} (" in sources and "tok/s" in sources
 
 
 def test_resume_by_id_across_servers_and_openrouter(standin, tmp_path):

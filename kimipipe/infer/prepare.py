@@ -367,8 +367,11 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
             raise KPError("--max-cost and --total-cost cap OpenRouter's spend: a run with "
                           "--server and no --openrouter spends none (the token budget, "
                           "--token-budget, applies)", ExitCode.USAGE)
-        return Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, None, None,
-                        taken_in=taken_in, model_info="servers only", sample=sample)
+        prepared = Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, None,
+                            None, taken_in=taken_in, model_info="servers only", sample=sample)
+        prepared.notes.append(f"servers only ({', '.join(config.servers)}): no OpenRouter "
+                              "routing, prices or balance; the answers cost nothing")
+        return prepared
     endpoints = read_endpoints(config, say)
     if endpoints is not None:
         check_provider_slugs(config, endpoints)

@@ -357,7 +357,7 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
         budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
                         total=prepared.total)
         if config.plan:  # a report: stdout
-            balance = _balance_for_plan(config, say)
+            balance = _balance_for_plan(config, say) if config.openrouter else None
             click.echo(plan_json(config, prepared, budget, balance) if config.plan_json
                        else plan_text(config, prepared, budget, balance))
             return ExitCode.OK
