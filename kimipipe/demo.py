@@ -18,7 +18,6 @@ and the stand-in is stopped, also when the demo is interrupted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -27,6 +26,8 @@ from pathlib import Path
 
 import msgspec
 
+from .infer.report import read_summary
+from .shard.check import read_manifest
 from .standin.testing import StandIn
 
 PACKAGE = Path(__file__).resolve().parent
@@ -60,20 +61,20 @@ def run_demo(out: Path, make: str = "make", venv: str = ".venv", quiet_make: boo
         if code != 0:
             raise SystemExit(f"demo: the build failed (make exit {code})")
         stats = server.stats()
-    infer = json.loads((work / "demo.infer-summary.json").read_text())
-    manifest = json.loads((shards / "demo" / "manifest.json").read_text())
-    totals = manifest.get("totals", {})
+    infer = read_summary(str(work / "demo.infer-summary.json"))
+    manifest = read_manifest(str(shards / "demo"))
+    totals = manifest.totals
     report = {
-        "prompts": infer["input_records"],
-        "responses": infer["done"],
-        "failed": infer["failed"],
-        "retries_survived": infer["retries"],
+        "prompts": infer.input_records,
+        "responses": infer.done,
+        "failed": infer.failed,
+        "retries_survived": infer.retries,
         "spend_billed_by_standin_usd": round(stats["total_usage"], 6),
-        "spend_recorded_usd": infer["spend_total"],
-        "shards": len(manifest.get("shards", [])),
-        "shard_records": totals.get("records"),
-        "input_tokens": totals.get("input_tokens"),
-        "output_tokens": totals.get("output_tokens"),
+        "spend_recorded_usd": infer.spend_total,
+        "shards": len(manifest.shards),
+        "shard_records": totals.records,
+        "input_tokens": totals.input_tokens,
+        "output_tokens": totals.output_tokens,
         "out": str(out),
         "report": str(work / "report.html"),
     }

@@ -37,14 +37,13 @@ from .output import (
     check_writable_dir,
 )
 from .records import IdOnly
-from .tail_repair import CorruptOutput, repair_torn_tail
+from .tail_repair import ZSTD_MAGIC, CorruptOutput, repair_torn_tail
 
 __all__ = ["AtomicOutput", "OutputLock", "OutputLocked", "OutputWriteError", "RecordWriter",
            "check_writable", "check_writable_dir", "describe_decode_error", "iter_finished",
            "iter_lines", "iter_records", "lock_path", "open_input", "repair_and_report",
            "repair_torn_tail", "require_distinct", "scan_done", "zstd_reader"]
 
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 T = TypeVar("T")
 
 

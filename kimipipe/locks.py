@@ -8,7 +8,7 @@ and both would do (and pay for) the rest. So a stage that appends to `-o FILE` f
         ... repair, resume, write ...
 
 The lock is `flock(2)` on a hidden file beside the output, `.NAME.lock`, which holds who
-took it (a JSON line: pid, host, since, command). A second process refuses at once with
+took it (a JSON line, `contracts.LockHolder`: pid, host, since, command, output). A second process refuses at once with
 `OutputLocked` (exit 2) naming the holder. Inputs (a `--done` file, the records read) are
 never locked: reading a file another run is writing is allowed.
 
@@ -33,6 +33,9 @@ import os
 import socket
 from collections.abc import Callable
 
+import msgspec
+
+from .contracts import LockHolder
 from .errors import ExitCode, KPError
 
 
@@ -52,11 +55,12 @@ def _host() -> str:
     return socket.gethostname()
 
 
-def _describe(holder: dict) -> str:
-    pid = holder.get("pid", "?")
-    host = holder.get("host", "?")
-    since = holder.get("since", "an unknown time")
-    command = holder.get("command")
+def _describe(holder: LockHolder | None) -> str:
+    holder = holder or LockHolder()
+    pid = holder.pid if holder.pid is not None else "?"
+    host = holder.host if holder.host is not None else "?"
+    since = holder.since if holder.since is not None else "an unknown time"
+    command = holder.command
     return f"{command + ' ' if command else ''}PID {pid} on {host} since {since}"
 
 
@@ -119,11 +123,13 @@ class OutputLock:
             self._fd = None
             os.close(fd)  # (the lock file is someone else's: left as it is)
             raise
-        record = {"pid": os.getpid(), "host": _host(),
-                  "since": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                  "command": self.command, "output": os.path.abspath(self.path)}
+        record = LockHolder(
+            pid=os.getpid(), host=_host(),
+            since=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            command=self.command, output=os.path.abspath(self.path))
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        # (json.dumps of the builtins: the line as it always was)
+        os.pwrite(fd, (json.dumps(msgspec.to_builtins(record)) + "\n").encode(), 0)
         return self
 
     def _open(self) -> int:
@@ -133,16 +139,16 @@ class OutputLock:
             raise OutputLocked(f"cannot create the lock file {self.lock_file} beside "
                                f"{self.path}: {e.strerror}") from None
 
-    def _check_holder(self, holder: dict, flock_works: bool) -> None:
+    def _check_holder(self, holder: LockHolder | None, flock_works: bool) -> None:
         """Refuse a lock another host may still hold; say when a stale one is taken over."""
-        if not holder:
+        if holder is None:
             return
-        if holder.get("host") != _host():
+        if holder.host != _host():
             raise OutputLocked(
                 f"{self.path} is locked by {_describe(holder)} (lock {self.lock_file}); this "
                 "host cannot tell whether that run still goes on (on NFS, locks may not reach "
                 f"across hosts). If it does not, remove {self.lock_file} and rerun")
-        pid = holder.get("pid")
+        pid = holder.pid
         if not flock_works and _pid_alive(pid) and pid != os.getpid():
             raise OutputLocked(f"{self.path} is being written by {_describe(holder)} (lock "
                                f"{self.lock_file}); wait for that run to end, or stop it")
@@ -168,13 +174,23 @@ class OutputLock:
         self.release()
 
 
-def _read(fd: int) -> dict:
+_holder_decoder = msgspec.json.Decoder(LockHolder)
+
+
+def _read(fd: int) -> LockHolder | None:
+    """Who the lock file says holds it; None when it is empty or unreadable (a torn write)."""
     try:
         data = os.pread(fd, 4096, 0)
-        holder = json.loads(data.decode("utf-8", "replace").strip() or "{}")
-    except (OSError, ValueError):
-        return {}
-    return holder if isinstance(holder, dict) else {}
+    except OSError:
+        return None
+    text = data.decode("utf-8", "replace").strip()
+    if not text:
+        return None
+    try:
+        holder = _holder_decoder.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return holder if holder != LockHolder() else None  # `{}`: nobody named
 
 
 def _same_file(fd: int, path: str) -> bool:

@@ -8,12 +8,7 @@ and in every stage (kp-infer and kp-tokenize agree on it).
 
 from __future__ import annotations
 
-import hashlib
-
-
-def partition_of(record_id: str, parts: int) -> int:
-    """The part (1-based) of PARTS that RECORD_ID falls in."""
-    return int.from_bytes(hashlib.sha256(record_id.encode()).digest()[:8], "big") % parts + 1
+from .ids import partition_of  # (the hash: ids.py)
 
 
 def in_partition(record_id: str, partition: tuple[int, int] | None) -> bool:

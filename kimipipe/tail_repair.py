@@ -35,7 +35,7 @@ import re
 
 import zstandard
 
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # a zstd frame starts with it (the one spelling: io.py uses it)
 _CHUNK = 1 << 20
 _DID_SIZES = (0, 1, 2, 4)
 _FCS_SIZES = (0, 2, 4, 8)  # flag 0 means 1 byte when the frame is a single segment

@@ -30,9 +30,8 @@ import zstandard
 from conftest import BIN, TOKENIZER_KINDS, Result, kp, read_jsonl, response_record, write_jsonl
 
 from kimipipe import __version__
+from kimipipe.io import ZSTD_MAGIC
 from kimipipe.standin.testing import StandIn
-
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 @dataclass

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import BIN, REPO
 
 README = (REPO / "README.md").read_text()
@@ -101,6 +102,12 @@ def test_the_try_your_own_file_walkthrough_runs_as_written(tmp_path):
     assert not re.search(r"--port \d|:\d{4,5}/", block)  # no port of its own
     script = block
     venv = Path(sys.executable).parent.parent  # the .venv the tests run in
+    # make would reinstall a venv older than setup.cfg from this temporary directory (an
+    # editable install pointing here, gone after the test): say so instead
+    stamp = venv / ".installed"
+    newest = max((REPO / n).stat().st_mtime for n in ("setup.cfg", "pyproject.toml"))
+    if not stamp.exists() or stamp.stat().st_mtime < newest:
+        pytest.fail(f"{venv} is older than setup.cfg/pyproject.toml: run `make venv` first")
     for name in ["Makefile", "kimipipe", "setup.cfg", "pyproject.toml"]:
         (tmp_path / name).symlink_to(REPO / name)
     (tmp_path / ".venv").symlink_to(venv)

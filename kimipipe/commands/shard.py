@@ -61,6 +61,7 @@ from ..cli import (
     say,
     word_help,
 )
+from ..contracts import ShardManifest
 from ..errors import ExitCode, InputError, KPError
 from ..io import check_writable_dir
 from ..shard import (
@@ -211,16 +212,15 @@ def cli(inputs, out_dir, fmt, records_per_shard, tokens_per_shard, compression_l
 def _summary(result, out_dir: str, quiet: bool) -> None:
     m = result.manifest
     parts = []
-    for split, totals in m["splits"].items():
-        tokens = totals["input_tokens"] + totals["output_tokens"]
-        shards = totals["shards"]
-        parts.append(f"{split} {counted(totals['records'], 'row')}, {counted(tokens, 'token')} "
-                     f"in {counted(shards, 'shard')}")
-    dropped = {k: v for k, v in m["dropped"].items() if v}
+    for split, totals in m.splits.items():
+        tokens = totals.input_tokens + totals.output_tokens
+        parts.append(f"{split} {counted(totals.records, 'row')}, {counted(tokens, 'token')} "
+                     f"in {counted(totals.shards, 'shard')}")
+    dropped = {k: v for k, v in m.dropped.items() if v}
     text = f"kp-shard: read {counted(result.read, 'record')}; wrote " + (
-        "; ".join(parts) if parts else "no rows") + f" to {out_dir} ({counted(m['totals']['bytes'], 'byte')})"
-    if m["truncated"]:
-        text += f"; truncated {m['truncated']:,}"
+        "; ".join(parts) if parts else "no rows") + f" to {out_dir} ({counted(m.totals.bytes, 'byte')})"
+    if m.truncated:
+        text += f"; truncated {m.truncated:,}"
     if dropped:
         text += "; dropped " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in dropped.items())
     say(text, quiet)
@@ -228,10 +228,10 @@ def _summary(result, out_dir: str, quiet: bool) -> None:
         say("kp-shard: warning: every record was dropped; the set is empty", quiet)
 
 
-def _stats_title(directory: str, manifest: dict) -> str:
-    splits = ", ".join(f"{k} {v['records']:,}" for k, v in manifest.get("splits", {}).items())
-    return (f"kp-shard stats: {directory} ({manifest.get('format')}, "
-            f"{counted(len(manifest.get('shards', [])), 'shard')}; rows: {splits or 'none'})")
+def _stats_title(directory: str, manifest: ShardManifest) -> str:
+    splits = ", ".join(f"{k} {v.records:,}" for k, v in manifest.splits.items())
+    return (f"kp-shard stats: {directory} ({manifest.format}, "
+            f"{counted(len(manifest.shards), 'shard')}; rows: {splits or 'none'})")
 
 
 def _stats(sets: list[str]) -> int:

@@ -34,6 +34,10 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
+import msgspec
+
+from ..contracts import InferPlan, PlanPrices, PlanRoute, Recorded
+from ..errors import InputError
 from ..infer.prepare import expand_spent_in, recorded_spend
 from .measure import measure
 
@@ -103,8 +107,8 @@ class DatasetPlan:
 @dataclass
 class BuildPlan:
     datasets: list[DatasetPlan]
-    routes: list[dict]  # the allowed routes, as kp-infer --plan read them
-    prices: dict  # {"allowed_mean": {...}, "bound": {...}} USD per M tokens
+    routes: list[PlanRoute]  # the allowed routes, as kp-infer --plan read them
+    prices: PlanPrices | None  # USD per M tokens (None: no dataset)
     total_cost: float | None
     max_cost: float | None
     recorded_elsewhere: float  # spend TOTAL_COST counts outside these datasets' files
@@ -172,7 +176,9 @@ class BuildPlan:
                                           "expected_to_go": d.expected_to_go,
                                           "expected_total": d.expected_total}
                              for d in self.datasets],
-                "routes": self.routes, "prices": self.prices, "total_cost": self.total_cost,
+                "routes": msgspec.to_builtins(self.routes),
+                "prices": msgspec.to_builtins(self.prices) if self.prices is not None else {},
+                "total_cost": self.total_cost,
                 "max_cost": self.max_cost, "recorded": self.recorded,
                 "recorded_elsewhere": self.recorded_elsewhere,
                 "expected_total": self.expected_total,
@@ -199,6 +205,22 @@ def read_json(path: str) -> dict | None:
         return None
 
 
+_plan_decoder = msgspec.json.Decoder(InferPlan)
+
+
+def read_plan(path: str) -> InferPlan | None:
+    """WORK/D.plan.json (`kp-infer --plan --json`), or None when there is none."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return _plan_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise InputError(f"not a kp-infer plan ({e}); remake it (make plan)", path) from None
+
+
 def stage_complete(work: str, name: str) -> bool:
     """D's responses stage is stamped done and make will not run it again (the stamp is
     newer than its prompts and its flags)."""
@@ -213,7 +235,7 @@ def stage_complete(work: str, name: str) -> bool:
     return stamp is not None and all(t is None or t <= stamp for t in inputs)
 
 
-def dataset_plan(name: str, work: str, plan: dict, token_budget: int | None, weight: float,
+def dataset_plan(name: str, work: str, plan: InferPlan, token_budget: int | None, weight: float,
                  answer_tokens_prior: int | None) -> DatasetPlan:
     """D's figures from WORK/D.plan.json (PLAN) and what answers measured."""
     measured = None
@@ -221,38 +243,39 @@ def dataset_plan(name: str, work: str, plan: dict, token_budget: int | None, wei
     pilot = read_json(os.path.join(work, f"{name}.pilot.json"))
     if pilot and pilot.get("answers"):
         figures, measured = pilot, f"pilot: {pilot['answers']:,} answers ({name}.pilot.json)"
-    elif plan["prompts"]["done"]:
+    elif plan.prompts.done:
         responses = os.path.join(work, f"{name}.responses.jsonl")
         got = measure(responses)
         if got["answers"]:
             figures, measured = got, f"{got['answers']:,} answers in {name}.responses.jsonl"
-    per_prompt = plan["prompt_tokens"]["per_prompt"]
-    mean = plan["prices"]["allowed_mean"] or plan["prices"]["bound"] or {"prompt": 0.0, "completion": 0.0}
+    per_prompt = plan.prompt_tokens.per_prompt
+    mean = plan.prices.allowed_mean or plan.prices.bound
+    mean_prompt, mean_completion = (mean.prompt, mean.completion) if mean else (0.0, 0.0)
     if figures["answers"]:
         answer_tokens = figures["completion_tokens"]["mean"]
         cost = figures["cost_per_answer"]["mean"]
     else:
-        answer_tokens = answer_tokens_prior if answer_tokens_prior else plan["max_tokens"] / 2
-        cost = (per_prompt * mean["prompt"] + answer_tokens * mean["completion"]) / 1e6
-    worst = (plan.get("cost") or {}).get("worst_case_request", 0.0)
+        answer_tokens = answer_tokens_prior if answer_tokens_prior else plan.max_tokens / 2
+        cost = (per_prompt * mean_prompt + answer_tokens * mean_completion) / 1e6
+    worst = plan.cost.worst_case_request if plan.cost is not None else 0.0
     return DatasetPlan(
-        complete=stage_complete(work, name), name=name, prompts=plan["prompts"]["input"], todo=plan["prompts"]["todo"],
-        answered=plan["prompts"]["done"], prompt_tokens=per_prompt,
-        recorded_spend=plan["recorded"]["spend"], recorded_tokens=plan["recorded"]["completion_tokens"],
+        complete=stage_complete(work, name), name=name, prompts=plan.prompts.input, todo=plan.prompts.todo,
+        answered=plan.prompts.done, prompt_tokens=per_prompt,
+        recorded_spend=plan.recorded.spend, recorded_tokens=plan.recorded.completion_tokens,
         answer_tokens=float(answer_tokens), cost_per_answer=float(cost), measured=measured,
         measured_answers=figures["answers"],
         token_budget=token_budget, weight=weight, worst_case_request=worst,
-        max_tokens=plan["max_tokens"], notes=list(plan.get("warnings", [])) + list(plan.get("notes", [])))
+        max_tokens=plan.max_tokens, notes=list(plan.warnings) + list(plan.notes))
 
 
-def refreshed(plan: dict, work: str, name: str, api: str | None = None) -> dict:
+def refreshed(plan: InferPlan, work: str, name: str, api: str | None = None) -> InferPlan:
     """PLAN with what D's files record now (a plan made before a run, read after it)."""
     got = measure(os.path.join(work, f"{name}.responses.jsonl"))
     spend = got["spend"] + recorded_spend(os.path.join(work, f"{name}.failures.jsonl"), api)
-    prompts = plan["prompts"]["input"]
-    return {**plan, "prompts": {**plan["prompts"], "done": got["answers"],
-                                "todo": max(0, prompts - got["answers"])},
-            "recorded": {"spend": spend, "completion_tokens": got["completion_tokens"]["total"]}}
+    prompts = msgspec.structs.replace(plan.prompts, done=got["answers"],
+                                      todo=max(0, plan.prompts.input - got["answers"]))
+    return msgspec.structs.replace(plan, prompts=prompts, recorded=Recorded(
+        spend=spend, completion_tokens=got["completion_tokens"]["total"]))
 
 
 def build_plan(datasets: list[str], work: str, token_budgets: dict[str, int | None],
@@ -265,7 +288,7 @@ def build_plan(datasets: list[str], work: str, token_budgets: dict[str, int | No
     plans = {}
     for name in datasets:
         path = os.path.join(work, f"{name}.plan.json")
-        plan = read_json(path)
+        plan = read_plan(path)
         if plan is None:
             raise FileNotFoundError(f"{path}: no plan (kp-infer --plan --json writes it)")
         plans[name] = refreshed(plan, work, name, api) if fresh else plan
@@ -280,8 +303,10 @@ def build_plan(datasets: list[str], work: str, token_budgets: dict[str, int | No
             d.like = " ".join(x.name for x in pool)
     own = [os.path.join(work, f"{d}.{kind}.jsonl") for d in datasets for kind in ("responses", "failures")]
     elsewhere = sum(recorded_spend(p, api) for p in expand_spent_in(spent_in, own))
-    first = plans[datasets[0]] if datasets else {"routes": [], "prices": {}, "max_tokens": 0}
-    routes = [r for r in (first.get("routes") or []) if r["allowed"]]
+    first = plans[datasets[0]] if datasets else None
+    routes = [r for r in (first.routes or []) if r.allowed] if first is not None else []
+    max_tokens = first.max_tokens if first is not None else 0
     prior = (f"{answer_tokens_prior:,} tokens (ANSWER_TOKENS)" if answer_tokens_prior
-             else f"half of MAX_TOKENS ({first['max_tokens'] // 2:,} tokens), as kp-infer --plan assumes")
-    return BuildPlan(items, routes, first.get("prices") or {}, total_cost, max_cost, elsewhere, prior)
+             else f"half of MAX_TOKENS ({max_tokens // 2:,} tokens), as kp-infer --plan assumes")
+    return BuildPlan(items, routes, first.prices if first is not None else None, total_cost,
+                     max_cost, elsewhere, prior)

@@ -58,15 +58,16 @@ def report(plan: BuildPlan, title: str = "make plan") -> str:
            + "; nothing is sent"]
     if plan.routes:
         out.append("routes allowed, as kp-infer --plan reads them (USD per million tokens, in / out):")
-        cells = [f"{r['provider']} ({r['quantization'] or '?'}) {r['prompt_price']:.2f} / {r['completion_price']:.2f}"
+        cells = [f"{r.provider} ({r.quantization or '?'}) {r.prompt_price:.2f} / {r.completion_price:.2f}"
                  for r in plan.routes]
         for i in range(0, len(cells), 2):
             out.append("  " + "    ".join(cells[i:i + 2]))
-        mean, bound = plan.prices.get("allowed_mean"), plan.prices.get("bound")
+        mean = plan.prices.allowed_mean if plan.prices is not None else None
+        bound = plan.prices.bound if plan.prices is not None else None
         if mean and bound:
-            out.append(f"  expected at their mean {mean['prompt']:.3f} / {mean['completion']:.3f}; "
-                       f"reserved at the highest {bound['prompt']:.2f} / {bound['completion']:.2f}"
-                       + (f" (a pricing override: {bound['override']})" if bound.get("override") else ""))
+            out.append(f"  expected at their mean {mean.prompt:.3f} / {mean.completion:.3f}; "
+                       f"reserved at the highest {bound.prompt:.2f} / {bound.completion:.2f}"
+                       + (f" (a pricing override: {bound.override})" if bound.override else ""))
     else:
         out.append("no route allowed: see kp-infer --plan")
     out.append("")

@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 import os
 
-from ..infer.report import StopReason, limit_text
-from .plan import BuildPlan, read_json
+from ..contracts import SummaryStop
+from ..infer.report import StopReason, limit_text, read_summary
+from .plan import BuildPlan
 from .report import money, wrap
 
 MARGIN = 1.10
@@ -42,13 +43,13 @@ def _status(plan: BuildPlan, complete: set[str]) -> str:
 def stop_message(dataset: str, work: str, plan: BuildPlan | None, complete: set[str],
                  settings: dict) -> str:
     """The lines make prints after kp-infer's exit 3 on DATASET."""
-    summary = read_json(os.path.join(work, f"{dataset}.infer-summary.json"))
-    slug = summary.get("stop_reason") if summary else None
+    summary = read_summary(os.path.join(work, f"{dataset}.infer-summary.json"), SummaryStop)
+    slug = summary.stop_reason if summary else None
     head = f"make: {dataset} stopped (kp-infer exit 3: money or a full disk)"
     if summary is None:
         return "\n".join(wrap(f"{head}: see kp-infer's message above; rerun make to resume "
                               "(nothing paid for is lost)"))
-    spent = f"{money(summary['spend_this_run'])} this run, {money(summary['spend_total'])} recorded for {dataset}"
+    spent = f"{money(summary.spend_this_run)} this run, {money(summary.spend_total)} recorded for {dataset}"
     lines = []
     if slug == "total-cost":
         cap = settings.get("total_cost")
@@ -80,14 +81,14 @@ def stop_message(dataset: str, work: str, plan: BuildPlan | None, complete: set[
     elif slug == "payment":
         lines.append(f"make: {dataset} stopped: OpenRouter answered 402, the balance or the key's "
                      f"limit is used up (kp-infer exit 3): {spent}")
-        if summary.get("limit"):
-            lines.append(f"  {limit_text(summary['limit'])}")
+        if summary.limit:
+            lines.append(f"  {limit_text(summary.limit)}")
         lines.append("  add credits or raise the key's limit (make credits shows both), or a smaller "
                      "MAX_TOKENS= (what is left must cover one request's worst case), and rerun make to resume")
     elif slug in LIMITS:
         lines.append(f"make: {dataset} stopped: {LIMITS[slug]} is reached (kp-infer exit 3): {spent}")
-        if summary.get("limit"):
-            lines.append(f"  {limit_text(summary['limit'])}")
+        if summary.limit:
+            lines.append(f"  {limit_text(summary.limit)}")
         lines.append("  raise it on openrouter.ai (or wait until it resets; make credits shows the "
                      "key's limit), and rerun make to resume")
     else:

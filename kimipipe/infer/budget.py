@@ -36,6 +36,13 @@ MESSAGE_OVERHEAD_TOKENS = 16
 PROMPT_OVERHEAD_TOKENS = 64
 
 
+def request_worst_case(prompt_tokens: float, max_tokens: int, price: PriceBound) -> float:
+    """The most one request can cost (the one definition: the budget's reservations, the
+    plan's figures and the preflight's all come from here): PROMPT_TOKENS at the highest
+    prompt price and all of MAX_TOKENS at the highest completion price."""
+    return prompt_tokens * price.prompt + max_tokens * price.completion
+
+
 def prompt_token_bound(messages) -> int:
     """An upper bound on a prompt's tokens: one per UTF-8 byte, plus template overhead."""
     return PROMPT_OVERHEAD_TOKENS + sum(
@@ -73,7 +80,7 @@ class Budget:
     def worst_case(self, prompt_tokens: int) -> float:
         if self.price is None:
             return 0.0
-        return prompt_tokens * self.price.prompt + self.max_tokens * self.price.completion
+        return request_worst_case(prompt_tokens, self.max_tokens, self.price)
 
     def cost_blocker(self, amount: float) -> str | None:
         """Which cap a request of worst case AMOUNT does not fit now ("max-cost",

@@ -37,6 +37,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from ..contracts import MoneyInFlightEnd
+
 START_RATIO = 1.0
 MAX_RATIO = 1.2  # our worst case is at the table's highest price, OpenRouter's at the serving one's
 CUT = 0.9
@@ -201,10 +203,10 @@ class MoneyInFlight:
         self._timer = None
         self._wake()
 
-    def state(self) -> dict:
+    def state(self) -> MoneyInFlightEnd:
         """For the summary."""
         ceiling = self.ceiling()
-        return {"ceiling_end": round(ceiling, 6) if ceiling is not None else None,
-                "ratio_end": round(self.ratio, 4) if self.balance is not None else None,
-                "peak": round(self.peak, 6), "cuts": self.cuts,
-                "balance_read": self.balance}
+        return MoneyInFlightEnd(
+            ceiling_end=round(ceiling, 6) if ceiling is not None else None,
+            ratio_end=round(self.ratio, 4) if self.balance is not None else None,
+            peak=round(self.peak, 6), cuts=self.cuts, balance_read=self.balance)

@@ -19,7 +19,7 @@ highest price that can bill, a `pricing.overrides[]` entry's included; `override
 entry when one sets it, else null). The expected cost takes each endpoint's `discount`
 off its prices; the bound never does.
 
-The JSON object (prices in USD per million tokens, money in USD):
+The JSON object (`contracts.InferPlan`; prices in USD per million tokens, money in USD):
 
     {"model", "input", "prompts": {"input", "todo", "done", "sample"},
      "prompt_tokens": {"estimated", "per_prompt", "bound"},
@@ -49,11 +49,27 @@ from __future__ import annotations
 
 import json
 
+import msgspec
+
+from ..contracts import (
+    InferPlan,
+    PlanAnswerTokens,
+    PlanCost,
+    PlanInFlight,
+    PlanPriceBound,
+    PlanPrices,
+    PlanPrompts,
+    PlanPromptTokens,
+    PlanRoute,
+    PlanTotalCost,
+    PricePair,
+    Recorded,
+)
 from ..openrouter.account import Balance, ModelInfo
 from ..openrouter.models import served_sampling, thinking
 from ..openrouter.request import SAMPLING_PARAMETERS, RequestOptions
-from ..openrouter.routing import Policy, allowed_endpoints, why_excluded
-from .budget import Budget
+from ..openrouter.routing import Policy, PriceBound, allowed_endpoints, why_excluded
+from .budget import Budget, request_worst_case
 from .config import RunConfig
 from .prepare import Prepared, requantization_warnings
 
@@ -109,23 +125,25 @@ def distillation_line(config: RunConfig, info: ModelInfo | str | None) -> str:
             "the answers must not train a drafter")
 
 
-def in_flight_data(config: RunConfig, balance: Balance | None, prompt_part: float,
-                   completion_price: float) -> dict | None:
-    """What the balance keeps in flight at once (see the module docstring)."""
+def in_flight_data(config: RunConfig, balance: Balance | None, prompt_tokens: float,
+                   bound: PriceBound) -> PlanInFlight | None:
+    """What the balance keeps in flight at once (see the module docstring), for requests
+    of PROMPT_TOKENS at the prices of BOUND."""
     spendable = balance.spendable if balance is not None else None
     if spendable is None:
         return None
-    worst = prompt_part + config.request.max_tokens * completion_price
+    worst = request_worst_case(prompt_tokens, config.request.max_tokens, bound)
+    prompt_part, completion_price = prompt_tokens * bound.prompt, bound.completion
     per_slot = spendable / config.concurrency - prompt_part
     allowing = int(per_slot / completion_price) if completion_price > 0 and per_slot > 0 else None
-    return {"balance": round(spendable, 6), "balance_source": balance.source,
-            "worst_case_request": round(worst, 6),
-            "requests": int(spendable / worst) if worst > 0 else None,
-            "concurrency": config.concurrency, "max_tokens_for_concurrency": allowing}
+    return PlanInFlight(balance=round(spendable, 6), balance_source=balance.source,
+                        worst_case_request=round(worst, 6),
+                        requests=int(spendable / worst) if worst > 0 else None,
+                        concurrency=config.concurrency, max_tokens_for_concurrency=allowing)
 
 
 def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
-              balance: Balance | None = None) -> dict:
+              balance: Balance | None = None) -> InferPlan:
     """The plan's figures (see the module docstring for the fields); BALANCE: as read."""
     request, policy, endpoints = config.request, config.policy, prepared.endpoints
     scan, todo = prepared.scan, prepared.todo
@@ -136,10 +154,11 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
         routes = []
         for e in sorted(endpoints, key=lambda e: (e.completion_price, e.provider_name)):
             verdict = why_excluded(policy, e) or "allowed"
-            routes.append({"provider": e.provider_name, "tag": e.tag, "quantization": e.quantization,
-                           "prompt_price": _per_m(e.prompt_price),
-                           "completion_price": _per_m(e.completion_price),
-                           "verdict": verdict, "allowed": verdict == "allowed"})
+            routes.append(PlanRoute(provider=e.provider_name, tag=e.tag,
+                                    quantization=e.quantization,
+                                    prompt_price=_per_m(e.prompt_price),
+                                    completion_price=_per_m(e.completion_price),
+                                    verdict=verdict, allowed=verdict == "allowed"))
     warnings = requantization_warnings(request.model, policy, endpoints)
     if endpoints is not None and not allowed:
         warnings.append("no provider is allowed: requests would fail with 404 constraint_filtered")
@@ -161,61 +180,66 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
     elif bound is not None:
         mean = {"prompt": bound.prompt, "completion": bound.completion}
     cost = in_flight = None
+    per_prompt_bound = scan.prompt_token_bound / records
     if bound is not None:
-        in_flight = in_flight_data(config, balance, scan.prompt_token_bound / records * bound.prompt,
-                                   bound.completion)
+        in_flight = in_flight_data(config, balance, per_prompt_bound, bound)
     if bound is not None and mean is not None:
-        per_prompt_bound = scan.prompt_token_bound / records
-        worst_request = per_prompt_bound * bound.prompt + request.max_tokens * bound.completion
-        cost = {"expected": todo * (per_prompt * mean["prompt"] + expected_completion * mean["completion"]),
-                "worst_case": todo * worst_request, "worst_case_request": worst_request}
+        worst_request = request_worst_case(per_prompt_bound, request.max_tokens, bound)
+        expected = todo * (per_prompt * mean["prompt"] + expected_completion * mean["completion"])
+        cost = PlanCost(expected=round(expected, 6), worst_case=round(todo * worst_request, 6),
+                        worst_case_request=round(worst_request, 6))
     total = None
     if config.total_cost is not None:
-        total = {"cap": config.total_cost, "recorded": prepared.spent + prepared.spent_elsewhere,
-                 "spent_in": prepared.spent_in_files}
-    return {
-        "model": request.model,
-        "input": scan.shown,
-        "prompts": {"input": scan.records, "todo": todo, "done": prepared.skipped,
-                    "sample": config.sample},
-        "prompt_tokens": {"estimated": round(per_prompt * scan.records), "per_prompt": round(per_prompt, 1),
-                          "bound": scan.prompt_token_bound},
-        "routes": routes,
-        "prices": {"allowed_mean": {k: _per_m(v) for k, v in mean.items()} if mean else None,
-                   "bound": {"prompt": _per_m(bound.prompt), "completion": _per_m(bound.completion),
-                             "override": bound.override}
-                   if bound else None},
-        "max_tokens": request.max_tokens,
-        "answer_tokens": {"expected": round(expected_completion, 1), "assumed": assumed},
-        "cost": {k: round(v, 6) for k, v in cost.items()} if cost else None,
-        "recorded": {"spend": round(prepared.spent, 10), "completion_tokens": prepared.tokens},
-        "max_cost": config.max_cost,
-        "token_budget": config.token_budget,
-        "total_cost": total,
-        "warnings": warnings,
-        "sampling": sampling_lines(request, policy),
-        "distillation": distillation_line(config, prepared.model_info),
-        "notes": list(prepared.notes),
-        "in_flight": in_flight,
-    }
+        total = PlanTotalCost(cap=config.total_cost,
+                              recorded=prepared.spent + prepared.spent_elsewhere,
+                              spent_in=prepared.spent_in_files)
+    return InferPlan(
+        model=request.model,
+        input=scan.shown,
+        prompts=PlanPrompts(input=scan.records, todo=todo, done=prepared.skipped,
+                            sample=config.sample),
+        prompt_tokens=PlanPromptTokens(estimated=round(per_prompt * scan.records),
+                                       per_prompt=round(per_prompt, 1),
+                                       bound=scan.prompt_token_bound),
+        routes=routes,
+        prices=PlanPrices(
+            allowed_mean=(PricePair(prompt=_per_m(mean["prompt"]),
+                                    completion=_per_m(mean["completion"])) if mean else None),
+            bound=(PlanPriceBound(prompt=_per_m(bound.prompt), completion=_per_m(bound.completion),
+                                  override=bound.override)
+                   if bound else None)),
+        max_tokens=request.max_tokens,
+        answer_tokens=PlanAnswerTokens(expected=round(expected_completion, 1), assumed=assumed),
+        cost=cost,
+        recorded=Recorded(spend=round(prepared.spent, 10), completion_tokens=prepared.tokens),
+        max_cost=config.max_cost,
+        token_budget=config.token_budget,
+        total_cost=total,
+        warnings=warnings,
+        sampling=sampling_lines(request, policy),
+        distillation=distillation_line(config, prepared.model_info),
+        notes=list(prepared.notes),
+        in_flight=in_flight,
+    )
 
 
 def plan_json(config: RunConfig, prepared: Prepared, budget: Budget,
               balance: Balance | None = None) -> str:
-    return json.dumps(plan_data(config, prepared, budget, balance))
+    # (json.dumps of the builtins: the bytes the plan has always had, spaces included)
+    return json.dumps(msgspec.to_builtins(plan_data(config, prepared, budget, balance)))
 
 
-def in_flight_lines(data: dict | None) -> list[str]:
+def in_flight_lines(data: PlanInFlight | None) -> list[str]:
     if data is None:
         return ["in flight: the balance could not be read; the run learns what OpenRouter "
                 "keeps in flight from its in-flight 402s"]
-    n, c = data["requests"], data["concurrency"]
-    line = (f"in flight: the balance ${data['balance']:,.2f} ({data['balance_source']}) covers "
-            f"{n:,} requests' worst case (${data['worst_case_request']:.4f} each at --max-tokens) "
+    n, c = data.requests, data.concurrency
+    line = (f"in flight: the balance ${data.balance:,.2f} ({data.balance_source}) covers "
+            f"{n:,} requests' worst case (${data.worst_case_request:.4f} each at --max-tokens) "
             f"at once, of --concurrency {c:,}")
     if n is not None and n >= c:
         return [line + ": all of them"]
-    allowing = data["max_tokens_for_concurrency"]
+    allowing = data.max_tokens_for_concurrency
     return [line, f"  --max-tokens {allowing:,} would let all {c:,} be in flight" if allowing
             else f"  no --max-tokens lets all {c:,} be in flight: the prompts alone use the balance",
             "  (OpenRouter's in-flight budget may be a smaller share of the balance: the run learns it)"]
@@ -225,42 +249,42 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget,
               balance: Balance | None = None) -> str:
     data = plan_data(config, prepared, budget, balance)
     out = []
-    if data["routes"] is None:
+    if data.routes is None:
         out.append("endpoints table unavailable: routing cannot be shown")
     else:
-        out.append(f"providers for {data['model']} under the routing flags:")
+        out.append(f"providers for {data.model} under the routing flags:")
         out.append(f"  {'provider':<24} {'tag':<20} {'quant':<8} {'$/M in':>8} {'$/M out':>8}  verdict")
-        for r in data["routes"]:
-            out.append(f"  {r['provider']:<24} {r['tag'] or '':<20} {r['quantization'] or '?':<8} "
-                       f"{r['prompt_price']:>8.3f} {r['completion_price']:>8.3f}  {r['verdict']}")
-    for warning in data["warnings"]:
+        for r in data.routes:
+            out.append(f"  {r.provider:<24} {r.tag or '':<20} {r.quantization or '?':<8} "
+                       f"{r.prompt_price:>8.3f} {r.completion_price:>8.3f}  {r.verdict}")
+    for warning in data.warnings:
         out.append(f"warning: {warning}")
-    out.extend(data["sampling"])
-    out.append(data["distillation"])
-    for note in data["notes"]:
+    out.extend(data.sampling)
+    out.append(data.distillation)
+    for note in data.notes:
         out.append(f"note: {note}")
-    prompts = data["prompts"]
-    out.append(f"prompts: {prompts['input']} in the input, {prompts['todo']} to do"
-               + (f" (--sample {prompts['sample']})" if prompts["sample"] is not None else ""))
-    bound = data["prices"]["bound"]
+    prompts = data.prompts
+    out.append(f"prompts: {prompts.input} in the input, {prompts.todo} to do"
+               + (f" (--sample {prompts.sample})" if prompts.sample is not None else ""))
+    bound = data.prices.bound
     if bound is not None:
-        out.append(f"price bound (what a worst case is reserved at): ${bound['prompt']:g}/M in, "
-                   f"${bound['completion']:g}/M out"
-                   + (f"; set by a pricing override: {bound['override']}" if bound["override"]
+        out.append(f"price bound (what a worst case is reserved at): ${bound.prompt:g}/M in, "
+                   f"${bound.completion:g}/M out"
+                   + (f"; set by a pricing override: {bound.override}" if bound.override
                       else ", the table's highest base prices"))
-    todo, cost = prompts["todo"], data["cost"]
+    todo, cost = prompts.todo, data.cost
     if cost is not None and todo:
-        out.append(f"cost estimate for {todo} prompts: expected ~${cost['expected']:,.2f} (prompts at ~4 bytes/token, "
-                   f"answers at {data['answer_tokens']['assumed']}); worst case ${cost['worst_case']:,.2f}")
+        out.append(f"cost estimate for {todo} prompts: expected ~${cost.expected:,.2f} (prompts at ~4 bytes/token, "
+                   f"answers at {data.answer_tokens.assumed}); worst case ${cost.worst_case:,.2f}")
         if config.max_cost is not None:
             out.append(f"--max-cost ${config.max_cost:g}: ${budget.spent:.4f} already recorded; "
                        f"the run stops before exceeding it")
     elif todo:
         out.append("no price bound: cost cannot be estimated")
-    total = data["total_cost"]
+    total = data.total_cost
     if total is not None:
-        out.append(f"--total-cost ${total['cap']:g}: ${total['recorded']:.4f} already recorded here and in "
-                   f"{len(total['spent_in'])} --spent-in file(s); the runs stop before exceeding it")
-    if data["prices"]["bound"] is not None and todo:
-        out.extend(in_flight_lines(data["in_flight"]))
+        out.append(f"--total-cost ${total.cap:g}: ${total.recorded:.4f} already recorded here and in "
+                   f"{len(total.spent_in)} --spent-in file(s); the runs stop before exceeding it")
+    if data.prices.bound is not None and todo:
+        out.extend(in_flight_lines(data.in_flight))
     return "\n".join(out)

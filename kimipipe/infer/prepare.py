@@ -42,7 +42,6 @@
 from __future__ import annotations
 
 import glob
-import hashlib
 import heapq
 import os
 from collections.abc import Callable, Iterator
@@ -52,6 +51,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ..errors import ExitCode, InputError, KPError
+from ..ids import sample_key
 from ..io import (
     OutputLock,
     check_writable,
@@ -234,7 +234,7 @@ def expand_spent_in(patterns: list[str], own: list[str]) -> list[str]:
 
 def stable_sample(ids: set[str], n: int) -> set[str]:
     """The N IDs whose SHA-256 (of the UTF-8 id) is smallest: the same N in every run."""
-    return set(heapq.nsmallest(n, ids, key=lambda i: hashlib.sha256(i.encode()).digest()))
+    return set(heapq.nsmallest(n, ids, key=sample_key))
 
 
 def previous_work(output: str, failures: str | None, say: Callable[[str], None],

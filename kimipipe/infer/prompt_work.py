@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..contracts import MoneyLimit
 from ..kinds import AttemptKind, FailureKind, RefusalKind, RetryCause
 from ..openrouter.attempt import Attempt
 from ..records import Prompt, Refusal
@@ -205,8 +206,9 @@ class PromptWork:
         stats = self.parts.stats
         stats.limit_refusals[result.limit_key()] += 1
         if stats.limit is None:
-            stats.limit = {**result.limit(), "balance_left": _rounded(self.parts.money.spendable()),
-                           "worst_case_request": round(self.reservation, 6)}
+            stats.limit = MoneyLimit(**result.limit(),
+                                     balance_left=_rounded(self.parts.money.spendable()),
+                                     worst_case_request=round(self.reservation, 6))
         self.parts.stop(StopReason.for_limit(result.limit_source))
         return False
 

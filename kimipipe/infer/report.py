@@ -11,7 +11,7 @@ disk: all resumable, and no prompt is a failure because of them. An in-flight 40
 wait, not a stop (infer/inflight.py). Permanent failures make an otherwise successful run
 exit 4.
 
-The summary (stderr, and `--summary-json`):
+The summary (stderr, and `--summary-json`: `contracts.InferSummary`):
     {"exit_code", "stop_reason": null|"max-cost"|"token-budget"|..., "input_records", "todo",
      "skipped", "done", "failed": {kind: n}, "failures_file", "retries": {cause: n},
      "abandoned_in_flight", "taken_in_from_rescue",
@@ -41,7 +41,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
+import msgspec
+
 from ..cli import counted
+from ..contracts import (
+    FailuresNotWritten,
+    InferSummary,
+    MoneyInFlightEnd,
+    MoneyLimit,
+    PaidNotWritten,
+    SourceShare,
+    SummaryCosts,
+    SummaryTokens,
+)
 from ..errors import ExitCode
 from ..kinds import FailureKind
 from ..openrouter.attempt import Attempt
@@ -109,22 +121,23 @@ class StopReason(Enum):
                 "openrouter_guardrail_budget": cls.GUARDRAIL_BUDGET}.get(limit_source, cls.PAYMENT)
 
 
-def limit_text(limit: dict) -> str:
+def limit_text(limit: MoneyLimit) -> str:
     """The figures of a money limit, in one line: what OpenRouter said and what is left."""
     parts = []
-    if limit.get("limit_usd") is not None:
-        parts.append(f"limit ${limit['limit_usd']:g}")
-    if limit.get("spend_usd") is not None:
-        parts.append(f"spent ${limit['spend_usd']:g}")
-    if limit.get("resets_at"):
-        parts.append(f"resets at {limit['resets_at']}")
-    if limit.get("balance_left") is not None and limit.get("worst_case_request") is not None:
-        parts.append(f"about ${limit['balance_left']:.4f} of the balance left against "
-                     f"${limit['worst_case_request']:.4f} for one request's worst case")
-    said = f"OpenRouter {limit.get('status', '')}: " + "; ".join(
-        [f"{limit.get('reason') or limit.get('limit_source') or 'no limit named'}"] + parts)
-    if limit.get("message"):
-        said += f" ({limit['message']})"
+    if limit.limit_usd is not None:
+        parts.append(f"limit ${limit.limit_usd:g}")
+    if limit.spend_usd is not None:
+        parts.append(f"spent ${limit.spend_usd:g}")
+    if limit.resets_at:
+        parts.append(f"resets at {limit.resets_at}")
+    if limit.balance_left not in (None, msgspec.UNSET) and limit.worst_case_request is not None:
+        parts.append(f"about ${limit.balance_left:.4f} of the balance left against "
+                     f"${limit.worst_case_request:.4f} for one request's worst case")
+    status = limit.status if limit.status is not None else ""
+    said = f"OpenRouter {status}: " + "; ".join(
+        [f"{limit.reason or limit.limit_source or 'no limit named'}"] + parts)
+    if limit.message:
+        said += f" ({limit.message})"
     return said
 
 
@@ -153,7 +166,7 @@ class Stats:
     rescue_errors: list = field(default_factory=list)  # why a rescue file failed too
     taken_in: int = 0  # answers an earlier run kept in the rescue file, taken in first
     limit_refusals: Counter = field(default_factory=Counter)  # "402 in_flight_budget_exhausted": n
-    limit: dict | None = None  # the money limit that stopped the run (Attempt.limit())
+    limit: MoneyLimit | None = None  # the money limit that stopped the run
     # answers paid for (kept or refused) by where their cost came from (infer/costs.py):
     # "usage" (usage.cost), "generation" (GET /generation), "estimate" (neither in time)
     cost_sources: Counter = field(default_factory=Counter)
@@ -213,128 +226,132 @@ def refused_by_kind(refused: Counter) -> dict[str, dict[str, int]]:
 
 
 def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: Budget,
-            config: RunConfig, concurrency_end: int, money_in_flight: dict | None = None) -> dict:
+            config: RunConfig, concurrency_end: int,
+            money_in_flight: MoneyInFlightEnd | None = None) -> InferSummary:
     elapsed = time.monotonic() - stats.started
     total_providers = sum(stats.providers.values())
-    return {
-        "exit_code": exit_code(stop, stats),
-        "stop_reason": stop.slug if stop else None,
-        "input_records": input_records,
-        "todo": stats.todo,
-        "skipped": stats.skipped,
-        "done": stats.done,
-        "failed": dict(stats.failed),
-        "failures_file": config.failures,
-        "retries": dict(stats.retries),
-        "abandoned_in_flight": stats.abandoned,
-        "taken_in_from_rescue": stats.taken_in,
-        "paid_not_written": {"answers": stats.unwritten, "cost": round(stats.unwritten_cost, 10),
-                             "rescued": stats.rescued, "rescue_file": stats.rescue_files.get("output"),
-                             "error": stats.write_error if stats.unwritten else None},
-        "failures_not_written": {"records": stats.failures_unwritten, "rescued": stats.failures_rescued,
-                                 "rescue_file": stats.rescue_files.get("failures")},
-        "spend_this_run": round(budget.spent_this_run, 10),
-        "spend_total": round(budget.spent, 10),
-        "max_cost": config.max_cost,
-        "total_cost": config.total_cost,
-        "tokens": {"prompt": stats.prompt_tokens, "completion": stats.completion_tokens,
-                   "reasoning": stats.reasoning_tokens, "completion_total": budget.tokens},
-        "token_budget": config.token_budget,
-        "providers": {k: round(v / total_providers, 4) for k, v in stats.providers.most_common()}
-        if total_providers else {},
-        "finish_reasons": dict(stats.finish_reasons),
-        "refused": refused_by_kind(stats.refused),
-        "by_provider": stats.table.rows(),
-        "elapsed_s": round(elapsed, 3),
-        "requests_per_s": round(stats.done / elapsed, 3) if elapsed else 0.0,
-        "completion_tokens_per_s": round(stats.completion_tokens / elapsed, 1) if elapsed else 0.0,
-        "concurrency_limit_end": concurrency_end,
-        "limit": stats.limit,
-        "limit_refusals": dict(stats.limit_refusals),
-        "money_in_flight": money_in_flight,
-        "costs": {source: stats.cost_sources.get(source, 0)
-                  for source in ("usage", "generation", "estimate")},
+    return InferSummary(
+        exit_code=exit_code(stop, stats),
+        stop_reason=stop.slug if stop else None,
+        input_records=input_records,
+        todo=stats.todo,
+        skipped=stats.skipped,
+        done=stats.done,
+        failed=dict(stats.failed),
+        failures_file=config.failures,
+        retries=dict(stats.retries),
+        abandoned_in_flight=stats.abandoned,
+        taken_in_from_rescue=stats.taken_in,
+        paid_not_written=PaidNotWritten(
+            answers=stats.unwritten, cost=round(stats.unwritten_cost, 10), rescued=stats.rescued,
+            rescue_file=stats.rescue_files.get("output"),
+            error=stats.write_error if stats.unwritten else None),
+        failures_not_written=FailuresNotWritten(
+            records=stats.failures_unwritten, rescued=stats.failures_rescued,
+            rescue_file=stats.rescue_files.get("failures")),
+        spend_this_run=round(budget.spent_this_run, 10),
+        spend_total=round(budget.spent, 10),
+        max_cost=config.max_cost,
+        total_cost=config.total_cost,
+        tokens=SummaryTokens(prompt=stats.prompt_tokens, completion=stats.completion_tokens,
+                             reasoning=stats.reasoning_tokens, completion_total=budget.tokens),
+        token_budget=config.token_budget,
+        providers=({k: round(v / total_providers, 4) for k, v in stats.providers.most_common()}
+                   if total_providers else {}),
+        finish_reasons=dict(stats.finish_reasons),
+        refused=refused_by_kind(stats.refused),
+        by_provider=stats.table.rows(),
+        elapsed_s=round(elapsed, 3),
+        requests_per_s=round(stats.done / elapsed, 3) if elapsed else 0.0,
+        completion_tokens_per_s=round(stats.completion_tokens / elapsed, 1) if elapsed else 0.0,
+        concurrency_limit_end=concurrency_end,
+        limit=stats.limit,
+        limit_refusals=dict(stats.limit_refusals),
+        money_in_flight=money_in_flight,
+        costs=SummaryCosts(**{source: stats.cost_sources.get(source, 0)
+                              for source in ("usage", "generation", "estimate")}),
         # with --server: each source's share of the answers and its completion tokens/s
-        "sources": {name: {"answers": n, "share": round(n / stats.done, 4),
-                           "completion_tokens": stats.source_tokens[name],
-                           "tokens_per_s": round(stats.source_tokens[name] / elapsed, 1)
-                           if elapsed else 0.0}
-                    for name, n in stats.sources.most_common()} if config.servers else {},
-    }
+        sources={name: SourceShare(answers=n, share=round(n / stats.done, 4),
+                                   completion_tokens=stats.source_tokens[name],
+                                   tokens_per_s=round(stats.source_tokens[name] / elapsed, 1)
+                                   if elapsed else 0.0)
+                 for name, n in stats.sources.most_common()} if config.servers else {},
+    )
 
 
-def format_summary(summary: dict) -> str:
-    failed = summary["failed"]
+def format_summary(summary: InferSummary) -> str:
+    failed = summary.failed
+    tokens = summary.tokens
     lines = [
-        f"kp-infer: {summary['done']} done, {summary['skipped']} skipped (already done), "
+        f"kp-infer: {summary.done} done, {summary.skipped} skipped (already done), "
         f"{sum(failed.values())} failed"
         + (f" ({', '.join(f'{k}: {v}' for k, v in failed.items())})" if failed else ""),
-        f"  spend: ${summary['spend_this_run']:.6f} this run, ${summary['spend_total']:.6f} in all"
-        + (f" (cap ${summary['max_cost']:g})" if summary['max_cost'] is not None else ""),
-        f"  tokens: {summary['tokens']['completion']:,} completion "
-        f"({summary['tokens']['reasoning']:,} reasoning), {summary['tokens']['prompt']:,} prompt; "
-        f"{summary['tokens']['completion_total']:,} completion in all"
-        + (f" (budget {summary['token_budget']:,})" if summary['token_budget'] else ""),
-        f"  throughput: {summary['requests_per_s']:.2f} req/s, "
-        f"{summary['completion_tokens_per_s']:,.0f} tok/s over {summary['elapsed_s']:.1f} s",
+        f"  spend: ${summary.spend_this_run:.6f} this run, ${summary.spend_total:.6f} in all"
+        + (f" (cap ${summary.max_cost:g})" if summary.max_cost is not None else ""),
+        f"  tokens: {tokens.completion:,} completion "
+        f"({tokens.reasoning:,} reasoning), {tokens.prompt:,} prompt; "
+        f"{tokens.completion_total:,} completion in all"
+        + (f" (budget {summary.token_budget:,})" if summary.token_budget else ""),
+        f"  throughput: {summary.requests_per_s:.2f} req/s, "
+        f"{summary.completion_tokens_per_s:,.0f} tok/s over {summary.elapsed_s:.1f} s",
     ]
-    costs = summary.get("costs") or {}
-    if costs.get("generation") or costs.get("estimate"):
-        lines.append(f"  costs: {costs['usage']:,} from usage.cost, {costs['generation']:,} looked up "
-                     f"(GET /generation: the answer showed none), {costs['estimate']:,} booked by "
+    costs = summary.costs
+    if costs.generation or costs.estimate:
+        lines.append(f"  costs: {costs.usage:,} from usage.cost, {costs.generation:,} looked up "
+                     f"(GET /generation: the answer showed none), {costs.estimate:,} booked by "
                      "estimate (no figure in time: usage tokens at the price bound, or the worst case)")
-    if summary["retries"]:
-        lines.append("  retries: " + ", ".join(f"{k}: {v}" for k, v in summary["retries"].items()))
-    if summary.get("sources"):
+    if summary.retries:
+        lines.append("  retries: " + ", ".join(f"{k}: {v}" for k, v in summary.retries.items()))
+    if summary.sources:
         lines.append("  sources: " + ", ".join(
-            f"{name} {s['share']:.0%} ({s['tokens_per_s']:,.0f} tok/s)"
-            for name, s in summary["sources"].items()))
-    if summary["providers"]:
-        lines.append("  providers: " + ", ".join(f"{k} {v:.0%}" for k, v in summary["providers"].items()))
-    if summary.get("by_provider"):
+            f"{name} {s.share:.0%} ({s.tokens_per_s:,.0f} tok/s)"
+            for name, s in summary.sources.items()))
+    if summary.providers:
+        lines.append("  providers: " + ", ".join(f"{k} {v:.0%}" for k, v in summary.providers.items()))
+    if summary.by_provider:
         lines.append("  by provider (refused r/n/t: routing violation, no reasoning, think marker):")
-        lines.append(table_text(summary["by_provider"], indent="    "))
-    if summary.get("refused"):
+        lines.append(table_text(summary.by_provider, indent="    "))
+    if summary.refused:
         lines.append("  refused (paid for, not kept; sent again with the provider ignored): " + "; ".join(
             f"{kind} " + ", ".join(f"{p} {n}" for p, n in by.items())
-            for kind, by in summary["refused"].items()))
-    if summary["abandoned_in_flight"]:
-        lines.append(f"  abandoned in flight after the grace period: {summary['abandoned_in_flight']}")
-    if summary["taken_in_from_rescue"]:
+            for kind, by in summary.refused.items()))
+    if summary.abandoned_in_flight:
+        lines.append(f"  abandoned in flight after the grace period: {summary.abandoned_in_flight}")
+    if summary.taken_in_from_rescue:
         lines.append(f"  taken in from the rescue file first (paid for by an earlier run): "
-                     f"{counted(summary['taken_in_from_rescue'], 'answer')}")
+                     f"{counted(summary.taken_in_from_rescue, 'answer')}")
     lines.extend(_unwritten_lines(summary))
-    if summary.get("limit_refusals"):
-        lines.append("  money limits: " + ", ".join(f"{k}: {v}" for k, v in summary["limit_refusals"].items()))
-    if summary.get("limit"):
-        lines.append(f"  {limit_text(summary['limit'])}")
-    if summary["stop_reason"]:
-        lines.append(f"  {StopReason.from_slug(summary['stop_reason']).message}")
+    if summary.limit_refusals:
+        lines.append("  money limits: " + ", ".join(f"{k}: {v}" for k, v in summary.limit_refusals.items()))
+    if summary.limit:
+        lines.append(f"  {limit_text(summary.limit)}")
+    if summary.stop_reason:
+        lines.append(f"  {StopReason.from_slug(summary.stop_reason).message}")
     elif failed:
-        lines.append(_failures_note(sum(failed.values()), summary["failures_file"]))
+        lines.append(_failures_note(sum(failed.values()), summary.failures_file))
     return "\n".join(lines)
 
 
-def _unwritten_lines(summary: dict) -> list[str]:
+def _unwritten_lines(summary: InferSummary) -> list[str]:
     """What was paid for and not written, where it is kept and what the next run does."""
     lines = []
-    lost = summary["paid_not_written"]
-    if lost["answers"]:
-        why = f" ({lost['error']})" if lost["error"] else " (stdout was closed)"
-        line = (f"  paid for but not written{why}: {counted(lost['answers'], 'answer')}, "
-                f"${lost['cost']:.6f}")
-        if lost["rescued"]:
-            line += (f"; {'all ' if lost['rescued'] == lost['answers'] else ''}"
-                     f"{lost['rescued']:,} kept in {lost['rescue_file']}: the next run over the "
+    lost = summary.paid_not_written
+    if lost.answers:
+        why = f" ({lost.error})" if lost.error else " (stdout was closed)"
+        line = (f"  paid for but not written{why}: {counted(lost.answers, 'answer')}, "
+                f"${lost.cost:.6f}")
+        if lost.rescued:
+            line += (f"; {'all ' if lost.rescued == lost.answers else ''}"
+                     f"{lost.rescued:,} kept in {lost.rescue_file}: the next run over the "
                      "same output takes them in first, they are not paid for again")
-        if lost["error"] and lost["rescued"] < lost["answers"]:
-            line += f"; {lost['answers'] - lost['rescued']:,} lost (the rescue file failed too)"
+        if lost.error and lost.rescued < lost.answers:
+            line += f"; {lost.answers - lost.rescued:,} lost (the rescue file failed too)"
         lines.append(line)
-    failures = summary["failures_not_written"]
-    if failures["records"]:
-        line = f"  failure records --failures could not take: {failures['records']:,}"
-        if failures["rescued"]:
-            line += f", {failures['rescued']:,} kept in {failures['rescue_file']} for the next run"
+    failures = summary.failures_not_written
+    if failures.records:
+        line = f"  failure records --failures could not take: {failures.records:,}"
+        if failures.rescued:
+            line += f", {failures.rescued:,} kept in {failures.rescue_file} for the next run"
         lines.append(line)
     return lines
 
@@ -349,16 +366,27 @@ def _failures_note(failed: int, failures_file: str | None) -> str:
             f"to retry {which} (add --failures FILE to keep why each failed)")
 
 
-def write_summary_json(path: str, result: dict) -> None:
+def write_summary_json(path: str, result: InferSummary) -> None:
     """Write the summary whole under a temporary name, then rename it into place (checked
     writable before the run: see prepare.check_outputs)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(tmp, "w") as f:
-            json.dump(result, f, indent=2)
+        with open(tmp, "w") as f:  # (json.dump of the builtins: the bytes it always had)
+            json.dump(msgspec.to_builtins(result), f, indent=2)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def read_summary(path: str, view: type = InferSummary):
+    """A --summary-json file decoded as VIEW (the whole summary, or a view of some of its
+    fields: contracts.SummaryStop); None when there is none (make removes it before each
+    run, and a run killed before its end leaves none)."""
+    try:
+        with open(path, "rb") as f:
+            return msgspec.json.decode(f.read(), type=view)
+    except FileNotFoundError:
+        return None

@@ -10,13 +10,14 @@ since. Before a request is sent its worst case is reserved against the cap, as f
 prices.
 
 Runs at the same time (`make -j`) share the cap through `--reservations FILE`: a small
-JSON file, locked with flock(2) while it is read and rewritten in place (one line, read up
+JSON file (`contracts.Reservations`), locked with flock(2) while it is read and rewritten in place (one line, read up
 to its newline, so that a longer old content left behind is never read: a rename per
 update costs milliseconds on ext4, an in-place write microseconds). Each run keeps one
 entry in it:
 
     {"token", "pid", "host", "proc_start", "label", "spent": USD this run,
-     "claim": USD it may have in flight (>= its reservations), "ended": bool}
+     "claim": USD it may have in flight (>= its reservations), "ended": bool, "started",
+     "died": true once another run found it dead (absent until then)}
 
 At start (`register`), under the lock, a run takes the snapshot S0 = the sum of every
 entry's `spent` and adds its own entry; only THEN does it read the files (F0). Whatever an
@@ -55,6 +56,10 @@ import socket
 import time
 from dataclasses import dataclass
 
+import msgspec
+
+from ..contracts import ReservationEntry, Reservations
+
 PUBLISH_INTERVAL = 0.5  # seconds between publications of a run's spend and claim
 
 
@@ -74,16 +79,16 @@ _seen_alive: dict[tuple[int, str | None], float] = {}  # (pid, start) -> when la
 SEEN_ALIVE_FOR = 1.0  # seconds a process seen alive is taken as alive without looking again
 
 
-def _alive(entry: dict, host: str) -> bool:
-    if entry.get("ended"):
+def _alive(entry: ReservationEntry, host: str) -> bool:
+    if entry.ended:
         return False
-    if entry.get("host") != host:
+    if entry.host != host:
         return True  # cannot be checked from here
-    pid = int(entry.get("pid", 0))
-    key = (pid, entry.get("proc_start"))
+    pid = entry.pid
+    key = (pid, entry.proc_start)
     if time.monotonic() - _seen_alive.get(key, -SEEN_ALIVE_FOR) < SEEN_ALIVE_FOR:
         return True
-    if _process_alive(pid, entry.get("proc_start")):
+    if _process_alive(pid, entry.proc_start):
         _seen_alive[key] = time.monotonic()
         return True
     return False
@@ -97,6 +102,9 @@ def _process_alive(pid: int, started: str | None) -> bool:
     except PermissionError:
         pass  # alive, another user's
     return started is None or _proc_start(pid) in (None, started)
+
+
+_reservations_decoder = msgspec.json.Decoder(Reservations)
 
 
 class ReservationFile:
@@ -116,7 +124,7 @@ class ReservationFile:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         return _Lock(self._fd)
 
-    def _load(self) -> list[dict]:
+    def _load(self) -> list[ReservationEntry]:
         data = b""
         while chunk := os.pread(self._fd, 1 << 16, len(data)):
             data += chunk
@@ -124,39 +132,38 @@ class ReservationFile:
         if not line.strip():
             return []
         try:
-            doc = json.loads(line)
-        except ValueError as e:
+            return _reservations_decoder.decode(line).entries
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise OSError(f"{self.path}: unreadable reservations file ({e}); remove it when "
                           "no kp-infer run is using it") from None
-        entries = doc.get("entries", []) if isinstance(doc, dict) else []
-        return [e for e in entries if isinstance(e, dict)]
 
-    def _save(self, entries: list[dict]) -> None:
-        data = json.dumps({"version": 1, "entries": entries}).encode() + b"\n"
+    def _save(self, entries: list[ReservationEntry]) -> None:
+        # (json.dumps of the builtins: the file's bytes as they always were)
+        data = json.dumps(msgspec.to_builtins(Reservations(entries=entries))).encode() + b"\n"
         os.pwrite(self._fd, data, 0)
         os.ftruncate(self._fd, len(data))
 
-    def _own(self, entries: list[dict]) -> dict:
+    def _own(self, entries: list[ReservationEntry]) -> ReservationEntry:
         for e in entries:
-            if e.get("token") == self.token:
+            if e.token == self.token:
                 return e
-        entry = {"token": self.token, "pid": self.pid, "host": self.host,
-                 "proc_start": _proc_start(self.pid), "label": self.label, "spent": 0.0,
-                 "claim": 0.0, "ended": False, "started": time.time()}
+        entry = ReservationEntry(token=self.token, pid=self.pid, host=self.host,
+                                 proc_start=_proc_start(self.pid), label=self.label,
+                                 spent=0.0, claim=0.0, ended=False, started=time.time())
         entries.append(entry)
         return entry
 
-    def _others(self, entries: list[dict]) -> tuple[float, float]:
+    def _others(self, entries: list[ReservationEntry]) -> tuple[float, float]:
         """(what the other entries count now: spent + live claims, the live claims alone)."""
         used = claims = 0.0
         for e in entries:
-            if e.get("token") == self.token:
+            if e.token == self.token:
                 continue
-            used += float(e.get("spent", 0.0))
+            used += e.spent
             if _alive(e, self.host):
-                claims += float(e.get("claim", 0.0))
-            elif not e.get("ended"):
-                e["ended"], e["died"], e["claim"] = True, True, 0.0  # found dead: its claim goes
+                claims += e.claim
+            elif not e.ended:
+                e.ended, e.died, e.claim = True, True, 0.0  # found dead: its claim goes
         return used + claims, claims
 
     # -- what a run does ----------------------------------------------------------------------
@@ -167,7 +174,7 @@ class ReservationFile:
             entries = self._load()
             if not any(_alive(e, self.host) for e in entries):
                 entries = []  # nobody holds a snapshot of them any more
-            snapshot = sum(float(e.get("spent", 0.0)) for e in entries)
+            snapshot = sum(e.spent for e in entries)
             self._own(entries)
             self._save(entries)
         return snapshot
@@ -185,9 +192,9 @@ class ReservationFile:
                 if base + used + spent + target <= cap:
                     taken = target
                     break
-            own["spent"] = spent
+            own.spent = spent
             if taken is not None:
-                own["claim"] = taken
+                own.claim = taken
             self._save(entries)
         return taken, used, claims
 
@@ -196,7 +203,7 @@ class ReservationFile:
         with self._locked():
             entries = self._load()
             own = self._own(entries)
-            own["spent"], own["claim"], own["ended"] = spent, claim, ended
+            own.spent, own.claim, own.ended = spent, claim, ended
             others = self._others(entries)
             self._save(entries)
         return others

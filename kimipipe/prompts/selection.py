@@ -13,38 +13,19 @@ hashes and where they were; the second pass writes the chosen ones (`write_order
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import msgspec
-
 from ..cli import counted
 from ..errors import InputError
+from ..ids import content_hash, hash_id, prompt_shuffle_key  # (the hashes: ids.py)
 from ..records import Message, Prompt
 from .conversation import Blocker, FormatError
 from .formats import read_record
 from .reading import SourceRecord, read_source
 from .turns import pick_turns
 
-_hash_encoder = msgspec.json.Encoder(order="deterministic")
 SHOWN = 3  # the records a summary names per kind
-
-
-def _hashed(messages: list[dict], follow_ups: list[str]) -> list:
-    # Without follow-ups the messages alone, so single-turn prompts keep the IDs of every
-    # earlier version (and of --turns last).
-    return [messages, follow_ups] if follow_ups else [messages]
-
-
-def content_hash(messages: list[dict], follow_ups: list[str] = ()) -> str:
-    blob = messages if not follow_ups else _hashed(messages, list(follow_ups))
-    return hashlib.sha256(_hash_encoder.encode(blob)).hexdigest()
-
-
-def hash_id(dataset: str, messages: list[dict], follow_ups: list[str] = ()) -> str:
-    digest = hashlib.sha256(_hash_encoder.encode([dataset, *_hashed(messages, list(follow_ups))])).hexdigest()[:16]
-    return f"{dataset}-{digest}" if dataset else digest
 
 
 def with_system(messages: list[dict], system: str | None) -> list[dict]:
@@ -227,8 +208,3 @@ def make_prompt(pid: str, dataset: str, c: Candidate) -> Prompt:
                   messages=[Message(role=m["role"], content=m["content"]) for m in c.messages],
                   meta=c.meta, follow_ups=c.follow_ups)
 
-
-def prompt_shuffle_key(seed: int, pid: str) -> bytes:
-    """Where prompt PID falls in kp-prompts' `--shuffle` order: a SHA-256 of the seed and
-    the ID, compared as bytes (the order depends on the seed and the IDs alone)."""
-    return hashlib.sha256(f"{seed}\0{pid}".encode()).digest()

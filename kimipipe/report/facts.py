@@ -368,14 +368,13 @@ class _Reader:
 
     def _shards(self, directory: str) -> None:
         manifest, lengths = read_lengths(directory)
-        name = (manifest.get("options") or {}).get("name") or os.path.basename(os.path.abspath(directory))
+        name = manifest.options.name or os.path.basename(os.path.abspath(directory))
         dataset = self.facts.of(name)
         dataset.shard_sets.append(directory)
         dataset.rows.source = "shards"
         dataset.rows.prompt.extend(lengths.prompt)
         dataset.rows.output.extend(lengths.output)
-        dropped = manifest.get("dropped") or {}
-        dataset.rows.dropped.update({k: v for k, v in dropped.items() if isinstance(v, int) and v})
+        dataset.rows.dropped.update({k: v for k, v in manifest.dropped.items() if v})
 
     def finish(self) -> BuildFacts:
         for name, rid, answer, refused in self.from_tokens:

@@ -10,12 +10,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .. import __version__
+from ..contracts import ShardManifest, ShardSettings, ShardTotals
 from ..errors import InputError, display_path
 from ..io import iter_records
 from .check import Lengths
 from .rows import TOKEN_RECORD_DECODER, Drops, Row, RowBuilder, eval_point, id_fingerprint
 from .shuffle import ExternalShuffle
-from .writer import DirectoryLock, ShardInfo, ShardSet, shard_info_dicts
+from .writer import DirectoryLock, ShardInfo, ShardSet
 
 MANIFEST_VERSION = 1
 
@@ -40,7 +41,7 @@ class ShardOptions:
 
 @dataclass
 class BuildResult:
-    manifest: dict
+    manifest: ShardManifest
     shards: list[ShardInfo]
     drops: Drops
     read: int
@@ -132,49 +133,49 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
     return BuildResult(manifest, finished, drops, read, lengths)
 
 
-def _sum(shards: list[ShardInfo], split: str | None = None) -> dict:
+def _sum(shards: list[ShardInfo], split: str | None = None) -> ShardTotals:
     chosen = [s for s in shards if split is None or s.split == split]
-    return {
-        "shards": len(chosen),
-        "records": sum(s.records for s in chosen),
-        "input_tokens": sum(s.input_tokens for s in chosen),
-        "output_tokens": sum(s.output_tokens for s in chosen),
-        "bytes": sum(s.bytes for s in chosen),
-        "uncompressed_bytes": sum(s.uncompressed_bytes for s in chosen),
-    }
+    return ShardTotals(
+        shards=len(chosen),
+        records=sum(s.records for s in chosen),
+        input_tokens=sum(s.input_tokens for s in chosen),
+        output_tokens=sum(s.output_tokens for s in chosen),
+        bytes=sum(s.bytes for s in chosen),
+        uncompressed_bytes=sum(s.uncompressed_bytes for s in chosen),
+    )
 
 
 def make_manifest(shards: list[ShardInfo], opts: ShardOptions, inputs: list[str], command: str,
-                  drops: Drops, truncated: int, read: int) -> dict:
-    return {
-        "manifest_version": MANIFEST_VERSION,
-        "kimipipe_version": __version__,
-        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": command,
-        "format": opts.fmt,
-        "row_schema": ({"id": "str", "input_ids": "prompt + output token IDs",
-                        "loss_mask": "0 per prompt token, 1 per output token"}
-                       if opts.fmt == "eagle" else "token records as read (records.Tokens)"),
-        "options": {
-            "name": opts.prefix,
-            "records_per_shard": opts.records_per_shard,
-            "tokens_per_shard": opts.tokens_per_shard,
-            "compression_level": opts.compression_level,
-            "shuffle": opts.shuffle,
-            "seed": opts.seed if opts.shuffle else None,
-            "eval_fraction": opts.eval_fraction,
-            "eval_split": "blake2b(id, digest_size=8, person='kp-shard-eval') / 2**64 < eval_fraction",
-            "min_output_tokens": opts.min_output_tokens,
-            "max_length": opts.max_length,
-            "truncate": opts.truncate,
-            "on_duplicate": opts.on_duplicate,
-        },
-        "inputs": [display_path(p) for p in inputs],
-        "records_read": read,
-        "dropped": drops.as_dict(),
-        "truncated": truncated,
-        "splits": {split: _sum(shards, split) for split in ("train", "eval")
-                   if any(s.split == split for s in shards)},
-        "totals": _sum(shards),
-        "shards": shard_info_dicts(shards),
-    }
+                  drops: Drops, truncated: int, read: int) -> ShardManifest:
+    return ShardManifest(
+        manifest_version=MANIFEST_VERSION,
+        kimipipe_version=__version__,
+        created=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        command=command,
+        format=opts.fmt,
+        row_schema=({"id": "str", "input_ids": "prompt + output token IDs",
+                     "loss_mask": "0 per prompt token, 1 per output token"}
+                    if opts.fmt == "eagle" else "token records as read (records.Tokens)"),
+        options=ShardSettings(
+            name=opts.prefix,
+            records_per_shard=opts.records_per_shard,
+            tokens_per_shard=opts.tokens_per_shard,
+            compression_level=opts.compression_level,
+            shuffle=opts.shuffle,
+            seed=opts.seed if opts.shuffle else None,
+            eval_fraction=opts.eval_fraction,
+            eval_split="blake2b(id, digest_size=8, person='kp-shard-eval') / 2**64 < eval_fraction",
+            min_output_tokens=opts.min_output_tokens,
+            max_length=opts.max_length,
+            truncate=opts.truncate,
+            on_duplicate=opts.on_duplicate,
+        ),
+        inputs=[display_path(p) for p in inputs],
+        records_read=read,
+        dropped=drops.as_dict(),
+        truncated=truncated,
+        splits={split: _sum(shards, split) for split in ("train", "eval")
+                if any(s.split == split for s in shards)},
+        totals=_sum(shards),
+        shards=list(shards),
+    )

@@ -26,6 +26,7 @@ import msgspec
 import zstandard
 from msgspec import Raw, Struct
 
+from ..contracts import ShardManifest
 from ..errors import InputError
 from ..io import zstd_reader
 from .rows import id_fingerprint
@@ -56,7 +57,26 @@ class RawLengths(Struct):
     output_ids: Raw
 
 
+_manifest_decoder = msgspec.json.Decoder(ShardManifest)
+
+
+def read_manifest(directory: str) -> ShardManifest:
+    """DIRECTORY's manifest, decoded (`contracts.ShardManifest`)."""
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path, "rb") as f:
+            return _manifest_decoder.decode(f.read())
+    except FileNotFoundError:
+        raise InputError("no manifest.json: not a kp-shard directory, or its run did not finish",
+                         directory) from None
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise InputError(f"unreadable manifest: {e}", path) from None
+
+
 def load_manifest(directory: str) -> dict:
+    """DIRECTORY's manifest as plain JSON, for `verify` alone: it checks a manifest that
+    may have been damaged or edited, so it reads one field at a time and reports each
+    that is wrong (a decode would stop at the first)."""
     path = os.path.join(directory, MANIFEST)
     try:
         with open(path) as f:
@@ -221,14 +241,14 @@ def _count_ids(raw: Raw) -> int:
     return text.count(b",") + 1 if text.strip(b" []\t\r\n") else 0
 
 
-def read_lengths(directory: str) -> tuple[dict, Lengths]:
+def read_lengths(directory: str) -> tuple[ShardManifest, Lengths]:
     """The manifest and the prompt/output lengths of every row of the set in DIRECTORY."""
-    manifest = load_manifest(directory)
-    fmt = manifest.get("format", "eagle")
+    manifest = read_manifest(directory)
+    fmt = manifest.format
     lengths = Lengths()
     decoder = msgspec.json.Decoder(EagleLengths if fmt == "eagle" else RawLengths)
-    for entry in manifest["shards"]:
-        path = os.path.join(directory, entry["file"])
+    for entry in manifest.shards:
+        path = os.path.join(directory, entry.file)
         try:
             for lineno, line in iter_shard_lines(path):
                 try:

@@ -9,13 +9,13 @@ decodes a list of ints, and only for the rows it cuts.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import msgspec
 import stringzilla as sz
 from msgspec import Raw
 
+from ..ids import eval_point  # noqa: F401 (the hash: ids.py)
 from ..records import Tokens, decode_passthrough
 
 
@@ -243,18 +243,6 @@ class Row:
     input_tokens: int
     output_tokens: int
     data: bytes
-
-
-def eval_point(record_id: str) -> float:
-    """Where an ID falls in [0, 1): rows below `--eval-fraction` form the eval split.
-
-    A hash of the ID alone (no seed, no dataset, no position), so an ID lands in the same
-    split on every rerun and in every dataset it appears in. Reproduce it elsewhere as
-    `int.from_bytes(blake2b(id.encode(), digest_size=8, person=b"kp-shard-eval").digest(),
-    "big") / 2**64`.
-    """
-    digest = hashlib.blake2b(record_id.encode(), digest_size=8, person=b"kp-shard-eval").digest()
-    return int.from_bytes(digest, "big") / 2.0**64
 
 
 def id_fingerprint(record_id: str) -> int:

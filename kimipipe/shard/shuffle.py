@@ -20,7 +20,6 @@ next to each other, which is where they are found (exactly, by ID) in this mode.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import struct
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 
 import zstandard
 
+from ..ids import row_shuffle_key  # (the hash: ids.py)
 from ..io import zstd_reader
 from .rows import Row
 
@@ -38,15 +38,6 @@ _BUFFER = 256 << 10
 _HEADER = struct.Struct("<QBIQIIII")  # key, split, source, line, in, out, id length, row length
 _ROW_OVERHEAD = 200  # bytes of Python objects around each loaded row, for the budget
 SPLITS = ("train", "eval")
-
-
-def row_shuffle_key(seed: int, record_id: str) -> int:
-    """Where a row falls in kp-shard's `--shuffle` order: a 64-bit BLAKE2b of its ID keyed
-    by the seed; its top bits also pick the row's spill bucket (see the module doc)."""
-    key = seed.to_bytes(16, "big", signed=True)
-    digest = hashlib.blake2b(record_id.encode(), digest_size=8, key=key,
-                             person=b"kp-shard-shuf").digest()
-    return int.from_bytes(digest, "big")
 
 
 @dataclass

@@ -43,10 +43,11 @@ import shutil
 import signal
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 
+import msgspec
 import zstandard
 
+from ..contracts import ShardEntry, ShardFiles, ShardManifest
 from ..errors import KPError
 from .rows import Row
 
@@ -79,18 +80,8 @@ def shard_pattern(prefix: str) -> re.Pattern:
     return re.compile(rf"^{re.escape(prefix)}-(?:eval-)?\d{{5,}}{re.escape(SHARD_SUFFIX)}$")
 
 
-@dataclass
-class ShardInfo:
-    """A finished shard as the manifest lists it."""
-
-    file: str
-    split: str
-    records: int
-    input_tokens: int
-    output_tokens: int
-    bytes: int
-    uncompressed_bytes: int
-    sha256: str
+ShardInfo = ShardEntry  # a finished shard as the manifest lists it (contracts.py)
+_files_decoder = msgspec.json.Decoder(ShardFiles)
 
 
 class _HashingFile:
@@ -293,7 +284,7 @@ class ShardSet:
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
-    def commit(self, manifest: dict) -> None:
+    def commit(self, manifest: ShardManifest) -> None:
         """Swap the finished set in for the old one (see the module docstring)."""
         _pause_at("commit")
         d = self.directory
@@ -301,7 +292,8 @@ class ShardSet:
         new_names = {s.file for s in self.finished}
         manifest_tmp = os.path.join(d, temp_name(MANIFEST))
         with open(manifest_tmp, "w") as f:
-            json.dump(manifest, f, indent=1)
+            # (json.dump of the builtins: the manifest's bytes as they always were)
+            json.dump(msgspec.to_builtins(manifest), f, indent=1)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -341,17 +333,13 @@ class ShardSet:
             fsync_dir(d)
 
 
-def shard_info_dicts(shards: list[ShardInfo]) -> list[dict]:
-    return [asdict(s) for s in shards]
-
-
 def read_manifest_files(directory: str) -> set[str]:
     """The shard file names the current manifest in DIRECTORY lists (none if unreadable)."""
     try:
-        with open(os.path.join(directory, MANIFEST)) as f:
-            manifest = json.load(f)
-        return {s["file"] for s in manifest.get("shards", []) if isinstance(s.get("file"), str)}
-    except (OSError, ValueError, AttributeError, TypeError):
+        with open(os.path.join(directory, MANIFEST), "rb") as f:
+            listed = _files_decoder.decode(f.read())
+        return {s.file for s in listed.shards}
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return set()
 
 

@@ -1,0 +1,351 @@
+"""The files kimipipe's commands leave for each other that are not records: one Struct each.
+
+records.py holds what flows down the pipeline line by line; this module holds the other
+files that cross a process or a stage. Each is written by encoding its Struct and read by
+decoding it (a reader never walks a dict), so the schema is declared here once:
+
+    file                              written by                      read by
+    WORK/D.plan.json                  kp-infer --plan --json          fullbuild/plan.py
+    (InferPlan)                       (infer/plan.py)                 (make plan, make all)
+    --summary-json FILE               kp-infer (infer/report.py)      fullbuild/stop.py (make's
+    (InferSummary)                                                    money-stop message:
+                                                                      SummaryStop)
+    --reservations FILE               kp-infer --total-cost           the other runs sharing
+    (Reservations)                    (infer/total_cost.py)           the cap
+    .NAME.lock beside an output       every resumable stage           the next run on it
+    (LockHolder)                      (locks.py)
+    DIR/manifest.json                 kp-shard (shard/build.py)       kp-shard verify/stats,
+    (ShardManifest)                                                   trainers, make
+
+The keys and their order are those the files have always had (tests and users read them).
+Schema evolution as for records: new fields get defaults, types never change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from msgspec import Struct
+
+# -- kp-infer --plan --json -----------------------------------------------------------------
+
+
+class PlanPrompts(Struct):
+    input: int  # records in the input
+    todo: int
+    done: int  # already in the output (skipped)
+    sample: int | None = None  # --sample
+
+
+class PlanPromptTokens(Struct):
+    estimated: int  # in all, at ~4 bytes a token
+    per_prompt: float
+    bound: int  # the prompts' token bound, in all (infer/budget.py)
+
+
+class PlanRoute(Struct):
+    """One endpoint of the model's table, and the routing flags' verdict on it."""
+
+    provider: str
+    tag: str | None
+    quantization: str | None
+    prompt_price: float  # USD per million tokens
+    completion_price: float
+    verdict: str  # "allowed", or why it is excluded
+    allowed: bool
+
+
+class PricePair(Struct):
+    prompt: float  # USD per million tokens
+    completion: float
+
+
+class PlanPriceBound(Struct):
+    """The prices a worst case is reserved at (openrouter/routing.py `price_bound`)."""
+
+    prompt: float  # USD per million tokens
+    completion: float
+    override: str | None = None  # the `pricing.overrides[]` entry that sets it, if one does
+
+
+class PlanPrices(Struct):
+    allowed_mean: PricePair | None  # the mean of the allowed routes, less their discounts
+    bound: PlanPriceBound | None
+
+
+class PlanAnswerTokens(Struct):
+    expected: float
+    assumed: str  # what the expectation rests on
+
+
+class PlanCost(Struct):
+    expected: float
+    worst_case: float
+    worst_case_request: float
+
+
+class Recorded(Struct):
+    spend: float  # USD in the output and --failures already
+    completion_tokens: int
+
+
+class PlanTotalCost(Struct):
+    cap: float
+    recorded: float
+    spent_in: list[str]
+
+
+class PlanInFlight(Struct):
+    """What the balance keeps in flight at once (infer/plan.py)."""
+
+    balance: float
+    balance_source: str
+    worst_case_request: float
+    requests: int | None
+    concurrency: int
+    max_tokens_for_concurrency: int | None
+
+
+class InferPlan(Struct):
+    """`kp-infer --plan --json` (infer/plan.py's docstring says what each figure means)."""
+
+    model: str
+    input: str
+    prompts: PlanPrompts
+    prompt_tokens: PlanPromptTokens
+    routes: list[PlanRoute] | None  # None: the endpoints table could not be read
+    prices: PlanPrices
+    max_tokens: int
+    answer_tokens: PlanAnswerTokens
+    cost: PlanCost | None
+    recorded: Recorded
+    max_cost: float | None
+    token_budget: int | None
+    total_cost: PlanTotalCost | None
+    warnings: list[str]
+    sampling: list[str]
+    distillation: str
+    notes: list[str]
+    in_flight: PlanInFlight | None
+
+
+# -- kp-infer --summary-json ------------------------------------------------------------------
+
+
+class PaidNotWritten(Struct):
+    answers: int
+    cost: float
+    rescued: int
+    rescue_file: str | None
+    error: str | None
+
+
+class FailuresNotWritten(Struct):
+    records: int
+    rescued: int
+    rescue_file: str | None
+
+
+class SummaryTokens(Struct):
+    prompt: int
+    completion: int
+    reasoning: int
+    completion_total: int  # the output's, earlier runs included
+
+
+class MoneyLimit(Struct, omit_defaults=True):
+    """The money limit that stopped a run: the fields OpenRouter gave, and what was left."""
+
+    status: int | None = None
+    limit_source: str | None = None
+    reason: str | None = None
+    scope: str | None = None
+    limit_usd: float | None = None
+    spend_usd: float | None = None
+    resets_at: str | None = None
+    message: str | None = None
+    # what the run knew: null when the balance could not be read, absent in a limit
+    # written by something else
+    balance_left: float | None | msgspec.UnsetType = msgspec.UNSET
+    worst_case_request: float | None = None
+
+
+class MoneyInFlightEnd(Struct):
+    """The money in flight at the end of a run (infer/inflight.py)."""
+
+    ceiling_end: float | None
+    ratio_end: float | None
+    peak: float
+    cuts: int
+    balance_read: float | None
+
+
+class SummaryCosts(Struct):
+    """Answers paid for (kept or refused) by where their cost came from (infer/costs.py)."""
+
+    usage: int = 0  # usage.cost
+    generation: int = 0  # GET /generation (the answer showed none)
+    estimate: int = 0  # neither in time: usage tokens at the price bound, or the worst case
+
+
+class SourceShare(Struct):
+    """One source of a run with --server (a server by name, or "openrouter")."""
+
+    answers: int
+    share: float  # of the answers written this run
+    completion_tokens: int
+    tokens_per_s: float  # completion tokens over the run's time
+
+
+class InferSummary(Struct):
+    """kp-infer's summary (infer/report.py's docstring says what each figure means)."""
+
+    exit_code: int
+    stop_reason: str | None  # report.StopReason's slug
+    input_records: int
+    todo: int
+    skipped: int
+    done: int
+    failed: dict[str, int]  # by kinds.FailureKind, a refusal kind, or http_<status>
+    failures_file: str | None
+    retries: dict[str, int]  # by kinds.RetryCause (or a status), or a refusal kind
+    abandoned_in_flight: int
+    taken_in_from_rescue: int
+    paid_not_written: PaidNotWritten
+    failures_not_written: FailuresNotWritten
+    spend_this_run: float
+    spend_total: float
+    max_cost: float | None
+    total_cost: float | None
+    tokens: SummaryTokens
+    token_budget: int | None
+    providers: dict[str, float]  # share of the answers
+    finish_reasons: dict[str, int]
+    refused: dict[str, dict[str, int]]  # {refusal kind: {provider: answers}}
+    by_provider: list[dict[str, Any]]  # infer/providers_table.py's rows
+    elapsed_s: float
+    requests_per_s: float
+    completion_tokens_per_s: float
+    concurrency_limit_end: int
+    limit: MoneyLimit | None
+    limit_refusals: dict[str, int]  # "402 in_flight_budget_exhausted": n
+    money_in_flight: MoneyInFlightEnd | None
+    costs: SummaryCosts = msgspec.field(default_factory=lambda: SummaryCosts())
+    sources: dict[str, SourceShare] = msgspec.field(default_factory=dict)  # with --server
+
+
+class SummaryStop(Struct):
+    """The view of a summary that make's money-stop message reads (fullbuild/stop.py):
+    only these fields, so a summary of an older or newer kp-infer is read as well."""
+
+    spend_this_run: float
+    spend_total: float
+    stop_reason: str | None = None
+    limit: MoneyLimit | None = None
+
+
+# -- --reservations (infer/total_cost.py) -----------------------------------------------------
+
+
+class ReservationEntry(Struct):
+    """One run sharing --total-cost."""
+
+    token: str  # this run's, random
+    pid: int = 0
+    host: str = ""
+    proc_start: str | None = None  # to tell a reused pid (Linux clock ticks since boot)
+    label: str = ""
+    spent: float = 0.0  # USD this run
+    claim: float = 0.0  # USD it may have in flight (>= its reservations)
+    ended: bool = False
+    started: float = 0.0  # time.time() at registration
+    # true once another run found it dead (its claim dropped); absent until then
+    died: bool | msgspec.UnsetType = msgspec.UNSET
+
+
+class Reservations(Struct):
+    version: int = 1
+    entries: list[ReservationEntry] = msgspec.field(default_factory=list)
+
+
+# -- output locks (locks.py) ------------------------------------------------------------------
+
+
+class LockHolder(Struct, omit_defaults=True):
+    """Who holds an output's lock. Every field may be missing from an old or torn file."""
+
+    pid: int | None = None
+    host: str | None = None
+    since: str | None = None  # ISO 8601, local time with its offset
+    command: str | None = None  # kp-infer, kp-tokenize, ...
+    output: str | None = None  # the output's absolute path
+
+
+# -- kp-shard's manifest -----------------------------------------------------------------------
+
+
+class ShardTotals(Struct):
+    shards: int
+    records: int
+    input_tokens: int
+    output_tokens: int
+    bytes: int
+    uncompressed_bytes: int
+
+
+class ShardEntry(Struct):
+    """A finished shard as the manifest lists it."""
+
+    file: str
+    split: str
+    records: int
+    input_tokens: int
+    output_tokens: int
+    bytes: int
+    uncompressed_bytes: int
+    sha256: str
+
+
+class ShardSettings(Struct):
+    """The options the set was made with (the manifest's `options`)."""
+
+    name: str
+    records_per_shard: int | None
+    tokens_per_shard: int | None
+    compression_level: int
+    shuffle: bool
+    seed: int | None
+    eval_fraction: float
+    eval_split: str
+    min_output_tokens: int
+    max_length: int | None
+    truncate: bool
+    on_duplicate: str
+
+
+class ShardManifest(Struct):
+    manifest_version: int
+    kimipipe_version: str
+    created: str  # UTC, ISO 8601
+    command: str
+    format: str  # the row format: eagle | raw
+    row_schema: dict[str, str] | str
+    options: ShardSettings
+    inputs: list[str]
+    records_read: int
+    dropped: dict[str, int]  # by reason
+    truncated: int
+    splits: dict[str, ShardTotals]  # train, eval (those that hold rows)
+    totals: ShardTotals
+    shards: list[ShardEntry]
+
+
+class ShardFile(Struct):
+    file: str
+
+
+class ShardFiles(Struct):
+    """The view of a manifest that needs only the names of the files it lists."""
+
+    shards: list[ShardFile]
