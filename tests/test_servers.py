@@ -12,7 +12,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from conftest import BIN, TOKENIZERS, kp, read_jsonl
 
 FAST = TOKENIZERS / "kimi-k2.5-mini-fast"
