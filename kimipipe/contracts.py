@@ -233,6 +233,9 @@ class InferSummary(Struct):
     money_in_flight: MoneyInFlightEnd | None
     costs: SummaryCosts = msgspec.field(default_factory=lambda: SummaryCosts())
     sources: dict[str, SourceShare] = msgspec.field(default_factory=dict)  # with --server
+    # answers from a provider name that covers an excluded variant too: kept, marked
+    # "routing": "unverifiable" (openrouter/routing.py: mixed_names)
+    routing_unverifiable: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class SummaryStop(Struct):

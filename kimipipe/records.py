@@ -145,6 +145,9 @@ class Generation(Struct):
     api: str | None = None  # the base URL's host (infer/api.py)
     reasoning_source: str | None = None
     sampled_ids: SampledIds | None = None  # the server's own IDs (docs/servers.md)
+    # "unverifiable": the provider named covers an endpoint the routing excludes (a variant
+    # told apart by tag only), so the answer cannot be traced to an allowed one
+    routing: str | None = None
 
 
 class Response(Prompt, kw_only=True):
@@ -165,6 +168,7 @@ class Response(Prompt, kw_only=True):
     api: str | None = None  # the base URL's host (infer/api.py)
     reasoning_source: str | None = None
     sampled_ids: SampledIds | None = None  # the server's own IDs (docs/servers.md)
+    routing: str | None = None
 
 
 class Failure(Struct, omit_defaults=True):
@@ -188,6 +192,8 @@ class Failure(Struct, omit_defaults=True):
     cost: float = 0.0
     refused: list[Refusal] = msgspec.field(default_factory=list)
     api: str | None = None  # the base URL's host (infer/api.py)
+    # the last error's `metadata.error_type`, as OpenRouter typed it (provider_overloaded, ...)
+    error_type: str | None = None
 
 
 class TokenIds(Struct, omit_defaults=True, kw_only=True):
