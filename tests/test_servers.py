@@ -295,3 +295,32 @@ def test_tokenize_reencodes_sampled_ids_that_do_not_spell_the_text(standin, tmp_
     assert "output_ids_source" not in rows[records[0]["id"]]
     assert rows[records[1]["id"]]["output_ids_source"] == "sampled"
     assert "1 rows' sampled IDs failed the check and were re-encoded" in t.stderr
+
+
+def test_make_passes_servers_and_money_caps_only_with_openrouter(tmp_path):
+    """`make SERVERS=...`: each server's --server, no money cap without OPENROUTER=1 (kp-infer
+    refuses one there), --openrouter and the caps with it (`make -n`: the command only)."""
+    from conftest import REPO
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "B3.prompts.jsonl").write_text("")
+
+    def command(*variables):
+        proc = subprocess.run(
+            ["make", "-n", "-C", str(REPO), f"WORK={work}", "DATASETS=B3", "MAX_COST=5",
+             *variables, f"{work}/B3.responses.done"],
+            capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        line = next(x for x in proc.stdout.splitlines()
+                    if "kp-infer" in x and "--plan" not in x and "-o" in x)
+        return line.split()
+
+    alone = command("SERVERS=http://gpu1:30000/v1 http://gpu2:30000/v1", "SERVER_CONCURRENCY=7")
+    assert [alone[i + 1] for i, a in enumerate(alone) if a == "--server"] == [
+        "http://gpu1:30000/v1", "http://gpu2:30000/v1"]
+    assert alone[alone.index("--server-concurrency") + 1] == "7"
+    assert "--openrouter" not in alone and "--max-cost" not in alone
+    both = command("SERVERS=http://gpu1:30000/v1", "OPENROUTER=1")
+    assert "--openrouter" in both and both[both.index("--max-cost") + 1] == "5"
+    plain = command()
+    assert "--server" not in plain and "--max-cost" in plain
