@@ -160,6 +160,8 @@ def test_several_servers_one_killed_mid_run(standin, tmp_path):
                   alive.base_url.split("//")[1].split("/")[0]}
     assert sum(r["provider"].endswith(f":{alive.port}") for r in records) >= 11
     assert all(r["usage"]["cost"] == 0 and r["sampled_ids"]["output"] for r in records)
+    # the survivor took the doomed server's share within its own --server-concurrency
+    assert alive.stats()["max_in_flight"] <= 2
     for body in alive.requests() + doomed.requests():
         assert "provider" not in body and "reasoning" not in body
         assert body["chat_template_kwargs"]["thinking"] is True

@@ -22,11 +22,14 @@ its record's `provider` is the server (`host:port`) and its `api` the server's h
 server that cannot be reached (connection refused or reset, a cut answer) is set aside
 for a cooldown that doubles while it stays down (2 s to 60 s), and the attempt is retried
 elsewhere as any other failed attempt (backoff, `--max-attempts`); while every server is
-down and there is no OpenRouter, the attempts are sent anyway (one may be back).
+down and there is no OpenRouter, the attempts are sent anyway (one may be back). No
+source gets more than its slots: with one set aside, an attempt waits for a free slot of
+the others (or the end of the cooldown).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from dataclasses import dataclass, field
@@ -108,6 +111,7 @@ class Sources:
 
     def __init__(self, sources: list[Source]):
         self.sources = sources
+        self._freed = asyncio.Event()  # set whenever a slot of some source is given back
 
     @classmethod
     def for_run(cls, servers: list[str], concurrency: int, idle_timeout: float,
@@ -132,15 +136,28 @@ class Sources:
         for s in self.sources:
             await s.transport.__aexit__(*exc)
 
-    def pick(self) -> Source:
-        """The source with room whose slots are least in use; up ones first."""
+    def pick(self) -> Source | None:
+        """The source with room whose slots are least in use, among those up (all of them
+        while none is); None when none of those has a free slot."""
         now = time.monotonic()
         up = [s for s in self.sources if s.up(now)] or self.sources
-        room = [s for s in up if s.in_flight < s.capacity] or up
-        return min(room, key=lambda s: (s.in_flight / s.capacity, s.sent))
+        room = [s for s in up if s.in_flight < s.capacity]
+        return min(room, key=lambda s: (s.in_flight / s.capacity, s.sent)) if room else None
+
+    async def _source(self) -> Source:
+        """A source with a free slot: the run admits up to every source's slots, so with a
+        server set aside the others' fill up, and an attempt waits here for one of their
+        slots (or for the cooldown to end) rather than going past a server's concurrency."""
+        while (source := self.pick()) is None:
+            self._freed.clear()
+            try:
+                await asyncio.wait_for(self._freed.wait(), timeout=COOLDOWN_MIN)
+            except TimeoutError:
+                pass
+        return source
 
     async def attempt(self, body: bytes, stream: bool) -> Attempt:
-        source = self.pick()
+        source = await self._source()
         source.in_flight += 1
         source.sent += 1
         try:
@@ -149,6 +166,7 @@ class Sources:
             result = await source.transport.attempt(server_body(body), stream)
         finally:
             source.in_flight -= 1
+            self._freed.set()
         if result.cause in DOWN_CAUSES:
             source.down_until = time.monotonic() + source.cooldown
             source.cooldown = min(COOLDOWN_MAX, source.cooldown * 2)
