@@ -13,7 +13,6 @@ import pytest
 from conftest import read_jsonl
 from test_infer import assert_correct, ids_of, infer, make_prompts
 
-
 # -- 1. both stream shapes ------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape, said", [("own-chunk", "own chunk"),

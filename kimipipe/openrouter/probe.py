@@ -30,8 +30,7 @@ from ..kinds import AttemptKind, RetryCause
 from .attempt import Attempt, error_attempt, retry_after_seconds
 from .client import COMPLETION_HEADERS, CompletionClient, StreamAnswer
 
-
-# The two shapes of a stream's last chunk, both OpenRouter's (docs/preflight.md).
+# The two shapes of a stream's last chunk, both OpenRouter's (docs/robustness.md, docs/kp-infer.md).
 USAGE_OWN_CHUNK = "own chunk"  # a chunk of its own with `choices: []`
 USAGE_ON_FINISH = "finish chunk"  # on the chunk whose choice carries finish_reason
 
