@@ -62,6 +62,11 @@ PROMPT_FLAGS ?=
 INFER_FLAGS ?=
 TOKENIZE_FLAGS ?= --trust-remote-code
 SHARD_FLAGS ?=
+# Self-hosted servers (docs/servers.md): SERVERS="http://gpu1:30000/v1 ..." sends the
+# prompts to them (SERVER_CONCURRENCY each), and with OPENROUTER=1 to OpenRouter too
+SERVERS ?=
+SERVER_CONCURRENCY ?= 64
+OPENROUTER ?=
 
 # Who answers: BASE_URL's host, as kp-infer records it in every answer (`api`; the port is
 # left out: a stand-in restarted on another port is the same API). A new host reruns the
@@ -76,10 +81,15 @@ content_args = --model $(MODEL) --max-tokens $(MAX_TOKENS) \
 # ... and how they are bought (a raised cap lets an unfinished stage go on; it does not
 # make a finished one run again).
 SPENT_IN = $(WORK)/*.responses.jsonl $(WORK)/*.failures.jsonl
-money_args = --concurrency $(CONCURRENCY) $(if $(MAX_COST),--max-cost $(MAX_COST)) \
+# (servers alone spend nothing: no money cap is passed then, the token budget applies)
+servers_only = $(if $(SERVERS),$(if $(OPENROUTER),,yes))
+server_args = $(foreach s,$(SERVERS),--server $(s)) \
+  $(if $(SERVERS),--server-concurrency $(SERVER_CONCURRENCY) $(if $(OPENROUTER),--openrouter))
+money_args = --concurrency $(CONCURRENCY) $(server_args) $(if $(servers_only),,\
+  $(if $(MAX_COST),--max-cost $(MAX_COST)) \
   $(if $(TOTAL_COST),--total-cost $(TOTAL_COST) $(foreach g,$(SPENT_IN),--spent-in '$(g)') \
   --reservations $(WORK)/total-cost.json) \
-  $(if $(MIN_CREDITS),--min-credits $(MIN_CREDITS)) --base-url $(BASE_URL)
+  $(if $(MIN_CREDITS),--min-credits $(MIN_CREDITS))) --base-url $(BASE_URL)
 infer_args = $(strip $(call content_args,$(1)) $(money_args))
 # $(call infer,D,extra flags): the kp-infer command of dataset D
 infer = $(BIN)/kp-infer $(WORK)/$(1).prompts.jsonl -o $(WORK)/$(1).responses.jsonl \
@@ -135,6 +145,7 @@ help:
 	@echo "  TOKEN_BUDGET=$(TOKEN_BUDGET) (each; TOKEN_BUDGET_<D>, WEIGHT_<D>)  ALLOW_SHORT=$(ALLOW_SHORT)"
 	@echo "  PILOT=$(PILOT)  ANSWER_TOKENS=$(ANSWER_TOKENS)  MIN_CREDITS=$(MIN_CREDITS)  CONCURRENCY=$(CONCURRENCY)  MAX_TOKENS=$(MAX_TOKENS)"
 	@echo "  MODEL=$(MODEL)  BASE_URL=$(BASE_URL)"
+	@echo "  SERVERS=\"$(SERVERS)\"  SERVER_CONCURRENCY=$(SERVER_CONCURRENCY)  OPENROUTER=$(OPENROUTER) (1: and OpenRouter)"
 	@echo "  IGNORE_PROVIDERS=\"$(IGNORE_PROVIDERS)\"  QUANTIZATIONS=\"$(QUANTIZATIONS)\""
 	@echo "  PROMPT_FLAGS INFER_FLAGS TOKENIZE_FLAGS SHARD_FLAGS: anything else, per stage"
 	@echo "start with: export OPENROUTER_API_KEY=sk-or-...; make plan"

@@ -204,6 +204,15 @@ class SummaryCosts(Struct):
     estimate: int = 0  # neither in time: usage tokens at the price bound, or the worst case
 
 
+class SourceShare(Struct):
+    """One source of a run with --server (a server by name, or "openrouter")."""
+
+    answers: int
+    share: float  # of the answers written this run
+    completion_tokens: int
+    tokens_per_s: float  # completion tokens over the run's time
+
+
 class SummaryConversations(Struct):
     """A run's conversations (prompts with follow_ups), turn by turn."""
 
@@ -247,6 +256,7 @@ class InferSummary(Struct):
     limit_refusals: dict[str, int]  # "402 in_flight_budget_exhausted": n
     money_in_flight: MoneyInFlightEnd | None
     costs: SummaryCosts = msgspec.field(default_factory=lambda: SummaryCosts())
+    sources: dict[str, SourceShare] = msgspec.field(default_factory=dict)  # with --server
     # answers from a provider name that covers an excluded variant too: kept, marked
     # "routing": "unverifiable" (openrouter/routing.py: mixed_names)
     routing_unverifiable: dict[str, int] = msgspec.field(default_factory=dict)

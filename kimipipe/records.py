@@ -94,6 +94,16 @@ class Sampling(Struct, omit_defaults=True):
     require_parameters: bool = False
 
 
+class SampledIds(Struct, omit_defaults=True):
+    """The IDs as the server tokenized and sampled them (a self-hosted vLLM returns them for
+    `return_token_ids`; OpenRouter never does): `prompt` the rendered prompt's IDs (None
+    when the server gave none), `output` the generated turn's, its end-of-turn token
+    included (docs/servers.md)."""
+
+    output: list[int]
+    prompt: list[int] | None = None
+
+
 class Refusal(Struct, omit_defaults=True):
     """An answer kp-infer paid for and did not keep, and why: `routing_violation` (served
     by a provider the routing flags exclude), `no_reasoning` (reasoning asked for, none
@@ -122,7 +132,9 @@ class Generation(Struct):
     (UTC, ISO 8601 to the millisecond: the build report's time axis), and the API that
     answered (the base URL's host, infer/api.py). `reasoning_source` (later still; None
     before): where the reasoning came from, `field`, `details` or `inline` (a leading
-    `<think>` block, or the text before a lone `</think>`: kimipipe/think_tags.py)."""
+    `<think>` block, or the text before a lone `</think>`: kimipipe/think_tags.py).
+    `sampled_ids` (later still; None before, and from OpenRouter): the prompt and
+    generated IDs as a self-hosted server returned them (`SampledIds`)."""
 
     response: ResponseText
     finish_reason: str | None
@@ -138,6 +150,7 @@ class Generation(Struct):
     finished_at: str | None = None
     api: str | None = None  # the base URL's host (infer/api.py)
     reasoning_source: str | None = None
+    sampled_ids: SampledIds | None = None  # the server's own IDs (docs/servers.md)
     # "unverifiable": the provider named covers an endpoint the routing excludes (a variant
     # told apart by tag only), so the answer cannot be traced to an allowed one
     routing: str | None = None
@@ -177,6 +190,7 @@ class Response(Prompt, kw_only=True):
     finished_at: str | None = None
     api: str | None = None  # the base URL's host (infer/api.py)
     reasoning_source: str | None = None
+    sampled_ids: SampledIds | None = None  # the server's own IDs (docs/servers.md)
     routing: str | None = None
 
 
@@ -217,6 +231,10 @@ class TokenIds(Struct, omit_defaults=True, kw_only=True):
     prompt_tokens_delta: int | None = None
     completion_tokens_delta: int | None = None
     reasoning_source: str | None = None
+    # `output_ids` are the server's sampled IDs (`sampled_ids`, checked): "sampled"; and
+    # kimipipe's own re-encoding of the text beside them, for the comparison (docs/servers.md)
+    output_ids_source: str | None = None
+    reencoded_ids: list[int] | None = None
     input_ids: list[int]
     output_ids: list[int]
     over_max_length: bool = False

@@ -145,7 +145,8 @@ OPTION_SECTIONS = {
     "Files and resume": ["output", "failures", "summary_json", "done_files", "rescue_dir",
                          "min_free_disk", "disk_wait", "partition", "allow_mixed", "report_files",
                          "as_json", "html"],
-    "Tuning and connection": ["concurrency", "max_attempts", "backoff_base", "grace",
+    "Tuning and connection": ["concurrency", "servers", "server_concurrency", "use_openrouter",
+                              "max_attempts", "backoff_base", "grace",
                               "idle_timeout", "workers", "stream", "proxy", "base_url",
                               "api_key_file"],
 }
@@ -263,6 +264,17 @@ class _InferCommand(KPCommand):
               help="Requests in flight at most (the limit adapts down on 429s and back up). "
                    "64 suits a first try; the user's runs in the README use 2000 (one client "
                    "holds 2000 in flight: see docs/performance.md).")
+@click.option("--server", "servers", multiple=True, metavar="URL",
+              help="A self-hosted OpenAI-compatible server (vLLM, SGLang) to send prompts to, "
+                   "e.g. http://gpu1:30000/v1 (repeatable): no provider object, balance or "
+                   "endpoints table; thinking by chat_template_kwargs; vLLM's sampled token IDs "
+                   "kept (sampled_ids). Without --openrouter, OpenRouter gets nothing. "
+                   "See docs/servers.md.")
+@click.option("--server-concurrency", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Requests in flight at most per --server.")
+@click.option("--openrouter", "use_openrouter", is_flag=True,
+              help="With --server: send to OpenRouter too (up to --concurrency in flight there); "
+                   "each prompt goes to whichever has room. Implied without --server.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=8, show_default=True,
               help="Attempts per prompt before it is recorded as failed (this run); an answer "
                    "refused (routing, no reasoning, a think tag) counts as one.")
@@ -352,7 +364,7 @@ class _InferCommand(KPCommand):
 def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, reasoning_effort,
         extra_body, no_require_parameters, history_reasoning, allow_mixed, ignore_provider, only_provider, quantization, any_quantization,
         sort, no_fallbacks, data_collection, allow_non_distillable, max_price_prompt, max_price_completion,
-        concurrency, max_attempts, idle_timeout, workers, stream, proxy,
+        concurrency, servers, server_concurrency, use_openrouter, max_attempts, idle_timeout, workers, stream, proxy,
         backoff_base, grace, max_cost, token_budget, total_cost, spent_in, reservations, min_credits,
         credits_interval, cost_lookup_wait, done_files, failures, summary_json, min_free_disk, disk_wait,
         rescue_dir, partition, sample, base_url, api_key_file, plan, report_files, preflight, html, as_json,
@@ -373,6 +385,10 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         return ExitCode.OK
     if as_json and not (plan or preflight is not None):
         raise KPError("--json goes with --plan, --report or --preflight", ExitCode.USAGE)
+    if use_openrouter and not servers:
+        raise KPError("--openrouter goes with --server (without --server, OpenRouter is the "
+                      "only source)", ExitCode.USAGE)
+    openrouter = use_openrouter or not servers
     if (spent_in or reservations) and total_cost is None:
         raise KPError(f"{'--spent-in' if spent_in else '--reservations'} needs --total-cost", ExitCode.USAGE)
     served = served_sampling(model, reasoning, reasoning_effort)  # user flags win
@@ -401,12 +417,14 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         partition=partition, plan=plan, plan_json=as_json and plan, sample=sample,
         request=request, policy=policy,
         history_reasoning=history_reasoning or history_reasoning_default(model),
-        allow_mixed=allow_mixed, base_url=base_url, api_key=read_api_key(api_key_file, required=not plan),
+        allow_mixed=allow_mixed, base_url=base_url,
+        api_key=read_api_key(api_key_file, required=not plan) if openrouter else "",
         concurrency=concurrency, max_attempts=max_attempts, backoff_base=backoff_base,
         idle_timeout=idle_timeout, grace=grace, workers=workers, proxy=proxy,
         max_cost=max_cost, token_budget=token_budget, total_cost=total_cost, spent_in=list(spent_in),
         reservations=reservations, min_credits=min_credits,
-        credits_interval=credits_interval, cost_lookup_wait=cost_lookup_wait)
+        credits_interval=credits_interval, cost_lookup_wait=cost_lookup_wait,
+        servers=list(servers), server_concurrency=server_concurrency, openrouter=openrouter)
     with sigterm_as_ctrl_c():  # a `kill` or a stopped container: exit 130 with the summary
         if preflight is not None:
             return run_preflight(config, preflight, as_json, Stderr(quiet), click.echo)

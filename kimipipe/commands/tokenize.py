@@ -258,6 +258,7 @@ def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset,
         chat_template=template_text, preset=preset, thinking=thinking, max_length=max_length,
         drop_long=drop_long, drop_truncated=drop_truncated, drop_text=drop_text,
         ignore_extra_fields=ignore_extra_fields, max_prompt_delta=max_prompt_delta, debug=debug,
+        strict=strict,
     )
     if check:  # what a run would load, loaded and checked the same way; a report: stdout
         click.echo(f"kp-tokenize: {tokenizer_spec}: {Engine(settings).describe()}")

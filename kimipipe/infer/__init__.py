@@ -40,5 +40,7 @@
     rescue.py          answers a failing output cannot take, kept for the next run (--rescue)
     limiter.py         adaptive concurrency (shrinks on 429s, grows back)
     process_pool.py    the HTTP transport: in this process, or a WorkerPool of processes
+    servers.py         --server: self-hosted servers as sources beside (or instead of)
+                       OpenRouter, the request as a server takes it
     worker_process.py  a worker process (`python -m kimipipe.infer.worker_process`)
 """

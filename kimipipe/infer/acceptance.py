@@ -38,6 +38,7 @@ from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
 from ..openrouter.routing import routing_violation as policy_violation
 from ..think_tags import INLINE, THINK_CLOSE, THINK_OPEN, split_lone_think_close
 from .config import RunConfig
+from .servers import server_name
 
 
 def recover_lone_think_close(answer: Attempt) -> None:
@@ -78,13 +79,19 @@ class Acceptance:
         self.policy = policy
         self.endpoints = endpoints
         self.expects_reasoning = expects_reasoning
+        self.servers: frozenset[str] = frozenset()  # the --server names (infer/servers.py)
 
     @classmethod
     def for_run(cls, config: RunConfig, endpoints: list[Endpoint] | None) -> Acceptance:
-        return cls(config.policy, endpoints, config.request.asks_for_reasoning())
+        acceptance = cls(config.policy, endpoints, config.request.asks_for_reasoning())
+        acceptance.servers = frozenset(server_name(url) for url in config.servers)
+        return acceptance
 
     def routing_violation(self, provider: str | None) -> str | None:
-        """Why an answer served by PROVIDER breaks the routing policy, or None."""
+        """Why an answer served by PROVIDER breaks the routing policy, or None (a
+        self-hosted server's answer: OpenRouter's routing does not apply)."""
+        if provider in self.servers:
+            return None
         return policy_violation(self.policy, provider, self.endpoints)
 
     def refusal(self, answer: Attempt) -> tuple[RefusalKind, str] | None:

@@ -55,3 +55,21 @@ class RunConfig:
     credits_interval: float = 60.0  # seconds between balance polls
     # seconds an answer without usage.cost waits for GET /generation's figure (infer/costs.py)
     cost_lookup_wait: float = 30.0
+    # self-hosted servers (infer/servers.py): --server URLs, each with its own concurrency,
+    # beside OpenRouter (--openrouter; implied without --server)
+    servers: list[str] = field(default_factory=list)
+    server_concurrency: int = 64
+    openrouter: bool = True
+
+    @property
+    def total_concurrency(self) -> int:
+        """The run's concurrency limit: OpenRouter's slots and every server's."""
+        return (self.concurrency if self.openrouter else 0) + \
+            self.server_concurrency * len(self.servers)
+
+    @property
+    def apis(self) -> set[str]:
+        """The hosts whose answers this run writes (a resume by ID covers them all)."""
+        from .api import api_of
+        return ({api_of(self.base_url)} if self.openrouter else set()) | \
+            {api_of(url) for url in self.servers}

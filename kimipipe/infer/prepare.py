@@ -284,26 +284,30 @@ def stable_sample(ids: set[str], n: int) -> set[str]:
 
 
 def previous_work(output: str, failures: str | None, say: Callable[[str], None],
-                  repair: bool = True, api: str | None = None) -> tuple[set[str], float, int]:
+                  repair: bool = True, api: str | set[str] | None = None
+                  ) -> tuple[set[str], float, int]:
     """(IDs done, USD, completion tokens) recorded by earlier runs, in one pass over OUTPUT
     (after repairing a torn last line; without REPAIR, as --plan reads it, a torn last line
     is left alone) plus the failures file's costs. A record another API than API answered
-    refuses the resume (infer/api.py)."""
+    refuses the resume (infer/api.py); API may be a set (a run with --server: every host
+    it writes answers of)."""
+    apis = {api} if isinstance(api, str) else api
+    shown = None if apis is None else ", ".join(sorted(apis))
     if repair:
         repair_and_report(output, report=say)
     done: set[str] = set()
     cost = 0.0
     tokens = 0
     for rec in (iter_finished if repair else finished_records)(output, _answered_decoder):
-        if api is not None and rec.api is not None and rec.api != api:
-            raise other_api(output, rec.api, rec.generation_id, rec.id, api)
+        if apis is not None and rec.api is not None and rec.api not in apis:
+            raise other_api(output, rec.api, rec.generation_id, rec.id, shown)
         done.add(rec.id)
         cost += rec.paid  # its own cost, and that of the answers refused before it
         tokens += rec.usage.completion_tokens
     if failures and os.path.exists(failures):
         for rec in (iter_finished if repair else finished_records)(failures, _spend_decoder):
-            if api is not None and rec.api is not None and rec.api != api:
-                raise other_api(failures, rec.api, rec.generation_id, rec.id, api)
+            if apis is not None and rec.api is not None and rec.api not in apis:
+                raise other_api(failures, rec.api, rec.generation_id, rec.id, shown)
             cost += rec.paid
     return done, cost, tokens
 
@@ -422,7 +426,7 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     # --plan may run beside a build writing OUTPUT: it neither repairs nor takes anything in
     taken_in = 0 if config.plan else take_in_rescued(config, say)
     done, spent, tokens = previous_work(config.output, config.failures, say, repair=not config.plan,
-                                        api=api_of(config.base_url))
+                                        api=config.apis)
     conversations = scan_output(config.output)
     check_recipe(conversations.recipes, config.request.model,
                  config.request.sampling(config.policy), config.history_reasoning,
@@ -439,6 +443,16 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     turns_todo = sum(scan.turns_of(i) - (conversations.open[i].turn if i in conversations.open else 0)
                      for i in todo_ids)
 
+    if not config.openrouter:  # servers only: no endpoints table, no prices, no model entry
+        if config.max_cost is not None or config.total_cost is not None:
+            raise KPError("--max-cost and --total-cost cap OpenRouter's spend: a run with "
+                          "--server and no --openrouter spends none (the token budget, "
+                          "--token-budget, applies)", ExitCode.USAGE)
+        prepared = Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, None,
+                            None, taken_in=taken_in, model_info="servers only", sample=sample)
+        prepared.notes.append(f"servers only ({', '.join(config.servers)}): no OpenRouter "
+                              "routing, prices or balance; the answers cost nothing")
+        return prepared
     endpoints = read_endpoints(config, say)
     if endpoints is not None:
         check_provider_slugs(config, endpoints)

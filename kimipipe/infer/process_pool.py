@@ -217,6 +217,16 @@ def open_transport(config: RunConfig, todo: int) -> WorkerPool | CompletionClien
     process carries well over a thousand live streams (docs/performance.md), so a small run
     gains nothing from workers and would pay their start (~0.3 s of CPU each) and an IPC
     hop per request."""
+    if config.servers:  # self-hosted servers, with OpenRouter beside them or not
+        from .servers import Sources
+        return Sources.for_run(config.servers, config.server_concurrency, config.idle_timeout,
+                               openrouter_transport(config, todo) if config.openrouter else None,
+                               config.concurrency)
+    return openrouter_transport(config, todo)
+
+
+def openrouter_transport(config: RunConfig, todo: int) -> WorkerPool | CompletionClient:
+    """OpenRouter's transport: in this process, or a WorkerPool (see `open_transport`)."""
     workers = default_workers(config.concurrency, todo) if config.workers is None else config.workers
     workers = min(workers, max(1, todo)) if workers else 0
     if workers:

@@ -53,6 +53,7 @@ from ..contracts import (
     MoneyInFlightEnd,
     MoneyLimit,
     PaidNotWritten,
+    SourceShare,
     SummaryConversations,
     SummaryCosts,
     SummaryTokens,
@@ -184,6 +185,9 @@ class Stats:
     # answers paid for (kept or refused) by where their cost came from (infer/costs.py):
     # "usage" (usage.cost), "generation" (GET /generation), "estimate" (neither in time)
     cost_sources: Counter = field(default_factory=Counter)
+    # answers and completion tokens by source: each --server by name, else "openrouter"
+    sources: Counter = field(default_factory=Counter)
+    source_tokens: Counter = field(default_factory=Counter)
     started: float = field(default_factory=time.monotonic)
 
     def answered(self, answer: Attempt, latency: float | None = None) -> None:
@@ -194,6 +198,9 @@ class Stats:
         self.reasoning_tokens += answer.reasoning_tokens
         self.providers[answer.provider or "unknown"] += 1
         self.finish_reasons[answer.finish_reason or "none"] += 1
+        source = answer.provider if answer.api else "openrouter"  # (a server's sets api)
+        self.sources[source] += 1
+        self.source_tokens[source] += answer.completion_tokens
         self.table.answer(answer.provider, answer.completion_tokens, answer.reasoning_tokens,
                           answer.finish_reason, answer.cost or 0.0, latency)
 
@@ -284,6 +291,12 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         money_in_flight=money_in_flight,
         costs=SummaryCosts(**{source: stats.cost_sources.get(source, 0)
                               for source in ("usage", "generation", "estimate")}),
+        # with --server: each source's share of the answers and its completion tokens/s
+        sources={name: SourceShare(answers=n, share=round(n / stats.done, 4),
+                                   completion_tokens=stats.source_tokens[name],
+                                   tokens_per_s=round(stats.source_tokens[name] / elapsed, 1)
+                                   if elapsed else 0.0)
+                 for name, n in stats.sources.most_common()} if config.servers else {},
         conversations=(SummaryConversations(
             turns_by_number={str(k): n for k, n in sorted(stats.turns.items())},
             done=stats.conversations_done, cut=stats.conversations_cut,
@@ -321,6 +334,10 @@ def format_summary(summary: InferSummary) -> str:
                      + ", ".join(f"#{k} {n:,}" for k, n in conv.turns_by_number.items()))
     if summary.retries:
         lines.append("  retries: " + ", ".join(f"{k}: {v}" for k, v in summary.retries.items()))
+    if summary.sources:
+        lines.append("  sources: " + ", ".join(
+            f"{name} {s.share:.0%} ({s.tokens_per_s:,.0f} tok/s)"
+            for name, s in summary.sources.items()))
     if summary.providers:
         lines.append("  providers: " + ", ".join(f"{k} {v:.0%}" for k, v in summary.providers.items()))
     if summary.by_provider:

@@ -104,7 +104,7 @@ class Run:
                               config.disk_wait)
         self.stats = Stats(todo=prepared.todo, skipped=prepared.skipped,
                            taken_in=prepared.taken_in)
-        self.limiter = AdaptiveLimiter(config.concurrency)
+        self.limiter = AdaptiveLimiter(config.total_concurrency)
         self.money = MoneyInFlight(lambda: budget.spent_this_run)
         # conversations (infer/conversations.py): their next turns go ahead of new prompts
         self.conversations = ConversationQueue(config.history_reasoning, self.stats,
@@ -179,7 +179,7 @@ class Run:
         poller = publisher = None
         ticker = asyncio.create_task(self.progress.tick())
         try:
-            if not state.stopping.is_set():
+            if not state.stopping.is_set() and self.config.openrouter:  # (a server has none)
                 await self._unless_stopped(self._check_balance())
                 poller = asyncio.create_task(self._poll_balance())
             if self.budget.total is not None and self.budget.total.shared is not None:
@@ -404,7 +404,7 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
         budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
                         total=prepared.total)
         if config.plan:  # a report: stdout
-            balance = _balance_for_plan(config, say)
+            balance = _balance_for_plan(config, say) if config.openrouter else None
             click.echo(plan_json(config, prepared, budget, balance) if config.plan_json
                        else plan_text(config, prepared, budget, balance))
             return ExitCode.OK

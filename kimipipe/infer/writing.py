@@ -31,6 +31,7 @@ from ..records import (
     Prompt,
     Refusal,
     ResponseText,
+    SampledIds,
     Sampling,
     Usage,
     decode_passthrough,
@@ -78,6 +79,8 @@ def generation_fields(answer: Attempt, attempts: int, model: str,
         sampling=sampling,
         cost_source=cost_source,
         reasoning_source=answer.reasoning_source or None,
+        sampled_ids=(None if answer.output_ids is None
+                     else SampledIds(output=answer.output_ids, prompt=answer.prompt_ids)),
     )
 
 
@@ -137,7 +140,9 @@ class Output:
     def __init__(self, config: RunConfig):
         self.config = config
         self.sampling = config.request.sampling(config.policy)  # the same for every prompt
-        self.api = api_of(config.base_url)  # who answers: on every record (infer/api.py)
+        # who answers: on every record (infer/api.py); a server's answer names its host
+        self.api = api_of(config.base_url if config.openrouter or not config.servers
+                          else config.servers[0])
         self.rescues = {name: Rescue(path, config.rescue_dir)
                         for name, path in (("output", config.output), ("failures", config.failures))
                         if path and path != "-"}
@@ -168,7 +173,7 @@ class Output:
         fields.latency_s = round(latency, 3) if latency is not None else None
         now = time.time()
         fields.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
-        fields.api = self.api
+        fields.api = answer.api or self.api  # a server's answer: its host
         if answer.provider in self.config.policy.unverifiable_names:
             # its name covers an excluded variant too (openrouter/routing.py: mixed_names):
             # kept, but not verifiable; counted in the summary (report.py)

@@ -81,6 +81,10 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     # an `ok` answer came with a `usage` object (a stream can end without one): when not,
     # its tokens are unknown and it is booked at its worst case (infer/costs.py)
     usage_seen: bool = True
+    # the IDs a self-hosted server returned (vLLM's return_token_ids): None when it gave none
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] | None = None
+    api: str | None = None  # the host that answered, when not the run's base URL (infer/servers.py)
     # the error's `metadata.error_type` (rate_limit_exceeded, provider_overloaded, ...)
     error_type: str = ""
 

@@ -49,12 +49,14 @@ class _ReasoningDetail(msgspec.Struct, gc=False):
 class _Delta(msgspec.Struct, gc=False):
     content: str | None = None
     reasoning: str | None = None
+    reasoning_content: str | None = None  # vLLM's and SGLang's reasoning parsers
     reasoning_details: list[_ReasoningDetail] | None = None
 
 
 class _Message(msgspec.Struct, gc=False):
     content: str | None = None
     reasoning: str | None = None
+    reasoning_content: str | None = None  # vLLM's and SGLang's reasoning parsers
     reasoning_details: list[_ReasoningDetail] | None = None
 
 
@@ -63,6 +65,7 @@ class _Choice(msgspec.Struct, gc=False):
     message: _Message | None = None
     finish_reason: str | None = None
     error: dict | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids (a stream: this chunk's)
 
 
 class _CompletionDetails(msgspec.Struct, gc=False):
@@ -88,6 +91,7 @@ class _Body(msgspec.Struct, gc=False):
     choices: list[_Choice] | None = None
     usage: _Usage | None = None
     error: dict | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids (a stream: 1st chunk)
 
 
 _body_decoder = msgspec.json.Decoder(_Body)
@@ -120,7 +124,8 @@ def split_inline_think(content: str, reasoning: str | None, cut: bool = False
 
 
 def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str], finish_reason,
-            usage: _Usage | None, chunks: int = 0) -> Attempt:
+            usage: _Usage | None, chunks: int = 0, prompt_ids: list[int] | None = None,
+            output_ids: list[int] | None = None) -> Attempt:
     text, source = reasoning
     content, text = split_inline_think(content, text or None, cut=finish_reason == "length")
     if text and not source:
@@ -137,7 +142,7 @@ def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str]
         reasoning_tokens=(details.reasoning_tokens or 0) if details else 0,
         cost=usage.cost if usage else None, chunks=chunks, reasoning_source=source,
         cached_tokens=(cached.cached_tokens or 0) if cached else 0,
-        usage_seen=usage is not None,
+        usage_seen=usage is not None, prompt_ids=prompt_ids, output_ids=output_ids,
     )
 
 
@@ -231,8 +236,10 @@ class CompletionClient:
         if choice.finish_reason is None:
             return Attempt(AttemptKind.RETRY, cause=RetryCause.EMPTY, status=200, message="no finish_reason")
         return _finish(body.id, body.provider, body.model, msg.content or "",
-                       _reasoning_text(msg.reasoning, msg.reasoning_details),
-                       choice.finish_reason, body.usage)
+                       _reasoning_text(msg.reasoning or msg.reasoning_content,
+                                       msg.reasoning_details),
+                       choice.finish_reason, body.usage, prompt_ids=body.prompt_token_ids,
+                       output_ids=choice.token_ids)
 
 
 class StreamAnswer:
@@ -244,7 +251,7 @@ class StreamAnswer:
     """
 
     __slots__ = ("content", "reasoning", "details", "gen_id", "provider", "model",
-                 "finish_reason", "usage", "chunks")
+                 "finish_reason", "usage", "chunks", "prompt_ids", "output_ids")
 
     def __init__(self) -> None:
         self.content: list[str] = []
@@ -253,6 +260,8 @@ class StreamAnswer:
         self.gen_id = self.provider = self.model = self.finish_reason = None
         self.usage: _Usage | None = None
         self.chunks = 0
+        self.prompt_ids: list[int] | None = None  # a self-hosted server's (vLLM: 1st chunk)
+        self.output_ids: list[int] | None = None  # ... and each chunk's, joined
 
     def _has_output(self) -> bool:
         return bool(self.content or self.reasoning or self.details)
@@ -271,15 +280,21 @@ class StreamAnswer:
             self.gen_id, self.provider, self.model = chunk.id, chunk.provider, chunk.model
         if chunk.usage is not None:
             self.usage = chunk.usage
+        if chunk.prompt_token_ids is not None:
+            self.prompt_ids = chunk.prompt_token_ids
         for choice in chunk.choices or ():
             if choice.error is not None or choice.finish_reason == "error":
                 return midstream_error(choice.error or {"message": "finish_reason: error"}, self._has_output())
+            if choice.token_ids is not None:
+                if self.output_ids is None:
+                    self.output_ids = []
+                self.output_ids.extend(choice.token_ids)
             delta = choice.delta
             if delta is not None:
                 if delta.content:
                     self.content.append(delta.content)
-                if delta.reasoning:
-                    self.reasoning.append(delta.reasoning)
+                if delta.reasoning or delta.reasoning_content:
+                    self.reasoning.append(delta.reasoning or delta.reasoning_content)
                 elif delta.reasoning_details:
                     self.details.extend(delta.reasoning_details)
             if choice.finish_reason is not None:
@@ -295,4 +310,4 @@ class StreamAnswer:
             return Attempt(AttemptKind.RETRY, cause=RetryCause.CUT, status=200, message="stream ended early")
         return _finish(self.gen_id, self.provider, self.model, "".join(self.content),
                        _reasoning_text("".join(self.reasoning), self.details), self.finish_reason,
-                       self.usage, self.chunks)
+                       self.usage, self.chunks, self.prompt_ids, self.output_ids)

@@ -52,6 +52,13 @@ Usage counts:
     --tokenizer DIR                 count prompt and completion tokens with this tokenizer
                                     directory and its chat template, as a server does
                                     (standin/token_counts.py); default: words
+A self-hosted server instead (standin/selfhosted.py):
+    --mode vllm|sglang              vLLM's or SGLang's OpenAI-compatible API under /v1 (no
+                                    OpenRouter endpoints, no billing); vLLM returns token
+                                    IDs for return_token_ids; --tokenizer defaults to the
+                                    bundled kimi-k2.5-mini-fast
+    --noncanonical RATE             share of answers with one word sampled as two pieces
+    --system-prompt TEXT            the server's template adds this system message
 """
 
 from __future__ import annotations
@@ -66,7 +73,15 @@ import sys
 from aiohttp import web
 
 from .availability import AVAILABILITY
-from .config import CREDITS_MODES, FAULT_KINDS, MIDSTREAM_CODES, STREAM_USAGES, Config
+from .config import (
+    CREDITS_MODES,
+    DEFAULT_NONCANONICAL,
+    FAULT_KINDS,
+    MIDSTREAM_CODES,
+    MODES,
+    STREAM_USAGES,
+    Config,
+)
 from .providers import known_provider
 from .refusals import LIMIT_RESETS
 from .server import StandIn
@@ -219,6 +234,18 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the endpoints table with the nulls and missing keys the service "
                            "sends (quantization, max_completion_tokens, pricing keys, "
                            "supported_parameters)")
+    server = p.add_argument_group(
+        "a self-hosted server instead of OpenRouter (standin/selfhosted.py)")
+    server.add_argument("--mode", choices=MODES, default="openrouter",
+                        help="whose API to answer: OpenRouter's (/api/v1), or vLLM's or "
+                             "SGLang's OpenAI-compatible server (/v1: token IDs with vLLM's "
+                             "return_token_ids, none of OpenRouter's endpoints)")
+    server.add_argument("--noncanonical", type=float, default=None, metavar="RATE",
+                        help="vllm/sglang: share of answers in which one word is sampled as "
+                             f"two pieces (default {DEFAULT_NONCANONICAL})")
+    server.add_argument("--system-prompt", default=None, metavar="TEXT",
+                        help="vllm/sglang: the server's template puts this system message "
+                             "first when the conversation has none")
     billing = p.add_argument_group("billing (billing.py)")
     billing.add_argument("--price-override", action="append", type=parse_price_override,
                          default=[], metavar="PROVIDER=FACTOR[:MIN_PROMPT_TOKENS]",
@@ -238,7 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def serve(config: Config, port: int, port_file: str | None) -> None:
-    standin = StandIn(config)
+    if config.mode == "openrouter":
+        standin = StandIn(config)
+    else:
+        from .selfhosted import SelfHosted
+        standin = SelfHosted(config)
     runner = web.AppRunner(standin.app(), access_log=None, handler_cancellation=True,
                            shutdown_timeout=1.0)
     await runner.setup()
@@ -304,7 +335,8 @@ def main(argv: list[str] | None = None) -> None:
         unavailable=args.unavailable, endpoint_nulls=args.endpoint_nulls,
         price_overrides=dict(args.price_override), discounts=dict(args.discount),
         no_cost_rate=args.no_cost, no_usage_rate=args.no_usage,
-        generation_delay=args.generation_delay, tokenizer=args.tokenizer)
+        generation_delay=args.generation_delay, tokenizer=args.tokenizer, mode=args.mode,
+        noncanonical_rate=args.noncanonical, system_prompt=args.system_prompt)
     try:
         config.check()
     except ValueError as e:

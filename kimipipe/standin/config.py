@@ -16,6 +16,9 @@ from .refusals import LIMIT_RESETS, LIMIT_STATUSES
 FAULT_KINDS = ("429", "500", "502", "503", "524", "529", "error200", "empty", "midstream",
                "cut", "hang", "heartbeat", "misroute", "moderation", "zero")
 CREDITS_MODES = ("normal", "forbidden", "zeros")
+MODES = ("openrouter", "vllm", "sglang")  # whose API it answers (selfhosted.py: the servers)
+SERVER_FAULTS = ("500", "502", "503", "cut")  # the faults a self-hosted mode injects
+DEFAULT_NONCANONICAL = 0.25
 # Where a stream's usage comes (both are OpenRouter's): a last chunk of its own with
 # `choices: []`, or on a last finish chunk (one choice, empty delta, finish_reason repeated).
 STREAM_USAGES = ("own-chunk", "finish-chunk")
@@ -68,8 +71,21 @@ class Config:
     generation_delay: float = 0.0  # seconds /generation answers 404 after a generation ends
     # -- for tests: a gate, so a test can act while work is provably unfinished --
     hold_after: int | None = None    # completions past this many wait until it is raised/None
+    # -- a self-hosted server's API instead of OpenRouter's (selfhosted.py) --
+    mode: str = "openrouter"
+    noncanonical_rate: float | None = None  # share of answers with a word split in two; None: 0.25
+    system_prompt: str | None = None  # the server's template puts it first (no system message)
 
     def check(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}")
+        if self.mode != "openrouter":
+            bad = sorted(set(self.faults) - set(SERVER_FAULTS))
+            if bad:
+                raise ValueError(f"mode {self.mode} injects only {', '.join(SERVER_FAULTS)} "
+                                 f"faults, not {', '.join(bad)}")
+        if self.noncanonical_rate is not None and not 0 <= self.noncanonical_rate <= 1:
+            raise ValueError("noncanonical_rate must be in [0, 1]")
         for kind, rate in self.faults.items():
             if kind not in FAULT_KINDS:
                 raise ValueError(f"unknown fault kind {kind!r} (kinds: {', '.join(FAULT_KINDS)})")
@@ -160,6 +176,7 @@ LIVE_SETTINGS = {
     "discounts": lambda v: {str(k): float(d) for k, d in dict(v).items()},
     "no_cost_rate": float, "no_usage_rate": float, "generation_delay": float,
     "hold_after": _nullable(int),
+    "noncanonical_rate": _nullable(float), "system_prompt": _nullable(str),
 }
 
 

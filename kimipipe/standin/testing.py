@@ -16,7 +16,9 @@ a string or path puts it there). The credit limits: `inflight_ratio`, `settle`,
 `midstream_code`, `unavailable` (an availability code), `endpoint_nulls`; billing:
 `price_overrides` ({provider: factor or (factor, min_prompt_tokens)}), `discounts`
 ({provider: discount}), `no_cost`, `no_usage`, `generation_delay`
-(kimipipe/standin/billing.py). Each can also be changed live with `configure(...)`
+(kimipipe/standin/billing.py); a self-hosted server's API instead: `mode` ("vllm" or
+"sglang": `base_url` ends /v1), `noncanonical`, `system_prompt`
+(kimipipe/standin/selfhosted.py). Each can also be changed live with `configure(...)`
 (billing's as `price_overrides`, `discounts`, `no_cost_rate`, `no_usage_rate`,
 `generation_delay`); so can
 `hold_after=N` (live only: the completions after the first N wait, counted in stats'
@@ -69,7 +71,8 @@ class StandIn:
                  price_overrides: dict | None = None, discounts: dict | None = None,
                  no_cost: float | None = None, no_usage: float | None = None,
                  generation_delay: float | None = None, tokenizer: str | os.PathLike | None = None,
-                 port: int = 0,
+                 mode: str | None = None, noncanonical: float | None = None,
+                 system_prompt: str | None = None, port: int = 0,
                  workdir: str | os.PathLike | None = None, extra_args: tuple = (),
                  start_timeout: float = 20.0):
         self.api_key = api_key
@@ -98,7 +101,8 @@ class StandIn:
                    "--limit-status": limit_status, "--limit-reset": limit_reset,
                    "--moderation-marker": moderation_marker, "--no-cost": no_cost,
                    "--no-usage": no_usage, "--generation-delay": generation_delay,
-                   "--tokenizer": tokenizer}
+                   "--tokenizer": tokenizer, "--mode": mode, "--noncanonical": noncanonical,
+                   "--system-prompt": system_prompt}
         for flag, value in options.items():
             if value is not None:
                 args += [flag, str(value)]
@@ -132,6 +136,7 @@ class StandIn:
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
+        self.mode = mode or "openrouter"
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> StandIn:
@@ -191,7 +196,8 @@ class StandIn:
 
     @property
     def base_url(self) -> str:
-        return f"{self.url}/api/v1"
+        # a self-hosted mode (vllm, sglang) serves under /v1 as those servers do
+        return f"{self.url}/api/v1" if self.mode == "openrouter" else f"{self.url}/v1"
 
     @property
     def pid(self) -> int | None:

@@ -42,7 +42,7 @@ from .fields import (
 )
 from .load import load_tokenizer
 from .render import PRESETS, PromptRenderer, SetupError, TurnLayout, detect_preset, render_prompt
-from .verify import check_prompt_end, check_roundtrip, check_text_ids
+from .verify import check_prompt_end, check_roundtrip, check_text_ids, first_difference
 
 TEXT_FIELDS = ("messages", "response")
 FINISHED = ("stop", "length")  # the endings whose token IDs are known
@@ -62,6 +62,7 @@ class Settings:
     ignore_extra_fields: bool = False
     max_prompt_delta: int | None = None
     debug: bool = False
+    strict: bool = False  # a server's prompt IDs unlike kimipipe's reject the row
 
 
 @dataclass
@@ -82,6 +83,39 @@ class Outcome:
     # (id, rendered prompt) of the batch's first row per provider and non-zero prompt
     # delta: what a warning shows to compare (only these cross the process boundary)
     example: tuple[str, str] | None = None
+    # the server's own IDs (sampled_ids): what their check found (SampledCheck), or None
+    sampled: SampledCheck | None = None
+
+
+@dataclass(frozen=True)
+class SampledCheck:
+    """A row's server-sampled IDs against kimipipe's re-encoding (docs/servers.md).
+
+    `used`: they passed (decode(ids) is the generated turn's text, control tokens where the
+    layout puts them) and are the row's `output_ids`; else `problem` says why not.
+    `differs`: the canonical re-encoding is not what was sampled; `span` the sampled tokens
+    between the common prefix and suffix, `net` len(sampled) - len(re-encoded).
+    `prompt_mismatch`: the server's prompt IDs are not kimipipe's `input_ids` (its template
+    renders otherwise); None when it sent none."""
+
+    used: bool
+    differs: bool = False
+    span: int = 0
+    net: int = 0
+    prompt_mismatch: bool | None = None
+    problem: str = ""
+
+
+def differing_span(a: list[int], b: list[int]) -> int:
+    """The tokens of A between its common prefix and common suffix with B."""
+    n = min(len(a), len(b))
+    p = 0
+    while p < n and a[p] == b[p]:
+        p += 1
+    q = 0
+    while q < n - p and a[-1 - q] == b[-1 - q]:
+        q += 1
+    return len(a) - p - q
 
 
 
@@ -236,6 +270,10 @@ class Engine:
                     row.problem = row.problem or check_text_ids(ids, self.codec.control_ids)
                     row.output_ids.extend(ids)
         decoded = self.codec.decode([r.input_ids + r.output_ids for r in rows])
+        with_sampled = [r for r in rows if r.rec.sampled_ids is not None]
+        sampled_text = dict(zip((r.k for r in with_sampled), self.codec.decode(
+            [r.rec.sampled_ids.output for r in with_sampled]) if with_sampled else [],
+            strict=True))
         shown: set = set()
         for row, text in zip(rows, decoded, strict=True):
             expected = row.prompt_text + "".join(t for _, t in row.segments)
@@ -243,6 +281,19 @@ class Engine:
             if problem:
                 outcomes[row.k] = row.reject(problem)
                 continue
+            sampled = None
+            reencoded = None
+            if row.k in sampled_text:
+                sampled = self._check_sampled(row, sampled_text[row.k])
+                if s.strict and (sampled.prompt_mismatch or not sampled.used):
+                    outcomes[row.k] = row.reject(
+                        "the server's prompt_token_ids are not kimipipe's input_ids (its chat "
+                        "template renders the prompt otherwise)" if sampled.prompt_mismatch
+                        else sampled.problem)
+                    continue
+                if sampled.used:
+                    reencoded = row.output_ids
+                    row.output_ids = list(row.rec.sampled_ids.output)
             n_in, n_out = len(row.input_ids), len(row.output_ids)
             usage = row.rec.usage or ProviderCounts()
             structural_ids = sum(is_token for is_token, _ in row.segments)
@@ -267,7 +318,9 @@ class Engine:
             owned = TokenIds(input_ids=row.input_ids, output_ids=row.output_ids, over_max_length=long,
                              prompt_tokens_delta=prompt_delta,
                              completion_tokens_delta=completion_delta,
-                             reasoning_source=row.reasoning_source)
+                             reasoning_source=row.reasoning_source,
+                             output_ids_source="sampled" if reencoded is not None else None,
+                             reencoded_ids=reencoded)
             key = (row.rec.provider, prompt_delta)
             example = None
             if prompt_delta and key not in shown:
@@ -277,7 +330,31 @@ class Engine:
                 "ok", row.rec.id, row.lineno, payload=encode_over(passthrough, owned),
                 n_in=n_in, n_out=n_out, truncated=row.truncated, long=long,
                 no_reasoning=s.thinking and not row.reasoning, provider=row.rec.provider,
-                prompt_delta=prompt_delta, completion_delta=completion_delta, example=example)
+                prompt_delta=prompt_delta, completion_delta=completion_delta, example=example,
+                sampled=sampled)
+
+    def _check_sampled(self, row: _Row, decoded: str) -> SampledCheck:
+        """The server's IDs of ROW against its text and kimipipe's own IDs."""
+        ids = row.rec.sampled_ids
+        prompt_mismatch = None if ids.prompt is None else ids.prompt != row.input_ids
+        turn = "".join(t for _, t in row.segments)
+        problem = ""
+        if decoded != turn:
+            problem = ("the server's sampled IDs do not decode to the answer's text "
+                       + first_difference(turn, decoded))
+        else:
+            control = self.codec.control_ids
+            if [i for i in ids.output if i in control] != [i for i in row.output_ids if i in control]:
+                problem = ("the server's sampled IDs hold control tokens where the turn's layout "
+                           "has none (or lack the layout's): a literal special-token string "
+                           "sampled as the token, or another layout")
+        if problem:
+            return SampledCheck(used=False, prompt_mismatch=prompt_mismatch, problem=problem)
+        own = row.output_ids
+        differs = ids.output != own
+        return SampledCheck(used=True, differs=differs,
+                            span=differing_span(ids.output, own) if differs else 0,
+                            net=len(ids.output) - len(own), prompt_mismatch=prompt_mismatch)
 
 
 @dataclass

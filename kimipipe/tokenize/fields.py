@@ -36,7 +36,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Struct
 
-from ..records import ResponseText
+from ..records import ResponseText, SampledIds
 
 RENDERED_FIELDS = ("name", "tool_calls", "tool_call_id")
 
@@ -75,6 +75,7 @@ class TokenizeInput(Struct):
     provider: str | None = None
     usage: ProviderCounts | None = None
     reasoning_source: str | None = None
+    sampled_ids: SampledIds | None = None  # a self-hosted server's own IDs (docs/servers.md)
 
 
 DECODER = msgspec.json.Decoder(TokenizeInput)

@@ -1,0 +1,373 @@
+"""The stand-in as a self-hosted server: vLLM's or SGLang's OpenAI-compatible API on loopback.
+
+`python -m kimipipe.standin --mode vllm` (or `sglang`) serves `POST /v1/chat/completions`
+and `GET /v1/models` the way those servers do, and nothing of OpenRouter's: no `/credits`,
+`/key`, `/generation` or endpoints table, no `provider` in answers, no `usage.cost`, no
+budgets or routing (a `provider` or `reasoning` object sent is ignored, as those servers
+ignore unknown fields; the request log shows what was sent). The bearer token is not
+checked (a server started without `--api-key`).
+
+Thinking is switched by `chat_template_kwargs` (`thinking`, or `enable_thinking`), as the
+chat template takes it; without it the model's default. The answer's words are answers.py's
+(the same function of the request), its IDs real IDs of the tokenizer given (`--tokenizer`,
+default the bundled kimi-k2.5-mini-fast): the prompt rendered by that tokenizer's chat
+template (with `--system-prompt TEXT` put first when the conversation has no system
+message: a server whose template renders differently from kimipipe's), and the generated
+turn as the model samples it, `reasoning </think> content <|im_end|>` (a turn cut by
+max_tokens ends where its text ends).
+
+Non-canonical splits (`--noncanonical RATE`, default 0.25 in these modes): in that share of
+answers one word of the content is sampled as two pieces (the IDs of the text before a
+point inside the word, then of the text after it), which decodes to the same text but is
+not what re-encoding the text gives, as a sampling model now and then does.
+
+vLLM (>= 0.10.2), with `return_token_ids: true` in the request: the answer has top-level
+`prompt_token_ids` and each choice's `token_ids`; streamed, the first chunk carries
+`prompt_token_ids` and each chunk's choice the `token_ids` of that chunk (one token per
+chunk; text a token leaves incomplete, a UTF-8 character split over tokens, waits for the
+next). Usage comes in a last chunk with `choices: []` when `stream_options.include_usage`
+is true. Reasoning is in `reasoning_content` (its reasoning parser's field).
+
+SGLang: the same shapes with `reasoning_content`, and no token IDs at all on the chat API
+(SGLang's `/v1/chat/completions` returns none; its native `/generate` is not served here).
+
+Faults (`--fault KIND=RATE`): the HTTP statuses (500, 503, ...) with vLLM's error body,
+and `cut` (the connection aborted mid-answer). The control endpoints
+(`/_standin/stats`, `/_standin/config`, `hold_after`) are as in OpenRouter mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+from aiohttp import web
+
+from .answers import REASONING_DEFAULT, expected_answer
+from .config import DEFAULT_NONCANONICAL, Config, changed
+from .wire import encode, json_response
+
+SERVER_MODES = ("vllm", "sglang")
+DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "tokenizers" / "kimi-k2.5-mini-fast"
+THINK_CLOSE = "</think>"
+END_OF_TURN = "<|im_end|>"
+
+
+def vllm_error(status: int, message: str, kind: str) -> web.Response:
+    """vLLM's ErrorResponse: {"error": {message, type, param, code}} (older: top level)."""
+    return json_response({"error": {"message": message, "type": kind, "param": None,
+                                    "code": status}}, status)
+
+
+def thinking_of(body: dict, model: str) -> bool:
+    """Thinking on/off as the chat template is told it (chat_template_kwargs)."""
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, dict):
+        for name in ("thinking", "enable_thinking"):
+            if isinstance(kwargs.get(name), bool):
+                return kwargs[name]
+    return REASONING_DEFAULT.get(model, True)
+
+
+class SampledTurn:
+    """One answer's texts and IDs: what the model sampled, piece by piece."""
+
+    def __init__(self, prompt_ids: list[int], phases: list[tuple[str, list[int]]],
+                 reasoning: str | None, content: str, finish_reason: str):
+        self.prompt_ids = prompt_ids
+        self.phases = phases  # ("reasoning" | "content" | "token", ids) in sampled order
+        self.reasoning = reasoning
+        self.content = content
+        self.finish_reason = finish_reason
+
+    @property
+    def output_ids(self) -> list[int]:
+        return [i for _, ids in self.phases for i in ids]
+
+
+class Sampler:
+    """The tokenizer's side: prompt IDs by its chat template, generated IDs by its encoder."""
+
+    def __init__(self, directory: str | Path):
+        from .token_counts import TokenCounter
+
+        self.counter = TokenCounter(directory)
+        self.tok = self.counter.tok
+        self.think_close = self.tok.convert_tokens_to_ids(THINK_CLOSE)
+        self.end_of_turn = self.tok.convert_tokens_to_ids(END_OF_TURN)
+
+    def text_ids(self, text: str) -> list[int]:
+        if not text:
+            return []
+        if self.counter.kimi_encode:
+            return list(self.tok.encode(text, allow_special_tokens=False))
+        return list(self.tok(text, add_special_tokens=False,
+                             split_special_tokens=True)["input_ids"])
+
+    def prompt_ids(self, messages: list[dict], thinking: bool, system_prompt: str | None) -> list[int]:
+        conversation = [{"role": m.get("role"), "content": m.get("content") or ""}
+                        for m in messages if isinstance(m, dict)]
+        if system_prompt and not any(m["role"] == "system" for m in conversation):
+            conversation.insert(0, {"role": "system", "content": system_prompt})
+        return list(self.tok.apply_chat_template(
+            conversation, tokenize=True, add_generation_prompt=True, thinking=thinking,
+            enable_thinking=thinking, return_dict=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+    def sample(self, body: dict, rng: random.Random, noncanonical_rate: float,
+               system_prompt: str | None) -> SampledTurn:
+        model = body.get("model") or ""
+        thinking = thinking_of(body, model)
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        answer = expected_answer(body.get("messages") or [], model=model, seed=body.get("seed"),
+                                 reasoning=thinking, max_tokens=max_tokens,
+                                 temperature=body.get("temperature"), top_p=body.get("top_p"))
+        phases: list[tuple[str, list[int]]] = []
+        if answer.reasoning:
+            phases.append(("reasoning", self.text_ids(answer.reasoning)))
+        if thinking and (answer.content or answer.finish_reason == "stop"):
+            phases.append(("token", [self.think_close]))
+        if answer.content:
+            phases.append(("content", self._content_ids(answer.content, rng, noncanonical_rate)))
+        if answer.finish_reason == "stop":
+            phases.append(("token", [self.end_of_turn]))
+        return SampledTurn(self.prompt_ids(body.get("messages") or [], thinking, system_prompt),
+                           phases, answer.reasoning, answer.content, answer.finish_reason)
+
+    def _content_ids(self, content: str, rng: random.Random, rate: float) -> list[int]:
+        """The content's IDs; in a share RATE of answers one word split in two pieces."""
+        if rate <= 0 or rng.random() >= rate:
+            return self.text_ids(content)
+        words = [i for i, w in enumerate(content.split(" ")) if len(w) >= 4 and w.isalpha()]
+        if not words:
+            return self.text_ids(content)
+        k = rng.choice(words)
+        start = sum(len(w) + 1 for w in content.split(" ")[:k])
+        cut = start + 2
+        return self.text_ids(content[:cut]) + self.text_ids(content[cut:])
+
+
+class SelfHosted:
+    """A vLLM or SGLang server's OpenAI-compatible chat API, answered by answers.py."""
+
+    def __init__(self, config: Config):
+        config.check()
+        self.config = config
+        self.mode = config.mode
+        self.sampler = Sampler(config.tokenizer or DEFAULT_TOKENIZER)
+        self.requests = 0
+        self.completions_started = 0
+        self.completed = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.held = 0
+        self.faults: Counter[str] = Counter()
+        self.statuses: Counter[str] = Counter()
+        self.rng = random.Random(config.seed)
+        self._gate = asyncio.Event()
+        self._ids = random.Random()
+        self._request_log = open(config.request_log, "ab") if config.request_log else None
+
+    def close(self) -> None:
+        if self._request_log:
+            self._request_log.close()
+            self._request_log = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        r = app.router
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/_standin/stats", self.stats_handler)
+        r.add_post("/_standin/config", self.config_handler)
+        return app
+
+    def stats(self) -> dict:
+        return {"mode": self.mode, "requests": self.requests,
+                "completions_started": self.completions_started, "completed": self.completed,
+                "in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
+                "held": self.held, "faults": dict(self.faults), "statuses": dict(self.statuses)}
+
+    async def stats_handler(self, request: web.Request) -> web.Response:
+        return json_response(self.stats())
+
+    async def config_handler(self, request: web.Request) -> web.Response:
+        try:
+            new = changed(self.config, json.loads(await request.read()))
+        except (ValueError, TypeError) as e:
+            return vllm_error(400, f"bad config: {e}", "BadRequestError")
+        self.config = new
+        self._gate.set()
+        self._gate = asyncio.Event()
+        return json_response(new.public())
+
+    async def models(self, request: web.Request) -> web.Response:
+        return json_response({"object": "list", "data": [
+            {"id": m, "object": "model", "created": 0, "owned_by": self.mode}
+            for m in REASONING_DEFAULT]})
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        status = 0
+        try:
+            response = await self._complete(request)
+            status = response.status
+            return response
+        finally:
+            self.in_flight -= 1
+            status = status or request.get("standin_status", 0)
+            if status:
+                self.statuses[str(status)] += 1
+
+    async def _pass_gate(self) -> None:
+        while (self.config.hold_after is not None
+               and self.completions_started >= self.config.hold_after):
+            self.held += 1
+            try:
+                await self._gate.wait()
+            finally:
+                self.held -= 1
+
+    def _draw_fault(self) -> str | None:
+        u = self.rng.random()
+        for kind, rate in self.config.faults.items():
+            if u < rate:
+                return kind
+            u -= rate
+        return None
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        if self._request_log:
+            self._request_log.write(raw.replace(b"\n", b" ") + b"\n")
+            self._request_log.flush()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return vllm_error(400, "Invalid JSON in request body", "BadRequestError")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) \
+                or not body["messages"]:
+            return vllm_error(400, "messages: a non-empty list is required", "BadRequestError")
+        model = body.get("model")
+        if model not in REASONING_DEFAULT:
+            return vllm_error(404, f"The model `{model}` does not exist.", "NotFoundError")
+        await self._pass_gate()
+        self.completions_started += 1
+        fault = self._draw_fault()
+        if fault:
+            self.faults[fault] += 1
+        if fault and fault.isdigit():
+            return vllm_error(int(fault), "Internal server error" if fault == "500"
+                              else "Service unavailable", "InternalServerError")
+        # where a word is split: a function of what is asked, not of how (stream or not)
+        asked = json.dumps([body["messages"], model, body.get("seed")], sort_keys=True)
+        rng = random.Random(f"{self.config.seed}|{hashlib.sha256(asked.encode()).hexdigest()}")
+        rate = self.config.noncanonical_rate
+        turn = self.sampler.sample(body, rng, DEFAULT_NONCANONICAL if rate is None else rate,
+                                   self.config.system_prompt)
+        gen_id = f"chatcmpl-{self._ids.getrandbits(128):032x}"
+        ids_wanted = self.mode == "vllm" and body.get("return_token_ids") is True
+        await asyncio.sleep(self.config.latency)
+        if body.get("stream") is True:
+            return await self._stream(request, body, turn, gen_id, ids_wanted, fault)
+        return await self._plain(request, body, turn, gen_id, ids_wanted, fault)
+
+    def _usage(self, turn: SampledTurn) -> dict:
+        n_out = len(turn.output_ids)
+        return {"prompt_tokens": len(turn.prompt_ids), "total_tokens": len(turn.prompt_ids) + n_out,
+                "completion_tokens": n_out, "prompt_tokens_details": None}
+
+    async def _plain(self, request, body, turn: SampledTurn, gen_id: str, ids_wanted: bool,
+                     fault: str | None) -> web.StreamResponse:
+        tps = self.config.tokens_per_second
+        if tps > 0:
+            await asyncio.sleep(len(turn.output_ids) / tps)
+        message = {"role": "assistant", "content": turn.content,
+                   "reasoning_content": turn.reasoning, "tool_calls": []}
+        choice = {"index": 0, "message": message, "logprobs": None,
+                  "finish_reason": turn.finish_reason, "stop_reason": None}
+        out = {"id": gen_id, "object": "chat.completion", "created": int(time.time()),
+               "model": body["model"], "choices": [choice], "usage": self._usage(turn)}
+        if ids_wanted:
+            choice["token_ids"] = turn.output_ids
+            out["prompt_token_ids"] = turn.prompt_ids
+        data = encode(out)
+        if fault == "cut":
+            resp = web.StreamResponse(status=200)
+            resp.content_type = "application/json"
+            resp.content_length = len(data)
+            request["standin_status"] = 200
+            await resp.prepare(request)
+            await resp.write(data[: len(data) // 2])
+            request.transport.abort()
+            return resp
+        self.completed += 1
+        return web.Response(body=data, content_type="application/json")
+
+    def _chunks(self, body, turn: SampledTurn, gen_id: str, ids_wanted: bool) -> list[bytes]:
+        """One SSE event per sampled token, vLLM's stream shape."""
+        head = {"id": gen_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": body["model"]}
+
+        def event(delta: dict, ids: list[int] | None, finish: str | None = None, **top) -> bytes:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            if finish is not None:
+                choice["stop_reason"] = None
+            if ids_wanted and ids is not None:
+                choice["token_ids"] = ids
+            return b"data: " + encode({**head, "choices": [choice], **top}) + b"\n\n"
+
+        first = {"prompt_token_ids": turn.prompt_ids} if ids_wanted else {}
+        events = [event({"role": "assistant", "content": ""}, [], **first)]
+        last = len(turn.phases) - 1
+        for n, (kind, ids) in enumerate(turn.phases):
+            if kind == "token":
+                finish = turn.finish_reason if n == last else None
+                events.append(event({}, ids, finish) if finish else event({"content": ""}, ids))
+                continue
+            field = "reasoning_content" if kind == "reasoning" else "content"
+            start = 0
+            for i in range(len(ids)):
+                text = self.sampler.decode(ids[start:i + 1])
+                if text.endswith("\ufffd") and i + 1 < len(ids):
+                    continue  # a character split over tokens: the text waits for the rest
+                events.append(event({field: text}, ids[start:i + 1]))
+                start = i + 1
+        if turn.phases and turn.phases[-1][0] != "token":
+            events.append(event({}, [], turn.finish_reason))
+        options = body.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            events.append(b"data: " + encode({**head, "choices": [], "usage": self._usage(turn)})
+                          + b"\n\n")
+        return events
+
+    async def _stream(self, request, body, turn: SampledTurn, gen_id: str, ids_wanted: bool,
+                      fault: str | None) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                                                       "Cache-Control": "no-cache"})
+        request["standin_status"] = 200
+        await resp.prepare(request)
+        events = self._chunks(body, turn, gen_id, ids_wanted)
+        if fault == "cut":
+            await resp.write(b"".join(events[: max(1, len(events) // 2)]))
+            request.transport.abort()
+            return resp
+        tps = self.config.tokens_per_second
+        if tps <= 0:
+            await resp.write(b"".join(events) + b"data: [DONE]\n\n")
+        else:
+            for e in events:
+                await resp.write(e)
+                await asyncio.sleep(1 / tps)
+            await resp.write(b"data: [DONE]\n\n")
+        self.completed += 1
+        return resp
