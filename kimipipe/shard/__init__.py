@@ -1,7 +1,9 @@
 """kp-shard's logic: token records -> compressed training shards + a manifest you can check.
 
-- `rows`: validation of token IDs, the filters, the `eagle` and `raw` row formats, the
-  eval split (a hash of the ID alone) and ID fingerprints.
+- `rows`: validation of token IDs, the filters, the eval split (a hash of the ID alone)
+  and ID fingerprints.
+- `formats`: the row formats (`eagle`, `raw`), one table: how each builds a row and how
+  verify and stats read it. A new format is one entry there.
 - `writer`: shard files under temporary names, rolling by records or tokens, SHA-256 as
   written, and the crash-safe swap of a whole set (see its docstring).
 - `shuffle`: the deterministic shuffle in bounded memory (hash buckets on disk, each
