@@ -368,7 +368,7 @@ def test_a_stop_make_does_not_know_is_named_with_kp_infers_words(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     summary = {"stop_reason": "max-cost", "spend_this_run": 0.5, "spend_total": 0.75}
-    args = [sys.executable, "-m", "kimipipe.fullbuild", "stopped", "--dataset", "D", "--work", str(work),
+    args = [sys.executable, "-m", "kimipipe.make", "stopped", "--dataset", "D", "--work", str(work),
             "--datasets", "D", "--max-cost", "0.75"]
     (work / "D.infer-summary.json").write_text(json.dumps(summary))
     said = " ".join(subprocess.run(args, capture_output=True, text=True).stderr.split())

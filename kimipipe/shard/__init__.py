@@ -9,7 +9,7 @@
 - `shuffle`: the deterministic shuffle in bounded memory (hash buckets on disk, each
   sorted in memory; see its docstring).
 - `build`: the run itself, and the manifest.
-- `check`: `verify` and `stats` for a finished set.
+- `readback`: reading a finished set back: `verify` and `stats`.
 
 Duplicate IDs: an ID is one training row. Without `--shuffle` the first row with an ID
 wins and later ones are dropped and counted (`dropped.duplicate_id`); duplicates are found
@@ -21,7 +21,7 @@ stays in place.
 """
 
 from .build import BuildResult, ShardOptions, build_shards
-from .check import read_lengths, render_histogram, shard_sets, verify
+from .readback import read_lengths, render_histogram, shard_sets, verify
 
 __all__ = ["BuildResult", "ShardOptions", "build_shards", "read_lengths", "render_histogram",
            "shard_sets", "verify"]

@@ -13,8 +13,8 @@ from .. import __version__
 from ..contracts import ShardManifest, ShardSettings, ShardTotals
 from ..errors import InputError, display_path
 from ..io import iter_records
-from .check import Lengths
 from .formats import DEFAULT, FORMATS
+from .readback import Lengths
 from .rows import TOKEN_RECORD_DECODER, Drops, Row, RowBuilder, eval_point, id_fingerprint
 from .shuffle import ExternalShuffle
 from .writer import DirectoryLock, ShardInfo, ShardSet
