@@ -11,11 +11,8 @@ import sys
 
 import pytest
 from conftest import kp, read_jsonl, write_jsonl
+from helpers import billed
 from test_infer import infer, make_prompts
-
-
-def billed(server) -> float:
-    return sum(x["cost"] for x in server.ledger())
 
 
 # -- (e) every spend reader agrees ----------------------------------------------------------

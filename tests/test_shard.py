@@ -11,11 +11,11 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 
 import pytest
 import zstandard
 from conftest import BIN, kp, read_jsonl, write_jsonl
+from helpers import wait_for
 from msgspec import Raw, Struct  # (module level: the test's Structs resolve their annotations here)
 
 from kimipipe.shard.rows import eval_point
@@ -627,13 +627,6 @@ def big_input_lines(n: int, ids_per_row: int = 4000) -> list[bytes]:
     ids = ",".join(str(100_000 + i) for i in range(ids_per_row))
     return [(f'{{"id":"big{i}","dataset":"B","input_ids":[{ids}],'
              f'"output_ids":[{ids}]}}\n').encode() for i in range(n)]
-
-
-def wait_for(predicate, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("with_old_set", [False, True])
