@@ -48,8 +48,10 @@ def _count_ids(raw: Raw) -> int:
 
 # eagle: what speculators and SpecForge read.
 
-def eagle_row(record_id: str, prompt: bytes, n_in: int, output: bytes, n_out: int) -> bytes:
-    """`{"id","input_ids": prompt+output,"loss_mask": [0]*n_in+[1]*n_out}` as one line."""
+def eagle_row(record_id: str, prompt: bytes, n_in: int, output: bytes, n_out: int,
+              line: bytes, cut: bool) -> bytes:
+    """`{"id","input_ids": prompt+output,"loss_mask": [0]*n_in+[1]*n_out}` as one line
+    (from the lists alone: LINE and CUT unused)."""
     return b"".join((
         b'{"id":', _encode(record_id),
         b',"input_ids":[', prompt, b"," if n_in else b"", output,
@@ -90,19 +92,19 @@ EAGLE = RowFormat(
     help="{id, input_ids, loss_mask} rows for speculators/SpecForge",
     row_schema={"id": "str", "input_ids": "prompt + output token IDs",
                 "loss_mask": "0 per prompt token, 1 per output token"},
-    build=lambda rid, prompt, n_in, output, n_out, line, cut: eagle_row(rid, prompt, n_in,
-                                                                        output, n_out),
+    build=eagle_row,
     row=EagleRow, check=_check_eagle, lengths=EagleLengths, count=_count_eagle,
 )
 
 
 # raw: the token records as they came.
 
-def raw_row(line: bytes, cut_output: bytes | None) -> bytes:
-    """The token record as it came, made compact; with its output cut when truncated."""
-    if cut_output is not None:
+def raw_row(record_id: str, prompt: bytes, n_in: int, output: bytes, n_out: int,
+            line: bytes, cut: bool) -> bytes:
+    """The token record as it came (LINE), made compact; with its output cut when CUT."""
+    if cut:
         fields = decode_passthrough(line)
-        fields["output_ids"] = Raw(b"[" + cut_output + b"]")  # in place: the key order kept
+        fields["output_ids"] = Raw(b"[" + output + b"]")  # in place: the key order kept
         line = _encode(fields)
     return msgspec.json.format(line, indent=-1) + b"\n"
 
@@ -128,8 +130,7 @@ RAW = RowFormat(
     name="raw",
     help="the token records as they came",
     row_schema="token records as read (records.Tokens)",
-    build=lambda rid, prompt, n_in, output, n_out, line, cut: raw_row(line,
-                                                                      output if cut else None),
+    build=raw_row,
     row=RawRow, check=_check_raw, lengths=RawLengths,
     count=lambda row: (_count_ids(row.input_ids), _count_ids(row.output_ids)),
 )
