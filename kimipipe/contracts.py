@@ -319,7 +319,7 @@ class ShardManifest(Struct):
     kimipipe_version: str
     created: str  # UTC, ISO 8601
     command: str
-    format: str  # the row format: eagle | raw
+    format: str  # the row format: a name in shard/formats.py (eagle, raw)
     row_schema: dict[str, str] | str
     options: ShardSettings
     inputs: list[str]
