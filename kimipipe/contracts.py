@@ -223,6 +223,9 @@ class InferSummary(Struct):
     limit_refusals: dict[str, int]  # "402 in_flight_budget_exhausted": n
     money_in_flight: MoneyInFlightEnd | None
     costs: SummaryCosts = msgspec.field(default_factory=lambda: SummaryCosts())
+    # answers from a provider name that covers an excluded variant too: kept, marked
+    # "routing": "unverifiable" (openrouter/routing.py: mixed_names)
+    routing_unverifiable: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class SummaryStop(Struct):

@@ -132,6 +132,9 @@ class Generation(Struct):
     finished_at: str | None = None
     api: str | None = None  # the base URL's host (infer/api.py)
     reasoning_source: str | None = None
+    # "unverifiable": the provider named covers an endpoint the routing excludes (a variant
+    # told apart by tag only), so the answer cannot be traced to an allowed one
+    routing: str | None = None
 
 
 class Response(Prompt, kw_only=True):
@@ -151,6 +154,7 @@ class Response(Prompt, kw_only=True):
     finished_at: str | None = None
     api: str | None = None  # the base URL's host (infer/api.py)
     reasoning_source: str | None = None
+    routing: str | None = None
 
 
 class Failure(Struct, omit_defaults=True):
@@ -174,6 +178,8 @@ class Failure(Struct, omit_defaults=True):
     cost: float = 0.0
     refused: list[Refusal] = msgspec.field(default_factory=list)
     api: str | None = None  # the base URL's host (infer/api.py)
+    # the last error's `metadata.error_type`, as OpenRouter typed it (provider_overloaded, ...)
+    error_type: str | None = None
 
 
 class TokenIds(Struct, omit_defaults=True, kw_only=True):

@@ -567,10 +567,11 @@ def test_kimi_native_weights_are_the_routing_default(standin, tmp_path):
     r = infer(server, prompts, "-o", out2, "--concurrency", "16", "--any-quantization",
               "--ignore-provider", "fireworks", "--ignore-provider", "baseten")
     assert r.code == 0, r.stderr
-    assert ("kp-infer: warning: DeepInfra Turbo serves moonshotai/kimi-k2.5 as fp4, re-quantized "
-            "from its native int4 weights") in r.stderr
+    assert ("kp-infer: warning: DeepInfra (deepinfra/turbo) serves moonshotai/kimi-k2.5 as fp4, "
+            "re-quantized from its native int4 weights") in r.stderr
     assert "Fireworks" not in r.stderr and "BaseTen" not in r.stderr
-    assert "DeepInfra Turbo" in {x["provider"] for x in read_jsonl(out2)}
+    served = {x["generation_id"]: x["endpoint"] for x in server.ledger()}
+    assert "deepinfra/turbo" in {served[x["generation_id"]] for x in read_jsonl(out2)}
 
 
 def test_plan_warns_when_flags_allow_requantized_endpoints(standin, tmp_path):
@@ -581,11 +582,12 @@ def test_plan_warns_when_flags_allow_requantized_endpoints(standin, tmp_path):
     warned = sorted(x for x in r.stdout.decode().splitlines() if x.startswith("warning:"))
     assert warned == [
         "warning: BaseTen serves moonshotai/kimi-k2.5 as fp4, re-quantized from its native int4 weights",
-        "warning: DeepInfra Turbo serves moonshotai/kimi-k2.5 as fp4, re-quantized from its native int4 weights",
+        "warning: DeepInfra (deepinfra/turbo) serves moonshotai/kimi-k2.5 as fp4, re-quantized from its native int4 weights",
         "warning: to keep to the native weights, pass --quantization int4 --quantization unknown (the default)",
     ]
     r = infer(server, prompts, "--plan")
-    assert r.code == 0 and "warning" not in r.stderr + r.stdout.decode()
+    warned = [x for x in (r.stderr + r.stdout.decode()).splitlines() if "warning" in x]
+    assert r.code == 0 and len(warned) == 1 and "excluded variant (deepinfra/turbo)" in warned[0]
     verdicts = {x.split()[0]: x for x in r.stdout.decode().splitlines() if x.startswith("  ")}
     assert "quantization nvfp4 not allowed" in verdicts["Fireworks"]
     assert verdicts["Together"].rstrip().endswith("allowed")

@@ -38,8 +38,8 @@ def rescue_file(tmpdir, out) -> str:
                         f"{os.path.basename(out)}.{digest}.jsonl")
 
 
-def run_infer(server, *args, tmpdir, preexec=None, timeout=300):
-    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key, "TMPDIR": str(tmpdir)}
+def run_infer(server, *args, tmpdir, preexec=None, timeout=300, env=None):
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key, "TMPDIR": str(tmpdir), **(env or {})}
     proc = subprocess.run([str(BIN / "kp-infer"), *map(str, args), "--base-url", server.base_url,
                            "--backoff-base", "0.01"],
                           capture_output=True, env=env, preexec_fn=preexec, timeout=timeout)
@@ -327,3 +327,50 @@ def test_admission_waits_for_disk_and_goes_on_when_space_is_freed(standin, tmp_p
 
 def whole_lines_of(path) -> list[bytes]:
     return path.read_bytes().split(b"\n")[:-1] if path.exists() else []
+
+
+# -- a disk that cannot take the run (issue 24, Deliver 5) -----------------------------------
+
+def test_a_filesystem_without_room_for_one_request_is_exit_3_at_the_start(standin, tmp_path, tmpfs):
+    """A 300 KB tmpfs under the default --min-free-disk (64 MiB) waited for ever with
+    nothing sent; now one line names the filesystem, its free space and the need, exit 3."""
+    mnt = tmpfs("300k")
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 20)
+    code, err = run_infer(server, prompts, "-o", mnt / "r.jsonl", tmpdir=tmp_path)
+    assert code == 3, err
+    [line] = [x for x in err.splitlines() if x.startswith("kp-infer: no room")]
+    assert f"free on the filesystem at {mnt}" in line and "--min-free-disk 64.0 MiB" in line
+    assert "nothing was sent" in line
+    assert server.stats()["requests"] == 0
+    # --plan sends nothing and writes nothing: it still runs
+    code, err = run_infer(server, prompts, "-o", mnt / "r.jsonl", "--plan", tmpdir=tmp_path)
+    assert code == 0, err
+
+
+@pytest.mark.timeout(600)
+def test_waiting_for_disk_with_nothing_in_flight_stops_after_disk_wait(standin, tmp_path, tmpfs):
+    """Admission waits for room; once nothing is in flight only freed space ends that wait,
+    so after --disk-wait seconds the run stops (exit 3, resumable), the progress line having
+    shown the time left; freed, the same command finishes, nothing paid twice."""
+    mnt = tmpfs("4m")
+    server = standin(ledger=True, latency=0.05)
+    prompts = make_prompts(tmp_path / "p.jsonl", 200)
+    out, summary = mnt / "r.jsonl", tmp_path / "s.json"
+    fill(mnt / "filler", leave=1024 * 1024 + 100 * 1024)  # as the test above: some tens fit
+    args = (prompts, "-o", out, "--concurrency", "4", "--max-tokens", "500",
+            "--min-free-disk", "1M", "--summary-json", summary)
+    code, err = run_infer(server, *args, "--disk-wait", "2", tmpdir=tmp_path,
+                          env={"KP_PROGRESS_INTERVAL": "0.2"})
+    assert code == 3, err
+    assert "waiting for disk, nothing in flight, stops in " in err
+    assert "(--disk-wait) with nothing in flight" in err
+    written = len(read_jsonl(out))
+    assert 0 < written < 200 and written == len(server.ledger())
+    s = json.loads(summary.read_text())
+    assert s["stop_reason"] == "disk" and s["paid_not_written"]["answers"] == 0
+    os.unlink(mnt / "filler")
+    code, err = run_infer(server, *args, tmpdir=tmp_path)
+    assert code == 0, err
+    assert sorted(r["id"] for r in read_jsonl(out)) == [f"p{i:05d}" for i in range(200)]
+    paid_once_each(server, prompts)

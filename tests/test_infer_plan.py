@@ -44,7 +44,7 @@ def test_plan_json_is_the_text_plans_figures_recomputed_by_hand(standin, tmp_pat
     assert data["prompt_tokens"]["bound"] == bound
     assert {r["provider"] for r in data["routes"] if r["allowed"]} == {e["provider_name"] for e in allowed}
     for route in data["routes"]:
-        e = next(e for e in table if e["provider_name"] == route["provider"])
+        e = next(e for e in table if e["tag"] == route["tag"])
         assert route["prompt_price"] == pytest.approx(float(e["pricing"]["prompt"]) * 1e6)
         assert route["completion_price"] == pytest.approx(float(e["pricing"]["completion"]) * 1e6)
     assert data["prices"]["allowed_mean"] == pytest.approx({"prompt": mean_in * 1e6, "completion": mean_out * 1e6})
@@ -56,7 +56,12 @@ def test_plan_json_is_the_text_plans_figures_recomputed_by_hand(standin, tmp_pat
     assert data["cost"]["expected"] == pytest.approx(expected, abs=1e-6)
     assert data["cost"]["worst_case"] == pytest.approx(n * worst_request, abs=1e-6)
     assert data["cost"]["worst_case_request"] == pytest.approx(worst_request, abs=1e-6)
-    assert data["max_cost"] == 3 and data["total_cost"] is None and data["warnings"] == []
+    assert data["max_cost"] == 3 and data["total_cost"] is None
+    # DeepInfra's FP4 variant shares its name with the allowed int4 endpoint (issue 24)
+    assert data["warnings"] == [
+        "DeepInfra names an allowed endpoint (deepinfra) and an excluded variant (deepinfra/turbo); "
+        "answers name the provider, never the endpoint, so DeepInfra's are kept marked "
+        '"routing": "unverifiable" (sent in provider.ignore: deepinfra/turbo)']
     # the text plan says the same
     text = infer(server, prompts, "--plan", *flags)
     assert text.code == 0 and f"expected ~${expected:,.2f}" in text.stdout.decode()

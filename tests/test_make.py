@@ -232,7 +232,7 @@ def test_ctrl_c_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
 def test_money_stop_halts_the_build_and_raising_the_cap_resumes(standin, tmp_path, workers):
     """A money stop (kp-infer exit 3) is never stamped done, and make names the limit and
     the make variable to change, with the figures: MAX_COST, the balance (402), the key's
-    limit (403); with one and with two HTTP workers."""
+    limit (402, the stand-in's documented default form); with one and with two HTTP workers."""
     server = standin(price_scale=200.0, ledger=True)
     flags = f"--backoff-base 0.05 --quiet --workers {workers}"
     if workers == "1":  # the plan does not depend on the workers: once is enough

@@ -145,8 +145,8 @@ def budget_body(status, source, scope, limit, spend, resets_at=None):
         "spend_usd": pytest.approx(spend), "resets_at": resets_at}}}
 
 
-def test_key_limit_spent_is_403_then_402_form_and_raising_it_resumes(standin):
-    server = standin(key_limit=5.0, ledger=True)
+def test_key_limit_spent_is_402_by_default_then_the_403_form_and_raising_it_resumes(standin):
+    server = standin(key_limit=5.0, ledger=True, limit_status=403)
     assert post(server, body("first", max_tokens=300)).status_code == 200
     used = server.stats()["total_usage"]
     server.configure(key_limit=used)                     # the limit is reached mid-run
@@ -159,7 +159,7 @@ def test_key_limit_spent_is_403_then_402_form_and_raising_it_resumes(standin):
     [entry] = key["budgets"]
     assert entry["scope"] == "key_limit" and entry["remaining_usd"] == pytest.approx(0)
     assert key["effective_budget"] == entry
-    server.configure(limit_status=402)                   # the 402 form, same body
+    server.configure(limit_status=402)                   # the documented 402 form, same body
     r = post(server, body("refused", max_tokens=300, stream=True))
     assert r.status_code == 402
     assert r.json() == budget_body(402, "openrouter_key_limit", "key_limit", used, used)
@@ -206,7 +206,7 @@ def test_guardrail_then_workspace_then_key_in_openrouters_order(standin):
     for source, scope, setting in expected:
         assert get(server, "/key").json()["data"]["effective_budget"]["scope"] == scope
         r = post(server, body("refused", max_tokens=300))
-        assert r.status_code == 403
+        assert r.status_code == 402  # the documented form (--limit-status 403: the other seen)
         err = r.json()["error"]
         assert err["message"] == "Budget limit exceeded"
         assert (err["metadata"]["limit_source"], err["metadata"]["scope"]) == (source, scope)
@@ -214,7 +214,7 @@ def test_guardrail_then_workspace_then_key_in_openrouters_order(standin):
         assert resets.weekday() == 0 and resets > datetime.now(UTC)
         server.configure(**{setting: used + 1})
     assert post(server, body("all raised", max_tokens=300)).status_code == 200
-    assert server.stats()["refusals"]["403"] == {s: 1 for s, _, _ in expected}
+    assert server.stats()["refusals"]["402"] == {s: 1 for s, _, _ in expected}
 
 
 # -- moderation -------------------------------------------------------------------------

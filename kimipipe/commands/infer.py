@@ -42,7 +42,8 @@ beside each); a second kp-infer on either exits 2 at once, naming who holds it.
 A full disk: a request is admitted only while OUTPUT's filesystem has room for its
 worst-case record (max_tokens at 16 bytes a token, the prompt line, 2 KiB) plus everything
 in flight plus --min-free-disk; below that admission waits ("waiting for disk") and goes
-on when space is freed. A write that still fails cuts OUTPUT back to its last whole record
+on when space is freed, or, with nothing in flight, stops after --disk-wait seconds
+(exit 3); a filesystem without room for one request is exit 3 at the start. A write that still fails cuts OUTPUT back to its last whole record
 and stops the run (exit 3); the answers paid for that it could not take are kept in a
 rescue file under --rescue DIR (printed; see kimipipe/infer/rescue.py for the path rule),
 and the next run over the same OUTPUT, given the same --rescue (or none), takes them in
@@ -136,7 +137,7 @@ OPTION_SECTIONS = {
         "max_tokens", "temperature", "top_p", "seed", "reasoning", "reasoning_effort",
         "no_require_parameters", "extra_body"],
     "Files and resume": ["output", "failures", "summary_json", "done_files", "rescue_dir",
-                         "min_free_disk", "partition", "report_files", "as_json", "html"],
+                         "min_free_disk", "disk_wait", "partition", "report_files", "as_json", "html"],
     "Tuning and connection": ["concurrency", "max_attempts", "backoff_base", "grace",
                               "idle_timeout", "workers", "stream", "proxy", "base_url",
                               "api_key_file"],
@@ -298,6 +299,10 @@ class _InferCommand(KPCommand):
               show_default=True, metavar="BYTES",
               help="Free space kept on the output's filesystem beyond the worst case of the "
                    "requests in flight (accepts 500M, 2G); below it admission waits for disk.")
+@click.option("--disk-wait", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              metavar="S",
+              help="Seconds to wait for disk room with nothing in flight before stopping "
+                   "(exit 3, resumable).")
 @click.option("--rescue", "rescue_dir", type=click.Path(), default=None, metavar="DIR",
               help="Where answers paid for that the output cannot take (a full disk) are kept "
                    "for the next run, which takes them in first; give the same DIR to that run "
@@ -335,8 +340,9 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         sort, no_fallbacks, data_collection, allow_non_distillable, max_price_prompt, max_price_completion,
         concurrency, max_attempts, idle_timeout, workers, stream, proxy,
         backoff_base, grace, max_cost, token_budget, total_cost, spent_in, reservations, min_credits,
-        credits_interval, cost_lookup_wait, done_files, failures, summary_json, min_free_disk, rescue_dir, partition,
-        sample, base_url, api_key_file, plan, report_files, preflight, html, as_json, quiet, debug):
+        credits_interval, cost_lookup_wait, done_files, failures, summary_json, min_free_disk, disk_wait,
+        rescue_dir, partition, sample, base_url, api_key_file, plan, report_files, preflight, html, as_json,
+        quiet, debug):
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
     if html and not report_files:
         raise KPError("--html goes with --report (kp-infer report FILE... --html OUT)", ExitCode.USAGE)
@@ -377,7 +383,7 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         raise KPError(str(e), ExitCode.USAGE) from None
     config = RunConfig(
         input=input, output=output, done_files=list(done_files), failures=failures,
-        summary_json=summary_json, rescue_dir=rescue_dir, min_free_disk=min_free_disk,
+        summary_json=summary_json, rescue_dir=rescue_dir, min_free_disk=min_free_disk, disk_wait=disk_wait,
         partition=partition, plan=plan, plan_json=as_json and plan, sample=sample,
         request=request, policy=policy,
         base_url=base_url, api_key=read_api_key(api_key_file, required=not plan),

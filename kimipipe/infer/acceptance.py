@@ -4,7 +4,10 @@ next routing.
 Routing and reasoning are verified, not trusted (`Acceptance.refusal(answer)`): an answer
 is not a result when (kinds.RefusalKind)
     routing_violation  the provider that served it is one the policy and the endpoints
-                       table exclude (openrouter/routing.py);
+                       table exclude (openrouter/routing.py); a provider name that covers
+                       an excluded variant as well as an allowed endpoint cannot be traced
+                       (no response field names the endpoint): its answers are kept,
+                       marked `"routing": "unverifiable"` (infer/writing.py);
     think_marker       reasoning was asked for and a think tag is left where a leaked
                        reasoning block puts one: the content begins with `<think>`, or
                        holds `</think>` more than once while no reasoning came back, or holds

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ..openrouter import DEFAULT_BASE_URL
 from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Policy
-from .disk import DEFAULT_MARGIN
+from .disk import DEFAULT_DISK_WAIT, DEFAULT_MARGIN
 
 
 @dataclass
@@ -24,6 +24,7 @@ class RunConfig:
     summary_json: str | None = None
     rescue_dir: str | None = None  # --rescue: paid answers -o could not take (None: the default)
     min_free_disk: int = DEFAULT_MARGIN  # bytes kept free on -o's filesystem (infer/disk.py)
+    disk_wait: float = DEFAULT_DISK_WAIT  # seconds waiting for disk, nothing in flight, then stop
     partition: tuple[int, int] | None = None  # (K, N)
     plan: bool = False  # --plan: show routing and cost, send nothing
     plan_json: bool = False  # --plan --json: the plan as one JSON object

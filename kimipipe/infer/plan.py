@@ -71,7 +71,7 @@ from ..openrouter.request import SAMPLING_PARAMETERS, RequestOptions
 from ..openrouter.routing import Policy, PriceBound, allowed_endpoints, why_excluded
 from .budget import Budget, request_worst_case
 from .config import RunConfig
-from .prepare import Prepared, requantization_warnings
+from .prepare import Prepared, endpoint_warnings, requantization_warnings
 
 PROMPT_BYTES_PER_TOKEN = 4
 PROMPT_TEMPLATE_TOKENS = 16
@@ -160,6 +160,7 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
                                     completion_price=_per_m(e.completion_price),
                                     verdict=verdict, allowed=verdict == "allowed"))
     warnings = requantization_warnings(request.model, policy, endpoints)
+    warnings += endpoint_warnings(policy, endpoints)
     if endpoints is not None and not allowed:
         warnings.append("no provider is allowed: requests would fail with 404 constraint_filtered")
     records = max(1, scan.records)

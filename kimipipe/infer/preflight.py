@@ -21,7 +21,9 @@ line of each answer (openrouter/probe.py), per answer:
                        listed prices (above them: fail, the budget's bound would not hold;
                        under half of them: warn)
     finish             `stop` (pass), `length` (warn: cut by --max-tokens), else fail
-    stream             keep-alive comments seen, usage in its own last chunk, `[DONE]`
+    stream             keep-alive comments, where the usage came (its own last chunk or
+                       the finish chunk: both are OpenRouter's), `[DONE]`; fails only
+                       when no usage came (the spend cannot be booked) or no finish
 
 The answers are kept: appended to `-o` as the run would write them (so the run skips
 them and they are not paid twice), or, when refused, to `--failures` with their cost. The
@@ -30,7 +32,7 @@ report goes to stdout (a table, or `--json`):
     {"model": str, "output": path, "requests": int, "spend": float,
      "checks": [{"check": str, "verdict": "pass"|"warn"|"fail"|"skip", "detail": str}],
      "answers": [{"id", "status", "provider", "finish_reason", "reasoning_source", "cost",
-                  "comments", "events", "usage_chunk", "done", "seconds"}],
+                  "comments", "events", "usage_shape", "done", "seconds"}],
      "passed": bool}
 
 Exit 0 when no check failed (warnings allowed), 4 when one did; 2 for bad input or flags
@@ -61,7 +63,7 @@ from . import costs
 from .acceptance import Acceptance, reasoning_refusal
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
-from .prepare import PROMPT_DECODER, Prepared, prepare
+from .prepare import PROMPT_DECODER, Prepared, endpoint_warnings, prepare
 from .writing import Output, failure_record
 
 DEFAULT_REQUESTS = 3
@@ -111,6 +113,7 @@ def first_to_do(config: RunConfig, prepared: Prepared, n: int) -> list[tuple[Pro
 async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
                      prompts: list[tuple[Prompt, bytes]]) -> dict:
     checks = [_table_check(config, prepared), _distillation_check(config, prepared.model_info)]
+    checks += [Check("routing", "warn", w) for w in endpoint_warnings(config.policy, prepared.endpoints)]
     async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
         checks.extend(await _balance_checks(config, prepared, budget, account))
     output = Output(config)
@@ -145,7 +148,7 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
                             "finish_reason": a.finish_reason,
                             "reasoning_source": a.reasoning_source or None, "cost": a.cost,
                             "comments": probe.comments, "events": probe.events,
-                            "usage_chunk": probe.usage_chunk, "done": probe.done,
+                            "usage_shape": probe.usage_shape, "done": probe.done,
                             "seconds": round(probe.seconds, 3)})
     finally:
         output.close()
@@ -258,10 +261,13 @@ def _answer_checks(i: int, probe: Probe, acceptance: Acceptance,
     if not probe.streamed:
         checks.append(Check(name + "stream", "skip", "--no-stream"))
     else:
-        shape = (f"{probe.events:,} events, {probe.comments:,} keep-alive comments, usage "
-                 + ("in its own last chunk" if probe.usage_chunk else "NOT in a chunk of its own")
-                 + (", [DONE]" if probe.done else ", NO [DONE]"))
-        ok = probe.usage_chunk and probe.done
+        # Both shapes of the last chunk are OpenRouter's: only a stream that would lose
+        # money (no usage to book) or data (no finish) fails.
+        shape = (f"{probe.events:,} events, {probe.comments:,} keep-alive comments, "
+                 + (f"usage on the {probe.usage_shape}" if probe.usage_shape else "NO usage")
+                 + ("" if probe.finished else ", NO finish_reason")
+                 + (", [DONE]" if probe.done else ", no [DONE]"))
+        ok = probe.usage_shape is not None and probe.finished
         checks.append(Check(name + "stream", "pass" if ok else "fail", shape))
     return checks
 

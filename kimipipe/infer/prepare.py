@@ -73,14 +73,17 @@ from ..openrouter.routing import (
     Policy,
     PriceBound,
     allowed_endpoints,
+    mixed_names,
     price_bound,
     unknown_slug,
+    variant_ignores,
 )
 from ..partition import in_partition
 from ..records import Failure, Prompt, Response
 from .api import Answered, Spent, api_of, counts_here, other_api
 from .budget import prompt_token_bound
 from .config import RunConfig
+from .disk import DiskGuard
 from .rescue import check_rescue_dir, take_in
 from .total_cost import ReservationFile, TotalCost
 
@@ -268,8 +271,11 @@ def requantization_warnings(model: str, policy: Policy, endpoints: list[Endpoint
     if preset is None:
         return []
     if endpoints is not None:
-        found = requantized_allowed(model, [(e.provider_name, e.quantization)
-                                            for e in allowed_endpoints(policy, endpoints)])
+        names = [e.provider_name for e in endpoints]
+        # a name covering several endpoints (variants) is told apart by the tag
+        found = requantized_allowed(model, [
+            (e.provider_name if names.count(e.provider_name) == 1 else f"{e.provider_name} ({e.tag})",
+             e.quantization) for e in allowed_endpoints(policy, endpoints)])
     else:
         named = requantized_in_flags(model, policy.quantizations) if policy.quantizations else \
             sorted(preset.requantized)
@@ -278,6 +284,28 @@ def requantization_warnings(model: str, policy: Policy, endpoints: list[Endpoint
     if found:
         found.append(f"to keep to the native weights, pass --quantization "
                      f"{' --quantization '.join(preset.allowed_quantizations)} (the default)")
+    return found
+
+
+def endpoint_warnings(policy: Policy, endpoints: list[Endpoint] | None) -> list[str]:
+    """What the endpoints table says a long run should know (for --plan and --preflight):
+    fewer than two endpoints allowed (one host retiring the model, or at capacity, stops
+    the run), and provider names covering an excluded variant besides an allowed endpoint
+    (their answers cannot be traced: kept, marked unverifiable)."""
+    if endpoints is None:
+        return []
+    found = []
+    allowed = allowed_endpoints(policy, endpoints)
+    if len(allowed) == 1:
+        e = allowed[0]
+        found.append(f"only one endpoint is allowed ({e.provider_name}, {e.tag}): if it retires "
+                     "the model or runs out of capacity, the run stops")
+    for name, (ok, excluded) in sorted(mixed_names(policy, endpoints).items()):
+        sent = [t for t in excluded if t in policy.variant_ignore]
+        found.append(f"{name} names an allowed endpoint ({', '.join(ok)}) and an excluded variant "
+                     f"({', '.join(excluded)}); answers name the provider, never the endpoint, so "
+                     f"{name}'s are kept marked \"routing\": \"unverifiable\""
+                     + (f" (sent in provider.ignore: {', '.join(sent)})" if sent else ""))
     return found
 
 
@@ -346,6 +374,8 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         path, shown = spool_stdin(tmpdir), "<stdin>"
     scan = validate_input(path, shown)
     require_distinct(config.output, config.input, *config.done_files)
+    if not config.plan:  # a disk that cannot take one answer: exit 3 now, not a wait for ever
+        DiskGuard(config.output, config.request.max_tokens, config.min_free_disk).check_room_at_start()
     # --plan may run beside a build writing OUTPUT: it neither repairs nor takes anything in
     taken_in = 0 if config.plan else take_in_rescued(config, say)
     done, spent, tokens = previous_work(config.output, config.failures, say, repair=not config.plan,
@@ -361,6 +391,9 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     endpoints = read_endpoints(config, say)
     if endpoints is not None:
         check_provider_slugs(config, endpoints)
+        # excluded variants under an allowed provider's name: kept out by the request itself
+        config.policy.variant_ignore = variant_ignores(config.policy, endpoints)
+        config.policy.unverifiable_names = sorted(mixed_names(config.policy, endpoints))
     bound = price_bound(config.policy, endpoints)
     info = read_model_info(config)
     if not config.plan:  # (the plan shows the warnings in its table)

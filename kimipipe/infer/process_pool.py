@@ -51,10 +51,19 @@ class _Worker:
         self.proc = proc
         self.pending: dict[int, asyncio.Future] = {}
         self.reader_task: asyncio.Task | None = None
+        # False from the moment its stdout closes (it exited, or was killed): from then on
+        # nothing is sent to it, and what it held has been handed back as retries.
+        self.alive = True
 
 
 class WorkerPool:
-    """N worker processes, each with its own event loop and HTTP client."""
+    """N worker processes, each with its own event loop and HTTP client.
+
+    A worker that dies (an OOM kill, a crash in a C extension) is seen at once: its stdout
+    closes. Its attempts come back as retries (cause "worker") and a new worker is started
+    in its place; until it is up, attempts go to the live ones (or wait for it, when none
+    is left). Nothing is ever written to a dead worker: that was a run that hung for good
+    on requests "retried" into a pipe nobody read."""
 
     def __init__(self, workers: int, base_url: str, api_key: str, *, idle_timeout: float,
                  proxy: str | None = None):
@@ -64,6 +73,8 @@ class WorkerPool:
         self.idle_timeout = idle_timeout
         self.proxy = proxy
         self._workers: list[_Worker] = []
+        self._dead: list[_Worker] = []  # reaped at close
+        self._replacing: set[asyncio.Task] = set()
         self._ids = itertools.count()
         self._closing = False
 
@@ -100,18 +111,59 @@ class WorkerPool:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
-            # A worker that died takes its attempts with it: they are retried elsewhere.
-            for future in worker.pending.values():
-                if not future.done():
-                    future.set_result(Attempt(AttemptKind.RETRY, cause=RetryCause.WORKER,
-                                              message="worker process ended"))
-            worker.pending.clear()
+            self._worker_ended(worker)
+
+    def _worker_ended(self, worker: _Worker) -> None:
+        """WORKER's stdout closed: it died (or is closing). Its attempts are retried
+        elsewhere, and unless the pool is closing a new worker takes its place."""
+        worker.alive = False
+        for future in worker.pending.values():
+            if not future.done():
+                future.set_result(Attempt(AttemptKind.RETRY, cause=RetryCause.WORKER,
+                                          message="worker process ended"))
+        worker.pending.clear()
+        if self._closing or worker not in self._workers:
+            return
+        self._workers.remove(worker)
+        self._dead.append(worker)
+        if worker.proc.returncode is None:  # its stdout is gone: of no use even if it runs
+            try:
+                worker.proc.kill()
+            except ProcessLookupError:
+                pass
+        task = asyncio.create_task(self._replace())
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
+
+    async def _replace(self) -> None:
+        try:
+            worker = await self._spawn()
+        except OSError:  # no process to be had (out of memory, say): the live ones go on,
+            return       # and with none left attempts come back as retries (_live_worker)
+        if self._closing:
+            worker.proc.stdin.close()
+            self._dead.append(worker)
+        else:
+            self._workers.append(worker)
+
+    async def _live_worker(self) -> _Worker | None:
+        """The live worker holding the fewest attempts; with none alive, the next one
+        started in a dead one's place (None when the pool is closing or cannot start one)."""
+        while True:
+            live = [w for w in self._workers if w.alive]
+            if live:
+                return min(live, key=lambda w: len(w.pending))
+            if self._closing or not self._replacing:
+                return None
+            await asyncio.wait(set(self._replacing), return_when=asyncio.FIRST_COMPLETED)
 
     async def attempt(self, body: bytes, stream: bool) -> Attempt:
-        worker = min(self._workers, key=lambda w: len(w.pending))
-        if worker.proc.returncode is not None and not self._closing:
-            index = self._workers.index(worker)
-            worker = self._workers[index] = await self._spawn()
+        worker = await self._live_worker()
+        if worker is None:
+            return Attempt(AttemptKind.RETRY, cause=RetryCause.WORKER,
+                           message="no worker process could be started")
+        # No await from the liveness check to `pending`: a worker found alive here hands
+        # this attempt back as a retry if it dies before answering.
         request_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         worker.pending[request_id] = future
@@ -130,11 +182,13 @@ class WorkerPool:
 
     async def __aexit__(self, *exc) -> None:
         self._closing = True
+        if self._replacing:  # a worker being started now is closed with the others
+            await asyncio.wait(set(self._replacing))
         for worker in self._workers:
             if worker.proc.stdin:
                 worker.proc.stdin.close()
         # All at once, 5 s at most in all: a worker cancels what it still holds on EOF.
-        await asyncio.gather(*(self._close(worker) for worker in self._workers))
+        await asyncio.gather(*(self._close(worker) for worker in [*self._workers, *self._dead]))
 
     @staticmethod
     async def _close(worker: _Worker) -> None:

@@ -150,8 +150,8 @@ class RunProgress:
         if draw and (now or self.terminal):
             self.bar.refresh()
 
-    def show_waiting_for_disk(self) -> None:
-        self.state.waiting = "disk"
+    def show_waiting_for_disk(self, what: str = "disk") -> None:
+        self.state.waiting = what  # (the disk guard's: with the time left, nothing in flight)
         self.show(now=True)
 
     async def tick(self) -> None:

@@ -21,7 +21,8 @@ what each attempt ends in (`kinds.AttemptKind`) has one handler here (`PromptWor
     auth       401: the run stops
     no_route   404: the run stops, unless the providers this prompt ignores (after refused
                answers) left no route: then it is the prompt's failure
-    permanent  the prompt fails
+    permanent  the prompt fails; 50 identical ones in a row with no answer between them
+               stop the run (infer/systematic.py: a configuration error)
 
 The record or failure is written whole (infer/writing.py), and what a failing output cannot
 take is kept in the rescue file. Admission, stops and draining stay in the run.
@@ -50,6 +51,7 @@ from .limiter import AdaptiveLimiter
 from .progress import RunProgress
 from .report import Stats, StopReason
 from .state import RunState
+from .systematic import SystematicFailure
 from .writing import RESCUED, WRITTEN, Output, failure_record
 
 
@@ -79,6 +81,7 @@ class RunParts:
     say: Callable[[str], None]
     # GET /generation's total_cost of a generation id, None while not there (infer/costs.py)
     read_cost: Callable[[str], Awaitable[float | None]]
+    systematic: SystematicFailure  # identical permanent failures in a row: a stop
 
 
 def _rounded(x: float | None) -> float | None:
@@ -344,6 +347,10 @@ class PromptWork:
         if kept != WRITTEN:
             parts.stats.failure_not_written(rescued=kept == RESCUED)
             self._output_failed()
+        if kind == FailureKind.PERMANENT and (
+                why := parts.systematic.permanent_failure(attempt, parts.stats.done)):
+            parts.say(f"kp-infer: {why}")
+            parts.stop(StopReason.SYSTEMATIC)
 
     def _output_failed(self) -> None:
         """A file refused a write: say so once (and where what arrives now is kept), stop."""

@@ -19,7 +19,8 @@ The summary (stderr, and `--summary-json`: `contracts.InferSummary`):
      "failures_not_written": {"records", "rescued", "rescue_file"},
      "spend_this_run", "spend_total", "max_cost", "total_cost", "tokens": {"prompt", "completion",
      "reasoning", "completion_total"}, "token_budget", "providers": {name: share},
-     "finish_reasons": {reason: n}, "refused": {kind: {provider: n}},
+     "finish_reasons": {reason: n}, "routing_unverifiable": {provider: n},
+     "refused": {kind: {provider: n}},
      "by_provider": [row, ...] (infer/providers_table.py: answers, tokens, reasoning share,
      finish reasons, refusals, tokens/s, latency, $ per million output tokens), "elapsed_s", "requests_per_s", "completion_tokens_per_s",
      "concurrency_limit_end",
@@ -91,10 +92,16 @@ class StopReason(Enum):
                    "interrupted; rerun the same command to resume")
     AUTH = ("auth", ExitCode.USAGE,
             "stopped: OpenRouter rejected the API key (401); check OPENROUTER_API_KEY")
+    SYSTEMATIC = ("systematic-failure", ExitCode.USAGE,
+                  "stopped: every request failed the same way (the line above names the "
+                  "status and the message): a configuration error; check it with "
+                  "--preflight, then rerun the same command to resume")
     NO_ROUTE = ("no-route", ExitCode.USAGE,
-                "stopped: no provider matches the routing flags (404); check "
-                "--ignore-provider/--only-provider/--quantization, and whether the model's "
-                "authors allow distillation (try --plan)")
+                "stopped: OpenRouter can route no request (a 404, or an error.availability that "
+                "is not retryable: the line above names its code, models and providers); check "
+                "--ignore-provider/--only-provider/--quantization, whether the model's authors "
+                "allow distillation and whether it is still served (try --plan); rerun the same "
+                "command to resume")
     DISK = ("disk", ExitCode.BUDGET,
             "stopped: no room for the output (a full disk, a quota or a file size limit); "
             "free some space and rerun the same command to resume")
@@ -253,6 +260,8 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
                    if total_providers else {}),
         finish_reasons=dict(stats.finish_reasons),
         refused=refused_by_kind(stats.refused),
+        routing_unverifiable={name: stats.providers[name] for name in config.policy.unverifiable_names
+                              if stats.providers[name]},
         by_provider=stats.table.rows(),
         elapsed_s=round(elapsed, 3),
         requests_per_s=round(stats.done / elapsed, 3) if elapsed else 0.0,
@@ -294,6 +303,10 @@ def format_summary(summary: InferSummary) -> str:
     if summary.by_provider:
         lines.append("  by provider (refused r/n/t: routing violation, no reasoning, think marker):")
         lines.append(table_text(summary.by_provider, indent="    "))
+    if summary.routing_unverifiable:
+        lines.append("  routing unverifiable (a provider name covering an excluded variant too; kept, "
+                     "marked \"routing\": \"unverifiable\"): "
+                     + ", ".join(f"{p} {n}" for p, n in summary.routing_unverifiable.items()))
     if summary.refused:
         lines.append("  refused (paid for, not kept; sent again with the provider ignored): " + "; ".join(
             f"{kind} " + ", ".join(f"{p} {n}" for p, n in by.items())

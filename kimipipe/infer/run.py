@@ -74,6 +74,7 @@ from .progress import RunProgress
 from .prompt_work import PromptWork, RunParts, Transport, acquire_unless_stopped
 from .report import Stats, StopReason, exit_code, format_summary, summary, write_summary_json
 from .state import RunState
+from .systematic import SystematicFailure
 from .total_cost import PUBLISH_INTERVAL
 from .worker_process import freeze_startup_objects
 from .writing import Output
@@ -97,7 +98,8 @@ class Run:
         self.state = RunState()
         self.output = Output(config)
         self.acceptance = Acceptance.for_run(config, prepared.endpoints)
-        self.disk = DiskGuard(config.output, config.request.max_tokens, config.min_free_disk)
+        self.disk = DiskGuard(config.output, config.request.max_tokens, config.min_free_disk,
+                              config.disk_wait)
         self.stats = Stats(todo=prepared.todo, skipped=prepared.skipped,
                            taken_in=prepared.taken_in)
         self.limiter = AdaptiveLimiter(config.concurrency)
@@ -164,7 +166,8 @@ class Run:
             config=self.config, transport=transport, limiter=self.limiter, money=self.money,
             budget=self.budget, disk=self.disk, acceptance=self.acceptance, output=self.output,
             stats=self.stats, done=self.prepared.done, state=state, progress=self.progress,
-            stop=self.stop, say=self.say, read_cost=self.account.generation_cost)
+            stop=self.stop, say=self.say, read_cost=self.account.generation_cost,
+            systematic=SystematicFailure())
         self.output.open()
         poller = publisher = None
         ticker = asyncio.create_task(self.progress.tick())
@@ -205,6 +208,8 @@ class Run:
             record_bound = self.disk.worst_case(line)
             if not await self.disk.wait_for_room(record_bound, state.stopping, state.settled,
                                                  self.say, self.progress.show_waiting_for_disk):
+                if self.disk.gave_up:  # --disk-wait with nothing in flight: a full disk's stop
+                    self.stop(StopReason.DISK)
                 return
             if not self.money.fits(reservation):
                 state.waiting = "room for money in flight"  # (the progress line says so)

@@ -90,7 +90,7 @@ def failure_record(prompt: Prompt, kind: str, attempt: Attempt, attempts: int, *
         code=attempt.code or attempt.cause, message=redact(attempt.message), attempts=attempts,
         time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         provider=provider or None, generation_id=generation_id or None, cost=cost,
-        refused=list(refused or ()),
+        refused=list(refused or ()), error_type=attempt.error_type or None,
     )
 
 
@@ -168,6 +168,10 @@ class Output:
         now = time.time()
         fields.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
         fields.api = self.api
+        if answer.provider in self.config.policy.unverifiable_names:
+            # its name covers an excluded variant too (openrouter/routing.py: mixed_names):
+            # kept, but not verifiable; counted in the summary (report.py)
+            fields.routing = "unverifiable"
         return self._write(self.responses, encode_over(decode_passthrough(prompt_line), fields))
 
     def write_failure(self, failure: Failure) -> Kept:

@@ -12,7 +12,7 @@ The endpoints table (`GET /models/{author}/{slug}/endpoints`) lists each provide
 the model with its quantization and prices (USD per token, as strings): what `--plan`, the
 routing check and a budget's worst-case price are made from (openrouter/routing.py).
 
-The model's own entry (`GET /model/{author}/{slug}`, else its line in `GET /models`) says
+The model's line in `GET /models` (OpenRouter has no `GET /model/{slug}`) says
 whether its authors allow distillation (`is_trainable_text`, the property OpenRouter's
 `?distillable=` filter and `provider.enforce_distillable_text` go by): `model_info(model)`.
 
@@ -230,28 +230,21 @@ class Account:
             raise AccountError(f"unexpected endpoints table from {self.base_url}{path}: {e}") from None
 
     async def model_info(self, model: str) -> ModelInfo:
-        """The model's entry: `GET /model/{model}`, else its line in `GET /models` (an
-        AccountError when neither has it)."""
-        path = f"/model/{model}"
+        """The model's line in `GET /models` (an AccountError when it is not listed).
+        OpenRouter has no `GET /model/{slug}`: the list is the only source."""
+        path = "/models"
         response = await self._get(path)
         if response.status_code == 401:
             _data(401, None, path)
-        entry = None
-        if response.status_code == 200:
-            payload = self._json(response)
-            entry = payload.get("data") if isinstance(payload, dict) else None
-        if not isinstance(entry, dict):
-            path = "/models"
-            response = await self._get(path)
-            if response.status_code != 200:
-                raise AccountError(f"GET {self.base_url}{path} answered HTTP {response.status_code}"
-                                   f"{_error_message(self._json(response))}")
-            payload = self._json(response)
-            listed = payload.get("data") if isinstance(payload, dict) else None
-            entry = next((m for m in listed or () if isinstance(m, dict)
-                          and model in (m.get("id"), m.get("canonical_slug"))), None)
-            if entry is None:
-                raise AccountError(f"{model} is not listed by GET {self.base_url}{path}")
+        if response.status_code != 200:
+            raise AccountError(f"GET {self.base_url}{path} answered HTTP {response.status_code}"
+                               f"{_error_message(self._json(response))}")
+        payload = self._json(response)
+        listed = payload.get("data") if isinstance(payload, dict) else None
+        entry = next((m for m in listed or () if isinstance(m, dict)
+                      and model in (m.get("id"), m.get("canonical_slug"))), None)
+        if entry is None:
+            raise AccountError(f"{model} is not listed by GET {self.base_url}{path}")
         trainable = entry.get("is_trainable_text")
         defaults = entry.get("default_parameters")
         return ModelInfo(model, trainable if isinstance(trainable, bool) else None,

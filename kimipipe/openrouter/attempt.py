@@ -20,14 +20,19 @@ about it (the facts behind each row: docs/openrouter.md, "Errors"):
                "openrouter_guardrail_budget" (402 or 403, with `scope`, `limit_usd`,
                `spend_usd`, `resets_at` when given), or "" (a bare 402: the balance)
     auth       401: bad key: stop the run
-    no_route   404 (e.g. constraint_filtered): a configuration error: stop the run
+    no_route   404 (e.g. constraint_filtered), or any error whose `availability` says it is
+               not retryable (model_deprecated, no_endpoints, region_restricted, ...): the
+               model cannot be served as asked: stop the run (its message names the code,
+               the models and the providers the availability object names)
 
 The status does not decide a 402's or a 403's kind: `error.metadata.limit_source` and
 `reason` do (docs/openrouter.md, "Credit limits").
 
 `error_attempt(status, payload, ...)` classifies a non-200 answer; `body_error(error)` an
 `error` object inside a 200 body; `midstream_error(error, after_output)` an error chunk of a
-stream. When the error carries `availability.retryable`, that flag decides. Messages are
+stream. When the error carries `availability.retryable`, that flag decides ("always switch
+on `availability.retryable`, not just the code"), and its `retry_after` wins over the
+`Retry-After` header. `metadata.error_type` is kept (`error_type`). Messages are
 cut to 500 characters and never hold the API key.
 
 An Attempt crosses process boundaries as msgpack (kimipipe/infer/process_pool.py), so it
@@ -75,6 +80,8 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     # an `ok` answer came with a `usage` object (a stream can end without one): when not,
     # its tokens are unknown and it is booked at its worst case (infer/costs.py)
     usage_seen: bool = True
+    # the error's `metadata.error_type` (rate_limit_exceeded, provider_overloaded, ...)
+    error_type: str = ""
 
     def limit_key(self) -> str:
         """How the summary counts a credit-limit refusal: status, then reason or source."""
@@ -135,21 +142,26 @@ def error_attempt(status: int, payload: dict | None, retry_after: float | None,
     err = err if isinstance(err, dict) else {}
     message = redact(str(err.get("message") or default_message))[:500]
     code = str(err.get("code") or status)
+    meta = err.get("metadata")
+    error_type = str(meta.get("error_type") or "") if isinstance(meta, dict) else ""
     if status in (402, 403) and (limit := _limit_attempt(status, err, code, message, retry_after)):
         return limit
     availability = err.get("availability") or (payload or {}).get("availability")
     if isinstance(availability, dict):
         ra = availability.get("retry_after")
-        if isinstance(ra, (int, float)):
+        if isinstance(ra, (int, float)) and not isinstance(ra, bool):
             retry_after = float(ra)
         avail_code = availability.get("code")
         if avail_code:
             code = str(avail_code)
         if "retryable" in availability:
-            kind = (AttemptKind.RETRY if availability["retryable"] else
-                    AttemptKind.NO_ROUTE if status == 404 else AttemptKind.PERMANENT)
-            return Attempt(kind, cause=RetryCause.of_status(status), status=status, code=code, message=message,
-                           retry_after=retry_after)
+            if availability["retryable"]:
+                return Attempt(AttemptKind.RETRY, cause=RetryCause.of_status(status), status=status,
+                               code=code, message=message, retry_after=retry_after,
+                               error_type=error_type)
+            return Attempt(AttemptKind.NO_ROUTE, cause=str(status), status=status, code=code,
+                           message=redact(_unavailable_message(status, message, availability))[:500],
+                           error_type=error_type)
     if status == 401:
         kind = AttemptKind.AUTH
     elif status == 402:
@@ -161,7 +173,24 @@ def error_attempt(status: int, payload: dict | None, retry_after: float | None,
     else:
         kind = AttemptKind.PERMANENT
     return Attempt(kind, cause=RetryCause.of_status(status), status=status, code=code, message=message,
-                   retry_after=retry_after)
+                   retry_after=retry_after, error_type=error_type)
+
+
+def _names(value) -> str:
+    return ", ".join(str(v) for v in value) if isinstance(value, list) and value else ""
+
+
+def _unavailable_message(status: int, message: str, availability: dict) -> str:
+    """A non-retryable availability error, said with what it names: the code, the models
+    and the providers affected (e.g. a model its hosts retire under a long run)."""
+    parts = [f"{availability.get('code') or 'unavailable'} (HTTP {status}, not retryable): {message}"]
+    if models := _names(availability.get("requested_models")):
+        parts.append(f"models: {models}")
+    if providers := _names(availability.get("affected_providers")):
+        parts.append(f"providers: {providers}")
+    if constraint := availability.get("constraint"):
+        parts.append(f"constraint: {constraint}")
+    return "; ".join(parts)
 
 
 def body_error(error: dict) -> Attempt:
@@ -172,7 +201,10 @@ def body_error(error: dict) -> Attempt:
     status = code if isinstance(code, int) else 200
     if status in (401, 402, 404) or (400 <= status < 500 and status not in RETRYABLE_STATUSES):
         return error_attempt(status, {"error": error}, None, message)
-    return Attempt(AttemptKind.RETRY, cause=RetryCause.ERROR200, status=200, code=str(code or ""), message=message)
+    meta = error.get("metadata") if isinstance(error, dict) else None
+    error_type = str(meta.get("error_type") or "") if isinstance(meta, dict) else ""
+    return Attempt(AttemptKind.RETRY, cause=RetryCause.ERROR200, status=200, code=str(code or ""),
+                   message=message, error_type=error_type)
 
 
 def midstream_error(error: dict, after_output: bool) -> Attempt:

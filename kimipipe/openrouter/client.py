@@ -134,6 +134,18 @@ def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str]
     )
 
 
+# Sent with every completion (the run's and the preflight's). X-OpenRouter-Title is the
+# current name of the attribution header (X-Title, its old name, is still accepted).
+# X-OpenRouter-Cache false: response caching (off by default, but a preset or an account
+# setting can turn it on) returns an earlier answer verbatim, at $0, whatever the
+# sampling: a duplicate training sample, silently.
+COMPLETION_HEADERS = {
+    "HTTP-Referer": "https://github.com/kimipipe/kimipipe",
+    "X-OpenRouter-Title": "kimipipe",
+    "X-OpenRouter-Cache": "false",
+}
+
+
 class CompletionClient:
     """Sends chat completion attempts over one Http11Pool (many keep-alive connections)."""
 
@@ -146,8 +158,7 @@ class CompletionClient:
         headers = {
             "Authorization": f"Bearer {api_key}",
             "Content-Type": "application/json",
-            "HTTP-Referer": "https://github.com/kimipipe/kimipipe",
-            "X-Title": "kimipipe",
+            **COMPLETION_HEADERS,
             **(extra_headers or {}),
         }
         self._pool = Http11Pool(self.url, headers, idle_timeout=idle_timeout,

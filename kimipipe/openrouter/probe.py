@@ -4,7 +4,8 @@
 before the money goes. The data plane (openrouter/client.py over http11) reads streams
 for the least CPU per chunk and hands the assembler only `data:` payloads, which hides
 what a preflight must see: the keep-alive comments (`: OPENROUTER PROCESSING`), whether
-usage came in its own last chunk (`choices: []`), whether `[DONE]` ended the stream,
+where the usage came (a last chunk of its own with `choices: []`, or on the finish chunk:
+OpenRouter sends both shapes), whether `[DONE]` ended the stream,
 and where the reasoning came from. So a probe goes over httpx (the control plane's
 library, account.py), line by line, and assembles the answer with the very code the run
 uses (`StreamAnswer` for a stream, `CompletionClient._read_plain` for a plain body), so
@@ -13,7 +14,7 @@ the answer it gives is the one a run would have kept.
     async with httpx.AsyncClient(...) as http:
         probe = await send_probe(http, base_url, api_key, body, stream=True)
         probe.attempt            # an Attempt, as the run would have it
-        probe.comments, probe.usage_chunk, probe.done, probe.reasoning_fields
+        probe.comments, probe.usage_shape, probe.finished, probe.done, probe.reasoning_fields
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ import msgspec
 from ..errors import redact
 from ..kinds import AttemptKind, RetryCause
 from .attempt import Attempt, error_attempt, retry_after_seconds
-from .client import CompletionClient, StreamAnswer
+from .client import COMPLETION_HEADERS, CompletionClient, StreamAnswer
+
+# The two shapes of a stream's last chunk, both OpenRouter's (docs/robustness.md, docs/kp-infer.md).
+USAGE_OWN_CHUNK = "own chunk"  # a chunk of its own with `choices: []`
+USAGE_ON_FINISH = "finish chunk"  # on the chunk whose choice carries finish_reason
 
 
 @dataclass
@@ -37,7 +42,8 @@ class Probe:
     streamed: bool = False
     comments: int = 0  # keep-alive comment lines (`: ...`)
     events: int = 0  # `data:` lines
-    usage_chunk: bool = False  # usage arrived in a chunk with `choices: []`
+    usage_shape: str | None = None  # where the usage came: USAGE_OWN_CHUNK, USAGE_ON_FINISH
+    finished: bool = False  # a choice carried a finish_reason
     done: bool = False  # the stream ended with `data: [DONE]`
     reasoning_fields: set[str] = field(default_factory=set)  # reasoning, reasoning_details
     seconds: float = 0.0
@@ -51,10 +57,13 @@ def _note_chunk(probe: Probe, payload: bytes) -> None:
         return
     if not isinstance(chunk, dict):
         return
-    if chunk.get("usage") is not None and not chunk.get("choices"):
-        probe.usage_chunk = True
-    for choice in chunk.get("choices") or ():
-        delta = choice.get("delta") if isinstance(choice, dict) else None
+    choices = [c for c in chunk.get("choices") or () if isinstance(c, dict)]
+    finish = any(c.get("finish_reason") is not None for c in choices)
+    probe.finished = probe.finished or finish
+    if chunk.get("usage") is not None:
+        probe.usage_shape = USAGE_OWN_CHUNK if not choices else USAGE_ON_FINISH if finish else "a content chunk"
+    for choice in choices:
+        delta = choice.get("delta")
         if isinstance(delta, dict):
             probe.reasoning_fields.update(k for k in ("reasoning", "reasoning_details") if delta.get(k))
 
@@ -64,7 +73,7 @@ async def send_probe(http: httpx.AsyncClient, base_url: str, api_key: str, body:
     """Send BODY to /chat/completions and read every line of the answer."""
     url = base_url.rstrip("/") + "/chat/completions"
     headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
-               "HTTP-Referer": "https://github.com/kimipipe/kimipipe", "X-Title": "kimipipe"}
+               **COMPLETION_HEADERS}
     started = time.monotonic()
     probe = Probe(Attempt(AttemptKind.RETRY, cause=RetryCause.CONNECTION), streamed=stream)
     try:

@@ -15,6 +15,15 @@ sent by request.py): an endpoint whose `supported_parameters` lack one is exclud
 `--plan` and in the routing check. `ignoring(slugs)` widens one prompt's `ignore` after an
 answer of a provider was refused, `slugs_of(provider)` the slugs that name it, and
 `unknown_slug` says why a flag's slug names no provider of the table (with the closest).
+
+Variants: one provider name can cover several endpoints, told apart by `tag` only
+(`deepinfra` int4 and its FP4 `deepinfra/turbo`, both "DeepInfra"), and an answer names the
+provider, never the endpoint. So where a name covers allowed and excluded endpoints
+(`mixed_names`), the excluded ones must be kept out by the request: `variant_ignores` gives
+their tags for `provider.ignore` (OpenRouter takes tags there, a base slug matching its
+variants, so a base tag is never added when a variant of it is allowed), and an answer from
+such a name cannot be verified after the fact (`routing_unverifiable`): it is marked so,
+not passed as verified.
 """
 
 from __future__ import annotations
@@ -43,6 +52,13 @@ class Policy:
     # parameters and lacks one is excluded
     required_parameters: tuple[str, ...] = ()
 
+    # Tags of excluded variants sent in `provider.ignore` beside `ignore` (`variant_ignores`):
+    # the request keeps them out, since an answer cannot be traced to them. Not consulted by
+    # `why_excluded` (they are excluded already, for their own reason).
+    variant_ignore: list[str] = field(default_factory=list)
+    # Provider names whose answers cannot be verified (`mixed_names`), set with it
+    unverifiable_names: list[str] = field(default_factory=list)
+
     def ignoring(self, slugs: list[str]) -> Policy:
         """This policy with SLUGS added to `ignore` (for one prompt's next attempt)."""
         return replace(self, ignore=[*self.ignore, *(s for s in slugs if s not in self.ignore)])
@@ -50,8 +66,9 @@ class Policy:
     def provider_object(self) -> dict:
         """OpenRouter's `provider` request field (only the keys the user set)."""
         obj: dict = {}
-        if self.ignore:
-            obj["ignore"] = list(self.ignore)
+        ignore = [*self.ignore, *(t for t in self.variant_ignore if t not in self.ignore)]
+        if ignore:
+            obj["ignore"] = ignore
         if self.only:
             obj["only"] = list(self.only)
         if self.quantizations:
@@ -221,6 +238,39 @@ def unknown_slug(slug: str, endpoints: list[Endpoint]) -> str | None:
     if close:
         return f"did you mean {close[0]!r}?"
     return "known: " + ", ".join(sorted({k for k in known if " " not in k}))
+
+
+def mixed_names(policy: Policy, endpoints: list[Endpoint] | None) -> dict[str, tuple[list[str], list[str]]]:
+    """Provider names that cover both allowed and excluded endpoints: name -> (the allowed
+    tags, the excluded tags). An answer from one of them cannot be traced to its endpoint."""
+    by_name: dict[str, tuple[list[str], list[str]]] = {}
+    for e in endpoints or ():
+        allowed, excluded = by_name.setdefault(e.provider_name, ([], []))
+        (excluded if why_excluded(policy, e) else allowed).append(e.tag or e.provider_name)
+    return {name: (a, x) for name, (a, x) in by_name.items() if a and x}
+
+
+def variant_ignores(policy: Policy, endpoints: list[Endpoint] | None) -> list[str]:
+    """The excluded variants' tags to send in `provider.ignore`, so that the request itself
+    keeps them out (the answer cannot tell): those under a name that also has an allowed
+    endpoint, except a base tag whose variant is allowed (it would ignore that one too)."""
+    tags = []
+    for allowed, excluded in mixed_names(policy, endpoints).values():
+        for tag in excluded:
+            base_of_allowed = any(a.lower() == tag.lower() or a.lower().startswith(tag.lower() + "/")
+                                  for a in allowed)
+            if not base_of_allowed and tag not in policy.ignore and tag not in tags:
+                tags.append(tag)
+    return tags
+
+
+def routing_unverifiable(policy: Policy, served: str | None, endpoints: list[Endpoint] | None) -> bool:
+    """Whether an answer from provider SERVED may have come from an excluded endpoint that
+    shares its name with an allowed one (see `mixed_names`)."""
+    if not served or not endpoints:
+        return False
+    s = served.lower()
+    return any(name.lower() == s for name in mixed_names(policy, endpoints))
 
 
 def routing_violation(policy: Policy, served: str | None, endpoints: list[Endpoint] | None) -> str | None:

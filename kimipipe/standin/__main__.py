@@ -20,7 +20,7 @@ by default):
     --workspace-budget USD, --guardrail-budget USD
                                     the same refusal, openrouter_workspace_budget /
                                     openrouter_guardrail_budget
-    --limit-status 402              those three refuse with 402 instead of 403
+    --limit-status 403              those three refuse with 403 instead of 402 (both seen)
     --limit-reset daily|weekly|monthly
                                     their window (resets_at in bodies and /key)
     --moderation-marker WORD        prompts holding WORD get moderation's 403 (metadata
@@ -65,7 +65,8 @@ import sys
 
 from aiohttp import web
 
-from .config import CREDITS_MODES, FAULT_KINDS, Config
+from .availability import AVAILABILITY
+from .config import CREDITS_MODES, FAULT_KINDS, MIDSTREAM_CODES, STREAM_USAGES, Config
 from .providers import known_provider
 from .refusals import LIMIT_RESETS
 from .server import StandIn
@@ -166,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--guardrail-budget", type=float, default=None, metavar="USD",
                         help="a guardrail budget: once spent, 403 \"Budget limit exceeded\" "
                              "(limit_source openrouter_guardrail_budget)")
-    limits.add_argument("--limit-status", type=int, choices=(403, 402), default=403,
+    limits.add_argument("--limit-status", type=int, choices=(403, 402), default=402,
                         help="status of the key-limit, workspace and guardrail refusals "
                              "(OpenRouter has been seen to send both; default 403)")
     limits.add_argument("--limit-reset", choices=LIMIT_RESETS, default=None,
@@ -205,6 +206,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="count usage with this tokenizer directory (its chat template; loaded "
                         "with trust_remote_code), as a server does; default: words")
+    wire = p.add_argument_group("the wire's documented variants (OpenRouter sends each)")
+    wire.add_argument("--stream-usage", choices=STREAM_USAGES, default="own-chunk",
+                      help="where a stream's usage comes: a last chunk of its own with "
+                           "choices [] (default), or on a last finish chunk")
+    wire.add_argument("--midstream-code", choices=MIDSTREAM_CODES, default="502",
+                      help="the error code of a mid-stream error chunk (--fault midstream)")
+    wire.add_argument("--unavailable", choices=tuple(AVAILABILITY), default=None, metavar="CODE",
+                      help="refuse every completion with this error.availability code "
+                           f"({', '.join(AVAILABILITY)})")
+    wire.add_argument("--endpoint-nulls", action="store_true",
+                      help="the endpoints table with the nulls and missing keys the service "
+                           "sends (quantization, max_completion_tokens, pricing keys, "
+                           "supported_parameters)")
     billing = p.add_argument_group("billing (billing.py)")
     billing.add_argument("--price-override", action="append", type=parse_price_override,
                          default=[], metavar="PROVIDER=FACTOR[:MIN_PROMPT_TOKENS]",
@@ -286,6 +300,8 @@ def main(argv: list[str] | None = None) -> None:
         drop_reasoning=dict(args.drop_reasoning), inline_reasoning=args.inline_reasoning,
         unopened_reasoning=args.unopened_reasoning,
         ignore_sampling=args.ignore_sampling, not_distillable=args.not_distillable,
+        stream_usage=args.stream_usage, midstream_code=args.midstream_code,
+        unavailable=args.unavailable, endpoint_nulls=args.endpoint_nulls,
         price_overrides=dict(args.price_override), discounts=dict(args.discount),
         no_cost_rate=args.no_cost, no_usage_rate=args.no_usage,
         generation_delay=args.generation_delay, tokenizer=args.tokenizer)

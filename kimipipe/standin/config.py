@@ -9,12 +9,18 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .availability import AVAILABILITY
 from .providers import known_provider
 from .refusals import LIMIT_RESETS, LIMIT_STATUSES
 
 FAULT_KINDS = ("429", "500", "502", "503", "524", "529", "error200", "empty", "midstream",
                "cut", "hang", "heartbeat", "misroute", "moderation", "zero")
 CREDITS_MODES = ("normal", "forbidden", "zeros")
+# Where a stream's usage comes (both are OpenRouter's): a last chunk of its own with
+# `choices: []`, or on a last finish chunk (one choice, empty delta, finish_reason repeated).
+STREAM_USAGES = ("own-chunk", "finish-chunk")
+# The `code` of a mid-stream error chunk (fault midstream): a status, or a string code.
+MIDSTREAM_CODES = ("502", "429", "408", "provider_overloaded", "server_error")
 
 
 @dataclass
@@ -37,7 +43,7 @@ class Config:
     # -- credit limits (refusals.py) --
     inflight_ratio: float | None = None   # in-flight budget = ratio x balance left; None: off
     settle: float = 1.0                   # seconds a finished request's reservation still counts
-    limit_status: int = 403               # status of key-limit/workspace/guardrail refusals
+    limit_status: int = 402               # status of key-limit/workspace/guardrail refusals
     limit_reset: str | None = None        # daily|weekly|monthly window of those budgets
     workspace_budget: float | None = None
     guardrail_budget: float | None = None
@@ -49,6 +55,11 @@ class Config:
     ignore_sampling: list[str] = field(default_factory=list)
     not_distillable: bool = False
     tokenizer: str | None = None  # count usage with this tokenizer directory (token_counts.py)
+    # -- the wire's documented variants (streaming, errors, endpoints table) --
+    stream_usage: str = "own-chunk"   # STREAM_USAGES
+    midstream_code: str = "502"       # MIDSTREAM_CODES
+    unavailable: str | None = None    # every completion refused with this availability code
+    endpoint_nulls: bool = False      # the endpoints table with the nulls the service sends
     # -- billing (billing.py) --
     price_overrides: dict[str, tuple] = field(default_factory=dict)  # slug -> (factor, min prompt tokens)
     discounts: dict[str, float] = field(default_factory=dict)        # slug -> discount
@@ -91,6 +102,12 @@ class Config:
         for slug, rate in self.drop_reasoning.items():
             if not 0.0 <= float(rate) <= 1.0:
                 raise ValueError(f"drop_reasoning rate for {slug} must be in [0, 1], got {rate}")
+        if self.stream_usage not in STREAM_USAGES:
+            raise ValueError(f"stream_usage must be one of {', '.join(STREAM_USAGES)}")
+        if self.midstream_code not in MIDSTREAM_CODES:
+            raise ValueError(f"midstream_code must be one of {', '.join(MIDSTREAM_CODES)}")
+        if self.unavailable is not None and self.unavailable not in AVAILABILITY:
+            raise ValueError(f"unavailable must be one of {', '.join(AVAILABILITY)}")
         for name in ("no_cost_rate", "no_usage_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1]")
@@ -136,6 +153,8 @@ LIVE_SETTINGS = {
     "guardrail_budget": _nullable(float), "moderation_marker": _nullable(str),
     "drop_reasoning": lambda v: {str(k): float(r) for k, r in dict(v).items()},
     "inline_reasoning": _slugs, "unopened_reasoning": _slugs, "ignore_sampling": _slugs, "not_distillable": bool,
+    "stream_usage": str, "midstream_code": str, "unavailable": _nullable(str),
+    "endpoint_nulls": bool,
     "price_overrides": lambda v: {str(k): (float(f), None if m is None else int(m))
                                   for k, (f, m) in dict(v).items()},
     "discounts": lambda v: {str(k): float(d) for k, d in dict(v).items()},

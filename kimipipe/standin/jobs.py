@@ -25,6 +25,14 @@ if TYPE_CHECKING:
 COMMENT = b": OPENROUTER PROCESSING\n\n"
 DONE = b"data: [DONE]\n\n"
 MIN_WRITE_INTERVAL = 0.05   # streamed tokens due within one tick go out in one write
+# --midstream-code -> (error.code, metadata.error_type, message), as the errors docs show them
+MIDSTREAM_ERRORS = {
+    "502": (502, "provider_unavailable", "Provider returned error"),
+    "429": (429, "rate_limit_exceeded", "Rate limit exceeded upstream"),
+    "408": (408, "timeout", "Provider timed out"),
+    "provider_overloaded": ("provider_overloaded", "provider_overloaded", "Provider overloaded"),
+    "server_error": ("server_error", "server", "Internal server error"),
+}
 
 
 class Job:
@@ -68,7 +76,9 @@ class Job:
             self.answer.completion_tokens, self.answer.reasoning_tokens, cost,
             self.answer.finish_reason, self.created, first_token_at - self.started,
             now - first_token_at, streamed), user_text_sha256(self.body["messages"]),
-            self.ledger_extra)
+            # the endpoint by its tag: the answer names only the provider, which can cover
+            # several endpoints (deepinfra and deepinfra/turbo are both "DeepInfra")
+            {"endpoint": self.endpoint.tag, **(self.ledger_extra or {})})
         return cost
 
     def _usage(self, cost: float) -> dict | None:
@@ -107,9 +117,12 @@ class Job:
                 "prompt_tokens_details": {"cached_tokens": 0}, "cost": 0, "is_byok": False,
                 "cost_details": {"upstream_inference_cost": 0}}
 
-    def _error_obj(self) -> dict:
-        return {"code": 502, "message": "Provider returned error",
-                "metadata": {"error_type": "provider_unavailable",
+    def _error_obj(self, midstream: bool = False) -> dict:
+        """The error object of a 200 error body or (MIDSTREAM) of a stream's error chunk,
+        whose code can be a 4xx or 5xx number or a string (`--midstream-code`)."""
+        code, error_type, message = MIDSTREAM_ERRORS[self.config.midstream_code if midstream else "502"]
+        return {"code": code, "message": message,
+                "metadata": {"error_type": error_type,
                              "provider_code": "upstream_error",
                              "provider_name": self.endpoint.provider_name}}
 
@@ -267,17 +280,24 @@ class Job:
             return resp
         if fault == "midstream":
             await resp.write(b"data: " + encode({
-                **self._head("chat.completion.chunk"), "error": self._error_obj(),
+                **self._head("chat.completion.chunk"), "error": self._error_obj(midstream=True),
                 "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error",
                              "native_finish_reason": "error"}]}) + b"\n\n")
             return resp
         cost = self._charge(first, streamed=True)
         finish = encode(a.finish_reason)
         usage = self._usage(cost)
+        # OpenRouter sends the usage in one of two shapes (--stream-usage): a last chunk of
+        # its own with `choices: []`, or a last finish chunk (empty delta, finish_reason
+        # repeated) that carries it.
+        last_choices = [] if self.config.stream_usage == "own-chunk" else [{
+            "index": 0, "delta": {}, "finish_reason": a.finish_reason,
+            "native_finish_reason": a.finish_reason, "logprobs": None}]
         tail = (prefix + b'"content":""},"finish_reason":' + finish
                 + b',"native_finish_reason":' + finish + b',"logprobs":null}]}\n\n'
                 + (b"" if usage is None else b"data: " + encode({
-                    **self._head("chat.completion.chunk"), "choices": [], "usage": usage}) + b"\n\n")
+                    **self._head("chat.completion.chunk"), "choices": last_choices,
+                    "usage": usage}) + b"\n\n")
                 + DONE)
         await resp.write(tail)
         return resp

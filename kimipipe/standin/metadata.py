@@ -1,5 +1,6 @@
 """The stand-in's money and metadata endpoints: `GET /credits`, `/key` (and `/auth/key`),
-`/generation`, `/models`, `/model/{author}/{slug}`, `/models/{author}/{slug}/endpoints`.
+`/generation`, `/models`, `/models/{author}/{slug}/endpoints` (no `/model/{slug}`: OpenRouter
+has none).
 
 A mixin of `server.StandIn`: it reads the server's config, usage, budget layers and
 remembered generations, and changes nothing but the request counters.
@@ -13,7 +14,7 @@ from aiohttp import web
 
 from .answers import REASONING_DEFAULT, served_sampling
 from .billing import pricing_document
-from .providers import MODELS, endpoints_document, model_document
+from .providers import MODELS, endpoints_document, model_document, with_nulls
 from .refusals import effective_budget, key_budget
 from .wire import error_response, json_response
 
@@ -99,6 +100,9 @@ class MetadataEndpoints:
         # the prices that are billed: scale, discount, overrides (billing.py)
         for entry, endpoint in zip(document["data"]["endpoints"], MODELS[model], strict=True):
             entry["pricing"] = pricing_document(endpoint, self.config)
+        if self.config.endpoint_nulls:  # what the live table leaves null or out
+            for entry in document["data"]["endpoints"]:
+                with_nulls(entry)
         return json_response(document)
 
     def model_document(self, model: str) -> dict:
@@ -114,10 +118,3 @@ class MetadataEndpoints:
         if wanted in ("true", "false"):
             docs = [d for d in docs if d["is_trainable_text"] is (wanted == "true")]
         return json_response({"data": docs, "links": {"next": None}, "total_count": len(docs)})
-
-    async def model(self, request: web.Request) -> web.Response:
-        self.endpoint_requests["model"] += 1
-        model = f"{request.match_info['author']}/{request.match_info['slug']}"
-        if model not in MODELS:
-            return error_response(404, f"Model {model} not found")
-        return json_response({"data": self.model_document(model)})

@@ -17,8 +17,10 @@ chosen endpoint plus the endpoints the filters removed (the `misroute` fault ser
 one of those). Filters that leave nothing: 404 with `availability.code`
 `constraint_filtered`.
 
-`endpoints_document` is `GET /models/{author}/{slug}/endpoints`; `model_document` is one
-entry of `GET /models` (and the `data` of `GET /model/{author}/{slug}`), which carries
+`endpoints_document` is `GET /models/{author}/{slug}/endpoints` (with `nulls`, the nulls
+and missing keys the service sends: `quantization`, `max_completion_tokens`, optional
+pricing keys, `supported_parameters`); `model_document` is one entry of `GET /models`
+(OpenRouter has no `GET /model/{slug}`), which carries
 `is_trainable_text`: the property OpenRouter's distillation guide names for "the author
 allows text distillation" (the `?distillable=true|false` filter of `GET /models` uses it).
 """
@@ -63,7 +65,8 @@ KIMI_K25 = (
     Endpoint("Moonshot AI", "moonshotai", "unknown", "0.0000006", "0.000003", 45.0, 1.6),
     Endpoint("Together", "together", "int4", "0.0000005", "0.0000028", 60.0, 0.9),
     Endpoint("DeepInfra", "deepinfra", "int4", "0.00000045", "0.0000025", 35.0, 1.2),
-    Endpoint("DeepInfra Turbo", "deepinfra/turbo", "fp4", "0.0000003", "0.0000012", 110.0, 0.5),
+    # a variant under its provider's own name, told apart by its tag only (as listed)
+    Endpoint("DeepInfra", "deepinfra/turbo", "fp4", "0.0000003", "0.0000012", 110.0, 0.5),
     Endpoint("Fireworks", "fireworks", "nvfp4", "0.00000035", "0.0000014", 140.0, 0.4),
     Endpoint("BaseTen", "baseten", "fp4", "0.0000004", "0.0000016", 120.0, 0.6),
     Endpoint("Parasail", "parasail", "int4", "0.00000055", "0.0000027", 50.0, 1.0),
@@ -261,9 +264,12 @@ def load_balanced(endpoints: list[Endpoint], request_key: bytes) -> Endpoint:
 
 def no_route(model: str, prefs: dict, why: str) -> RoutingError:
     """OpenRouter's no-route 404: a configuration error, never retried."""
+    from .availability import availability
     return RoutingError(404, no_endpoints_message(),
                         {"model": model, "provider_preferences": prefs},
-                        {"code": "constraint_filtered", "retryable": False, "message": why})
+                        availability("constraint_filtered", model,
+                                     [e.provider_name for e in MODELS[model]],
+                                     excluded_by=sorted(prefs) or None, constraint=why))
 
 
 def no_endpoints_message() -> str:
@@ -310,9 +316,36 @@ def model_document(model: str, now: int, *, distillable: bool, price_scale: floa
     }
 
 
-def endpoints_document(model: str, now: int, no_sampling=()) -> dict:
-    """`GET /models/{author}/{slug}/endpoints` for one model, in OpenRouter's shape."""
+def endpoints_document(model: str, now: int, no_sampling=(), nulls: bool = False) -> dict:
+    """`GET /models/{author}/{slug}/endpoints` for one model, in OpenRouter's shape; NULLS:
+    with the nulls and missing keys the live table has (see `with_nulls`)."""
     name = model_name(model)
+    document = _endpoints_document(model, name, now, no_sampling)
+    if nulls:
+        for endpoint in document["data"]["endpoints"]:
+            with_nulls(endpoint)
+    return document
+
+
+def with_nulls(endpoint: dict) -> None:
+    """What the live table leaves null or out: a first-party endpoint's quantization is
+    null (it reports none: "unknown"), no endpoint states its max_completion_tokens, the
+    pricing lists only the keys that bill, and an endpoint's supported_parameters can be
+    null (then nothing is known of them)."""
+    if endpoint["quantization"] == "unknown":
+        endpoint["quantization"] = None
+    endpoint["max_completion_tokens"] = None
+    pricing = endpoint["pricing"]
+    for key in ("request", "image", "web_search", "internal_reasoning"):
+        pricing.pop(key, None)
+    if not pricing.get("discount"):  # (a discount that bills stays listed)
+        pricing["discount"] = None
+    endpoint["latency_last_30m"] = None
+    if endpoint["tag"] == "parasail":
+        endpoint["supported_parameters"] = None
+
+
+def _endpoints_document(model: str, name: str, now: int, no_sampling) -> dict:
     return {"data": {
         "id": model,
         "name": name,

@@ -6,8 +6,8 @@ Its limits docs describe three credit limits; the stand-in enforces each, in thi
 1. Budget layers, refused before routing, in the order OpenRouter's `GET /key` lists them:
    a guardrail budget (`--guardrail-budget`, scope `api_key`), a workspace budget
    (`--workspace-budget`, scope `workspace`), the key's own limit (`--key-limit`, scope
-   `key_limit`). A layer whose spend has reached its limit refuses with 403 (402 with
-   `--limit-status 402`), message "Budget limit exceeded", and
+   `key_limit`). A layer whose spend has reached its limit refuses with 402, the documented
+   form (403 with `--limit-status 403`: also seen), message "Budget limit exceeded", and
    `metadata: {limit_source, scope, limit_usd, spend_usd, resets_at}`; no Retry-After
    (the wait is hours). `limit_source` is `openrouter_guardrail_budget`,
    `openrouter_workspace_budget` or `openrouter_key_limit`.

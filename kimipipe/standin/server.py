@@ -10,7 +10,7 @@ purpose: the order of checks below is OpenRouter's, and it is reviewed in one pl
 
 Order of checks for `POST /api/v1/chat/completions`, as OpenRouter does it:
 auth (401) -> body (400) -> model (400) -> budget layers: guardrail, workspace, key limit
-spent (403, or 402 with --limit-status 402) -> balance gone (402) -> routing (400/404,
+spent (402, or 403 with --limit-status 403) -> balance gone (402) -> routing (400/404,
 including require_parameters and enforce_distillable_text) -> moderation marker (403) ->
 one request's worst case against what it may reserve (402 weight_exceeds_budget, or the
 key limit's 402) -> in-flight budget (402 in_flight_budget_exhausted + Retry-After; else
@@ -24,7 +24,7 @@ stand-in's mark on its answers, a plain string id as the schema has it, so that 
 filler is never taken for a real answer (kimipipe/infer/api.py).
 
 The ledger (`--ledger`) has one line per charged generation: generation_id, provider (the
-endpoint that served it), model, prompt/completion/reasoning tokens, cost, finish_reason,
+name of the endpoint that served it), endpoint (its tag: one name can cover several), model, prompt/completion/reasoning tokens, cost, finish_reason,
 request_user_text_sha256, and, when the request sent temperature or top_p or the provider
 ignores them, `sampling` (the temperature/top_p applied) and `sampling_dropped` (the names
 sent but not applied); `reasoning_dropped: true` / `reasoning_inline: true` when a quirk
@@ -76,6 +76,7 @@ from .answers import (
     last_user_text,
     wants_reasoning,
 )
+from .availability import availability, unavailable_error
 from .billing import billed_prices
 from .config import CREDITS_MODES, FAULT_KINDS, Config, changed
 from .jobs import Job
@@ -115,6 +116,8 @@ STATUS_FAULTS = {
 STATUS_ERROR_TYPES = {"429": "rate_limit_exceeded", "500": "server", "502": "provider_unavailable",
                       "503": "provider_unavailable", "524": "timeout", "529": "provider_overloaded"}
 DEFAULT_MAX_COMPLETION = 262144
+# Request headers counted in stats `completion_headers` (by value; "(none)" when absent).
+WATCHED_HEADERS = ("X-OpenRouter-Title", "X-Title", "X-OpenRouter-Cache", "HTTP-Referer")
 
 
 class HTTPDone(Exception):
@@ -142,6 +145,8 @@ class StandIn(MetadataEndpoints):
         self.faults: Counter[str] = Counter()
         self.statuses: Counter[str] = Counter()
         self.endpoint_requests: Counter[str] = Counter()
+        # completions by the value of the request headers that change what OpenRouter does
+        self.completion_headers: dict[str, Counter[str]] = {h: Counter() for h in WATCHED_HEADERS}
         self.generations: dict[str, Generation] = {}
         self.rng = random.Random(config.seed)
         self.quirk_rng = random.Random(f"quirks|{config.seed}")   # apart from the fault draws
@@ -183,7 +188,6 @@ class StandIn(MetadataEndpoints):
         r.add_get("/api/v1/generation", self.generation)
         r.add_get("/api/v1/models/{author}/{slug}/endpoints", self.model_endpoints)
         r.add_get("/api/v1/models", self.models)
-        r.add_get("/api/v1/model/{author}/{slug}", self.model)
         r.add_get("/_standin/stats", self.stats_handler)
         r.add_post("/_standin/config", self.config_handler)
         return app
@@ -269,6 +273,7 @@ class StandIn(MetadataEndpoints):
             "max_in_flight": self.max_in_flight,
             "statuses": dict(self.statuses),
             "endpoint_requests": dict(self.endpoint_requests),
+            "completion_headers": {h: dict(c) for h, c in self.completion_headers.items()},
             "refusals": {status: dict(kinds) for status, kinds in self.refusals.items()},
             "inflight_reserved": self.inflight.reserved(time.monotonic()),
             "inflight_cap": self.inflight_cap(),
@@ -362,6 +367,8 @@ class StandIn(MetadataEndpoints):
             return denied
         raw = await request.read()
         self.log_request(raw)
+        for header, seen in self.completion_headers.items():
+            seen[request.headers.get(header, "(none)")] += 1
         body = self._parse(raw)
         await self._pass_gate()
         model = body["model"]
@@ -376,6 +383,10 @@ class StandIn(MetadataEndpoints):
         except RoutingError as e:
             return error_response(e.status, e.message, e.metadata, e.availability)
         endpoint = chosen.endpoint
+        if cfg.unavailable:  # e.g. a model its hosts retire under a long run
+            allowed = [e.provider_name for e in MODELS[model] if e not in chosen.excluded]
+            status, error, headers = unavailable_error(cfg.unavailable, model, allowed, cfg.retry_after)
+            return json_response(error, status, headers)
         text = last_user_text(body["messages"])
         if cfg.moderation_marker and cfg.moderation_marker in text:
             return self.refuse(moderation(model, endpoint.provider_name,
@@ -399,13 +410,15 @@ class StandIn(MetadataEndpoints):
             self.faults[fault] += 1
         self.completions_started += 1
         if fault in STATUS_FAULTS:
-            headers = {"Retry-After": f"{cfg.retry_after:g}"} if fault == "429" else None
-            availability = ({"code": "rate_limited", "retryable": True,
-                             "retry_after": cfg.retry_after} if fault == "429" else None)
+            headers = {"Retry-After": f"{cfg.retry_after:g}"} if fault in ("429", "503") else None
+            # the two documented availability failures among them (errors docs)
+            code = {"429": "capacity_exhausted", "503": "temporarily_unavailable"}.get(fault)
+            avail = None if code is None else availability(
+                code, model, [endpoint.provider_name], retry_after=cfg.retry_after)
             return error_response(int(fault), STATUS_FAULTS[fault], {
                 "provider_name": endpoint.provider_name,
                 "raw": f"{endpoint.tag}: upstream error {fault}",
-                "error_type": STATUS_ERROR_TYPES[fault]}, availability, headers)
+                "error_type": STATUS_ERROR_TYPES[fault]}, avail, headers)
         answer, extra = self.served_answer(body, endpoint)
         created = int(time.time())
         job = Job(self, request, body, answer, endpoint, fault, created,

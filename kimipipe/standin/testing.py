@@ -12,11 +12,13 @@ a string or path puts it there). The credit limits: `inflight_ratio`, `settle`,
 `key_limit`, `workspace_budget`, `guardrail_budget`, `limit_status` (403|402),
 `limit_reset`, `moderation_marker`; the provider quirks: `drop_reasoning` (a dict
 {provider: rate}), `inline_reasoning` and `ignore_sampling` (lists of providers),
-`not_distillable`; billing: `price_overrides` ({provider: factor or (factor,
-min_prompt_tokens)}), `discounts` ({provider: discount}), `no_cost`, `no_usage`,
-`generation_delay` (kimipipe/standin/billing.py). Each can also be changed live with
-`configure(...)` (billing's as `price_overrides`, `discounts`, `no_cost_rate`,
-`no_usage_rate`, `generation_delay`); so can
+`not_distillable`; the wire's variants: `stream_usage` ("own-chunk"|"finish-chunk"),
+`midstream_code`, `unavailable` (an availability code), `endpoint_nulls`; billing:
+`price_overrides` ({provider: factor or (factor, min_prompt_tokens)}), `discounts`
+({provider: discount}), `no_cost`, `no_usage`, `generation_delay`
+(kimipipe/standin/billing.py). Each can also be changed live with `configure(...)`
+(billing's as `price_overrides`, `discounts`, `no_cost_rate`, `no_usage_rate`,
+`generation_delay`); so can
 `hold_after=N` (live only: the completions after the first N wait, counted in stats'
 `held`, until it is raised or set to None), which lets a test act while a run provably
 has work left. Only the standard library is used to talk to the server,
@@ -62,6 +64,8 @@ class StandIn:
                  inline_reasoning: list | tuple = (), ignore_sampling: list | tuple = (),
                  unopened_reasoning: list | tuple = (),
                  not_distillable: bool = False,
+                 stream_usage: str | None = None, midstream_code: str | None = None,
+                 unavailable: str | None = None, endpoint_nulls: bool = False,
                  price_overrides: dict | None = None, discounts: dict | None = None,
                  no_cost: float | None = None, no_usage: float | None = None,
                  generation_delay: float | None = None, tokenizer: str | os.PathLike | None = None,
@@ -112,6 +116,12 @@ class StandIn:
             args += ["--ignore-sampling", provider]
         if not_distillable:
             args.append("--not-distillable")
+        for flag, value in (("--stream-usage", stream_usage), ("--midstream-code", midstream_code),
+                            ("--unavailable", unavailable)):
+            if value is not None:
+                args += [flag, value]
+        if endpoint_nulls:
+            args.append("--endpoint-nulls")
         for provider, factor in (price_overrides or {}).items():  # factor, or (factor, min)
             factor, min_prompt = factor if isinstance(factor, (tuple, list)) else (factor, None)
             args += ["--price-override", f"{provider}={factor}"

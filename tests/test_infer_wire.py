@@ -1,0 +1,238 @@
+"""kp-infer against the wire as OpenRouter documents it (issue 24): both stream shapes, the
+availability bodies, endpoint variants, nulls in the endpoints table, the request headers.
+
+Every test runs kp-infer as a user does, against the stand-in switched to the documented
+variant (kimipipe/standin/config.py: stream_usage, midstream_code, unavailable,
+endpoint_nulls)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import read_jsonl
+from test_infer import assert_correct, ids_of, infer, make_prompts
+
+# -- 1. both stream shapes ------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape, said", [("own-chunk", "own chunk"),
+                                         ("finish-chunk", "finish chunk")])
+def test_preflight_and_run_take_both_stream_shapes(standin, tmp_path, shape, said):
+    """OpenRouter's streaming reference: the usage comes in a last chunk of its own
+    (`choices: []`) or on the finish chunk. Both pass the preflight, which says which it
+    saw, and a run books the same money from both."""
+    server = standin(ledger=True, stream_usage=shape)
+    prompts = make_prompts(tmp_path / "p.jsonl", 12)
+    out = tmp_path / "r.jsonl"
+    r = infer(server, "--preflight", "2", prompts, "-o", out, "--json")
+    assert r.code == 0, r.stdout.decode() + r.stderr
+    report = json.loads(r.stdout)
+    assert report["passed"] is True
+    assert [a["usage_shape"] for a in report["answers"]] == [said, said]
+    details = {c["check"]: c["detail"] for c in report["checks"]}
+    assert f"usage on the {said}" in details["answer 1: stream"]
+    r = infer(server, prompts, "-o", out, "--summary-json", tmp_path / "s.json")
+    assert r.code == 0, r.stderr
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(12)]
+    records = read_jsonl(out)
+    assert_correct(records, prompts)
+    billed = server.ledger()
+    assert len(billed) == 12
+    assert sum(x["usage"]["cost"] for x in records) == pytest.approx(sum(x["cost"] for x in billed))
+
+
+# -- 3. endpoint variants under one provider name -------------------------------------------
+
+def test_an_answer_from_a_variant_under_an_allowed_name_is_marked_unverifiable(standin, tmp_path):
+    """DeepInfra lists its int4 endpoint and its FP4 turbo variant under one name, told apart
+    by the tag only, and an answer names the provider, never the endpoint. The request keeps
+    the variant out by its tag (provider.ignore), and every DeepInfra answer, which could be
+    either, is kept marked `"routing": "unverifiable"` and counted, not passed as verified."""
+    server = standin(faults={"misroute": 0.5}, seed=3, ledger=True, request_log=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 30)
+    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
+    r = infer(server, "--plan", prompts)
+    assert r.code == 0, r.stderr
+    assert ("warning: DeepInfra names an allowed endpoint (deepinfra) and an excluded variant "
+            "(deepinfra/turbo)") in r.stdout.decode()
+    r = infer(server, prompts, "-o", out, "--failures", tmp_path / "f.jsonl",
+              "--max-attempts", "8", "--summary-json", summary)
+    assert r.code == 0, r.stderr
+    assert all("deepinfra/turbo" in b["provider"]["ignore"] for b in server.requests())
+    served = {x["generation_id"]: x["endpoint"] for x in server.ledger()}
+    records = read_jsonl(out)
+    from_variant = [x for x in records if served[x["generation_id"]] == "deepinfra/turbo"]
+    assert from_variant, "the seed no longer misroutes an answer to the variant"
+    assert all(x["provider"] == "DeepInfra" for x in from_variant)
+    marked = [x for x in records if x.get("routing") == "unverifiable"]
+    assert marked == [x for x in records if x["provider"] == "DeepInfra"]
+    assert json.loads(summary.read_text())["routing_unverifiable"] == {"DeepInfra": len(marked)}
+    assert "routing unverifiable" in r.stderr
+
+
+# -- 2. error.availability ------------------------------------------------------------------
+
+@pytest.mark.parametrize("code, status", [("model_deprecated", 404), ("region_restricted", 403)])
+def test_a_non_retryable_availability_error_on_the_first_request_stops_the_run(standin, tmp_path,
+                                                                               code, status):
+    """"Always switch on availability.retryable, not just the code": a 404 or a 403 that
+    says the model cannot be served stops the run at once (exit 2), naming the code, the
+    models and the providers; no prompt is failed for it."""
+    server = standin(unavailable=code)
+    prompts = make_prompts(tmp_path / "p.jsonl", 40)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--concurrency", "4")
+    assert r.code == 2, r.stderr
+    assert f"kp-infer: {code} (HTTP {status}, not retryable): " in r.stderr
+    assert "models: moonshotai/kimi-k2.5; providers: " in r.stderr and "Together" in r.stderr
+    assert read_jsonl(out) == [] and (not failures.exists() or read_jsonl(failures) == [])
+    assert server.stats()["requests"] <= 4  # the first requests in flight: no retry, no more
+
+
+def test_a_model_retired_mid_run_stops_resumably_and_the_rerun_finishes(standin, tmp_path):
+    server = standin(latency=0.05, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 60)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    import subprocess
+    import time
+
+    from conftest import BIN
+    proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--failures",
+                             str(failures), "--base-url", server.base_url, "--concurrency", "4",
+                             "--backoff-base", "0.01"],
+                            env={**__import__("os").environ, "OPENROUTER_API_KEY": server.api_key},
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(server.ledger()) < 10:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    server.configure(unavailable="model_deprecated")  # the hosts retire it under the run
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 2, stderr.decode()
+    assert "model_deprecated (HTTP 404, not retryable)" in stderr.decode()
+    first = ids_of(out)
+    assert 10 <= len(first) < 60 and (not failures.exists() or read_jsonl(failures) == [])
+    assert len(first) == len(server.ledger())  # every answer paid for is kept
+    server.configure(unavailable=None)  # served again (or another model): the same command resumes
+    r = infer(server, prompts, "-o", out, "--failures", failures)
+    assert r.code == 0, r.stderr
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(60)]
+    assert len(server.ledger()) == 60  # nothing paid twice
+
+
+def test_capacity_exhausted_is_retried_after_its_retry_after(standin, tmp_path):
+    """429 capacity_exhausted (retryable: true) with availability.retry_after: retried, and
+    every prompt answered once it clears; a failure keeps the error's error_type."""
+    server = standin(faults={"429": 0.3}, retry_after=0.05, seed=4, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 30)
+    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
+    r = infer(server, prompts, "-o", out, "--summary-json", summary, "--max-attempts", "20")
+    assert r.code == 0, r.stderr
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(30)]
+    assert json.loads(summary.read_text())["retries"]["429"] == server.stats()["faults"]["429"]
+    # one attempt only: the failure record says how OpenRouter typed the error
+    server.configure(faults={"502": 1.0})
+    failures = tmp_path / "f.jsonl"
+    r = infer(server, make_prompts(tmp_path / "q.jsonl", 2, start=100), "-o", tmp_path / "q.out",
+              "--failures", failures, "--max-attempts", "1")
+    assert r.code == 4, r.stderr
+    assert [f["error_type"] for f in read_jsonl(failures)] == ["provider_unavailable"] * 2
+
+
+@pytest.mark.parametrize("code", ["429", "408", "provider_overloaded", "server_error"])
+def test_midstream_errors_with_4xx_and_string_codes_are_retried(standin, tmp_path, code):
+    server = standin(faults={"midstream": 0.4}, midstream_code=code, seed=6, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 20)
+    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
+    r = infer(server, prompts, "-o", out, "--summary-json", summary, "--max-attempts", "20")
+    assert r.code == 0, r.stderr
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(20)]
+    assert_correct(read_jsonl(out), prompts)
+    assert json.loads(summary.read_text())["retries"]["midstream"] == server.stats()["faults"]["midstream"]
+
+
+# -- 7. provenance and hygiene on every request ---------------------------------------------
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_every_completion_asks_for_no_cache_and_names_kimipipe(standin, tmp_path, workers):
+    """X-OpenRouter-Cache: false (a cached answer is a verbatim duplicate at $0, whatever
+    the sampling) and the current X-OpenRouter-Title, on the run's requests (in this
+    process and from a worker) and the preflight's."""
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 6)
+    out = tmp_path / "r.jsonl"
+    assert infer(server, "--preflight", "2", prompts, "-o", out).code == 0
+    assert infer(server, prompts, "-o", out, "--workers", workers).code == 0
+    headers = server.stats()["completion_headers"]
+    assert headers["X-OpenRouter-Cache"] == {"false": 6}
+    assert headers["X-OpenRouter-Title"] == {"kimipipe": 6}
+    assert headers["HTTP-Referer"] == {"https://github.com/kimipipe/kimipipe": 6}
+
+
+# -- 4. nulls in the endpoints table --------------------------------------------------------
+
+def test_nulls_in_the_endpoints_table_are_read(standin, tmp_path):
+    """The live table leaves quantization, max_completion_tokens, optional pricing keys and
+    supported_parameters null or out. A null quantization is `unknown` (allowed by Kimi's
+    default, as OpenRouter's filter allows it), null supported_parameters is "not known"
+    (not excluded by require_parameters); plan, preflight and run read the table."""
+    server = standin(endpoint_nulls=True, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 10)
+    out = tmp_path / "r.jsonl"
+    r = infer(server, "--plan", "--json", prompts)
+    assert r.code == 0, r.stderr
+    routes = {x["tag"]: x for x in json.loads(r.stdout)["routes"]}
+    assert routes["moonshotai"]["quantization"] is None and routes["moonshotai"]["allowed"]
+    assert routes["parasail"]["allowed"]  # supported_parameters null: not excluded
+    r = infer(server, "--plan", prompts)
+    assert r.code == 0 and "Moonshot AI" in r.stdout.decode()
+    r = infer(server, "--preflight", "2", prompts, "-o", out, "--json")
+    assert r.code == 0, r.stdout.decode() + r.stderr
+    r = infer(server, prompts, "-o", out)
+    assert r.code == 0, r.stderr
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(10)]
+    assert {x["provider"] for x in read_jsonl(out)} <= {"Moonshot AI", "Together", "DeepInfra", "Parasail"}
+
+
+# -- 6. a systematic failure stops the run early --------------------------------------------
+
+def test_every_request_refused_the_same_way_stops_the_run_early(standin, tmp_path):
+    """A request OpenRouter refuses whatever the prompt (here a provider key it does not
+    know: 400) is a configuration error: after 50 identical permanent failures in a row
+    with no answer the run stops, exit 2, naming the status and the message and suggesting
+    --preflight, instead of writing a failure line for every prompt. Answers kept."""
+    server = standin(request_log=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 300)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    r = infer(server, make_prompts(tmp_path / "few.jsonl", 5), "-o", out)
+    assert r.code == 0, r.stderr
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--concurrency", "8",
+              "--extra-body", '{"provider": {"prefer": ["together"]}}',
+              "--summary-json", tmp_path / "s.json")
+    assert r.code == 2, r.stderr
+    assert ("kp-infer: 50 requests in a row failed the same way, with no answer in between: "
+            "HTTP 400: Unrecognized key(s) in provider: prefer") in r.stderr
+    assert "check it with --preflight" in r.stderr
+    failed = read_jsonl(failures)
+    assert 50 <= len(failed) < 50 + 8 and {f["status"] for f in failed} == {400}
+    assert len(server.requests()) < 50 + 8 + 5  # the first 5, then no more than one window
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(5)]  # answered, kept
+    assert json.loads((tmp_path / "s.json").read_text())["stop_reason"] == "systematic-failure"
+
+
+def test_plan_and_preflight_warn_when_one_endpoint_alone_is_allowed(standin, tmp_path):
+    """Hosts retire Kimi K2.5 (one lists 2026-11-18): with one endpoint left allowed, its
+    retirement or its capacity stops the run. --plan and --preflight say so beforehand."""
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 4)
+    warning = "only one endpoint is allowed (Together, together)"
+    r = infer(server, "--plan", prompts, "--only-provider", "together")
+    assert r.code == 0 and f"warning: {warning}" in r.stdout.decode()
+    r = infer(server, "--preflight", "1", prompts, "-o", tmp_path / "r.jsonl", "--json",
+              "--only-provider", "together")
+    assert r.code == 0, r.stdout.decode() + r.stderr
+    checks = json.loads(r.stdout)["checks"]
+    assert {"check": "routing", "verdict": "warn", "detail": warning + ": if it retires the model "
+            "or runs out of capacity, the run stops"} in checks
+    r = infer(server, "--plan", prompts)  # four allowed: no such warning
+    assert "only one endpoint" not in r.stdout.decode()

@@ -1,0 +1,69 @@
+"""kp-infer when one of its worker processes dies mid-run (issue 24, Deliver 0).
+
+An OOM kill or a crash in a C extension takes a worker process down with the requests it
+holds. The run must see it at once (the worker's pipe closes), send those requests again
+through the live workers or a worker started in its place, and end as it would have.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import BIN, read_jsonl
+from test_infer import assert_correct, ids_of, make_prompts
+
+
+def _worker_pids(pid: int) -> list[int]:
+    """The `kimipipe.infer.worker_process` children of PID (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"kimipipe.infer.worker_process" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["1worker", "2workers"])
+def test_a_killed_worker_costs_its_requests_one_retry_never_the_run(standin, tmp_path, workers):
+    server = standin(latency=0.4, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 120)
+    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
+    proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
+                             server.base_url, "--concurrency", "30", "--workers", workers,
+                             "--backoff-base", "0.01", "--summary-json", str(summary), "-q"],
+                            env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        # under load: a full window of requests in flight at the stand-in
+        while server.stats()["in_flight"] < 20:
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never got under load"
+            time.sleep(0.02)
+        victim = _worker_pids(proc.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        # A hang shows as this timeout: the run is answered in a few seconds otherwise.
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr.decode()
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(120)]
+    assert_correct(read_jsonl(out), prompts)
+    s = json.loads(summary.read_text())
+    assert s["done"] == 120 and not s["failed"]
+    # the killed worker's requests were sent again, once each
+    assert 1 <= s["retries"].get("worker", 0) <= 30
