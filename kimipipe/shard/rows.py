@@ -266,6 +266,9 @@ class RowBuilder:
     drops: Drops = field(default_factory=Drops)
     truncated: int = 0
 
+    def __post_init__(self) -> None:
+        self._row = self.fmt.build  # (looked up once: build runs once per row)
+
     def build(self, rec: TokenLists, line: bytes) -> Row | None:
         prompt, n_in, output, n_out = rec.prompt, rec.n_in, rec.output, rec.n_out
         if n_out == 0:
@@ -287,5 +290,4 @@ class RowBuilder:
             return None
         if cut:
             self.truncated += 1
-        return Row(rec.id, n_in, n_out, self.fmt.build(rec.id, prompt, n_in, output, n_out,
-                                                       line, cut))
+        return Row(rec.id, n_in, n_out, self._row(rec.id, prompt, n_in, output, n_out, line, cut))
