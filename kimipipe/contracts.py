@@ -38,6 +38,18 @@ class PlanPrompts(Struct):
     sample: int | None = None  # --sample
 
 
+class PlanRequests(Struct):
+    """The requests the input makes: a conversation's turns each count (conversations.py)."""
+
+    input: int
+    todo: int
+    conversations: int = 0  # prompts with follow_ups in the input
+    conversations_todo: int = 0
+    history_reasoning: str = "drop"
+    history_answer_tokens: float = 0.0  # what each earlier answer adds to a later prompt
+    history_answer_measured: bool = False  # measured in the output (a pilot's), else assumed
+
+
 class PlanPromptTokens(Struct):
     estimated: int  # in all, at ~4 bytes a token
     per_prompt: float
@@ -128,6 +140,7 @@ class InferPlan(Struct):
     distillation: str
     notes: list[str]
     in_flight: PlanInFlight | None
+    requests: PlanRequests | None = None  # (older plans: none; then `prompts` are the requests)
 
 
 # -- kp-infer --summary-json ------------------------------------------------------------------
@@ -152,6 +165,8 @@ class SummaryTokens(Struct):
     completion: int
     reasoning: int
     completion_total: int  # the output's, earlier runs included
+    cached: int = 0  # of `prompt`, served from the provider's prompt cache
+    cached_share: float = 0.0
 
 
 class MoneyLimit(Struct, omit_defaults=True):
@@ -187,6 +202,15 @@ class SummaryCosts(Struct):
     usage: int = 0  # usage.cost
     generation: int = 0  # GET /generation (the answer showed none)
     estimate: int = 0  # neither in time: usage tokens at the price bound, or the worst case
+
+
+class SummaryConversations(Struct):
+    """A run's conversations (prompts with follow_ups), turn by turn."""
+
+    turns_by_number: dict[str, int]  # turns answered, by turn number
+    done: int  # conversations whose last turn was answered
+    cut: int  # ended by a turn cut by max_tokens (later turns not sent)
+    turns_not_sent: int  # turns of conversations ended early (cut, failed, stopped)
 
 
 class InferSummary(Struct):
@@ -226,6 +250,7 @@ class InferSummary(Struct):
     # answers from a provider name that covers an excluded variant too: kept, marked
     # "routing": "unverifiable" (openrouter/routing.py: mixed_names)
     routing_unverifiable: dict[str, int] = msgspec.field(default_factory=dict)
+    conversations: SummaryConversations | None = None
 
 
 class SummaryStop(Struct):

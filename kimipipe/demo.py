@@ -84,7 +84,7 @@ def run_demo(out: Path, make: str = "make", venv: str = ".venv", quiet_make: boo
 def show_row(out: Path, row_id: str | None, tokens: Path | None = None,
              tokenizer: Path | str = DEMO_TOKENIZER) -> str:
     """One record of a tokens file (the demo's, or TOKENS: a build's WORK/D.tokens.jsonl.zst),
-    the first or ROW_ID, with its IDs decoded by TOKENIZER (the one that made them): what
+    the first or ROW_ID (a conversation's id: its first turn), with its IDs decoded by TOKENIZER (the one that made them): what
     kp-shard turns into a training row."""
     from .io import iter_records
     from .tokenize.load import load_tokenizer, offline_environment, prepare_tokenizer_dir
@@ -95,7 +95,8 @@ def show_row(out: Path, row_id: str | None, tokens: Path | None = None,
             "give a tokens file of your build (WORK/D.tokens.jsonl.zst)" if tokens is not None
             else "run `make demo` first, or give --tokens FILE of your own build"))
     for _lineno, record, _line in iter_records(str(path), msgspec.json.Decoder()):
-        if row_id is None or record["id"] == row_id:
+        # a conversation's id names its first turn (its rows are `<id>#<turn>`)
+        if row_id is None or record["id"] in (row_id, f"{row_id}#1"):
             break
     else:
         raise SystemExit(f"demo: no row {row_id!r} in {path}")

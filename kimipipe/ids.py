@@ -72,7 +72,9 @@ def eval_point(record_id: str) -> float:
     """Where an ID falls in [0, 1): rows below `--eval-fraction` form the eval split.
 
     A hash of the ID alone (no seed, no dataset, no position), so an ID lands in the same
-    split on every rerun and in every dataset it appears in. Reproduce it elsewhere as
+    split on every rerun and in every dataset it appears in. A conversation's turns are
+    split by the conversation's id (their `conversation` field, kp-shard's `Row.split_key`),
+    never by their own, so no conversation has turns on both sides. Reproduce it elsewhere as
     `int.from_bytes(blake2b(id.encode(), digest_size=8, person=b"kp-shard-eval").digest(),
     "big") / 2**64`.
     """

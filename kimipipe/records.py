@@ -39,6 +39,9 @@ Role = Literal["system", "user", "assistant"]
 class Message(Struct, omit_defaults=True):
     role: Role
     content: str
+    # an earlier assistant turn's reasoning, sent back in a conversation's history only
+    # under `--history-reasoning keep` (OpenRouter's `reasoning` field of a message)
+    reasoning: str | None = None
 
 
 class Prompt(Struct, omit_defaults=True):
@@ -52,6 +55,8 @@ class Prompt(Struct, omit_defaults=True):
     dataset: str
     messages: list[Message]
     meta: dict[str, Any] | None = None
+    # `kp-prompts --turns all`: the conversation's later user turns, in order; kp-infer
+    # asks them one by one on the model's own earlier answers (infer/conversations.py)
     follow_ups: list[str] = msgspec.field(default_factory=list)
 
 
@@ -65,6 +70,7 @@ class Usage(Struct):
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     cost: float = 0.0  # USD, as billed (OpenRouter's usage.cost)
+    cached_tokens: int = 0  # of prompt_tokens, read from the prompt cache (cheaper)
 
 
 class Sampling(Struct, omit_defaults=True):
@@ -137,6 +143,19 @@ class Generation(Struct):
     routing: str | None = None
 
 
+class Turn(Struct):
+    """The fields kp-infer adds to each turn of a conversation (a prompt with
+    `follow_ups`), before the Generation fields; the record's `id` is then
+    `<conversation>#<turn>` and its `messages` the history exactly as sent:
+    `history_reasoning` says whether the earlier turns' reasoning was in it ("keep") or
+    left out ("drop"). A prompt without follow-ups keeps its own id and has none of these."""
+
+    conversation: str
+    turn: int  # from 1
+    turns: int  # the conversation's user turns
+    history_reasoning: str  # keep | drop
+
+
 class Response(Prompt, kw_only=True):
     """A response record (kp-infer): a Prompt and the Generation fields; what kp-tokenize reads."""
 
@@ -150,6 +169,10 @@ class Response(Prompt, kw_only=True):
     sampling: Sampling | None = None
     refused: list[Refusal] = msgspec.field(default_factory=list)
     latency_s: float | None = None
+    conversation: str | None = None  # records.Turn's fields, on a conversation's turns
+    turn: int | None = None
+    turns: int | None = None
+    history_reasoning: str | None = None
     cost_source: str = "usage"
     finished_at: str | None = None
     api: str | None = None  # the base URL's host (infer/api.py)
@@ -208,6 +231,7 @@ class Tokens(Struct):
     input_ids: Raw
     output_ids: Raw
     finish_reason: str | None = None
+    conversation: str | None = None  # a conversation's turn: the eval split goes by it
 
 
 class Rejected(Struct):

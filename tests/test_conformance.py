@@ -231,6 +231,28 @@ def test_the_bodies_kp_infer_sends_conform_to_chat_request(tmp_path, stream):
         assert parsed.reasoning.effort == "high" and body["reasoning"]["enabled"] is True
 
 
+@pytest.mark.parametrize("policy", ["drop", "keep"])
+def test_a_conversations_bodies_conform_to_chat_request(tmp_path, policy):
+    """A conversation's later turns: `session_id` in the body, the earlier answers as
+    assistant messages (with `reasoning` under --history-reasoning keep)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(
+        {"id": f"c{i}", "dataset": "B3", "messages": [{"role": "user", "content": f"Conform {i}"}],
+         "follow_ups": ["and then?", "and after that?"]}) + "\n" for i in range(2)))
+    with StandIn(workdir=tmp_path / "standin", request_log=True) as server:
+        r = kp("infer", prompts, "-o", tmp_path / "r.jsonl", "--base-url", server.base_url,
+               "--history-reasoning", policy, env={"OPENROUTER_API_KEY": server.api_key})
+        bodies = server.requests()
+    assert r.code == 0, r.stderr
+    assert len(bodies) == 6
+    for body in bodies:
+        parsed = conforms(orc.ChatRequest, body, REQUEST_DIALECT)
+        assert parsed.session_id == body["session_id"] in ("c0", "c1")
+        assistants = [m for m in parsed.messages if m.role == "assistant"]
+        assert len(assistants) == (len(body["messages"]) - 1) // 2
+        assert all(bool(m.reasoning) is (policy == "keep") for m in assistants)
+
+
 # -- the credit limits and provider quirks (issues 13 and 14) ------------------------------
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,12 @@ def make(server, tmp_path, *args, **variables):
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 
+def requests_of(prompts_file) -> int:
+    """The requests a prompts file makes: a conversation (TURNS=all) asks each of its user
+    turns (docs/conversations.md), so the demo sample's 260 conversations make 297."""
+    return sum(1 + len(p.get("follow_ups", [])) for p in read_jsonl(prompts_file))
+
+
 def stage_files(tmp_path) -> dict[str, tuple[int, int]]:
     """(inode, mtime in ns) of every file the stages write: prompts, responses, the infer
     summary kp-infer rewrites on every run, tokens, stamps, shards and the manifest
@@ -56,9 +62,10 @@ def test_full_build_then_nothing_to_redo(standin, tmp_path):
     server = standin(faults={"429": 0.05, "502": 0.05}, retry_after=0.05, ledger=True)
     r = make(server, tmp_path, "all")
     assert r.returncode == 0, r.stderr + r.stdout
+    requests = requests_of(tmp_path / "work" / "D1.prompts.jsonl")  # a record each
     manifest = json.loads((tmp_path / "shards" / "D1" / "manifest.json").read_text())
-    assert manifest["totals"]["records"] == 260
-    assert len(server.ledger()) == 260
+    assert manifest["totals"]["records"] == requests
+    assert len(server.ledger()) == requests
     for stage in ("responses", "tokens"):
         assert (tmp_path / "work" / f"D1.{stage}.done").exists()
     before = stage_files(tmp_path)
@@ -71,7 +78,7 @@ def test_full_build_then_nothing_to_redo(standin, tmp_path):
     # ... kp-infer did not even start (it reads the endpoints table first thing) ...
     assert server.stats()["endpoint_requests"]["endpoints"] == fetches
     assert server.stats()["requests"] == stats["requests"]
-    assert len(server.ledger()) == 260  # ... and nothing was paid twice
+    assert len(server.ledger()) == requests  # ... and nothing was paid twice
     # every answer says who answered; the stand-in's say they are its own
     answers = read_jsonl(tmp_path / "work" / "D1.responses.jsonl")
     assert {a["api"] for a in answers} == {"127.0.0.1"}
@@ -166,8 +173,9 @@ def test_exit_4_of_kp_infer_and_of_kp_tokenize_finishes_their_stage(standin, tmp
     source.write_text(json.dumps(conversations))
     server = standin(moderation_marker="misconceptions")
     work = tmp_path / "work"
+    # TURNS=last: one request per prompt, its marker in the prompt's last user turn
     r = make(server, tmp_path, str(work / "D1.responses.done"), SOURCE_D1=source,
-             INFER_FLAGS="--backoff-base 0.05")
+             INFER_FLAGS="--backoff-base 0.05", TURNS="last")
     assert r.returncode == 0, r.stderr[-2000:]
     prompts = read_jsonl(work / "D1.prompts.jsonl")
     moderated = {p["id"] for p in prompts if "misconceptions" in p["messages"][-1]["content"]}
@@ -180,7 +188,8 @@ def test_exit_4_of_kp_infer_and_of_kp_tokenize_finishes_their_stage(standin, tmp
     cut = json.loads(lines[0])
     cut["finish_reason"] = "content_filter"
     (work / "D1.responses.jsonl").write_text("\n".join([json.dumps(cut), *lines[1:]]) + "\n")
-    r = make(server, tmp_path, "all", SOURCE_D1=source, INFER_FLAGS="--backoff-base 0.05")
+    r = make(server, tmp_path, "all", SOURCE_D1=source, INFER_FLAGS="--backoff-base 0.05",
+             TURNS="last")
     assert r.returncode == 0, r.stderr[-2000:]
     assert (work / "D1.tokens.done").exists()
     assert [x["id"] for x in read_jsonl(work / "D1.rejects.jsonl")] == [cut["id"]]
@@ -249,7 +258,8 @@ def test_money_stop_halts_the_build_and_raising_the_cap_resumes(standin, tmp_pat
     assert not (tmp_path / "work" / "D1.responses.done").exists()  # never mistaken for finished
     assert not (tmp_path / "shards" / "D1").exists()
     first = len(read_jsonl(tmp_path / "work" / "D1.responses.jsonl"))
-    assert 0 < first < 260
+    requests = requests_of(tmp_path / "work" / "D1.prompts.jsonl")
+    assert 0 < first < requests
     # the balance runs out (402): the same, naming the balance and `make credits`
     server.configure(balance=sum(x["cost"] for x in server.ledger()) + 0.5)
     r = make(server, tmp_path, "all", MAX_COST=100, MIN_CREDITS="", INFER_FLAGS=flags)
@@ -269,13 +279,13 @@ def test_money_stop_halts_the_build_and_raising_the_cap_resumes(standin, tmp_pat
     assert not (tmp_path / "work" / "D1.responses.done").exists()
     assert not (tmp_path / "work" / "D1.failures.jsonl").exists() or \
         read_jsonl(tmp_path / "work" / "D1.failures.jsonl") == []  # no prompt failed for money
-    assert before < len(read_jsonl(tmp_path / "work" / "D1.responses.jsonl")) < 260
+    assert before < len(read_jsonl(tmp_path / "work" / "D1.responses.jsonl")) < requests
     server.configure(balance=1000, key_limit=None)
     r = make(server, tmp_path, "all", MAX_COST=100, INFER_FLAGS=flags)
     assert r.returncode == 0, r.stderr
     ids = [x["id"] for x in read_jsonl(tmp_path / "work" / "D1.responses.jsonl")]
-    assert len(ids) == len(set(ids)) == 260
-    assert len(server.ledger()) == 260
+    assert len(ids) == len(set(ids)) == requests
+    assert len(server.ledger()) == requests
 
 
 def test_token_budget_finishes_a_dataset_and_raising_it_continues(standin, tmp_path):
@@ -302,12 +312,13 @@ def test_one_stage_reruns_from_saved_files(standin, tmp_path):
     r = make(server, tmp_path, "D1.tokens", TOKENIZE_FLAGS="")
     assert r.returncode == 0, r.stderr
     after = stage_files(tmp_path)
-    assert "kp-tokenize: wrote 260 records" in r.stderr
+    requests = requests_of(tmp_path / "work" / "D1.prompts.jsonl")
+    assert f"kp-tokenize: wrote {requests} records" in r.stderr
     changed = {name for name in before if after[name] != before[name]}
     # the tokens stage and what follows from it, nothing before it
     assert changed == {"work/D1.tokens.jsonl.zst", "work/D1.tokens.done", "work/D1.rejects.jsonl"}
     assert server.stats()["endpoint_requests"]["endpoints"] == fetches  # kp-infer never started
-    assert len(server.ledger()) == 260
+    assert len(server.ledger()) == requests
 
     def remade(**variables) -> set[str]:
         """What `make all` with VARIABLES rewrote; kp-infer must not have started."""
@@ -346,7 +357,7 @@ def test_one_stage_reruns_from_saved_files(standin, tmp_path):
         changed = remade(SHARD_FLAGS="--eval-fraction 0.2", **variables)
         assert only(changed, *tokens_and_shards) and "work/D1.tokens.jsonl.zst" in changed, variables
         assert "shards/D1/manifest.json" in changed
-    assert len(server.ledger()) == 260
+    assert len(server.ledger()) == requests_of(tmp_path / "work" / "D1.prompts.jsonl")
 
 
 def test_credits_guard_refuses_to_start_spending(standin, tmp_path):
@@ -366,17 +377,18 @@ def test_make_demo_runs_the_whole_pipeline_offline(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "demo: done, offline" in r.stderr
-    assert "responses      260 (failed: 0)" in r.stderr
+    requests = requests_of(out / "work" / "demo.prompts.jsonl")  # each turn of a conversation
+    assert f"responses      {requests} (failed: 0)" in r.stderr
     assert "(verified)" in r.stderr
     assert "next: look at a row:  .venv/bin/python -m kimipipe.demo --row" in r.stderr
     assert "one usage token per word" in r.stderr  # why the shards count more tokens
     manifest = json.loads((out / "shards" / "demo" / "manifest.json").read_text())
-    assert manifest["totals"]["records"] == 260
+    assert manifest["totals"]["records"] == requests
     # the first "next" step, as the README gives it: one row, its IDs decoded
     row = subprocess.run([sys.executable, "-m", "kimipipe.demo", "--row", "demo-0021", "--out",
                           str(out)], capture_output=True, text=True, timeout=120)
     assert row.returncode == 0, row.stderr
-    assert "row demo-0021 (dataset demo)" in row.stdout
+    assert "row demo-0021#1 (dataset demo)" in row.stdout  # a conversation: its first turn
     assert "<|im_assistant|>assistant<|im_middle|>" in row.stdout  # the template's end
     assert "\n  Thinking about [" in row.stdout  # the output: reasoning first
     # the build report, written by `make report` at the end, opened in a real browser

@@ -97,7 +97,9 @@ def test_make_plan_for_three_datasets_by_hand(standin, tmp_path):
     and by WEIGHT_<D>."""
     server = standin(price_scale=100.0)
     variables = write_sources(tmp_path, {"A": 30, "B": 40, "C": 50})
-    r = run_make(server, tmp_path, "plan", TOKEN_BUDGET="5k", TOTAL_COST=3, **variables)
+    # TURNS=last: one request per prompt, as by_hand counts them (conversations' growing
+    # prompts: tests/test_infer_conversations.py)
+    r = run_make(server, tmp_path, "plan", TOKEN_BUDGET="5k", TOTAL_COST=3, TURNS="last", **variables)
     assert r.returncode == 0, r.stderr
     assert server.stats()["completions_started"] == 0
     plan = json.loads((tmp_path / "work" / "build.plan.json").read_text())
@@ -134,7 +136,7 @@ def test_make_plan_for_three_datasets_by_hand(standin, tmp_path):
     assert f"TOKEN_BUDGET={three_digits(t) / 1000:g}k" in r.stdout
     assert "assumed (prior) for A B C: answers of half of MAX_TOKENS (512 tokens)" in " ".join(r.stdout.split())
     # weights: B gets twice the tokens of A and C
-    r = run_make(server, tmp_path, "plan", TOKEN_BUDGET="5k", TOTAL_COST=3, WEIGHT_B=2, **variables)
+    r = run_make(server, tmp_path, "plan", TOKEN_BUDGET="5k", TOTAL_COST=3, WEIGHT_B=2, TURNS="last", **variables)
     assert r.returncode == 0, r.stderr
     plan = json.loads((tmp_path / "work" / "build.plan.json").read_text())
     t = largest_fitting(lambda t: sum(math.ceil(w * t / 512) * cost[d] for d, w in zip("ABC", (1, 2, 1),
@@ -142,7 +144,7 @@ def test_make_plan_for_three_datasets_by_hand(standin, tmp_path):
     assert plan["fitting_budgets"] == {"A": three_digits(t), "B": three_digits(2 * t), "C": three_digits(t)}
     assert f"TOKEN_BUDGET_B={three_digits(2 * t) / 1000:g}k" in r.stdout
     # too few prompts for TOKEN_BUDGET is shown, not a reason to refuse
-    r = run_make(server, tmp_path, "plan", TOKEN_BUDGET="1M", TOTAL_COST=95, **variables)
+    r = run_make(server, tmp_path, "plan", TOKEN_BUDGET="1M", TOTAL_COST=95, TURNS="last", **variables)
     plan = json.loads((tmp_path / "work" / "build.plan.json").read_text())
     assert plan["fits"] and all(d["short"] for d in plan["datasets"])
     assert "too few prompts, A: 30 prompts to do reach ~15.36k tokens of 1M" in " ".join(r.stdout.split())

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO
+from conftest import BIN, REPO, read_jsonl
 from helpers import KP_COMMANDS
 
 README = (REPO / "README.md").read_text()
@@ -129,8 +129,11 @@ def test_the_try_your_own_file_walkthrough_runs_as_written(tmp_path):
     first = json.loads(out.splitlines()[0])
     assert first["dataset"] == "mine" and first["messages"]
     manifest = json.loads((tmp_path / "offline/shards/mine/manifest.json").read_text())
-    assert manifest["totals"]["records"] == 12
-    assert "offline/shards/mine: OK (1 shard, 12 rows" in out
+    # a record per request: a conversation asks each of its user turns (docs/conversations.md)
+    rows = sum(1 + len(p.get("follow_ups", []))
+               for p in read_jsonl(tmp_path / "offline/work/mine.prompts.jsonl"))
+    assert rows > 12 and manifest["totals"]["records"] == rows
+    assert f"offline/shards/mine: OK (1 shard, {rows} rows" in out
     assert "kp-shard stats: offline/shards/mine" in out
     assert not (tmp_path / "work").exists() and not (tmp_path / "shards").exists()
     made_by_make_plan = " ".join(out.split("make all: the plan")[0].split())

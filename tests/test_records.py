@@ -19,6 +19,7 @@ from kimipipe.records import (
     ResponseText,
     TokenIds,
     Tokens,
+    Turn,
     Usage,
     decode_passthrough,
     encode_over,
@@ -46,7 +47,8 @@ def test_each_stage_output_decodes_with_the_next_stage_struct(standin, tmp_path)
 
     # kp-prompts -> Prompt (what kp-infer reads)
     prompts = tmp_path / "prompts.jsonl"
-    r = kp("prompts", SOURCE, "--dataset", "C", "--limit", "24", "-o", prompts)
+    # --turns last: one request per prompt, so answers + failures = prompts (turns: test_infer_conversations.py)
+    r = kp("prompts", SOURCE, "--dataset", "C", "--limit", "24", "--turns", "last", "-o", prompts)
     assert r.code == 0, r.stderr
     assert len(decode_all(prompts, Prompt)) == 24
     assert all(set(json.loads(line)) <= fields(Prompt) for line in lines(prompts))
@@ -71,7 +73,8 @@ def test_each_stage_output_decodes_with_the_next_stage_struct(standin, tmp_path)
         assert set(record) == (fields(Prompt) & set(record)) | fields(Generation) | {"origin"}
         assert list(record)[-len(fields(Generation)):] == list(Generation.__struct_encode_fields__)
     assert all(set(json.loads(line)) <= fields(Failure) for line in lines(failures))
-    assert fields(Response) == fields(Prompt) | fields(Generation)
+    # (a conversation's turn also carries records.Turn: tests/test_infer_conversations.py)
+    assert fields(Response) == fields(Prompt) | fields(Turn) | fields(Generation)
 
     # kp-tokenize -> Tokens (what kp-shard reads), and Rejected lines
     tokens, rejects = tmp_path / "tokens.jsonl", tmp_path / "rejects.jsonl"
@@ -122,7 +125,9 @@ def test_response_is_a_prompt_with_the_generation_fields():
     for part in (Prompt, Generation):
         for f in msgspec.structs.fields(part):
             assert declared[f.name] == (f.type, f.default), f.name
-    assert set(declared) == fields(Prompt) | fields(Generation)
+    for f in msgspec.structs.fields(Turn):  # only a conversation's turns have them
+        assert declared[f.name] == (f.type | None, None), f.name
+    assert set(declared) == fields(Prompt) | fields(Turn) | fields(Generation)
 
 
 def test_encode_over_keeps_passthrough_and_writes_own_fields_last():

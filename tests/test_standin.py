@@ -633,3 +633,55 @@ def test_latency_and_live_reconfiguration(srv):
     status, lines = stream_lines(srv, body("live", max_tokens=50))
     assert status == 200 and lines[0] == ": OPENROUTER PROCESSING"
     assert lines.count(": OPENROUTER PROCESSING") >= 2          # every 0.05 s for 0.25 s
+
+
+# -- conversations: history-dependent answers, session_id (issue 22) ----------------------
+
+def test_a_later_turns_answer_depends_on_its_whole_history(srv):
+    from kimipipe.standin.answers import history_sha256
+
+    first = [{"role": "user", "content": "Opening question"}]
+    answer = post(srv, body(messages=first)).json()["choices"][0]["message"]
+    history = [*first, {"role": "assistant", "content": answer["content"]},
+               {"role": "user", "content": "And then?"}]
+    got = post(srv, body(messages=history)).json()["choices"][0]["message"]["content"]
+    assert f"[h:{history_sha256(history)[:12]}]" in got
+    assert got == answer_for_request(body(messages=history)).content
+    # another earlier answer, or earlier reasoning sent back: another answer
+    other = [history[0], {**history[1], "content": "a source's own answer"}, history[2]]
+    with_reasoning = [history[0], {**history[1], "reasoning": answer["reasoning"]}, history[2]]
+    answers = {post(srv, body(messages=m)).json()["choices"][0]["message"]["content"]
+               for m in (history, other, with_reasoning)}
+    assert len(answers) == 3
+    # a single turn's answer is the one it always was: the last user message's alone
+    assert answer["content"] == expected_answer(first, model=MODEL, seed=None, reasoning=True,
+                                                max_tokens=None).content
+
+
+def test_session_id_keeps_a_conversation_on_one_provider_and_its_prefix_cached(srv):
+    turns = [{"role": "user", "content": f"turn {k}"} for k in range(4)]
+    providers, cached, prompt = [], [], []
+    messages = []
+    for user in turns:
+        messages = [*messages, user]
+        r = post(srv, body(messages=messages, session_id="conv-7"))
+        data = r.json()
+        providers.append(data["provider"])
+        cached.append(data["usage"]["prompt_tokens_details"]["cached_tokens"])
+        prompt.append(data["usage"]["prompt_tokens"])
+        messages = [*messages, {"role": "assistant", "content": data["choices"][0]["message"]["content"]}]
+    assert len(set(providers)) == 1  # sticky routing
+    # each turn's prefix (every message before its new user turn) was the last request's
+    assert cached[0] == 0 and all(cached[k] == prompt[k - 1] for k in range(1, 4))
+    # billed at 0.25x for the cached part: cheaper than the same request without a session
+    again = post(srv, body(messages=messages[:-1], session_id="conv-7")).json()
+    alone = post(srv, body(messages=messages[:-1])).json()
+    assert alone["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    if again["provider"] == alone["provider"]:
+        assert again["usage"]["cost"] < alone["usage"]["cost"]
+    # many sessions spread over the providers, each one staying on its own
+    spread = {post(srv, body(text="x", session_id=f"s{i}")).json()["provider"] for i in range(40)}
+    assert len(spread) > 1
+    r = post(srv, body(session_id="x" * 257))
+    assert r.status_code == 400 and "session_id" in r.json()["error"]["message"]

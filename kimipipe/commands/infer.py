@@ -85,11 +85,17 @@ from ..cli import (
 )
 from ..errors import ExitCode, KPError
 from ..infer.config import RunConfig
+from ..infer.conversations import HISTORY_POLICIES
 from ..infer.preflight import DEFAULT_REQUESTS, run_preflight
 from ..infer.report_files import format_report, read_report, report_json
 from ..infer.run import run_infer
 from ..openrouter import DEFAULT_BASE_URL
-from ..openrouter.models import QUANTIZATIONS, default_quantizations, served_sampling
+from ..openrouter.models import (
+    QUANTIZATIONS,
+    default_quantizations,
+    history_reasoning_default,
+    served_sampling,
+)
 from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Policy
 
@@ -135,9 +141,10 @@ OPTION_SECTIONS = {
         "allow_non_distillable"],
     "Request (what is asked)": [
         "max_tokens", "temperature", "top_p", "seed", "reasoning", "reasoning_effort",
-        "no_require_parameters", "extra_body"],
+        "no_require_parameters", "extra_body", "history_reasoning"],
     "Files and resume": ["output", "failures", "summary_json", "done_files", "rescue_dir",
-                         "min_free_disk", "disk_wait", "partition", "report_files", "as_json", "html"],
+                         "min_free_disk", "disk_wait", "partition", "allow_mixed", "report_files",
+                         "as_json", "html"],
     "Tuning and connection": ["concurrency", "max_attempts", "backoff_base", "grace",
                               "idle_timeout", "workers", "stream", "proxy", "base_url",
                               "api_key_file"],
@@ -224,6 +231,13 @@ class _InferCommand(KPCommand):
 @click.option("--no-require-parameters", is_flag=True,
               help="Do not send provider.require_parameters with the sampling parameters (by "
                    "default sent, so no provider drops temperature/top_p silently).")
+@click.option("--history-reasoning", type=click.Choice(HISTORY_POLICIES), default=None,
+              help="A conversation's earlier turns in its history: with their reasoning "
+                   "(keep) or their content only (drop). Default: as the model's template "
+                   "renders history (Kimi K2.5: drop; K2.6's preserve_thinking: keep).")
+@click.option("--allow-mixed", is_flag=True,
+              help="Resume into an output whose records were asked with another model, "
+                   "sampling or history policy (refused by default, exit 2).")
 @click.option("--ignore-provider", multiple=True, metavar="SLUG",
               help="Never route to this provider (repeatable; `deepinfra` also ignores `deepinfra/turbo`).")
 @click.option("--only-provider", multiple=True, metavar="SLUG", help="Route only to these providers (repeatable).")
@@ -336,7 +350,7 @@ class _InferCommand(KPCommand):
               help="With --plan, --report or --preflight: the report as JSON on stdout.")
 @common_options
 def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, reasoning_effort,
-        extra_body, no_require_parameters, ignore_provider, only_provider, quantization, any_quantization,
+        extra_body, no_require_parameters, history_reasoning, allow_mixed, ignore_provider, only_provider, quantization, any_quantization,
         sort, no_fallbacks, data_collection, allow_non_distillable, max_price_prompt, max_price_completion,
         concurrency, max_attempts, idle_timeout, workers, stream, proxy,
         backoff_base, grace, max_cost, token_budget, total_cost, spent_in, reservations, min_credits,
@@ -386,7 +400,8 @@ def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, r
         summary_json=summary_json, rescue_dir=rescue_dir, min_free_disk=min_free_disk, disk_wait=disk_wait,
         partition=partition, plan=plan, plan_json=as_json and plan, sample=sample,
         request=request, policy=policy,
-        base_url=base_url, api_key=read_api_key(api_key_file, required=not plan),
+        history_reasoning=history_reasoning or history_reasoning_default(model),
+        allow_mixed=allow_mixed, base_url=base_url, api_key=read_api_key(api_key_file, required=not plan),
         concurrency=concurrency, max_attempts=max_attempts, backoff_base=backoff_base,
         idle_timeout=idle_timeout, grace=grace, workers=workers, proxy=proxy,
         max_cost=max_cost, token_budget=token_budget, total_cost=total_cost, spent_in=list(spent_in),

@@ -22,7 +22,8 @@ Rows kept: records with no output_ids, shorter than --min-output-tokens, or (wit
 --max-length, unless --truncate) longer than --max-length tokens are dropped and counted;
 a repeated id keeps its first row (--on-duplicate error stops instead). --eval-fraction F
 puts a row in the eval split (<name>-eval-00000.jsonl.zst ...) when a hash of its id alone
-falls below F: stable across reruns, inputs and datasets. --shuffle orders rows by a seeded
+(a conversation's turn: of its `conversation`, so a conversation is never split) falls
+below F: stable across reruns, inputs and datasets. --shuffle orders rows by a seeded
 hash of their id, computed by an external bucket sort whose memory stays near
 --shuffle-memory whatever the input size (kimipipe/shard/shuffle.py).
 
@@ -147,7 +148,7 @@ class _ShardCommand(KPCommand):
               help="Where --shuffle spills rows (default: inside --out; ~1/4 of the rows' size).")
 @click.option("--eval-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.0,
               show_default=True,
-              help="Share of ids (by a hash of the id alone) written to the eval split.")
+              help="Share of ids (by a hash of the id, or of a turn's conversation) written to the eval split.")
 @click.option("--min-output-tokens", type=click.IntRange(min=1), default=1, show_default=True,
               help="Drop rows with fewer output tokens (after --truncate).")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,

@@ -11,6 +11,9 @@
                        one handler per attempt kind (kinds.AttemptKind): retries and
                        backoff, in-flight 402s waited out, money limits as stops, refused
                        answers sent again, its record or failure written
+    conversations.py   prompts with follow_ups asked turn by turn on the model's own answers:
+                       each turn's history and record, the queue whose next turns go ahead
+                       of new prompts, resume from the output's turns, the recipe check
     state.py           RunState: what the parts of a run share (the stop, what admission
                        waits for, the prompts in progress)
     acceptance.py      which answers are results: the routing, reasoning and think-marker

@@ -44,9 +44,11 @@ def request_worst_case(prompt_tokens: float, max_tokens: int, price: PriceBound)
 
 
 def prompt_token_bound(messages) -> int:
-    """An upper bound on a prompt's tokens: one per UTF-8 byte, plus template overhead."""
+    """An upper bound on a prompt's tokens: one per UTF-8 byte, plus template overhead (an
+    earlier turn's reasoning sent back in a conversation's history counts too)."""
     return PROMPT_OVERHEAD_TOKENS + sum(
-        len(m.content.encode("utf-8")) + MESSAGE_OVERHEAD_TOKENS for m in messages)
+        len(m.content.encode("utf-8")) + len((m.reasoning or "").encode("utf-8"))
+        + MESSAGE_OVERHEAD_TOKENS for m in messages)
 
 
 @dataclass

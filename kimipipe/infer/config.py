@@ -32,6 +32,8 @@ class RunConfig:
     # what is asked of OpenRouter
     request: RequestOptions = field(default_factory=RequestOptions)
     policy: Policy = field(default_factory=Policy)
+    history_reasoning: str = "drop"  # a conversation's earlier reasoning sent back: keep | drop
+    allow_mixed: bool = False  # --allow-mixed: resume into an output asked otherwise
     base_url: str = DEFAULT_BASE_URL
     api_key: str = field(default="", repr=False)
     # load and retries

@@ -22,6 +22,11 @@ off its prices; the bound never does.
 The JSON object (`contracts.InferPlan`; prices in USD per million tokens, money in USD):
 
     {"model", "input", "prompts": {"input", "todo", "done", "sample"},
+     "requests": {"input", "todo", "conversations", "conversations_todo", "history_reasoning",
+                  "history_answer_tokens", "history_answer_measured"}  (a conversation's turns
+                  each count; the cost counts requests, a later turn's prompt carrying the
+                  earlier answers: measured in the output, else the expected answer length;
+                  in the worst case --max-tokens each; docs/conversations.md),
      "prompt_tokens": {"estimated", "per_prompt", "bound"},
      "routes": [{"provider", "tag", "quantization", "prompt_price", "completion_price",
                  "verdict", "allowed"}] | null  (null: the endpoints table could not be read),
@@ -60,6 +65,7 @@ from ..contracts import (
     PlanPrices,
     PlanPrompts,
     PlanPromptTokens,
+    PlanRequests,
     PlanRoute,
     PlanTotalCost,
     PricePair,
@@ -163,14 +169,23 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
     warnings += endpoint_warnings(policy, endpoints)
     if endpoints is not None and not allowed:
         warnings.append("no provider is allowed: requests would fail with 404 constraint_filtered")
-    records = max(1, scan.records)
-    per_prompt = scan.prompt_bytes / PROMPT_BYTES_PER_TOKEN / records + PROMPT_TEMPLATE_TOKENS
+    requests = max(1, scan.requests)
+    todo_requests = prepared.turns_todo  # a conversation's turns each count
     expected_completion = request.max_tokens / 2
     assumed = f"half of --max-tokens {request.max_tokens}"
-    if budget.token_budget is not None and todo:
-        left = max(0, budget.token_budget - budget.tokens) / todo
+    if budget.token_budget is not None and todo_requests:
+        left = max(0, budget.token_budget - budget.tokens) / todo_requests
         if left < expected_completion:
             expected_completion, assumed = left, assumed + ", within --token-budget"
+    # a later turn's prompt carries the earlier turns' answers: as measured in the output
+    # (a pilot's), else at the expected answer length
+    conversations = prepared.conversations
+    measured = (conversations.mean_history_answer(config.history_reasoning)
+                if conversations is not None else None)
+    history_answer = measured if measured is not None else expected_completion
+    answers_per_request = scan.history_answers / requests
+    per_prompt = (scan.request_bytes / PROMPT_BYTES_PER_TOKEN / requests + PROMPT_TEMPLATE_TOKENS
+                  + answers_per_request * history_answer)
     bound = budget.price
     mean = None
     if allowed:
@@ -181,13 +196,16 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
     elif bound is not None:
         mean = {"prompt": bound.prompt, "completion": bound.completion}
     cost = in_flight = None
-    per_prompt_bound = scan.prompt_token_bound / records
+    # each earlier answer in a history is at most --max-tokens tokens
+    per_prompt_bound = (scan.request_token_bound / requests
+                        + answers_per_request * request.max_tokens)
     if bound is not None:
         in_flight = in_flight_data(config, balance, per_prompt_bound, bound)
     if bound is not None and mean is not None:
         worst_request = request_worst_case(per_prompt_bound, request.max_tokens, bound)
-        expected = todo * (per_prompt * mean["prompt"] + expected_completion * mean["completion"])
-        cost = PlanCost(expected=round(expected, 6), worst_case=round(todo * worst_request, 6),
+        expected = todo_requests * (per_prompt * mean["prompt"]
+                                    + expected_completion * mean["completion"])
+        cost = PlanCost(expected=round(expected, 6), worst_case=round(todo_requests * worst_request, 6),
                         worst_case_request=round(worst_request, 6))
     total = None
     if config.total_cost is not None:
@@ -199,9 +217,15 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
         input=scan.shown,
         prompts=PlanPrompts(input=scan.records, todo=todo, done=prepared.skipped,
                             sample=config.sample),
-        prompt_tokens=PlanPromptTokens(estimated=round(per_prompt * scan.records),
+        prompt_tokens=PlanPromptTokens(estimated=round(per_prompt * scan.requests),
                                        per_prompt=round(per_prompt, 1),
-                                       bound=scan.prompt_token_bound),
+                                       bound=round(per_prompt_bound * scan.requests)),
+        requests=PlanRequests(input=scan.requests, todo=todo_requests,
+                              conversations=len(scan.turns),
+                              conversations_todo=prepared.conversations_todo,
+                              history_reasoning=config.history_reasoning,
+                              history_answer_tokens=round(history_answer, 1),
+                              history_answer_measured=measured is not None),
         routes=routes,
         prices=PlanPrices(
             allowed_mean=(PricePair(prompt=_per_m(mean["prompt"]),
@@ -273,9 +297,19 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget,
                    f"${bound.completion:g}/M out"
                    + (f"; set by a pricing override: {bound.override}" if bound.override
                       else ", the table's highest base prices"))
-    todo, cost = prompts.todo, data.cost
+    requests = data.requests
+    if requests.conversations:
+        out.append(f"conversations: {requests.conversations:,} in the input, "
+                   f"{requests.conversations_todo:,} to do; {requests.todo:,} requests to send "
+                   f"(each turn one), each later turn's prompt carrying the earlier answers "
+                   f"(--history-reasoning {requests.history_reasoning}: "
+                   f"~{requests.history_answer_tokens:,.0f} tokens each, "
+                   + ("measured in the output)" if requests.history_answer_measured
+                      else "assumed)"))
+    todo, cost = requests.todo, data.cost
     if cost is not None and todo:
-        out.append(f"cost estimate for {todo} prompts: expected ~${cost.expected:,.2f} (prompts at ~4 bytes/token, "
+        what = "requests" if requests.conversations else "prompts"  # (a turn is a request)
+        out.append(f"cost estimate for {todo} {what}: expected ~${cost.expected:,.2f} (prompts at ~4 bytes/token, "
                    f"answers at {data.answer_tokens.assumed}); worst case ${cost.worst_case:,.2f}")
         if config.max_cost is not None:
             out.append(f"--max-cost ${config.max_cost:g}: ${budget.spent:.4f} already recorded; "

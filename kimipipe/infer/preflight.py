@@ -63,6 +63,7 @@ from . import costs
 from .acceptance import Acceptance, reasoning_refusal
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
+from .conversations import first_turn, is_conversation
 from .prepare import PROMPT_DECODER, Prepared, endpoint_warnings, prepare
 from .writing import Output, failure_record
 
@@ -88,7 +89,7 @@ def run_preflight(config: RunConfig, n: int, as_json: bool, say: Callable[[str],
         prepared = prepare(config, tmpdir, say)
         budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens)
         prompts = first_to_do(config, prepared, n)
-        worst = sum(budget.worst_case(prompt_token_bound(p.messages)) for p, _line in prompts)
+        worst = sum(budget.worst_case(prompt_token_bound(p.messages)) for p, _line, _sid in prompts)
         if not budget.cost_fits(worst):
             raise KPError(f"--max-cost ${config.max_cost:g} leaves no room for the preflight's "
                           f"{len(prompts)} requests (worst case ${worst:.4f}; "
@@ -98,20 +99,31 @@ def run_preflight(config: RunConfig, n: int, as_json: bool, say: Callable[[str],
     return ExitCode.OK if report["passed"] else ExitCode.PARTIAL
 
 
-def first_to_do(config: RunConfig, prepared: Prepared, n: int) -> list[tuple[Prompt, bytes]]:
-    """The first N prompts of this partition not done yet (what the run would send first)."""
+def first_to_do(config: RunConfig, prepared: Prepared, n: int
+                ) -> list[tuple[Prompt, bytes, str | None]]:
+    """The first N prompts of this partition not done yet (what the run would send first),
+    each with its session_id: for a conversation, its next turn (infer/conversations.py),
+    sent and kept as the run does it."""
     chosen = []
     for _lineno, prompt, line in iter_records(prepared.scan.path, PROMPT_DECODER):
         if prompt.id in prepared.done or not in_partition(prompt.id, config.partition):
             continue
-        chosen.append((prompt, line))
+        if is_conversation(prompt):
+            resume = prepared.conversations
+            turn = first_turn(prompt, line, config.history_reasoning,
+                              resume.resume_point(prompt.id) if resume else None)
+            if turn is None:
+                continue
+            chosen.append((turn.prompt, turn.line, prompt.id))
+        else:
+            chosen.append((prompt, line, None))
         if len(chosen) == n:
             break
     return chosen
 
 
 async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
-                     prompts: list[tuple[Prompt, bytes]]) -> dict:
+                     prompts: list[tuple[Prompt, bytes, str | None]]) -> dict:
     checks = [_table_check(config, prepared), _distillation_check(config, prepared.model_info)]
     checks += [Check("routing", "warn", w) for w in endpoint_warnings(config.policy, prepared.endpoints)]
     async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
@@ -122,11 +134,12 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
     async with httpx.AsyncClient(timeout=timeout, trust_env=True, proxy=config.proxy) as http:
         probes = await asyncio.gather(*(
             send_probe(http, config.base_url, config.api_key,
-                       config.request.body(prompt, config.policy), config.request.stream)
-            for prompt, _line in prompts))
+                       config.request.body(prompt, config.policy, session_id),
+                       config.request.stream)
+            for prompt, _line, session_id in prompts))
     # an answer whose usage shows no cost: settled as the run settles it (infer/costs.py)
     sources = {}
-    unsettled = [(prompt, probe) for (prompt, _line), probe in zip(prompts, probes, strict=True)
+    unsettled = [(prompt, probe) for (prompt, _line, _sid), probe in zip(prompts, probes, strict=True)
                  if probe.attempt.kind == AttemptKind.OK and probe.attempt.cost is None]
     if unsettled:
         async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
@@ -139,7 +152,7 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
     spend = 0.0
     answers = []
     try:
-        for i, ((prompt, line), probe) in enumerate(zip(prompts, probes, strict=True), start=1):
+        for i, ((prompt, line, _sid), probe) in enumerate(zip(prompts, probes, strict=True), start=1):
             source = sources.get(id(probe), costs.USAGE)
             checks.extend(_answer_checks(i, probe, acceptance, config, source))
             spend += _keep(prompt, line, probe, acceptance, output, source)

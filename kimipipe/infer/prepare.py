@@ -81,8 +81,9 @@ from ..openrouter.routing import (
 from ..partition import in_partition
 from ..records import Failure, Prompt, Response
 from .api import Answered, Spent, api_of, counts_here, other_api
-from .budget import prompt_token_bound
+from .budget import MESSAGE_OVERHEAD_TOKENS, prompt_token_bound
 from .config import RunConfig
+from .conversations import OutputConversations, check_recipe, scan_output, turn_count
 from .disk import DiskGuard
 from .rescue import check_rescue_dir, take_in
 from .total_cost import ReservationFile, TotalCost
@@ -136,6 +137,17 @@ class InputScan:
     records: int
     prompt_bytes: int
     prompt_token_bound: int
+    turns: dict[str, int] = field(default_factory=dict)  # a conversation's id -> its turns
+    # every request the input makes (a conversation's turns each count), for --plan: how
+    # many, their prompts' bytes and token bound without the earlier answers in their
+    # history, and how many earlier answers their histories carry in all
+    requests: int = 0
+    request_bytes: int = 0
+    request_token_bound: int = 0
+    history_answers: int = 0
+
+    def turns_of(self, prompt_id: str) -> int:
+        return self.turns.get(prompt_id, 1)
 
 
 @dataclass
@@ -157,14 +169,38 @@ class Prepared:
     spent_in_files: list[str] = field(default_factory=list)  # the files they matched
     total: TotalCost | None = None  # --total-cost
     notes: list[str] = field(default_factory=list)  # for --plan
+    conversations: OutputConversations | None = None  # the turns OUTPUT holds (conversations.py)
+    turns_todo: int = 0  # requests still to send (a conversation's turns each count)
+    conversations_todo: int = 0  # of `todo`, conversations (prompts with follow-ups)
 
     def selected(self, prompt_id: str) -> bool:
         return self.sample is None or prompt_id in self.sample
 
 
+class _Requests:
+    """The sums InputScan keeps of the requests the input makes (see there)."""
+
+    def __init__(self) -> None:
+        self.n = self.bytes = self.token_bound = self.answers = 0
+
+    def add(self, prompt: Prompt) -> None:
+        size = sum(len(m.content.encode()) for m in prompt.messages)
+        bound = prompt_token_bound(prompt.messages)
+        for k, follow_up in enumerate(("", *prompt.follow_ups)):  # turn k+1 adds a user turn
+            if k:
+                size += len(follow_up.encode())
+                bound += len(follow_up.encode()) + 2 * MESSAGE_OVERHEAD_TOKENS  # + its answer's
+            self.n += 1
+            self.bytes += size
+            self.token_bound += bound
+            self.answers += k
+
+
 def validate_input(path: str, shown: str) -> InputScan:
     """Check every line before any money is spent: format, duplicate IDs, empty messages."""
     first_line: dict[str, int] = {}
+    turns: dict[str, int] = {}
+    requests = _Requests()
     prompt_bytes = 0
     token_bound = 0
     records = 0
@@ -176,11 +212,18 @@ def validate_input(path: str, shown: str) -> InputScan:
             raise InputError("empty `messages` at `$.messages`", shown, lineno)
         if not any(m.role == "user" for m in prompt.messages):
             raise InputError("no user message at `$.messages`", shown, lineno)
+        for i, text in enumerate(prompt.follow_ups):
+            if not text.strip():
+                raise InputError(f"empty user turn at `$.follow_ups[{i}]`", shown, lineno)
         first_line[prompt.id] = lineno
         records += 1
         prompt_bytes += sum(len(m.content.encode()) for m in prompt.messages)
         token_bound += prompt_token_bound(prompt.messages)
-    return InputScan(path, shown, set(first_line), records, prompt_bytes, token_bound)
+        requests.add(prompt)
+        if prompt.follow_ups:
+            turns[prompt.id] = turn_count(prompt)
+    return InputScan(path, shown, set(first_line), records, prompt_bytes, token_bound, turns,
+                     requests.n, requests.bytes, requests.token_bound, requests.answers)
 
 
 def take_in_rescued(config: RunConfig, say: Callable[[str], None]) -> int:
@@ -380,6 +423,11 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     taken_in = 0 if config.plan else take_in_rescued(config, say)
     done, spent, tokens = previous_work(config.output, config.failures, say, repair=not config.plan,
                                         api=api_of(config.base_url))
+    conversations = scan_output(config.output)
+    check_recipe(conversations.recipes, config.request.model,
+                 config.request.sampling(config.policy), config.history_reasoning,
+                 config.output, config.allow_mixed, say)
+    done |= conversations.finished  # a finished conversation is done as a whole
     for extra in config.done_files:
         if not os.path.exists(extra):
             raise InputError("no such file", extra)
@@ -387,6 +435,9 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     sample = stable_sample(scan.ids, config.sample) if config.sample is not None else None
     in_part = [i for i in scan.ids if in_partition(i, config.partition) and (sample is None or i in sample)]
     skipped = sum(1 for i in in_part if i in done)
+    todo_ids = [i for i in in_part if i not in done]
+    turns_todo = sum(scan.turns_of(i) - (conversations.open[i].turn if i in conversations.open else 0)
+                     for i in todo_ids)
 
     endpoints = read_endpoints(config, say)
     if endpoints is not None:
@@ -408,7 +459,9 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
                           "pass --max-price-prompt and --max-price-completion", ExitCode.USAGE)
         check_distillation(config, info, say)
     prepared = Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, endpoints, bound,
-                        taken_in=taken_in, model_info=info, sample=sample)
+                        taken_in=taken_in, model_info=info, sample=sample,
+                        conversations=conversations, turns_todo=turns_todo,
+                        conversations_todo=sum(1 for i in todo_ids if i in scan.turns))
     if config.plan and config.output == "-":
         prepared.notes.append("no -o: the answers a run already wrote cannot be seen here, so every "
                               "prompt counts as to do; pass the -o (and --failures) of the run to "

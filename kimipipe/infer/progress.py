@@ -10,8 +10,11 @@ seconds when stderr is not a terminal. Its parts, most important first; those th
     kp-infer: 120/400, 64 in flight (max 64), $1.23 of $10, 429s 12, 2 failed, ETA 4m10s,
     oldest 41s, retries 3, 5 in back-off, 850 tok/s, 1.2M tok left
 
-- `120/400`: prompts finished this run (answered or failed) of those to do; `kp-infer: `
-  leads only when the whole line fits.
+- `120/400`: requests finished this run (answered or failed) of those to do (a
+  conversation's turns each count; turns of a conversation ended early leave the total);
+  `kp-infer: ` leads only when the whole line fits. A run with conversations then shows
+  `conversations 30 done, 64 in progress` (done: every turn answered, or cut by
+  max_tokens).
 - in flight, and what limits it: `(max 64)` is --concurrency; `(limit 48 after 429s)` when
   the adaptive limit shrank (a count above it is the requests sent before it shrank, still
   finishing); then what holds admission back if anything but a free slot does:
@@ -59,7 +62,8 @@ class ProgressSnapshot:
     """A kp-infer run at one moment, as the progress line shows it."""
 
     finished: int  # answered or failed this run
-    total: int  # prompts to do this run
+    total: int  # requests to send this run (each turn of a conversation is one)
+    conversations: tuple[int, int] | None = None  # (ended this run, in progress), if any
     failed: int = 0
     in_flight: int = 0  # requests sent and not finished (holding a concurrency slot)
     limit: int = 0  # the adaptive concurrency limit now
@@ -86,8 +90,9 @@ class RunProgress:
 
     def __init__(self, bar, config: RunConfig, todo: int, state: RunState, stats: Stats,
                  budget: Budget, limiter: AdaptiveLimiter, money: MoneyInFlight,
-                 terminal: bool):
+                 terminal: bool, conversations=None):
         self.bar = bar
+        self.conversations = conversations  # a ConversationQueue when the run has any
         self.config = config
         self.todo = todo
         self.state = state
@@ -105,7 +110,8 @@ class RunProgress:
         failed = sum(stats.failed.values())
         finished = stats.done + failed
         elapsed = max(1e-6, now - stats.started)
-        left = max(0, self.todo - finished)
+        total = max(0, self.todo - stats.turns_not_sent)  # requests (each turn counts)
+        left = max(0, total - finished)
         oldest = next(iter(state.in_progress.values()), None)
         rate_limited = stats.retries[RetryCause.RATE_LIMITED]
         ceiling = self.money.ceiling()
@@ -113,7 +119,10 @@ class RunProgress:
         if state.stopped_at is not None:
             grace_left = max(0.0, self.config.grace - (now - state.stopped_at))
         return ProgressSnapshot(
-            finished=finished, total=self.todo, failed=failed,
+            finished=finished, total=total, failed=failed,
+            conversations=((stats.conversations_done + stats.conversations_cut,
+                            len(self.conversations.open))
+                           if self.conversations is not None else None),
             in_flight=self.limiter.in_flight, limit=self.limiter.current,
             concurrency=self.config.concurrency, waiting=state.waiting,
             stopping=state.stop_reason.slug if state.stop_reason else None,
@@ -168,6 +177,9 @@ def progress_line(snap: ProgressSnapshot, width: int | None = None, name: str = 
     it when everything fits; when not, it goes first, then the parts from the last."""
     head = f"{snap.finished:,}/{snap.total:,}"
     parts = [head, *_parts(snap)]
+    if snap.conversations is not None:
+        ended, going = snap.conversations
+        parts.insert(1, f"conversations {ended:,} done, {going:,} in progress")
     line = f"{name}: {SEPARATOR.join(parts)}"
     if width is None:
         return line

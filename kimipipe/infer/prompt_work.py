@@ -113,14 +113,16 @@ class PromptWork:
     dollars of budget and money in flight, and RECORD_BOUND bytes of disk: `await run()`."""
 
     def __init__(self, parts: RunParts, prompt: Prompt, line: bytes, reservation: float,
-                 record_bound: int = 0):
+                 record_bound: int = 0, session_id: str | None = None):
         self.parts = parts
         self.prompt = prompt
         self.line = line
         self.reservation = reservation
         self.record_bound = record_bound
+        self.session_id = session_id  # a conversation's id, on each of its requests (sticky routing)
         self.policy = parts.config.policy  # this prompt's: refused providers get ignored
-        self.body = parts.config.request.body(prompt, self.policy)
+        self.body = parts.config.request.body(prompt, self.policy, session_id)
+        self.kept: Attempt | None = None  # the answer written (a conversation's next turn is built on it)
         self.attempts = 0
         self.started = 0.0  # when the attempt now in flight was sent
         self.holding_slot = self.holding_money = True
@@ -162,7 +164,8 @@ class PromptWork:
             return False
         if not self._refuse(answer, *refused, source):
             return False
-        self.body = self.parts.config.request.body(self.prompt, self.policy)  # its own ignore
+        self.body = self.parts.config.request.body(self.prompt, self.policy,
+                                                   self.session_id)  # its own ignore
         return True
 
     async def _on_retry(self, result: Attempt) -> bool:
@@ -329,6 +332,7 @@ class PromptWork:
             self._output_failed()  # no point paying for answers that cannot be kept
             return
         parts.done.add(self.prompt.id)
+        self.kept = answer
         parts.budget.record(cost, answer.completion_tokens)
         parts.stats.answered(answer, latency)
         parts.progress.finished_one()

@@ -18,7 +18,9 @@ The summary (stderr, and `--summary-json`: `contracts.InferSummary`):
      "paid_not_written": {"answers", "cost", "rescued", "rescue_file", "error"},
      "failures_not_written": {"records", "rescued", "rescue_file"},
      "spend_this_run", "spend_total", "max_cost", "total_cost", "tokens": {"prompt", "completion",
-     "reasoning", "completion_total"}, "token_budget", "providers": {name: share},
+     "reasoning", "completion_total", "cached", "cached_share"}, "token_budget",
+     "conversations": null | {"turns_by_number", "done", "cut", "turns_not_sent"},
+     "providers": {name: share},
      "finish_reasons": {reason: n}, "routing_unverifiable": {provider: n},
      "refused": {kind: {provider: n}},
      "by_provider": [row, ...] (infer/providers_table.py: answers, tokens, reasoning share,
@@ -51,6 +53,7 @@ from ..contracts import (
     MoneyInFlightEnd,
     MoneyLimit,
     PaidNotWritten,
+    SummaryConversations,
     SummaryCosts,
     SummaryTokens,
 )
@@ -173,6 +176,11 @@ class Stats:
     taken_in: int = 0  # answers an earlier run kept in the rescue file, taken in first
     limit_refusals: Counter = field(default_factory=Counter)  # "402 in_flight_budget_exhausted": n
     limit: MoneyLimit | None = None  # the money limit that stopped the run
+    cached_tokens: int = 0  # prompt tokens served from the provider's prompt cache
+    turns: Counter = field(default_factory=Counter)  # a conversation's turns answered, by number
+    conversations_done: int = 0  # conversations whose last turn was answered this run
+    conversations_cut: int = 0  # ended by a turn cut by max_tokens (later turns not sent)
+    turns_not_sent: int = 0  # turns of conversations ended early (cut, failed, stopped)
     # answers paid for (kept or refused) by where their cost came from (infer/costs.py):
     # "usage" (usage.cost), "generation" (GET /generation), "estimate" (neither in time)
     cost_sources: Counter = field(default_factory=Counter)
@@ -181,6 +189,7 @@ class Stats:
     def answered(self, answer: Attempt, latency: float | None = None) -> None:
         """An answer written to the output (LATENCY: seconds from sent to complete)."""
         self.done += 1
+        self.cached_tokens += answer.cached_tokens
         self.completion_tokens += answer.completion_tokens
         self.reasoning_tokens += answer.reasoning_tokens
         self.providers[answer.provider or "unknown"] += 1
@@ -254,7 +263,10 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         max_cost=config.max_cost,
         total_cost=config.total_cost,
         tokens=SummaryTokens(prompt=stats.prompt_tokens, completion=stats.completion_tokens,
-                             reasoning=stats.reasoning_tokens, completion_total=budget.tokens),
+                             reasoning=stats.reasoning_tokens, completion_total=budget.tokens,
+                             cached=stats.cached_tokens,
+                             cached_share=(round(stats.cached_tokens / stats.prompt_tokens, 4)
+                                           if stats.prompt_tokens else 0.0)),
         token_budget=config.token_budget,
         providers=({k: round(v / total_providers, 4) for k, v in stats.providers.most_common()}
                    if total_providers else {}),
@@ -272,6 +284,10 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         money_in_flight=money_in_flight,
         costs=SummaryCosts(**{source: stats.cost_sources.get(source, 0)
                               for source in ("usage", "generation", "estimate")}),
+        conversations=(SummaryConversations(
+            turns_by_number={str(k): n for k, n in sorted(stats.turns.items())},
+            done=stats.conversations_done, cut=stats.conversations_cut,
+            turns_not_sent=stats.turns_not_sent) if stats.turns or stats.turns_not_sent else None),
     )
 
 
@@ -287,7 +303,9 @@ def format_summary(summary: InferSummary) -> str:
         f"  tokens: {tokens.completion:,} completion "
         f"({tokens.reasoning:,} reasoning), {tokens.prompt:,} prompt; "
         f"{tokens.completion_total:,} completion in all"
-        + (f" (budget {summary.token_budget:,})" if summary.token_budget else ""),
+        + (f" (budget {summary.token_budget:,})" if summary.token_budget else "")
+        + (f"; {tokens.cached:,} prompt tokens cached ({tokens.cached_share:.0%})"
+           if tokens.cached else ""),
         f"  throughput: {summary.requests_per_s:.2f} req/s, "
         f"{summary.completion_tokens_per_s:,.0f} tok/s over {summary.elapsed_s:.1f} s",
     ]
@@ -296,6 +314,11 @@ def format_summary(summary: InferSummary) -> str:
         lines.append(f"  costs: {costs.usage:,} from usage.cost, {costs.generation:,} looked up "
                      f"(GET /generation: the answer showed none), {costs.estimate:,} booked by "
                      "estimate (no figure in time: usage tokens at the price bound, or the worst case)")
+    if summary.conversations is not None:
+        conv = summary.conversations
+        lines.append(f"  conversations: {conv.done:,} finished, {conv.cut:,} cut by max_tokens "
+                     "(later turns not sent); turns answered by number: "
+                     + ", ".join(f"#{k} {n:,}" for k, n in conv.turns_by_number.items()))
     if summary.retries:
         lines.append("  retries: " + ", ".join(f"{k}: {v}" for k, v in summary.retries.items()))
     if summary.providers:

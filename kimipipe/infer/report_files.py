@@ -15,6 +15,11 @@ The report (text on stdout; `--json` for this object, stable for scripts):
      "failures": {kind: n},               failure lines by kind
      "refused": int,                      answers paid for and not kept (all providers)
      "spend": float,                      USD: kept answers + refused answers
+     "prompt_tokens": {"total", "cached", "cached_share"}
+                                          of the answers: cached = served from the
+                                          provider's prompt cache (usage.cached_tokens)
+     "turns": {"conversations": n, "by_number": {"1": n, ...}}
+                                          a conversation's turns, by turn number
      "sampling": [{"sampling": {...} | null, "answers": n}, ...]
                                           each distinct `sampling` of the answers
                                           (null: records written before it existed)
@@ -55,6 +60,8 @@ class _Line(msgspec.Struct):
     kind: str | None = None
     status: int | None = None
     cost: float = 0.0
+    turn: int | None = None  # a conversation's turn (records.Turn)
+    conversation: str | None = None
     prompt_tokens_delta: int | None = None  # token records (kp-tokenize)
     completion_tokens_delta: int | None = None
 
@@ -70,6 +77,9 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
     spend = 0.0
     failures: Counter = Counter()
     sampling: dict[str, list] = {}
+    prompt_tokens = cached = 0
+    turns: Counter = Counter()
+    conversations: set[str] = set()
     for path in paths:
         for lineno, raw, ended in iter_lines(path):
             try:
@@ -84,6 +94,11 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
                 answers += 1
                 table.answer(line.provider, usage.completion_tokens, usage.reasoning_tokens,
                              line.finish_reason, usage.cost, line.latency_s)
+                prompt_tokens += usage.prompt_tokens
+                cached += usage.cached_tokens
+                if line.turn is not None:
+                    turns[line.turn] += 1
+                    conversations.add(line.conversation or "")
                 deltas.add(line.provider, line.prompt_tokens_delta, line.completion_tokens_delta)
                 key = json.dumps(line.sampling, sort_keys=True)
                 sampling.setdefault(key, [line.sampling, 0])[1] += 1
@@ -107,6 +122,10 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
         "failures": dict(failures.most_common()),
         "refused": refused,
         "spend": round(spend, 10),
+        "prompt_tokens": {"total": prompt_tokens, "cached": cached,
+                          "cached_share": round(cached / prompt_tokens, 4) if prompt_tokens else 0.0},
+        "turns": {"conversations": len(conversations),
+                  "by_number": {str(k): n for k, n in sorted(turns.items())}},
         "sampling": [{"sampling": s, "answers": n}
                      for s, n in sorted(sampling.values(), key=lambda item: -item[1])],
         "by_provider": table.rows(),
@@ -124,6 +143,13 @@ def format_report(report: dict) -> str:
              f"{report['refused']:,} refused, {sum(failures.values()):,} failures"
              + (f" ({', '.join(f'{k}: {v}' for k, v in failures.items())})" if failures else "")
              + f"; ${report['spend']:.6f} paid"]
+    tokens = report["prompt_tokens"]
+    if tokens["cached"]:
+        lines.append(f"  prompt tokens: {tokens['total']:,}, of which {tokens['cached']:,} "
+                     f"({tokens['cached_share']:.1%}) served from the prompt cache")
+    if report["turns"]["by_number"]:
+        lines.append(f"  conversations: {report['turns']['conversations']:,}; turns by number: "
+                     + ", ".join(f"#{k} {n:,}" for k, n in report["turns"]["by_number"].items()))
     for entry in report["sampling"]:
         shown = (", ".join(f"{k} {json.dumps(v)}" for k, v in entry["sampling"].items())
                  if entry["sampling"] else "not recorded (older records)")

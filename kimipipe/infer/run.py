@@ -61,9 +61,11 @@ from ..openrouter.account import (
     unreadable_balance,
 )
 from ..partition import in_partition
+from ..records import Prompt
 from .acceptance import Acceptance
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
+from .conversations import ConversationQueue, TurnWork, is_conversation
 from .disk import DiskGuard
 from .inflight import MoneyInFlight
 from .limiter import AdaptiveLimiter
@@ -104,8 +106,12 @@ class Run:
                            taken_in=prepared.taken_in)
         self.limiter = AdaptiveLimiter(config.concurrency)
         self.money = MoneyInFlight(lambda: budget.spent_this_run)
-        self.progress = RunProgress(bar, config, prepared.todo, self.state, self.stats, budget,
-                                    self.limiter, self.money, stderr_is_terminal())
+        # conversations (infer/conversations.py): their next turns go ahead of new prompts
+        self.conversations = ConversationQueue(config.history_reasoning, self.stats,
+                                               prepared.conversations)
+        self.progress = RunProgress(bar, config, prepared.turns_todo, self.state, self.stats,
+                                    budget, self.limiter, self.money, stderr_is_terminal(),
+                                    self.conversations if prepared.conversations_todo else None)
         self.tasks: set[asyncio.Task] = set()
         self._interrupts = 0
 
@@ -124,6 +130,7 @@ class Run:
                         if self.limiter.in_flight else ""))
         state.stopping.set()
         state.settled.set()
+        self.conversations.changed.set()  # admission waiting for a conversation's next turn
         self.money.close()
 
     def _on_signal(self) -> None:
@@ -196,12 +203,38 @@ class Run:
         return summary(self.stats, self.state.stop_reason, self.prepared.scan.records,
                        self.budget, self.config, self.limiter.current, self.money.state())
 
-    async def _admit_all(self, parts: RunParts) -> None:
-        state, done = self.state, self.prepared.done
+    def _new_work(self) -> Iterator[tuple[Prompt, bytes, TurnWork | None]]:
+        """The input's prompts not done, in order: (prompt, line, None) for a single
+        request; for a conversation, its first turn to send (its TurnWork)."""
+        done = self.prepared.done
         for _lineno, prompt, line in iter_records(self.prepared.scan.path, PROMPT_DECODER):
             if (prompt.id in done or not in_partition(prompt.id, self.config.partition)
                     or not self.prepared.selected(prompt.id)):
                 continue
+            if not is_conversation(prompt):
+                yield prompt, line, None
+            elif (turn := self.conversations.start(prompt, line)) is not None:
+                yield turn.prompt, turn.line, turn
+
+    async def _next_work(self, new: Iterator) -> tuple[Prompt, bytes, TurnWork | None] | None:
+        """What to admit next: a conversation's next turn first, else the input's next
+        prompt; at the input's end, wait while conversations may still send a turn."""
+        conversations = self.conversations
+        while True:
+            if (turn := conversations.next_ready()) is not None:
+                return turn.prompt, turn.line, turn
+            if (work := next(new, None)) is not None:
+                return work
+            if not conversations.open or self.state.stopping.is_set():
+                return None
+            conversations.changed.clear()
+            await conversations.changed.wait()  # (a stop sets it too)
+
+    async def _admit_all(self, parts: RunParts) -> None:
+        state = self.state
+        new = self._new_work()
+        while (work := await self._next_work(new)) is not None:
+            prompt, line, turn = work
             reservation = self.budget.worst_case(prompt_token_bound(prompt.messages))
             if not await self._wait_for_budget(reservation):
                 return
@@ -222,10 +255,19 @@ class Run:
             self.budget.reserve(reservation)
             self.disk.reserve(record_bound)
             state.in_progress[prompt.id] = time.monotonic()
-            work = PromptWork(parts, prompt, line, reservation, record_bound)
-            task = asyncio.create_task(work.run())
+            task = asyncio.create_task(self._work(
+                PromptWork(parts, prompt, line, reservation, record_bound,
+                           session_id=turn.conversation if turn else None), turn))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+
+    async def _work(self, work: PromptWork, turn: TurnWork | None) -> None:
+        """One prompt's (or turn's) work; a turn's end queues its conversation's next."""
+        try:
+            await work.run()
+        finally:
+            if turn is not None:
+                self.conversations.ended(turn, work.kept, self.state.stopping.is_set())
 
     async def _wait_for_budget(self, reservation: float) -> bool:
         """Wait until the next request's worst case fits; False when the run must stop."""
@@ -369,7 +411,7 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
         try:
             freeze_startup_objects()
             # the whole line is infer/progress.py's, redrawn by the run (mininterval: never by tqdm)
-            with say.progress(total=prepared.todo, desc=f"kp-infer: 0/{prepared.todo:,}", unit="req",
+            with say.progress(total=prepared.turns_todo, desc=f"kp-infer: 0/{prepared.turns_todo:,}", unit="req",
                               bar_format="{desc}", mininterval=float("inf")) as bar:
                 run = _event_loop_run(_run(config, prepared, budget, bar, say))
         finally:

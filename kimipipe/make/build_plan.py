@@ -259,7 +259,9 @@ def dataset_plan(name: str, work: str, plan: InferPlan, token_budget: int | None
         cost = (per_prompt * mean_prompt + answer_tokens * mean_completion) / 1e6
     worst = plan.cost.worst_case_request if plan.cost is not None else 0.0
     return DatasetPlan(
-        complete=stage_complete(work, name), name=name, prompts=plan.prompts.input, todo=plan.prompts.todo,
+        # an answer is one request's: a conversation's turns each count (older plans: prompts)
+        complete=stage_complete(work, name), name=name,
+        prompts=(plan.requests or plan.prompts).input, todo=(plan.requests or plan.prompts).todo,
         answered=plan.prompts.done, prompt_tokens=per_prompt,
         recorded_spend=plan.recorded.spend, recorded_tokens=plan.recorded.completion_tokens,
         answer_tokens=float(answer_tokens), cost_per_answer=float(cost), measured=measured,
@@ -274,7 +276,9 @@ def refreshed(plan: InferPlan, work: str, name: str, api: str | None = None) -> 
     spend = got["spend"] + recorded_spend(os.path.join(work, f"{name}.failures.jsonl"), api)
     prompts = msgspec.structs.replace(plan.prompts, done=got["answers"],
                                       todo=max(0, plan.prompts.input - got["answers"]))
-    return msgspec.structs.replace(plan, prompts=prompts, recorded=Recorded(
+    requests = plan.requests and msgspec.structs.replace(
+        plan.requests, todo=max(0, plan.requests.input - got["answers"]))
+    return msgspec.structs.replace(plan, prompts=prompts, requests=requests, recorded=Recorded(
         spend=spend, completion_tokens=got["completion_tokens"]["total"]))
 
 

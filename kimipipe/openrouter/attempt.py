@@ -77,6 +77,7 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     limit_usd: float | None = None
     spend_usd: float | None = None
     resets_at: str | None = None
+    cached_tokens: int = 0  # of prompt_tokens, served from the provider's prompt cache
     # an `ok` answer came with a `usage` object (a stream can end without one): when not,
     # its tokens are unknown and it is booked at its worst case (infer/costs.py)
     usage_seen: bool = True

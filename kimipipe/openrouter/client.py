@@ -69,11 +69,16 @@ class _CompletionDetails(msgspec.Struct, gc=False):
     reasoning_tokens: int | None = None
 
 
+class _PromptDetails(msgspec.Struct, gc=False):
+    cached_tokens: int | None = None
+
+
 class _Usage(msgspec.Struct, gc=False):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cost: float | None = None
     completion_tokens_details: _CompletionDetails | None = None
+    prompt_tokens_details: _PromptDetails | None = None
 
 
 class _Body(msgspec.Struct, gc=False):
@@ -123,6 +128,7 @@ def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str]
     if not content and not text:
         return Attempt(AttemptKind.RETRY, cause=RetryCause.EMPTY, status=200, message="empty output")
     details = usage.completion_tokens_details if usage else None
+    cached = usage.prompt_tokens_details if usage else None
     return Attempt(
         AttemptKind.OK, status=200, content=content, reasoning=text, finish_reason=finish_reason,
         provider=provider, model=model, generation_id=body_id,
@@ -130,6 +136,7 @@ def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str]
         completion_tokens=(usage.completion_tokens or 0) if usage else 0,
         reasoning_tokens=(details.reasoning_tokens or 0) if details else 0,
         cost=usage.cost if usage else None, chunks=chunks, reasoning_source=source,
+        cached_tokens=(cached.cached_tokens or 0) if cached else 0,
         usage_seen=usage is not None,
     )
 

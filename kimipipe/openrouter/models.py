@@ -61,6 +61,20 @@ PRESETS: dict[str, ModelPreset] = {
     for slug in ("moonshotai/kimi-k2.5", "moonshotai/kimi-k2-thinking", "moonshotai/kimi-k2.6")
 }
 
+# What a model's chat template does with an earlier turn's reasoning in a conversation's
+# history, and so kp-infer's `--history-reasoning` default (infer/conversations.py):
+# Kimi K2.5's and K2 Thinking's render it as an empty <think></think> ("drop"); K2.6's
+# `preserve_thinking` keeps it ("keep"). A model not listed: "drop", as most templates do.
+HISTORY_REASONING: dict[str, str] = {
+    "moonshotai/kimi-k2.5": "drop",
+    "moonshotai/kimi-k2-thinking": "drop",
+    "moonshotai/kimi-k2.6": "keep",
+}
+
+
+def history_reasoning_default(model: str) -> str:
+    return HISTORY_REASONING.get(model.lower(), "drop")
+
 
 def preset_for(model: str) -> ModelPreset | None:
     return PRESETS.get(model.lower())

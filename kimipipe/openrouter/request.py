@@ -90,13 +90,19 @@ class RequestOptions:
                 provider.setdefault("require_parameters", True)
         return body
 
-    def body(self, prompt: Prompt, policy: Policy) -> bytes:
-        """The request body for PROMPT under POLICY, as the JSON bytes sent."""
+    def body(self, prompt: Prompt, policy: Policy, session_id: str | None = None) -> bytes:
+        """The request body for PROMPT under POLICY, as the JSON bytes sent; SESSION_ID
+        (a conversation's id: OpenRouter's sticky routing) when given. An earlier turn's
+        reasoning is sent back only where the history carries it (`Message.reasoning`)."""
         body: dict = {
             "model": self.model,
-            "messages": [{"role": m.role, "content": m.content} for m in prompt.messages],
+            "messages": [{"role": m.role, "content": m.content} if m.reasoning is None else
+                         {"role": m.role, "content": m.content, "reasoning": m.reasoning}
+                         for m in prompt.messages],
             **self.fields(policy),
         }
+        if session_id is not None:
+            body["session_id"] = session_id
         return msgspec.json.encode(body)
 
     def asks_for_reasoning(self) -> bool:

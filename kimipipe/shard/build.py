@@ -75,7 +75,7 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
                 on_record()
                 row = builder.build(rec, line)
                 if row is not None:
-                    split = "eval" if eval_point(row.id) < opts.eval_fraction else "train"
+                    split = "eval" if eval_point(row.split_key or row.id) < opts.eval_fraction else "train"
                     yield source, lineno, split, row
 
     # The first row is read before the output directory is touched: an empty input or a
@@ -163,7 +163,8 @@ def make_manifest(shards: list[ShardInfo], opts: ShardOptions, inputs: list[str]
             shuffle=opts.shuffle,
             seed=opts.seed if opts.shuffle else None,
             eval_fraction=opts.eval_fraction,
-            eval_split="blake2b(id, digest_size=8, person='kp-shard-eval') / 2**64 < eval_fraction",
+            eval_split=("blake2b(conversation or id, digest_size=8, person='kp-shard-eval') "
+                        "/ 2**64 < eval_fraction"),
             min_output_tokens=opts.min_output_tokens,
             max_length=opts.max_length,
             truncate=opts.truncate,

@@ -30,6 +30,12 @@ class TokenLists:
     n_in: int
     output: memoryview | bytes
     n_out: int
+    conversation: str | None = None  # a conversation's turn (kp-infer's `conversation`)
+
+    @property
+    def split_key(self) -> str:
+        """What the eval split hashes: the conversation, so that its turns stay together."""
+        return self.conversation or self.id
 
 
 _full_decoder = msgspec.json.Decoder(Tokens)  # records.Tokens: the fields kp-shard reads
@@ -197,13 +203,13 @@ class TokenRecordDecoder:
             return None  # the slow path reports it, with byte offsets into the real line
         if rec.input_ids != _MARKER_RAW or rec.output_ids != _MARKER_RAW:
             return None
-        return TokenLists(rec.id, view[i0:i1], n_in, view[o0:o1], n_out)
+        return TokenLists(rec.id, view[i0:i1], n_in, view[o0:o1], n_out, rec.conversation)
 
     def _slow(self, line: bytes) -> TokenLists:
         rec = _full_decoder.decode(line)
         prompt, n_in = _raw_list_body(rec.input_ids, "input_ids", self.ids)
         output, n_out = _raw_list_body(rec.output_ids, "output_ids", self.ids)
-        return TokenLists(rec.id, prompt, n_in, output, n_out)
+        return TokenLists(rec.id, prompt, n_in, output, n_out, rec.conversation)
 
 
 def _raw_list_body(raw: Raw, name: str, ids: IdListChecker) -> tuple[bytes, int]:
@@ -244,6 +250,7 @@ class Row:
     input_tokens: int
     output_tokens: int
     data: bytes
+    split_key: str = ""  # the id, or the conversation of a turn (`eval_point` hashes it)
 
 
 def id_fingerprint(record_id: str) -> int:
@@ -290,4 +297,5 @@ class RowBuilder:
             return None
         if cut:
             self.truncated += 1
-        return Row(rec.id, n_in, n_out, self._row(rec.id, prompt, n_in, output, n_out, line, cut))
+        return Row(rec.id, n_in, n_out, self._row(rec.id, prompt, n_in, output, n_out, line, cut),
+                   rec.split_key)

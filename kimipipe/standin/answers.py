@@ -5,6 +5,13 @@ the answer to its own prompt: the content names the first 12 hex digits of the s
 the last user message, and every word is drawn from an RNG seeded by that hash, the model
 and the request's `seed`.
 
+A request whose history holds an assistant turn (a conversation's later turn) is answered
+from the whole history: `history_sha256(messages)` hashes every message's role, text and
+reasoning (`reasoning`, `reasoning_content` or `reasoning_details` text), its first 12 hex
+digits follow the tag in the content (`Answer [tag] [h:history]:`) and it seeds the RNG
+too. So a test proves from an answer alone which earlier answers, and which earlier
+reasoning, the request carried.
+
 A "token" here is one whitespace-separated word together with its leading whitespace
 (" word", "\\nword"; the first token has none), so streaming one token per chunk and
 joining the deltas gives the text back exactly. The texts carry non-ASCII (CJK, emoji,
@@ -33,6 +40,7 @@ Usage counts are words unless a `counter` (token_counts.TokenCounter, the stand-
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -113,6 +121,31 @@ def last_user_text(messages: list[dict]) -> str:
 def user_text_sha256(messages: list[dict]) -> str:
     """Hex sha256 of the last user message's text (UTF-8): the ledger's request key."""
     return hashlib.sha256(last_user_text(messages).encode("utf-8")).hexdigest()
+
+
+def message_reasoning(m: dict) -> str:
+    """The reasoning a message carries back in a history (any of the fields clients use)."""
+    for name in ("reasoning", "reasoning_content"):
+        if isinstance(m.get(name), str) and m[name]:
+            return m[name]
+    details = m.get("reasoning_details")
+    if isinstance(details, list):
+        return "".join(d.get("text") or "" for d in details
+                       if isinstance(d, dict) and isinstance(d.get("text"), str))
+    return ""
+
+
+def has_history(messages: list[dict]) -> bool:
+    """Whether the request holds an earlier assistant turn (a conversation's later turn)."""
+    return any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+
+
+def history_sha256(messages: list[dict]) -> str:
+    """Hex sha256 of the whole history: every message's role, text and reasoning."""
+    canon = json.dumps([[m.get("role"), message_text(m.get("content")), message_reasoning(m)]
+                        for m in messages if isinstance(m, dict)],
+                       ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
 
 
 def count_prompt_tokens(messages: list[dict]) -> int:
@@ -202,10 +235,15 @@ def expected_answer(messages: list[dict], *, model: str, seed: int | None, reaso
     digest = user_text_sha256(messages)
     tag = digest[:12]
     key = f"{digest}|{model}|{seed}" + sampling_key(model, reasoning, temperature, top_p)
+    opening = ["Answer", f"[{tag}]:"]
+    if has_history(messages):  # a later turn: the answer depends on the whole history
+        history = history_sha256(messages)
+        key += f"|history={history}"
+        opening = ["Answer", f"[{tag}]", f"[h:{history[:12]}]:"]
     rng = random.Random(hashlib.sha256(key.encode()).digest())
     n_content = rng.randint(MIN_WORDS, MAX_WORDS)
     n_reasoning = rng.randint(MIN_WORDS, MAX_WORDS)
-    content = _pieces(rng, ["Answer", f"[{tag}]:"], n_content)
+    content = _pieces(rng, opening, n_content)
     thought = _pieces(rng, ["Thinking", "about", f"[{tag}]:"], n_reasoning) if reasoning else []
     if drop_reasoning:
         thought, reasoning = [], False

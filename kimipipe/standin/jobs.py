@@ -17,6 +17,7 @@ from aiohttp import web
 from .answers import Answer, user_text_sha256
 from .billing import billed_prices
 from .providers import Endpoint
+from .sessions import CACHE_READ_FACTOR
 from .wire import Generation, encode, json_response
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class Job:
 
     def __init__(self, server: StandIn, request: web.Request, body: dict, answer: Answer,
                  endpoint: Endpoint, fault: str | None, created: int, gen_id: str,
-                 started: float, ledger_extra: dict | None = None):
+                 started: float, ledger_extra: dict | None = None, cached_tokens: int = 0):
         self.server = server
         self.config = server.config
         self.request = request
@@ -56,15 +57,22 @@ class Job:
         self.charged = False
         self.shown = "cost"   # what its usage shows of the cost: cost | no_cost | none (billing.py)
         self.ledger_extra = ledger_extra   # what the ledger line adds (sampling, quirks)
+        self.cached_tokens = min(cached_tokens, answer.prompt_tokens)  # read from the cache
 
     # -- shared pieces ------------------------------------------------------------------
     def _prices(self) -> tuple[float, float]:
         """USD per token this generation is billed at (billing.py: overrides, discount, scale)."""
         return billed_prices(self.endpoint, self.config, self.answer.prompt_tokens)
 
+    def _prompt_cost(self) -> float:
+        """The prompt at its price, its cached tokens (sessions.py) at the cache-read price."""
+        prompt, _completion = self._prices()
+        cached = self.cached_tokens
+        return ((self.answer.prompt_tokens - cached) + cached * CACHE_READ_FACTOR) * prompt
+
     def _cost(self) -> float:
-        prompt, completion = self._prices()
-        return self.answer.prompt_tokens * prompt + self.answer.completion_tokens * completion
+        _prompt, completion = self._prices()
+        return self._prompt_cost() + self.answer.completion_tokens * completion
 
     def _charge(self, first_token_at: float, streamed: bool) -> float:
         self.charged = True
@@ -92,12 +100,12 @@ class Job:
             "completion_tokens": a.completion_tokens,
             "total_tokens": a.prompt_tokens + a.completion_tokens,
             "completion_tokens_details": {"reasoning_tokens": a.reasoning_tokens},
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
             "cost": cost,
             "is_byok": False,
             "cost_details": {
                 "upstream_inference_cost": cost,
-                "upstream_inference_prompt_cost": a.prompt_tokens * prompt,
+                "upstream_inference_prompt_cost": self._prompt_cost(),
                 "upstream_inference_completions_cost": a.completion_tokens * completion,
             },
         }

@@ -9,7 +9,8 @@ the in-flight ledger `refusals.py`, the settings `config.py`. It runs past 400 l
 purpose: the order of checks below is OpenRouter's, and it is reviewed in one place.
 
 Order of checks for `POST /api/v1/chat/completions`, as OpenRouter does it:
-auth (401) -> body (400) -> model (400) -> budget layers: guardrail, workspace, key limit
+auth (401) -> body (400) -> model (400) -> session_id (400 past 256 characters; it keys
+the load-balanced draw and the prompt cache: sessions.py) -> budget layers: guardrail, workspace, key limit
 spent (402, or 403 with --limit-status 403) -> balance gone (402) -> routing (400/404,
 including require_parameters and enforce_distillable_text) -> moderation marker (403) ->
 one request's worst case against what it may reserve (402 weight_exceeds_budget, or the
@@ -101,6 +102,7 @@ from .refusals import (
     moderation,
     weight_exceeds_budget,
 )
+from .sessions import MAX_SESSION_ID, Sessions, session_of
 from .wire import Generation, error_response, json_response
 
 __all__ = ["CREDITS_MODES", "FAULT_KINDS", "Config", "StandIn"]
@@ -156,6 +158,7 @@ class StandIn(MetadataEndpoints):
         self.inflight = InFlight()
         self.refusals: dict[str, Counter[str]] = {"402": Counter(), "403": Counter()}
         self.quirks: Counter[str] = Counter()
+        self.sessions = Sessions()  # sticky routing and the prompt cache (session_id)
         self._ledger = open(config.ledger, "a", encoding="utf-8") if config.ledger else None
         self._request_log = open(config.request_log, "ab") if config.request_log else None
         self.counter = None
@@ -377,8 +380,12 @@ class StandIn(MetadataEndpoints):
             return refused
         if cfg.balance - self.usage <= 0:
             return self.refuse(balance_gone(), "openrouter_credits")
+        session = session_of(body, request.headers.get("x-session-id"))
+        if session is not None and len(session) > MAX_SESSION_ID:
+            return error_response(400, f"session_id must be at most {MAX_SESSION_ID} characters")
         try:
-            chosen = route(model, body.get("provider"), raw, params=request_parameters(body),
+            chosen = route(model, body.get("provider"), Sessions.routing_key(session, raw),
+                           params=request_parameters(body),
                            no_sampling=cfg.ignore_sampling, distillable=self.distillable(model))
         except RoutingError as e:
             return error_response(e.status, e.message, e.metadata, e.availability)
@@ -420,9 +427,12 @@ class StandIn(MetadataEndpoints):
                 "raw": f"{endpoint.tag}: upstream error {fault}",
                 "error_type": STATUS_ERROR_TYPES[fault]}, avail, headers)
         answer, extra = self.served_answer(body, endpoint)
+        cached = self.sessions.cached_tokens(session, endpoint.tag, body["messages"])
+        if cached:
+            extra["cached_tokens"] = cached
         created = int(time.time())
         job = Job(self, request, body, answer, endpoint, fault, created,
-                  self.new_generation_id(created), started, extra)
+                  self.new_generation_id(created), started, extra, cached_tokens=cached)
         if body.get("stream"):
             return await job.stream()
         return await job.plain()

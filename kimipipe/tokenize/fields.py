@@ -15,6 +15,12 @@ rendered some of it differently:
   finished turns (Kimi K2.5's does), and then it changes nothing and is accepted; where
   the template keeps it, the rendering changes and it is refused (`Engine` renders the
   conversation with and without it to tell).
+- `reasoning` on an earlier assistant turn is what kp-infer sends back in a conversation's
+  history under `--history-reasoning keep` (the record's messages are exactly as sent): it
+  is passed to the template as that turn's `reasoning_content`, so the history renders as
+  the template renders it (K2.5's drops it, K2.6's `preserve_thinking` keeps it). Under
+  `drop` the message has no reasoning, and the template renders the turn as history
+  (`<think></think>` for K2.5).
 
 A refusal is an input error (`PATH:LINE`, exit 2). `--ignore-extra-fields` renders role and
 content only instead (non-text parts left out), as kp-infer would have sent them. Not an
@@ -49,6 +55,7 @@ class SeenMessage(Struct):
     tool_calls: Any = None  # (any JSON: only whether it is there matters)
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None  # sent back by kp-infer (--history-reasoning keep)
 
 
 class ProviderCounts(Struct):
@@ -122,8 +129,11 @@ def _content(m: SeenMessage) -> Any:
 
 
 def template_messages(messages: list[SeenMessage]) -> list[dict]:
-    """The conversation as the template gets it: role and content (text parts only)."""
-    return [{"role": m.role, "content": _content(m)} for m in messages]
+    """The conversation as the template gets it: role and content (text parts only), and
+    the reasoning kp-infer sent back on an earlier turn (`reasoning`, see above)."""
+    return [{"role": m.role, "content": _content(m)} if not m.reasoning else
+            {"role": m.role, "content": _content(m), "reasoning_content": m.reasoning}
+            for m in messages]
 
 
 def with_history_reasoning(messages: list[SeenMessage]) -> tuple[list[dict], int] | None:
