@@ -259,14 +259,19 @@ def test_a_tmpfs_filled_during_the_run_loses_no_paid_answer(standin, tmp_path, t
     # the run rightly waited for disk instead of meeting the failed write this test is about)
     args = (prompts, "-o", out, "--concurrency", "32", "--max-tokens", "1000", "--min-free-disk", "0",
             "--summary-json", summary)
+    # the stand-in answers 100 and holds the rest until the disk is full: the filler lands
+    # mid-run on any machine, with requests in flight whose answers then find no room
+    server.configure(hold_after=100)
     proc, stderr = start_infer(server, *args, tmpdir=tmpdir)
     try:
         deadline = time.monotonic() + 120
-        while not out.exists() or out.stat().st_size < 20_000 // (4 if name.endswith(".zst") else 1):
+        while (not out.exists() or out.stat().st_size < 20_000 // (4 if name.endswith(".zst") else 1)
+               or server.stats()["held"] == 0):
             assert proc.poll() is None and time.monotonic() < deadline, stderr.text[-2000:]
             time.sleep(0.05)
         fill(mnt / "filler")  # another program takes the rest of the disk
-        proc.wait(timeout=300)
+        server.configure(hold_after=None)
+        proc.wait(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
