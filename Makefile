@@ -96,7 +96,7 @@ infer = $(BIN)/kp-infer $(WORK)/$(1).prompts.jsonl -o $(WORK)/$(1).responses.jso
   --failures $(WORK)/$(1).failures.jsonl --summary-json $(WORK)/$(1).infer-summary.json \
   $(call infer_args,$(1)) $(2)
 
-FULLBUILD = $(BIN)/python -m kimipipe.fullbuild
+KP_MAKE = $(BIN)/python -m kimipipe.make
 PLAN_ARGS = --work $(WORK) --datasets "$(DATASETS)" --total-cost "$(TOTAL_COST)" \
   --max-cost "$(MAX_COST)" --min-credits "$(MIN_CREDITS)" --answer-tokens "$(ANSWER_TOKENS)" \
   $(foreach g,$(SPENT_IN),--spent-in '$(g)') --base-url $(BASE_URL) \
@@ -111,7 +111,7 @@ define run_infer
 @echo "$(call infer,$(1),$(2))"
 @rm -f $(WORK)/$(1).infer-summary.json; set +e; $(call infer,$(1),$(2)); code=$$?; \
 	if [ $$code -eq 0 ] || [ $$code -eq 4 ]; then $(3); \
-	elif [ $$code -eq 3 ]; then $(FULLBUILD) stopped --dataset $(1) $(PLAN_ARGS); exit 3; \
+	elif [ $$code -eq 3 ]; then $(KP_MAKE) stopped --dataset $(1) $(PLAN_ARGS); exit 3; \
 	elif [ $$code -eq 130 ]; then echo "make: interrupted; rerun make to resume" >&2; exit 130; \
 	else exit $$code; fi
 endef
@@ -207,7 +207,7 @@ clean-venv:
 	rm -rf $(VENV)
 
 check: | venv
-	@$(FULLBUILD) check $(CHECK_ARGS)
+	@$(KP_MAKE) check $(CHECK_ARGS)
 
 # --- the plan: kp-infer --plan --json per dataset, then the build's arithmetic -------------
 define plan_json
@@ -219,7 +219,7 @@ endef
 
 plan: $(PROMPTS_ALL) | venv
 	$(foreach d,$(DATASETS),$(call plan_json,$(d)))
-	@$(FULLBUILD) plan $(PLAN_ARGS) --json $(WORK)/build.plan.json
+	@$(KP_MAKE) plan $(PLAN_ARGS) --json $(WORK)/build.plan.json
 
 # What the plan was made under: a change makes `make all` check and plan again.
 $(WORK)/build.flags: FORCE | $(WORK)
@@ -230,9 +230,9 @@ $(WORK)/build.flags: FORCE | $(WORK)
 # which refuses (exit 2) what TOTAL_COST cannot pay unless ALLOW_SHORT=1. Redone when the
 # prompts, the flags or the money settings change; not when nothing is left to do.
 $(WORK)/build.gate: $(PROMPTS_ALL) $(INFER_FLAGS_ALL) $(WORK)/build.flags | venv
-	@$(FULLBUILD) check $(CHECK_ARGS)
+	@$(KP_MAKE) check $(CHECK_ARGS)
 	$(foreach d,$(DATASETS),$(call plan_json,$(d)))
-	@$(FULLBUILD) plan --gate --allow-short "$(ALLOW_SHORT)" $(PLAN_ARGS) --json $(WORK)/build.plan.json
+	@$(KP_MAKE) plan --gate --allow-short "$(ALLOW_SHORT)" $(PLAN_ARGS) --json $(WORK)/build.plan.json
 	@touch $@
 
 # --- the preflight: a few real requests per dataset (kp-infer --preflight, 3 by default:
@@ -254,7 +254,7 @@ pilot: | venv
 	@$(MAKE) --no-print-directory $(foreach d,$(DATASETS),$(d).pilot)
 
 %.pilot: $(WORK)/%.prompts.jsonl FORCE | venv
-	$(call run_infer,$*,--sample $(PILOT),$(FULLBUILD) pilot $(WORK)/$*.responses.jsonl --failures $(WORK)/$*.failures.jsonl -o $(WORK)/$*.pilot.json)
+	$(call run_infer,$*,--sample $(PILOT),$(KP_MAKE) pilot $(WORK)/$*.responses.jsonl --failures $(WORK)/$*.failures.jsonl -o $(WORK)/$*.pilot.json)
 
 # --- the stages, per dataset --------------------------------------------------------------
 $(WORK) $(SHARDS):
@@ -274,7 +274,7 @@ $(WORK)/%.prompt-flags: FORCE | $(WORK)
 # byte (--quiet, --debug) are left out. A new tokenizer or new flags remove the tokens made
 # with the old ones (kp-tokenize would resume from them), so the stage starts over.
 output_neutral = --quiet -q --debug
-tokenizer_digest = $(eval tokenizer_digest := $(shell $(BIN)/python -m kimipipe.fullbuild.check --fingerprint '$(TOKENIZER)'))$(tokenizer_digest)
+tokenizer_digest = $(eval tokenizer_digest := $(shell $(BIN)/python -m kimipipe.make.check --fingerprint '$(TOKENIZER)'))$(tokenizer_digest)
 tokenize_stamp = $(TOKENIZER) $(tokenizer_digest) $(filter-out $(output_neutral),$(TOKENIZE_FLAGS))
 $(WORK)/%.tokenize-flags: FORCE | venv $(WORK)
 	@echo '$(tokenize_stamp)' | cmp -s - $@ || { rm -f $(WORK)/$*.tokens.jsonl.zst $(WORK)/$*.rejects.jsonl; \
@@ -320,11 +320,11 @@ $(SHARDS)/%/manifest.json: $(WORK)/%.tokens.done $(WORK)/%.shard-flags | venv $(
 # make clean: the files of every dataset of DATASETS (WORK/D.*, SHARDS/D/) and the build's
 # own (WORK/build.*, total-cost.json); make B3.clean: one dataset's. Each lists what it
 # removes first, and removes nothing while a file holds answers paid for (not the
-# stand-in's) unless CLEAN_PAID=1 (kimipipe/fullbuild/clean.py).
+# stand-in's) unless CLEAN_PAID=1 (kimipipe/make/clean.py).
 CLEAN_PAID ?=
 clean: | venv
-	@$(FULLBUILD) clean --work $(WORK) --shards $(SHARDS) --datasets "$(DATASETS)" --build --paid "$(CLEAN_PAID)"
+	@$(KP_MAKE) clean --work $(WORK) --shards $(SHARDS) --datasets "$(DATASETS)" --build --paid "$(CLEAN_PAID)"
 %.clean: FORCE | venv
-	@$(FULLBUILD) clean --work $(WORK) --shards $(SHARDS) --datasets $* --paid "$(CLEAN_PAID)"
+	@$(KP_MAKE) clean --work $(WORK) --shards $(SHARDS) --datasets $* --paid "$(CLEAN_PAID)"
 
 FORCE:

@@ -5,9 +5,9 @@ files that cross a process or a stage. Each is written by encoding its Struct an
 decoding it (a reader never walks a dict), so the schema is declared here once:
 
     file                              written by                      read by
-    WORK/D.plan.json                  kp-infer --plan --json          fullbuild/plan.py
+    WORK/D.plan.json                  kp-infer --plan --json          make/build_plan.py
     (InferPlan)                       (infer/plan.py)                 (make plan, make all)
-    --summary-json FILE               kp-infer (infer/report.py)      fullbuild/stop.py (make's
+    --summary-json FILE               kp-infer (infer/report.py)      make/stop.py (make's
     (InferSummary)                                                    money-stop message:
                                                                       SummaryStop)
     --reservations FILE               kp-infer --total-cost           the other runs sharing
@@ -264,7 +264,7 @@ class InferSummary(Struct):
 
 
 class SummaryStop(Struct):
-    """The view of a summary that make's money-stop message reads (fullbuild/stop.py):
+    """The view of a summary that make's money-stop message reads (make/stop.py):
     only these fields, so a summary of an older or newer kp-infer is read as well."""
 
     spend_this_run: float
@@ -357,7 +357,7 @@ class ShardManifest(Struct):
     kimipipe_version: str
     created: str  # UTC, ISO 8601
     command: str
-    format: str  # the row format: eagle | raw
+    format: str  # the row format: a name in shard/formats.py (eagle, raw)
     row_schema: dict[str, str] | str
     options: ShardSettings
     inputs: list[str]

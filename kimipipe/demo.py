@@ -27,7 +27,7 @@ from pathlib import Path
 import msgspec
 
 from .infer.report import read_summary
-from .shard.check import read_manifest
+from .shard.readback import read_manifest
 from .standin.testing import StandIn
 
 PACKAGE = Path(__file__).resolve().parent

@@ -9,7 +9,7 @@
   with the stage to run first (`a prompt record ...: run kp-infer on this file first`).
 - `scan_done(path)`: the IDs already in an output file, after repairing a torn last line
   left by a crash (the torn record's ID is not counted, so it is redone; kimipipe/tail_repair.py).
-- Outputs (kimipipe/output.py, re-exported here): `RecordWriter` writes whole lines and,
+- Outputs (kimipipe/writers.py, re-exported here): `RecordWriter` writes whole lines and,
   when the OS refuses a write, cuts the file back to its last whole record
   (`OutputWriteError`); `AtomicOutput`; `check_writable`. The one-writer lock on an output
   is `OutputLock` (kimipipe/locks.py).
@@ -29,15 +29,15 @@ import zstandard
 
 from .errors import InputError, KPError
 from .locks import OutputLock, OutputLocked, lock_path
-from .output import (
+from .records import IdOnly
+from .tail_repair import ZSTD_MAGIC, CorruptOutput, repair_torn_tail
+from .writers import (
     AtomicOutput,
     OutputWriteError,
     RecordWriter,
     check_writable,
     check_writable_dir,
 )
-from .records import IdOnly
-from .tail_repair import ZSTD_MAGIC, CorruptOutput, repair_torn_tail
 
 __all__ = ["AtomicOutput", "OutputLock", "OutputLocked", "OutputWriteError", "RecordWriter",
            "check_writable", "check_writable_dir", "describe_decode_error", "iter_finished",

@@ -18,11 +18,10 @@ import openrouter.components as orc
 import openrouter.operations as orop
 import pytest
 from conftest import kp
+from helpers import MODEL
 from pydantic import BaseModel, ValidationError
 
 from kimipipe.standin.testing import StandIn
-
-MODEL = "moonshotai/kimi-k2.5"
 
 # Sent by the live service, absent from the OpenAPI schema (see docs/openrouter.md).
 DIALECT = {"$.provider", "$.choices[].native_finish_reason"}

@@ -8,6 +8,7 @@ import socket
 
 import pytest
 from conftest import kp
+from helpers import MODEL
 
 from kimipipe.openrouter.account import (
     Account,
@@ -19,7 +20,6 @@ from kimipipe.openrouter.account import (
 )
 
 KEY = "sk-or-v1-0123456789abcdef-secret"
-MODEL = "moonshotai/kimi-k2.5"
 
 
 def spend(server, n=3):

@@ -17,6 +17,7 @@ kp-credits is not a filter: it takes part in the help, version and quiet tests o
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import subprocess
@@ -27,7 +28,17 @@ from pathlib import Path
 import click
 import pytest
 import zstandard
-from conftest import BIN, TOKENIZER_KINDS, Result, kp, read_jsonl, response_record, write_jsonl
+from conftest import (
+    BIN,
+    REPO,
+    TOKENIZER_KINDS,
+    Result,
+    kp,
+    read_jsonl,
+    response_record,
+    write_jsonl,
+)
+from helpers import KP_COMMANDS
 
 from kimipipe import __version__
 from kimipipe.io import ZSTD_MAGIC
@@ -85,6 +96,17 @@ COMMANDS = [
             env=lambda ctx: {"OPENROUTER_API_KEY": ctx["server"].api_key}),
 ]
 FILTERS = [c for c in COMMANDS if c.filter]
+
+
+def test_the_table_holds_every_command_installed():
+    """COMMANDS here, helpers.KP_COMMANDS (what the other tests loop over) and setup.cfg's
+    console_scripts name the same commands, in the same order: a new command joins them."""
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    scripts = [line.split("=")[0].strip() for line in
+               config["options.entry_points"]["console_scripts"].strip().splitlines()]
+    assert [c.name for c in COMMANDS] == list(KP_COMMANDS)
+    assert scripts == [f"kp-{name}" for name in KP_COMMANDS]
 
 
 def each(commands, test: str):
@@ -285,7 +307,7 @@ def test_each_commands_exit_codes_are_its_own():
     """The exit-code footer of each command's help names its own codes: no money stop
     and no --token-budget outside kp-infer, exit 4 only where the command has it."""
     footers = {}
-    for name in ("prompts", "infer", "tokenize", "shard", "credits"):
+    for name in KP_COMMANDS:
         text = kp(name, "--help").stdout.decode()
         footers[name] = " ".join(text.split("\nExit codes: ")[1].split())
     assert len(set(footers.values())) == len(footers)

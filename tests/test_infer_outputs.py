@@ -13,16 +13,11 @@ from collections import Counter
 
 import pytest
 from conftest import BIN, read_jsonl
+from helpers import whole_lines
 from test_infer import assert_correct, ids_of, infer, make_prompts
 from test_make import make_command
 
 from kimipipe.standin.answers import user_text_sha256
-
-
-def whole_lines(path) -> list[dict]:
-    """The whole records of a file another process is still appending to."""
-    data = path.read_bytes() if path.exists() else b""
-    return [json.loads(line) for line in data.split(b"\n")[:-1]]
 
 
 def wait_for_lines(path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:

@@ -3,11 +3,11 @@ against the stand-in on loopback."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
 from conftest import read_jsonl
+from helpers import smallest_hashes
 from test_infer import infer, make_prompts
 from test_infer_promises import endpoints_table
 
@@ -89,10 +89,6 @@ def test_plan_json_needs_plan_and_shows_warnings_and_recorded_spend(standin, tmp
     assert data["prompts"]["done"] == len(answered) and data["prompts"]["todo"] == 10 - len(answered)
     assert data["recorded"]["spend"] == pytest.approx(sum(x["usage"]["cost"] for x in answered))
     assert data["recorded"]["completion_tokens"] == sum(x["usage"]["completion_tokens"] for x in answered)
-
-
-def smallest_hashes(ids, n):
-    return set(sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:n])
 
 
 def test_sample_answers_the_prompts_of_smallest_id_hash_and_none_is_paid_twice(standin, tmp_path):

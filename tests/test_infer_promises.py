@@ -18,16 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 from conftest import BIN, TOKENIZER_KINDS, kp, read_jsonl, write_jsonl
+from helpers import MODEL, wait_for
 from test_infer import NATIVE, infer, make_prompts
-
-MODEL = "moonshotai/kimi-k2.5"
-
-
-def wait_for(predicate, what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def endpoints_table(server) -> list[dict]:

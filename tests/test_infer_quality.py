@@ -13,11 +13,11 @@ from collections import Counter
 import pytest
 import zstandard
 from conftest import kp, read_jsonl
+from helpers import MODEL
 from test_infer import infer, make_prompts
 
 from kimipipe.standin.answers import PROVIDER_OWN_SAMPLING, expected_answer
 
-MODEL = "moonshotai/kimi-k2.5"
 THINKING = {"temperature": 1.0, "top_p": 0.95}
 INSTANT = {"temperature": 0.6, "top_p": 0.95}
 

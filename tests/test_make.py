@@ -16,6 +16,7 @@ from pathlib import Path
 import browser
 import pytest
 from conftest import REPO, read_jsonl
+from helpers import KP_COMMANDS, whole_lines
 
 from kimipipe.standin.answers import user_text_sha256
 
@@ -122,12 +123,6 @@ def test_full_build_then_nothing_to_redo(standin, tmp_path):
     r = make(server, tmp_path, "plan", BASE_URL=other)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "work" / "D1.plan.json").read_text())["prompts"]["todo"] == 260
-
-
-def whole_lines(path) -> list[dict]:
-    """The records of a file a killed writer may have left with a torn last line."""
-    data = path.read_bytes() if path.exists() else b""
-    return [json.loads(line) for line in data.split(b"\n")[:-1]]
 
 
 def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, tmp_path):
@@ -467,7 +462,7 @@ def test_make_test_creates_the_venv_when_it_is_missing(tmp_path):
     assert "python3 -m venv .venv" in r.stdout and "pip install --quiet --no-compile -e '.[test,report]'" in r.stdout
     assert (copy / ".venv" / ".installed").exists()
     assert re.search(r"\d+ passed", r.stdout)
-    for command in ("prompts", "infer", "tokenize", "shard", "credits"):
+    for command in KP_COMMANDS:
         assert (copy / ".venv" / "bin" / f"kp-{command}").exists()
     where = subprocess.run([str(copy / ".venv" / "bin" / "python"), "-c",
                             "import kimipipe; print(kimipipe.__file__)"],

@@ -5,7 +5,6 @@ TOTAL_COST over every dataset (also under -j3), `make all`'s refusal and ALLOW_S
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, read_jsonl
+from helpers import billed, smallest_hashes
 from test_make import SOURCE, TOKENIZER, VENV, make_command
 
 from kimipipe.standin.answers import user_text_sha256
@@ -59,10 +59,6 @@ def run_make(server, tmp_path, *args, env: dict | None = None, read_only: Path |
         cmd = ["unshare", "-m", "sh", "-c", 'mount --bind "$1" "$1" && mount -o remount,bind,ro '
                '"$1" && shift && exec "$@"', "sh", str(read_only), *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, env={**full_env, **(env or {})}, timeout=240)
-
-
-def billed(server) -> float:
-    return sum(x["cost"] for x in server.ledger())
 
 
 def prompts_of(tmp_path, name) -> list[dict]:
@@ -153,10 +149,6 @@ def test_make_plan_for_three_datasets_by_hand(standin, tmp_path):
     assert plan["fits"] and all(d["short"] for d in plan["datasets"])
     assert "too few prompts, A: 30 prompts to do reach ~15.36k tokens of 1M" in " ".join(r.stdout.split())
     assert server.stats()["completions_started"] == 0
-
-
-def smallest_hashes(ids, n):
-    return set(sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:n])
 
 
 def test_make_pilot_then_make_all_pays_for_no_pilot_answer_twice(standin, tmp_path):
@@ -370,7 +362,7 @@ def test_a_stop_make_does_not_know_is_named_with_kp_infers_words(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     summary = {"stop_reason": "max-cost", "spend_this_run": 0.5, "spend_total": 0.75}
-    args = [sys.executable, "-m", "kimipipe.fullbuild", "stopped", "--dataset", "D", "--work", str(work),
+    args = [sys.executable, "-m", "kimipipe.make", "stopped", "--dataset", "D", "--work", str(work),
             "--datasets", "D", "--max-cost", "0.75"]
     (work / "D.infer-summary.json").write_text(json.dumps(summary))
     said = " ".join(subprocess.run(args, capture_output=True, text=True).stderr.split())

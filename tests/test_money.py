@@ -11,11 +11,8 @@ import sys
 
 import pytest
 from conftest import kp, read_jsonl, write_jsonl
+from helpers import billed
 from test_infer import infer, make_prompts
-
-
-def billed(server) -> float:
-    return sum(x["cost"] for x in server.ledger())
 
 
 # -- (e) every spend reader agrees ----------------------------------------------------------
@@ -84,7 +81,7 @@ def test_every_spend_reader_counts_the_same_files_the_same(standin, tmp_path):
     plan("B4")
     # make plan: the build's recorded spend, from each dataset's plan and the --spent-in files
     build = tmp_path / "build.json"
-    r = subprocess.run([sys.executable, "-m", "kimipipe.fullbuild", "plan", "--work", str(work),
+    r = subprocess.run([sys.executable, "-m", "kimipipe.make", "plan", "--work", str(work),
                         "--datasets", "B3 B4", "--total-cost", "10", "--max-cost", "10",
                         "--spent-in", str(work / "*.responses.jsonl"),
                         "--spent-in", str(work / "*.failures.jsonl"), "--json", str(build)],
@@ -93,7 +90,7 @@ def test_every_spend_reader_counts_the_same_files_the_same(standin, tmp_path):
     figures["make plan"] = json.loads(build.read_text())["recorded"]
     # the pilot's figures (make plan's measured cost per answer)
     pilot = tmp_path / "B3.pilot.json"
-    r = subprocess.run([sys.executable, "-m", "kimipipe.fullbuild", "pilot", str(work / "B3.responses.jsonl"),
+    r = subprocess.run([sys.executable, "-m", "kimipipe.make", "pilot", str(work / "B3.responses.jsonl"),
                         "--failures", str(work / "B3.failures.jsonl"), "-o", str(pilot)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -156,7 +156,7 @@ def test_clean_removes_nothing_while_a_file_holds_paid_answers(tmp_path):
     write_jsonl(work / "A.responses.jsonl", [answer])
     (work / "A.prompts.jsonl").write_text("")
     (work / "AB.prompts.jsonl").write_text("")  # another dataset's: never touched
-    args = [sys.executable, "-m", "kimipipe.fullbuild", "clean", "--work", str(work), "--shards", str(shards),
+    args = [sys.executable, "-m", "kimipipe.make", "clean", "--work", str(work), "--shards", str(shards),
             "--datasets", "A"]
     with OutputLock(str(work / "A.responses.jsonl"), "kp-infer"):
         r = subprocess.run(args, capture_output=True, text=True)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, read_jsonl
+from helpers import KP_COMMANDS
 
 README = (REPO / "README.md").read_text()
 # The reference pages (docs/cli.md is generated from --help, so it is checked by regenerating).
 DOC_PAGES = sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "cli.md")
 DOCS = README + "".join(p.read_text() for p in DOC_PAGES)
-COMMANDS = ["prompts", "infer", "tokenize", "shard", "credits"]
 # Options of other programs the README shows (zstd, the Hugging Face CLI, make, ...).
 FOREIGN = {"--local-dir", "--help", "--fault", "--port-file", "--balance", "--latency"}
 
@@ -30,7 +30,7 @@ def options_of(text: str) -> set[str]:
     return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
 
 
-HELP = {name: help_text([str(BIN / f"kp-{name}")]) for name in COMMANDS}
+HELP = {name: help_text([str(BIN / f"kp-{name}")]) for name in KP_COMMANDS}
 STANDIN_HELP = help_text([sys.executable, "-m", "kimipipe.standin"])
 DEMO_HELP = help_text([sys.executable, "-m", "kimipipe.demo"])
 BENCH_HELP = {script.name: help_text([sys.executable, str(script)])
@@ -48,8 +48,8 @@ def invocations():
 
 def test_every_command_named_exists():
     named = set(re.findall(r"\bkp-([a-z]+)\b", DOCS))
-    assert named <= set(COMMANDS), named - set(COMMANDS)
-    assert set(COMMANDS) <= named
+    assert named <= set(KP_COMMANDS), named - set(KP_COMMANDS)
+    assert set(KP_COMMANDS) <= named
 
 
 def test_every_example_invocation_uses_options_its_command_has():

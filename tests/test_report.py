@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, kp, write_jsonl
+from helpers import KP_COMMANDS
 
 VENV = Path(sys.executable).parent.parent
 T0 = 1_790_000_000  # a time in 2026, seconds
@@ -273,7 +274,7 @@ def _imported(args: list[str], **kw) -> tuple[int, set[str]]:
 
 def test_only_html_imports_matplotlib(build, tmp_path):
     work, _ = build
-    for command in ("prompts", "infer", "tokenize", "shard", "credits"):
+    for command in KP_COMMANDS:
         code, modules = _imported([str(BIN / f"kp-{command}"), "--help"])
         assert code == 0 and "matplotlib" not in modules, command
     code, modules = _imported([str(BIN / "kp-infer"), "report", str(work / "B1.responses.jsonl")])

@@ -11,11 +11,12 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 
 import pytest
 import zstandard
 from conftest import BIN, kp, read_jsonl, write_jsonl
+from helpers import wait_for
+from msgspec import Raw, Struct  # (module level: the test's Structs resolve their annotations here)
 
 from kimipipe.shard.rows import eval_point
 
@@ -156,6 +157,63 @@ def test_raw_format_keeps_the_records_as_they_came(tmp_path):
     m = manifest_of(out)
     assert m["format"] == "raw" and m["shards"][0]["input_tokens"] == 3
     assert kp("shard", "verify", out).code == 0
+
+
+def test_a_manifest_naming_an_unknown_row_format_is_refused_by_verify_and_stats(tmp_path):
+    """A format kp-shard does not know is an error naming the manifest and the formats it
+    knows: never read as another format (stats once read it as raw)."""
+    src = write_jsonl(tmp_path / "tokens.jsonl", records(3))
+    out = tmp_path / "shards"
+    assert kp("shard", src, "--out", out, "--format", "raw").code == 0
+    m = manifest_of(out)
+    m["format"] = "raw2"  # raw rows, under a name a newer kp-shard might write
+    (out / "manifest.json").write_text(json.dumps(m))
+    known = "unknown row format 'raw2' (kp-shard knows eagle, raw)"
+    s = kp("shard", "stats", out)
+    assert s.code == 2 and s.stdout == b""
+    assert f"{out / 'manifest.json'}: {known}" in s.stderr
+    v = kp("shard", "verify", out)
+    assert v.code == 2 and v.stdout.decode().splitlines() == [f"{out / 'manifest.json'}: {known}"]
+
+
+def test_a_row_format_is_one_entry_in_the_table(tmp_path, monkeypatch):
+    """A new format registered in formats.FORMATS alone is built, verified and counted."""
+    from kimipipe.shard import ShardOptions, build_shards, read_lengths, verify
+    from kimipipe.shard.formats import FORMATS, RowFormat
+
+    class Ids(Struct):
+        id: str
+        ids: list[int]
+        n_in: int
+
+    class IdsLengths(Struct):
+        ids: Raw
+        n_in: int
+
+    def build(rid, prompt, n_in, output, n_out, line, cut):
+        return b'{"id":"%s","ids":[%s,%s],"n_in":%d}\n' % (rid.encode(), prompt, output, n_in)
+
+    def check(row):
+        return (row.id, row.n_in, len(row.ids) - row.n_in) if 0 < row.n_in < len(row.ids) \
+            else "n_in out of range"
+
+    def count(row):
+        n = bytes(row.ids).count(b",") + 1
+        return row.n_in, n - row.n_in
+
+    monkeypatch.setitem(FORMATS, "ids", RowFormat(
+        name="ids", help="prompt + output IDs and the prompt's length", row_schema="ids, n_in",
+        build=build, row=Ids, check=check, lengths=IdsLengths, count=count))
+    src = write_jsonl(tmp_path / "t.jsonl", [token_record("a", 3, 2), token_record("b", 1, 4)])
+    out = tmp_path / "shards"
+    result = build_shards([str(src)], str(out), ShardOptions(fmt="ids"), "test")
+    assert result.manifest.format == "ids" and result.manifest.row_schema == "ids, n_in"
+    assert shard_rows(out) == [{"id": "a", "ids": [1000, 1001, 1002, 51000, 51001], "n_in": 3},
+                               {"id": "b", "ids": [1000, 51000, 51001, 51002, 51003], "n_in": 1}]
+    report = verify(str(out))
+    assert report.problems == [] and (report.records, report.tokens) == (2, 10)
+    _, lengths = read_lengths(str(out))
+    assert (list(lengths.prompt), list(lengths.output)) == ([3, 1], [2, 4])
 
 
 # --- shard sizes and names --------------------------------------------------------------
@@ -569,13 +627,6 @@ def big_input_lines(n: int, ids_per_row: int = 4000) -> list[bytes]:
     ids = ",".join(str(100_000 + i) for i in range(ids_per_row))
     return [(f'{{"id":"big{i}","dataset":"B","input_ids":[{ids}],'
              f'"output_ids":[{ids}]}}\n').encode() for i in range(n)]
-
-
-def wait_for(predicate, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("with_old_set", [False, True])

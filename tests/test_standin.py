@@ -10,31 +10,11 @@ import sys
 
 import httpx
 import pytest
+from helpers import MODEL, body, get, post, wait_for
 
 from kimipipe.standin.answers import answer_for_request, expected_answer, user_text_sha256
 from kimipipe.standin.providers import KIMI_K25
 from kimipipe.standin.testing import StandIn
-
-MODEL = "moonshotai/kimi-k2.5"
-
-
-def body(text="What is 2+2?", **extra):
-    return {"model": MODEL, "messages": [{"role": "user", "content": text}], **extra}
-
-
-CLIENT = httpx.Client(timeout=30.0)   # one pool: a new client per request costs ~25 ms
-
-
-def post(server, payload, key=None, raw=None):
-    headers = {"Authorization": f"Bearer {key or server.api_key}"}
-    if raw is not None:
-        return CLIENT.post(server.base_url + "/chat/completions", content=raw, headers=headers)
-    return CLIENT.post(server.base_url + "/chat/completions", json=payload, headers=headers)
-
-
-def get(server, path, key=None, **params):
-    headers = {"Authorization": f"Bearer {key or server.api_key}"}
-    return CLIENT.get(server.base_url + path, headers=headers, params=params)
 
 
 def stream_lines(server, payload, timeout=30.0):
@@ -592,17 +572,8 @@ def test_in_flight_counts_open_requests_and_disconnects_end_them(srv):
     assert srv.stats()["max_in_flight"] >= 3
     for s in socks:
         s.close()
-    _wait_for(lambda: srv.stats()["in_flight"] == base)
+    wait_for(lambda: srv.stats()["in_flight"] == base)
     assert srv.stats()["statuses"]["200"] == ok + 3           # headers were sent: 200
-
-
-def _wait_for(condition, seconds=10.0):
-    import time
-
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("bill", [False, True])
@@ -617,8 +588,8 @@ def test_a_client_that_leaves_is_billed_only_with_bill_cancelled(srv, bill, stre
         s.sendall((f"POST /api/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                    f"Authorization: Bearer {srv.api_key}\r\nContent-Length: {len(payload)}"
                    "\r\n\r\n").encode() + payload)
-        _wait_for(lambda: srv.stats()["completions_started"] == before["completions_started"] + 1)
-    _wait_for(lambda: srv.stats()["in_flight"] == before["in_flight"])
+        wait_for(lambda: srv.stats()["completions_started"] == before["completions_started"] + 1)
+    wait_for(lambda: srv.stats()["in_flight"] == before["in_flight"])
     srv.configure(bill_cancelled=False)
     assert srv.stats()["charged"] == before["charged"] + bill
 

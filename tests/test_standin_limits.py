@@ -7,16 +7,15 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 
 import httpx
 import pytest
+from helpers import MODEL, body, get, post, wait_for
 
 from kimipipe.standin.answers import count_prompt_tokens
 from kimipipe.standin.providers import KIMI_K25
 
-MODEL = "moonshotai/kimi-k2.5"
 TOGETHER = next(e for e in KIMI_K25 if e.tag == "together")
 IN_FLIGHT = {"error": {"code": 402, "message": (
     "This request would exceed your available credits given your current in-flight requests. "
@@ -25,32 +24,11 @@ IN_FLIGHT = {"error": {"code": 402, "message": (
 BALANCE_GONE = {"error": {"code": 402, "message": (
     "Insufficient credits. Add more using https://openrouter.ai/settings/credits"),
     "metadata": {"limit_source": "openrouter_credits"}}}
-CLIENT = httpx.Client(timeout=30.0)
-
-
-def body(text="What is 2+2?", **extra):
-    return {"model": MODEL, "messages": [{"role": "user", "content": text}], **extra}
-
-
-def post(server, payload):
-    return CLIENT.post(server.base_url + "/chat/completions", json=payload,
-                       headers={"Authorization": f"Bearer {server.api_key}"})
-
-
-def get(server, path):
-    return CLIENT.get(server.base_url + path, headers={"Authorization": f"Bearer {server.api_key}"})
 
 
 def worst_case(payload, endpoint=TOGETHER):
     return (count_prompt_tokens(payload["messages"]) * endpoint.prompt
             + payload["max_tokens"] * endpoint.completion)
-
-
-def wait_for(condition, seconds=20.0):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
 
 
 def hold(server, payload):

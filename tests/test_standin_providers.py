@@ -6,26 +6,14 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
+from helpers import CLIENT, MODEL, body, post
 
 from kimipipe.standin.answers import (
     PROVIDER_OWN_SAMPLING,
     answer_for_request,
     expected_answer,
 )
-
-MODEL = "moonshotai/kimi-k2.5"
-CLIENT = httpx.Client(timeout=30.0)
-
-
-def body(text="What is 2+2?", **extra):
-    return {"model": MODEL, "messages": [{"role": "user", "content": text}], **extra}
-
-
-def post(server, payload):
-    return CLIENT.post(server.base_url + "/chat/completions", json=payload,
-                       headers={"Authorization": f"Bearer {server.api_key}"})
 
 
 def streamed(server, payload) -> list[dict]:

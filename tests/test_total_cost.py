@@ -12,6 +12,7 @@ import time
 
 import pytest
 from conftest import BIN, read_jsonl
+from helpers import billed
 from test_infer import infer, make_prompts
 
 from kimipipe.infer.total_cost import _proc_start
@@ -38,9 +39,6 @@ def read_reservations(path) -> dict:
     finally:
         os.close(fd)  # (closing releases the lock)
     return json.loads(data.split(b"\n", 1)[0])
-
-def billed(server) -> float:
-    return sum(x["cost"] for x in server.ledger())
 
 
 def test_spend_recorded_in_other_files_counts_against_total_cost(standin, tmp_path):

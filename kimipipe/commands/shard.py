@@ -73,6 +73,7 @@ from ..shard import (
     shard_sets,
     verify,
 )
+from ..shard.formats import DEFAULT, FORMATS
 
 DEFAULT_RECORDS_PER_SHARD = 10_000
 
@@ -125,10 +126,9 @@ class _ShardCommand(KPCommand):
 @input_argument(multiple=True)
 @click.option("-o", "--out", "out_dir", type=click.Path(),
               help="Directory for the shards and manifest.json (created if missing).")
-@click.option("--format", "fmt", type=click.Choice(["eagle", "raw"]), default="eagle",
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=DEFAULT,
               show_default=True,
-              help="eagle: {id, input_ids, loss_mask} rows for speculators/SpecForge; "
-                   "raw: the token records as they came.")
+              help="; ".join(f"{f.name}: {f.help}" for f in FORMATS.values()) + ".")
 @click.option("--records-per-shard", type=COUNT, default=None,
               help=f"Rows per shard (default {DEFAULT_RECORDS_PER_SHARD:,} unless "
                    "--tokens-per-shard is given; both may be set: the first limit reached).")

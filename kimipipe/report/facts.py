@@ -44,7 +44,7 @@ from ..errors import InputError
 from ..infer.providers_table import REFUSAL_KINDS, ProviderTable
 from ..io import describe_decode_error, iter_lines
 from ..records import Refusal, Usage
-from ..shard.check import read_lengths, shard_sets
+from ..shard.readback import read_lengths, shard_sets
 from ..shard.writer import MANIFEST
 
 # The trainer `max_length`s the rows are measured against (tokens).

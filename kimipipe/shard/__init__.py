@@ -1,13 +1,15 @@
 """kp-shard's logic: token records -> compressed training shards + a manifest you can check.
 
-- `rows`: validation of token IDs, the filters, the `eagle` and `raw` row formats, the
-  eval split (a hash of the ID alone) and ID fingerprints.
+- `rows`: validation of token IDs, the filters, the eval split (a hash of the ID alone)
+  and ID fingerprints.
+- `formats`: the row formats (`eagle`, `raw`), one table: how each builds a row and how
+  verify and stats read it. A new format is one entry there.
 - `writer`: shard files under temporary names, rolling by records or tokens, SHA-256 as
   written, and the crash-safe swap of a whole set (see its docstring).
 - `shuffle`: the deterministic shuffle in bounded memory (hash buckets on disk, each
   sorted in memory; see its docstring).
 - `build`: the run itself, and the manifest.
-- `check`: `verify` and `stats` for a finished set.
+- `readback`: reading a finished set back: `verify` and `stats`.
 
 Duplicate IDs: an ID is one training row. Without `--shuffle` the first row with an ID
 wins and later ones are dropped and counted (`dropped.duplicate_id`); duplicates are found
@@ -19,7 +21,7 @@ stays in place.
 """
 
 from .build import BuildResult, ShardOptions, build_shards
-from .check import read_lengths, render_histogram, shard_sets, verify
+from .readback import read_lengths, render_histogram, shard_sets, verify
 
 __all__ = ["BuildResult", "ShardOptions", "build_shards", "read_lengths", "render_histogram",
            "shard_sets", "verify"]

@@ -13,7 +13,8 @@ from .. import __version__
 from ..contracts import ShardManifest, ShardSettings, ShardTotals
 from ..errors import InputError, display_path
 from ..io import iter_records
-from .check import Lengths
+from .formats import DEFAULT, FORMATS
+from .readback import Lengths
 from .rows import TOKEN_RECORD_DECODER, Drops, Row, RowBuilder, eval_point, id_fingerprint
 from .shuffle import ExternalShuffle
 from .writer import DirectoryLock, ShardInfo, ShardSet
@@ -23,7 +24,7 @@ MANIFEST_VERSION = 1
 
 @dataclass
 class ShardOptions:
-    fmt: str = "eagle"
+    fmt: str = DEFAULT  # a name in formats.FORMATS
     prefix: str = "shard"
     records_per_shard: int | None = None
     tokens_per_shard: int | None = None
@@ -60,7 +61,7 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
 
     A bad input line raises InputError before anything is swapped: the old set stays.
     """
-    builder = RowBuilder(opts.fmt, opts.min_output_tokens, opts.max_length, opts.truncate)
+    builder = RowBuilder(FORMATS[opts.fmt], opts.min_output_tokens, opts.max_length, opts.truncate)
     drops = builder.drops
     lengths = Lengths()
     read = 0
@@ -153,9 +154,7 @@ def make_manifest(shards: list[ShardInfo], opts: ShardOptions, inputs: list[str]
         created=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         command=command,
         format=opts.fmt,
-        row_schema=({"id": "str", "input_ids": "prompt + output token IDs",
-                     "loss_mask": "0 per prompt token, 1 per output token"}
-                    if opts.fmt == "eagle" else "token records as read (records.Tokens)"),
+        row_schema=FORMATS[opts.fmt].row_schema,
         options=ShardSettings(
             name=opts.prefix,
             records_per_shard=opts.records_per_shard,

@@ -1,4 +1,4 @@
-"""Token records in, training rows out: validation, filters, and the two row formats.
+"""Token records in, training rows out: validation and filters (the row formats: formats.py).
 
 The hot path never turns token IDs into Python ints, nor lets msgspec parse them (number
 parsing is ~90% of msgspec's time on a token record): see `TokenRecordDecoder`. An `eagle`
@@ -16,7 +16,8 @@ import stringzilla as sz
 from msgspec import Raw
 
 from ..ids import eval_point  # noqa: F401 (the hash: ids.py)
-from ..records import Tokens, decode_passthrough
+from ..records import Tokens
+from .formats import EAGLE, RowFormat
 
 
 @dataclass
@@ -260,17 +261,20 @@ def id_fingerprint(record_id: str) -> int:
 
 @dataclass
 class RowBuilder:
-    """Turns token records into rows of FORMAT, applying the length filters.
+    """Turns token records into rows of FMT (formats.py), applying the length filters.
 
     `build` returns the Row, or None when the record is dropped (counted in `drops`).
     """
 
-    fmt: str = "eagle"
+    fmt: RowFormat = EAGLE
     min_output_tokens: int = 1
     max_length: int | None = None
     truncate: bool = False
     drops: Drops = field(default_factory=Drops)
     truncated: int = 0
+
+    def __post_init__(self) -> None:
+        self._row = self.fmt.build  # (looked up once: build runs once per row)
 
     def build(self, rec: TokenLists, line: bytes) -> Row | None:
         prompt, n_in, output, n_out = rec.prompt, rec.n_in, rec.output, rec.n_out
@@ -293,26 +297,5 @@ class RowBuilder:
             return None
         if cut:
             self.truncated += 1
-        if self.fmt == "eagle":
-            data = eagle_row(rec.id, prompt, n_in, output, n_out)
-        else:
-            data = raw_row(line, output if cut else None)
-        return Row(rec.id, n_in, n_out, data, rec.split_key)
-
-
-def eagle_row(record_id: str, prompt: bytes, n_in: int, output: bytes, n_out: int) -> bytes:
-    """`{"id","input_ids": prompt+output,"loss_mask": [0]*n_in+[1]*n_out}` as one line."""
-    return b"".join((
-        b'{"id":', _encode(record_id),
-        b',"input_ids":[', prompt, b"," if n_in else b"", output,
-        b'],"loss_mask":[', b"0," * n_in, b"1," * (n_out - 1), b'1]}\n',
-    ))
-
-
-def raw_row(line: bytes, cut_output: bytes | None) -> bytes:
-    """The token record as it came, made compact; with its output cut when truncated."""
-    if cut_output is not None:
-        fields = decode_passthrough(line)
-        fields["output_ids"] = Raw(b"[" + cut_output + b"]")  # in place: the key order kept
-        line = _encode(fields)
-    return msgspec.json.format(line, indent=-1) + b"\n"
+        return Row(rec.id, n_in, n_out, self._row(rec.id, prompt, n_in, output, n_out, line, cut),
+                   rec.split_key)

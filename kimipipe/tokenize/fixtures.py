@@ -26,7 +26,7 @@ import shutil
 import sys
 from pathlib import Path
 
-KIMI_CODE = Path(__file__).with_name("kimi_code")
+REMOTE_CODE = Path(__file__).with_name("fixture_remote_code")  # the fixture tokenizer's trust_remote_code files
 BUNDLED = Path(__file__).resolve().parent.parent / "data" / "tokenizers"
 TIKTOKEN_NAME = "kimi-k2.5-mini-tiktoken"
 FAST_NAME = "kimi-k2.5-mini-fast"
@@ -212,7 +212,7 @@ def build_tiktoken(out: Path, bpe=None) -> Path:
         for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
             f.write(f"{base64.b64encode(token).decode('ascii')} {rank}\n")
     for name in ("tokenization_kimi.py", "tool_declaration_ts.py"):
-        shutil.copyfile(KIMI_CODE / name, out / name)
+        shutil.copyfile(REMOTE_CODE / name, out / name)
     _write_json(out / "tokenizer_config.json", {
         "tokenizer_class": "TikTokenTokenizer",
         "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},

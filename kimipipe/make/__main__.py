@@ -1,4 +1,4 @@
-"""`python -m kimipipe.fullbuild check|plan|pilot|stopped|clean ...`: what the Makefile runs.
+"""`python -m kimipipe.make check|plan|pilot|stopped|clean ...`: what the Makefile runs.
 
 The arguments are make's variables, passed as they are (an empty value means unset):
 
@@ -9,7 +9,7 @@ The arguments are make's variables, passed as they are (an empty value means uns
              [--base-url URL] [--gate [--allow-short]] [--json FILE]
     pilot    RESPONSES [--failures FILE] -o WORK/D.pilot.json
     stopped  --dataset D and plan's arguments
-    clean    --work DIR --shards DIR --datasets "D..." [--build] [--paid 1] (fullbuild/clean.py)
+    clean    --work DIR --shards DIR --datasets "D..." [--build] [--paid 1] (make/clean.py)
 
 Exit codes: 0 done; 2 a check failed, or (--gate) the plan does not fit TOTAL_COST and
 ALLOW_SHORT is not set (nothing was started), or clean found answers paid for (nothing
@@ -26,11 +26,11 @@ import sys
 from ..cli import parse_quantity
 from ..errors import KPError
 from ..infer.api import api_of
+from .build_plan import build_plan
 from .check import run_checks
 from .clean import clean
 from .measure import measure
-from .plan import build_plan
-from .report import budget_suggestion, money, report, wrap
+from .plan_report import budget_suggestion, money, report, wrap
 from .stop import stop_message
 
 
@@ -44,7 +44,7 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"fullbuild: {what} {item!r} is not D=VALUE")
+            raise SystemExit(f"make: {what} {item!r} is not D=VALUE")
         out[name] = value.strip()
     return out
 
@@ -59,7 +59,7 @@ def _plan(args, fresh: bool = False):
     weights = {d: float(v) if v else 1.0 for d, v in _pairs(args.weight, "--weight").items()}
     bad = [d for d, w in weights.items() if w <= 0]
     if bad:
-        raise SystemExit(f"fullbuild: WEIGHT_{bad[0]} must be above 0")
+        raise SystemExit(f"make: WEIGHT_{bad[0]} must be above 0")
     return build_plan(datasets, args.work, budgets, weights, _money(args.total_cost), _money(args.max_cost),
                       [g for g in args.spent_in if g], int(args.answer_tokens) if args.answer_tokens else None,
                       fresh=fresh, api=api_of(args.base_url) if args.base_url else None)
@@ -143,7 +143,7 @@ def cmd_stopped(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kimipipe.fullbuild", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kimipipe.make", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -8,7 +8,7 @@ names the limit and the figures OpenRouter gave (`limit` in the summary). For
 TOTAL_COST it also says which datasets are complete (their responses stage is stamped
 done) and what TOTAL_COST would finish the others: the spend recorded now, plus each
 unfinished dataset's expected cost to go (at the cost per answer its answers measured, see
-plan.py) with a 10% margin, plus room for one request's worst case, rounded up to a cent.
+build_plan.py) with a 10% margin, plus room for one request's worst case, rounded up to a cent.
 A stop reason this module does not know is named with kp-infer's own message.
 """
 
@@ -19,8 +19,8 @@ import os
 
 from ..contracts import SummaryStop
 from ..infer.report import StopReason, limit_text, read_summary
-from .plan import BuildPlan
-from .report import money, wrap
+from .build_plan import BuildPlan
+from .plan_report import money, wrap
 
 MARGIN = 1.10
 LIMITS = {"key-limit": "the API key's spending limit (openrouter_key_limit)",

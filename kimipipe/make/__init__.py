@@ -1,4 +1,4 @@
-"""The whole build's helpers, as the Makefile runs them: `python -m kimipipe.fullbuild CMD`.
+"""What make runs between the stages: `python -m kimipipe.make CMD` (the Makefile's KP_MAKE).
 
     check     what would fail later, before any money is spent (`make check`, `make all`)
     plan      the build's money arithmetic over every dataset (`make plan`; `--gate`:
@@ -6,7 +6,8 @@
     pilot     what a pilot's answers measured, to a small file `make plan` reads
     stopped   the message of a money stop under make: the make variable to change
 
-Modules: measure.py (figures from a responses file), plan.py (the arithmetic),
-report.py (the plan as printed), check.py, stop.py, __main__.py (the arguments make
+Modules: check.py (`make check`), measure.py (figures from a responses file),
+build_plan.py (the build's money arithmetic; kp-infer's own `--plan` is infer/plan.py),
+plan_report.py (that plan as printed), stop.py, clean.py, __main__.py (the arguments make
 passes).
 """

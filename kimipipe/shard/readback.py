@@ -3,9 +3,9 @@
 verify checks the set against its manifest and every row against the format:
 - the manifest is readable and names only plain files in its directory;
 - each shard exists, has the manifest's size and SHA-256, and decompresses;
-- each row is one JSON object per line; `eagle` rows have `id` (string), `input_ids` and
-  `loss_mask` of equal length, the mask only 0s and 1s with at least one 1; `raw` rows
-  have `input_ids` and a non-empty `output_ids`;
+- each row is one JSON object per line, checked by its format (formats.py): `eagle` rows
+  have `id` (string), `input_ids` and `loss_mask` of equal length, the mask only 0s and
+  1s with at least one 1; `raw` rows have `input_ids` and a non-empty `output_ids`;
 - each shard's counts of records, input (mask 0) and output (mask 1) tokens match the
   manifest, and so do the totals; no ID appears twice in the set;
 - no `*.jsonl.zst` lies in the directory that the manifest does not list (a trainer that
@@ -24,37 +24,15 @@ from dataclasses import dataclass, field
 
 import msgspec
 import zstandard
-from msgspec import Raw, Struct
 
 from ..contracts import ShardManifest
 from ..errors import InputError
 from ..io import zstd_reader
+from .formats import DEFAULT, FORMATS, RowFormat, row_format, unknown_format
 from .rows import id_fingerprint
 from .writer import MANIFEST, SHARD_SUFFIX
 
 MAX_ROW_PROBLEMS = 10
-
-
-class EagleRow(Struct):
-    id: str
-    input_ids: list[int]
-    loss_mask: list[int]
-
-
-class RawRow(Struct):
-    id: str
-    input_ids: list[int]
-    output_ids: list[int]
-
-
-class EagleLengths(Struct):
-    input_ids: Raw
-    loss_mask: Raw
-
-
-class RawLengths(Struct):
-    input_ids: Raw
-    output_ids: Raw
 
 
 _manifest_decoder = msgspec.json.Decoder(ShardManifest)
@@ -120,7 +98,7 @@ class VerifyReport:
         self.problems.append(text)
 
 
-def _check_row(fmt: str, line: bytes, decoder) -> tuple[str, int, int] | str:
+def _check_row(fmt: RowFormat, line: bytes, decoder) -> tuple[str, int, int] | str:
     """(id, input tokens, output tokens) of a good row, or what is wrong with it."""
     if not line.endswith(b"\n"):
         return "last line has no newline (cut short?)"
@@ -128,29 +106,17 @@ def _check_row(fmt: str, line: bytes, decoder) -> tuple[str, int, int] | str:
         row = decoder.decode(line)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         return str(e).replace(" - at `", " at `")
-    if fmt == "eagle":
-        if len(row.input_ids) != len(row.loss_mask):
-            return f"input_ids has {len(row.input_ids)} tokens but loss_mask {len(row.loss_mask)}"
-        ones = row.loss_mask.count(1)
-        zeros = row.loss_mask.count(0)
-        if ones + zeros != len(row.loss_mask):
-            return "loss_mask holds values other than 0 and 1"
-        if ones == 0:
-            return "loss_mask has no 1: the row teaches nothing (trainers drop it)"
-        return row.id, zeros, ones
-    if not row.output_ids:
-        return "output_ids is empty"
-    return row.id, len(row.input_ids), len(row.output_ids)
+    return fmt.check(row)
 
 
 def verify(directory: str) -> VerifyReport:
     report = VerifyReport()
     manifest = load_manifest(directory)
-    fmt = manifest.get("format", "eagle")
-    if fmt not in ("eagle", "raw"):
-        report.problem(f"{MANIFEST}: unknown format {fmt!r}")
+    fmt = FORMATS.get(manifest.get("format", DEFAULT))  # (.get: a damaged one may hold a list)
+    if fmt is None:
+        report.problem(f"{MANIFEST}: {unknown_format(manifest.get('format'))}")
         return report
-    decoder = msgspec.json.Decoder(EagleRow if fmt == "eagle" else RawRow)
+    decoder = msgspec.json.Decoder(fmt.row)
     seen_ids: dict[int, str] = {}
     listed: set[str] = set()
     sums = {"records": 0, "input_tokens": 0, "output_tokens": 0, "bytes": 0}
@@ -236,17 +202,12 @@ class Lengths:
         self.output.append(n_out)
 
 
-def _count_ids(raw: Raw) -> int:
-    text = bytes(raw)
-    return text.count(b",") + 1 if text.strip(b" []\t\r\n") else 0
-
-
 def read_lengths(directory: str) -> tuple[ShardManifest, Lengths]:
     """The manifest and the prompt/output lengths of every row of the set in DIRECTORY."""
     manifest = read_manifest(directory)
-    fmt = manifest.format
+    fmt = row_format(manifest.format, os.path.join(directory, MANIFEST))
     lengths = Lengths()
-    decoder = msgspec.json.Decoder(EagleLengths if fmt == "eagle" else RawLengths)
+    decoder = msgspec.json.Decoder(fmt.lengths)
     for entry in manifest.shards:
         path = os.path.join(directory, entry.file)
         try:
@@ -255,11 +216,7 @@ def read_lengths(directory: str) -> tuple[ShardManifest, Lengths]:
                     row = decoder.decode(line)
                 except (msgspec.DecodeError, msgspec.ValidationError) as e:
                     raise InputError(str(e), path, lineno) from None
-                if fmt == "eagle":
-                    ones = bytes(row.loss_mask).count(b"1")
-                    lengths.add(_count_ids(row.input_ids) - ones, ones)
-                else:
-                    lengths.add(_count_ids(row.input_ids), _count_ids(row.output_ids))
+                lengths.add(*fmt.count(row))
         except FileNotFoundError:
             raise InputError("missing shard (run verify)", path) from None
         except zstandard.ZstdError as e:

@@ -15,7 +15,7 @@ Each check runs whatever the others find, and every problem is listed:
 - outputs: WORK and SHARDS can be created and written, and no output file the build
   writes there is read-only.
 
-`python -m kimipipe.fullbuild.check --fingerprint TOKENIZER` prints the digest of the
+`python -m kimipipe.make.check --fingerprint TOKENIZER` prints the digest of the
 tokenizer's files (`stamp_fingerprint`) that the Makefile's tokens stage depends on.
 
 The report goes to stdout, one line per check; the exit code is 2 when anything failed
@@ -180,9 +180,9 @@ def run_checks(sources: dict[str, tuple[str, str]], bin_dir: str, tokenizer: str
     return results
 
 
-if __name__ == "__main__":  # `python -m kimipipe.fullbuild.check --fingerprint DIR` (the Makefile)
+if __name__ == "__main__":  # `python -m kimipipe.make.check --fingerprint DIR` (the Makefile)
     import sys
 
     if sys.argv[1:2] != ["--fingerprint"] or len(sys.argv) != 3:
-        raise SystemExit("usage: python -m kimipipe.fullbuild.check --fingerprint TOKENIZER")
+        raise SystemExit("usage: python -m kimipipe.make.check --fingerprint TOKENIZER")
     print(stamp_fingerprint(sys.argv[2]))

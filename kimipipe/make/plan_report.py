@@ -1,4 +1,4 @@
-"""`make plan`'s report: the build plan (plan.py) as a user reads it, in 80 columns.
+"""`make plan`'s report: the build plan (build_plan.py) as a user reads it, in 80 columns.
 
 Two tables (per dataset: prompts, answered, estimated prompt tokens, answer length and $
 per answer, each marked measured `meas`, like the measured datasets `like`, estimated
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import textwrap
 
-from .plan import BuildPlan
+from .build_plan import BuildPlan
 
 
 def count_text(n: int | float | None) -> str:

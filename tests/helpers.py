@@ -1,0 +1,65 @@
+"""Helpers more than one test file uses: the commands' table, talking to the stand-in,
+waiting on a condition, reading a file another process is writing.
+
+(Fixtures and the `kp` runner live in conftest.py; what one file alone needs stays there.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import httpx
+
+# The kp-* commands, in pipeline order: setup.cfg's console_scripts (tests/test_filters.py
+# checks the two agree; its COMMANDS table says how each is driven).
+KP_COMMANDS = ("prompts", "infer", "tokenize", "shard", "credits")
+
+MODEL = "moonshotai/kimi-k2.5"
+CLIENT = httpx.Client(timeout=30.0)  # one pool: a new client per request costs ~25 ms
+
+
+def body(text="What is 2+2?", **extra) -> dict:
+    """A chat completion request's body."""
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}], **extra}
+
+
+def post(server, payload, key=None, raw=None) -> httpx.Response:
+    """POST /chat/completions to SERVER (the stand-in) with its key (or KEY); RAW: bytes
+    sent as they are instead of PAYLOAD as JSON."""
+    headers = {"Authorization": f"Bearer {key or server.api_key}"}
+    if raw is not None:
+        return CLIENT.post(server.base_url + "/chat/completions", content=raw, headers=headers)
+    return CLIENT.post(server.base_url + "/chat/completions", json=payload, headers=headers)
+
+
+def get(server, path, key=None, **params) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key or server.api_key}"}
+    return CLIENT.get(server.base_url + path, headers=headers, params=params)
+
+
+def billed(server) -> float:
+    """What the stand-in billed, by its ledger (`standin(ledger=True)`)."""
+    return sum(x["cost"] for x in server.ledger())
+
+
+def wait_for(predicate, what: str = "the condition", timeout: float = 120.0) -> None:
+    """Poll PREDICATE until it holds (an event: a counter, a file's lines, a state), failing
+    after TIMEOUT seconds, which only a hang reaches."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def whole_lines(path) -> list[dict]:
+    """The whole records of a file another process is appending to, or that a killed writer
+    left with a torn last line (the part after the last newline is left out)."""
+    data = path.read_bytes() if path.exists() else b""
+    return [json.loads(line) for line in data.split(b"\n")[:-1]]
+
+
+def smallest_hashes(ids, n) -> set[str]:
+    """The N IDs of smallest SHA-256: what --sample N and SAMPLE_D=N answer."""
+    return set(sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:n])
