@@ -230,6 +230,30 @@ def test_a_resume_with_other_settings_is_refused_unless_allow_mixed(standin, tmp
     assert len(read_jsonl(out)) == 8
 
 
+def test_conversations_answered_as_single_prompts_are_refused_unless_allow_mixed(standin, tmp_path):
+    """An output written from `--turns last` prompts holds one answer per conversation, on
+    the source's history, under the conversation's own id. Resumed with the same
+    conversations as `--turns all` records, those ids would be skipped as done and their
+    single off-policy answers kept: exit 2 naming the file and the first id, nothing sent;
+    --allow-mixed keeps them (and says so)."""
+    server = standin(ledger=True)
+    conversations = read_jsonl(make_conversations(tmp_path / "c.jsonl", 4, turns=2))
+    last = write_jsonl(tmp_path / "last.jsonl", [
+        {k: v for k, v in c.items() if k != "follow_ups"} for c in conversations])
+    out = tmp_path / "r.jsonl"
+    r = infer(server, last, "-o", out)
+    assert r.code == 0, r.stderr
+    before, billed = out.read_bytes(), len(server.ledger())
+    r = infer(server, tmp_path / "c.jsonl", "-o", out)
+    assert r.code == 2, r.stderr
+    said = " ".join(r.stderr.split())
+    assert f"{out}: 4 conversation(s)" in said and "'c0000'" in said and "--allow-mixed" in said
+    assert out.read_bytes() == before and len(server.ledger()) == billed  # nothing sent
+    r = infer(server, tmp_path / "c.jsonl", "-o", out, "--allow-mixed")
+    assert r.code == 0 and "kept (--allow-mixed)" in r.stderr
+    assert len(server.ledger()) == billed
+
+
 def test_single_turn_prompts_keep_their_ids_beside_conversations(standin, tmp_path):
     server = standin(request_log=True)
     rows = read_jsonl(make_conversations(tmp_path / "c.jsonl", 2, turns=2))

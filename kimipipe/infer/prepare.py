@@ -413,6 +413,26 @@ def check_distillation(config: RunConfig, info: ModelInfo | str, say: Callable[[
         "sent anyway (--allow-non-distillable): the answers must not train a drafter")
 
 
+def check_no_single_answers(scan: InputScan, done: set[str], conversations: OutputConversations,
+                            config: RunConfig, say: Callable[[str], None]) -> None:
+    """A conversation of the input (a prompt with follow-ups) that OUTPUT answers as one
+    plain record (written under `kp-prompts --turns last` or `each`: one answer, on the
+    source's own history) would be skipped as done, and its single off-policy answer kept
+    for good: a mixed recipe (issue 22 item 8). Refused (exit 2), unless --allow-mixed."""
+    single = sorted(i for i in scan.turns if i in done and i not in conversations.finished)
+    if not single:
+        return
+    where = "" if config.output == "-" else f"{config.output}: "
+    told = (f"{where}{len(single):,} conversation(s) of {scan.shown} (first: {single[0]!r}) are "
+            "answered there as single prompts (kp-prompts --turns last/each: one answer on the "
+            "source's history), and would be skipped as done")
+    if not config.allow_mixed:
+        raise KPError(f"{told}; write the turns to a new output (make: `make D.clean`, or "
+                      "another WORK), or --allow-mixed to keep those single answers",
+                      ExitCode.USAGE)
+    say(f"kp-infer: warning: {told}; kept (--allow-mixed)")
+
+
 def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepared:
     """Validation, resume state and routing, before anything is sent (see the module doc)."""
     check_transport(config)
@@ -431,6 +451,7 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     check_recipe(conversations.recipes, config.request.model,
                  config.request.sampling(config.policy), config.history_reasoning,
                  config.output, config.allow_mixed, say)
+    check_no_single_answers(scan, done, conversations, config, say)
     done |= conversations.finished  # a finished conversation is done as a whole
     for extra in config.done_files:
         if not os.path.exists(extra):
