@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 
 import httpx
@@ -63,3 +64,21 @@ def whole_lines(path) -> list[dict]:
 def smallest_hashes(ids, n) -> set[str]:
     """The N IDs of smallest SHA-256: what --sample N and SAMPLE_D=N answer."""
     return set(sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:n])
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The `kimipipe.infer.worker_process` children of PID (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"kimipipe.infer.worker_process" in cmdline:
+            found.append(int(entry))
+    return found

@@ -12,6 +12,7 @@ import time
 
 import pytest
 from conftest import BIN, kp, read_jsonl, write_jsonl
+from helpers import worker_pids
 
 from kimipipe.standin.answers import expected_answer
 
@@ -610,23 +611,6 @@ def test_quiet_silences_the_torn_tail_note_too(standin, tmp_path):
     assert r.code == 0 and f"{out}:7: removed a torn last line" in r.stderr
 
 
-def _worker_children(pid: int) -> int:
-    """How many `kimipipe.infer.worker_process` children PID has (from /proc)."""
-    found = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        found += ppid == pid and b"kimipipe.infer.worker_process" in cmdline
-    return found
-
-
 @pytest.mark.parametrize("concurrency,prompts,workers", [(64, 300, 0), (300, 300, os.cpu_count() or 1),
                                                          (2000, 200, 0)])
 def test_worker_processes_by_default_only_when_many_can_be_in_flight(standin, tmp_path, concurrency,
@@ -644,7 +628,7 @@ def test_worker_processes_by_default_only_when_many_can_be_in_flight(standin, tm
         while server.stats()["completions_started"] == 0:  # requests are being sent now
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        seen = _worker_children(proc.pid)
+        seen = len(worker_pids(proc.pid))
         assert proc.wait(timeout=120) == 0
     finally:
         if proc.poll() is None:

@@ -15,25 +15,8 @@ import time
 
 import pytest
 from conftest import BIN, read_jsonl
+from helpers import worker_pids
 from test_infer import assert_correct, ids_of, make_prompts
-
-
-def _worker_pids(pid: int) -> list[int]:
-    """The `kimipipe.infer.worker_process` children of PID (from /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == pid and b"kimipipe.infer.worker_process" in cmdline:
-            found.append(int(entry))
-    return found
 
 
 @pytest.mark.parametrize("workers", ["1", "2"], ids=["1worker", "2workers"])
@@ -52,7 +35,7 @@ def test_a_killed_worker_costs_its_requests_one_retry_never_the_run(standin, tmp
         while server.stats()["in_flight"] < 20:
             assert proc.poll() is None and time.monotonic() < deadline, "the run never got under load"
             time.sleep(0.02)
-        victim = _worker_pids(proc.pid)[0]
+        victim = worker_pids(proc.pid)[0]
         os.kill(victim, signal.SIGKILL)
         # A hang shows as this timeout: the run is answered in a few seconds otherwise.
         _, stderr = proc.communicate(timeout=90)
