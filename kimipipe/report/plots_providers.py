@@ -28,20 +28,28 @@ from .facts import DatasetFacts
 MAX_FLIER_ROWS = 20_000  # token records up to which each row beyond the whiskers is drawn
 
 
-def usd_per_million(rows: list[dict], colors: Colors, key: str = "usd-per-m") -> Plot | Note:
-    title = "$ per million output tokens, by provider"
-    rows = [r for r in rows if r["usd_per_m_output"] is not None]
+def _provider_bars(rows: list[dict], colors: Colors, key: str, title: str, field: str,
+                   empty: str, label: str, xlabel: str) -> Plot | Note:
+    """One horizontal bar per provider of ROWS' FIELD (rows without it left out), each
+    bar labelled with LABEL (a format string); EMPTY is said when no row has it."""
+    rows = [r for r in rows if r[field] is not None]
     if not rows:
-        return Note(key, title, "No answer with completion tokens.")
+        return Note(key, title, empty)
     canvas = Canvas(key, height=barh_height(len(rows)))
     ax = canvas.axes[0][0]
     names = [r["provider"] for r in rows][::-1]
-    values = [r["usd_per_m_output"] for r in rows][::-1]
+    values = [r[field] for r in rows][::-1]
     bars = canvas.data(ax.barh(names, values, color=[colors.provider(n) for n in names]))
-    ax.bar_label(bars, labels=[f"${v:.2f}" for v in values], padding=3, fontsize=8)
-    ax.set_xlabel("USD per 1M completion tokens (kept answers, prompt cost included)")
+    ax.bar_label(bars, labels=[label.format(v) for v in values], padding=3, fontsize=8)
+    ax.set_xlabel(xlabel)
     ax.margins(x=0.15)
     return canvas.plot(title)
+
+
+def usd_per_million(rows: list[dict], colors: Colors, key: str = "usd-per-m") -> Plot | Note:
+    return _provider_bars(rows, colors, key, "$ per million output tokens, by provider",
+                          "usd_per_m_output", "No answer with completion tokens.", "${:.2f}",
+                          "USD per 1M completion tokens (kept answers, prompt cost included)")
 
 
 
@@ -151,19 +159,9 @@ def latency(rows: list[dict], colors: Colors, key: str = "latency") -> Plot | No
 
 
 def tokens_per_second(rows: list[dict], colors: Colors, key: str = "tokens-per-s") -> Plot | Note:
-    title = "Tokens per second, by provider"
-    rows = [r for r in rows if r["tokens_per_s"] is not None]
-    if not rows:
-        return Note(key, title, "No answer has a latency (records written before `latency_s`).")
-    canvas = Canvas(key, height=barh_height(len(rows)))
-    ax = canvas.axes[0][0]
-    names = [r["provider"] for r in rows][::-1]
-    values = [r["tokens_per_s"] for r in rows][::-1]
-    bars = canvas.data(ax.barh(names, values, color=[colors.provider(n) for n in names]))
-    ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=3, fontsize=8)
-    ax.set_xlabel("completion tokens / second of latency (whole answers)")
-    ax.margins(x=0.15)
-    return canvas.plot(title)
+    return _provider_bars(rows, colors, key, "Tokens per second, by provider", "tokens_per_s",
+                          "No answer has a latency (records written before `latency_s`).",
+                          "{:,.0f}", "completion tokens / second of latency (whole answers)")
 
 
 
