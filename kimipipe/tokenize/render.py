@@ -20,7 +20,7 @@ there is no content (no `</think>`), else after the content (no end-of-turn toke
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import ExitCode, KPError
 
@@ -44,27 +44,24 @@ class Preset:
     template_kwargs: tuple[tuple[str, object], ...] = ()
 
 
+_KIMI_K25 = Preset(
+    name="kimi-k2.5",
+    description="Kimi K2.5 / K2 Thinking: prompt ends <think>; reasoning</think>content<|im_end|>",
+    structural=("<think>", "</think>", "<|im_end|>"),
+    prompt_ends={True: "<think>", False: "<think></think>"},
+    turn={True: "{reasoning}</think>{content}<|im_end|>", False: "{content}<|im_end|>"},
+    detect=("<|im_assistant|>", "<|im_middle|>"),
+)
+
 PRESETS: dict[str, Preset] = {
-    "kimi-k2.5": Preset(
-        name="kimi-k2.5",
-        description="Kimi K2.5 / K2 Thinking: prompt ends <think>; reasoning</think>content<|im_end|>",
-        structural=("<think>", "</think>", "<|im_end|>"),
-        prompt_ends={True: "<think>", False: "<think></think>"},
-        turn={True: "{reasoning}</think>{content}<|im_end|>", False: "{content}<|im_end|>"},
-        detect=("<|im_assistant|>", "<|im_middle|>"),
-    ),
+    "kimi-k2.5": _KIMI_K25,
     # K2.5's successor: the same tokenizer family and turn layout (so `auto`, which cannot
     # tell the two tokenizers apart, picks kimi-k2.5: name this one), served with
     # `preserve_thinking`: history turns keep their reasoning.
-    "kimi-k2.6": Preset(
-        name="kimi-k2.6",
+    "kimi-k2.6": replace(
+        _KIMI_K25, name="kimi-k2.6",
         description="Kimi K2.6: as kimi-k2.5, the history rendered with preserve_thinking",
-        structural=("<think>", "</think>", "<|im_end|>"),
-        prompt_ends={True: "<think>", False: "<think></think>"},
-        turn={True: "{reasoning}</think>{content}<|im_end|>", False: "{content}<|im_end|>"},
-        detect=("<|im_assistant|>", "<|im_middle|>"),
-        template_kwargs=(("preserve_thinking", True),),
-    ),
+        template_kwargs=(("preserve_thinking", True),)),
     "qwen3": Preset(
         name="qwen3",
         description="Qwen3: <think>\\nreasoning\\n</think>\\n\\ncontent<|im_end|>",
