@@ -161,7 +161,7 @@ def main() -> None:
             "   Against OpenRouter, usage comes from the provider's own Kimi tokenizer.)",
             "",
             "next: look at a row:  .venv/bin/python -m kimipipe.demo --row",
-            "next: a real run:     README.md, \"A real run against OpenRouter\" (make plan, make pilot)",
+            "next: a real run:     docs/real-run.md, the checklist (make check, plan, preflight, pilot, all)",
         ]),
         file=sys.stderr,
     )
