@@ -40,8 +40,8 @@ def pytest_collection_finish(session):
 # 0.1-5 s for most others. Started last, one of them kept a single worker busy for ~90 s
 # after the others had finished; started first, with `--dist worksteal` (the Makefile's),
 # the short tests fill in around them. Order within a module is kept.
-LONG_FIRST = ("test_make.py", "test_make_build.py", "test_total_cost.py", "test_infer_outputs.py",
-              "test_tokenize_fields.py", "test_infer_promises.py")
+LONG_FIRST = ("test_make.py", "test_make_build.py", "test_total_cost.py", "test_locks.py",
+              "test_tokenize_fields.py", "test_infer_retries.py", "test_infer_routing.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import time
+from collections import Counter
 
 import httpx
 
@@ -82,3 +83,11 @@ def worker_pids(pid: int) -> list[int]:
         if ppid == pid and b"kimipipe.infer.worker_process" in cmdline:
             found.append(int(entry))
     return found
+
+
+def paid_once_each(server, prompts_path) -> None:
+    """The stand-in billed every prompt of PROMPTS_PATH exactly once."""
+    from kimipipe.standin.answers import user_text_sha256
+    paid = Counter(x["request_user_text_sha256"] for x in server.ledger())
+    expected = {user_text_sha256(p["messages"]) for p in whole_lines(prompts_path)}
+    assert set(paid) == expected and set(paid.values()) == {1}

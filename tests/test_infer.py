@@ -276,7 +276,7 @@ def test_402_mid_run_stops_admission_and_resumes_after_top_up(standin, tmp_path,
 
 def test_routing_violation_is_not_written_as_a_result(standin, tmp_path):
     """With no attempt left (--max-attempts 1), a violation is the prompt's failure, paid
-    for (a retry with the provider ignored: test_infer_quality.py)."""
+    for (a retry with the provider ignored: test_infer_routing.py)."""
     server = standin(faults={"misroute": 0.3}, seed=5)
     prompts = make_prompts(tmp_path / "p.jsonl", 30)
     out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"

@@ -24,8 +24,8 @@ from collections import Counter
 import pytest
 import zstandard
 from conftest import BIN, read_jsonl
+from helpers import paid_once_each
 from test_infer import assert_correct, make_prompts
-from test_infer_outputs import paid_once_each
 from test_write_failures import limited, whole_records
 
 from kimipipe.standin.answers import user_text_sha256

@@ -4,12 +4,13 @@ against the stand-in on loopback."""
 from __future__ import annotations
 
 import json
+import re
 
+import httpx
 import pytest
 from conftest import read_jsonl
-from helpers import smallest_hashes
+from helpers import MODEL, smallest_hashes
 from test_infer import infer, make_prompts
-from test_infer_promises import endpoints_table
 
 from kimipipe.standin.answers import user_text_sha256
 
@@ -115,3 +116,56 @@ def test_sample_answers_the_prompts_of_smallest_id_hash_and_none_is_paid_twice(s
     # a sample larger than the input is the whole input; 0 is nothing
     assert plan_json(server, prompts, "--sample", "1000")["prompts"]["input"] == 40
     assert plan_json(server, prompts, "--sample", "0")["prompts"]["todo"] == 0
+
+
+def endpoints_table(server) -> list[dict]:
+    """The stand-in's endpoints table, prices as it bills them (USD per token)."""
+    doc = httpx.get(f"{server.base_url}/models/{MODEL}/endpoints").json()
+    return doc["data"]["endpoints"]
+
+
+def test_plan_figures_are_the_documented_estimate_and_worst_case(standin, tmp_path):
+    """--plan's expected and worst-case cost, recomputed by hand from the stand-in's price
+    table: expected = prompts x (bytes/4 + 16 tokens at the allowed endpoints' mean prompt
+    price + max_tokens/2 at their mean completion price); worst case = prompts x (the
+    prompt token bound at the table's highest prompt price + max_tokens at its highest
+    completion price). With --max-price-* the worst case takes the flags' prices."""
+    server = standin(price_scale=1000.0)
+    prompts = make_prompts(tmp_path / "p.jsonl", 10)
+    rows = read_jsonl(prompts)
+    table = endpoints_table(server)
+    allowed = [e for e in table if e["quantization"] in ("int4", "unknown") and e["tag"] != "together"]
+    n = len(rows)
+    content_bytes = sum(len(m["content"].encode()) for p in rows for m in p["messages"])
+    token_bound = sum(64 + sum(len(m["content"].encode()) + 16 for m in p["messages"]) for p in rows)
+    mean_in = sum(float(e["pricing"]["prompt"]) for e in allowed) / len(allowed)
+    mean_out = sum(float(e["pricing"]["completion"]) for e in allowed) / len(allowed)
+    expected = n * ((content_bytes / 4 / n + 16) * mean_in + 1000 / 2 * mean_out)
+    top_in = max(float(e["pricing"]["prompt"]) for e in table)
+    top_out = max(float(e["pricing"]["completion"]) for e in table)
+    worst = n * (token_bound / n * top_in + 1000 * top_out)
+
+    def figures(*flags):
+        r = infer(server, prompts, "--plan", "--ignore-provider", "together", "--max-tokens", "1000",
+                  "--max-cost", "95", *flags)
+        assert r.code == 0, r.stderr
+        report = r.stdout.decode()  # the plan is a report: stdout
+        m = re.search(r"cost estimate for (\d+) prompts: expected ~\$([\d,.]+) .*; worst case \$([\d,.]+)",
+                      report)
+        assert m, report
+        verdicts = {line.split()[0]: line for line in report.splitlines() if line.startswith("  ")}
+        return int(m.group(1)), float(m.group(2).replace(",", "")), float(m.group(3).replace(",", "")), verdicts
+
+    todo, shown_expected, shown_worst, verdicts = figures()
+    assert todo == n
+    assert shown_expected == pytest.approx(expected, abs=0.006)
+    assert shown_worst == pytest.approx(worst, abs=0.006)
+    assert verdicts["Together"].rstrip().endswith("ignored")
+    assert verdicts["Moonshot"].rstrip().endswith("allowed")  # the priciest, allowed here
+    # --max-price-* (USD per million tokens) below the table's top prices bound the worst case
+    cap_in, cap_out = top_in * 1e6 * 0.9, top_out * 1e6 * 0.95
+    _, _, shown_worst, _ = figures("--max-price-prompt", f"{cap_in:g}", "--max-price-completion", f"{cap_out:g}")
+    capped = n * (token_bound / n * float(f"{cap_in:g}") / 1e6 + 1000 * float(f"{cap_out:g}") / 1e6)
+    assert shown_worst == pytest.approx(capped, abs=0.006)
+    assert server.stats()["completions_started"] == 0
+

@@ -21,8 +21,8 @@ import termios
 import time
 
 from conftest import BIN, read_jsonl
+from helpers import paid_once_each
 from test_infer import ids_of, infer, make_prompts
-from test_infer_outputs import paid_once_each
 
 from kimipipe.infer.progress import ProgressSnapshot, progress_line
 

@@ -1,4 +1,5 @@
-"""One writer per output: kp-tokenize's -o is locked for the run (kimipipe/locks.py).
+"""One writer per output: kp-tokenize's -o, and kp-infer's -o and --failures, are locked for
+the run (kimipipe/locks.py); a second `make all` stops at the locked output.
 
 A second process on the same output refuses at once (exit 2) naming the holder; a lock
 left by a killed process is taken over; one naming another host is reported with how to
@@ -16,6 +17,9 @@ import time
 
 import pytest
 from conftest import BIN, TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
+from helpers import paid_once_each, whole_lines
+from test_infer import assert_correct, ids_of, infer, make_prompts
+from test_make import make_command
 
 from kimipipe.locks import OutputLock, OutputLocked, lock_path
 
@@ -129,3 +133,80 @@ def test_no_lock_file_outlives_a_failed_run(tmp_path):
     r = tokenize(bad, "-o", out)
     assert r.code == 2 and f"{bad}:2: " in r.stderr
     assert files_in(tmp_path) == ["bad.jsonl", "t.jsonl"]
+
+
+def wait_for_lines(path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while len(whole_lines(path)) < n:
+        assert proc.poll() is None, "the first run ended before the second started"
+        assert time.monotonic() < deadline, f"{path} did not reach {n} records"
+        time.sleep(0.05)
+
+
+def test_a_second_kp_infer_on_one_output_refuses_at_once(standin, tmp_path):
+    server = standin(latency=0.2, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 600)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
+    first = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--failures",
+                              str(failures), "--base-url", server.base_url, "--concurrency", "8",
+                              "--quiet"], env=env, stderr=subprocess.PIPE)
+    try:
+        wait_for_lines(out, 20, first)
+        second = infer(server, prompts, "-o", out)
+        assert second.code == 2 and second.stdout == b""
+        assert second.stderr.startswith(
+            f"kp-infer: {out} is being written by kp-infer PID {first.pid} on "
+            f"{socket.gethostname()} since ")
+        assert second.stderr.count("\n") == 1 and "wait for that run to end" in second.stderr
+        # another output, the same failures file: refused too, and nothing of it is left
+        other = tmp_path / "other.jsonl"
+        third = infer(server, prompts, "-o", other, "--failures", failures)
+        assert third.code == 2 and third.stderr.startswith(
+            f"kp-infer: {failures} is being written by kp-infer PID {first.pid} on ")
+        assert not other.exists() and not (tmp_path / ".other.jsonl.lock").exists()
+        assert first.poll() is None  # the refusals came while the first was still running
+        _, err = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, err.decode()
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(600)]
+    assert_correct(read_jsonl(out), prompts)
+    paid_once_each(server, prompts)  # nothing paid twice
+    stats = server.stats()
+    assert stats["completions_started"] == 600
+    assert stats["endpoint_requests"]["endpoints"] == 1  # the refused runs read nothing
+    assert sorted(os.listdir(tmp_path)) == ["f.jsonl", "p.jsonl", "r.jsonl", "standin-0"]  # no lock
+
+
+def test_a_second_make_all_stops_at_the_locked_output(standin, tmp_path):
+    server = standin(latency=0.2, ledger=True)
+    cmd, env = make_command(server, tmp_path, "all", CONCURRENCY=4, TURNS="last")  # (the ledger keys by last user text)
+    responses = tmp_path / "work" / "D1.responses.jsonl"
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             start_new_session=True)
+    try:
+        wait_for_lines(responses, 10, first)
+        # the first build must still be answering when the second reaches kp-infer, however
+        # loaded the machine: slow answers while the second runs, fast ones after
+        server.configure(latency=8.0)
+        second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert first.poll() is None
+        server.configure(latency=0.05)
+        _, err = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, 9)
+            first.wait()
+    assert second.returncode != 0
+    assert f"kp-infer: {responses} is being written by kp-infer PID " in second.stderr
+    assert "D1.responses.done] Error 2" in second.stderr  # make stopped at that stage
+    assert first.returncode == 0, err.decode()
+    ids = [x["id"] for x in read_jsonl(responses)]
+    assert len(ids) == len(set(ids)) == 260
+    manifest = json.loads((tmp_path / "shards" / "D1" / "manifest.json").read_text())
+    assert manifest["totals"]["records"] == 260
+    paid_once_each(server, tmp_path / "work" / "D1.prompts.jsonl")
+    assert not [p for p in (tmp_path / "work").iterdir() if p.name.endswith(".lock")]
+

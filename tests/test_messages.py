@@ -5,6 +5,8 @@
 - Records of the wrong stage name the stage to run first; plain text given to kp-prompts
   without `--format text` says to pass it.
 - Counts read `1 record`, `2 records`, `12,345 records` everywhere.
+- Exit 4 names the failures file and says a rerun retries; tracebacks only with --debug
+  or KP_DEBUG=1.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 
 import pytest
 from conftest import kp, response_record, write_jsonl
+from test_infer import ids_of, infer, make_prompts
 
 from kimipipe.cli import counted
 
@@ -118,3 +121,56 @@ def test_summary_lines_count_with_thousands_and_singulars(tmp_path):
     many = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"question {i}"} for i in range(1200)])
     r = kp("prompts", many, "-o", tmp_path / "p.out.jsonl")
     assert f"kp-prompts: wrote 1,200 prompts to {tmp_path / 'p.out.jsonl'}" in r.stderr
+
+
+INJECTED_BUG = """\
+import click.core
+
+
+def invoke(self, ctx):  # every kp-* command's body, as click runs it
+    raise RuntimeError("a bug, injected by the test")
+
+
+click.core.Command.invoke = invoke
+"""
+
+
+def test_kp_debug_shows_the_traceback_of_an_unexpected_error(tmp_path):
+    """A bug (injected: a sitecustomize on PYTHONPATH makes click's command body raise) is
+    reported in one line, and with its traceback under KP_DEBUG=1 (not under KP_DEBUG=0)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(INJECTED_BUG)
+    src = tmp_path / "q.txt"
+    src.write_text("a question\n")
+    runs = {}
+    for debug in ("", "0", "1"):
+        env = {"PYTHONPATH": str(tmp_path / "site"), "KP_DEBUG": debug}
+        runs[debug] = r = kp("prompts", src, "--format", "text", env=env)
+        assert r.code == 1 and r.stdout == b""
+    for quiet in ("", "0"):
+        assert runs[quiet].stderr.strip().splitlines() == [
+            "kp-prompts: unexpected error: RuntimeError: a bug, injected by the test "
+            "(rerun with --debug or KP_DEBUG=1 for the traceback)"]
+    shown = runs["1"].stderr
+    assert shown.startswith("Traceback (most recent call last):")
+    assert 'in invoke\n    raise RuntimeError("a bug, injected by the test")' in shown
+    assert shown.rstrip().endswith("RuntimeError: a bug, injected by the test")
+
+
+def test_exit_4_names_the_failures_file_and_says_a_rerun_retries(standin, tmp_path):
+    server = standin(faults={"503": 1.0})
+    prompts = make_prompts(tmp_path / "p.jsonl", 3)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    r = infer(server, prompts, "-o", out, "--max-attempts", "1", "--failures", failures)
+    assert r.code == 4, r.stderr
+    assert r.stderr.rstrip().splitlines()[-1] == (
+        f"  finished with 3 permanent failures: see {failures}; rerun the same command to retry "
+        "the prompts that failed")
+    r = infer(server, prompts, "-o", out, "--max-attempts", "1")
+    assert r.code == 4 and r.stderr.rstrip().splitlines()[-1] == (
+        "  finished with 3 permanent failures; rerun the same command to retry the prompts that "
+        "failed (add --failures FILE to keep why each failed)")
+    server.configure(faults={})
+    r = infer(server, prompts, "-o", out, "--failures", failures)  # as it says: a rerun retries
+    assert r.code == 0 and sorted(ids_of(out)) == ["p00000", "p00001", "p00002"]
+

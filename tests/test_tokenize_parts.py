@@ -1,4 +1,5 @@
-"""kimipipe.tokenize's parts: fixtures, loading (offline, remote code, HF cache), codecs, layouts."""
+"""kimipipe.tokenize's parts: fixtures, loading (offline, remote code, HF cache), codecs, layouts;
+and the partition rule kp-infer shares."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ import json
 import shutil
 
 import pytest
-from conftest import TOKENIZER_KINDS, TOKENIZERS, fake_hf_cache, kp, response_record, write_jsonl
+from conftest import (
+    TOKENIZER_KINDS,
+    TOKENIZERS,
+    fake_hf_cache,
+    kp,
+    read_jsonl,
+    response_record,
+    write_jsonl,
+)
+from test_infer import infer, make_prompts
 
 from kimipipe.tokenize import fixtures
 from kimipipe.tokenize.codec import FastCodec, make_codec
@@ -284,3 +294,20 @@ def test_the_added_token_table_is_what_kimis_real_files_say(real_tokenizer):
     [text] = codec.encode_text(["a<think>b</think>"])
     assert check_text_ids(text, codec.control_ids) is None and codec.decode([text]) == ["a<think>b</think>"]
     assert len(tok) == 163840 and tok.convert_tokens_to_ids("[BOS]") == 163584
+
+
+def test_kp_infer_and_kp_tokenize_choose_the_same_ids_for_a_partition(standin, tmp_path):
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 40)
+    everything = tmp_path / "all.jsonl"
+    assert infer(server, prompts, "-o", everything).code == 0
+    for k in (1, 2):
+        part = tmp_path / f"infer{k}.jsonl"
+        assert infer(server, prompts, "-o", part, "--partition", f"{k}/2").code == 0
+        tokens = tmp_path / f"tokens{k}.jsonl"
+        r = kp("tokenize", everything, "--tokenizer", TOKENIZER_KINDS["fast"], "-o", tokens,
+               "--partition", f"{k}/2", "--quiet")
+        assert r.code == 0, r.stderr
+        inferred = {x["id"] for x in read_jsonl(part)}
+        assert inferred and inferred == {x["id"] for x in read_jsonl(tokens)}
+

@@ -1,6 +1,7 @@
 """Every output is checked writable before any work: exit 2, one line, nothing left behind.
 
-kp-prompts (-o), kp-tokenize (-o, --rejects) and kp-shard (--out, --tmp-dir): an output in
+kp-prompts (-o), kp-infer (-o, --failures), kp-tokenize (-o, --rejects) and kp-shard (--out,
+--tmp-dir): an output in
 a missing directory, one that is a directory, one under a file, and one on a read-only
 filesystem (root: a read-only tmpfs; others: a directory without write permission).
 """
@@ -13,6 +14,7 @@ import uuid
 
 import pytest
 from conftest import TOKENIZER_KINDS, kp, response_record, write_jsonl
+from test_infer import infer, make_prompts
 
 TOKENS = [{"id": f"t{i}", "dataset": "B3", "input_ids": [1, 2, 3], "output_ids": [4, 5]}
           for i in range(3)]
@@ -89,3 +91,35 @@ def test_an_unwritable_output_stops_before_any_work(tmp_path, readonly, which, c
     assert r.stdout == b"" and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith(f"kp-{argv[0]}: cannot write {option} {bad}: {reason}"), r.stderr
     assert listing(tmp_path) == before  # no output, no 0-byte file, no lock file
+
+
+@pytest.mark.parametrize("option", ["--summary-json", "-o", "--failures", "--rescue"])
+def test_an_output_that_cannot_be_written_is_refused_before_anything(standin, tmp_path, option):
+    """Checked first: exit 2, one line, no request (not even the endpoints table), no file
+    created, no lock file. Before, an unwritable --summary-json paid for every answer and
+    then exited 1."""
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 5)
+    outputs = {"-o": tmp_path / "r.jsonl", "--failures": tmp_path / "f.jsonl",
+               "--summary-json": tmp_path / "s.json", "--rescue": tmp_path / "rescue"}
+    if option == "--rescue":
+        bad = tmp_path / "a-file"
+        bad.write_text("")
+        problem = "is a file"
+    else:
+        bad = tmp_path / "a-dir"
+        bad.mkdir()
+        problem = "is a directory"
+    outputs[option] = bad
+    before = sorted(os.listdir(tmp_path))
+    r = infer(server, prompts, *[x for pair in outputs.items() for x in pair])
+    assert r.code == 2, r.stderr
+    assert r.stderr == f"kp-infer: cannot write {option} {bad}: {problem}\n"
+    assert server.stats()["requests"] == 0
+    assert sorted(os.listdir(tmp_path)) == before
+    missing = tmp_path / "no-such-dir" / "s.json"
+    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--summary-json", missing)
+    assert r.code == 2 and r.stderr == (f"kp-infer: cannot write --summary-json {missing}: no such "
+                                        f"directory: {missing.parent}\n")
+    assert sorted(os.listdir(tmp_path)) == before and server.stats()["requests"] == 0
+

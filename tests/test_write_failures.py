@@ -5,6 +5,7 @@ and SIGXFSZ ignored (a write past the limit fails with EFBIG, after a short writ
 fills the file up to it); as root, a real 300 KB tmpfs (ENOSPC). Either way the output
 must end with its last whole record (a .zst one must decompress, frame by frame, to whole
 lines), the command must say so and exit 3, and a rerun with room must finish the job.
+A closed output pipe: kp-infer says what it paid for and could not write.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import uuid
 import pytest
 import zstandard
 from conftest import BIN, TOKENIZER_KINDS, response_record, write_jsonl
+from test_infer import make_prompts
 
 FAST = TOKENIZER_KINDS["fast"]
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
@@ -170,3 +172,28 @@ def test_kp_tokenize_on_a_full_tmpfs(tmp_path, small_tmpfs, name, source_and_fre
     assert code == 0, err
     assert f"skipped {len(kept):,} already in the output" in err
     assert whole_records(moved) == fresh
+
+
+def test_a_closed_output_pipe_reports_what_it_paid_for_and_could_not_write(standin, tmp_path):
+    """Without -q the summary counts the answers paid for that stdout could not take, and
+    their cost (the -q case, silent with exit 0, is test_infer's)."""
+    server = standin(latency=0.05, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 400)
+    summary = tmp_path / "s.json"
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
+    proc = subprocess.run(
+        f"'{BIN}/kp-infer' '{prompts}' --base-url {server.base_url} --concurrency 4 "
+        f"--summary-json '{summary}' | head -1", shell=True, capture_output=True, env=env, timeout=120)
+    assert len(proc.stdout.splitlines()) == 1
+    err = proc.stderr.decode()
+    s = json.loads(summary.read_text())
+    lost = s["paid_not_written"]
+    assert s["exit_code"] == 0 and s["stop_reason"] == "closed-pipe"
+    assert lost["answers"] >= 1 and lost["rescued"] == 0 and lost["rescue_file"] is None
+    ledger = server.ledger()
+    assert s["done"] + lost["answers"] == len(ledger)  # every answer paid for is counted
+    assert s["spend_this_run"] == pytest.approx(sum(x["cost"] for x in ledger), rel=1e-6)
+    assert (f"  paid for but not written (stdout was closed): {lost['answers']:,} "
+            f"answer{'s' if lost['answers'] != 1 else ''}, ${lost['cost']:.6f}") in err
+    assert "Traceback" not in err
+
