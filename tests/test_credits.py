@@ -120,11 +120,11 @@ def test_wrong_key_is_exit_2_without_the_key(standin):
 
 
 def test_network_error_is_exit_1(tmp_path):
-    with socket.socket() as s:                      # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
+    with socket.socket() as s:  # a port nobody listens on: bound, not listening, held
+        s.bind(("127.0.0.1", 0))  # (so no other process can take it while kp-credits runs)
         port = s.getsockname()[1]
-    r = kp("credits", "--base-url", f"http://127.0.0.1:{port}/api/v1", "--timeout", "5",
-           env={"OPENROUTER_API_KEY": KEY})
+        r = kp("credits", "--base-url", f"http://127.0.0.1:{port}/api/v1", "--timeout", "5",
+               env={"OPENROUTER_API_KEY": KEY})
     assert r.code == 1 and r.stdout == b""
     assert r.stderr.startswith("kp-credits: cannot reach OpenRouter at http://127.0.0.1:")
     assert KEY not in r.stderr and len(r.stderr.splitlines()) == 1
@@ -188,19 +188,19 @@ def test_balance_from_odd_answers():
 
 def test_account_honours_the_proxy_given_or_in_the_environment(standin, monkeypatch):
     server = standin(api_key=KEY, balance=3)
-    with socket.socket() as s:                      # a proxy nobody listens on
-        s.bind(("127.0.0.1", 0))
+    with socket.socket() as s:  # a proxy nobody listens on: bound, not listening, held
+        s.bind(("127.0.0.1", 0))  # (so no other process takes the port during the test)
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy",
-                 "NO_PROXY", "no_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    assert fetch_balance(KEY, server.base_url).total_credits == 3.0
-    with pytest.raises(NetworkError) as err:        # the `proxy` argument
-        fetch_balance(KEY, server.base_url, proxy=dead, timeout=5)
-    assert str(err.value).startswith(f"cannot reach OpenRouter at {server.base_url}/credits")
-    assert KEY not in str(err.value)
-    monkeypatch.setenv("HTTP_PROXY", dead)          # trust_env: the environment's proxy
-    with pytest.raises(NetworkError):
-        fetch_balance(KEY, server.base_url, timeout=5)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    assert fetch_balance(KEY, server.base_url).total_credits == 3.0
+        for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy",
+                     "NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        assert fetch_balance(KEY, server.base_url).total_credits == 3.0
+        with pytest.raises(NetworkError) as err:        # the `proxy` argument
+            fetch_balance(KEY, server.base_url, proxy=dead, timeout=5)
+        assert str(err.value).startswith(f"cannot reach OpenRouter at {server.base_url}/credits")
+        assert KEY not in str(err.value)
+        monkeypatch.setenv("HTTP_PROXY", dead)          # trust_env: the environment's proxy
+        with pytest.raises(NetworkError):
+            fetch_balance(KEY, server.base_url, timeout=5)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        assert fetch_balance(KEY, server.base_url).total_credits == 3.0

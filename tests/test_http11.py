@@ -10,6 +10,7 @@ closes, stalls, keep-alive reuse and error statuses.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import shutil
@@ -357,12 +358,9 @@ def test_real_socket_error_statuses():
 
 def test_refused_connection_is_a_connection_retry():
     async def go():
-        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        server.close()
-        await server.wait_closed()
-        async with CompletionClient(f"http://127.0.0.1:{port}/api/v1", KEY) as client:
-            return await client.attempt(b"{}", True)
+        with refusing_address() as (_, port):
+            async with CompletionClient(f"http://127.0.0.1:{port}/api/v1", KEY) as client:
+                return await client.attempt(b"{}", True)
 
     attempt = asyncio.run(go())
     assert (attempt.kind, attempt.cause) == ("retry", "connection")
@@ -643,16 +641,17 @@ def test_ipv6_loopback_on_a_real_socket():
         pytest.skip("no IPv6")
 
     async def go():
-        try:
-            server = await asyncio.start_server(lambda r, w: None, "::1", 0)
+        scripted = ScriptedServer([([RESPONSE], "keep")], host="::1")
+        try:  # bound on port 0, its port read back: no port closed and bound again
+            await scripted.__aenter__()
         except OSError:
             pytest.skip("no IPv6 loopback")
-        port = server.sockets[0].getsockname()[1]
-        server.close()
-        async with ScriptedServer([([RESPONSE], "keep")], host="::1", port=port) as scripted:
-            async with CompletionClient(f"http://[::1]:{port}/api/v1", KEY) as client:
+        try:
+            async with CompletionClient(f"http://[::1]:{scripted.port}/api/v1", KEY) as client:
                 attempt = await client.attempt(b"{}", True)
             return attempt, scripted.requests[0]
+        finally:
+            await scripted.__aexit__(None, None, None)
 
     attempt, request = asyncio.run(go())
     check_answer(attempt)
@@ -748,12 +747,14 @@ class BlackHole:
             s.close()
 
 
-def closed_port() -> tuple[str, int]:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    address = s.getsockname()
-    s.close()
-    return address
+@contextlib.contextmanager
+def refusing_address():
+    """A loopback address whose connections are refused, for as long as the block runs: a
+    socket bound there and not listening (RST to a SYN). Held, not closed: a port closed
+    and named later could be bound by another process by the time it is tried."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()
 
 
 def fake_dns(answers: list[list[tuple[str, int]]]):
@@ -770,9 +771,9 @@ def fake_dns(answers: list[list[tuple[str, int]]]):
 
 def test_every_address_is_tried_and_a_black_hole_does_not_eat_the_timeout():
     async def go():
-        with BlackHole() as hole:
+        with BlackHole() as hole, refusing_address() as refused:
             async with ScriptedServer([([RESPONSE], "keep")]) as server:
-                answers = [[hole.address, closed_port(), ("127.0.0.1", server.port)]]
+                answers = [[hole.address, refused, ("127.0.0.1", server.port)]]
                 getaddrinfo, calls = fake_dns(answers)
                 asyncio.get_running_loop().getaddrinfo = getaddrinfo
                 async with CompletionClient(f"http://api.test:{server.port}/api/v1", KEY,
@@ -790,11 +791,12 @@ def test_every_address_is_tried_and_a_black_hole_does_not_eat_the_timeout():
 def test_addresses_are_looked_up_again_after_connects_fail():
     async def go():
         async with ScriptedServer([([RESPONSE], "keep")]) as server:
-            getaddrinfo, calls = fake_dns([[closed_port()], [("127.0.0.1", server.port)]])
-            asyncio.get_running_loop().getaddrinfo = getaddrinfo
-            async with CompletionClient(f"http://api.test:{server.port}/api/v1", KEY) as client:
-                first = await client.attempt(b"{}", True)
-                second = await client.attempt(b"{}", True)
+            with refusing_address() as refused:
+                getaddrinfo, calls = fake_dns([[refused], [("127.0.0.1", server.port)]])
+                asyncio.get_running_loop().getaddrinfo = getaddrinfo
+                async with CompletionClient(f"http://api.test:{server.port}/api/v1", KEY) as client:
+                    first = await client.attempt(b"{}", True)
+                    second = await client.attempt(b"{}", True)
             return first, second, calls
 
     first, second, calls = asyncio.run(go())

@@ -13,6 +13,7 @@ two must agree (a direct connection would reach the terminator without a log lin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -34,10 +35,14 @@ USER, PASSWORD = "kp-user", "Pr0xy-pa55word-%41"  # %41 is "A": the URL is perce
 PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY")
 
 
-def free_port() -> int:
+@contextlib.contextmanager
+def dead_port():
+    """A loopback port nobody listens on, for as long as the block runs: a socket bound to
+    it and not listening, so a connection is refused (RST) and no other process can take
+    the port meanwhile (a port bound, closed and named later could be anyone's by then)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 def proxy_env(**values: str) -> dict[str, str]:
@@ -50,29 +55,42 @@ def proxy_env(**values: str) -> dict[str, str]:
 
 
 class PProxy:
-    """`pproxy -l http://127.0.0.1:PORT[#user:password] -v --auth 0` (auth asked on every
+    """`pproxy -l http://127.0.0.1:0[#user:password] -v --auth 0` (auth asked on every
     connection) as a subprocess; `targets()` lists the HOST:PORT of each connection it made."""
 
+    started = 0  # (names its files: a test may start several)
+
     def __init__(self, tmp: Path, auth: bool = False):
-        self.port = free_port()
-        listen = f"http://127.0.0.1:{self.port}" + (f"#{USER}:Pr0xy-pa55word-A" if auth else "")
-        self.log = tmp / f"pproxy-{self.port}.log"
+        # pproxy listens on port 0 (the kernel picks a free one) and writes the port it got
+        # to a file once bound: no port chosen here and bound again there, which another
+        # process could take in between
+        listen = "http://127.0.0.1:0" + (f"#{USER}:Pr0xy-pa55word-A" if auth else "")
+        PProxy.started += 1
+        self.log = tmp / f"pproxy-{PProxy.started}.log"
+        port_file = tmp / f"pproxy-{PProxy.started}.port"
         # pproxy installs uvloop when it can, then calls asyncio.get_event_loop(), which
         # uvloop's policy refuses: run it on the standard loop
-        code = ("import sys; sys.modules['uvloop'] = None; from pproxy.server import main; "
-                "sys.argv[0] = 'pproxy'; main()")
+        code = ("import asyncio, os, sys; sys.modules['uvloop'] = None\n"
+                "port_file = sys.argv[1]\n"
+                "start = asyncio.start_server\n"
+                "async def bound(*args, **kwargs):\n"
+                "    server = await start(*args, **kwargs)\n"
+                "    with open(port_file + '.tmp', 'w') as f:\n"
+                "        f.write(str(server.sockets[0].getsockname()[1]))\n"
+                "    os.replace(port_file + '.tmp', port_file)\n"
+                "    return server\n"
+                "asyncio.start_server = bound\n"
+                "from pproxy.server import main; sys.argv[0:2] = ['pproxy']; main()")
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-u", "-c", code, "-l", listen, "-v",
-                                          "--auth", "0"], stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen([sys.executable, "-u", "-c", code, str(port_file), "-l",
+                                          listen, "-v", "--auth", "0"],
+                                         stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                assert self.proc.poll() is None, self.log.read_text()
-                assert time.monotonic() < deadline, "pproxy did not start"
-                time.sleep(0.05)
+        while not port_file.exists():
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "pproxy did not start"
+            time.sleep(0.02)
+        self.port = int(port_file.read_text())
 
     def url(self, user: str | None = None, password: str | None = None) -> str:
         auth = f"{user}:{password}@" if user else ""
@@ -262,16 +280,17 @@ def test_kp_infer_plain_http_origin_through_http_proxy(standin, proxies, tmp_pat
 
 def test_no_proxy_sends_the_origin_direct(standin, tmp_path):
     server = standin(request_log=True)
-    dead_proxy = f"http://127.0.0.1:{free_port()}"  # nothing listens: only a bypass can work
-    for no_proxy in ("127.0.0.1", "localhost,127.0.0.0/8", "*", f".example.com,127.0.0.1:{server.base_url.split(':')[2].split('/')[0]}"):
-        r, out = infer(server.base_url, server.api_key, tmp_path, "--workers", "1",
-                       env=proxy_env(http=dead_proxy, https=dead_proxy, no=no_proxy))
-        assert r.code == 0, (no_proxy, r.stderr)
-        assert len(read_jsonl(out)) == 6
-    # and without the bypass the dead proxy is used, and named (as a proxy) in the failures
-    failures = tmp_path / "failures.jsonl"
-    r, out = infer(server.base_url, server.api_key, tmp_path, "--workers", "0", "--max-attempts", "1",
-                   "--failures", failures, env=proxy_env(http=dead_proxy))
+    with dead_port() as port:  # nothing listens: only a bypass can work
+        dead_proxy = f"http://127.0.0.1:{port}"
+        for no_proxy in ("127.0.0.1", "localhost,127.0.0.0/8", "*", f".example.com,127.0.0.1:{server.base_url.split(':')[2].split('/')[0]}"):
+            r, out = infer(server.base_url, server.api_key, tmp_path, "--workers", "1",
+                           env=proxy_env(http=dead_proxy, https=dead_proxy, no=no_proxy))
+            assert r.code == 0, (no_proxy, r.stderr)
+            assert len(read_jsonl(out)) == 6
+        # and without the bypass the dead proxy is used, and named (as a proxy) in the failures
+        failures = tmp_path / "failures.jsonl"
+        r, out = infer(server.base_url, server.api_key, tmp_path, "--workers", "0", "--max-attempts", "1",
+                       "--failures", failures, env=proxy_env(http=dead_proxy))
     assert r.code == 4 and read_jsonl(out) == []
     assert all("cannot reach proxy 127.0.0.1:" in f["message"] for f in read_jsonl(failures))
 
@@ -279,9 +298,10 @@ def test_no_proxy_sends_the_origin_direct(standin, tmp_path):
 def test_proxy_option_overrides_the_environment(standin, proxies, tmp_path):
     server = standin(request_log=True)
     proxy = proxies()
-    dead = f"http://127.0.0.1:{free_port()}"
-    r, out = infer(server.base_url, server.api_key, tmp_path, "--workers", "1", "--proxy", proxy.url(),
-                   env=proxy_env(http=dead, https=dead, no="*"))
+    with dead_port() as port:
+        dead = f"http://127.0.0.1:{port}"
+        r, out = infer(server.base_url, server.api_key, tmp_path, "--workers", "1", "--proxy", proxy.url(),
+                       env=proxy_env(http=dead, https=dead, no="*"))
     assert r.code == 0, r.stderr
     assert len(read_jsonl(out)) == 6 and proxy.targets()
 
@@ -374,9 +394,10 @@ def test_kp_credits_through_the_proxy_with_a_corporate_ca(standin, proxies, ca):
         assert r.code == 1 and "407" in r.stderr, r.stderr
         assert "Wr0ng-pa55word" not in r.stderr and PASSWORD not in r.stderr
         # NO_PROXY: straight to the origin although the proxy variable names a dead port
-        dead = f"http://127.0.0.1:{free_port()}"
-        r = credits(base_url, server.api_key, env={**proxy_env(https=dead, no="localhost"),
-                                                   "SSL_CERT_FILE": str(pem)})
+        with dead_port() as port:
+            dead = f"http://127.0.0.1:{port}"
+            r = credits(base_url, server.api_key, env={**proxy_env(https=dead, no="localhost"),
+                                                       "SSL_CERT_FILE": str(pem)})
         assert r.code == 0, r.stderr
 
 

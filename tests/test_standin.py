@@ -627,12 +627,26 @@ def test_fault_rates_follow_the_seeded_draw(standin):
 
 
 def test_latency_and_live_reconfiguration(srv):
-    srv.configure(latency=0.25, faults={"429": 1.0})
+    srv.configure(faults={"429": 1.0})
     assert post(srv, body("live", max_tokens=50)).status_code == 429
-    srv.configure(faults={})
+    # a latency far longer than the test: keep-alive comments repeat while the model
+    # "thinks", read until the third one has come (counted as they arrive, not within a
+    # time; the interval is 0.05 s), then the client goes away
+    srv.configure(faults={}, latency=600)
+    headers = {"Authorization": f"Bearer {srv.api_key}"}
+    seen = []
+    with httpx.stream("POST", srv.base_url + "/chat/completions", headers=headers,
+                      json=body("live", max_tokens=50, stream=True), timeout=30) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line:
+                seen.append(line)
+            if len(seen) == 3:
+                break
+    assert seen == [": OPENROUTER PROCESSING"] * 3  # no data before the latency is over
+    srv.configure(latency=0.0)  # then the answer itself, once the latency is gone
     status, lines = stream_lines(srv, body("live", max_tokens=50))
-    assert status == 200 and lines[0] == ": OPENROUTER PROCESSING"
-    assert lines.count(": OPENROUTER PROCESSING") >= 2          # every 0.05 s for 0.25 s
+    assert status == 200 and lines[-1] == "data: [DONE]" and chunks_of(lines)
 
 
 # -- conversations: history-dependent answers, session_id (issue 22) ----------------------
