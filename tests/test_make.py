@@ -207,8 +207,11 @@ def test_ctrl_c_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     server.configure(hold_after=40)
     cmd, env = make_command(server, tmp_path, "all", TURNS="last")  # the ledger's key: see kill -9
     responses = tmp_path / "work" / "D1.responses.jsonl"
+    # SIGINT as a terminal leaves it (default): a suite started from a script's background
+    # job inherits SIGINT ignored, and make then ignores the Ctrl-C it is sent
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while len(whole_lines(responses)) < 40 or not server.stats()["held"]:
