@@ -1,5 +1,5 @@
 """Options declared once (kimipipe/cli.py: OptionTable; kp-infer's table in
-kimipipe/infer/options.py, kp-tokenize's in commands/tokenize.py): a declaration without a
+kimipipe/infer/options.py, kp-tokenize's and kp-shard's in their command modules): a declaration without a
 section or a field it fills is refused when the table is made, every option of the command
 is in its table, and what the user passes reaches the run as passed (kp-infer through its
 plan and its requests to the stand-in)."""
@@ -14,6 +14,7 @@ from test_infer import infer, make_prompts
 
 from kimipipe.cli import Declared, Derived, OptionTable
 from kimipipe.commands import infer as infer_command
+from kimipipe.commands import shard as shard_command
 from kimipipe.commands import tokenize as tokenize_command
 from kimipipe.infer.config import RunConfig
 from kimipipe.infer.options import OPTIONS as INFER_OPTIONS
@@ -23,7 +24,8 @@ from kimipipe.openrouter.request import RequestOptions
 @pytest.mark.parametrize("command, table", [
     (infer_command.cli, INFER_OPTIONS),
     (tokenize_command.cli, tokenize_command.OPTIONS),
-], ids=["infer", "tokenize"])
+    (shard_command.cli, shard_command.OPTIONS),
+], ids=["infer", "tokenize", "shard"])
 def test_every_option_of_the_command_is_in_its_table_with_a_section_and_a_field(command, table):
     """The command's parameters are its table's (no option declared beside it), each one
     under a section of the table and filling a field of a record or a named derivation."""
