@@ -2,10 +2,10 @@
 
 A command module defines its click command with `@kp_command(NAME, examples=...)` (which
 gives it `-h`/`--help`, `--version`, and a help ending with an Examples block and the exit
-codes) and exposes `main = run_command(cli)`; a command with many options declares each of
-them once, in an `OptionTable` (`kp_command(..., options=TABLE)`: its click declaration,
-the field it fills and its --help section), and its function takes the parsed bundle; the console_scripts in setup.cfg point at
-`main`. Summary lines count things with `counted(n, "record")` (`1 record`, `12,345
+codes) and exposes `main = run_command(cli)`; the console_scripts in setup.cfg point at
+`main`. A command with many options declares each of them once, in an `OptionTable`
+(`kp_command(..., options=TABLE)`: its click declaration, the field it fills and its --help
+section), and its function takes the parsed bundle. Summary lines count things with `counted(n, "record")` (`1 record`, `12,345
 records`), so numbers and plurals read the same in every command. `run_command` turns expected failures
 (KPError) into one line on stderr and their exit code, a closed stdout pipe
 (`kp-prompts x | head -1`) into a quiet exit, Ctrl-C into exit 130, and anything else
@@ -201,6 +201,8 @@ class Declared:
         self.decls, self.click, self.argument = decls, click, argument
         self.fills, self.section, self.convert = fills, section, convert
         self.name = self.make().name
+        # how messages name it: its long flag (`--done`, not `done_files`), or the argument
+        self.flag = next((d for d in decls if d.startswith("--")), self.name.upper())
 
     def make(self) -> click.Parameter:
         return (click.Argument if self.argument else click.Option)(list(self.decls), **self.click)
@@ -221,7 +223,7 @@ class Declared:
         return (click.argument if self.argument else click.option)(*self.decls, **self.click)(f)
 
     def __repr__(self) -> str:
-        return f"Declared({self.decls[-1] if not self.argument else self.name.upper()})"
+        return f"Declared({self.flag})"
 
 
 class Parsed:
@@ -258,12 +260,11 @@ class OptionTable:
         self.sections = list(sections)
         self.records = records
         self.by_name = {e.name: e for e in self.entries}
-        problems = []
-        if len(self.by_name) != len(self.entries):
-            problems.append("a parameter declared twice")
+        problems = [f"{command} {e.flag}: declared twice" for e in self.entries
+                    if self.by_name[e.name] is not e]
         filled: dict[str, str] = {}
         for e in self.entries:
-            where = f"{command} {e.decls[-1]}"
+            where = f"{command} {e.flag}"
             if not e.argument and e.section not in self.sections:
                 problems.append(f"{where}: no --help section (one of: {', '.join(self.sections)})")
             if isinstance(e.fills, Derived):
@@ -291,11 +292,11 @@ class OptionTable:
         return entry.section if entry else None
 
     def derivations(self) -> list[Derived]:
-        seen: dict[str, Derived] = {}
+        seen: list[Derived] = []
         for e in self.entries:
-            if isinstance(e.fills, Derived):
-                seen.setdefault(e.fills.name, e.fills)
-        return list(seen.values())
+            if isinstance(e.fills, Derived) and e.fills not in seen:
+                seen.append(e.fills)
+        return seen
 
     def fields(self, record: str, bundle: Parsed) -> dict:
         """RECORD's fields from BUNDLE: the options filling them as they are (converted),

@@ -69,6 +69,9 @@ def test_two_options_filling_one_field_are_refused():
     with pytest.raises(TypeError, match="--budget: fills config.max_cost, as kp-x --max-cost does"):
         _table(Declared("--max-cost", type=float, fills="config.max_cost", section="Money"),
                Declared("--budget", type=float, fills="config.max_cost", section="Money"))
+    with pytest.raises(TypeError, match="kp-x --done: declared twice"):
+        _table(Declared("--done", "done_files", multiple=True, fills="config.done_files", section="Money"),
+               Declared("--done", "done_files", multiple=True, fills="config.spent_in", section="Money"))
     # the table as it is: accepted, and its option listed under its section
     table = _table(Declared("--max-cost", type=float, fills="config.max_cost", section="Money"))
     assert table.section_of("max_cost") == "Money"
