@@ -113,8 +113,12 @@ class PromptWork:
     dollars of budget and money in flight, and RECORD_BOUND bytes of disk: `await run()`."""
 
     def __init__(self, parts: RunParts, prompt: Prompt, line: bytes, reservation: float,
-                 record_bound: int = 0, session_id: str | None = None):
+                 record_bound: int = 0, session_id: str | None = None,
+                 transport: Transport | None = None):
         self.parts = parts
+        # where its attempts go: the run's transport, or the route chosen at its admission
+        # (infer/servers.py: to the servers, or to OpenRouter)
+        self.transport = transport if transport is not None else parts.transport
         self.prompt = prompt
         self.line = line
         self.reservation = reservation
@@ -135,7 +139,7 @@ class PromptWork:
             while True:
                 self.attempts += 1
                 self.started = time.monotonic()
-                result = await parts.transport.attempt(self.body, stream)
+                result = await self.transport.attempt(self.body, stream)
                 if not await self.HANDLERS[result.kind](self, result):
                     return
         finally:
@@ -258,7 +262,9 @@ class PromptWork:
         (the grace period ended, a second Ctrl-C), the answer is kept at its estimate now:
         its record written, or its refusal on the failure line, then the cancel goes on."""
         parts = self.parts
-        if answer.cost is not None:
+        if answer.api is not None:  # a self-hosted server's: it costs nothing (infer/servers.py)
+            source = costs.SERVER
+        elif answer.cost is not None:
             source = costs.USAGE
         else:
             try:
