@@ -219,7 +219,7 @@ def open_transport(config: RunConfig, todo: int, servers: list | None = None
     gains nothing from workers and would pay their start (~0.3 s of CPU each) and an IPC
     hop per request."""
     if config.servers:  # self-hosted servers (SERVERS: as discovered), OpenRouter beside or not
-        from .servers import Sources, Server, split_server
+        from .servers import Server, Sources, split_server
         return Sources.for_run(servers or [Server(split_server(u)[0], config.request.model)
                                            for u in config.servers],
                                config.server_concurrency, config.idle_timeout,

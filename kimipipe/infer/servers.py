@@ -333,12 +333,16 @@ class Sources:
             result.message = f"{source.name}: {result.message}"
         else:
             source.cooldown = COOLDOWN_MIN
-        # what the server answered is the server's: its name, its host, no bill; and the
-        # model the run asked for, whatever name the server serves it under
-        result.provider = source.name
-        result.api = source.api
-        if source.model is not None and result.model:
-            result.model = source.model
-        if result.cost is None:
-            result.cost = 0.0
-        return result
+        return server_answer(result, source.server, source.model)
+
+
+def server_answer(result: Attempt, server: Server, model: str | None) -> Attempt:
+    """RESULT as SERVER's: its name, its host, no bill; and MODEL (the run's --model),
+    whatever name the server serves it under."""
+    result.provider = server.name
+    result.api = api_of(server.url)
+    if model is not None and result.model:
+        result.model = model
+    if result.cost is None:
+        result.cost = 0.0
+    return result
