@@ -542,3 +542,33 @@ def test_hybrid_servers_share_reserves_no_money(standin, tmp_path):
     assert sum(rec["usage"]["cost"] for rec in records) == pytest.approx(
         sum(line["cost"] for line in openrouter.ledger()))
     assert sum(line["cost"] for line in openrouter.ledger()) <= worst * 1.5
+
+
+def test_hybrid_prompts_of_a_dead_server_move_to_openrouter(standin, tmp_path):
+    """The only server dies holding prompts: they move to OpenRouter (their worst case
+    reserved then), and the prompts admitted after go there too; all answered once."""
+    server = standin(mode="vllm")
+    openrouter = standin(ledger=True, latency=0.05)
+    server.configure(hold_after=0)
+    prompts = write_prompts(tmp_path / "p.jsonl", 6)
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen(
+        [str(BIN / "kp-infer"), prompts, "-o", out, "--server", server.base_url,
+         "--server-concurrency", "2", "--openrouter", "--concurrency", "2",
+         "--backoff-base", "0.05", "--max-cost", "5"],
+        env={**os.environ, **openrouter.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: server.stats()["held"] >= 2, "two prompts held by the server")
+        server.proc.kill()
+        server.proc.wait()
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr.decode()
+    records = read_jsonl(out)
+    assert sorted(rec["id"] for rec in records) == sorted(f"q{i}" for i in range(6))
+    assert all(rec["provider"] != host_port(server) and rec["usage"]["cost"] > 0
+               and rec.get("sampled_ids") is None for rec in records)
+    assert len(openrouter.ledger()) == 6  # each prompt answered once, by OpenRouter

@@ -43,7 +43,7 @@ from ..openrouter.attempt import Attempt
 from ..records import Prompt, Refusal
 from . import costs
 from .acceptance import Acceptance
-from .budget import Budget
+from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .disk import DiskGuard
 from .inflight import MoneyInFlight
@@ -180,6 +180,7 @@ class PromptWork:
         if self.attempts >= parts.config.max_attempts:
             self._fail(FailureKind.RETRIES_EXHAUSTED, result)
             return False
+        await self._move_to_openrouter(result)
         await parts.limiter.release()
         self.holding_slot = False
         if not await self._sleep_unless_stopped(self._backoff(self.attempts, result.retry_after)):
@@ -281,6 +282,24 @@ class PromptWork:
                 raise
         parts.stats.cost_sources[source] += 1
         return source
+
+    async def _move_to_openrouter(self, result: Attempt) -> None:
+        """A prompt of the servers (infer/servers.py `Route`) whose servers are all down goes
+        to OpenRouter, when the run has it and the prompt's worst case fits the money caps
+        now (else it stays, and is sent to the servers again)."""
+        move = getattr(self.transport, "may_move", None)
+        if move is None or not move(result.cause):
+            return
+        parts = self.parts
+        worst = parts.budget.worst_case(prompt_token_bound(self.prompt.messages))
+        if parts.budget.cost_blocker(worst) is not None or not parts.money.fits(worst):
+            parts.budget.pending = 0.0
+            return
+        if not await parts.money.acquire(worst):  # (at once: it fits, unless others wait first)
+            return
+        parts.budget.reserve(worst)
+        self.reservation += worst  # released with the rest when the prompt is done
+        self.transport.move_to_openrouter()
 
     async def _sleep_unless_stopped(self, delay: float) -> bool:
         """Wait DELAY seconds before sending again; False when the run stops meanwhile."""

@@ -33,8 +33,9 @@ is the server's alias for it) and its `sampling` what the server was sent
 (`server_sampling`). A server that cannot be reached (connection refused or reset, a cut
 answer) is set aside for a cooldown that doubles while it stays down (2 s to 60 s), and the
 attempt is retried on another server as any other failed attempt (backoff,
-`--max-attempts`); while every server is down, the attempts are sent anyway (one may be
-back). No source gets more than its slots: with one set aside, an attempt waits for a
+`--max-attempts`); while every server is down, a prompt of theirs moves to OpenRouter
+(with `--openrouter`, when its worst case fits the money caps then: `Route.may_move`) and
+new prompts go there, else the attempts are sent to the servers anyway (one may be back). No source gets more than its slots: with one set aside, an attempt waits for a
 free slot of the others (or the end of the cooldown).
 """
 
@@ -239,6 +240,16 @@ class Route:
     async def attempt(self, body: bytes, stream: bool) -> Attempt:
         return await self.sources.attempt(body, stream, servers=self.servers)
 
+    def may_move(self, cause: str) -> bool:
+        """Whether a prompt of the servers whose attempt failed for CAUSE should go to
+        OpenRouter instead: it is in the run, and every server is down."""
+        return (self.servers and cause in DOWN_CAUSES and self.sources.has_openrouter
+                and not self.sources.servers_up())
+
+    def move_to_openrouter(self) -> None:
+        """(its worst case reserved by the caller: infer/prompt_work.py)"""
+        self.close()
+
     def close(self) -> None:
         if self.servers:
             self.sources.bound -= 1
@@ -286,9 +297,15 @@ class Sources:
         servers = [s for s in self.sources if s.server is not None]
         return [s for s in servers if s.up(now)] or servers
 
+    def servers_up(self) -> bool:
+        now = time.monotonic()
+        return any(s.up(now) for s in self.sources if s.server is not None)
+
     def server_room(self) -> bool:
         """Whether a prompt admitted now would find a server slot no admitted prompt holds
-        (among the servers up; all of them while none is)."""
+        (among the servers up; while none is: none with OpenRouter beside them, else all)."""
+        if self.has_openrouter and not self.servers_up():
+            return False
         return self.bound < sum(s.capacity for s in self._servers_up(time.monotonic()))
 
     def route(self, servers: bool) -> Route:
