@@ -251,6 +251,8 @@ class Run:
                                                  self.say, self.progress.show_waiting_for_disk):
                 if self.disk.gave_up:  # --disk-wait with nothing in flight: a full disk's stop
                     self.stop(StopReason.DISK)
+                if route is not None:
+                    route.close()
                 return
             if not self.money.fits(reservation):
                 state.waiting = "room for money in flight"  # (the progress line says so)
