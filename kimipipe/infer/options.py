@@ -262,11 +262,12 @@ OPTIONS = OptionTable("kp-infer", [
              help="Requests in flight at most (the limit adapts down on 429s and back up). "
                   "64 suits a first try; the user's runs in the README use 2000 (one client "
                   "holds 2000 in flight: see docs/performance.md)."),
-    Declared("--server", "servers", multiple=True, metavar="URL", fills="config.servers",
+    Declared("--server", "servers", multiple=True, metavar="URL[#NAME]", fills="config.servers",
              section=TUNING,
              help="A self-hosted OpenAI-compatible server (vLLM, SGLang) to send prompts to, "
-                  "e.g. http://gpu1:30000/v1 (repeatable): no provider object, balance or "
-                  "endpoints table; thinking by chat_template_kwargs; vLLM's sampled token IDs "
+                  "e.g. http://gpu1:30000/v1 (repeatable); #NAME: the name it serves --model "
+                  "under (else GET /v1/models tells). No provider object, balance or "
+                  "endpoints table; thinking by chat_template_kwargs; the sampled token IDs "
                   "kept (sampled_ids). Without --openrouter, OpenRouter gets nothing. "
                   "See docs/servers.md."),
     Declared("--server-concurrency", type=click.IntRange(min=1), default=64, show_default=True,

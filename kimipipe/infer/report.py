@@ -290,7 +290,7 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         limit_refusals=dict(stats.limit_refusals),
         money_in_flight=money_in_flight,
         costs=SummaryCosts(**{source: stats.cost_sources.get(source, 0)
-                              for source in ("usage", "generation", "estimate")}),
+                              for source in ("usage", "generation", "estimate", "server")}),
         # with --server: each source's share of the answers and its completion tokens/s
         sources={name: SourceShare(answers=n, share=round(n / stats.done, 4),
                                    completion_tokens=stats.source_tokens[name],
