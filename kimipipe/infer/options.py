@@ -223,7 +223,7 @@ OPTIONS = OptionTable("kp-infer", [
              help="Append permanent failures here (JSONL: id, kind, status, code, message, attempts, "
                   "and for answers paid for and refused, provider, cost and refused)."),
     Declared("--summary-json", type=click.Path(), default=None, fills="config.summary_json",
-             section=FILES, help="Write the final summary here as JSON."),
+             section=FILES, help="Write the final summary here as JSON (`-`: stdout, when -o is a file)."),
     Declared("--done", "done_files", multiple=True, type=click.Path(), fills="config.done_files",
              section=FILES, help="Another responses file whose IDs count as done (repeatable)."),
     Declared("--rescue", "rescue_dir", type=click.Path(), default=None, metavar="DIR",

@@ -104,7 +104,10 @@ def check_outputs(config: RunConfig) -> None:
     if config.failures:
         require_distinct(config.failures, config.input, config.output)
         check_writable(config.failures, "--failures")
-    if config.summary_json:
+    if config.summary_json == "-" and config.output == "-":
+        raise KPError("--summary-json - and -o - both want stdout: give one of them a file",
+                      ExitCode.USAGE)
+    if config.summary_json and config.summary_json != "-":
         require_distinct(config.summary_json, config.input, config.output,
                          *([config.failures] if config.failures else []))
         check_writable(config.summary_json, "--summary-json", in_place=False)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -404,7 +405,12 @@ def _failures_note(failed: int, failures_file: str | None) -> str:
 
 def write_summary_json(path: str, result: InferSummary) -> None:
     """Write the summary whole under a temporary name, then rename it into place (checked
-    writable before the run: see prepare.check_outputs)."""
+    writable before the run: see prepare.check_outputs); `-` is stdout (-o is a file then)."""
+    if path == "-":
+        json.dump(msgspec.to_builtins(result), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        return
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w") as f:  # (json.dump of the builtins: the bytes it always had)
