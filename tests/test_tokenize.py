@@ -132,29 +132,45 @@ def test_multi_turn_history_renders_with_empty_think_and_no_extra_system(case, k
         "<|im_user|>user<|im_middle|>Bye?<|im_end|><|im_assistant|>assistant<|im_middle|><think>")
 
 
-def test_no_thinking_prompt_closes_think_and_turn_is_content_end(tmp_path, kimi_tokenizer):
+@pytest.fixture(scope="module")
+def no_thinking_runs(tmp_path_factory):
+    """One `--no-thinking` run per tokenizer kind, for the two tests below: an answer, a
+    content holding a lone </think>, and an answer with reasoning (rejected, line 3)."""
+    runs = {}
+
+    def run(directory):
+        if directory not in runs:
+            tmp = tmp_path_factory.mktemp("no-thinking")
+            rows = [response_record("n", "Hi", content="Hello there."),
+                    response_record("nl", "Hi", content="a</think>b"),
+                    response_record("x", "Hi", content="Hello", reasoning="hmm")]
+            src = write_jsonl(tmp / "responses.jsonl", rows)
+            rejects = tmp / "rejects.jsonl"
+            r = tokenize(src, "--tokenizer", directory, "--trust-remote-code", "--workers", "1",
+                         "--no-thinking", "--rejects", rejects)
+            runs[directory] = (r, rejects, rows)
+        return runs[directory]
+    return run
+
+
+def test_no_thinking_prompt_closes_think_and_turn_is_content_end(no_thinking_runs, kimi_tokenizer):
     d = kimi_tokenizer
-    rec = response_record("n", "Hi", content="Hello there.")
-    # the prompt closed the think block: a </think> in the content is text
-    lone = response_record("nl", "Hi", content="a</think>b")
-    src = write_jsonl(tmp_path / "responses.jsonl", [rec, lone])
-    r = tokenize(src, "--tokenizer", d, "--trust-remote-code", "--workers", "1", "--no-thinking")
-    assert r.code == 0, r.stderr
-    out, out_lone = r.records()
+    r, _, (rec, _lone, _) = no_thinking_runs(d)
+    out, out_lone = r.records()  # (and not the rejected third: next test)
     assert out["input_ids"] == prompt_ids(d, rec["messages"], thinking=False)
     assert out["input_ids"][-2:] == [tid(d, "<think>"), tid(d, "</think>")]
     assert out["output_ids"] == plain(d, "Hello there.") + [tid(d, "<|im_end|>")]
+    # the prompt closed the think block: a </think> in the content is text
     assert out_lone["output_ids"] == plain(d, "a</think>b") + [tid(d, "<|im_end|>")]
     assert "reasoning_source" not in out_lone
 
 
-def test_no_thinking_rejects_a_response_that_has_reasoning(tmp_path, kimi_tokenizer):
-    rejects = tmp_path / "rejects.jsonl"
-    rec = response_record("x", "Hi", content="Hello", reasoning="hmm")
-    r = run_one(tmp_path, kimi_tokenizer, rec, "--no-thinking", "--rejects", rejects)
-    assert r.code == 4 and r.stdout == b""
+def test_no_thinking_rejects_a_response_that_has_reasoning(no_thinking_runs, kimi_tokenizer):
+    r, rejects, _ = no_thinking_runs(kimi_tokenizer)
+    assert r.code == 4, r.stderr  # done, one record rejected
+    assert [x["id"] for x in r.records()] == ["n", "nl"]  # nothing written for it
     [rej] = read_jsonl(rejects)
-    assert rej["id"] == "x" and rej["line"] == 1 and "--no-thinking" in rej["reason"]
+    assert rej["id"] == "x" and rej["line"] == 3 and "--no-thinking" in rej["reason"]
 
 
 def test_reasoning_before_a_lone_think_close_gets_the_structural_token(case, kimi_tokenizer):
