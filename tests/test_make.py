@@ -93,7 +93,7 @@ def copy_build(built: Path, tmp_path: Path) -> int:
 
 
 def test_full_build_then_nothing_to_redo(standin, built, tmp_path):
-    requests = copy_build(built, tmp_path)  # `make all` from nothing: the `built` fixture
+    copy_build(built, tmp_path)  # `make all` from nothing: the `built` fixture
     server = standin(ledger=True)
     before = stage_files(tmp_path)
     again = make(server, tmp_path, "all")
