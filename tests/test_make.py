@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,12 +26,41 @@ SOURCE = REPO / "kimipipe" / "data" / "demo" / "sharegpt.json"
 TOKENIZER = REPO / "kimipipe" / "data" / "tokenizers" / "kimi-k2.5-mini-fast"
 
 
-def make_command(server, tmp_path, *args, **variables) -> tuple[list[str], dict]:
+_TOKENIZER_CHECKS: dict[tuple[str, str], bytes] = {}
+
+
+def seed_tokenizer_check(work: Path, tokenizer, flags: str) -> None:
+    """A new WORK gets the memo `make check` writes once TOKENIZER has loaded with FLAGS
+    (WORK/.tokenizer-check.json: kimipipe/make/check.py), made by the product's own
+    check_tokenizer once per test process: what a user's second `make all` finds. Each
+    make-driven test otherwise reloaded the same unchanged tokenizer in its first
+    `make check` (a kp-tokenize start, ~1-2 CPU-s). The memo is the product's to trust: it
+    holds the tokenizer's path, files, sizes and mtimes, the flags and the versions, and a
+    test whose TOKENIZER or TOKENIZE_FLAGS differ is checked for real. The check itself,
+    loading and not reloading, is test_make_build.py's test_make_check_...'s (unseeded)."""
+    from kimipipe.make.check import check_tokenizer
+
+    key = (str(tokenizer), flags)
+    if key not in _TOKENIZER_CHECKS:
+        with tempfile.TemporaryDirectory() as d:
+            memo = Path(d) / ".tokenizer-check.json"
+            ok, line = check_tokenizer(str(VENV / "bin"), str(tokenizer), flags, memo=str(memo))
+            assert ok, line
+            _TOKENIZER_CHECKS[key] = memo.read_bytes()
+    work.mkdir(parents=True)
+    (work / ".tokenizer-check.json").write_bytes(_TOKENIZER_CHECKS[key])
+
+
+def make_command(server, tmp_path, *args, seed_check: bool = True,
+                 **variables) -> tuple[list[str], dict]:
     settings = {"DATASETS": "D1", "SOURCE_D1": SOURCE, "WORK": tmp_path / "work",
                 "SHARDS": tmp_path / "shards", "VENV": VENV, "BASE_URL": server.base_url,
                 "TOKENIZER": TOKENIZER, "CONCURRENCY": 16, "MAX_COST": 1, "TOKEN_BUDGET": "",
                 "MAX_TOKENS": 1024, "MIN_CREDITS": 1, "INFER_FLAGS": "--backoff-base 0.05 --quiet",
                 "TOKENIZE_FLAGS": "--quiet", **variables}
+    work = Path(settings["WORK"])
+    if seed_check and not work.exists():  # a fresh build directory only
+        seed_tokenizer_check(work, settings["TOKENIZER"], str(settings["TOKENIZE_FLAGS"]))
     cmd = ["make", "-C", str(REPO), *args, *(f"{k}={v}" for k, v in settings.items())]
     return cmd, {**os.environ, "OPENROUTER_API_KEY": server.api_key}
 

@@ -48,13 +48,14 @@ def single_turn(variables: dict) -> dict:
 
 
 def run_make(server, tmp_path, *args, env: dict | None = None, read_only: Path | None = None,
-             **variables):
+             seed_check: bool = True, **variables):
     """make against SERVER; MAX_COST (1 in test_make's settings) out of the way of TOTAL_COST.
     READ_ONLY: a directory make sees unwritable. Mode 0500 is enough for a normal user; root
     (CI) writes anywhere, so as root make runs in a mount namespace of its own where the
     directory is a read-only bind mount (EROFS for root too)."""
     variables = {"MAX_COST": 95, **variables}
-    cmd, full_env = make_command(server, tmp_path, "--no-print-directory", *args, **variables)
+    cmd, full_env = make_command(server, tmp_path, "--no-print-directory", *args,
+                                 seed_check=seed_check, **variables)
     if read_only is not None and os.geteuid() == 0:
         cmd = ["unshare", "-m", "sh", "-c", 'mount --bind "$1" "$1" && mount -o remount,bind,ro '
                '"$1" && shift && exec "$@"', "sh", str(read_only), *cmd]
@@ -252,7 +253,7 @@ def test_make_all_refuses_what_total_cost_cannot_pay_unless_allow_short(standin,
 def test_make_check_finds_what_would_fail_later_before_any_money(standin, tmp_path):
     server = standin(ledger=True)
     variables = write_sources(tmp_path, {"A": 10})
-    r = run_make(server, tmp_path, "check", **variables)
+    r = run_make(server, tmp_path, "check", seed_check=False, **variables)  # a first load
     assert r.returncode == 0, r.stdout + r.stderr
     assert [x.split(":")[2].strip() for x in r.stdout.splitlines() if x.startswith("check: ok")] == [
         "A", "tokenizer", "key and base URL", "outputs", "outputs"]
