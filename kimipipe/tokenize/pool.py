@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import gc
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -151,15 +152,20 @@ class WorkerPool:
         n = len(self.procs)
         in_flight: deque[int] = deque()  # the worker of each batch sent, oldest first
         bad_input = None
-        try:
-            for k, batch in enumerate(batches):
-                worker = k % n
-                if len(in_flight) >= n * self.depth:  # the oldest is on WORKER: free its slot
-                    yield self._result(in_flight.popleft())
-                self.senders[worker].queue.put(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
-                in_flight.append(worker)
-        except KPError as e:
-            bad_input = e
+        batches = iter(batches)
+        for k in itertools.count():
+            try:  # (only the input's errors: a worker's are raised at once)
+                batch = next(batches)
+            except StopIteration:
+                break
+            except KPError as e:
+                bad_input = e
+                break
+            worker = k % n
+            if len(in_flight) >= n * self.depth:  # the oldest is on WORKER: free its slot
+                yield self._result(in_flight.popleft())
+            self.senders[worker].queue.put(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
+            in_flight.append(worker)
         while in_flight:
             yield self._result(in_flight.popleft())
         if bad_input is not None:
