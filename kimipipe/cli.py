@@ -3,7 +3,9 @@
 A command module defines its click command with `@kp_command(NAME, examples=...)` (which
 gives it `-h`/`--help`, `--version`, and a help ending with an Examples block and the exit
 codes) and exposes `main = run_command(cli)`; the console_scripts in setup.cfg point at
-`main`. Summary lines count things with `counted(n, "record")` (`1 record`, `12,345
+`main`. A command with many options declares each of them once, in an `OptionTable`
+(`kp_command(..., options=TABLE)`: its click declaration, the field it fills and its --help
+section), and its function takes the parsed bundle. Summary lines count things with `counted(n, "record")` (`1 record`, `12,345
 records`), so numbers and plurals read the same in every command. `run_command` turns expected failures
 (KPError) into one line on stderr and their exit code, a closed stdout pipe
 (`kp-prompts x | head -1`) into a quiet exit, Ctrl-C into exit 130, and anything else
@@ -12,15 +14,17 @@ into one line and exit 1; `--debug` or `KP_DEBUG=1` shows the traceback instead.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import re
 import signal
 import sys
 import textwrap
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -77,7 +81,9 @@ class KPCommand(click.Command):
     into a quiet exit 0 (click itself would make an EPIPE exit 1, silently).
     """
 
-    def __init__(self, *args, examples: str = "", exit_codes: str | None = None, **kwargs):
+    def __init__(self, *args, examples: str = "", exit_codes: str | None = None,
+                 options: OptionTable | None = None, **kwargs):
+        self.table = options
         settings = kwargs.setdefault("context_settings", {})
         settings.setdefault("help_option_names", ["-h", "--help"])
         super().__init__(*args, **kwargs)
@@ -93,6 +99,21 @@ class KPCommand(click.Command):
             return super().invoke(ctx)
         except BrokenPipeError:
             raise ClosedOutputPipe() from None
+
+    def format_options(self, ctx, formatter) -> None:
+        """With an OptionTable: the options under the table's section headings, in its
+        order; the command's own (--version, -h) close the last section."""
+        if self.table is None:
+            return super().format_options(ctx, formatter)
+        sections: dict[str, list] = {title: [] for title in self.table.sections}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None and not isinstance(param, click.Argument):
+                sections[self.table.section_of(param.name) or self.table.sections[-1]].append(record)
+        for title, records in sections.items():
+            if records:
+                with formatter.section(title):
+                    formatter.write_dl(records)
 
     def format_epilog(self, ctx, formatter) -> None:
         super().format_epilog(ctx, formatter)
@@ -134,35 +155,190 @@ def help_only(name: str, text: str, *, arguments: str, examples: str,
 
 
 def kp_command(name: str, *, examples: str, exit_codes: str | None = None,
-               cls: type[KPCommand] = KPCommand, **attrs):
-    """`@click.command` for a kp-* command (see KPCommand)."""
-    return click.command(name=name, cls=cls, examples=examples, exit_codes=exit_codes, **attrs)
+               cls: type[KPCommand] = KPCommand, options: OptionTable | None = None, **attrs):
+    """`@click.command` for a kp-* command (see KPCommand). With OPTIONS (an OptionTable),
+    the command's parameters are the table's, and the decorated function takes one
+    argument: the parsed bundle (`Parsed`), not one parameter per option."""
+    if options is None:
+        return click.command(name=name, cls=cls, examples=examples, exit_codes=exit_codes, **attrs)
+    make = click.command(name=name, cls=cls, examples=examples, exit_codes=exit_codes,
+                         options=options, params=options.params(), **attrs)
+
+    def decorator(f):
+        @functools.wraps(f)
+        def callback(**values):
+            return f(Parsed(values))
+        return make(callback)
+
+    return decorator
 
 
-def input_argument(multiple: bool = False):
+# -- options declared once ------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """Where an option's value goes when it is not copied as it is into one field: NAME
+    says what is computed. COMPUTE(bundle) returns RECORD's fields it sets ({field: value});
+    without a RECORD the command reads the options itself (a dispatch between modes, the
+    messages), and there is nothing to compute."""
+
+    name: str
+    record: str | None = None
+    compute: Callable[[Parsed], dict] | None = None
+
+
+class Declared:
+    """One parameter of a command, declared once: DECLS and CLICK as click.option (or, with
+    ARGUMENT, click.argument) takes them; FILLS, the field its value goes to ("config.max_cost":
+    record `config`'s field `max_cost`) or a Derived; SECTION, its --help heading; CONVERT,
+    applied to the value on the way (a repeatable option fills a list without one).
+
+    Used alone (`@output_option(...)`) it is a click decorator; an OptionTable takes it
+    with its FILLS and SECTION (`.at(...)`, for the shared ones declared here)."""
+
+    def __init__(self, *decls: str, fills: str | Derived | None = None, section: str | None = None,
+                 convert: Callable[[Any], Any] | None = None, argument: bool = False, **click):
+        self.decls, self.click, self.argument = decls, click, argument
+        self.fills, self.section, self.convert = fills, section, convert
+        self.name = self.make().name
+        # how messages name it: its long flag (`--done`, not `done_files`), or the argument
+        self.flag = next((d for d in decls if d.startswith("--")), self.name.upper())
+
+    def make(self) -> click.Parameter:
+        return (click.Argument if self.argument else click.Option)(list(self.decls), **self.click)
+
+    def at(self, fills: str | Derived, section: str | None = None,
+           convert: Callable[[Any], Any] | None = None) -> Declared:
+        """This parameter, filling FILLS and listed under SECTION (the shared ones)."""
+        return Declared(*self.decls, fills=fills, section=section, convert=convert,
+                        argument=self.argument, **self.click)
+
+    def value(self, values: dict) -> Any:
+        value = values[self.name]
+        if self.convert is not None:
+            return self.convert(value)
+        return list(value) if isinstance(value, tuple) and self.click.get("multiple") else value
+
+    def __call__(self, f):
+        return (click.argument if self.argument else click.option)(*self.decls, **self.click)(f)
+
+    def __repr__(self) -> str:
+        return f"Declared({self.flag})"
+
+
+class Parsed:
+    """A command's parsed options, one attribute each, named as click names them
+    (`--max-cost` is `.max_cost`, `--done` is `.done_files`): what the command takes."""
+
+    def __init__(self, values: dict):
+        self.__dict__.update(values)
+
+    def __repr__(self) -> str:  # names only: --proxy may hold a password
+        return f"Parsed({', '.join(self.__dict__)})"
+
+
+def _record_fields(cls: type) -> set[str]:
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    return set(getattr(cls, "__struct_fields__", ()))  # a msgspec Struct
+
+
+class OptionTable:
+    """Every parameter of one command, each declared once (see Declared), and what follows
+    from it: the click parameters (in the table's order), the --help sections (SECTIONS'
+    order; an option's place within its section is its place in the table) and the fields
+    of the records the command builds (RECORDS: name -> dataclass or Struct).
+
+    The table refuses, when it is made (so at import, before any command runs), an option
+    without a section among SECTIONS, a parameter without FILLS, a FILLS naming a record or
+    field that does not exist, and two parameters filling one field."""
+
+    def __init__(self, command: str, entries: Iterable[Declared], *, sections: Iterable[str],
+                 records: dict[str, type]):
+        self.command = command
+        self.entries = list(entries)
+        self.sections = list(sections)
+        self.records = records
+        self.by_name = {e.name: e for e in self.entries}
+        problems = [f"{command} {e.flag}: declared twice" for e in self.entries
+                    if self.by_name[e.name] is not e]
+        filled: dict[str, str] = {}
+        for e in self.entries:
+            where = f"{command} {e.flag}"
+            if not e.argument and e.section not in self.sections:
+                problems.append(f"{where}: no --help section (one of: {', '.join(self.sections)})")
+            if isinstance(e.fills, Derived):
+                d = e.fills
+                if (d.record is None) != (d.compute is None) or (d.record and d.record not in records):
+                    problems.append(f"{where}: derivation {d.name!r} needs a record of "
+                                    f"{sorted(records)} and a compute, or neither")
+            elif isinstance(e.fills, str) and e.fills.count(".") == 1:
+                record, field = e.fills.split(".")
+                if record not in records or field not in _record_fields(records[record]):
+                    problems.append(f"{where}: fills {e.fills}, which {sorted(records)} lack")
+                elif e.fills in filled:
+                    problems.append(f"{where}: fills {e.fills}, as {filled[e.fills]} does")
+                filled[e.fills] = where
+            else:
+                problems.append(f"{where}: fills nothing (a record's field, or a Derived)")
+        if problems:
+            raise TypeError("; ".join(problems))
+
+    def params(self) -> list[click.Parameter]:
+        return [e.make() for e in self.entries]
+
+    def section_of(self, name: str | None) -> str | None:
+        entry = self.by_name.get(name or "")
+        return entry.section if entry else None
+
+    def derivations(self) -> list[Derived]:
+        seen: list[Derived] = []
+        for e in self.entries:
+            if isinstance(e.fills, Derived) and e.fills not in seen:
+                seen.append(e.fills)
+        return seen
+
+    def fields(self, record: str, bundle: Parsed) -> dict:
+        """RECORD's fields from BUNDLE: the options filling them as they are (converted),
+        then the derivations that set its fields (in table order)."""
+        values = {}
+        for e in self.entries:
+            if isinstance(e.fills, str) and e.fills.split(".")[0] == record:
+                values[e.fills.split(".")[1]] = e.value(bundle.__dict__)
+        for d in self.derivations():
+            if d.record == record and d.compute is not None:
+                computed = d.compute(bundle)
+                if set(computed) & set(values):
+                    raise TypeError(f"{self.command}: derivation {d.name!r} sets "
+                                    f"{sorted(set(computed) & set(values))}, filled by options")
+                values.update(computed)
+        return values
+
+
+def input_argument(multiple: bool = False) -> Declared:
     """INPUT path(s); `-` (the default) is stdin; zstd is read transparently."""
     if multiple:
-        return click.argument("inputs", nargs=-1, type=click.Path(allow_dash=True))
-    return click.argument("input", default="-", type=click.Path(allow_dash=True))
+        return Declared("inputs", nargs=-1, type=click.Path(allow_dash=True), argument=True)
+    return Declared("input", default="-", type=click.Path(allow_dash=True), argument=True)
 
 
-def output_option(help_text: str = "Output file (`-` = stdout; `.zst` compresses)."):
-    return click.option(
-        "-o", "--output", default="-", show_default=True, type=click.Path(allow_dash=True),
-        help=help_text,
-    )
+def output_option(help_text: str = "Output file (`-` = stdout; `.zst` compresses).") -> Declared:
+    return Declared("-o", "--output", default="-", show_default=True,
+                    type=click.Path(allow_dash=True), help=help_text)
+
+
+QUIET = Declared("-q", "--quiet", is_flag=True, help="No progress bars, warnings or summaries on stderr.")
+DEBUG = Declared("--debug", is_flag=True, help="Show tracebacks of unexpected errors (or KP_DEBUG=1).")
+# --quiet and --debug in a table: the command's Stderr reads --quiet, run_command --debug
+MESSAGES = Derived("messages: --quiet silences stderr; run_command shows tracebacks with --debug")
 
 
 def quiet_option(f):
-    return click.option(
-        "-q", "--quiet", is_flag=True, help="No progress bars, warnings or summaries on stderr."
-    )(f)
+    return QUIET(f)
 
 
 def debug_option(f):
-    return click.option(
-        "--debug", is_flag=True, help="Show tracebacks of unexpected errors (or KP_DEBUG=1)."
-    )(f)
+    return DEBUG(f)
 
 
 def common_options(f):
@@ -427,8 +603,8 @@ class PartitionType(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-def partition_option(f):
-    """`--partition K/N`: only the IDs whose hash falls in part K of N (kimipipe/partition.py)."""
-    return click.option("--partition", type=PartitionType(), default=None,
-                        help="Only the IDs whose hash falls in part K of N (one part per machine).")(f)
+# `--partition K/N`: only the IDs whose hash falls in part K of N (kimipipe/partition.py);
+# `@partition_option`, or `partition_option.at(...)` in a table.
+partition_option = Declared("--partition", type=PartitionType(), default=None,
+                            help="Only the IDs whose hash falls in part K of N (one part per machine).")
 

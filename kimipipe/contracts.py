@@ -202,6 +202,7 @@ class SummaryCosts(Struct):
     usage: int = 0  # usage.cost
     generation: int = 0  # GET /generation (the answer showed none)
     estimate: int = 0  # neither in time: usage tokens at the price bound, or the worst case
+    server: int = 0  # a --server's answer: no bill (infer/servers.py)
 
 
 class SourceShare(Struct):

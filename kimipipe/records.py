@@ -92,6 +92,9 @@ class Sampling(Struct, omit_defaults=True):
     seed: int | None = None
     reasoning: dict[str, Any] | None = None
     require_parameters: bool = False
+    # a self-hosted server's answer (docs/servers.md): thinking on/off as its chat template
+    # was told it, in place of OpenRouter's `reasoning` (a server is sent no `reasoning`)
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class SampledIds(Struct, omit_defaults=True):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 
 import pytest
@@ -136,3 +137,18 @@ def test_report_reads_older_lines_and_refuses_what_is_not_a_result(standin, tmp_
     r = kp("infer", "report", "--plan", "--base-url", server.base_url, cwd=tmp_path)
     assert r.code == 0 and "2 in the input, 2 to do" in r.stdout.decode(), r.stderr
 
+
+
+def test_summary_json_dash_is_stdout_and_refused_when_the_records_are_there(standin, tmp_path):
+    """`--summary-json -` prints the summary on stdout (it wrote a file named `-` before);
+    with `-o -` stdout carries the records, so the pair is refused before any request."""
+    server = standin(ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 3)
+    out = tmp_path / "r.jsonl"
+    r = infer(server, prompts, "-o", out, "--summary-json", "-", "--quiet")
+    assert r.code == 0, r.stderr
+    assert json.loads(r.stdout)["done"] == 3 and len(read_jsonl(out)) == 3
+    assert not os.path.exists("-")  # no file named - in the working directory
+    r = infer(server, prompts, "-o", "-", "--summary-json", "-")
+    assert r.code == 2 and "--summary-json - and -o - both want stdout" in r.stderr
+    assert len(server.ledger()) == 3  # the refused run sent nothing

@@ -105,13 +105,46 @@ def test_vllm_mode_serves_none_of_openrouters_endpoints(standin):
     assert MODEL in [m["id"] for m in models["data"]]
 
 
-def test_sglang_mode_returns_no_token_ids(standin):
-    server = standin(mode="sglang")
-    out = json.loads(post(server.base_url + "/chat/completions", {
-        "model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-        "return_token_ids": True}))
-    assert "prompt_token_ids" not in out and "token_ids" not in out["choices"][0]
-    assert out["choices"][0]["message"]["reasoning_content"]
+def test_sglang_mode_answers_as_sglang_does(standin, tok):
+    """SGLang (serving_chat.py, v0.5.20): the IDs in `sglext` when asked (in the body, or in
+    a `choices: []` chunk after the finish and before the usage); its return_token_ids per
+    choice on a plain answer, and refused (400, its top-level ErrorResponse) on a stream."""
+    server = standin(mode="sglang", noncanonical=0.0)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi 東京"}],
+            "chat_template_kwargs": {"thinking": True},
+            "return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}
+    prompt_ids = tok.apply_chat_template([{"role": "user", "content": "hi 東京"}], tokenize=True,
+                                         add_generation_prompt=True, thinking=True,
+                                         return_dict=False)
+    plain = json.loads(post(server.base_url + "/chat/completions", body))
+    message = plain["choices"][0]["message"]
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+    assert plain["sglext"]["input_ids"] == prompt_ids
+    [output] = plain["sglext"]["output_ids"]  # one list per choice
+    assert tok.decode(output, skip_special_tokens=False) == (
+        message["reasoning_content"] + "</think>" + message["content"] + "<|im_end|>")
+
+    events = sse_events(post(server.base_url + "/chat/completions",
+                             {**body, "stream": True, "stream_options": {"include_usage": True}}))
+    ext = [n for n, e in enumerate(events) if "sglext" in e]
+    finish = [n for n, e in enumerate(events) if any(c.get("finish_reason") for c in e["choices"])]
+    assert len(ext) == 1 and events[ext[0]]["choices"] == [] and finish[-1] < ext[0]
+    assert events[ext[0]]["sglext"] == plain["sglext"] and "usage" in events[ext[0] + 1]
+    assert not any("token_ids" in c for e in events for c in e["choices"])
+
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        post(server.base_url + "/chat/completions",
+             {"model": MODEL, "messages": body["messages"], "stream": True, "return_token_ids": True})
+    error = json.loads(refused.value.read())
+    assert refused.value.code == 400 and error["object"] == "error" and error["code"] == 400
+    assert "return_token_ids is not supported with streaming" in error["message"]
+    old = json.loads(post(server.base_url + "/chat/completions",
+                          {"model": MODEL, "messages": body["messages"], "return_token_ids": True,
+                           "chat_template_kwargs": {"thinking": True}}))
+    assert old["choices"][0]["prompt_token_ids"] == prompt_ids and "sglext" not in old
+    assert old["choices"][0]["token_ids"] == output
+    models = json.loads(urllib.request.urlopen(server.base_url + "/models", timeout=10).read())
+    assert {m["owned_by"] for m in models["data"]} == {"sglang"}
 
 
 def test_noncanonical_split_decodes_to_the_same_text(standin, tok):
@@ -326,3 +359,216 @@ def test_make_passes_servers_and_money_caps_only_with_openrouter(tmp_path):
     assert "--openrouter" in both and both[both.index("--max-cost") + 1] == "5"
     plain = command()
     assert "--server" not in plain and "--max-cost" in plain
+
+
+# -- SGLang's IDs, model names, records, preflight, money (docs/servers.md) --------------------
+
+def host_port(server) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+@pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
+def test_sglang_servers_ids_come_through_sglext(standin, tmp_path, stream):
+    """kp-infer asks an SGLang server (its GET /v1/models: owned_by sglang) for its IDs its
+    way, streamed or not (its return_token_ids would be refused on a stream), and
+    kp-tokenize trains on them."""
+    server = standin(mode="sglang", request_log=True, noncanonical=1.0)
+    prompts = write_prompts(tmp_path / "p.jsonl", 4)
+    responses = tmp_path / "r.jsonl"
+    r = kp("infer", prompts, "-o", responses, "--server", server.base_url, stream,
+           env=no_openrouter_env())
+    assert r.code == 0, r.stderr
+    for body in server.requests():
+        assert body["return_input_ids_in_sglext"] is True
+        assert body["return_output_ids_in_sglext"] is True and "return_token_ids" not in body
+    records = read_jsonl(responses)
+    assert len(records) == 4 and all(rec["sampled_ids"]["prompt"] for rec in records)
+    t = kp("tokenize", responses, "--tokenizer", FAST, "-o", tmp_path / "t.jsonl", "--workers", "1")
+    assert t.code == 0, t.stderr
+    by_id = {rec["id"]: rec for rec in records}
+    for row in read_jsonl(tmp_path / "t.jsonl"):
+        assert row["output_ids_source"] == "sampled"
+        assert row["output_ids"] == by_id[row["id"]]["sampled_ids"]["output"]
+        assert row["input_ids"] == by_id[row["id"]]["sampled_ids"]["prompt"]
+
+
+def test_a_server_serving_the_model_under_another_name(standin, tmp_path):
+    """vLLM's --served-model-name: the one name it serves is sent (found by GET /v1/models,
+    or given as URL#NAME); the records name the run's --model; a name it does not serve,
+    or a server that cannot say, is exit 2 before anything is sent."""
+    server = standin(mode="vllm", request_log=True, served_model_name="kimi-local")
+    prompts = write_prompts(tmp_path / "p.jsonl", 3)
+    for n, arg in enumerate((server.base_url, server.base_url + "#kimi-local")):
+        out = tmp_path / f"r{n}.jsonl"
+        r = kp("infer", prompts, "-o", out, "--server", arg, env=no_openrouter_env())
+        assert r.code == 0, r.stderr
+        assert f"{host_port(server)} serves {MODEL} as 'kimi-local' (vllm)" in r.stderr
+        records = read_jsonl(out)
+        assert len(records) == 3 and {rec["model"] for rec in records} == {MODEL}
+        assert all(rec["sampled_ids"]["output"] for rec in records)
+    assert {b["model"] for b in server.requests()} == {"kimi-local"}
+    sent = len(server.requests())
+    wrong = kp("infer", prompts, "-o", tmp_path / "w.jsonl", "--server", server.base_url + "#kimi",
+               env=no_openrouter_env())
+    assert wrong.code == 2 and f"--server {server.base_url}#kimi: it serves kimi-local, not " \
+        "#kimi; name the one to use as --server URL#NAME" in wrong.stderr, wrong.stderr
+    server.stop()
+    down = kp("infer", prompts, "-o", tmp_path / "d.jsonl", "--server", server.base_url,
+              env=no_openrouter_env())
+    assert down.code == 2 and "/models (what it serves) failed" in down.stderr, down.stderr
+    assert len(server.requests()) == sent and not (tmp_path / "w.jsonl").exists()
+
+
+def test_server_records_carry_no_openrouter_fields(standin, tmp_path):
+    """Every field of a server's record against an OpenRouter record of the same hybrid run:
+    the sampling as the server was sent it (no require_parameters, no reasoning object: the
+    thinking switch as chat_template_kwargs), no bill, the server's names."""
+    server = standin(mode="vllm", request_log=True, latency=0.2)
+    openrouter = standin(request_log=True)
+    prompts = write_prompts(tmp_path / "p.jsonl", 6)
+    out = tmp_path / "r.jsonl"
+    r = kp("infer", prompts, "-o", out, "--server", server.base_url, "--server-concurrency", "1",
+           "--openrouter", "--concurrency", "2", "--temperature", "1.0",
+           "--summary-json", tmp_path / "s.json", env=openrouter.env)
+    assert r.code == 0, r.stderr
+    records = read_jsonl(out)
+    mine = [rec for rec in records if rec["api"] == "127.0.0.1" and rec["provider"] == host_port(server)]
+    theirs = [rec for rec in records if rec not in mine]
+    assert mine and theirs
+    common = {"max_tokens": 16384, "temperature": 1.0, "top_p": 0.95}
+    for rec in theirs:
+        assert rec["sampling"] == {**common, "reasoning": {"enabled": True}, "require_parameters": True}
+    for rec in mine:
+        assert rec["sampling"] == {**common, "chat_template_kwargs": {
+            "thinking": True, "enable_thinking": True}}
+        assert rec["model"] == MODEL and rec["generation_id"].startswith("chatcmpl-")
+        assert rec["usage"]["cost"] == 0 and rec["cost_source"] == "server"
+        assert rec["routing"] is None and rec["refused"] == [] and rec["attempts"] == 1
+        assert rec["reasoning_source"] == "field" and rec["sampled_ids"]["output"]
+        assert rec["usage"]["completion_tokens"] == len(rec["sampled_ids"]["output"])
+        assert rec["usage"]["prompt_tokens"] == len(rec["sampled_ids"]["prompt"])
+    for body in server.requests():
+        assert not {"provider", "reasoning", "session_id", "usage"} & set(body)
+    costs = json.loads((tmp_path / "s.json").read_text())["costs"]
+    assert costs["server"] == len(mine) and costs["usage"] == len(theirs)
+
+
+def test_preflight_with_servers_checks_what_a_server_run_assumes(standin, tmp_path):
+    """--preflight with --server: each server's kind and served name, one answer each
+    (checked as a server's: its IDs, no cost), thinking switched the other way; nothing of
+    OpenRouter's read without --openrouter; with it, OpenRouter answers one too."""
+    vllm = standin(mode="vllm", request_log=True, served_model_name="kimi-local")
+    sglang = standin(mode="sglang", request_log=True)
+    openrouter = standin(request_log=True, ledger=True)
+    prompts = write_prompts(tmp_path / "p.jsonl", 6)
+    out = tmp_path / "r.jsonl"
+    env = {**no_openrouter_env(), "OPENROUTER_BASE_URL": openrouter.base_url}
+    r = kp("infer", prompts, "-o", out, "--server", vllm.base_url, "--server", sglang.base_url,
+           "--preflight", "2", "--json", env=env)
+    assert r.code == 0, r.stderr
+    report = json.loads(r.stdout)
+    checks = {c["check"]: c for c in report["checks"]}
+    assert report["passed"] and all(c["verdict"] in ("pass", "skip") for c in report["checks"])
+    assert "a vllm server serving moonshotai/kimi-k2.5 as 'kimi-local'" in \
+        checks[f"server {host_port(vllm)}"]["detail"]
+    assert "a sglang server" in checks[f"server {host_port(sglang)}"]["detail"]
+    assert [a["source"] for a in report["answers"]] == [host_port(vllm), host_port(sglang)]
+    for i in (1, 2):
+        assert checks[f"answer {i}: sampled IDs"]["verdict"] == "pass"
+        assert checks[f"answer {i}: cost"]["verdict"] == "skip"
+    for server in (vllm, sglang):
+        assert checks[f"{host_port(server)}: thinking off"]["verdict"] == "pass"
+        switched = [b for b in server.requests() if b["chat_template_kwargs"]["thinking"] is False]
+        assert len(switched) == 1 and switched[0]["max_tokens"] == 512
+    assert not any(c.startswith(("endpoints table", "balance", "distillation")) for c in checks)
+    assert openrouter.requests() == [] and openrouter.stats()["requests"] == 0
+    kept = read_jsonl(out)  # the run's answers only (not the switched ones), the run skips them
+    assert [rec["provider"] for rec in kept] == [host_port(vllm), host_port(sglang)]
+    assert all(rec["sampled_ids"]["prompt"] and rec["cost_source"] == "server" for rec in kept)
+
+    both = kp("infer", prompts, "-o", out, "--server", vllm.base_url, "--openrouter",
+              "--preflight", "2", "--json", env=openrouter.env)
+    assert both.code == 0, both.stderr
+    report = json.loads(both.stdout)
+    assert [a["source"] for a in report["answers"]] == [host_port(vllm), "openrouter"]
+    assert {c["check"] for c in report["checks"]} >= {"endpoints table", "balance"}
+    assert len(openrouter.ledger()) == 1 and report["spend"] == pytest.approx(
+        openrouter.ledger()[0]["cost"])
+
+
+def worst_case_request(openrouter, prompts, *args) -> float:
+    plan = kp("infer", prompts, "--plan", "--json", *args, env=openrouter.env)
+    assert plan.code == 0, plan.stderr
+    return json.loads(plan.stdout)["cost"]["worst_case_request"]
+
+
+def test_hybrid_servers_share_reserves_no_money(standin, tmp_path):
+    """--max-cost caps OpenRouter's share only: a prompt sent to a server reserves nothing,
+    so with room for no OpenRouter request at all the servers answer everything (and the
+    OpenRouter ledger stays empty), and with room for about one, the server still takes as
+    many prompts at once as its slots."""
+    server = standin(mode="vllm")
+    openrouter = standin(request_log=True, ledger=True)
+    prompts = write_prompts(tmp_path / "p.jsonl", 8)
+    worst = worst_case_request(openrouter, prompts, "--max-tokens", "2000")
+    r = kp("infer", prompts, "-o", tmp_path / "r.jsonl", "--server", server.base_url,
+           "--server-concurrency", "2", "--openrouter", "--max-tokens", "2000",
+           "--max-cost", f"{worst * 0.5:.8f}", env=openrouter.env)
+    assert r.code == 0, r.stderr
+    records = read_jsonl(tmp_path / "r.jsonl")
+    assert len(records) == 8 and {rec["provider"] for rec in records} == {host_port(server)}
+    assert openrouter.ledger() == [] and openrouter.requests() == []
+
+    held = standin(mode="vllm")
+    held.configure(hold_after=0)  # every request waits until released
+    out = tmp_path / "h.jsonl"
+    proc = subprocess.Popen(
+        [str(BIN / "kp-infer"), prompts, "-o", out, "--server", held.base_url,
+         "--server-concurrency", "2", "--openrouter", "--concurrency", "2",
+         "--max-tokens", "2000", "--max-cost", f"{worst * 1.5:.8f}"],
+        env={**os.environ, **openrouter.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        # two server prompts in flight with room for one OpenRouter worst case: they hold none
+        wait_for(lambda: held.stats()["held"] >= 2, "two prompts held by the server", timeout=30)
+        held.configure(hold_after=None)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr.decode()
+    records = read_jsonl(out)
+    assert len(records) == 8
+    assert sum(rec["usage"]["cost"] for rec in records) == pytest.approx(
+        sum(line["cost"] for line in openrouter.ledger()))
+    assert sum(line["cost"] for line in openrouter.ledger()) <= worst * 1.5
+
+
+def test_hybrid_prompts_of_a_dead_server_move_to_openrouter(standin, tmp_path):
+    """The only server dies holding prompts: they move to OpenRouter (their worst case
+    reserved then), and the prompts admitted after go there too; all answered once."""
+    server = standin(mode="vllm")
+    openrouter = standin(ledger=True, latency=0.05)
+    server.configure(hold_after=0)
+    prompts = write_prompts(tmp_path / "p.jsonl", 6)
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen(
+        [str(BIN / "kp-infer"), prompts, "-o", out, "--server", server.base_url,
+         "--server-concurrency", "2", "--openrouter", "--concurrency", "2",
+         "--backoff-base", "0.05", "--max-cost", "5"],
+        env={**os.environ, **openrouter.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: server.stats()["held"] >= 2, "two prompts held by the server")
+        server.proc.kill()
+        server.proc.wait()
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr.decode()
+    records = read_jsonl(out)
+    assert sorted(rec["id"] for rec in records) == sorted(f"q{i}" for i in range(6))
+    assert all(rec["provider"] != host_port(server) and rec["usage"]["cost"] > 0
+               and rec.get("sampled_ids") is None for rec in records)
+    assert len(openrouter.ledger()) == 6  # each prompt answered once, by OpenRouter

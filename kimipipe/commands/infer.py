@@ -63,54 +63,23 @@ passed (warnings allowed), 4 one failed.
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from ..cli import (
-    COUNT,
     KPCommand,
-    Quantity,
+    Parsed,
     Stderr,
-    common_options,
     help_only,
-    input_argument,
     kp_command,
-    output_option,
-    partition_option,
-    read_api_key,
     run_command,
     sigterm_as_ctrl_c,
     word_help,
 )
 from ..errors import ExitCode, KPError
-from ..infer.config import RunConfig
-from ..infer.conversations import HISTORY_POLICIES
+from ..infer.options import OPTIONS, run_config
 from ..infer.preflight import DEFAULT_REQUESTS, run_preflight
 from ..infer.report_files import format_report, read_report, report_json
 from ..infer.run import run_infer
-from ..openrouter import DEFAULT_BASE_URL
-from ..openrouter.models import (
-    QUANTIZATIONS,
-    default_quantizations,
-    history_reasoning_default,
-    served_sampling,
-)
-from ..openrouter.request import RequestOptions
-from ..openrouter.routing import Policy
-
-
-def parse_extra_body(text: str | None) -> dict:
-    if not text:
-        return {}
-    try:
-        extra = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise KPError(f"--extra-body is not valid JSON: {e}", ExitCode.USAGE) from None
-    if not isinstance(extra, dict):
-        raise KPError("--extra-body must be a JSON object", ExitCode.USAGE)
-    return extra
-
 
 EXAMPLES = """
     kp-infer B3.prompts.jsonl --plan --max-cost 95
@@ -128,44 +97,21 @@ EXAMPLES = """
 """
 
 
-# --help lists the options as a paying user reads them: what a run will cost and what stops
-# it, where it may go, what it asks for, where its files go, then tuning. An option missing
-# here is listed under "Other options" (and tests/test_cli_conventions.py fails).
-OPTION_SECTIONS = {
-    "Plan and money": ["plan", "preflight", "max_cost", "token_budget", "total_cost",
-                       "spent_in", "reservations", "min_credits", "credits_interval", "cost_lookup_wait",
-                       "sample"],
-    "Routing (which providers may answer)": [
-        "model", "quantization", "any_quantization", "ignore_provider", "only_provider",
-        "max_price_prompt", "max_price_completion", "sort", "no_fallbacks", "data_collection",
-        "allow_non_distillable"],
-    "Request (what is asked)": [
-        "max_tokens", "temperature", "top_p", "seed", "reasoning", "reasoning_effort",
-        "no_require_parameters", "extra_body", "history_reasoning"],
-    "Files and resume": ["output", "failures", "summary_json", "done_files", "rescue_dir",
-                         "min_free_disk", "disk_wait", "partition", "allow_mixed", "report_files",
-                         "as_json", "html"],
-    "Tuning and connection": ["concurrency", "servers", "server_concurrency", "use_openrouter",
-                              "max_attempts", "backoff_base", "grace",
-                              "idle_timeout", "workers", "stream", "proxy", "base_url",
-                              "api_key_file"],
-}
-
-
 # The options `kp-infer report FILE...` takes with a value (not a file to read).
 _REPORT_VALUE_OPTIONS = {"--html", "--total-cost", "--max-cost", "--token-budget"}
 
 
 def _report_word() -> KPCommand:
     """`kp-infer report -h`: the word's own help, with the options it takes (kp-infer's)."""
-    takes = {"html", "as_json", "total_cost", "max_cost", "token_budget", "quiet"}
+    takes = ("max_cost", "token_budget", "total_cost", "html", "as_json", "quiet")  # its order
+    params = {p.name: p for p in cli.params}
     return help_only(
         "kp-infer report",
         "The providers compared, from responses and failures files on disk (= --report FILE "
         "...): per provider its answers, failures, cost, tokens and latency, and a histogram; "
         "on stdout. With --html OUT, the build plotted in one HTML page from any of its files "
         "(docs/report.md). Sends nothing, needs no key.",
-        arguments="FILE...", params=[p for p in cli.params if p.name in takes],
+        arguments="FILE...", params=[params[name] for name in takes],
         examples="kp-infer report B3.responses.jsonl B3.failures.jsonl\n"
                  "kp-infer report work/*.responses.jsonl --json\n"
                  "kp-infer report work/B3.* shards/B3 --html B3.html --max-cost 95 --token-budget 10M")
@@ -176,22 +122,7 @@ WORDS = {"report": _report_word}
 
 class _InferCommand(KPCommand):
     """`kp-infer report FILE...` is spelled as a word too (= --report FILE ...); --help
-    shows the options in OPTION_SECTIONS' order and headings."""
-
-    def format_options(self, ctx, formatter):
-        records = {param.name: param.get_help_record(ctx) for param in self.get_params(ctx)
-                   if isinstance(param, click.Option)}
-        listed = set()
-        for title, names in OPTION_SECTIONS.items():
-            rows = [records[name] for name in names if records.get(name)]
-            listed.update(names)
-            if rows:
-                with formatter.section(title):
-                    formatter.write_dl(rows)
-        rest = [record for name, record in records.items() if record and name not in listed]
-        if rest:
-            with formatter.section("Other options"):
-                formatter.write_dl(rest)
+    shows the options under infer/options.py's sections."""
 
     def parse_args(self, ctx, args):
         args = list(args)
@@ -209,226 +140,39 @@ class _InferCommand(KPCommand):
         return super().parse_args(ctx, args)
 
 
-@kp_command("kp-infer", examples=EXAMPLES, cls=_InferCommand, epilog=(
+@kp_command("kp-infer", examples=EXAMPLES, cls=_InferCommand, options=OPTIONS, epilog=(
     "Also: `kp-infer report FILE...` (= --report FILE ...): the providers compared, from "
     "responses and failures files on disk; the report on stdout (--json for JSON); with "
     "--html OUT, the build plotted in one HTML page from any of its files (docs/report.md)."))
-@input_argument()
-@output_option("Output file, appended to and resumed from (`-` = stdout, no resume).")
-@click.option("-m", "--model", default="moonshotai/kimi-k2.5", show_default=True, help="OpenRouter model slug.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=16384, show_default=True,
-              help="Completion cap per request (reasoning included); bounds the worst-case cost.")
-@click.option("--temperature", type=float, default=None,
-              help="Sampling temperature. Default for Kimi K2.5: as served, 1.0 thinking, 0.6 with "
-                   "--no-reasoning; other models: not sent (each provider's own default).")
-@click.option("--top-p", type=float, default=None,
-              help="Nucleus sampling. Default for Kimi K2.5: as served, 0.95.")
-@click.option("--seed", type=int, default=None, help="Sampling seed.")
-@click.option("--reasoning/--no-reasoning", default=None, help="Ask for reasoning (default: the model's).")
-@click.option("--reasoning-effort", type=click.Choice(["max", "xhigh", "high", "medium", "low", "minimal", "none"]),
-              default=None, help="OpenRouter's reasoning.effort.")
-@click.option("--extra-body", default=None, metavar="JSON",
-              help="JSON object merged into every request body (anything else OpenRouter accepts).")
-@click.option("--no-require-parameters", is_flag=True,
-              help="Do not send provider.require_parameters with the sampling parameters (by "
-                   "default sent, so no provider drops temperature/top_p silently).")
-@click.option("--history-reasoning", type=click.Choice(HISTORY_POLICIES), default=None,
-              help="A conversation's earlier turns in its history: with their reasoning "
-                   "(keep) or their content only (drop). Default: as the model's template "
-                   "renders history (Kimi K2.5: drop; K2.6's preserve_thinking: keep).")
-@click.option("--allow-mixed", is_flag=True,
-              help="Resume into an output whose records were asked with another model, "
-                   "sampling or history policy (refused by default, exit 2).")
-@click.option("--ignore-provider", multiple=True, metavar="SLUG",
-              help="Never route to this provider (repeatable; `deepinfra` also ignores `deepinfra/turbo`).")
-@click.option("--only-provider", multiple=True, metavar="SLUG", help="Route only to these providers (repeatable).")
-@click.option("--quantization", multiple=True, type=click.Choice(QUANTIZATIONS),
-              help="Allowed quantizations (repeatable). Default for Kimi K2.5: int4 and unknown "
-                   "(its native weights; first-party endpoints report unknown).")
-@click.option("--any-quantization", is_flag=True,
-              help="Drop the model's native-quantization default (re-quantized endpoints allowed).")
-@click.option("--sort", type=click.Choice(["price", "throughput", "latency"]), default=None,
-              help="OpenRouter's provider sort (turns off load balancing).")
-@click.option("--no-fallbacks", is_flag=True, help="provider.allow_fallbacks = false.")
-@click.option("--data-collection", type=click.Choice(["allow", "deny"]), default=None,
-              help="provider.data_collection.")
-@click.option("--allow-non-distillable", is_flag=True,
-              help="Do not send provider.enforce_distillable_text (sent by default: the answers "
-                   "train a drafter, and a model whose authors forbid distillation must not "
-                   "be used for that).")
-@click.option("--max-price-prompt", type=float, default=None, metavar="USD_PER_M",
-              help="provider.max_price.prompt (USD per million tokens): a hard filter and a price bound.")
-@click.option("--max-price-completion", type=float, default=None, metavar="USD_PER_M",
-              help="provider.max_price.completion (USD per million tokens).")
-@click.option("--concurrency", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Requests in flight at most (the limit adapts down on 429s and back up). "
-                   "64 suits a first try; the user's runs in the README use 2000 (one client "
-                   "holds 2000 in flight: see docs/performance.md).")
-@click.option("--server", "servers", multiple=True, metavar="URL",
-              help="A self-hosted OpenAI-compatible server (vLLM, SGLang) to send prompts to, "
-                   "e.g. http://gpu1:30000/v1 (repeatable): no provider object, balance or "
-                   "endpoints table; thinking by chat_template_kwargs; vLLM's sampled token IDs "
-                   "kept (sampled_ids). Without --openrouter, OpenRouter gets nothing. "
-                   "See docs/servers.md.")
-@click.option("--server-concurrency", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Requests in flight at most per --server.")
-@click.option("--openrouter", "use_openrouter", is_flag=True,
-              help="With --server: send to OpenRouter too (up to --concurrency in flight there); "
-                   "each prompt goes to whichever has room. Implied without --server.")
-@click.option("--max-attempts", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Attempts per prompt before it is recorded as failed (this run); an answer "
-                   "refused (routing, no reasoning, a think tag) counts as one.")
-@click.option("--idle-timeout", type=click.FloatRange(min=0.01), default=180.0, show_default=True,
-              help="Seconds without data (keep-alive comments don't count) before an attempt is retried.")
-@click.option("--workers", type=click.IntRange(min=0), default=None,
-              help="Worker processes for the HTTP work (default: in this process when at most 256 "
-                   "requests can be in flight, else the number of cores; 0 = in this process).")
-@click.option("--stream/--no-stream", default=True, show_default=True, help="Stream answers (SSE).")
-@click.option("--proxy", default=None, metavar="URL",
-              help="Send every request through this HTTP proxy (http://[USER:PASSWORD@]HOST:PORT), "
-                   "instead of HTTPS_PROXY/HTTP_PROXY/NO_PROXY. The password is never printed.")
-@click.option("--backoff-base", type=click.FloatRange(min=0), default=1.0, show_default=True,
-              help="First retry delay in seconds (doubles per attempt, jittered, max 60 s).")
-@click.option("--grace", type=click.FloatRange(min=0), default=300.0, show_default=True,
-              help="Seconds a stop waits for requests in flight (they are paid for) before cancelling.")
-@click.option("--max-cost", type=click.FloatRange(min=0), default=None, metavar="USD",
-              help="Cap on the cost recorded in OUTPUT across all runs; never exceeded "
-                   "(reaching it stops the run with exit 3).")
-@click.option("--token-budget", type=COUNT, default=None,
-              help="Cap on completion tokens recorded in OUTPUT across runs (accepts 10M, 500k); "
-                   "reaching it is done as asked (exit 0).")
-@click.option("--total-cost", type=click.FloatRange(min=0), default=None, metavar="USD",
-              help="Cap on the cost recorded in OUTPUT, --failures and every --spent-in file "
-                   "together (a whole build); never exceeded (reaching it stops the run with exit 3).")
-@click.option("--spent-in", multiple=True, metavar="FILE",
-              help="A responses or failures file (or a glob) whose recorded spend counts against "
-                   "--total-cost (repeatable; read at start).")
-@click.option("--reservations", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Share --total-cost with the kp-infer runs of this machine that name the same "
-                   "FILE (a JSON file, locked): their requests in flight are reserved against it too.")
-@click.option("--min-credits", type=click.FloatRange(min=0), default=None, metavar="USD",
-              help="Stop admitting work when the account balance falls below USD (polled; exit 3).")
-@click.option("--credits-interval", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
-              help="Seconds between balance polls (the money in flight follows the balance; --min-credits).")
-@click.option("--cost-lookup-wait", type=click.FloatRange(min=0), default=30.0, show_default=True,
-              metavar="SECONDS",
-              help="An answer whose usage shows no cost is booked at its worst price, then its "
-                   "cost is read from GET /generation for up to SECONDS before its record is "
-                   "written (else the estimate stays; docs/money.md).")
-@click.option("--done", "done_files", multiple=True, type=click.Path(),
-              help="Another responses file whose IDs count as done (repeatable).")
-@click.option("--failures", type=click.Path(), default=None,
-              help="Append permanent failures here (JSONL: id, kind, status, code, message, attempts, "
-                   "and for answers paid for and refused, provider, cost and refused).")
-@click.option("--summary-json", type=click.Path(), default=None, help="Write the final summary here as JSON.")
-@click.option("--min-free-disk", type=Quantity("size", 1024, minimum=0), default="64M",
-              show_default=True, metavar="BYTES",
-              help="Free space kept on the output's filesystem beyond the worst case of the "
-                   "requests in flight (accepts 500M, 2G); below it admission waits for disk.")
-@click.option("--disk-wait", type=click.FloatRange(min=0), default=600.0, show_default=True,
-              metavar="S",
-              help="Seconds to wait for disk room with nothing in flight before stopping "
-                   "(exit 3, resumable).")
-@click.option("--rescue", "rescue_dir", type=click.Path(), default=None, metavar="DIR",
-              help="Where answers paid for that the output cannot take (a full disk) are kept "
-                   "for the next run, which takes them in first; give the same DIR to that run "
-                   "(default: kimipipe-rescue-UID in the temp dir). Best on another filesystem.")
-@partition_option
-@click.option("--sample", type=click.IntRange(min=0), default=None, metavar="N",
-              help="Only the N prompts whose SHA-256 of id is smallest: the same N in every run "
-                   "(a pilot whose answers stay part of the data).")
-@click.option("--base-url", envvar="OPENROUTER_BASE_URL", default=DEFAULT_BASE_URL, show_default=True,
-              help="API base URL (or OPENROUTER_BASE_URL).")
-@click.option("--api-key-file", type=click.Path(), default=None,
-              help="Read the API key from this file (default: OPENROUTER_API_KEY).")
-@click.option("--plan", is_flag=True, help="Send nothing: show allowed providers and the cost estimate "
-              "(on stdout).")
-@click.option("--report", "report_files", multiple=True, type=click.Path(allow_dash=True), metavar="FILE",
-              help="Send nothing: compare the providers in these responses/failures files (repeatable; "
-                   "also `kp-infer report FILE...`): a table and a histogram on stdout; token "
-                   "records add the provider counts against kimipipe's.")
-@click.option("--preflight", type=click.IntRange(min=1), default=None, metavar="[N]",
-              help=f"Before the long run: send N real requests (default {DEFAULT_REQUESTS}) and check "
-                   "what the run assumes (provider and quantization, reasoning, cost against the "
-                   "prices, the stream's shape, the balance and how many requests it covers at "
-                   "once); a pass/fail table on stdout, exit 4 on a failed check. The answers are "
-                   "kept in -o FILE (needed) like a run's.")
-@click.option("--html", type=click.Path(dir_okay=False, allow_dash=True), default=None, metavar="OUT",
-              help="With --report: write the build report, one self-contained HTML page of plots, to "
-                   "OUT instead (responses, failures, token records, rejects files, shard "
-                   "directories; --total-cost, --max-cost and --token-budget drawn as its caps). "
-                   "Needs the `report` extra (matplotlib).")
-@click.option("--json", "as_json", is_flag=True,
-              help="With --plan, --report or --preflight: the report as JSON on stdout.")
-@common_options
-def cli(input, output, model, max_tokens, temperature, top_p, seed, reasoning, reasoning_effort,
-        extra_body, no_require_parameters, history_reasoning, allow_mixed, ignore_provider, only_provider, quantization, any_quantization,
-        sort, no_fallbacks, data_collection, allow_non_distillable, max_price_prompt, max_price_completion,
-        concurrency, servers, server_concurrency, use_openrouter, max_attempts, idle_timeout, workers, stream, proxy,
-        backoff_base, grace, max_cost, token_budget, total_cost, spent_in, reservations, min_credits,
-        credits_interval, cost_lookup_wait, done_files, failures, summary_json, min_free_disk, disk_wait,
-        rescue_dir, partition, sample, base_url, api_key_file, plan, report_files, preflight, html, as_json,
-        quiet, debug):
+def cli(o: Parsed):
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
-    if html and not report_files:
+    say = Stderr(o.quiet)
+    if o.html and not o.report_files:
         raise KPError("--html goes with --report (kp-infer report FILE... --html OUT)", ExitCode.USAGE)
-    if report_files and html:
+    if o.report_files and o.html:
         from ..report import Settings, write_report  # (the shard readers: only here)
-        settings = Settings(total_cost=total_cost, max_cost=max_cost, token_budget=token_budget)
-        write_report(list(report_files), settings, html, Stderr(quiet))
-        if html != "-":
-            Stderr(quiet)(f"kp-infer: the build report is in {html}")
+        settings = Settings(total_cost=o.total_cost, max_cost=o.max_cost, token_budget=o.token_budget)
+        write_report(list(o.report_files), settings, o.html, say)
+        if o.html != "-":
+            say(f"kp-infer: the build report is in {o.html}")
         return ExitCode.OK
-    if report_files:
-        report = read_report(list(report_files), Stderr(quiet))
-        click.echo(report_json(report) if as_json else format_report(report))
+    if o.report_files:
+        report = read_report(list(o.report_files), say)
+        click.echo(report_json(report) if o.as_json else format_report(report))
         return ExitCode.OK
-    if as_json and not (plan or preflight is not None):
+    if o.as_json and not (o.plan or o.preflight is not None):
         raise KPError("--json goes with --plan, --report or --preflight", ExitCode.USAGE)
-    if use_openrouter and not servers:
+    if o.use_openrouter and not o.servers:
         raise KPError("--openrouter goes with --server (without --server, OpenRouter is the "
                       "only source)", ExitCode.USAGE)
-    openrouter = use_openrouter or not servers
-    if (spent_in or reservations) and total_cost is None:
-        raise KPError(f"{'--spent-in' if spent_in else '--reservations'} needs --total-cost", ExitCode.USAGE)
-    served = served_sampling(model, reasoning, reasoning_effort)  # user flags win
-    if served is not None and reasoning is None and reasoning_effort is None:
-        reasoning = True  # the preset's mode, said in the body and so in each record
-    served = served or {}
-    request = RequestOptions(model=model, max_tokens=max_tokens,
-                             temperature=temperature if temperature is not None else served.get("temperature"),
-                             top_p=top_p if top_p is not None else served.get("top_p"),
-                             seed=seed, reasoning=reasoning, reasoning_effort=reasoning_effort,
-                             stream=stream, require_parameters=not no_require_parameters,
-                             extra_body=parse_extra_body(extra_body))
-    policy = Policy(ignore=list(ignore_provider), only=list(only_provider),
-                    quantizations=default_quantizations(model, quantization, any_quantization),
-                    sort=sort, allow_fallbacks=not no_fallbacks, data_collection=data_collection,
-                    max_price_prompt=max_price_prompt, max_price_completion=max_price_completion,
-                    enforce_distillable_text=not allow_non_distillable)
-    policy.required_parameters = request.enforced_parameters(policy)
-    try:
-        request.sampling(policy)
-    except ValueError as e:
-        raise KPError(str(e), ExitCode.USAGE) from None
-    config = RunConfig(
-        input=input, output=output, done_files=list(done_files), failures=failures,
-        summary_json=summary_json, rescue_dir=rescue_dir, min_free_disk=min_free_disk, disk_wait=disk_wait,
-        partition=partition, plan=plan, plan_json=as_json and plan, sample=sample,
-        request=request, policy=policy,
-        history_reasoning=history_reasoning or history_reasoning_default(model),
-        allow_mixed=allow_mixed, base_url=base_url,
-        api_key=read_api_key(api_key_file, required=not plan) if openrouter else "",
-        concurrency=concurrency, max_attempts=max_attempts, backoff_base=backoff_base,
-        idle_timeout=idle_timeout, grace=grace, workers=workers, proxy=proxy,
-        max_cost=max_cost, token_budget=token_budget, total_cost=total_cost, spent_in=list(spent_in),
-        reservations=reservations, min_credits=min_credits,
-        credits_interval=credits_interval, cost_lookup_wait=cost_lookup_wait,
-        servers=list(servers), server_concurrency=server_concurrency, openrouter=openrouter)
+    if (o.spent_in or o.reservations) and o.total_cost is None:
+        raise KPError(f"{'--spent-in' if o.spent_in else '--reservations'} needs --total-cost",
+                      ExitCode.USAGE)
+    config = run_config(o)
     with sigterm_as_ctrl_c():  # a `kill` or a stopped container: exit 130 with the summary
-        if preflight is not None:
-            return run_preflight(config, preflight, as_json, Stderr(quiet), click.echo)
-        return run_infer(config, Stderr(quiet))
+        if o.preflight is not None:
+            return run_preflight(config, o.preflight, o.as_json, say, click.echo)
+        return run_infer(config, say)
 
 
 main = run_command(cli)

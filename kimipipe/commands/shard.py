@@ -50,9 +50,15 @@ import click
 
 from ..cli import (
     COUNT,
+    DEBUG,
+    MESSAGES,
+    QUIET,
     SIZE,
+    Declared,
+    Derived,
     KPCommand,
-    common_options,
+    OptionTable,
+    Parsed,
     counted,
     help_only,
     input_argument,
@@ -120,57 +126,78 @@ class _ShardCommand(KPCommand):
         return super().parse_args(ctx, args)
 
 
-@kp_command("kp-shard", examples=EXAMPLES, cls=_ShardCommand, epilog=(
+# Each option once: its click declaration, the ShardOptions field it fills (or what reads
+# it) and its --help section (one: "Options"); kimipipe/cli.py: OptionTable.
+SHARD_SIZE = Derived(f"rows per shard: {DEFAULT_RECORDS_PER_SHARD:,} unless a limit is given",
+                     "shard", lambda o: {"records_per_shard": o.records_per_shard if (
+                         o.records_per_shard is not None or o.tokens_per_shard is not None)
+                         else DEFAULT_RECORDS_PER_SHARD})
+RUN = Derived("the run: inputs, --out, --stats, verify and stats (the command reads them)")
+OPTIONS = OptionTable("kp-shard", [
+    input_argument(multiple=True).at(RUN),
+    Declared("-o", "--out", "out_dir", type=click.Path(), fills=RUN, section="Options",
+             help="Directory for the shards and manifest.json (created if missing)."),
+    Declared("--format", "fmt", type=click.Choice(list(FORMATS)), default=DEFAULT,
+             show_default=True, fills="shard.fmt", section="Options",
+             help="; ".join(f"{f.name}: {f.help}" for f in FORMATS.values()) + "."),
+    Declared("--records-per-shard", type=COUNT, default=None, fills=SHARD_SIZE, section="Options",
+             help=f"Rows per shard (default {DEFAULT_RECORDS_PER_SHARD:,} unless "
+                  "--tokens-per-shard is given; both may be set: the first limit reached)."),
+    Declared("--tokens-per-shard", type=COUNT, default=None, fills="shard.tokens_per_shard",
+             section="Options",
+             help="At most N tokens (prompt + output) per shard, e.g. 50M; a single longer "
+                  "row gets a shard of its own."),
+    Declared("--compression-level", type=click.IntRange(1, 22), default=3, show_default=True,
+             fills="shard.compression_level", section="Options",
+             help="zstd level (multi-threaded over all cores)."),
+    Declared("--name", "prefix", default="shard", show_default=True, fills="shard.prefix",
+             section="Options",
+             help="Shard file prefix: PREFIX-00000.jsonl.zst, PREFIX-eval-00000.jsonl.zst."),
+    Declared("--shuffle", is_flag=True, fills="shard.shuffle", section="Options",
+             help="Order rows by a seeded hash of their id (bounded memory, deterministic)."),
+    Declared("--seed", type=int, default=0, show_default=True, fills="shard.seed", section="Options",
+             help="Seed for --shuffle."),
+    Declared("--shuffle-memory", type=SIZE, default="1G", show_default=True,
+             fills="shard.shuffle_memory", section="Options",
+             help="Memory for --shuffle's in-memory stage (bigger buckets are split again)."),
+    Declared("--tmp-dir", type=click.Path(), default=None, fills="shard.tmp_dir", section="Options",
+             help="Where --shuffle spills rows (default: inside --out; ~1/4 of the rows' size)."),
+    Declared("--eval-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.0,
+             show_default=True, fills="shard.eval_fraction", section="Options",
+             help="Share of ids (by a hash of the id, or of a turn's conversation) written to the eval split."),
+    Declared("--min-output-tokens", type=click.IntRange(min=1), default=1, show_default=True,
+             fills="shard.min_output_tokens", section="Options",
+             help="Drop rows with fewer output tokens (after --truncate)."),
+    Declared("--max-length", type=click.IntRange(min=1), default=None, fills="shard.max_length",
+             section="Options",
+             help="Drop rows longer than N tokens (prompt + output), or cut them with --truncate."),
+    Declared("--truncate", is_flag=True, fills="shard.truncate", section="Options",
+             help="With --max-length: cut long rows' output instead of dropping them "
+                  "(rows whose prompt alone reaches N are still dropped)."),
+    Declared("--on-duplicate", type=click.Choice(["drop", "error"]), default="drop",
+             show_default=True, fills="shard.on_duplicate", section="Options",
+             help="A repeated id: keep the first row, or stop (exit 2)."),
+    Declared("--stats", "show_stats", is_flag=True, fills=RUN, section="Options",
+             help="After the build, print the length histogram to stdout."),
+    Declared("--verify", "verify_dirs", type=click.Path(file_okay=False), multiple=True,
+             fills=RUN, section="Options",
+             help="Check the set in DIR (or each set under DIR) against its manifest and the "
+                  "format; repeatable; exit 0 or 2."),
+    Declared("--stats-of", "stats_dirs", type=click.Path(file_okay=False), multiple=True,
+             fills=RUN, section="Options",
+             help="Print the length histogram of the set in DIR (or each set under DIR) to "
+                  "stdout and exit; repeatable."),
+    QUIET.at(MESSAGES, "Options"),
+    DEBUG.at(MESSAGES, "Options"),
+], sections=["Options"], records={"shard": ShardOptions})
+
+
+@kp_command("kp-shard", examples=EXAMPLES, cls=_ShardCommand, options=OPTIONS, epilog=(
     "Also: `kp-shard verify DIR...` (= --verify DIR) and `kp-shard stats DIR...` "
     "(= --stats-of DIR): each DIR a shard set or a parent of several; the report on stdout."))
-@input_argument(multiple=True)
-@click.option("-o", "--out", "out_dir", type=click.Path(),
-              help="Directory for the shards and manifest.json (created if missing).")
-@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=DEFAULT,
-              show_default=True,
-              help="; ".join(f"{f.name}: {f.help}" for f in FORMATS.values()) + ".")
-@click.option("--records-per-shard", type=COUNT, default=None,
-              help=f"Rows per shard (default {DEFAULT_RECORDS_PER_SHARD:,} unless "
-                   "--tokens-per-shard is given; both may be set: the first limit reached).")
-@click.option("--tokens-per-shard", type=COUNT, default=None,
-              help="At most N tokens (prompt + output) per shard, e.g. 50M; a single longer "
-                   "row gets a shard of its own.")
-@click.option("--compression-level", type=click.IntRange(1, 22), default=3, show_default=True,
-              help="zstd level (multi-threaded over all cores).")
-@click.option("--name", "prefix", default="shard", show_default=True,
-              help="Shard file prefix: PREFIX-00000.jsonl.zst, PREFIX-eval-00000.jsonl.zst.")
-@click.option("--shuffle", is_flag=True,
-              help="Order rows by a seeded hash of their id (bounded memory, deterministic).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
-@click.option("--shuffle-memory", type=SIZE, default="1G", show_default=True,
-              help="Memory for --shuffle's in-memory stage (bigger buckets are split again).")
-@click.option("--tmp-dir", type=click.Path(), default=None,
-              help="Where --shuffle spills rows (default: inside --out; ~1/4 of the rows' size).")
-@click.option("--eval-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.0,
-              show_default=True,
-              help="Share of ids (by a hash of the id, or of a turn's conversation) written to the eval split.")
-@click.option("--min-output-tokens", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Drop rows with fewer output tokens (after --truncate).")
-@click.option("--max-length", type=click.IntRange(min=1), default=None,
-              help="Drop rows longer than N tokens (prompt + output), or cut them with --truncate.")
-@click.option("--truncate", is_flag=True,
-              help="With --max-length: cut long rows' output instead of dropping them "
-                   "(rows whose prompt alone reaches N are still dropped).")
-@click.option("--on-duplicate", type=click.Choice(["drop", "error"]), default="drop",
-              show_default=True, help="A repeated id: keep the first row, or stop (exit 2).")
-@click.option("--stats", "show_stats", is_flag=True,
-              help="After the build, print the length histogram to stdout.")
-@click.option("--verify", "verify_dirs", type=click.Path(file_okay=False), multiple=True,
-              help="Check the set in DIR (or each set under DIR) against its manifest and the "
-                   "format; repeatable; exit 0 or 2.")
-@click.option("--stats-of", "stats_dirs", type=click.Path(file_okay=False), multiple=True,
-              help="Print the length histogram of the set in DIR (or each set under DIR) to "
-                   "stdout and exit; repeatable.")
-@common_options
-def cli(inputs, out_dir, fmt, records_per_shard, tokens_per_shard, compression_level, prefix,
-        shuffle, seed, shuffle_memory, tmp_dir, eval_fraction, min_output_tokens, max_length,
-        truncate, on_duplicate, show_stats, verify_dirs, stats_dirs, quiet, debug):
+def cli(o: Parsed):
     """Write token records (default: stdin) as training shards in --out DIR."""
+    inputs, out_dir, verify_dirs, stats_dirs, quiet = o.inputs, o.out_dir, o.verify_dirs, o.stats_dirs, o.quiet
     if verify_dirs and stats_dirs:
         raise InputError("verify and stats: one at a time")
     if verify_dirs or stats_dirs:  # (the words' further DIRs arrive as inputs)
@@ -179,33 +206,26 @@ def cli(inputs, out_dir, fmt, records_per_shard, tokens_per_shard, compression_l
     if out_dir is None:
         raise InputError("--out DIR is required (or use verify DIR / stats DIR)")
     check_writable_dir(out_dir, "--out")
-    if tmp_dir is not None:
-        check_writable_dir(tmp_dir, "--tmp-dir")
+    if o.tmp_dir is not None:
+        check_writable_dir(o.tmp_dir, "--tmp-dir")
     inputs = list(inputs) or ["-"]
     if inputs.count("-") > 1:
         raise InputError("stdin (`-`) can be read only once")
-    if truncate and max_length is None:
+    if o.truncate and o.max_length is None:
         raise InputError("--truncate needs --max-length")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", prefix):
-        raise InputError(f"--name {prefix!r}: use letters, digits, `.`, `_` and `-`")
-    if records_per_shard is None and tokens_per_shard is None:
-        records_per_shard = DEFAULT_RECORDS_PER_SHARD
-    opts = ShardOptions(
-        fmt=fmt, prefix=prefix, records_per_shard=records_per_shard,
-        tokens_per_shard=tokens_per_shard, compression_level=compression_level,
-        shuffle=shuffle, seed=seed, shuffle_memory=shuffle_memory, tmp_dir=tmp_dir,
-        eval_fraction=eval_fraction, min_output_tokens=min_output_tokens,
-        max_length=max_length, truncate=truncate, on_duplicate=on_duplicate)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", o.prefix):
+        raise InputError(f"--name {o.prefix!r}: use letters, digits, `.`, `_` and `-`")
+    opts = ShardOptions(**OPTIONS.fields("shard", o))
     argv = click.get_current_context().meta.get("kp_shard_argv", sys.argv[1:])
     command = shlex.join(["kp-shard", *argv])
     if quiet:  # (no bar: tqdm is not even imported)
-        result = build_shards(inputs, out_dir, opts, command, collect_lengths=show_stats)
+        result = build_shards(inputs, out_dir, opts, command, collect_lengths=o.show_stats)
     else:
         with progress(desc="kp-shard", unit="rec", quiet=quiet) as bar:
             result = build_shards(inputs, out_dir, opts, command,
-                                  on_record=lambda: bar.update(1), collect_lengths=show_stats)
+                                  on_record=lambda: bar.update(1), collect_lengths=o.show_stats)
     _summary(result, out_dir, quiet)
-    if show_stats:  # a report asked for: stdout, even with --quiet
+    if o.show_stats:  # a report asked for: stdout, even with --quiet
         click.echo(render_histogram(result.lengths, _stats_title(out_dir, result.manifest)))
     return ExitCode.OK
 

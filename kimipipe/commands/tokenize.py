@@ -55,7 +55,13 @@ from contextlib import closing
 import click
 
 from ..cli import (
-    common_options,
+    DEBUG,
+    MESSAGES,
+    QUIET,
+    Declared,
+    Derived,
+    OptionTable,
+    Parsed,
     counted,
     input_argument,
     kp_command,
@@ -171,71 +177,90 @@ def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
         writer.write_line(b"".join(lines))
 
 
-@kp_command("kp-tokenize", examples=EXAMPLES)
-@input_argument()
-@click.option("--tokenizer", "tokenizer_spec", required=True, metavar="DIR",
-              help="The target model's tokenizer: a local directory, or a model name already in "
-                   "the local Hugging Face cache (nothing is downloaded).")
-@output_option("Output file (`-` = stdout; `.zst` compresses). An existing file is resumed.")
-@click.option("--trust-remote-code", is_flag=True,
-              help="Run the tokenizer code the directory ships (Kimi K2.5's tokenization_kimi.py).")
-@click.option("--chat-template", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="A Jinja chat template file to use instead of the directory's.")
-@click.option("--preset", type=click.Choice(["auto", *PRESETS]), default="auto", show_default=True,
-              help="Layout of the generated turn; `auto` picks it from the tokenizer's tokens.")
-@click.option("--thinking/--no-thinking", default=True, show_default=True,
-              help="How the prompts were rendered: with thinking (prompt ends <think>) or without.")
-@click.option("--drop-truncated", is_flag=True, help="Leave out turns cut by finish_reason length.")
-@click.option("--max-length", type=click.IntRange(min=1), default=None,
-              help="Rows with more IDs in all are flagged (`over_max_length`), or dropped with --drop-long.")
-@click.option("--drop-long", is_flag=True, help="With --max-length: leave longer rows out.")
-@click.option("--drop-text", is_flag=True, help="Leave `messages` and `response` out of the output.")
-@click.option("--rejects", type=click.Path(allow_dash=False), default=None,
-              help="Write records that fail verification here, with the reason (JSON lines).")
-@click.option("--strict", is_flag=True, help="Stop at the first record that fails verification (exit 2).")
-@click.option("--ignore-extra-fields", is_flag=True,
-              help="Render each message's role and content only, leaving out fields the template "
-                   "would render (name, tool_calls, tool_call_id, non-text parts, earlier turns' "
-                   "reasoning_content) instead of stopping at them.")
-@click.option("--max-prompt-delta", type=click.IntRange(min=0), default=None, metavar="N",
-              help="Reject rows whose provider-counted usage.prompt_tokens is more than N "
-                   "away from len(input_ids) (rows with no provider count pass).")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Worker processes (default: all cores).")
-@click.option("--check", is_flag=True,
-              help="Load the tokenizer and chat template as a run would, say what was loaded "
-                   "(stdout), and exit: no input is read, no output written (`make check`).")
-@partition_option
-@common_options
-def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset, thinking,
-        drop_truncated, max_length, drop_long, drop_text, rejects, strict, ignore_extra_fields,
-        max_prompt_delta, workers, check, partition, quiet, debug):
+def _tokenizer(o: Parsed) -> dict:
+    """The chat template's text (--chat-template), then the tokenizer's directory, prepared."""
+    template_text = None
+    if o.chat_template:
+        with open(o.chat_template, encoding="utf-8") as f:
+            template_text = f.read()
+    directory = prepare_tokenizer_dir(o.tokenizer_spec, o.trust_remote_code)
+    return {"chat_template": template_text, "tokenizer_dir": str(directory)}
+
+
+# Each option once: its click declaration, the Settings field it fills (or what reads it)
+# and its --help section (one: "Options"); kimipipe/cli.py: OptionTable.
+TOKENIZER = Derived("the tokenizer's directory and chat template, loaded", "settings", _tokenizer)
+RUN = Derived("the run: input, output files, workers, partition, --check (the command reads them)")
+OPTIONS = OptionTable("kp-tokenize", [
+    input_argument().at(RUN),
+    Declared("--tokenizer", "tokenizer_spec", required=True, metavar="DIR", fills=TOKENIZER,
+             section="Options",
+             help="The target model's tokenizer: a local directory, or a model name already in "
+                  "the local Hugging Face cache (nothing is downloaded)."),
+    output_option("Output file (`-` = stdout; `.zst` compresses). An existing file is resumed.").at(
+        RUN, "Options"),
+    Declared("--trust-remote-code", is_flag=True, fills="settings.trust_remote_code", section="Options",
+             help="Run the tokenizer code the directory ships (Kimi K2.5's tokenization_kimi.py)."),
+    Declared("--chat-template", type=click.Path(exists=True, dir_okay=False), default=None,
+             fills=TOKENIZER, section="Options",
+             help="A Jinja chat template file to use instead of the directory's."),
+    Declared("--preset", type=click.Choice(["auto", *PRESETS]), default="auto", show_default=True,
+             fills="settings.preset", section="Options",
+             help="Layout of the generated turn; `auto` picks it from the tokenizer's tokens."),
+    Declared("--thinking/--no-thinking", default=True, show_default=True, fills="settings.thinking",
+             section="Options",
+             help="How the prompts were rendered: with thinking (prompt ends <think>) or without."),
+    Declared("--drop-truncated", is_flag=True, fills="settings.drop_truncated", section="Options",
+             help="Leave out turns cut by finish_reason length."),
+    Declared("--max-length", type=click.IntRange(min=1), default=None, fills="settings.max_length",
+             section="Options",
+             help="Rows with more IDs in all are flagged (`over_max_length`), or dropped with --drop-long."),
+    Declared("--drop-long", is_flag=True, fills="settings.drop_long", section="Options",
+             help="With --max-length: leave longer rows out."),
+    Declared("--drop-text", is_flag=True, fills="settings.drop_text", section="Options",
+             help="Leave `messages` and `response` out of the output."),
+    Declared("--rejects", type=click.Path(allow_dash=False), default=None, fills=RUN, section="Options",
+             help="Write records that fail verification here, with the reason (JSON lines)."),
+    Declared("--strict", is_flag=True, fills="settings.strict", section="Options",
+             help="Stop at the first record that fails verification (exit 2)."),
+    Declared("--ignore-extra-fields", is_flag=True, fills="settings.ignore_extra_fields",
+             section="Options",
+             help="Render each message's role and content only, leaving out fields the template "
+                  "would render (name, tool_calls, tool_call_id, non-text parts, earlier turns' "
+                  "reasoning_content) instead of stopping at them."),
+    Declared("--max-prompt-delta", type=click.IntRange(min=0), default=None, metavar="N",
+             fills="settings.max_prompt_delta", section="Options",
+             help="Reject rows whose provider-counted usage.prompt_tokens is more than N "
+                  "away from len(input_ids) (rows with no provider count pass)."),
+    Declared("--workers", type=click.IntRange(min=1), default=None, fills=RUN, section="Options",
+             help="Worker processes (default: all cores)."),
+    Declared("--check", is_flag=True, fills=RUN, section="Options",
+             help="Load the tokenizer and chat template as a run would, say what was loaded "
+                  "(stdout), and exit: no input is read, no output written (`make check`)."),
+    partition_option.at(RUN, "Options"),
+    QUIET.at(MESSAGES, "Options"),
+    DEBUG.at("settings.debug", "Options"),  # (run_command reads it too: tracebacks)
+], sections=["Options"], records={"settings": Settings})
+
+
+@kp_command("kp-tokenize", examples=EXAMPLES, options=OPTIONS)
+def cli(o: Parsed):
     """Rebuild the token IDs the target model saw and produced, from response records."""
-    if drop_long and max_length is None:
+    input, output, rejects, quiet = o.input, o.output, o.rejects, o.quiet
+    if o.drop_long and o.max_length is None:
         raise click.UsageError("--drop-long needs --max-length")
-    if not check:
+    if not o.check:
         require_distinct(output, input)
         check_writable(output, "-o")
         if rejects:
             require_distinct(rejects, input)
             require_distinct(rejects, output)
             check_writable(rejects, "--rejects")
-    template_text = None
-    if chat_template:
-        with open(chat_template, encoding="utf-8") as f:
-            template_text = f.read()
-    directory = prepare_tokenizer_dir(tokenizer_spec, trust_remote_code)
-    settings = Settings(
-        tokenizer_dir=str(directory), trust_remote_code=trust_remote_code,
-        chat_template=template_text, preset=preset, thinking=thinking, max_length=max_length,
-        drop_long=drop_long, drop_truncated=drop_truncated, drop_text=drop_text,
-        ignore_extra_fields=ignore_extra_fields, max_prompt_delta=max_prompt_delta, debug=debug,
-        strict=strict,
-    )
-    if check:  # what a run would load, loaded and checked the same way; a report: stdout
-        click.echo(f"kp-tokenize: {tokenizer_spec}: {Engine(settings).describe()}")
+    settings = Settings(**OPTIONS.fields("settings", o))
+    if o.check:  # what a run would load, loaded and checked the same way; a report: stdout
+        click.echo(f"kp-tokenize: {o.tokenizer_spec}: {Engine(settings).describe()}")
         return ExitCode.OK
-    workers = workers or os.cpu_count() or 1
+    workers = o.workers or os.cpu_count() or 1
     if workers > 1:
         # One process per core does the work; the tokenizers library's own threads would only
         # compete (and it refuses them after a fork anyway).
@@ -245,8 +270,8 @@ def cli(input, tokenizer_spec, output, trust_remote_code, chat_template, preset,
         engine = Engine(settings)  # loads and checks everything before any output is touched
         say(f"kp-tokenize: {engine.describe()}, {counted(workers, 'worker')}", quiet)
         done = scan_done(output, quiet=quiet) if output != "-" else set()
-        _run(engine, workers, _batches(input, done, summary, partition, ignore_extra_fields),
-             summary, output, rejects, strict, quiet, input)
+        _run(engine, workers, _batches(input, done, summary, o.partition, o.ignore_extra_fields),
+             summary, output, rejects, o.strict, quiet, input)
     say(summary.report(output, rejects), quiet)
     for line in summary.deltas_report():
         say(line, quiet)

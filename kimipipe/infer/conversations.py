@@ -345,19 +345,26 @@ def _same_model(asked: str, recorded: str | None) -> bool:
     return r == a or r.startswith((a + "-", a + ":"))
 
 
+def _sampling_difference(recorded: Sampling, asked: Sampling | None) -> str | None:
+    if asked is None:
+        return "sampling"
+    return next((n for n in RECIPE_SAMPLING if getattr(recorded, n) != getattr(asked, n)), None)
+
+
 def recipe_mismatch(recipes: Counter, model: str, sampling: Sampling, history_reasoning: str,
-                    output: str) -> str | None:
+                    output: str, server_sampling: Sampling | None = None) -> str | None:
     """Why this run's settings differ from what OUTPUT's records were asked with (the
     first difference, with how many records hold it), or None when they agree. A record
     that does not say a setting (older records: no sampling; a single-turn record: no
-    history policy) does not disagree on it."""
+    history policy) does not disagree on it. SERVER_SAMPLING: how this run asks its
+    --server (infer/servers.py), which a server's record agrees with instead."""
     for recipe, count in recipes.items():
         what = None
         if not _same_model(model, recipe.model):
             what = ("model", recipe.model, model)
-        elif recipe.sampling is not None and (name := next(
-                (n for n in RECIPE_SAMPLING if getattr(recipe.sampling, n) != getattr(sampling, n)),
-                None)):
+        elif recipe.sampling is not None and (
+                name := _sampling_difference(recipe.sampling, sampling)) and _sampling_difference(
+                recipe.sampling, server_sampling):
             what = (f"sampling.{name}", _encode(getattr(recipe.sampling, name)).decode(),
                     _encode(getattr(sampling, name)).decode())
         elif recipe.history_reasoning is not None and recipe.history_reasoning != history_reasoning:
@@ -372,9 +379,10 @@ def recipe_mismatch(recipes: Counter, model: str, sampling: Sampling, history_re
 
 
 def check_recipe(recipes: Counter, model: str, sampling: Sampling, history_reasoning: str,
-                 output: str, allow_mixed: bool, say) -> None:
+                 output: str, allow_mixed: bool, say, server_sampling: Sampling | None = None
+                 ) -> None:
     """Refuse (exit 2) a resume that would mix recipes; with ALLOW_MIXED, warn."""
-    why = recipe_mismatch(recipes, model, sampling, history_reasoning, output)
+    why = recipe_mismatch(recipes, model, sampling, history_reasoning, output, server_sampling)
     if why is None:
         return
     if not allow_mixed:

@@ -15,7 +15,8 @@ same, so it is never booked as free:
    after the answer), for at most `--cost-lookup-wait` seconds (`look_up`).
 3. Its record is written once, with the figure and where it came from (`cost_source`:
    "usage", "generation" or "estimate" when no figure came in time: the estimate stays,
-   an overcount, never an undercount). The summary counts the answers of each source.
+   an overcount, never an undercount; "server" for a --server's answer, which costs
+   nothing). The summary counts the answers of each source.
 
 Why the record waits for the lookup instead of being written with the estimate and
 patched: the output is append-only JSONL, flushed line by line and read while it is
@@ -42,6 +43,7 @@ from ..openrouter.attempt import Attempt
 from ..openrouter.routing import PriceBound
 
 USAGE, GENERATION, ESTIMATE = "usage", "generation", "estimate"
+SERVER = "server"  # a self-hosted server's answer (infer/servers.py): it costs nothing
 FIRST_PAUSE = 0.25  # seconds before the first lookup; each pause then doubles, up to MAX_PAUSE
 MAX_PAUSE = 4.0
 

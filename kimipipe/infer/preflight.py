@@ -25,13 +25,29 @@ line of each answer (openrouter/probe.py), per answer:
                        the finish chunk: both are OpenRouter's), `[DONE]`; fails only
                        when no usage came (the spend cannot be booked) or no finish
 
+With `--server` (docs/servers.md), each server has answered GET /v1/models before this
+(prepare: the model name it serves, its kind; exit 2 when one cannot say), and:
+
+    server NAME        its kind, and the name it serves --model under
+    the prompts        go to the run's sources in turn: each server, then OpenRouter (with
+                       --openrouter), so N at least their number has each answer one; a
+                       server's answer is checked as a server's: its provider is the
+                       server, its cost is none, and
+    sampled IDs        returned, as its kind is asked for them (vLLM's return_token_ids,
+                       SGLang's sglext), and as many as its usage's completion tokens
+    NAME: thinking     the first prompt asked once more of each server with thinking
+                       switched the other way (chat_template_kwargs; at most 512 tokens, not
+                       kept): the template took the switch when reasoning comes or goes
+Without --openrouter nothing of OpenRouter's is read (no endpoints table, distillation
+or balance check) and no OpenRouter key is needed.
+
 The answers are kept: appended to `-o` as the run would write them (so the run skips
 them and they are not paid twice), or, when refused, to `--failures` with their cost. The
 report goes to stdout (a table, or `--json`):
 
     {"model": str, "output": path, "requests": int, "spend": float,
      "checks": [{"check": str, "verdict": "pass"|"warn"|"fail"|"skip", "detail": str}],
-     "answers": [{"id", "status", "provider", "finish_reason", "reasoning_source", "cost",
+     "answers": [{"id", "source", "status", "provider", "finish_reason", "reasoning_source", "cost",
                   "comments", "events", "usage_shape", "done", "seconds"}],
      "passed": bool}
 
@@ -49,6 +65,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import httpx
+import msgspec
 
 from ..errors import ExitCode, KPError
 from ..io import iter_records
@@ -65,6 +82,15 @@ from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .conversations import first_turn, is_conversation
 from .prepare import PROMPT_DECODER, Prepared, endpoint_warnings, prepare
+from .servers import (
+    ID_REQUEST,
+    Server,
+    ServerKind,
+    server_answer,
+    server_api_key,
+    server_body,
+    thinking_asked,
+)
 from .writing import Output, failure_record
 
 DEFAULT_REQUESTS = 3
@@ -124,21 +150,34 @@ def first_to_do(config: RunConfig, prepared: Prepared, n: int
 
 async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
                      prompts: list[tuple[Prompt, bytes, str | None]]) -> dict:
-    checks = [_table_check(config, prepared), _distillation_check(config, prepared.model_info)]
-    checks += [Check("routing", "warn", w) for w in endpoint_warnings(config.policy, prepared.endpoints)]
-    async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
-        checks.extend(await _balance_checks(config, prepared, budget, account))
+    checks = []
+    if config.openrouter:  # (a run with --server alone reads nothing of OpenRouter's)
+        checks += [_table_check(config, prepared), _distillation_check(config, prepared.model_info)]
+        checks += [Check("routing", "warn", w)
+                   for w in endpoint_warnings(config.policy, prepared.endpoints)]
+        async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
+            checks.extend(await _balance_checks(config, prepared, budget, account))
+    checks += [_server_check(server, config) for server in prepared.servers]
+    # the prompts go to the run's sources in turn (each server, then OpenRouter), so that
+    # every source answers one when N is at least their number
+    targets: list[Server | None] = [*prepared.servers, *([None] if config.openrouter else [])]
+    sent_to = [targets[i % len(targets)] for i in range(len(prompts))]
+    if len(prompts) < len(targets):
+        checks.append(Check("sources", "warn", f"{len(prompts)} request(s) for {len(targets)} "
+                            "sources: " + ", ".join(_source_name(t) for t in targets[len(prompts):])
+                            + " not sent one (--preflight N with N at least the sources)"))
     output = Output(config)
     acceptance = Acceptance.for_run(config, prepared.endpoints)
     timeout = httpx.Timeout(config.idle_timeout, connect=30.0)
-    async with httpx.AsyncClient(timeout=timeout, trust_env=True, proxy=config.proxy) as http:
+    async with httpx.AsyncClient(timeout=timeout, trust_env=True, proxy=config.proxy) as http, \
+            httpx.AsyncClient(timeout=timeout, trust_env=False) as local:
         probes = await asyncio.gather(*(
-            send_probe(http, config.base_url, config.api_key,
-                       config.request.body(prompt, config.policy, session_id),
-                       config.request.stream)
-            for prompt, _line, session_id in prompts))
+            _send(http, local, config, target, config.request.body(prompt, config.policy, session_id))
+            for (prompt, _line, session_id), target in zip(prompts, sent_to, strict=True)))
+        switches = await _thinking_switches(local, config, prepared.servers, prompts)
     # an answer whose usage shows no cost: settled as the run settles it (infer/costs.py)
-    sources = {}
+    sources = {id(probe): costs.SERVER for probe, target in zip(probes, sent_to, strict=True)
+               if target is not None}
     unsettled = [(prompt, probe) for (prompt, _line, _sid), probe in zip(prompts, probes, strict=True)
                  if probe.attempt.kind == AttemptKind.OK and probe.attempt.cost is None]
     if unsettled:
@@ -152,12 +191,14 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
     spend = 0.0
     answers = []
     try:
-        for i, ((prompt, line, _sid), probe) in enumerate(zip(prompts, probes, strict=True), start=1):
+        for i, ((prompt, line, _sid), probe, target) in enumerate(
+                zip(prompts, probes, sent_to, strict=True), start=1):
             source = sources.get(id(probe), costs.USAGE)
-            checks.extend(_answer_checks(i, probe, acceptance, config, source))
+            checks.extend(_answer_checks(i, probe, acceptance, config, source, target))
             spend += _keep(prompt, line, probe, acceptance, output, source)
             a = probe.attempt
-            answers.append({"id": prompt.id, "status": probe.status, "provider": a.provider,
+            answers.append({"id": prompt.id, "source": _source_name(target),
+                            "status": probe.status, "provider": a.provider,
                             "finish_reason": a.finish_reason,
                             "reasoning_source": a.reasoning_source or None, "cost": a.cost,
                             "comments": probe.comments, "events": probe.events,
@@ -165,6 +206,7 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
                             "seconds": round(probe.seconds, 3)})
     finally:
         output.close()
+    checks += switches
     if not prompts:
         checks.append(Check("answers", "warn", "no prompt left to send: every one is done"))
     return {"model": config.request.model, "output": config.output, "requests": len(prompts),
@@ -191,6 +233,80 @@ def _keep(prompt: Prompt, line: bytes, probe: Probe, acceptance: Acceptance,
                 kind=kind, provider=a.provider, cost=cost, generation_id=a.generation_id,
                 message=why, cost_source=source)]))
     return cost
+
+
+def _source_name(target: Server | None) -> str:
+    return "openrouter" if target is None else target.name
+
+
+async def _send(http: httpx.AsyncClient, local: httpx.AsyncClient, config: RunConfig,
+                target: Server | None, body: bytes, stream: bool | None = None) -> Probe:
+    """BODY (the OpenRouter request) sent to TARGET as the run would send it: to
+    OpenRouter, or to a server (infer/servers.py: as the server takes it, its answer the
+    server's), read line by line (openrouter/probe.py)."""
+    stream = config.request.stream if stream is None else stream
+    if target is None:
+        return await send_probe(http, config.base_url, config.api_key, body, stream)
+    probe = await send_probe(local, target.url, server_api_key(), server_body(body, target), stream)
+    server_answer(probe.attempt, target, config.request.model)
+    return probe
+
+
+SWITCH_MAX_TOKENS = 512  # enough for reasoning to begin, or for an answer without it
+
+
+async def _thinking_switches(local: httpx.AsyncClient, config: RunConfig,
+                             servers: list[Server], prompts) -> list[Check]:
+    """Each server asked the first prompt with thinking switched the other way from the run
+    (`chat_template_kwargs`): a server whose template ignores the switch answers both ways
+    alike, and the run's own answers could not show it. Not kept: not the run's recipe."""
+    asked = thinking_asked(config.request.fields(config.policy))
+    if not servers or not prompts or asked is None:
+        return []
+    prompt, _line, session_id = prompts[0]
+    fields = msgspec.json.decode(config.request.body(prompt, config.policy, session_id))
+    fields["reasoning"] = {"enabled": not asked}
+    fields["max_tokens"] = min(config.request.max_tokens, SWITCH_MAX_TOKENS)
+    body = msgspec.json.encode(fields)
+    probes = await asyncio.gather(*(_send(local, local, config, server, body) for server in servers))
+    checks = []
+    for server, probe in zip(servers, probes, strict=True):
+        name = f"{server.name}: thinking {'on' if not asked else 'off'}"
+        a = probe.attempt
+        if a.kind != AttemptKind.OK:
+            checks.append(Check(name, "fail", f"{a.kind} ({a.status or a.cause}): {a.message}"))
+        elif bool(a.reasoning) == (not asked):
+            checks.append(Check(name, "pass", "the chat template took the switch: "
+                                + (f"{len(a.reasoning or ''):,} characters of reasoning" if not asked
+                                   else "no reasoning")))
+        else:
+            checks.append(Check(name, "fail", "the switch was not taken (chat_template_kwargs "
+                                f"thinking={not asked}): " + ("no reasoning" if not asked else
+                                f"{len(a.reasoning or ''):,} characters of reasoning")
+                                + "; is the server's chat template the model's?"))
+    return checks
+
+
+def _server_check(server: Server, config: RunConfig) -> Check:
+    alias = f" as {server.model!r}" if server.model != config.request.model else ""
+    return Check(f"server {server.name}", "pass",
+                 f"answers GET /v1/models: a {server.kind} server serving "
+                 f"{config.request.model}{alias}")
+
+
+def _ids_check(name: str, a: Attempt, server: Server) -> Check:
+    """The sampled IDs a server of its kind returns (infer/servers.py ID_REQUEST)."""
+    if a.output_ids is None:
+        verdict = "warn" if server.kind == ServerKind.OTHER else "fail"
+        return Check(name + "sampled IDs", verdict, f"none returned (a {server.kind} server "
+                     f"asked with {', '.join(ID_REQUEST[server.kind])}): kp-tokenize will "
+                     "re-encode the text")
+    detail = (f"{len(a.output_ids):,} generated"
+              + (f", {len(a.prompt_ids):,} prompt" if a.prompt_ids is not None else ", no prompt IDs"))
+    if a.completion_tokens and len(a.output_ids) != a.completion_tokens:
+        return Check(name + "sampled IDs", "warn",
+                     f"{detail}, against {a.completion_tokens:,} completion tokens in its usage")
+    return Check(name + "sampled IDs", "pass", detail)
 
 
 def _table_check(config: RunConfig, prepared: Prepared) -> Check:
@@ -244,8 +360,8 @@ async def _balance_checks(config: RunConfig, prepared: Prepared, budget: Budget,
                            "lower --max-tokens or add credits")]
 
 
-def _answer_checks(i: int, probe: Probe, acceptance: Acceptance,
-                   config: RunConfig, source: str = "usage") -> list[Check]:
+def _answer_checks(i: int, probe: Probe, acceptance: Acceptance, config: RunConfig,
+                   source: str = "usage", server: Server | None = None) -> list[Check]:
     a = probe.attempt
     name = f"answer {i}: "
     if a.kind != AttemptKind.OK:
@@ -253,7 +369,10 @@ def _answer_checks(i: int, probe: Probe, acceptance: Acceptance,
                       f"{a.kind} ({a.status or a.cause}): {a.message or 'no answer'}")]
     checks = [Check(name + "status", "pass",
                     f"{probe.status}, {a.completion_tokens:,} completion tokens in {probe.seconds:.1f} s")]
-    checks.append(_provider_check(name, a, acceptance))
+    if server is not None:
+        checks.append(Check(name + "provider", "pass", f"the server {server.name}"))
+    else:
+        checks.append(_provider_check(name, a, acceptance))
     if acceptance.expects_reasoning:
         refused = reasoning_refusal(a)
         if refused:
@@ -264,7 +383,11 @@ def _answer_checks(i: int, probe: Probe, acceptance: Acceptance,
                                 f"{len(a.reasoning or ''):,} characters, from {a.reasoning_source}{wire}"))
     else:
         checks.append(Check(name + "reasoning", "skip", "not asked for"))
-    checks.append(_cost_check(name, a, acceptance, source))
+    if server is not None:
+        checks.append(Check(name + "cost", "skip", "a server's answer costs nothing"))
+        checks.append(_ids_check(name, a, server))
+    else:
+        checks.append(_cost_check(name, a, acceptance, source))
     if a.finish_reason == "stop":
         checks.append(Check(name + "finish", "pass", "stop"))
     elif a.finish_reason == "length":

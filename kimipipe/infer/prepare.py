@@ -86,6 +86,7 @@ from .config import RunConfig
 from .conversations import OutputConversations, check_recipe, scan_output, turn_count
 from .disk import DiskGuard
 from .rescue import check_rescue_dir, take_in
+from .servers import Server, discover, server_sampling
 from .total_cost import ReservationFile, TotalCost
 
 PROMPT_DECODER = msgspec.json.Decoder(Prompt)
@@ -103,7 +104,10 @@ def check_outputs(config: RunConfig) -> None:
     if config.failures:
         require_distinct(config.failures, config.input, config.output)
         check_writable(config.failures, "--failures")
-    if config.summary_json:
+    if config.summary_json == "-" and config.output == "-":
+        raise KPError("--summary-json - and -o - both want stdout: give one of them a file",
+                      ExitCode.USAGE)
+    if config.summary_json and config.summary_json != "-":
         require_distinct(config.summary_json, config.input, config.output,
                          *([config.failures] if config.failures else []))
         check_writable(config.summary_json, "--summary-json", in_place=False)
@@ -172,6 +176,7 @@ class Prepared:
     conversations: OutputConversations | None = None  # the turns OUTPUT holds (conversations.py)
     turns_todo: int = 0  # requests still to send (a conversation's turns each count)
     conversations_todo: int = 0  # of `todo`, conversations (prompts with follow-ups)
+    servers: list[Server] = field(default_factory=list)  # --server, as each says it serves
 
     def selected(self, prompt_id: str) -> bool:
         return self.sample is None or prompt_id in self.sample
@@ -450,7 +455,8 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     conversations = scan_output(config.output)
     check_recipe(conversations.recipes, config.request.model,
                  config.request.sampling(config.policy), config.history_reasoning,
-                 config.output, config.allow_mixed, say)
+                 config.output, config.allow_mixed, say,
+                 server_sampling(config.request.fields(config.policy)) if config.servers else None)
     check_no_single_answers(scan, done, conversations, config, say)
     done |= conversations.finished  # a finished conversation is done as a whole
     for extra in config.done_files:
@@ -470,7 +476,8 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
                           "--server and no --openrouter spends none (the token budget, "
                           "--token-budget, applies)", ExitCode.USAGE)
         prepared = Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, None,
-                            None, taken_in=taken_in, model_info="servers only", sample=sample)
+                            None, taken_in=taken_in, model_info="servers only", sample=sample,
+                            servers=discover_servers(config, say))
         prepared.notes.append(f"servers only ({', '.join(config.servers)}): no OpenRouter "
                               "routing, prices or balance; the answers cost nothing")
         return prepared
@@ -496,7 +503,8 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     prepared = Prepared(scan, done, spent, tokens, len(in_part) - skipped, skipped, endpoints, bound,
                         taken_in=taken_in, model_info=info, sample=sample,
                         conversations=conversations, turns_todo=turns_todo,
-                        conversations_todo=sum(1 for i in todo_ids if i in scan.turns))
+                        conversations_todo=sum(1 for i in todo_ids if i in scan.turns),
+                        servers=discover_servers(config, say))
     if config.plan and config.output == "-":
         prepared.notes.append("no -o: the answers a run already wrote cannot be seen here, so every "
                               "prompt counts as to do; pass the -o (and --failures) of the run to "
@@ -504,6 +512,19 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     if config.total_cost is not None:
         prepare_total_cost(config, prepared)
     return prepared
+
+
+def discover_servers(config: RunConfig, say: Callable[[str], None]) -> list[Server]:
+    """Each --server asked what it serves (infer/servers.py `discover`; exit 2 when one
+    cannot say); not for --plan, which sends nothing anywhere."""
+    if config.plan:
+        return []
+    servers = [discover(arg, config.request.model) for arg in config.servers]
+    for server in servers:
+        if server.model != config.request.model:
+            say(f"kp-infer: {server.name} serves {config.request.model} as {server.model!r} "
+                f"({server.kind}); its records name {config.request.model}")
+    return servers
 
 
 def prepare_total_cost(config: RunConfig, prepared: Prepared) -> None:

@@ -209,7 +209,8 @@ def default_workers(concurrency: int, todo: int) -> int:
     return 0 if min(concurrency, todo) <= IN_PROCESS_UP_TO else (os.cpu_count() or 1)
 
 
-def open_transport(config: RunConfig, todo: int) -> WorkerPool | CompletionClient:
+def open_transport(config: RunConfig, todo: int, servers: list | None = None
+                   ) -> WorkerPool | CompletionClient:
     """The HTTP transport for a run with TODO prompts to send (enter it with `async with`).
 
     --workers by default: in this process when at most IN_PROCESS_UP_TO requests can be in
@@ -217,11 +218,13 @@ def open_transport(config: RunConfig, todo: int) -> WorkerPool | CompletionClien
     process carries well over a thousand live streams (docs/performance.md), so a small run
     gains nothing from workers and would pay their start (~0.3 s of CPU each) and an IPC
     hop per request."""
-    if config.servers:  # self-hosted servers, with OpenRouter beside them or not
-        from .servers import Sources
-        return Sources.for_run(config.servers, config.server_concurrency, config.idle_timeout,
+    if config.servers:  # self-hosted servers (SERVERS: as discovered), OpenRouter beside or not
+        from .servers import Server, Sources, split_server
+        return Sources.for_run(servers or [Server(split_server(u)[0], config.request.model)
+                                           for u in config.servers],
+                               config.server_concurrency, config.idle_timeout,
                                openrouter_transport(config, todo) if config.openrouter else None,
-                               config.concurrency)
+                               config.concurrency, model=config.request.model)
     return openrouter_transport(config, todo)
 
 

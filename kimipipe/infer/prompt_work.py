@@ -43,7 +43,7 @@ from ..openrouter.attempt import Attempt
 from ..records import Prompt, Refusal
 from . import costs
 from .acceptance import Acceptance
-from .budget import Budget
+from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .disk import DiskGuard
 from .inflight import MoneyInFlight
@@ -113,8 +113,12 @@ class PromptWork:
     dollars of budget and money in flight, and RECORD_BOUND bytes of disk: `await run()`."""
 
     def __init__(self, parts: RunParts, prompt: Prompt, line: bytes, reservation: float,
-                 record_bound: int = 0, session_id: str | None = None):
+                 record_bound: int = 0, session_id: str | None = None,
+                 transport: Transport | None = None):
         self.parts = parts
+        # where its attempts go: the run's transport, or the route chosen at its admission
+        # (infer/servers.py: to the servers, or to OpenRouter)
+        self.transport = transport if transport is not None else parts.transport
         self.prompt = prompt
         self.line = line
         self.reservation = reservation
@@ -135,7 +139,7 @@ class PromptWork:
             while True:
                 self.attempts += 1
                 self.started = time.monotonic()
-                result = await parts.transport.attempt(self.body, stream)
+                result = await self.transport.attempt(self.body, stream)
                 if not await self.HANDLERS[result.kind](self, result):
                     return
         finally:
@@ -176,6 +180,7 @@ class PromptWork:
         if self.attempts >= parts.config.max_attempts:
             self._fail(FailureKind.RETRIES_EXHAUSTED, result)
             return False
+        await self._move_to_openrouter(result)
         await parts.limiter.release()
         self.holding_slot = False
         if not await self._sleep_unless_stopped(self._backoff(self.attempts, result.retry_after)):
@@ -258,7 +263,9 @@ class PromptWork:
         (the grace period ended, a second Ctrl-C), the answer is kept at its estimate now:
         its record written, or its refusal on the failure line, then the cancel goes on."""
         parts = self.parts
-        if answer.cost is not None:
+        if answer.api is not None:  # a self-hosted server's: it costs nothing (infer/servers.py)
+            source = costs.SERVER
+        elif answer.cost is not None:
             source = costs.USAGE
         else:
             try:
@@ -275,6 +282,24 @@ class PromptWork:
                 raise
         parts.stats.cost_sources[source] += 1
         return source
+
+    async def _move_to_openrouter(self, result: Attempt) -> None:
+        """A prompt of the servers (infer/servers.py `Route`) whose servers are all down goes
+        to OpenRouter, when the run has it and the prompt's worst case fits the money caps
+        now (else it stays, and is sent to the servers again)."""
+        move = getattr(self.transport, "may_move", None)
+        if move is None or not move(result.cause):
+            return
+        parts = self.parts
+        worst = parts.budget.worst_case(prompt_token_bound(self.prompt.messages))
+        if parts.budget.cost_blocker(worst) is not None or not parts.money.fits(worst):
+            parts.budget.pending = 0.0
+            return
+        if not await parts.money.acquire(worst):  # (at once: it fits, unless others wait first)
+            return
+        parts.budget.reserve(worst)
+        self.reservation += worst  # released with the rest when the prompt is done
+        self.transport.move_to_openrouter()
 
     async def _sleep_unless_stopped(self, delay: float) -> bool:
         """Wait DELAY seconds before sending again; False when the run stops meanwhile."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -290,7 +291,7 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         limit_refusals=dict(stats.limit_refusals),
         money_in_flight=money_in_flight,
         costs=SummaryCosts(**{source: stats.cost_sources.get(source, 0)
-                              for source in ("usage", "generation", "estimate")}),
+                              for source in ("usage", "generation", "estimate", "server")}),
         # with --server: each source's share of the answers and its completion tokens/s
         sources={name: SourceShare(answers=n, share=round(n / stats.done, 4),
                                    completion_tokens=stats.source_tokens[name],
@@ -404,7 +405,12 @@ def _failures_note(failed: int, failures_file: str | None) -> str:
 
 def write_summary_json(path: str, result: InferSummary) -> None:
     """Write the summary whole under a temporary name, then rename it into place (checked
-    writable before the run: see prepare.check_outputs)."""
+    writable before the run: see prepare.check_outputs); `-` is stdout (-o is a file then)."""
+    if path == "-":
+        json.dump(msgspec.to_builtins(result), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        return
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w") as f:  # (json.dump of the builtins: the bytes it always had)

@@ -75,6 +75,7 @@ from .process_pool import open_transport
 from .progress import RunProgress
 from .prompt_work import PromptWork, RunParts, Transport, acquire_unless_stopped
 from .report import Stats, StopReason, exit_code, format_summary, summary, write_summary_json
+from .servers import Route, Sources
 from .state import RunState
 from .systematic import SystematicFailure
 from .total_cost import PUBLISH_INTERVAL
@@ -233,53 +234,74 @@ class Run:
     async def _admit_all(self, parts: RunParts) -> None:
         state = self.state
         new = self._new_work()
+        # with --server: a prompt goes to the servers while they have a slot free, and then
+        # reserves no money (their answers cost nothing); else to OpenRouter (infer/servers.py)
+        sources = parts.transport if isinstance(parts.transport, Sources) else None
+        to_servers = ((lambda: True) if sources is not None and not sources.has_openrouter
+                      else sources.server_room if sources is not None else (lambda: False))
         while (work := await self._next_work(new)) is not None:
             prompt, line, turn = work
-            reservation = self.budget.worst_case(prompt_token_bound(prompt.messages))
-            if not await self._wait_for_budget(reservation):
+            worst = self.budget.worst_case(prompt_token_bound(prompt.messages))
+            if (servers := await self._wait_for_budget(worst, to_servers)) is None:
                 return
+            reservation = 0.0 if servers else worst
+            route = sources.route(servers) if sources is not None else None
             record_bound = self.disk.worst_case(line)
             if not await self.disk.wait_for_room(record_bound, state.stopping, state.settled,
                                                  self.say, self.progress.show_waiting_for_disk):
                 if self.disk.gave_up:  # --disk-wait with nothing in flight: a full disk's stop
                     self.stop(StopReason.DISK)
+                if route is not None:
+                    route.close()
                 return
             if not self.money.fits(reservation):
                 state.waiting = "room for money in flight"  # (the progress line says so)
             if not await self.money.acquire(reservation):
+                if route is not None:
+                    route.close()
                 return
             state.waiting = None
             if not await acquire_unless_stopped(self.limiter, state.stopping):
                 self.money.release(reservation)
+                if route is not None:
+                    route.close()
                 return
             self.budget.reserve(reservation)
             self.disk.reserve(record_bound)
             state.in_progress[prompt.id] = time.monotonic()
             task = asyncio.create_task(self._work(
                 PromptWork(parts, prompt, line, reservation, record_bound,
-                           session_id=turn.conversation if turn else None), turn))
+                           session_id=turn.conversation if turn else None, transport=route),
+                turn, route))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def _work(self, work: PromptWork, turn: TurnWork | None) -> None:
+    async def _work(self, work: PromptWork, turn: TurnWork | None, route: Route | None = None
+                    ) -> None:
         """One prompt's (or turn's) work; a turn's end queues its conversation's next."""
         try:
             await work.run()
         finally:
+            if route is not None:  # (its server slot is free for the next prompt)
+                route.close()
             if turn is not None:
                 self.conversations.ended(turn, work.kept, self.state.stopping.is_set())
 
-    async def _wait_for_budget(self, reservation: float) -> bool:
-        """Wait until the next request's worst case fits; False when the run must stop."""
+    async def _wait_for_budget(self, reservation: float,
+                               to_servers: Callable[[], bool] = lambda: False) -> bool | None:
+        """Wait until the next request fits: True when it goes to the servers (TO_SERVERS:
+        one has room; it reserves nothing), False when to OpenRouter (its worst case,
+        RESERVATION, fits the money caps); None when the run must stop."""
         state = self.state
         while not state.stopping.is_set():
             if self.budget.tokens_exhausted():
                 self.stop(StopReason.TOKEN_BUDGET)
-                return False
-            blocker = self.budget.cost_blocker(reservation)
+                return None
+            servers = to_servers()
+            blocker = self.budget.cost_blocker(0.0 if servers else reservation)
             # in_progress, not tasks: a finished task leaves `tasks` only in a later callback
             if blocker is None and self.budget.tokens_fit(len(state.in_progress)):
-                return True
+                return servers
             total = self.budget.total
             # another run sharing --total-cost may give room back: look again now and then
             poll = blocker == "total-cost" and total is not None and total.others_may_free_room()
@@ -288,11 +310,11 @@ class Run:
             if not state.in_progress and not poll:  # nothing in flight will free budget
                 if blocker == "max-cost":
                     self.stop(StopReason.MAX_COST)
-                    return False
+                    return None
                 if blocker == "total-cost":
                     self.stop(StopReason.TOTAL_COST)
-                    return False
-                return True
+                    return None
+                return servers
             state.settled.clear()
             if poll:
                 try:
@@ -301,7 +323,7 @@ class Run:
                     pass
             else:
                 await state.settled.wait()
-        return False
+        return None
 
     async def _drain(self) -> None:
         """Wait for the requests in flight once admission is over: all of them while the run
@@ -368,7 +390,7 @@ async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
     run = Run(config, prepared, budget, progress, say, account)
     try:
         with run.signals_handled(asyncio.get_running_loop()):
-            async with open_transport(config, prepared.todo) as transport:
+            async with open_transport(config, prepared.todo, prepared.servers) as transport:
                 await run.run(transport)
     finally:
         await account.aclose()

@@ -41,6 +41,7 @@ from ..records import (
 from .api import api_of
 from .config import RunConfig
 from .rescue import Rescue
+from .servers import server_sampling
 
 
 class Kept(StrEnum):
@@ -140,6 +141,9 @@ class Output:
     def __init__(self, config: RunConfig):
         self.config = config
         self.sampling = config.request.sampling(config.policy)  # the same for every prompt
+        # a --server's answer: what a server was sent (no OpenRouter fields: infer/servers.py)
+        self.server_sampling = (server_sampling(config.request.fields(config.policy))
+                                if config.servers else None)
         # who answers: on every record (infer/api.py); a server's answer names its host
         self.api = api_of(config.base_url if config.openrouter or not config.servers
                           else config.servers[0])
@@ -167,14 +171,16 @@ class Output:
                        cost: float | None = None, cost_source: str = "usage") -> Kept:
         """Write the response record of PROMPT_LINE: WRITTEN, RESCUED or LOST (COST and
         COST_SOURCE: as settled by infer/costs.py when the answer's usage showed none)."""
-        fields = generation_fields(answer, attempts, self.config.request.model, self.sampling,
+        server = answer.api is not None and self.server_sampling is not None
+        fields = generation_fields(answer, attempts, self.config.request.model,
+                                   self.server_sampling if server else self.sampling,
                                    cost, cost_source)
         fields.refused = list(refused or ())
         fields.latency_s = round(latency, 3) if latency is not None else None
         now = time.time()
         fields.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
         fields.api = answer.api or self.api  # a server's answer: its host
-        if answer.provider in self.config.policy.unverifiable_names:
+        if not server and answer.provider in self.config.policy.unverifiable_names:
             # its name covers an excluded variant too (openrouter/routing.py: mixed_names):
             # kept, but not verifiable; counted in the summary (report.py)
             fields.routing = "unverifiable"

@@ -84,6 +84,14 @@ class _Usage(msgspec.Struct, gc=False):
     prompt_tokens_details: _PromptDetails | None = None
 
 
+class _SglExt(msgspec.Struct, gc=False):
+    """SGLang's response-level extension (return_input_ids_in_sglext, ..._output_ids_...):
+    the prompt's IDs, and the generated IDs of each choice; streamed, in one chunk."""
+
+    input_ids: list[int] | None = None
+    output_ids: list[list[int]] | None = None
+
+
 class _Body(msgspec.Struct, gc=False):
     id: str | None = None
     provider: str | None = None
@@ -92,6 +100,14 @@ class _Body(msgspec.Struct, gc=False):
     usage: _Usage | None = None
     error: dict | None = None
     prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids (a stream: 1st chunk)
+    sglext: _SglExt | None = None  # SGLang's IDs (infer/servers.py)
+
+    def sglang_ids(self) -> tuple[list[int] | None, list[int] | None]:
+        """(prompt IDs, the first choice's generated IDs) from `sglext`, (None, None) without."""
+        ext = self.sglext
+        if ext is None:
+            return None, None
+        return ext.input_ids, (ext.output_ids[0] if ext.output_ids else None)
 
 
 _body_decoder = msgspec.json.Decoder(_Body)
@@ -235,11 +251,13 @@ class CompletionClient:
         msg = choice.message or _Message()
         if choice.finish_reason is None:
             return Attempt(AttemptKind.RETRY, cause=RetryCause.EMPTY, status=200, message="no finish_reason")
+        sgl_prompt, sgl_output = body.sglang_ids()
         return _finish(body.id, body.provider, body.model, msg.content or "",
                        _reasoning_text(msg.reasoning or msg.reasoning_content,
                                        msg.reasoning_details),
-                       choice.finish_reason, body.usage, prompt_ids=body.prompt_token_ids,
-                       output_ids=choice.token_ids)
+                       choice.finish_reason, body.usage,
+                       prompt_ids=body.prompt_token_ids if sgl_prompt is None else sgl_prompt,
+                       output_ids=choice.token_ids if sgl_output is None else sgl_output)
 
 
 class StreamAnswer:
@@ -260,8 +278,8 @@ class StreamAnswer:
         self.gen_id = self.provider = self.model = self.finish_reason = None
         self.usage: _Usage | None = None
         self.chunks = 0
-        self.prompt_ids: list[int] | None = None  # a self-hosted server's (vLLM: 1st chunk)
-        self.output_ids: list[int] | None = None  # ... and each chunk's, joined
+        self.prompt_ids: list[int] | None = None  # a self-hosted server's (vLLM: 1st chunk;
+        self.output_ids: list[int] | None = None  # ... and each chunk's, joined; SGLang: sglext)
 
     def _has_output(self) -> bool:
         return bool(self.content or self.reasoning or self.details)
@@ -282,6 +300,12 @@ class StreamAnswer:
             self.usage = chunk.usage
         if chunk.prompt_token_ids is not None:
             self.prompt_ids = chunk.prompt_token_ids
+        if chunk.sglext is not None:  # SGLang: every ID at once, in a chunk of its own
+            sgl_prompt, sgl_output = chunk.sglang_ids()
+            if sgl_prompt is not None:
+                self.prompt_ids = sgl_prompt
+            if sgl_output is not None:
+                self.output_ids = sgl_output
         for choice in chunk.choices or ():
             if choice.error is not None or choice.finish_reason == "error":
                 return midstream_error(choice.error or {"message": "finish_reason: error"}, self._has_output())

@@ -59,6 +59,8 @@ A self-hosted server instead (standin/selfhosted.py):
                                     bundled kimi-k2.5-mini-fast
     --noncanonical RATE             share of answers with one word sampled as two pieces
     --system-prompt TEXT            the server's template adds this system message
+    --served-model-name NAME        serve moonshotai/kimi-k2.5 under NAME only (vLLM's
+                                    --served-model-name; GET /v1/models lists NAME)
 """
 
 from __future__ import annotations
@@ -246,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--system-prompt", default=None, metavar="TEXT",
                         help="vllm/sglang: the server's template puts this system message "
                              "first when the conversation has none")
+    server.add_argument("--served-model-name", default=None, metavar="NAME",
+                        help="vllm/sglang: serve moonshotai/kimi-k2.5 under NAME only, as "
+                             "vLLM's --served-model-name does")
     billing = p.add_argument_group("billing (billing.py)")
     billing.add_argument("--price-override", action="append", type=parse_price_override,
                          default=[], metavar="PROVIDER=FACTOR[:MIN_PROMPT_TOKENS]",
@@ -336,7 +341,8 @@ def main(argv: list[str] | None = None) -> None:
         price_overrides=dict(args.price_override), discounts=dict(args.discount),
         no_cost_rate=args.no_cost, no_usage_rate=args.no_usage,
         generation_delay=args.generation_delay, tokenizer=args.tokenizer, mode=args.mode,
-        noncanonical_rate=args.noncanonical, system_prompt=args.system_prompt)
+        noncanonical_rate=args.noncanonical, system_prompt=args.system_prompt,
+        served_model_name=args.served_model_name)
     try:
         config.check()
     except ValueError as e:

@@ -75,6 +75,7 @@ class Config:
     mode: str = "openrouter"
     noncanonical_rate: float | None = None  # share of answers with a word split in two; None: 0.25
     system_prompt: str | None = None  # the server's template puts it first (no system message)
+    served_model_name: str | None = None  # vLLM's --served-model-name: kimi-k2.5 under this name
 
     def check(self) -> None:
         if self.mode not in MODES:

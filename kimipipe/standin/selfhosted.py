@@ -28,8 +28,21 @@ chunk; text a token leaves incomplete, a UTF-8 character split over tokens, wait
 next). Usage comes in a last chunk with `choices: []` when `stream_options.include_usage`
 is true. Reasoning is in `reasoning_content` (its reasoning parser's field).
 
-SGLang: the same shapes with `reasoning_content`, and no token IDs at all on the chat API
-(SGLang's `/v1/chat/completions` returns none; its native `/generate` is not served here).
+SGLang (as its python/sglang/srt/entrypoints/openai/serving_chat.py does, v0.5.20): the
+same shapes with `reasoning_content`; the IDs in its response-level extension `sglext`
+when the request asks (`return_input_ids_in_sglext`, `return_output_ids_in_sglext`, or
+the headers `x-sglext-return-input-ids: 1`, `x-sglext-return-output-ids: 1`):
+`{"input_ids": [...], "output_ids": [[...]]}` (one list per choice), top-level in the
+body, or streamed in one chunk of its own (`choices: []`) after the finish chunk and
+before the usage chunk. Its older `return_token_ids` gives each choice `prompt_token_ids`
+and `token_ids` in a plain answer, and is refused on a stream (400: "return_token_ids is
+not supported with streaming on /v1/chat/completions ..."), as is
+`return_prompt_token_ids`. SGLang's error body is its ErrorResponse, top level
+(`object: "error"`, message, type, param, code). Its native `/generate` is not served.
+
+`--served-model-name NAME`: moonshotai/kimi-k2.5 served under NAME only, as vLLM's
+`--served-model-name` does: GET /v1/models lists NAME alone (`root` the model), and a
+request naming another model is vLLM's 404.
 
 Faults (`--fault KIND=RATE`): the HTTP statuses (500, 503, ...) with vLLM's error body,
 and `cut` (the connection aborted mid-answer). The control endpoints
@@ -58,10 +71,26 @@ THINK_CLOSE = "</think>"
 END_OF_TURN = "<|im_end|>"
 
 
+SERVED_MODEL = "moonshotai/kimi-k2.5"  # what --served-model-name serves under its name
+SGLANG_STREAM_REFUSED = {  # the request fields SGLang refuses on a stream, and its message
+    "return_prompt_token_ids": "return_prompt_token_ids is not supported with streaming. "
+                               "Please set stream=false when using return_prompt_token_ids=true.",
+    "return_token_ids": "return_token_ids is not supported with streaming on "
+                        "/v1/chat/completions. Please set stream=false when using "
+                        "return_token_ids=true.",
+}
+
+
 def vllm_error(status: int, message: str, kind: str) -> web.Response:
     """vLLM's ErrorResponse: {"error": {message, type, param, code}} (older: top level)."""
     return json_response({"error": {"message": message, "type": kind, "param": None,
                                     "code": status}}, status)
+
+
+def sglang_error(status: int, message: str, kind: str) -> web.Response:
+    """SGLang's ErrorResponse: top level {object: "error", message, type, param, code}."""
+    return json_response({"object": "error", "message": message, "type": kind, "param": None,
+                          "code": status}, status)
 
 
 def thinking_of(body: dict, model: str) -> bool:
@@ -72,6 +101,28 @@ def thinking_of(body: dict, model: str) -> bool:
             if isinstance(kwargs.get(name), bool):
                 return kwargs[name]
     return REASONING_DEFAULT.get(model, True)
+
+
+class IdsAsked:
+    """Which IDs a request asks for, as its server kind reads it: vLLM's (and SGLang's
+    older) `return_token_ids`, SGLang's `sglext` flags (body fields or headers)."""
+
+    def __init__(self, mode: str, body: dict, headers):
+        self.token_ids = body.get("return_token_ids") is True
+        sglang = mode == "sglang"
+        self.input_ids = sglang and (body.get("return_input_ids_in_sglext") is True
+                                     or headers.get("x-sglext-return-input-ids") == "1")
+        self.output_ids = sglang and (body.get("return_output_ids_in_sglext") is True
+                                      or headers.get("x-sglext-return-output-ids") == "1")
+
+    def sglext(self, turn: SampledTurn) -> dict | None:
+        """SGLang's `sglext` object for TURN (None fields left out, as SGLang does)."""
+        ext = {}
+        if self.input_ids:
+            ext["input_ids"] = turn.prompt_ids
+        if self.output_ids:
+            ext["output_ids"] = [turn.output_ids]
+        return ext or None
 
 
 class SampledTurn:
@@ -208,10 +259,18 @@ class SelfHosted:
         self._gate = asyncio.Event()
         return json_response(new.public())
 
+    def served(self) -> dict[str, str]:
+        """The model names served, and the model each one is."""
+        name = self.config.served_model_name
+        return {name: SERVED_MODEL} if name else {m: m for m in REASONING_DEFAULT}
+
+    def error(self, status: int, message: str, kind: str) -> web.Response:
+        return (sglang_error if self.mode == "sglang" else vllm_error)(status, message, kind)
+
     async def models(self, request: web.Request) -> web.Response:
         return json_response({"object": "list", "data": [
-            {"id": m, "object": "model", "created": 0, "owned_by": self.mode}
-            for m in REASONING_DEFAULT]})
+            {"id": name, "object": "model", "created": 0, "owned_by": self.mode, "root": model}
+            for name, model in self.served().items()]})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
@@ -253,29 +312,34 @@ class SelfHosted:
         try:
             body = json.loads(raw)
         except ValueError:
-            return vllm_error(400, "Invalid JSON in request body", "BadRequestError")
+            return self.error(400, "Invalid JSON in request body", "BadRequestError")
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) \
                 or not body["messages"]:
-            return vllm_error(400, "messages: a non-empty list is required", "BadRequestError")
+            return self.error(400, "messages: a non-empty list is required", "BadRequestError")
         model = body.get("model")
-        if model not in REASONING_DEFAULT:
-            return vllm_error(404, f"The model `{model}` does not exist.", "NotFoundError")
+        if model not in self.served():
+            return self.error(404, f"The model `{model}` does not exist.", "NotFoundError")
+        if self.mode == "sglang" and body.get("stream") is True:
+            for name, message in SGLANG_STREAM_REFUSED.items():
+                if body.get(name) is True:
+                    return self.error(400, message, "BadRequestError")
         await self._pass_gate()
         self.completions_started += 1
         fault = self._draw_fault()
         if fault:
             self.faults[fault] += 1
         if fault and fault.isdigit():
-            return vllm_error(int(fault), "Internal server error" if fault == "500"
+            return self.error(int(fault), "Internal server error" if fault == "500"
                               else "Service unavailable", "InternalServerError")
         # where a word is split: a function of what is asked, not of how (stream or not)
         asked = json.dumps([body["messages"], model, body.get("seed")], sort_keys=True)
         rng = random.Random(f"{self.config.seed}|{hashlib.sha256(asked.encode()).hexdigest()}")
         rate = self.config.noncanonical_rate
-        turn = self.sampler.sample(body, rng, DEFAULT_NONCANONICAL if rate is None else rate,
+        turn = self.sampler.sample({**body, "model": self.served()[model]}, rng,
+                                   DEFAULT_NONCANONICAL if rate is None else rate,
                                    self.config.system_prompt)
         gen_id = f"chatcmpl-{self._ids.getrandbits(128):032x}"
-        ids_wanted = self.mode == "vllm" and body.get("return_token_ids") is True
+        ids_wanted = IdsAsked(self.mode, body, request.headers)
         await asyncio.sleep(self.config.latency)
         if body.get("stream") is True:
             return await self._stream(request, body, turn, gen_id, ids_wanted, fault)
@@ -286,7 +350,7 @@ class SelfHosted:
         return {"prompt_tokens": len(turn.prompt_ids), "total_tokens": len(turn.prompt_ids) + n_out,
                 "completion_tokens": n_out, "prompt_tokens_details": None}
 
-    async def _plain(self, request, body, turn: SampledTurn, gen_id: str, ids_wanted: bool,
+    async def _plain(self, request, body, turn: SampledTurn, gen_id: str, ids_wanted: IdsAsked,
                      fault: str | None) -> web.StreamResponse:
         tps = self.config.tokens_per_second
         if tps > 0:
@@ -297,9 +361,14 @@ class SelfHosted:
                   "finish_reason": turn.finish_reason, "stop_reason": None}
         out = {"id": gen_id, "object": "chat.completion", "created": int(time.time()),
                "model": body["model"], "choices": [choice], "usage": self._usage(turn)}
-        if ids_wanted:
+        if ids_wanted.token_ids and self.mode == "vllm":
             choice["token_ids"] = turn.output_ids
             out["prompt_token_ids"] = turn.prompt_ids
+        elif ids_wanted.token_ids:  # SGLang's, on a plain answer: per choice
+            choice["prompt_token_ids"] = turn.prompt_ids
+            choice["token_ids"] = turn.output_ids
+        if (sglext := ids_wanted.sglext(turn)) is not None:
+            out["sglext"] = sglext
         data = encode(out)
         if fault == "cut":
             resp = web.StreamResponse(status=200)
@@ -313,8 +382,10 @@ class SelfHosted:
         self.completed += 1
         return web.Response(body=data, content_type="application/json")
 
-    def _chunks(self, body, turn: SampledTurn, gen_id: str, ids_wanted: bool) -> list[bytes]:
-        """One SSE event per sampled token, vLLM's stream shape."""
+    def _chunks(self, body, turn: SampledTurn, gen_id: str, asked: IdsAsked) -> list[bytes]:
+        """One SSE event per sampled token, vLLM's stream shape (SGLang's: its IDs at the
+        end, in `sglext`)."""
+        ids_wanted = asked.token_ids  # (SGLang refused a stream asking that, above)
         head = {"id": gen_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": body["model"]}
 
@@ -344,13 +415,15 @@ class SelfHosted:
                 start = i + 1
         if turn.phases and turn.phases[-1][0] != "token":
             events.append(event({}, [], turn.finish_reason))
+        if (sglext := asked.sglext(turn)) is not None:  # SGLang: after the finish, before usage
+            events.append(b"data: " + encode({**head, "choices": [], "sglext": sglext}) + b"\n\n")
         options = body.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage"):
             events.append(b"data: " + encode({**head, "choices": [], "usage": self._usage(turn)})
                           + b"\n\n")
         return events
 
-    async def _stream(self, request, body, turn: SampledTurn, gen_id: str, ids_wanted: bool,
+    async def _stream(self, request, body, turn: SampledTurn, gen_id: str, ids_wanted: IdsAsked,
                       fault: str | None) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                        "Cache-Control": "no-cache"})

@@ -72,7 +72,8 @@ class StandIn:
                  no_cost: float | None = None, no_usage: float | None = None,
                  generation_delay: float | None = None, tokenizer: str | os.PathLike | None = None,
                  mode: str | None = None, noncanonical: float | None = None,
-                 system_prompt: str | None = None, port: int = 0,
+                 system_prompt: str | None = None, served_model_name: str | None = None,
+                 port: int = 0,
                  workdir: str | os.PathLike | None = None, extra_args: tuple = (),
                  start_timeout: float = 20.0):
         self.api_key = api_key
@@ -102,7 +103,7 @@ class StandIn:
                    "--moderation-marker": moderation_marker, "--no-cost": no_cost,
                    "--no-usage": no_usage, "--generation-delay": generation_delay,
                    "--tokenizer": tokenizer, "--mode": mode, "--noncanonical": noncanonical,
-                   "--system-prompt": system_prompt}
+                   "--system-prompt": system_prompt, "--served-model-name": served_model_name}
         for flag, value in options.items():
             if value is not None:
                 args += [flag, str(value)]
