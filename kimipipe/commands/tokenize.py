@@ -85,7 +85,6 @@ from ..records import Rejected, encode_line
 from ..tokenize import fields
 from ..tokenize.engine import Engine, Settings, spawned_worker
 from ..tokenize.load import prepare_tokenizer_dir
-from ..tokenize.pool import WorkerPool
 from ..tokenize.render import PRESETS
 from ..tokenize.stats import Summary
 
@@ -142,6 +141,8 @@ def _outcomes_in_pool(engine: Engine, workers: int, batches):
     Workers are forked from this process where the platform allows, so they start with the
     tokenizer already loaded (a spawned worker would import transformers and load it again).
     """
+    from ..tokenize.pool import WorkerPool  # (multiprocessing: not needed by --help or --workers 1)
+
     pool = WorkerPool(workers, fork_setup=lambda: engine.process,
                       spawn_setup=functools.partial(spawned_worker, engine.settings))
     finished = False
