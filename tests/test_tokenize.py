@@ -485,6 +485,66 @@ def test_ctrl_c_with_workers_exits_130_and_a_rerun_completes_exactly(tmp_path):
     assert [x["id"] for x in read_jsonl(out)] == [f"b-{i}" for i in range(4000)]
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is PID (from /proc): kp-tokenize's forked workers."""
+    import os
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_mid_run_stops_the_command_with_one_line_and_a_rerun_completes(tmp_path):
+    """A worker process that dies (the OOM killer, a kill -9) ends the run with exit 1 and
+    one line saying so, never a hang; the output holds whole records only, and the same
+    command finishes the rest. The input comes from a pipe the test keeps open, so the
+    worker is killed while the run is still going."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import BIN, REPO
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_tokenize import make_responses
+
+    src = tmp_path / "r.jsonl"
+    make_responses(src, 2000)
+    out = tmp_path / "t.jsonl"
+    common = ["--tokenizer", str(TOKENIZER_KINDS["fast"]), "--workers", "2", "--drop-text",
+              "-q", "-o", str(out)]
+    proc = subprocess.Popen([str(BIN / "kp-tokenize"), "-", *common], stdin=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    lines = src.read_bytes().splitlines(keepends=True)
+    proc.stdin.write(b"".join(lines[:1000]))
+    proc.stdin.flush()
+    while proc.poll() is None and (not out.exists() or out.stat().st_size == 0):
+        time.sleep(0.01)  # (a wait on a condition: records in the output)
+    workers = _children(proc.pid)
+    assert proc.poll() is None and len(workers) == 2
+    import os
+    os.kill(workers[0], signal.SIGKILL)
+    try:  # (it may have stopped already, on a batch in flight to the dead worker)
+        proc.stdin.write(b"".join(lines[1000:]))
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1, err
+    assert err.strip() == ("kp-tokenize: a worker process ended unexpectedly (exit code -9); "
+                           "rerun the same command to resume")
+    partial = read_jsonl(out)  # whole lines only
+    assert 0 < len(partial) < 2000
+    assert subprocess.run([str(BIN / "kp-tokenize"), str(src), *common]).returncode == 0
+    assert [x["id"] for x in read_jsonl(out)] == [f"b-{i}" for i in range(2000)]
+
+
 def test_partitions_split_the_records_disjointly_and_completely(tmp_path):
     from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
 

@@ -47,10 +47,9 @@ Nothing is downloaded: --tokenizer is a directory or a name in the local Hugging
 
 from __future__ import annotations
 
-import gc
+import functools
 import itertools
 import os
-from collections import deque
 from contextlib import closing
 
 import click
@@ -84,14 +83,7 @@ from ..io import (
 from ..partition import in_partition
 from ..records import Rejected, encode_line
 from ..tokenize import fields
-from ..tokenize.engine import (
-    Engine,
-    Settings,
-    ignore_interrupts,
-    init_worker,
-    process_in_worker,
-    set_worker_engine,
-)
+from ..tokenize.engine import Engine, Settings, spawned_worker
 from ..tokenize.load import prepare_tokenizer_dir
 from ..tokenize.render import PRESETS
 from ..tokenize.stats import Summary
@@ -144,40 +136,21 @@ def _outcomes_inline(engine: Engine, batches):
 
 
 def _outcomes_in_pool(engine: Engine, workers: int, batches):
-    """Each batch's outcomes, in input order, from WORKERS processes; at most 2 per worker in flight.
+    """Each batch's outcomes, in input order, from WORKERS processes (tokenize/pool.py).
 
     Workers are forked from this process where the platform allows, so they start with the
     tokenizer already loaded (a spawned worker would import transformers and load it again).
     """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from ..tokenize.pool import WorkerPool  # (multiprocessing: not needed by --help or --workers 1)
 
-    if "fork" in multiprocessing.get_all_start_methods():
-        set_worker_engine(engine)
-        # The tokenizer's objects (Kimi's: two Python dicts over 163,840 IDs) are left out of
-        # the garbage collector's scans, so no forked worker walks, and so copies, them.
-        gc.freeze()
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"),
-                                   initializer=ignore_interrupts)
-    else:
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=init_worker, initargs=(engine.settings,))
-    in_flight: deque = deque()
-    bad_input = None
+    pool = WorkerPool(workers, fork_setup=lambda: engine.process,
+                      spawn_setup=functools.partial(spawned_worker, engine.settings))
+    finished = False
     try:
-        try:
-            for batch in batches:
-                in_flight.append(pool.submit(process_in_worker, batch))
-                if len(in_flight) >= 2 * workers:
-                    yield in_flight.popleft().result()
-        except KPError as e:  # a bad input line: the records before it are still written
-            bad_input = e
-        while in_flight:
-            yield in_flight.popleft().result()
-        if bad_input is not None:
-            raise bad_input
+        yield from pool.map(batches)
+        finished = True
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.close(abort=not finished)
 
 
 def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,

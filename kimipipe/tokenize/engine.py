@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -379,26 +378,7 @@ class _Row:
         return Outcome("reject", self.rec.id, self.lineno, reason=reason)
 
 
-# Worker-process side: one Engine per process, forked with the parent's or built once by the
-# pool's initializer.
-_engine: Engine | None = None
-
-
-def set_worker_engine(engine: Engine) -> None:
-    global _engine
-    _engine = engine
-
-
-def ignore_interrupts() -> None:
-    """Ctrl-C is the parent's to handle: it stops feeding work and shuts the pool down."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def init_worker(settings: Settings) -> None:
-    ignore_interrupts()
+def spawned_worker(settings: Settings):
+    """A spawned worker's batch function (pool.py): the Engine built again from SETTINGS."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    set_worker_engine(Engine(settings))
-
-
-def process_in_worker(batch: list[tuple[int, bytes]]) -> list[Outcome]:
-    return _engine.process(batch)
+    return Engine(settings).process
