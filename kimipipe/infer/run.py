@@ -232,7 +232,6 @@ class Run:
             await conversations.changed.wait()  # (a stop sets it too)
 
     async def _admit_all(self, parts: RunParts) -> None:
-        state = self.state
         new = self._new_work()
         # with --server: a prompt goes to the servers while they have a slot free, and then
         # reserves no money (their answers cost nothing); else to OpenRouter (infer/servers.py)
@@ -240,32 +239,34 @@ class Run:
         to_servers = ((lambda: True) if sources is not None and not sources.has_openrouter
                       else sources.server_room if sources is not None else (lambda: False))
         while (work := await self._next_work(new)) is not None:
-            prompt, line, turn = work
-            worst = self.budget.worst_case(prompt_token_bound(prompt.messages))
-            if (servers := await self._wait_for_budget(worst, to_servers)) is None:
+            if not await self._admit(parts, *work, sources, to_servers):
                 return
-            reservation = 0.0 if servers else worst
-            route = sources.route(servers) if sources is not None else None
+
+    async def _admit(self, parts: RunParts, prompt, line: bytes, turn: TurnWork | None,
+                     sources: Sources | None, to_servers: Callable[[], bool]) -> bool:
+        """Admit one prompt (or turn) once its budget, disk room, money in flight and a slot
+        are there, and start its work; False when admission must stop."""
+        state = self.state
+        worst = self.budget.worst_case(prompt_token_bound(prompt.messages))
+        if (servers := await self._wait_for_budget(worst, to_servers)) is None:
+            return False
+        reservation = 0.0 if servers else worst
+        route = sources.route(servers) if sources is not None else None
+        try:
             record_bound = self.disk.worst_case(line)
             if not await self.disk.wait_for_room(record_bound, state.stopping, state.settled,
                                                  self.say, self.progress.show_waiting_for_disk):
                 if self.disk.gave_up:  # --disk-wait with nothing in flight: a full disk's stop
                     self.stop(StopReason.DISK)
-                if route is not None:
-                    route.close()
-                return
+                return False
             if not self.money.fits(reservation):
                 state.waiting = "room for money in flight"  # (the progress line says so)
             if not await self.money.acquire(reservation):
-                if route is not None:
-                    route.close()
-                return
+                return False
             state.waiting = None
             if not await acquire_unless_stopped(self.limiter, state.stopping):
                 self.money.release(reservation)
-                if route is not None:
-                    route.close()
-                return
+                return False
             self.budget.reserve(reservation)
             self.disk.reserve(record_bound)
             state.in_progress[prompt.id] = time.monotonic()
@@ -273,8 +274,13 @@ class Run:
                 PromptWork(parts, prompt, line, reservation, record_bound,
                            session_id=turn.conversation if turn else None, transport=route),
                 turn, route))
+            route = None  # (the work closes it when it ends)
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+            return True
+        finally:
+            if route is not None:  # not admitted: its server slot is free again
+                route.close()
 
     async def _work(self, work: PromptWork, turn: TurnWork | None, route: Route | None = None
                     ) -> None:
