@@ -58,6 +58,19 @@ def stop_load(load) -> None:
         p.join(timeout=30)
 
 
+def messages_of(report: Path) -> list[tuple[str, str]]:
+    """Each failed test of REPORT with the first line of its failure message."""
+    if not report.exists():
+        return []
+    out = []
+    for case in ET.parse(report).getroot().iter("testcase"):
+        for kind in ("failure", "error"):
+            if (node := case.find(kind)) is not None:
+                why = (node.get("message") or kind).strip().splitlines() or [kind]
+                out.append((f"{case.get('classname')}::{case.get('name')}", why[0][:300]))
+    return out
+
+
 def failures_of(report: Path) -> list[str]:
     if not report.exists():
         return ["(no report: the run itself failed)"]
@@ -92,6 +105,8 @@ def main() -> int:
                 counts.update(failed)
                 tail = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
                 print(f"soak: run {run}/{args.runs}: {tail[0]} ({walls[-1]:.0f} s)", flush=True)
+                for name, why in messages_of(report):  # (the report goes with the temp dir)
+                    print(f"  failed: {name}: {why}", flush=True)
     finally:
         stop_load(load)
     print(f"soak: {args.runs} runs with {args.load} core(s) busy, "

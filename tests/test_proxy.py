@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import kp, read_jsonl, write_jsonl
+from helpers import wait_for
 
 trustme = pytest.importorskip("trustme")
 pytest.importorskip("pproxy")
@@ -347,6 +348,10 @@ def test_worker_command_line_never_holds_the_proxy_password():
                           proxy=f"http://{USER}:{PASSWORD}@127.0.0.1:9")
         async with pool:
             pid = pool._workers[0].proc.pid
+            # read once the child has exec'd (before, or during the exec, /proc shows the
+            # parent's command line or none: the soak caught an empty one)
+            wait_for(lambda: b"kimipipe.infer.worker_process" in
+                     Path(f"/proc/{pid}/cmdline").read_bytes(), "the worker's exec", 60)
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             environ = Path(f"/proc/{pid}/environ").read_bytes()
         return cmdline, environ
