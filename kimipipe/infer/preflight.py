@@ -91,6 +91,7 @@ from .servers import (
     server_body,
     thinking_asked,
 )
+from .state import signals_handled
 from .writing import Output, failure_record
 
 DEFAULT_REQUESTS = 3
@@ -120,9 +121,40 @@ def run_preflight(config: RunConfig, n: int, as_json: bool, say: Callable[[str],
             raise KPError(f"--max-cost ${config.max_cost:g} leaves no room for the preflight's "
                           f"{len(prompts)} requests (worst case ${worst:.4f}; "
                           f"${budget.spent:.4f} recorded)", ExitCode.BUDGET)
-        report = asyncio.run(_preflight(config, prepared, budget, prompts))
+        report = _interruptible(_preflight(config, prepared, budget, prompts))
     echo(json.dumps(report, indent=2) if as_json else format_preflight(report))
     return ExitCode.OK if report["passed"] else ExitCode.PARTIAL
+
+
+def _interruptible(coro):
+    """Run CORO; a SIGINT or SIGTERM meanwhile cancels it and is then a KeyboardInterrupt
+    (exit 130, one line). Taken by the loop's own handlers: a KeyboardInterrupt raised by
+    the signal inside whichever task was running left that task's exception unretrieved,
+    and asyncio printed its traceback (seen once in a full suite run)."""
+    interrupted = False
+
+    async def main():
+        nonlocal interrupted
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+
+        def stop() -> None:
+            nonlocal interrupted
+            interrupted = True
+            task.cancel()
+
+        with signals_handled(loop, stop):
+            try:
+                return await coro
+            except asyncio.CancelledError:
+                if interrupted:
+                    return None
+                raise
+
+    result = asyncio.run(main())
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
 
 
 def first_to_do(config: RunConfig, prepared: Prepared, n: int

@@ -40,7 +40,6 @@ Memory holds the IDs, the requests in flight and their prompt lines."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -76,7 +75,7 @@ from .progress import RunProgress
 from .prompt_work import PromptWork, RunParts, Transport, acquire_unless_stopped
 from .report import Stats, StopReason, exit_code, format_summary, summary, write_summary_json
 from .servers import Route, Sources
-from .state import RunState
+from .state import RunState, signals_handled
 from .systematic import SystematicFailure
 from .total_cost import PUBLISH_INTERVAL
 from .worker_process import freeze_startup_objects
@@ -148,23 +147,8 @@ class Run:
         """SIGINT and SIGTERM stop the run (a second one cancels what is in flight) for the
         whole of its event loop's work, the transport's start and close included; then the
         handlers found are put back (asyncio would leave SIGTERM to kill the process)."""
-        installed = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous = signal.getsignal(sig)
-            try:
-                loop.add_signal_handler(sig, self._on_signal)
-            except (NotImplementedError, RuntimeError, ValueError):
-                continue
-            installed.append((sig, previous))
-        try:
+        with signals_handled(loop, self._on_signal):
             yield
-        finally:
-            for sig, previous in installed:
-                try:
-                    loop.remove_signal_handler(sig)
-                    signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-                except (NotImplementedError, RuntimeError, ValueError):
-                    pass
 
     # -- the run --------------------------------------------------------------------------
     async def run(self, transport: Transport) -> int:

@@ -8,6 +8,9 @@ line (infer/progress.py) reads all of it. No part reaches into another for these
 from __future__ import annotations
 
 import asyncio
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .report import StopReason
@@ -24,3 +27,27 @@ class RunState:
     waiting: str | None = None  # what holds admission back, for the progress line
     # prompt ID -> when admitted, oldest first (retries and back-off included)
     in_progress: dict[str, float] = field(default_factory=dict)
+
+
+@contextmanager
+def signals_handled(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM call HANDLER in LOOP (not a KeyboardInterrupt raised inside
+    whichever task is running, whose exception nobody retrieves); then the handlers found are
+    put back (asyncio would leave SIGTERM to kill the process)."""
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        try:
+            loop.add_signal_handler(sig, handler)
+        except (NotImplementedError, RuntimeError, ValueError):
+            continue
+        installed.append((sig, previous))
+    try:
+        yield
+    finally:
+        for sig, previous in installed:
+            try:
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
