@@ -69,6 +69,12 @@ def smallest_hashes(ids, n) -> set[str]:
 
 def worker_pids(pid: int) -> list[int]:
     """The `kimipipe.infer.worker_process` children of PID (from /proc)."""
+    return children(pid, b"kimipipe.infer.worker_process")
+
+
+def children(pid: int, cmdline_has: bytes = b"") -> list[int]:
+    """The processes whose parent is PID and whose command line holds CMDLINE_HAS (from
+    /proc; a forked child without an exec has its parent's command line)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -80,7 +86,7 @@ def worker_pids(pid: int) -> list[int]:
                 cmdline = f.read()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == pid and b"kimipipe.infer.worker_process" in cmdline:
+        if ppid == pid and cmdline_has in cmdline:
             found.append(int(entry))
     return found
 
@@ -91,3 +97,21 @@ def paid_once_each(server, prompts_path) -> None:
     paid = Counter(x["request_user_text_sha256"] for x in server.ledger())
     expected = {user_text_sha256(p["messages"]) for p in whole_lines(prompts_path)}
     assert set(paid) == expected and set(paid.values()) == {1}
+
+
+def endpoints_table(server) -> list[dict]:
+    """The stand-in's endpoints table, prices as it bills them (USD per token)."""
+    doc = httpx.get(f"{server.base_url}/models/{MODEL}/endpoints").json()
+    return doc["data"]["endpoints"]
+
+
+def money_is_exact(server, records, failures=()):
+    """Every answer billed is in a record (kept or refused before it) or a failure line."""
+    import pytest
+    billed = {x["generation_id"]: x["cost"] for x in server.ledger()}
+    kept = {r["generation_id"]: r["usage"]["cost"] for r in records}
+    refused = {x["generation_id"]: x["cost"] for r in [*records, *failures] for x in r["refused"]}
+    assert not set(kept) & set(refused)
+    assert {**kept, **refused} == pytest.approx(billed, rel=1e-12)
+    assert sum(f["cost"] for f in failures) == pytest.approx(
+        sum(x["cost"] for f in failures for x in f["refused"]), rel=1e-12)

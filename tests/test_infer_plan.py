@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-import httpx
 import pytest
 from conftest import read_jsonl
-from helpers import MODEL, smallest_hashes
+from helpers import endpoints_table, smallest_hashes
 from test_infer import infer, make_prompts
 
 from kimipipe.standin.answers import user_text_sha256
@@ -118,10 +117,6 @@ def test_sample_answers_the_prompts_of_smallest_id_hash_and_none_is_paid_twice(s
     assert plan_json(server, prompts, "--sample", "0")["prompts"]["todo"] == 0
 
 
-def endpoints_table(server) -> list[dict]:
-    """The stand-in's endpoints table, prices as it bills them (USD per token)."""
-    doc = httpx.get(f"{server.base_url}/models/{MODEL}/endpoints").json()
-    return doc["data"]["endpoints"]
 
 
 def test_plan_figures_are_the_documented_estimate_and_worst_case(standin, tmp_path):

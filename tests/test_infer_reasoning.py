@@ -10,7 +10,7 @@ import json
 import msgspec
 import pytest
 from conftest import read_jsonl
-from helpers import MODEL
+from helpers import MODEL, money_is_exact
 from test_infer import infer, make_prompts
 
 from kimipipe.openrouter.client import (
@@ -20,17 +20,6 @@ from kimipipe.openrouter.client import (
     split_inline_think,
 )
 from kimipipe.standin.answers import expected_answer
-
-
-def money_is_exact(server, records, failures=()):
-    """Every answer billed is in a record (kept or refused before it) or a failure line."""
-    billed = {x["generation_id"]: x["cost"] for x in server.ledger()}
-    kept = {r["generation_id"]: r["usage"]["cost"] for r in records}
-    refused = {x["generation_id"]: x["cost"] for r in [*records, *failures] for x in r["refused"]}
-    assert not set(kept) & set(refused)
-    assert {**kept, **refused} == pytest.approx(billed, rel=1e-12)
-    assert sum(f["cost"] for f in failures) == pytest.approx(
-        sum(x["cost"] for f in failures for x in f["refused"]), rel=1e-12)
 
 
 def test_an_answer_without_reasoning_is_sent_again_with_its_provider_ignored(standin, tmp_path):

@@ -5,10 +5,9 @@ policy checks behind them."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from conftest import read_jsonl
-from helpers import MODEL
+from helpers import MODEL, endpoints_table, money_is_exact
 from test_infer import NATIVE, infer, make_prompts
 
 from kimipipe.openrouter.routing import (
@@ -18,12 +17,6 @@ from kimipipe.openrouter.routing import (
     allowed_endpoints,
     routing_violation,
 )
-
-
-def endpoints_table(server) -> list[dict]:
-    """The stand-in's endpoints table, prices as it bills them (USD per token)."""
-    doc = httpx.get(f"{server.base_url}/models/{MODEL}/endpoints").json()
-    return doc["data"]["endpoints"]
 
 
 def test_max_cost_holds_when_an_excluded_pricier_endpoint_serves_anyway(standin, tmp_path):
@@ -139,15 +132,6 @@ def test_native_providers_are_what_the_stand_in_calls_int4_or_unknown(standin):
     assert NATIVE == {e["provider_name"] for e in table if e["quantization"] in ("int4", "unknown")}
 
 
-def money_is_exact(server, records, failures=()):
-    """Every answer billed is in a record (kept or refused before it) or a failure line."""
-    billed = {x["generation_id"]: x["cost"] for x in server.ledger()}
-    kept = {r["generation_id"]: r["usage"]["cost"] for r in records}
-    refused = {x["generation_id"]: x["cost"] for r in [*records, *failures] for x in r["refused"]}
-    assert not set(kept) & set(refused)
-    assert {**kept, **refused} == pytest.approx(billed, rel=1e-12)
-    assert sum(f["cost"] for f in failures) == pytest.approx(
-        sum(x["cost"] for f in failures for x in f["refused"]), rel=1e-12)
 
 
 def test_distillation_is_enforced_by_default_and_plan_says_whether_it_is_allowed(standin, tmp_path):

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 from conftest import BIN, TOKENIZERS, kp, read_jsonl
+from helpers import wait_for
 
 FAST = TOKENIZERS / "kimi-k2.5-mini-fast"
 MODEL = "moonshotai/kimi-k2.5"
@@ -49,13 +49,6 @@ def tok():
     return load_tokenizer(FAST)
 
 
-def wait_for(predicate, what, timeout=60.0):
-    """Wait on an observable state (a stand-in counter, a file), never on a fixed time."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # -- the stand-in's modes ---------------------------------------------------------------------
@@ -178,7 +171,7 @@ def test_several_servers_one_killed_mid_run(standin, tmp_path):
          "--no-stream"],
         env=no_openrouter_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: doomed.stats()["held"] >= 1, "a request held by the doomed server")
+        wait_for(lambda: doomed.stats()["held"] >= 1, "a request held by the doomed server", 60)
         doomed.proc.kill()
         doomed.proc.wait()
         _, stderr = proc.communicate(timeout=120)
@@ -558,7 +551,7 @@ def test_hybrid_prompts_of_a_dead_server_move_to_openrouter(standin, tmp_path):
          "--backoff-base", "0.05", "--max-cost", "5"],
         env={**os.environ, **openrouter.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: server.stats()["held"] >= 2, "two prompts held by the server")
+        wait_for(lambda: server.stats()["held"] >= 2, "two prompts held by the server", 60)
         server.proc.kill()
         server.proc.wait()
         _, stderr = proc.communicate(timeout=120)

@@ -16,7 +16,8 @@ from functools import cache
 
 import pytest
 import zstandard
-from conftest import TOKENIZER_KINDS, is_tiktoken, kp, read_jsonl, response_record, write_jsonl
+from conftest import BIN, TOKENIZER_KINDS, is_tiktoken, kp, read_jsonl, response_record, write_jsonl
+from helpers import children
 
 from kimipipe.tokenize.load import load_tokenizer
 
@@ -447,6 +448,33 @@ def test_template_that_renders_finished_turns_unlike_the_preset_is_refused(tmp_p
     assert "renders a finished turn as 'REASONING-7f3a</think>\\nCONTENT-7f3a<|im_end|>'" in r.stderr
 
 
+def _tokenizing_from_an_open_pipe(tmp_path, records: int, given: int):
+    """kp-tokenize (2 workers, the fast tokenizer) on a pipe the test keeps open, fed the
+    first GIVEN of RECORDS generated responses, once its first records are out: (the
+    process, the whole input file, the output, the arguments but the input)."""
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_tokenize import make_responses
+
+    src = tmp_path / "r.jsonl"
+    make_responses(src, records)
+    out = tmp_path / "t.jsonl"
+    common = ["--tokenizer", str(TOKENIZER_KINDS["fast"]), "--workers", "2", "--drop-text",
+              "-q", "-o", str(out)]
+    proc = subprocess.Popen([str(BIN / "kp-tokenize"), "-", *common], stdin=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    lines = src.read_bytes().splitlines(keepends=True)
+    proc.stdin.write(b"".join(lines[:given]))
+    proc.stdin.flush()
+    while proc.poll() is None and (not out.exists() or out.stat().st_size == 0):
+        time.sleep(0.01)  # (a wait on a condition: records in the output)
+    return proc, src, out, common
+
+
 @pytest.mark.timeout(120)
 def test_ctrl_c_with_workers_exits_130_and_a_rerun_completes_exactly(tmp_path):
     """Ctrl-C mid-run: exit 130, whole records only, and the same command finishes the rest.
@@ -455,25 +483,8 @@ def test_ctrl_c_with_workers_exits_130_and_a_rerun_completes_exactly(tmp_path):
     are in the output and half the input is still to come."""
     import signal
     import subprocess
-    import sys
-    import time
 
-    from conftest import BIN, REPO
-    sys.path.insert(0, str(REPO / "bench"))
-    from bench_tokenize import make_responses
-
-    src = tmp_path / "r.jsonl"
-    make_responses(src, 4000)
-    out = tmp_path / "t.jsonl"
-    common = ["--tokenizer", str(TOKENIZER_KINDS["fast"]), "--workers", "2", "--drop-text",
-              "-q", "-o", str(out)]
-    proc = subprocess.Popen([str(BIN / "kp-tokenize"), "-", *common], stdin=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    lines = src.read_bytes().splitlines(keepends=True)
-    proc.stdin.write(b"".join(lines[:2000]))
-    proc.stdin.flush()
-    while proc.poll() is None and (not out.exists() or out.stat().st_size == 0):
-        time.sleep(0.01)  # (a wait on a condition: records in the output)
+    proc, src, out, common = _tokenizing_from_an_open_pipe(tmp_path, 4000, 2000)
     assert proc.poll() is None  # its input is still open: it cannot have finished
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -485,18 +496,6 @@ def test_ctrl_c_with_workers_exits_130_and_a_rerun_completes_exactly(tmp_path):
     assert [x["id"] for x in read_jsonl(out)] == [f"b-{i}" for i in range(4000)]
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is PID (from /proc): kp-tokenize's forked workers."""
-    import os
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
 
 
 @pytest.mark.timeout(120)
@@ -507,31 +506,14 @@ def test_a_worker_killed_mid_run_stops_the_command_with_one_line_and_a_rerun_com
     worker is killed while the run is still going."""
     import signal
     import subprocess
-    import sys
-    import time
 
-    from conftest import BIN, REPO
-    sys.path.insert(0, str(REPO / "bench"))
-    from bench_tokenize import make_responses
-
-    src = tmp_path / "r.jsonl"
-    make_responses(src, 2000)
-    out = tmp_path / "t.jsonl"
-    common = ["--tokenizer", str(TOKENIZER_KINDS["fast"]), "--workers", "2", "--drop-text",
-              "-q", "-o", str(out)]
-    proc = subprocess.Popen([str(BIN / "kp-tokenize"), "-", *common], stdin=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    lines = src.read_bytes().splitlines(keepends=True)
-    proc.stdin.write(b"".join(lines[:1000]))
-    proc.stdin.flush()
-    while proc.poll() is None and (not out.exists() or out.stat().st_size == 0):
-        time.sleep(0.01)  # (a wait on a condition: records in the output)
-    workers = _children(proc.pid)
+    proc, src, out, common = _tokenizing_from_an_open_pipe(tmp_path, 2000, 1000)
+    workers = children(proc.pid)
     assert proc.poll() is None and len(workers) == 2
     import os
     os.kill(workers[0], signal.SIGKILL)
     try:  # (it may have stopped already, on a batch in flight to the dead worker)
-        proc.stdin.write(b"".join(lines[1000:]))
+        proc.stdin.write(b"".join(src.read_bytes().splitlines(keepends=True)[1000:]))
         proc.stdin.close()
     except BrokenPipeError:
         pass
