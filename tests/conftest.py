@@ -11,6 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from kimipipe.standin import testing as _standin_testing
+
+# ~400 stand-ins start in a run of the suite: forked from the test process with the server's
+# code imported (~0.02 CPU-s each) rather than a fresh `python -m kimipipe.standin` (~0.3,
+# aiohttp's import). Same main(), own process; test_standin.py keeps the exec'd start.
+_standin_testing.START = "fork"
+
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 
@@ -151,7 +158,7 @@ def kp_run():
 @pytest.fixture
 def standin(tmp_path):
     """Factory: `server = standin(balance=5, faults={"429": 0.1}, latency=0.05, ledger=True)`
-    starts `python -m kimipipe.standin` on a free port (see kimipipe/standin/testing.py);
+    starts the stand-in on a free port (forked: see kimipipe/standin/testing.py);
     every server started is stopped at teardown."""
     from kimipipe.standin.testing import StandIn
 

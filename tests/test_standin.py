@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -134,11 +136,18 @@ def test_cli_rejects_bad_faults(args, message):
     assert proc.returncode == 2 and message in proc.stderr
 
 
-def test_standin_class_as_context_manager():
-    with StandIn(balance=3) as server:
+@pytest.mark.parametrize("start", ["exec", "fork"])
+def test_standin_class_as_context_manager(start):
+    with StandIn(balance=3, start=start) as server:
         assert get(server, "/credits").json()["data"]["total_credits"] == 3.0
         pid = server.pid
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        # exec'd: the command a user runs; forked: this process's own command line
+        assert (cmdline[1:3] == [b"-m", b"kimipipe.standin"]) == (start == "exec"), cmdline
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert ppid == os.getpid()  # a child of this process either way, reaped by stop()
     assert server.proc is None and pid
+    assert not Path(f"/proc/{pid}").exists()  # stopped and reaped: no zombie left
 
 
 # -- a shared server for the many small cases (each test sets the faults it needs) ---------
