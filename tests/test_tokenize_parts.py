@@ -9,19 +9,26 @@ import shutil
 
 import pytest
 from conftest import (
+    ALL_KINDS,
     TOKENIZER_KINDS,
     TOKENIZERS,
     fake_hf_cache,
     kp,
     read_jsonl,
     response_record,
+    tokenizer_dir,
     write_jsonl,
 )
 from test_infer import infer, make_prompts
 
 from kimipipe.tokenize import fixtures
 from kimipipe.tokenize.codec import FastCodec, make_codec
-from kimipipe.tokenize.load import TokenizerLoadError, load_tokenizer, prepare_tokenizer_dir
+from kimipipe.tokenize.load import (
+    TokenizerLoadError,
+    _named_class,
+    load_tokenizer,
+    prepare_tokenizer_dir,
+)
 from kimipipe.tokenize.render import PRESETS, TurnLayout
 from kimipipe.tokenize.verify import check_roundtrip, check_text_ids
 
@@ -141,6 +148,63 @@ def test_a_model_name_in_the_hf_cache_loads_offline_despite_symlinked_code(tmp_p
     by_dir = kp("tokenize", src, "--tokenizer", TOKENIZER_KINDS["tiktoken"], "--trust-remote-code", env=env)
     assert by_name.code == 0, by_name.stderr
     assert by_name.stdout == by_dir.stdout and by_name.records()[0]["output_ids"]
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi <|im_end|> <think>x</think> 你好 😀"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "4.", "reasoning_content": "Add."},
+     {"role": "user", "content": "  and 3+3?\n\n"}],
+]
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_a_tokenizer_naming_its_own_class_loads_as_autotokenizer_loads_it(request, kind):
+    """load_tokenizer takes the class a directory names (its code, or the plain tokenizers
+    backend) without AutoTokenizer's model table (0.25 CPU-s a start): the tokenizer must be
+    the one AutoTokenizer gives, down to every ID the chat template makes."""
+    d = tokenizer_dir(request, kind)
+    assert _named_class(d, trust_remote_code=True) is not None  # each kind takes the short way
+    direct = load_tokenizer(d, trust_remote_code=True)
+    auto = load_tokenizer(d, trust_remote_code=True, auto=True)
+    assert type(direct) is type(auto)
+    assert direct.get_vocab() == auto.get_vocab() and len(direct) == len(auto)
+    assert direct.all_special_tokens == auto.all_special_tokens
+    assert direct.added_tokens_decoder == auto.added_tokens_decoder
+    assert direct.chat_template == auto.chat_template
+    for messages in CONVERSATIONS:
+        for thinking in (True, False):
+            args = dict(tokenize=True, add_generation_prompt=True, thinking=thinking,
+                        return_dict=False)
+            assert (list(direct.apply_chat_template(messages, **args))
+                    == list(auto.apply_chat_template(messages, **args)))
+    text = CONVERSATIONS[1][-1]["content"] + CONVERSATIONS[0][0]["content"]
+    assert direct.encode(text) == auto.encode(text)
+
+
+def test_a_tokenizer_of_a_known_model_is_left_to_autotokenizer(tmp_path):
+    """Where AutoTokenizer has rules of its own (a model's config.json, a transformers class
+    named beside the code, code from another repository, no trust), it decides."""
+    cases = {
+        "model-config": lambda d: (d / "config.json").write_text(json.dumps({"model_type": "llama"})),
+        "transformers-class": lambda d: _edit_config(d, tokenizer_class="Qwen2TokenizerFast"),
+        "upstream-code": lambda d: _edit_config(d, auto_map={"AutoTokenizer": [
+            "moonshotai/Kimi-K2.5--tokenization_kimi.TikTokenTokenizer", None]}),
+    }
+    for name, edit in cases.items():
+        d = shutil.copytree(TOKENIZER_KINDS["tiktoken"], tmp_path / name)
+        edit(d)
+        assert _named_class(d, trust_remote_code=True) is None, name
+    assert _named_class(TOKENIZER_KINDS["tiktoken"], trust_remote_code=False) is None
+    fast = shutil.copytree(TOKENIZER_KINDS["fast"], tmp_path / "fast-llama")
+    _edit_config(fast, tokenizer_class="LlamaTokenizerFast")
+    assert _named_class(fast, trust_remote_code=True) is None
+    assert _named_class(TOKENIZER_KINDS["fast"], trust_remote_code=False) is not None
+
+
+def _edit_config(d, **changes):
+    config = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**config, **changes}))
 
 
 def test_prepare_refuses_a_directory_that_is_not_a_tokenizer(tmp_path):

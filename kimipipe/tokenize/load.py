@@ -90,21 +90,72 @@ def _has_custom_model_config(directory: Path) -> bool:
 _MISSING_PACKAGES = re.compile(r"not found in your environment: ([^.]+)\.")
 
 
-def load_tokenizer(directory: Path, *, trust_remote_code: bool = False,
-                   chat_template: str | None = None, debug: bool = False):
-    """The transformers tokenizer in DIRECTORY (offline), with CHAT_TEMPLATE if given."""
-    offline_environment(debug)
-    from transformers import AutoTokenizer
+def _named_class(directory: Path, trust_remote_code: bool):
+    """The tokenizer class DIRECTORY names for itself, where AutoTokenizer's choice is plain:
+    the code it ships (tokenizer_config.json's auto_map, run under trust_remote_code; Kimi
+    K2.5's) or the generic tokenizers backend (`PreTrainedTokenizerFast`) with no model
+    config beside it. Else None: AutoTokenizer decides, with its per-model rules.
 
-    extra: dict[str, Any] = {}
-    if _has_custom_model_config(directory):
-        # AutoTokenizer loads the model's config first, running its code (which may need
-        # torch); a tokenizer never needs it, so hand it an empty one.
-        from transformers import PretrainedConfig
-        extra["config"] = PretrainedConfig()
+    Why not always AutoTokenizer: its import builds transformers' table of every model it
+    knows, reading ~3,300 source files, 0.25 CPU-s of each kp-tokenize start (~20%). The
+    class taken here is the one AutoTokenizer takes in these cases, by the same calls
+    (tests/test_tokenize_parts.py compares the two on each bundled kind and the real one)."""
     try:
-        tok = AutoTokenizer.from_pretrained(
-            str(directory), trust_remote_code=trust_remote_code, local_files_only=True, **extra)
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    auto_map = config.get("auto_map")
+    ref = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else auto_map
+    if ref:
+        if not (trust_remote_code and isinstance(ref, (list, tuple)) and len(ref) == 2
+                and (ref[1] or ref[0]) and "--" not in (ref[1] or ref[0])):
+            return None
+        if (directory / "config.json").exists() and not _has_custom_model_config(directory):
+            return None  # a known model type: AutoTokenizer may prefer its own class
+        named = config.get("tokenizer_class")
+        if named and named.removesuffix("Fast") != (ref[1] or ref[0]).rsplit(".", 1)[-1]:
+            return None  # a class of transformers' named too: its aliases are AutoTokenizer's
+        from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+        # AutoTokenizer also calls cls.register_for_auto_class(), which only tells
+        # save_pretrained what to write in auto_map (and imports the model table): never
+        # needed to tokenize.
+        return get_class_from_dynamic_module(ref[1] or ref[0], str(directory),
+                                             local_files_only=True)
+    if (config.get("tokenizer_class") in ("PreTrainedTokenizerFast", "TokenizersBackend")
+            and (directory / "tokenizer.json").is_file()
+            and not (directory / "config.json").exists()):
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend
+    return None
+
+
+def load_tokenizer(directory: Path, *, trust_remote_code: bool = False,
+                   chat_template: str | None = None, debug: bool = False, auto: bool = False):
+    """The transformers tokenizer in DIRECTORY (offline), with CHAT_TEMPLATE if given.
+    AUTO: always through AutoTokenizer (the tests' reference for the class taken here)."""
+    offline_environment(debug)
+    try:
+        named = None if auto else _named_class(directory, trust_remote_code)
+        if named is not None:
+            kwargs = {"trust_remote_code": True} if named.__module__.startswith(
+                "transformers_modules") else {}
+            tok = named.from_pretrained(str(directory), local_files_only=True, **kwargs)
+        else:
+            from transformers import AutoTokenizer
+
+            extra: dict[str, Any] = {}
+            if _has_custom_model_config(directory):
+                # AutoTokenizer loads the model's config first, running its code (which may
+                # need torch); a tokenizer never needs it, so hand it an empty one.
+                from transformers import PretrainedConfig
+                extra["config"] = PretrainedConfig()
+            tok = AutoTokenizer.from_pretrained(
+                str(directory), trust_remote_code=trust_remote_code, local_files_only=True,
+                **extra)
     except ImportError as e:
         # A module that is not there at all (transformers checks the code's imports first and
         # says so in its message) is a missing package; "cannot import name X from Y" is code
