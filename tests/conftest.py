@@ -48,6 +48,7 @@ def pytest_collection_finish(session):
 # after the others had finished; started first, with `--dist worksteal` (the Makefile's),
 # the short tests fill in around them. Order within a module is kept.
 LONG_FIRST = ("test_make.py", "test_make_build.py", "test_total_cost.py", "test_locks.py",
+              "test_infer_credit_limits.py",
               "test_tokenize_fields.py", "test_infer_retries.py", "test_infer_routing.py")
 
 
@@ -56,7 +57,8 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
-# KP_CPU_LOG=FILE: one line per test appended to FILE, "cpu-seconds wall-seconds nodeid",
+# KP_CPU_LOG=FILE: one line per test appended to FILE, "cpu-seconds wall-seconds end-time
+# xdist-worker nodeid" (the end time as epoch seconds, to see each worker's timeline),
 # the CPU being the test process's own plus that of every child it waited for (the
 # commands, the stand-ins, make) over setup, call and teardown. On two shared cores the CPU
 # is what limits the suite, so that is what to measure before making it faster.
@@ -78,8 +80,10 @@ def pytest_runtest_protocol(item, nextitem):
 
     cpu0, wall0 = cpu(), time.monotonic()
     yield
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
     with open(_CPU_LOG, "a") as f:
-        f.write(f"{cpu() - cpu0:.2f} {time.monotonic() - wall0:.2f} {item.nodeid}\n")
+        f.write(f"{cpu() - cpu0:.2f} {time.monotonic() - wall0:.2f} {time.time():.2f} {worker} "
+                f"{item.nodeid}\n")
 
 
 @pytest.fixture(autouse=True)
