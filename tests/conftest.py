@@ -13,6 +13,13 @@ import pytest
 
 from kimipipe.standin import testing as _standin_testing
 
+# pytest rewrites the test modules' asserts on import, ~4 CPU-s in each xdist worker, and
+# caches the result only where bytecode may be written; PYTHONDONTWRITEBYTECODE (set in
+# many containers, this project's CI among them) turns the cache off. In this process only
+# (the commands the tests start still get the variable as set), so a rerun of the suite
+# reads the rewritten modules from tests/__pycache__.
+sys.dont_write_bytecode = False
+
 # ~400 stand-ins start in a run of the suite: forked from the test process with the server's
 # code imported (~0.02 CPU-s each) rather than a fresh `python -m kimipipe.standin` (~0.3,
 # aiohttp's import). Same main(), own process; test_standin.py keeps the exec'd start.

@@ -3,6 +3,7 @@ name; the README stays short and its links resolve; docs/cli.md is what `--help`
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -30,11 +31,15 @@ def options_of(text: str) -> set[str]:
     return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
 
 
-HELP = {name: help_text([str(BIN / f"kp-{name}")]) for name in KP_COMMANDS}
-STANDIN_HELP = help_text([sys.executable, "-m", "kimipipe.standin"])
-DEMO_HELP = help_text([sys.executable, "-m", "kimipipe.demo"])
-BENCH_HELP = {script.name: help_text([sys.executable, str(script)])
-              for script in sorted((REPO / "bench").glob("bench_*.py"))}
+# Each program's --help, made on first use by the one worker that runs these tests (at
+# import, every xdist worker ran the 13 programs while collecting).
+@functools.cache
+def helps() -> dict[str, dict[str, str]]:
+    return {"kp": {name: help_text([str(BIN / f"kp-{name}")]) for name in KP_COMMANDS},
+            "other": {"standin": help_text([sys.executable, "-m", "kimipipe.standin"]),
+                      "demo": help_text([sys.executable, "-m", "kimipipe.demo"])},
+            "bench": {script.name: help_text([sys.executable, str(script)])
+                      for script in sorted((REPO / "bench").glob("bench_*.py"))}}
 
 
 def invocations():
@@ -56,14 +61,14 @@ def test_every_example_invocation_uses_options_its_command_has():
     seen = 0
     for command, args in invocations():
         seen += 1
-        unknown = options_of(args) - options_of(HELP[command])
+        unknown = options_of(args) - options_of(helps()["kp"][command])
         assert not unknown, f"kp-{command} has no {sorted(unknown)} (README: kp-{command}{args})"
     assert seen >= 8
 
 
 def test_every_option_named_anywhere_exists_somewhere():
-    known = set().union(*(options_of(h) for h in [*HELP.values(), *BENCH_HELP.values()]),
-                        options_of(STANDIN_HELP), options_of(DEMO_HELP), FOREIGN)
+    known = set().union(*(options_of(h) for group in helps().values() for h in group.values()),
+                        FOREIGN)
     unknown = options_of(DOCS) - known
     assert not unknown, f"README or docs/ name options no command has: {sorted(unknown)}"
 
@@ -72,7 +77,7 @@ def test_every_benchmark_command_uses_options_its_script_has():
     seen = 0
     for script, args in re.findall(r"bench/(bench_\w+\.py)((?:[ \t]+--?[\w-]+(?:[ \t]+[^\s`|-][^\s`|]*)?)*)", DOCS):
         seen += 1
-        unknown = options_of(args) - options_of(BENCH_HELP[script])
+        unknown = options_of(args) - options_of(helps()["bench"][script])
         assert not unknown, f"{script} has no {sorted(unknown)}"
     assert seen >= 5
 
