@@ -55,6 +55,19 @@ def wait_for(predicate, what: str = "the condition", timeout: float = 120.0) -> 
         time.sleep(0.02)
 
 
+def stderr_after(proc, act, timeout: float = 120.0) -> bytes:
+    """ACT (what the test does while PROC runs), then PROC's stderr once it has exited (within
+    TIMEOUT); if anything fails first, PROC is killed and reaped, so no command outlives its
+    test."""
+    try:
+        act()
+        return proc.communicate(timeout=timeout)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def whole_lines(path) -> list[dict]:
     """The whole records of a file another process is appending to, or that a killed writer
     left with a torn last line (the part after the last newline is left out)."""

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from conftest import BIN, read_jsonl
-from helpers import worker_pids
+from helpers import stderr_after, worker_pids
 from test_infer import assert_correct, ids_of, make_prompts
 
 
@@ -29,20 +29,16 @@ def test_a_killed_worker_costs_its_requests_one_retry_never_the_run(standin, tmp
                              server.base_url, "--concurrency", "30", "--workers", workers,
                              "--backoff-base", "0.01", "--summary-json", str(summary), "-q"],
                             env=env, stderr=subprocess.PIPE)
-    try:
+    def kill_a_worker_under_load():
         deadline = time.monotonic() + 60
         # under load: a full window of requests in flight at the stand-in
         while server.stats()["in_flight"] < 20:
             assert proc.poll() is None and time.monotonic() < deadline, "the run never got under load"
             time.sleep(0.02)
-        victim = worker_pids(proc.pid)[0]
-        os.kill(victim, signal.SIGKILL)
-        # A hang shows as this timeout: the run is answered in a few seconds otherwise.
-        _, stderr = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        os.kill(worker_pids(proc.pid)[0], signal.SIGKILL)
+
+    # A hang shows as this timeout: the run is answered in a few seconds otherwise.
+    stderr = stderr_after(proc, kill_a_worker_under_load, timeout=90)
     assert proc.returncode == 0, stderr.decode()
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(120)]
     assert_correct(read_jsonl(out), prompts)

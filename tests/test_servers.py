@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 from conftest import BIN, TOKENIZERS, kp, read_jsonl
-from helpers import wait_for
+from helpers import stderr_after, wait_for
 
 FAST = TOKENIZERS / "kimi-k2.5-mini-fast"
 MODEL = "moonshotai/kimi-k2.5"
@@ -170,14 +170,12 @@ def test_several_servers_one_killed_mid_run(standin, tmp_path):
          "--server", alive.base_url, "--server-concurrency", "2", "--backoff-base", "0.05",
          "--no-stream"],
         env=no_openrouter_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    def kill_the_doomed_server_mid_request():
         wait_for(lambda: doomed.stats()["held"] >= 1, "a request held by the doomed server", 60)
         doomed.proc.kill()
         doomed.proc.wait()
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+
+    stderr = stderr_after(proc, kill_the_doomed_server_mid_request)
     assert proc.returncode == 0, stderr.decode()
     records = read_jsonl(out)
     assert sorted(r["id"] for r in records) == sorted(f"q{i}" for i in range(12))
@@ -520,15 +518,12 @@ def test_hybrid_servers_share_reserves_no_money(standin, tmp_path):
          "--server-concurrency", "2", "--openrouter", "--concurrency", "2",
          "--max-tokens", "2000", "--max-cost", f"{worst * 1.5:.8f}"],
         env={**os.environ, **openrouter.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    def release_once_two_are_held():
         # two server prompts in flight with room for one OpenRouter worst case: they hold none
         wait_for(lambda: held.stats()["held"] >= 2, "two prompts held by the server", timeout=30)
         held.configure(hold_after=None)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+
+    stderr = stderr_after(proc, release_once_two_are_held)
     assert proc.returncode == 0, stderr.decode()
     records = read_jsonl(out)
     assert len(records) == 8
@@ -550,15 +545,12 @@ def test_hybrid_prompts_of_a_dead_server_move_to_openrouter(standin, tmp_path):
          "--server-concurrency", "2", "--openrouter", "--concurrency", "2",
          "--backoff-base", "0.05", "--max-cost", "5"],
         env={**os.environ, **openrouter.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    def kill_the_server_holding_two():
         wait_for(lambda: server.stats()["held"] >= 2, "two prompts held by the server", 60)
         server.proc.kill()
         server.proc.wait()
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+
+    stderr = stderr_after(proc, kill_the_server_holding_two)
     assert proc.returncode == 0, stderr.decode()
     records = read_jsonl(out)
     assert sorted(rec["id"] for rec in records) == sorted(f"q{i}" for i in range(6))
