@@ -109,21 +109,21 @@ def _named_class(directory: Path, trust_remote_code: bool):
     auto_map = config.get("auto_map")
     ref = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else auto_map
     if ref:
-        if not (trust_remote_code and isinstance(ref, (list, tuple)) and len(ref) == 2
-                and (ref[1] or ref[0]) and "--" not in (ref[1] or ref[0])):
+        # AutoTokenizer's pick from auto_map: the fast class, else the slow one
+        class_ref = (ref[1] or ref[0]) if isinstance(ref, (list, tuple)) and len(ref) == 2 else None
+        if not (trust_remote_code and class_ref and "--" not in class_ref):
             return None
         if (directory / "config.json").exists() and not _has_custom_model_config(directory):
             return None  # a known model type: AutoTokenizer may prefer its own class
         named = config.get("tokenizer_class")
-        if named and named.removesuffix("Fast") != (ref[1] or ref[0]).rsplit(".", 1)[-1]:
+        if named and named.removesuffix("Fast") != class_ref.rsplit(".", 1)[-1]:
             return None  # a class of transformers' named too: its aliases are AutoTokenizer's
         from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
         # AutoTokenizer also calls cls.register_for_auto_class(), which only tells
         # save_pretrained what to write in auto_map (and imports the model table): never
         # needed to tokenize.
-        return get_class_from_dynamic_module(ref[1] or ref[0], str(directory),
-                                             local_files_only=True)
+        return get_class_from_dynamic_module(class_ref, str(directory), local_files_only=True)
     if (config.get("tokenizer_class") in ("PreTrainedTokenizerFast", "TokenizersBackend")
             and (directory / "tokenizer.json").is_file()
             and not (directory / "config.json").exists()):
