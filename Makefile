@@ -162,11 +162,15 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@# set (common in containers) an uncompiled module is compiled again on each start.
 	@# pip compiles serially, and all of transformers' 2,600 model files, of which a
 	@# tokenizer imports a few (transformers reads their source for its import table, not
-	@# their bytecode): 34 s; this is 14 s on 2 cores (model packages keep __init__ and
+	@# their bytecode): 34 s; this is 7 s on 2 cores (model packages keep __init__ and
 	@# auto/). The checkout too (an editable install is not compiled), but not the bundled
-	@# tokenizers: their code is data, copied as it is. A file that does not compile is
-	@# listed and runs from source, as pip leaves it.
-	-$(BIN)/python -m compileall -q -j 0 -x 'kimipipe/data/|transformers/models/(?!auto/)[^/]+/(?!__init__)' \
+	@# tokenizers: their code is data, copied as it is; nor what no command runs: the
+	@# OpenRouter and OpenAI SDKs (3,100 files; only tests import them, in-process, where
+	@# the first import writes their bytecode), pip and setuptools (this recipe has run
+	@# them already), the packages' own test suites (numpy's, matplotlib's: 370 files).
+	@# A file that does not compile is listed and runs from source, as pip leaves it.
+	-$(BIN)/python -m compileall -q -j 0 \
+	    -x 'kimipipe/data/|transformers/models/(?!auto/)[^/]+/(?!__init__)|site-packages/((openai|openrouter|pip|setuptools|pkg_resources)/|.*/tests/)' \
 	    kimipipe $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 	touch $@
 

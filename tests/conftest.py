@@ -50,18 +50,43 @@ def pytest_collection_finish(session):
     _restore_environment()
 
 
-# The long tests first: the make-driven builds take 15-45 s each on two busy cores, against
-# 0.1-5 s for most others. Started last, one of them kept a single worker busy for ~90 s
-# after the others had finished; started first, with `--dist worksteal` (the Makefile's),
-# the short tests fill in around them. Order within a module is kept.
-LONG_FIRST = ("test_make.py", "test_make_build.py", "test_total_cost.py", "test_locks.py",
-              "test_infer_credit_limits.py",
-              "test_tokenize_fields.py", "test_infer_retries.py", "test_infer_routing.py")
+# The long modules first, and shared out. `--dist worksteal` (the Makefile's) hands each
+# of W workers one contiguous W-th of the collected order, and an idle worker then takes
+# the back half of the longest queue: what stands at the front of a queue is run by its own
+# worker. With the long modules merely first, one worker's share was all of them: it ran
+# ~270 s of tests while the others ran out and stole its short tail, and the suite waited
+# ~15 s at the end for its last 402-wait test. So each worker's share starts with its own
+# long modules (whole modules, for their module-scoped fixtures: the make build of
+# test_make), dealt by the seconds of wall each took (KP_CPU_LOG, two cores, 3 workers),
+# and is filled up to its size with the rest in collection order. Order within a module is
+# kept. Only the speed depends on this matching xdist's split; every order runs every test.
+LONG_SECONDS = {"test_make.py": 90, "test_make_build.py": 70,
+                "test_infer_credit_limits.py": 65, "test_locks.py": 35,
+                "test_tokenize_fields.py": 30, "test_infer_disk.py": 30,
+                "test_infer_conversations.py": 25, "test_total_cost.py": 25,
+                "test_infer_retries.py": 12, "test_infer_progress.py": 11}
 
 
 def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.path.name, []).append(item)
+    heads: list[list] = [[] for _ in range(workers)]
+    seconds = [0] * workers
+    for name in sorted((n for n in LONG_SECONDS if n in modules), key=LONG_SECONDS.get,
+                       reverse=True):
+        k = seconds.index(min(seconds))
+        heads[k] += modules[name]
+        seconds[k] += LONG_SECONDS[name]
+    rest = [item for item in items if item.path.name not in LONG_SECONDS]
+    order: list = []
+    for k in range(workers):  # worksteal's first split: len(left) // (workers left)
+        size = (len(items) - len(order)) // (workers - k)
+        take = max(0, size - len(heads[k]))
+        order += heads[k] + rest[:take]
+        del rest[:take]
+    items[:] = order + rest
 
 
 # KP_CPU_LOG=FILE: one line per test appended to FILE, "cpu-seconds wall-seconds end-time
