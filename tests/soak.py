@@ -85,7 +85,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--load", type=int, default=1, help="cores kept busy (default 1)")
-    ap.add_argument("--jobs", default=str((os.cpu_count() or 1) + 1), help="pytest-xdist processes")
+    ap.add_argument("--jobs", default=str((os.cpu_count() or 1) + 2), help="pytest-xdist processes")
     ap.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = ap.parse_args()
     counts: Counter[str] = Counter()
