@@ -34,8 +34,8 @@ if "compare" in sys.argv:  # the saved file's table against a read of transforme
     iu.create_import_structure_from_path.cache_clear()
     iu.define_import_structure.__wrapped__.cache_clear()
     own = iu.define_import_structure.__wrapped__(models, prefix="models")
-    file = [f for f in cache_dir().glob("*-models.pickle")] if cache_dir().is_dir() else []
-    out["same_table"] = [pickle.loads(f.read_bytes())[1] == own for f in file]
+    files = sorted(cache_dir().glob("*-models.pickle")) if cache_dir().is_dir() else []
+    out["same_table"] = [pickle.loads(f.read_bytes())[1] == own for f in files]
     out["entries"] = sum(len(v) for v in own.values())
     # the lazy names resolve to what their modules hold: the tokenizer classes kp-tokenize
     # loads, a model's config

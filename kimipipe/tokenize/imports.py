@@ -40,8 +40,11 @@ _FORMAT = 1
 
 
 def cache_dir() -> Path | None:
-    base = os.environ.get("XDG_CACHE_HOME") or (
-        os.path.join(os.path.expanduser("~"), ".cache") if os.path.expanduser("~") != "~" else "")
+    """Where the tables are kept; None when there is no home to keep them in."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        home = os.path.expanduser("~")
+        base = os.path.join(home, ".cache") if home != "~" else ""
     return Path(base) / "kimipipe" / "transformers-imports" if base else None
 
 
