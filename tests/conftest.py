@@ -61,7 +61,7 @@ def pytest_collection_finish(session):
 # and is filled up to its size with the rest in collection order. Order within a module is
 # kept. Only the speed depends on this matching xdist's split; every order runs every test.
 LONG_SECONDS = {"test_make.py": 90, "test_make_build.py": 70,
-                "test_infer_credit_limits.py": 65, "test_locks.py": 35,
+                "test_infer_credit_limits.py": 65, "test_locks.py": 12,
                 "test_tokenize_fields.py": 30, "test_infer_disk.py": 30,
                 "test_infer_conversations.py": 25, "test_total_cost.py": 25,
                 "test_infer_retries.py": 12, "test_infer_progress.py": 11}

@@ -17,7 +17,7 @@ import time
 
 import pytest
 from conftest import BIN, TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
-from helpers import paid_once_each, whole_lines
+from helpers import paid_once_each, wait_for, whole_lines
 from test_infer import assert_correct, ids_of, infer, make_prompts
 from test_make import make_command
 
@@ -144,8 +144,11 @@ def wait_for_lines(path, n: int, proc: subprocess.Popen, timeout: float = 120) -
 
 
 def test_a_second_kp_infer_on_one_output_refuses_at_once(standin, tmp_path):
-    server = standin(latency=0.2, ledger=True)
-    prompts = make_prompts(tmp_path / "p.jsonl", 600)
+    # the stand-in answers 20 and holds the rest until the test lets them go: the first
+    # run provably still runs while the second and third try, on any machine
+    server = standin(latency=0.02, ledger=True)
+    server.configure(hold_after=20)
+    prompts = make_prompts(tmp_path / "p.jsonl", 120)
     out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
     env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
     first = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--failures",
@@ -153,6 +156,7 @@ def test_a_second_kp_infer_on_one_output_refuses_at_once(standin, tmp_path):
                               "--quiet"], env=env, stderr=subprocess.PIPE)
     try:
         wait_for_lines(out, 20, first)
+        wait_for(lambda: server.stats()["held"], "the stand-in to hold the first run's requests")
         second = infer(server, prompts, "-o", out)
         assert second.code == 2 and second.stdout == b""
         assert second.stderr.startswith(
@@ -166,34 +170,36 @@ def test_a_second_kp_infer_on_one_output_refuses_at_once(standin, tmp_path):
             f"kp-infer: {failures} is being written by kp-infer PID {first.pid} on ")
         assert not other.exists() and not (tmp_path / ".other.jsonl.lock").exists()
         assert first.poll() is None  # the refusals came while the first was still running
+        server.configure(hold_after=None)
         _, err = first.communicate(timeout=300)
     finally:
         if first.poll() is None:
             first.kill()
     assert first.returncode == 0, err.decode()
-    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(600)]
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(120)]
     assert_correct(read_jsonl(out), prompts)
     paid_once_each(server, prompts)  # nothing paid twice
     stats = server.stats()
-    assert stats["completions_started"] == 600
+    assert stats["completions_started"] == 120
     assert stats["endpoint_requests"]["endpoints"] == 1  # the refused runs read nothing
     assert sorted(os.listdir(tmp_path)) == ["f.jsonl", "p.jsonl", "r.jsonl", "standin-0"]  # no lock
 
 
 def test_a_second_make_all_stops_at_the_locked_output(standin, tmp_path):
-    server = standin(latency=0.2, ledger=True)
+    # the first build must still be answering when the second reaches kp-infer, however
+    # loaded the machine: the stand-in answers 10 and holds the rest until the second is done
+    server = standin(latency=0.02, ledger=True)
+    server.configure(hold_after=10)
     cmd, env = make_command(server, tmp_path, "all", CONCURRENCY=4, TURNS="last")  # (the ledger keys by last user text)
     responses = tmp_path / "work" / "D1.responses.jsonl"
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              start_new_session=True)
     try:
         wait_for_lines(responses, 10, first)
-        # the first build must still be answering when the second reaches kp-infer, however
-        # loaded the machine: slow answers while the second runs, fast ones after
-        server.configure(latency=8.0)
+        wait_for(lambda: server.stats()["held"], "the stand-in to hold the first build's requests")
         second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         assert first.poll() is None
-        server.configure(latency=0.05)
+        server.configure(hold_after=None)
         _, err = first.communicate(timeout=300)
     finally:
         if first.poll() is None:
