@@ -323,10 +323,11 @@ def test_preflight_keeps_a_conversations_first_turn_and_the_run_goes_on(standin,
     prompts = make_conversations(tmp_path / "p.jsonl", 4, turns=2)
     out = tmp_path / "r.jsonl"
     r = infer(server, prompts, "-o", out, "--preflight", "2")
-    assert r.code in (0, 4), r.stderr
+    assert r.code == 0, r.stderr  # every check passed
     kept = read_jsonl(out)
     assert [x["id"] for x in kept] == ["c0000#1", "c0001#1"]
-    assert [b["session_id"] for b in server.requests()] == ["c0000", "c0001"]
+    # the two first turns go at once: in either order
+    assert sorted(b["session_id"] for b in server.requests()) == ["c0000", "c0001"]
     r = infer(server, prompts, "-o", out)
     assert r.code == 0, r.stderr
     records = read_jsonl(out)
