@@ -80,19 +80,28 @@ class _Loader(importlib.machinery.SourceFileLoader):
             module.define_import_structure = _saved(original, Path(module.__file__))
 
 
+def _arguments(module_path, prefix=None):
+    return module_path, prefix
+
+
 def _saved(original, import_utils: Path):
     models = (import_utils.parent.parent / "models").resolve()
+    served: dict = {}  # as transformers' own lru_cache: one table object per call's key
 
-    @functools.lru_cache
-    def define_import_structure(module_path, prefix=None):
-        path = Path(module_path)
+    @functools.wraps(original)
+    def define_import_structure(*args, **kwargs):
+        try:
+            module_path, prefix = _arguments(*args, **kwargs)
+            path = Path(module_path)
+        except TypeError:  # called otherwise than this module knows: transformers' own
+            return original(*args, **kwargs)
         directory = path if path.is_dir() else path.parent
-        if directory.resolve() != models:
-            return original(module_path, prefix)
-        return _table(original, module_path, prefix, models, import_utils)
+        if directory.resolve() != models or not isinstance(prefix, (str, type(None))):
+            return original(*args, **kwargs)
+        if prefix not in served:
+            served[prefix] = _table(original, module_path, prefix, models, import_utils)
+        return served[prefix]
 
-    define_import_structure.__wrapped__ = original
-    define_import_structure.__doc__ = original.__doc__
     return define_import_structure
 
 
