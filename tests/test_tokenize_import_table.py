@@ -57,7 +57,7 @@ print(json.dumps(out))
 
 
 def child(cache, *args, **env):
-    full = {k: v for k, v in os.environ.items() if k != "KIMIPIPE_NO_IMPORT_CACHE"}
+    full = {k: v for k, v in os.environ.items() if k != "KP_NO_IMPORT_CACHE"}
     full.update(XDG_CACHE_HOME=str(cache), **env)
     r = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True,
                        env=full, timeout=120)
@@ -109,5 +109,5 @@ def test_no_writable_cache_directory_or_turned_off_is_transformers_own_read(tmp_
     out = child(blocked, "compare")
     assert out["read_files"] and out["same_table"] == []
     assert out["lazy"] == [True, True, True]
-    off = child(tmp_path / "off", KIMIPIPE_NO_IMPORT_CACHE="1")
+    off = child(tmp_path / "off", KP_NO_IMPORT_CACHE="1")
     assert off["read_files"] and saved_files(tmp_path / "off") == []

@@ -20,7 +20,7 @@ transformers' lazy `transformers.X` / `transformers.models.X` lookups; a table t
 module wrongly would fail that import, loudly. Anything unexpected (no writable cache
 directory, an unreadable or foreign file, a transformers whose function is not there or
 takes other arguments) falls back to transformers' own read, silently: the table is an
-optimisation, never a reason to fail. KIMIPIPE_NO_IMPORT_CACHE=1 turns it off.
+optimisation, never a reason to fail. KP_NO_IMPORT_CACHE=1 turns it off.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def cache_dir() -> Path | None:
 
 def use_saved_import_table() -> None:
     """Before transformers is imported: serve its models' import table from the saved file.
-    Does nothing once transformers is imported, or when KIMIPIPE_NO_IMPORT_CACHE is set."""
-    if os.environ.get("KIMIPIPE_NO_IMPORT_CACHE") or _MODULE in sys.modules:
+    Does nothing once transformers is imported, or when KP_NO_IMPORT_CACHE is set."""
+    if os.environ.get("KP_NO_IMPORT_CACHE") or _MODULE in sys.modules:
         return
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
