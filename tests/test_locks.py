@@ -17,7 +17,7 @@ import time
 
 import pytest
 from conftest import BIN, TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
-from helpers import paid_once_each, wait_for, whole_lines
+from helpers import paid_once_each, stderr_after, wait_for, whole_lines
 from test_infer import assert_correct, ids_of, infer, make_prompts
 from test_make import make_command
 
@@ -154,7 +154,9 @@ def test_a_second_kp_infer_on_one_output_refuses_at_once(standin, tmp_path):
     first = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--failures",
                               str(failures), "--base-url", server.base_url, "--concurrency", "8",
                               "--quiet"], env=env, stderr=subprocess.PIPE)
-    try:
+    other = tmp_path / "other.jsonl"
+
+    def refuse_two_while_the_first_is_held():
         wait_for_lines(out, 20, first)
         wait_for(lambda: server.stats()["held"], "the stand-in to hold the first run's requests")
         second = infer(server, prompts, "-o", out)
@@ -164,17 +166,14 @@ def test_a_second_kp_infer_on_one_output_refuses_at_once(standin, tmp_path):
             f"{socket.gethostname()} since ")
         assert second.stderr.count("\n") == 1 and "wait for that run to end" in second.stderr
         # another output, the same failures file: refused too, and nothing of it is left
-        other = tmp_path / "other.jsonl"
         third = infer(server, prompts, "-o", other, "--failures", failures)
         assert third.code == 2 and third.stderr.startswith(
             f"kp-infer: {failures} is being written by kp-infer PID {first.pid} on ")
         assert not other.exists() and not (tmp_path / ".other.jsonl.lock").exists()
         assert first.poll() is None  # the refusals came while the first was still running
         server.configure(hold_after=None)
-        _, err = first.communicate(timeout=300)
-    finally:
-        if first.poll() is None:
-            first.kill()
+
+    err = stderr_after(first, refuse_two_while_the_first_is_held, timeout=300)
     assert first.returncode == 0, err.decode()
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(120)]
     assert_correct(read_jsonl(out), prompts)
