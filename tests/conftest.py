@@ -211,6 +211,22 @@ def standin(tmp_path):
         server.stop()
 
 
+# --- kp-prompts: real public dataset files, read in place, never copied into the project:
+# CI keeps them in ../shared/public-sources beside the clone (their origins and licences
+# in its README.md); KP_PUBLIC_SOURCES points elsewhere.
+PUBLIC_SOURCES = Path(os.environ.get("KP_PUBLIC_SOURCES")
+                      or REPO.parent / "shared" / "public-sources")
+
+
+def public_source(name: str) -> Path:
+    """The public dataset file NAME; skips (an error in CI) when it is not there."""
+    path = PUBLIC_SOURCES / name
+    if not path.is_file():
+        pytest.skip(f"the public dataset file {path} is not there "
+                    "(set KP_PUBLIC_SOURCES to its directory)")
+    return path
+
+
 # --- kp-tokenize: the bundled Kimi-shaped tokenizer directories (both kinds) ---
 TOKENIZERS = REPO / "kimipipe" / "data" / "tokenizers"
 TOKENIZER_KINDS = {

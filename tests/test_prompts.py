@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import msgspec
-import pytest
 import zstandard
-from conftest import BIN, REPO, kp, read_jsonl
+from conftest import BIN, REPO, kp, public_source, read_jsonl
 
 from kimipipe.records import Prompt, encode_line
 
@@ -199,7 +198,8 @@ def test_error_invalid_utf8(tmp_path):
 def test_error_missing_field(tmp_path):
     check_error(tmp_path, GOOD + b'{"question": "x"}\n',
                 "2: cannot tell the format: expected a `conversations`, `messages`, `instruction`, "
-                "`prompt`, `text` or `turns` field (or force one with --format) at `$`")
+                "`replies`, `message_tree_id`, `prompt`, `text` or `turns` field (or force one with "
+                "--format) at `$`")
 
 
 def test_error_wrong_type_names_json_path(tmp_path):
@@ -315,10 +315,6 @@ def test_unknown_option_is_a_usage_error():
 
 # --- --turns all, tool and non-text records, the formats of public files -------------------
 
-DATA = REPO / "tests" / "data" / "sources"
-EXPECTED = json.loads((DATA / "EXPECTED.json").read_text())
-
-
 def test_turns_all_is_the_default_one_record_per_conversation(tmp_path):
     src = write_json(tmp_path / "sharegpt.json", SHAREGPT)
     r = kp("prompts", src, "--dataset", "B3")
@@ -400,18 +396,26 @@ def test_tool_and_non_text_records_are_skipped_with_last_and_strict_is_an_error(
     assert [x["id"] for x in r.records()] == ["t4"]
     assert r.stderr == (f"kp-prompts: wrote 1 prompt; skipped 2 with a tool turn ({src}:1, {src}:2), "
                         f"1 with a non-text part ({src}:3)\n")
-    for turns in ("last", "all"):
+    # The error says what kp-prompts does with the record without --strict: `last` skips
+    # it; `all` keeps the conversation up to that turn, or leaves the declaration out.
+    for turns, instead in (("last", "the record is skipped"),
+                           ("all", "the conversation is kept up to this turn")):
         out = tmp_path / "out.jsonl"
         r = kp("prompts", src, "--turns", turns, "--strict", "-o", out)
         assert r.code == 2 and not out.exists()
         assert r.stderr.strip() == (f"kp-prompts: {src}:1: a tool turn (--strict: kp-prompts reads plain "
-                                    "chat only; without --strict the record is skipped) at "
+                                    f"chat only; without --strict {instead}) at "
                                     "`$.messages[4].tool_calls`")
-    glaive = DATA / "llamafactory_glaive_toolcall_en_demo.json"
-    r = kp("prompts", glaive, "--strict")
-    assert r.code == 2 and r.stderr.strip() == (
-        f"kp-prompts: {glaive}:2: element 1: a tool declaration (--strict: kp-prompts reads plain chat "
-        "only; without --strict the record is skipped) at `$.tools`")
+    glaive = public_source("llamafactory_glaive_toolcall_en_demo.json")
+    for turns, instead in (("last", "the record is skipped"), ("all", "the declaration is left out")):
+        r = kp("prompts", glaive, "--strict", "--turns", turns)
+        assert r.code == 2 and r.stderr.strip() == (
+            f"kp-prompts: {glaive}:2: element 1: a tool declaration (--strict: kp-prompts reads plain "
+            f"chat only; without --strict {instead}) at `$.tools`")
+    image = tmp_path / "image.jsonl"  # t3: its only user turn holds the image
+    image.write_text(json.dumps(OPENAI_TOOLS[2]) + "\n")
+    r = kp("prompts", image, "--strict")
+    assert r.code == 2 and "without --strict the record is skipped) at `$.messages[0].content[1]`" in r.stderr
 
 
 def test_sharegpt_top_level_system_is_kept(tmp_path):
@@ -428,7 +432,7 @@ def test_sharegpt_top_level_system_is_kept(tmp_path):
 
 
 def test_mt_bench_questions_are_one_conversation_each(tmp_path):
-    src = DATA / "fastchat_mt_bench_question.jsonl"
+    src = public_source("fastchat_mt_bench_question.jsonl")
     recs = kp("prompts", src, "--dataset", "MT").records()
     first = json.loads(src.read_text().splitlines()[0])
     assert [x["id"] for x in recs] == ["81", "82", "101"]
@@ -454,33 +458,12 @@ def test_v1_value_parts_and_alpaca_history_are_read(tmp_path):
                                    {"role": "user", "content": "And now?"}]
 
 
-@pytest.mark.parametrize("name", sorted(k for k in EXPECTED if k != "_"))
-def test_public_sources_give_the_expected_counts(name):
-    """Real files nobody here wrote (tests/data/sources/README.md: where from, licence, and
-    why each count is what it is)."""
-    for turns, expected in EXPECTED[name].items():
-        r = kp("prompts", name, "--turns", turns, "--dataset", "T", cwd=DATA)
-        recs = r.records() if r.code == 0 else []
-        got = {"exit": r.code, "prompts": len(recs),
-               "follow_ups": sum(len(x.get("follow_ups", [])) for x in recs), "stderr": r.stderr.strip()}
-        assert got == expected, (name, turns)
-
-
-def test_every_public_source_has_its_origin_and_licence_noted():
-    noted = (DATA / "README.md").read_text()
-    files = sorted(p.name for p in DATA.iterdir() if p.name not in ("README.md", "EXPECTED.json"))
-    assert files == sorted(k for k in EXPECTED if k != "_")
-    for name in files:
-        row = next(line for line in noted.splitlines() if line.startswith(f"| {name} |"))
-        assert "Apache-2.0" in row or "MIT" in row
-
-
 def test_make_finds_a_jsonl_or_zst_source_and_passes_turns(tmp_path):
     """sources/D.jsonl (and .jsonl.zst) are sources, as sources/D.json is; TURNS reaches
     kp-prompts. Only the prompts stage runs: nothing is sent."""
     sources = tmp_path / "sources"
     sources.mkdir()
-    rows = (DATA / "openai_cookbook_toy_chat_fine_tuning.jsonl").read_bytes()
+    rows = public_source("openai_cookbook_toy_chat_fine_tuning.jsonl").read_bytes()
     (sources / "J.jsonl").write_bytes(rows)
     (sources / "Z.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(rows))
     venv = Path(sys.executable).parent.parent

@@ -1,6 +1,6 @@
-"""kp-prompts: prompt sources (ShareGPT, OpenAI messages, Alpaca, MT-Bench, prompt/text,
-plain text) in, prompt records out. The formats, `--turns` and what is skipped:
-docs/prompts.md; the parts: kimipipe/prompts/.
+"""kp-prompts: prompt sources (ShareGPT, OpenAI messages, Alpaca, OpenAssistant trees,
+MT-Bench, prompt/text, plain text) in, prompt records out. The formats, `--turns` and what
+is skipped: docs/kp-prompts.md; the parts: kimipipe/prompts/.
 
 Usage:
     kp-prompts sharegpt.json --dataset B3 > B3.prompts.jsonl
@@ -54,7 +54,7 @@ EXAMPLES = """
               help="Source format; `auto` detects it per record; `text` is one prompt per line.")
 @click.option("--id-field", default=None,
               help="Source field holding a record's own id (else IDs are content hashes). "
-                   "[default: id; MT-Bench: question_id]")
+                   "[default: id; MT-Bench: question_id; OpenAssistant: message_id]")
 @click.option("--system", default=None, help="System message to prepend where a conversation has none.")
 @click.option("--turns", type=click.Choice(TURNS), default="all", show_default=True,
               help="all: one prompt per conversation, its first user turn with the later ones as "

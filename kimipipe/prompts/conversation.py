@@ -8,10 +8,14 @@ record (or, with `--turns all`, end the conversation before that turn) and say s
 - a tool turn: a tool result (roles `tool`, `function`, `observation`, `ipython`), a call
   (ShareGPT `function_call`, an assistant turn with `tool_calls` or `function_call`, a
   `tool_call` part), whatever its content (an OpenAI call has `content: null` or "");
-- a tool declaration: the record's `tools` (or `functions`), which every turn was asked with;
+- a tool declaration: the record's `tools` (or `functions`), which every turn was asked with,
+  and a system prompt that lists tools in `<tools>` XML (Hermes function calling, Qwen's
+  template): sent, it would have the model answer with a tool call written as text;
 - a non-text part: an image, audio or any content part other than text, and the
-  `<image>`/`<video>`/`<audio>` placeholders of a record with `images`/`videos`/`audios`
-  (LLaMA-Factory's multimodal rows), which would otherwise be sent as literal text.
+  `<image>`/`<video>`/`<audio>` placeholders of a record with media, in the plural fields
+  (`images`/`videos`/`audios`, LLaMA-Factory's multimodal rows) or the singular ones
+  (`image`/`video`/`audio`, LLaVA's and SpecForge's), which would otherwise be sent as
+  literal text: a record whose media no turn places is blocked whole.
 """
 
 from __future__ import annotations
@@ -78,8 +82,12 @@ TOOL_ROLES = {"function_call": "assistant", "observation": "tool", "tool": "tool
 ACCEPTED_ROLES = ", ".join([*ROLE_NAMES, *TOOL_ROLES])
 
 TOOL_PARTS = {"tool_call", "function_call", "tool_use", "tool_result"}
-# The placeholder each media field's items stand at (LLaMA-Factory's multimodal schema).
-MEDIA_PLACEHOLDERS = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
+# The placeholder each media field's items stand at: LLaMA-Factory's plural fields, and the
+# singular ones of LLaVA (`"image": "x.jpg"` with `<image>` in the human turn) and
+# SpecForge (`"image"` with no placeholder at all).
+MEDIA_PLACEHOLDERS = {"images": "<image>", "videos": "<video>", "audios": "<audio>",
+                      "image": "<image>", "video": "<video>", "audio": "<audio>"}
+_MEDIA_KEYS = frozenset(MEDIA_PLACEHOLDERS)
 
 
 @dataclass
@@ -94,9 +102,10 @@ _NO_MEDIA = RecordContext()
 
 
 def record_context(obj: dict) -> RecordContext:
-    if "images" not in obj and "videos" not in obj and "audios" not in obj:
+    if _MEDIA_KEYS.isdisjoint(obj):
         return _NO_MEDIA  # never written to: placeholder_seen is set only where there are placeholders
-    return RecordContext(tuple(mark for key, mark in MEDIA_PLACEHOLDERS.items() if _declared(obj.get(key))))
+    marks = {mark for key, mark in MEDIA_PLACEHOLDERS.items() if _declared(obj.get(key))}
+    return RecordContext(tuple(sorted(marks)))
 
 
 def record_blocker(obj: dict, context: RecordContext) -> tuple[Blocker, str] | None:
@@ -106,9 +115,16 @@ def record_blocker(obj: dict, context: RecordContext) -> tuple[Blocker, str] | N
         if key in obj and _declared(obj[key]):
             return Blocker.TOOL_DECLARATION, f"$.{key}"
     if context.placeholders and not context.placeholder_seen:
-        key = next(k for k, mark in MEDIA_PLACEHOLDERS.items() if mark in context.placeholders)
+        key = next(k for k in MEDIA_PLACEHOLDERS if _declared(obj.get(k)))
         return Blocker.NON_TEXT, f"$.{key}"
     return None
+
+
+def system_turn(text: str, where: str) -> Turn:
+    """A system prompt: a tool declaration where it lists tools in `<tools>` XML."""
+    if "<tools>" in text and "</tools>" in text:
+        return Turn("system", "", Blocker.TOOL_DECLARATION, where)
+    return Turn("system", text, None, where)
 
 
 def _declared(value: Any) -> bool:
@@ -195,11 +211,14 @@ def turns_of(obj: dict, key: str, role_key_pairs: tuple[tuple[str, str], ...]) -
             raise FormatError(f"turn has no `{content_key}` field", f"$.{key}[{i}]")
         content = turn[content_key]
         if isinstance(content, str) and not context.placeholders:  # plain text, the usual case
-            out.append(Turn(mapped, content, None, f"$.{key}[{i}]" if mapped == "system" else ""))
+            out.append(system_turn(content, f"$.{key}[{i}].{content_key}") if mapped == "system"
+                       else Turn(mapped, content, None, ""))
             continue
         text, blocker = content_of(content, f"$.{key}[{i}].{content_key}", context)
         if blocker:
             out.append(Turn(mapped, "", *blocker))
+        elif mapped == "system":
+            out.append(system_turn(text, f"$.{key}[{i}].{content_key}"))
         else:
             out.append(Turn(mapped, text, None, f"$.{key}[{i}]"))
     return Conversation(out, record_blocker(obj, context))

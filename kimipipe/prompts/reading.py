@@ -2,8 +2,9 @@
 
 A source file is JSONL (one object per line), a JSON array of objects (read whole: an
 array cannot be streamed line by line, but its elements are decoded one at a time so that
-an error names the element's line), or, with `--format text`, plain text with one prompt
-per line. `.zst` files are read transparently (kimipipe/io.py). What a record's object
+an error names the element's line), one JSON object spread over lines (a pretty-printed
+`.json` of one conversation: one record), or, with `--format text`, plain text with one
+prompt per line. `.zst` files are read transparently (kimipipe/io.py). What a record's object
 means is for kimipipe/prompts/formats/ to say.
 """
 
@@ -69,6 +70,10 @@ def _read_jsonl(path: str, shown: str) -> Iterator[SourceRecord]:
         try:
             obj = decoder.decode(line)
         except msgspec.DecodeError as e:
+            if first and ended and "truncated" in str(e) and line.lstrip().startswith(b"{"):
+                # The first line opens an object it does not close: not JSONL, one object.
+                yield _read_one_object(path, shown, lineno)
+                return
             message = describe_decode_error(e, ended)
             if first and not line.lstrip().startswith((b"{", b"[")):
                 message = ("not JSON: for plain text, one prompt per line, pass --format text "
@@ -76,6 +81,29 @@ def _read_jsonl(path: str, shown: str) -> Iterator[SourceRecord]:
             raise InputError(message, shown, lineno) from None
         first = False
         yield SourceRecord(lineno, obj)
+
+
+def _read_one_object(path: str, shown: str, lineno: int) -> SourceRecord:
+    """The file as one JSON object, starting on line LINENO."""
+    with open_input(path) as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError("invalid UTF-8", shown, data.count(b"\n", 0, e.start) + 1) from None
+    del data
+    start = len(text) - len(text.lstrip())
+    try:
+        obj, end = json.JSONDecoder().raw_decode(text, start)
+    except json.JSONDecodeError as e:
+        raise InputError(f"invalid JSON: {e.msg} (line {lineno} opens an object it does not close, "
+                         "so the file is read as one JSON object: JSONL needs one whole object "
+                         "per line)", shown, e.lineno) from None
+    rest = len(text) - len(text[end:].lstrip())
+    if rest < len(text):
+        raise InputError("more data after the file's one JSON object (several records go in a "
+                         "JSON array, or one per line as JSONL)", shown, 1 + text.count("\n", 0, rest))
+    return SourceRecord(lineno, obj)
 
 
 def _read_json_array(path: str, shown: str) -> Iterator[SourceRecord]:

@@ -23,7 +23,7 @@ from ..records import Message, Prompt
 from .conversation import Blocker, FormatError
 from .formats import read_record
 from .reading import SourceRecord, read_source
-from .turns import pick_turns
+from .turns import Picked, pick_turns
 
 SHOWN = 3  # the records a summary names per kind
 
@@ -126,11 +126,11 @@ def candidates(reading: Reading, counts: Selection) -> Iterator[Candidate]:
         for rec in read_source(path, reading.fmt, shown):
             try:
                 conv, sid = read_record(rec.obj, reading.fmt, reading.id_field)
+                picked = pick_turns(conv, reading.turns)
                 blocker = conv.first_blocker()
                 if reading.strict and blocker:
                     raise FormatError(f"{blocker[0].value} (--strict: kp-prompts reads plain chat only; "
-                                      "without --strict the record is skipped)", blocker[1])
-                picked = pick_turns(conv, reading.turns)
+                                      f"without --strict {_instead(blocker, picked)})", blocker[1])
             except FormatError as e:
                 raise InputError(rec.where(f"{e.message} at `{e.json_path}`"), shown, rec.line) from None
             if picked.skipped:
@@ -147,6 +147,17 @@ def candidates(reading: Reading, counts: Selection) -> Iterator[Candidate]:
                 yield Candidate((file_index, rec.index, pick.k), pid,
                                 with_system(pick.messages, reading.system), pick.follow_ups,
                                 meta if isinstance(meta, dict) else None, shown, rec)
+
+
+def _instead(blocker: tuple[Blocker, str], picked: Picked) -> str:
+    """What kp-prompts does with BLOCKER when not --strict: `--turns all` keeps what it can."""
+    if not picked.picks:
+        return "the record is skipped"
+    if picked.cut == blocker:
+        return "the conversation is kept up to this turn"
+    if blocker[0] is Blocker.TOOL_DECLARATION:
+        return "the declaration is left out"
+    return "the source's answer holding it is dropped"  # --turns all reads no answer
 
 
 def select(reading: Reading, dataset: str, keep_duplicates: bool, max_chars: int | None) -> Selection:

@@ -5,7 +5,8 @@
   to be asked after the model's own answer to the one before. The source's answers are
   dropped. The conversation ends before its first turn that is not plain text (a tool turn,
   a non-text part of a system or user turn, a later system turn); a tool declaration is
-  left out (the turns before the first tool call were plain chat).
+  left out (the turns before the first tool call were plain chat): the record's `tools`,
+  and a system prompt that declares tools (it is there to declare them).
 - `last`: the conversation up to its last user turn, the source's answers as its history.
 - `each`: one prompt per user turn (`#k` after the id), each with the source's history.
   With `last` and `each` the history is sent as the source wrote it, so a record with
@@ -67,6 +68,9 @@ def _all(conv: Conversation) -> Picked:
         blocker = turn.blocker
         if blocker is Blocker.NON_TEXT and turn.role == "assistant":
             continue  # the source's answers are dropped, whatever they hold
+        if blocker is Blocker.TOOL_DECLARATION and first is None:
+            tools_left_out = True  # a system prompt declaring tools, before the chat began
+            continue
         if blocker is None and turn.role == "system" and first is not None:
             blocker = Blocker.LATER_SYSTEM
         if blocker:

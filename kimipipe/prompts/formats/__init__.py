@@ -15,20 +15,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conversation import Conversation, FormatError, json_type
-from . import alpaca, mtbench, openai, prompt, sharegpt
+from . import alpaca, mtbench, oasst, openai, prompt, sharegpt
 
 
 @dataclass(frozen=True)
 class SourceFormat:
     detect: tuple[str, ...]  # a record with one of these fields is of this format
     conversation: Callable[[dict], Conversation]
-    id_field: str = "id"  # where a record's own id is, unless --id-field says
+    # Where a record's own id is (of several, the first it has), unless --id-field says.
+    id_field: str | tuple[str, ...] = "id"
 
 
 FORMATS: dict[str, SourceFormat] = {
     "sharegpt": SourceFormat(sharegpt.DETECT, sharegpt.conversation),
     "openai": SourceFormat(openai.DETECT, openai.conversation),
     "alpaca": SourceFormat(alpaca.DETECT, alpaca.conversation),
+    # before `prompt`: an OpenAssistant message has a `text`, a tree a `prompt` object
+    "oasst": SourceFormat(oasst.DETECT, oasst.conversation, oasst.ID_FIELD),
     "prompt": SourceFormat(prompt.DETECT, prompt.conversation),
     "mtbench": SourceFormat(mtbench.DETECT, mtbench.conversation, mtbench.ID_FIELD),
 }
@@ -38,7 +41,7 @@ FORMAT_CHOICES = ("auto", *FORMATS, "text")
 
 def detect_format(obj: Any) -> str:
     if not isinstance(obj, dict):
-        raise FormatError(f"expected a JSON object, got {type(obj).__name__}")
+        raise FormatError(f"expected a JSON object, got {json_type(obj)}")
     for name, fmt in FORMATS.items():
         if any(key in obj for key in fmt.detect):
             return name
@@ -59,8 +62,10 @@ def read_record(obj: Any, fmt: str, id_field: str | None) -> tuple[Conversation,
     return source_format.conversation(obj), source_id(obj, id_field or source_format.id_field)
 
 
-def source_id(obj: dict, field: str) -> str | None:
-    if field not in obj or obj[field] is None:
+def source_id(obj: dict, field: str | tuple[str, ...]) -> str | None:
+    if not isinstance(field, str):  # the first of these the record has
+        field = next((f for f in field if obj.get(f) is not None), field[0])
+    if obj.get(field) is None:
         return None
     value = obj[field]
     if isinstance(value, bool) or not isinstance(value, (str, int)):

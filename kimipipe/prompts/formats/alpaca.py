@@ -1,8 +1,15 @@
 """Alpaca: `{"instruction": str, "input": str?, "system": str?, "history": [[str, str]]?}`:
 the instruction and its input joined by a blank line as the user turn, after the earlier
-(instruction, answer) pairs of `history` (the `output` is the source's answer)."""
+(instruction, answer) pairs of `history` (the `output` is the source's answer).
+
+Stanford Alpaca's seed tasks (self-instruct's layout) hold the input and output in
+`instances: [{"input", "output"}]`; one instance is read as `input`/`output` are, as
+Alpaca's own generation script reads `instances[0]`. A record with several instances is
+an error: each is a task of its own, and one record gives one conversation."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from ..conversation import (
     Conversation,
@@ -13,6 +20,7 @@ from ..conversation import (
     plain,
     record_blocker,
     record_context,
+    system_turn,
     text_of,
 )
 
@@ -25,7 +33,7 @@ def conversation(obj: dict) -> Conversation:
     context = record_context(obj)
     turns = []
     if obj.get("system"):
-        turns.append(plain("system", text_of(obj["system"], "$.system"), "$.system"))
+        turns.append(system_turn(text_of(obj["system"], "$.system"), "$.system"))
     history = obj.get("history") or []
     if not isinstance(history, list):
         raise FormatError(f"expected an array, got {json_type(history)}", "$.history")
@@ -36,9 +44,26 @@ def conversation(obj: dict) -> Conversation:
             text, blocker = content_of(pair[j], f"$.history[{i}][{j}]", context)
             turns.append(Turn(role, text, *blocker) if blocker else plain(role, text, f"$.history[{i}]"))
     text, blocker = content_of(obj["instruction"], "$.instruction", context)
-    extra = obj.get("input")
+    extra, where = _input(obj)
     if extra and not blocker:
-        more, blocker = content_of(extra, "$.input", context)
+        more, blocker = content_of(extra, where, context)
         text = f"{text}\n\n{more}"
     turns.append(Turn("user", "", *blocker) if blocker else plain("user", text, "$.instruction"))
     return Conversation(turns, record_blocker(obj, context))
+
+
+def _input(obj: dict) -> tuple[Any, str]:
+    """The record's input and its JSON path: `input`, else the one of `instances`."""
+    if "input" in obj or "instances" not in obj:
+        return obj.get("input"), "$.input"
+    instances = obj["instances"]
+    if not isinstance(instances, list):
+        raise FormatError(f"expected an array, got {json_type(instances)}", "$.instances")
+    if not instances:
+        return None, "$.instances"
+    if len(instances) > 1:
+        raise FormatError(f"{len(instances)} instances: kp-prompts reads one (instruction, input) "
+                          "per record; give each instance a record of its own", "$.instances")
+    if not isinstance(instances[0], dict):
+        raise FormatError(f"expected an object, got {json_type(instances[0])}", "$.instances[0]")
+    return instances[0].get("input"), "$.instances[0].input"

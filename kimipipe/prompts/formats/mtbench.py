@@ -1,12 +1,21 @@
 """MT-Bench questions (FastChat's `question.jsonl`): `{"question_id": int, "category": str,
-"turns": [str, ...], "reference": [str, ...]?}`: user turns only, no answers. With
-`--turns all` the first turn is the prompt and the later ones its follow-ups, each asked
-after the model's own answer; `last` and `each` need source answers for the history and
-refuse. Their id is `question_id`."""
+"turns": [str, ...], "reference": [str, ...]?}`: user turns only, no answers. Arena-Hard
+v0.1 writes each turn as an object, `"turns": [{"content": str}]`. With `--turns all` the
+first turn is the prompt and the later ones its follow-ups, each asked after the model's
+own answer; `last` and `each` need source answers for the history and refuse. Their id
+is `question_id`."""
 
 from __future__ import annotations
 
-from ..conversation import Conversation, FormatError, json_type, plain
+from ..conversation import (
+    Conversation,
+    FormatError,
+    Turn,
+    content_of,
+    json_type,
+    record_blocker,
+    record_context,
+)
 
 DETECT = ("turns",)
 ID_FIELD = "question_id"
@@ -16,9 +25,14 @@ def conversation(obj: dict) -> Conversation:
     turns = obj.get("turns")
     if not isinstance(turns, list) or not turns:
         raise FormatError(f"expected a non-empty array of strings, got {json_type(turns)}", "$.turns")
+    context = record_context(obj)
     out = []
-    for i, text in enumerate(turns):
-        if not isinstance(text, str):
-            raise FormatError(f"expected a string, got {json_type(text)}", f"$.turns[{i}]")
-        out.append(plain("user", text, f"$.turns[{i}]"))
-    return Conversation(out, has_answers=False)
+    for i, turn in enumerate(turns):
+        where = f"$.turns[{i}]"
+        if isinstance(turn, dict) and "content" in turn:
+            turn, where = turn["content"], f"{where}.content"
+        elif not isinstance(turn, str):
+            raise FormatError(f'expected a string or {{"content": str}}, got {json_type(turn)}', where)
+        text, blocker = content_of(turn, where, context)
+        out.append(Turn("user", "", *blocker) if blocker else Turn("user", text, None, where))
+    return Conversation(out, record_blocker(obj, context), has_answers=False)

@@ -1,9 +1,17 @@
 """A bare prompt: `{"prompt": str}` or `{"text": str}`, one user turn (also what
-`--format text` makes of each line)."""
+`--format text` makes of each line). A record with media (`image`, `images`, ...) is not
+plain text, as in every format."""
 
 from __future__ import annotations
 
-from ..conversation import Conversation, FormatError, plain, text_of
+from ..conversation import (
+    Conversation,
+    FormatError,
+    Turn,
+    content_of,
+    record_blocker,
+    record_context,
+)
 
 DETECT = ("prompt", "text")
 
@@ -12,4 +20,7 @@ def conversation(obj: dict) -> Conversation:
     key = "prompt" if "prompt" in obj else "text" if "text" in obj else None
     if key is None:
         raise FormatError("missing field `prompt` (or `text`)")
-    return Conversation([plain("user", text_of(obj[key], f"$.{key}"), f"$.{key}")])
+    context = record_context(obj)
+    text, blocker = content_of(obj[key], f"$.{key}", context)
+    turn = Turn("user", "", *blocker) if blocker else Turn("user", text, None, f"$.{key}")
+    return Conversation([turn], record_blocker(obj, context))

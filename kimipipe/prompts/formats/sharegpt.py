@@ -5,7 +5,7 @@ the turns bring none of their own; `function_call`/`observation` turns are tool 
 
 from __future__ import annotations
 
-from ..conversation import Conversation, plain, text_of, turns_of
+from ..conversation import Conversation, system_turn, text_of, turns_of
 
 DETECT = ("conversations",)
 
@@ -14,5 +14,5 @@ def conversation(obj: dict) -> Conversation:
     conv = turns_of(obj, "conversations", (("from", "value"), ("role", "content")))
     system = obj.get("system")
     if system is not None and system != "" and not (conv.turns and conv.turns[0].role == "system"):
-        conv.turns.insert(0, plain("system", text_of(system, "$.system"), "$.system"))
+        conv.turns.insert(0, system_turn(text_of(system, "$.system"), "$.system"))
     return conv
