@@ -501,7 +501,10 @@ def test_fault_mix_plain_and_in_process(standin, tmp_path, mode, workers):
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
     out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
     r = infer(server, prompts, mode, "--workers", workers, "-o", out,
-              "--concurrency", "20", "--idle-timeout", "0.5", "--max-attempts", "30", "--summary-json", summary)
+              # 2 s of silence, not 0.5: on a loaded machine an answer the stand-in has
+              # already written whole (so it does not count it abandoned) can sit unread
+              # for half a second, and its timeout would be a retry no fault explains.
+              "--concurrency", "20", "--idle-timeout", "2", "--max-attempts", "30", "--summary-json", summary)
     assert r.code == 0, r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(60)]
     assert_correct(read_jsonl(out), prompts)
