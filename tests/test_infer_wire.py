@@ -8,9 +8,12 @@ endpoint_nulls)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import pytest
-from conftest import read_jsonl
+from conftest import BIN, read_jsonl
+from helpers import stderr_after, wait_for
 from test_infer import assert_correct, ids_of, infer, make_prompts
 
 # -- 1. both stream shapes ------------------------------------------------------------------
@@ -90,29 +93,32 @@ def test_a_non_retryable_availability_error_on_the_first_request_stops_the_run(s
 
 
 def test_a_model_retired_mid_run_stops_resumably_and_the_rerun_finishes(standin, tmp_path):
-    server = standin(latency=0.05, ledger=True)
+    """The hosts retire the model under a long run: the stand-in answers 10 and holds the
+    rest at its gate, then lets them go already retired (one change), so the retirement
+    lands while the run provably has work left on any machine. The run stops at once
+    (exit 2) with exactly the 10 answers paid for kept and no prompt failed; the same
+    command resumes once the model is served again, paying nothing twice."""
+    server = standin(ledger=True)
+    server.configure(hold_after=10)
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
     out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
-    import subprocess
-    import time
-
-    from conftest import BIN
     proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--failures",
                              str(failures), "--base-url", server.base_url, "--concurrency", "4",
                              "--backoff-base", "0.01"],
-                            env={**__import__("os").environ, "OPENROUTER_API_KEY": server.api_key},
+                            env={**os.environ, "OPENROUTER_API_KEY": server.api_key},
                             stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while len(server.ledger()) < 10:
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
-    server.configure(unavailable="model_deprecated")  # the hosts retire it under the run
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 2, stderr.decode()
-    assert "model_deprecated (HTTP 404, not retryable)" in stderr.decode()
-    first = ids_of(out)
-    assert 10 <= len(first) < 60 and (not failures.exists() or read_jsonl(failures) == [])
-    assert len(first) == len(server.ledger())  # every answer paid for is kept
+
+    def retire_it_under_the_run():
+        wait_for(lambda: len(server.ledger()) == 10 and server.stats()["held"]
+                 or proc.poll() is not None, "10 answers and the next held at the gate", 60)
+        assert proc.poll() is None, "the run ended before the gate"
+        server.configure(unavailable="model_deprecated", hold_after=None)
+
+    stderr = stderr_after(proc, retire_it_under_the_run, timeout=60).decode()
+    assert proc.returncode == 2, stderr
+    assert "model_deprecated (HTTP 404, not retryable)" in stderr
+    assert len(ids_of(out)) == 10 and (not failures.exists() or read_jsonl(failures) == [])
+    assert len(server.ledger()) == 10  # every answer paid for is kept
     server.configure(unavailable=None)  # served again (or another model): the same command resumes
     r = infer(server, prompts, "-o", out, "--failures", failures)
     assert r.code == 0, r.stderr
