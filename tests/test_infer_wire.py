@@ -12,7 +12,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import BIN, read_jsonl
+from conftest import BIN, read_jsonl, write_jsonl
 from helpers import stderr_after, wait_for
 from test_infer import assert_correct, ids_of, infer, make_prompts
 
@@ -224,6 +224,30 @@ def test_every_request_refused_the_same_way_stops_the_run_early(standin, tmp_pat
     assert len(server.requests()) < 50 + 8 + 5  # the first 5, then no more than one window
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(5)]  # answered, kept
     assert json.loads((tmp_path / "s.json").read_text())["stop_reason"] == "systematic-failure"
+
+
+def test_answers_between_identical_refusals_restart_the_count(standin, tmp_path):
+    """The early stop is for a run that gets nothing but the same refusal: one that mostly
+    works is not stopped. Here every other prompt is refused by moderation the same way
+    (one provider: the message names it), 60 identical refusals in all but never 50 with
+    no answer in between, so the run answers the rest and ends as any run with failures
+    does (exit 4: the 60 in --failures, for a rerun to retry), not as "systematic"."""
+    server = standin(moderation_marker="FLAGME", ledger=True)
+    rows = read_jsonl(make_prompts(tmp_path / "p.jsonl", 120))
+    for row in rows[::2]:
+        row["messages"][-1]["content"] += " FLAGME"
+    prompts = write_jsonl(tmp_path / "p.jsonl", rows)
+    out, failures, summary = tmp_path / "r.jsonl", tmp_path / "f.jsonl", tmp_path / "s.json"
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--concurrency", "8",
+              "--only-provider", "together", "--summary-json", summary)
+    assert r.code == 4, r.stderr
+    assert "in a row failed the same way" not in r.stderr
+    failed = read_jsonl(failures)
+    assert sorted(f["id"] for f in failed) == [f"p{i:05d}" for i in range(0, 120, 2)]
+    assert len({(f["status"], f["message"]) for f in failed}) == 1  # all refused the same way
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(1, 120, 2)]
+    s = json.loads(summary.read_text())
+    assert s["stop_reason"] is None and s["failed"] == {"http_403": 60}
 
 
 def test_plan_and_preflight_warn_when_one_endpoint_alone_is_allowed(standin, tmp_path):
