@@ -16,6 +16,8 @@ from conftest import BIN, read_jsonl, write_jsonl
 from helpers import stderr_after, wait_for
 from test_infer import assert_correct, ids_of, infer, make_prompts
 
+from kimipipe.standin.availability import AVAILABILITY, unavailable_error
+
 # -- 1. both stream shapes ------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape, said", [("own-chunk", "own chunk"),
@@ -124,6 +126,32 @@ def test_a_model_retired_mid_run_stops_resumably_and_the_rerun_finishes(standin,
     assert r.code == 0, r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(60)]
     assert len(server.ledger()) == 60  # nothing paid twice
+
+
+@pytest.mark.parametrize("code", sorted(AVAILABILITY))
+def test_the_availability_flag_decides_not_the_status(code):
+    """OpenRouter's errors docs: "always switch on `availability.retryable`, not just the
+    code". The stand-in sends each code with the flag the docs give it, so a run only
+    meets retryable 429s and 503s, which are retried by their status anyway; this holds
+    the rule itself: each documented body (the stand-in's own), its flag as sent and
+    flipped, is classified by the flag alone. Retryable: retried after its
+    `availability.retry_after` (over the Retry-After header), whatever the status (a
+    `no_endpoints` 404 marked retryable included); not retryable: the run stops, even on a
+    429 or a 503, with the code, the models and the providers named."""
+    from kimipipe.kinds import AttemptKind
+    from kimipipe.openrouter.attempt import error_attempt
+    for retryable in (True, False):
+        status, body, _ = unavailable_error(code, "moonshotai/kimi-k2.5", ["Together"], 2.5)
+        body["error"]["availability"].update(retryable=retryable,
+                                             retry_after=2.5 if retryable else None)
+        attempt = error_attempt(status, body, 9.0, "")
+        assert attempt.status == status and attempt.code == code
+        if retryable:
+            assert attempt.kind == AttemptKind.RETRY and attempt.retry_after == 2.5, attempt
+        else:
+            assert attempt.kind == AttemptKind.NO_ROUTE, attempt
+            assert attempt.message.startswith(f"{code} (HTTP {status}, not retryable): ")
+            assert "models: moonshotai/kimi-k2.5; providers: Together" in attempt.message
 
 
 def test_capacity_exhausted_is_retried_after_its_retry_after(standin, tmp_path):
