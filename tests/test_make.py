@@ -162,7 +162,7 @@ def test_full_build_then_nothing_to_redo(standin, built, tmp_path):
     with open(tmp_path / "work" / "D1.responses.jsonl", "a") as f:
         f.write(json.dumps(real | {"id": "real-1"}) + "\n")
     r = make(server, tmp_path, "D1.clean")
-    assert r.returncode != 0 and "nothing removed" in r.stderr
+    assert r.returncode == 2 and "nothing removed" in r.stderr  # make: a recipe failed
     assert "D1.responses.jsonl: 1 paid record, $" in r.stderr and "CLEAN_PAID=1" in r.stderr
     assert (tmp_path / "work" / "D1.responses.jsonl").exists()
     files = sorted(p for p in (tmp_path / "work").glob("D1.*"))
