@@ -24,7 +24,7 @@ from collections import Counter
 import pytest
 import zstandard
 from conftest import BIN, read_jsonl
-from helpers import paid_once_each
+from helpers import paid_once_each, time_left
 from test_infer import assert_correct, make_prompts
 from test_write_failures import limited, whole_records
 
@@ -38,11 +38,12 @@ def rescue_file(tmpdir, out) -> str:
                         f"{os.path.basename(out)}.{digest}.jsonl")
 
 
-def run_infer(server, *args, tmpdir, preexec=None, timeout=300, env=None):
+def run_infer(server, *args, tmpdir, preexec=None, timeout=None, env=None):
     env = {**os.environ, "OPENROUTER_API_KEY": server.api_key, "TMPDIR": str(tmpdir), **(env or {})}
     proc = subprocess.run([str(BIN / "kp-infer"), *map(str, args), "--base-url", server.base_url,
                            "--backoff-base", "0.01"],
-                          capture_output=True, env=env, preexec_fn=preexec, timeout=timeout)
+                          capture_output=True, env=env, preexec_fn=preexec,
+                          timeout=time_left() if timeout is None else timeout)
     return proc.returncode, proc.stderr.decode()
 
 
@@ -271,7 +272,7 @@ def test_a_tmpfs_filled_during_the_run_loses_no_paid_answer(standin, tmp_path, t
             time.sleep(0.05)
         fill(mnt / "filler")  # another program takes the rest of the disk
         server.configure(hold_after=None)
-        proc.wait(timeout=240)
+        proc.wait(timeout=time_left())
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -317,7 +318,7 @@ def test_admission_waits_for_disk_and_goes_on_when_space_is_freed(standin, tmp_p
         stderr.wait_for("waiting for disk, ", proc)  # the progress line says it too
         assert proc.poll() is None and server.stats()["completions_started"] == paused
         os.unlink(mnt / "filler")  # space freed: the run goes on by itself
-        proc.wait(timeout=300)
+        proc.wait(timeout=time_left())
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -17,7 +17,7 @@ from pathlib import Path
 import browser
 import pytest
 from conftest import REPO, read_jsonl
-from helpers import KP_COMMANDS, whole_lines
+from helpers import KP_COMMANDS, time_left, whole_lines
 
 from kimipipe.standin.answers import user_text_sha256
 
@@ -67,7 +67,7 @@ def make_command(server, tmp_path, *args, seed_check: bool = True,
 
 def make(server, tmp_path, *args, **variables):
     cmd, env = make_command(server, tmp_path, *args, **variables)
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=time_left())
 
 
 def requests_of(prompts_file) -> int:
@@ -432,7 +432,7 @@ def test_credits_guard_refuses_to_start_spending(standin, tmp_path):
 def test_make_demo_runs_the_whole_pipeline_offline(tmp_path):
     out = tmp_path / "demo"
     r = subprocess.run(["make", "-C", str(REPO), "demo", f"VENV={VENV}", f"DEMO_OUT={out}"],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=time_left())
     assert r.returncode == 0, r.stderr[-3000:]
     assert "demo: done, offline" in r.stderr
     requests = requests_of(out / "work" / "demo.prompts.jsonl")  # each turn of a conversation
@@ -515,7 +515,7 @@ def test_make_test_creates_the_venv_when_it_is_missing(tmp_path):
     env.pop("VENV", None)
     r = subprocess.run(["make", "-C", str(copy), "test", "PYTEST_JOBS=0",  # no nested workers
                         "PYTEST_ARGS=tests/test_io.py -p no:cacheprovider"],
-                       capture_output=True, text=True, env=env, timeout=240)
+                       capture_output=True, text=True, env=env, timeout=time_left())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "python3 -m venv .venv" in r.stdout and "pip install --quiet --no-compile -e '.[test,report]'" in r.stdout
     assert (copy / ".venv" / ".installed").exists()
