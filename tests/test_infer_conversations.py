@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 from conftest import BIN, TOKENIZER_KINDS, kp, read_jsonl, write_jsonl
