@@ -438,6 +438,18 @@ def test_make_demo_runs_the_whole_pipeline_offline(tmp_path):
     requests = requests_of(out / "work" / "demo.prompts.jsonl")  # each turn of a conversation
     assert f"responses      {requests} (failed: 0)" in r.stderr
     assert "(verified)" in r.stderr
+    # the retries are real: every fault the stand-in was started with was met and survived
+    # (a misroute as a routing violation, paid and refused), the 429s shrank the adaptive
+    # limit below the make's CONCURRENCY=64, and what it says is what kp-infer counted
+    from kimipipe.demo import FAULTS
+    summary = json.loads((out / "work" / "demo.infer-summary.json").read_text())
+    retries = summary["retries"]
+    met = {"routing_violation" if kind == "misroute" else kind for kind in FAULTS}
+    assert met <= {k for k, n in retries.items() if n > 0}, retries
+    assert summary["concurrency_limit_end"] < 64
+    assert "  retries        " + ", ".join(f"{k}: {v}" for k, v in retries.items()) in r.stderr
+    billed = [json.loads(line) for line in (out / "standin" / "ledger.jsonl").read_text().splitlines()]
+    assert len(billed) == requests + retries["routing_violation"]  # the refused ones paid too
     assert "next: look at a row:  .venv/bin/python -m kimipipe.demo --row" in r.stderr
     assert "one usage token per word" in r.stderr  # why the shards count more tokens
     manifest = json.loads((out / "shards" / "demo" / "manifest.json").read_text())
