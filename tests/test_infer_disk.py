@@ -380,3 +380,22 @@ def test_waiting_for_disk_with_nothing_in_flight_stops_after_disk_wait(standin, 
     assert code == 0, err
     assert sorted(r["id"] for r in read_jsonl(out)) == [f"p{i:05d}" for i in range(200)]
     paid_once_each(server, prompts)
+
+
+def test_free_space_is_what_an_unprivileged_writer_may_use(tmp_path, monkeypatch):
+    """statvfs's f_bavail, not f_bfree: the blocks a filesystem keeps for root (ext4's 5%)
+    are not the output's, and kp-infer need not run as root. No filesystem these tests can
+    mount tells the two apart (tmpfs reserves none), so statvfs is answered here with
+    1 MiB available of 1 GiB free: one request at the default --max-tokens does not fit."""
+    from kimipipe.errors import KPError
+    from kimipipe.infer.disk import DiskGuard
+    real = os.statvfs(tmp_path)
+    fake = os.statvfs_result((real.f_bsize, 4096, real.f_blocks, (1 << 30) // 4096, 256,
+                              real.f_files, real.f_ffree, real.f_favail, real.f_flag,
+                              real.f_namemax))
+    monkeypatch.setattr(os, "statvfs", lambda path: fake)
+    guard = DiskGuard(str(tmp_path / "r.jsonl"), max_tokens=16384)
+    assert guard.free() == 1 << 20
+    assert not guard.fits(guard.worst_case(b"{}"))
+    with pytest.raises(KPError, match=r"no room for the output .*: 1(\.0)? MiB free"):
+        guard.check_room_at_start()
