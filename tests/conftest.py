@@ -99,6 +99,12 @@ _CPU_LOG = os.environ.get("KP_CPU_LOG")
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    import time
+
+    import helpers
+    marker = item.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker and marker.args else float(item.config.getini("timeout") or 0)
+    helpers.TEST_DEADLINE = time.monotonic() + limit if limit > 0 else None
     if not _CPU_LOG:
         yield
         return
@@ -141,7 +147,15 @@ def _skip_is_an_error(report) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
-    _skip_is_an_error(outcome.get_result())
+    report = outcome.get_result()
+    _skip_is_an_error(report)
+    # A command that ran past its timeout: what it printed until then, beside the failure
+    if call.excinfo is not None and isinstance(call.excinfo.value, subprocess.TimeoutExpired):
+        expired = call.excinfo.value
+        for name, data in (("stdout", expired.stdout), ("stderr", expired.stderr)):
+            if data:
+                text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+                report.sections.append((f"{name} of the command that timed out", text[-20000:]))
 
 
 @pytest.hookimpl(hookwrapper=True)

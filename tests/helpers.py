@@ -46,6 +46,21 @@ def billed(server) -> float:
     return sum(x["cost"] for x in server.ledger())
 
 
+# When pytest-timeout ends the running test (time.monotonic()), set by conftest.py as each
+# test starts: a command's own timeout must come first, so a hang fails with its output.
+TEST_DEADLINE: float | None = None
+
+
+def time_left(margin: float = 20.0) -> float:
+    """Seconds a command may still run in this test: until pytest's timeout, less MARGIN
+    (for the test to report). Give it as a command's timeout where the command may be
+    slow, so a hang is that command's TimeoutExpired, its output shown, and not pytest
+    killing the test with the output lost."""
+    if TEST_DEADLINE is None:
+        return 240.0
+    return max(5.0, TEST_DEADLINE - time.monotonic() - margin)
+
+
 def wait_for(predicate, what: str = "the condition", timeout: float = 120.0) -> None:
     """Poll PREDICATE until it holds (an event: a counter, a file's lines, a state), failing
     after TIMEOUT seconds, which only a hang reaches."""

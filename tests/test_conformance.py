@@ -500,3 +500,127 @@ def test_endpoints_table_with_nulls_conforms(server):
     # a variant under its provider's own name, told apart by its tag
     assert {e.tag for e in parsed.data.endpoints if e.provider_name == "DeepInfra"} == {
         "deepinfra", "deepinfra/turbo"}
+
+
+# -- the self-hosted modes, through the `openai` SDK (docs/servers.md) ----------------------
+# A vLLM or SGLang server is reached with the OpenAI API, so the `openai` client is the one
+# that must accept what the stand-in answers: its own request, SSE parsing and types. Those
+# types allow extra keys; every key they do not know must be one the vendor's own protocol
+# declares, with the vendor's type. The vendor models below copy those declarations:
+#   vLLM: vllm/entrypoints/openai/chat_completion/protocol.py (ChatCompletionResponse,
+#     ChatCompletionResponseChoice, ChatCompletionStreamResponse,
+#     ChatCompletionResponseStreamChoice, ChatMessage) and engine/protocol.py (DeltaMessage);
+#     its reasoning field is `reasoning` since v0.11.2 ("reasoning used to be called
+#     reasoning_content", docs/features/reasoning_outputs.md), `reasoning_content` before.
+#   SGLang: python/sglang/srt/entrypoints/openai/protocol.py (ChatCompletionResponse with
+#     `sglext`, ChatCompletionResponseChoice with `matched_stop`, ChatMessage and
+#     DeltaMessage with `reasoning_content`) and serving_chat.py `_build_chat_response` /
+#     the stream's sglext chunk (`input_ids`, one `output_ids` list per choice).
+class _Vendor(BaseModel):
+    model_config = {"extra": "forbid"}
+
+
+class VllmResponseExtra(_Vendor):
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list | None = None
+    kv_transfer_params: dict | None = None
+
+
+class VllmChoiceExtra(_Vendor):
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+
+
+class VllmMessageExtra(_Vendor):
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+
+class SglExt(_Vendor):
+    input_ids: list[int] | None = None
+    output_ids: list[list[int]] | None = None
+
+
+class SglangResponseExtra(_Vendor):
+    sglext: SglExt | None = None
+    metadata: dict | None = None
+
+
+class SglangChoiceExtra(_Vendor):
+    matched_stop: int | str | None = None
+    prompt_token_ids: list[int] | None = None  # its older return_token_ids, per choice
+    token_ids: list[int] | None = None
+    hidden_states: object | None = None
+    meta_info: dict | None = None
+
+
+class SglangMessageExtra(_Vendor):
+    reasoning_content: str | None = None
+
+
+VENDOR = {"vllm": (VllmResponseExtra, VllmChoiceExtra, VllmMessageExtra),
+          "sglang": (SglangResponseExtra, SglangChoiceExtra, SglangMessageExtra)}
+
+
+def vendor_fields(mode: str, parsed) -> tuple:
+    """The keys the `openai` type left over at each level (a ChatCompletion, or a chunk),
+    validated against the vendor's declarations: (response, [choice], [message or delta])."""
+    response, choice, message = VENDOR[mode]
+    extras = (response.model_validate(parsed.model_extra or {}),
+              [choice.model_validate(c.model_extra or {}) for c in parsed.choices],
+              [message.model_validate((getattr(c, "message", None) or c.delta).model_extra or {})
+               for c in parsed.choices])
+    return extras
+
+
+@pytest.mark.parametrize("mode", ["vllm", "sglang"])
+def test_self_hosted_answers_parse_with_the_openai_sdk(standin, mode):
+    """Plain and streamed, with the token IDs each server gives (vLLM's return_token_ids,
+    SGLang's sglext, and SGLang's older per-choice return_token_ids on a plain answer)."""
+    import openai
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    server = standin(mode=mode, noncanonical=0.0)
+    client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=30)
+    asked = ({"return_token_ids": True} if mode == "vllm" else
+             {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True})
+    args = {"model": MODEL, "messages": [{"role": "user", "content": "hello 東京"}],
+            "max_tokens": 400, "extra_body": {**asked, "chat_template_kwargs": {"thinking": True}}}
+
+    plain = client.chat.completions.create(**args)
+    assert isinstance(plain, ChatCompletion) and plain.object == "chat.completion"
+    top, [choice], [message] = vendor_fields(mode, plain)
+    assert plain.choices[0].message.role == "assistant" and plain.choices[0].message.content
+    assert plain.choices[0].finish_reason in ("stop", "length") and plain.usage.completion_tokens
+    assert message.reasoning_content  # (vLLM before v0.11.2, and SGLang: reasoning_content)
+    if mode == "vllm":
+        prompt_ids, output_ids = top.prompt_token_ids, choice.token_ids
+    else:
+        prompt_ids, [output_ids] = top.sglext.input_ids, top.sglext.output_ids
+        stop = choice.matched_stop  # the token that ended the turn (<|im_end|>) on a stop
+        assert (stop is not None) == (plain.choices[0].finish_reason == "stop")
+    assert prompt_ids and output_ids and plain.usage.completion_tokens == len(output_ids)
+
+    chunks = list(client.chat.completions.create(
+        **args, stream=True, stream_options={"include_usage": True}))
+    assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
+    fields = [vendor_fields(mode, c) for c in chunks]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    reasoning = "".join(m[0].reasoning_content or "" for _, _, m in fields if m)
+    assert (text, reasoning) == (plain.choices[0].message.content, message.reasoning_content)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(output_ids)
+    if mode == "vllm":  # prompt IDs on the first chunk, each chunk's own IDs on its choice
+        assert fields[0][0].prompt_token_ids == prompt_ids
+        assert [i for _, cs, _ in fields for c in cs for i in c.token_ids] == output_ids
+    else:  # one chunk of its own, no choices, with the whole sglext; none per choice
+        [ext] = [f[0].sglext for f in fields if f[0].sglext is not None]
+        assert ext == top.sglext
+        assert not any(c.token_ids for _, cs, _ in fields for c in cs)
+        finish = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert [vendor_fields(mode, c)[1][0].matched_stop for c in chunks
+                if c.choices and c.choices[0].finish_reason] == [stop] * len(finish)
+        old = client.chat.completions.create(**{**args, "extra_body": {
+            "return_token_ids": True, "chat_template_kwargs": {"thinking": True}}})
+        _, [old_choice], _ = vendor_fields(mode, old)
+        assert (old_choice.prompt_token_ids, old_choice.token_ids) == (prompt_ids, output_ids)
+        assert "sglext" not in (old.model_extra or {})

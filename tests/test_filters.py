@@ -38,7 +38,7 @@ from conftest import (
     response_record,
     write_jsonl,
 )
-from helpers import KP_COMMANDS
+from helpers import KP_COMMANDS, time_left
 
 from kimipipe import __version__
 from kimipipe.io import ZSTD_MAGIC
@@ -256,7 +256,7 @@ def test_a_closed_output_pipe_ends_the_command_quietly(command, ctx, tmp_path):
     first = proc.stdout.readline()
     proc.stdout.close()  # what `head -1` does
     err = proc.stderr.read().decode()
-    proc.wait(timeout=300)
+    proc.wait(timeout=time_left())
     assert first.strip()
     assert proc.returncode == 0 and err == ""
 

@@ -13,10 +13,10 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 from conftest import BIN, TOKENIZER_KINDS, kp, read_jsonl, write_jsonl
+from helpers import wait_for, whole_lines
 from test_infer import infer
 
 from kimipipe.standin.answers import answer_for_request, history_sha256
@@ -124,32 +124,43 @@ def test_each_turn_is_asked_on_the_models_own_earlier_answers(standin, tmp_path,
 
 
 def test_kill_9_mid_conversation_then_resume_asks_every_turn_once(standin, tmp_path):
-    server = standin(latency=0.3, ledger=True, request_log=True)
+    """The stand-in answers 30 turns (so some conversations are past their first) and holds
+    the next window at its gate; it then lets those 6 start but answer slowly, and the kill
+    lands while they are generating. They are paid for all the same (bill_cancelled: a
+    provider that finishes, and bills, a generation whose client went away): the turns
+    paid and not kept are exactly the 6 in flight. The resume asks every turn not kept
+    once, each on the turns already in the output."""
+    server = standin(ledger=True, request_log=True, bill_cancelled=True)
+    server.configure(hold_after=30)
     prompts = make_conversations(tmp_path / "p.jsonl", 24, turns=3)
     out = tmp_path / "r.jsonl"
     env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
     proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
                              server.base_url, "--concurrency", "6", "--quiet"], env=env)
-    deadline = time.monotonic() + 60
-    # until some conversation has its second turn written and others are mid-way
-    while time.monotonic() < deadline and not (
-            out.exists() and b'"turn":2' in out.read_bytes() and len(out.read_bytes().splitlines()) >= 10):
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    try:
+        wait_for(lambda: len(whole_lines(out)) == 30 and server.stats()["held"] == 6
+                 or proc.poll() is not None, "30 turns written and the next 6 held", 60)
+        assert proc.poll() is None, "the run ended before the gate"
+        server.configure(latency=60.0, hold_after=36)  # the 6 start, and take their time
+        wait_for(lambda: server.stats()["completions_started"] == 36, "the 6 to start", 30)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    wait_for(lambda: server.stats()["abandoned"] == 6, "the stand-in to see the 6 go", 30)
+    server.configure(latency=0.0, hold_after=None)
     first = read_jsonl(out)
-    assert 10 <= len(first) < 72
+    assert len(first) == 30 and any(x["turn"] > 1 for x in first)
     paid_first = len(server.ledger())
-    assert paid_first - len(first) <= 6  # paid and not kept: at most the turns in flight
+    assert paid_first - len(first) == 6  # paid and not kept: the turns in flight, no more
     r = infer(server, prompts, "-o", out, "--concurrency", "6")
     assert r.code == 0, r.stderr
     records = read_jsonl(out)
     ids = [x["id"] for x in records]
     assert len(ids) == len(set(ids)) == 72
     # every turn paid once, but for the ones in flight at the kill
-    assert len(server.ledger()) - len(records) <= 6
-    # the rerun sent only the unfinished turns, each on the turns already in the output
-    assert len(server.requests()) - paid_first <= 72 - len(first) + 6
+    assert len(server.ledger()) - len(records) == 6
+    # the rerun sent only the turns not kept, each once, on the turns already in the output
+    assert len(server.requests()) - 36 == 72 - len(first)
     assert_chained(records, prompts, server.requests())
 
 

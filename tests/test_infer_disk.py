@@ -24,7 +24,7 @@ from collections import Counter
 import pytest
 import zstandard
 from conftest import BIN, read_jsonl
-from helpers import paid_once_each
+from helpers import paid_once_each, time_left
 from test_infer import assert_correct, make_prompts
 from test_write_failures import limited, whole_records
 
@@ -38,11 +38,12 @@ def rescue_file(tmpdir, out) -> str:
                         f"{os.path.basename(out)}.{digest}.jsonl")
 
 
-def run_infer(server, *args, tmpdir, preexec=None, timeout=300, env=None):
+def run_infer(server, *args, tmpdir, preexec=None, timeout=None, env=None):
     env = {**os.environ, "OPENROUTER_API_KEY": server.api_key, "TMPDIR": str(tmpdir), **(env or {})}
     proc = subprocess.run([str(BIN / "kp-infer"), *map(str, args), "--base-url", server.base_url,
                            "--backoff-base", "0.01"],
-                          capture_output=True, env=env, preexec_fn=preexec, timeout=timeout)
+                          capture_output=True, env=env, preexec_fn=preexec,
+                          timeout=time_left() if timeout is None else timeout)
     return proc.returncode, proc.stderr.decode()
 
 
@@ -271,7 +272,7 @@ def test_a_tmpfs_filled_during_the_run_loses_no_paid_answer(standin, tmp_path, t
             time.sleep(0.05)
         fill(mnt / "filler")  # another program takes the rest of the disk
         server.configure(hold_after=None)
-        proc.wait(timeout=240)
+        proc.wait(timeout=time_left())
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -317,7 +318,7 @@ def test_admission_waits_for_disk_and_goes_on_when_space_is_freed(standin, tmp_p
         stderr.wait_for("waiting for disk, ", proc)  # the progress line says it too
         assert proc.poll() is None and server.stats()["completions_started"] == paused
         os.unlink(mnt / "filler")  # space freed: the run goes on by itself
-        proc.wait(timeout=300)
+        proc.wait(timeout=time_left())
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -379,3 +380,22 @@ def test_waiting_for_disk_with_nothing_in_flight_stops_after_disk_wait(standin, 
     assert code == 0, err
     assert sorted(r["id"] for r in read_jsonl(out)) == [f"p{i:05d}" for i in range(200)]
     paid_once_each(server, prompts)
+
+
+def test_free_space_is_what_an_unprivileged_writer_may_use(tmp_path, monkeypatch):
+    """statvfs's f_bavail, not f_bfree: the blocks a filesystem keeps for root (ext4's 5%)
+    are not the output's, and kp-infer need not run as root. No filesystem these tests can
+    mount tells the two apart (tmpfs reserves none), so statvfs is answered here with
+    1 MiB available of 1 GiB free: one request at the default --max-tokens does not fit."""
+    from kimipipe.errors import KPError
+    from kimipipe.infer.disk import DiskGuard
+    real = os.statvfs(tmp_path)
+    fake = os.statvfs_result((real.f_bsize, 4096, real.f_blocks, (1 << 30) // 4096, 256,
+                              real.f_files, real.f_ffree, real.f_favail, real.f_flag,
+                              real.f_namemax))
+    monkeypatch.setattr(os, "statvfs", lambda path: fake)
+    guard = DiskGuard(str(tmp_path / "r.jsonl"), max_tokens=16384)
+    assert guard.free() == 1 << 20
+    assert not guard.fits(guard.worst_case(b"{}"))
+    with pytest.raises(KPError, match=r"no room for the output .*: 1(\.0)? MiB free"):
+        guard.check_room_at_start()

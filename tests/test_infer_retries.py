@@ -15,7 +15,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from conftest import BIN, kp, read_jsonl, write_jsonl
-from helpers import wait_for
+from helpers import time_left, wait_for
 from test_infer import infer, make_prompts
 
 
@@ -226,7 +226,7 @@ def test_adaptive_concurrency_uses_the_ceiling_and_grows_back_after_429s(standin
         stats = server.stats()
         assert stats["in_flight"] == stats["held"] <= 40
         server.configure(hold_after=None)
-        assert proc.wait(timeout=240) == 0
+        assert proc.wait(timeout=time_left()) == 0
     finally:
         proc.kill()
         proc.wait()

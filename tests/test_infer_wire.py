@@ -8,10 +8,15 @@ endpoint_nulls)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import pytest
-from conftest import read_jsonl
+from conftest import BIN, read_jsonl, write_jsonl
+from helpers import stderr_after, wait_for
 from test_infer import assert_correct, ids_of, infer, make_prompts
+
+from kimipipe.standin.availability import AVAILABILITY, unavailable_error
 
 # -- 1. both stream shapes ------------------------------------------------------------------
 
@@ -90,34 +95,63 @@ def test_a_non_retryable_availability_error_on_the_first_request_stops_the_run(s
 
 
 def test_a_model_retired_mid_run_stops_resumably_and_the_rerun_finishes(standin, tmp_path):
-    server = standin(latency=0.05, ledger=True)
+    """The hosts retire the model under a long run: the stand-in answers 10 and holds the
+    rest at its gate, then lets them go already retired (one change), so the retirement
+    lands while the run provably has work left on any machine. The run stops at once
+    (exit 2) with exactly the 10 answers paid for kept and no prompt failed; the same
+    command resumes once the model is served again, paying nothing twice."""
+    server = standin(ledger=True)
+    server.configure(hold_after=10)
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
     out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
-    import subprocess
-    import time
-
-    from conftest import BIN
     proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--failures",
                              str(failures), "--base-url", server.base_url, "--concurrency", "4",
                              "--backoff-base", "0.01"],
-                            env={**__import__("os").environ, "OPENROUTER_API_KEY": server.api_key},
+                            env={**os.environ, "OPENROUTER_API_KEY": server.api_key},
                             stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while len(server.ledger()) < 10:
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
-    server.configure(unavailable="model_deprecated")  # the hosts retire it under the run
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 2, stderr.decode()
-    assert "model_deprecated (HTTP 404, not retryable)" in stderr.decode()
-    first = ids_of(out)
-    assert 10 <= len(first) < 60 and (not failures.exists() or read_jsonl(failures) == [])
-    assert len(first) == len(server.ledger())  # every answer paid for is kept
+
+    def retire_it_under_the_run():
+        wait_for(lambda: len(server.ledger()) == 10 and server.stats()["held"]
+                 or proc.poll() is not None, "10 answers and the next held at the gate", 60)
+        assert proc.poll() is None, "the run ended before the gate"
+        server.configure(unavailable="model_deprecated", hold_after=None)
+
+    stderr = stderr_after(proc, retire_it_under_the_run, timeout=60).decode()
+    assert proc.returncode == 2, stderr
+    assert "model_deprecated (HTTP 404, not retryable)" in stderr
+    assert len(ids_of(out)) == 10 and (not failures.exists() or read_jsonl(failures) == [])
+    assert len(server.ledger()) == 10  # every answer paid for is kept
     server.configure(unavailable=None)  # served again (or another model): the same command resumes
     r = infer(server, prompts, "-o", out, "--failures", failures)
     assert r.code == 0, r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(60)]
     assert len(server.ledger()) == 60  # nothing paid twice
+
+
+@pytest.mark.parametrize("code", sorted(AVAILABILITY))
+def test_the_availability_flag_decides_not_the_status(code):
+    """OpenRouter's errors docs: "always switch on `availability.retryable`, not just the
+    code". The stand-in sends each code with the flag the docs give it, so a run only
+    meets retryable 429s and 503s, which are retried by their status anyway; this holds
+    the rule itself: each documented body (the stand-in's own), its flag as sent and
+    flipped, is classified by the flag alone. Retryable: retried after its
+    `availability.retry_after` (over the Retry-After header), whatever the status (a
+    `no_endpoints` 404 marked retryable included); not retryable: the run stops, even on a
+    429 or a 503, with the code, the models and the providers named."""
+    from kimipipe.kinds import AttemptKind
+    from kimipipe.openrouter.attempt import error_attempt
+    for retryable in (True, False):
+        status, body, _ = unavailable_error(code, "moonshotai/kimi-k2.5", ["Together"], 2.5)
+        body["error"]["availability"].update(retryable=retryable,
+                                             retry_after=2.5 if retryable else None)
+        attempt = error_attempt(status, body, 9.0, "")
+        assert attempt.status == status and attempt.code == code
+        if retryable:
+            assert attempt.kind == AttemptKind.RETRY and attempt.retry_after == 2.5, attempt
+        else:
+            assert attempt.kind == AttemptKind.NO_ROUTE, attempt
+            assert attempt.message.startswith(f"{code} (HTTP {status}, not retryable): ")
+            assert "models: moonshotai/kimi-k2.5; providers: Together" in attempt.message
 
 
 def test_capacity_exhausted_is_retried_after_its_retry_after(standin, tmp_path):
@@ -218,6 +252,30 @@ def test_every_request_refused_the_same_way_stops_the_run_early(standin, tmp_pat
     assert len(server.requests()) < 50 + 8 + 5  # the first 5, then no more than one window
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(5)]  # answered, kept
     assert json.loads((tmp_path / "s.json").read_text())["stop_reason"] == "systematic-failure"
+
+
+def test_answers_between_identical_refusals_restart_the_count(standin, tmp_path):
+    """The early stop is for a run that gets nothing but the same refusal: one that mostly
+    works is not stopped. Here every other prompt is refused by moderation the same way
+    (one provider: the message names it), 60 identical refusals in all but never 50 with
+    no answer in between, so the run answers the rest and ends as any run with failures
+    does (exit 4: the 60 in --failures, for a rerun to retry), not as "systematic"."""
+    server = standin(moderation_marker="FLAGME", ledger=True)
+    rows = read_jsonl(make_prompts(tmp_path / "p.jsonl", 120))
+    for row in rows[::2]:
+        row["messages"][-1]["content"] += " FLAGME"
+    prompts = write_jsonl(tmp_path / "p.jsonl", rows)
+    out, failures, summary = tmp_path / "r.jsonl", tmp_path / "f.jsonl", tmp_path / "s.json"
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--concurrency", "8",
+              "--only-provider", "together", "--summary-json", summary)
+    assert r.code == 4, r.stderr
+    assert "in a row failed the same way" not in r.stderr
+    failed = read_jsonl(failures)
+    assert sorted(f["id"] for f in failed) == [f"p{i:05d}" for i in range(0, 120, 2)]
+    assert len({(f["status"], f["message"]) for f in failed}) == 1  # all refused the same way
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(1, 120, 2)]
+    s = json.loads(summary.read_text())
+    assert s["stop_reason"] is None and s["failed"] == {"http_403": 60}
 
 
 def test_plan_and_preflight_warn_when_one_endpoint_alone_is_allowed(standin, tmp_path):

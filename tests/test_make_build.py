@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, read_jsonl
-from helpers import billed, smallest_hashes
+from helpers import billed, smallest_hashes, time_left
 from test_make import SOURCE, TOKENIZER, VENV, make_command
 
 from kimipipe.standin.answers import user_text_sha256
@@ -59,7 +59,8 @@ def run_make(server, tmp_path, *args, env: dict | None = None, read_only: Path |
     if read_only is not None and os.geteuid() == 0:
         cmd = ["unshare", "-m", "sh", "-c", 'mount --bind "$1" "$1" && mount -o remount,bind,ro '
                '"$1" && shift && exec "$@"', "sh", str(read_only), *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, env={**full_env, **(env or {})}, timeout=240)
+    return subprocess.run(cmd, capture_output=True, text=True, env={**full_env, **(env or {})},
+                          timeout=time_left())
 
 
 def prompts_of(tmp_path, name) -> list[dict]:

@@ -237,7 +237,8 @@ def test_an_answer_whose_cost_never_shows_is_booked_at_its_highest_price(standin
         before = billed(server)
         r = infer(server, part, "-o", out, "--max-cost", "0.03", "--max-tokens", "400",
                   "--cost-lookup-wait", "0.3", "--summary-json", summary, stream)
-        assert r.code in (0, 3), r.stderr
+        # 15 answers book ~$0.04-0.05 here (their estimates are overcounts): the cap binds
+        assert r.code == 3 and "--max-cost reached" in r.stderr, r.stderr
         assert billed(server) - before <= 0.03
         estimates.append(json.loads(summary.read_text())["costs"]["estimate"])
         records += read_jsonl(out)
@@ -284,7 +285,9 @@ def test_total_cost_holds_across_three_datasets_with_answers_refused_for_no_reas
     """Three datasets built one after the other, as the Makefile runs kp-infer (--total-cost
     with the --spent-in globs and --reservations); Together drops the reasoning from most
     answers, each refused and paid for. Before issue 25, --spent-in left those costs out:
-    TOTAL_COST=0.08 billed 0.0933."""
+    TOTAL_COST=0.08 billed 0.0933. Each run's code is the one right one: B3 (~$0.036) fits
+    with the 4 worst cases it may have in flight (~$0.023) and finishes (0); B4's 20 first
+    attempts alone cost more than the room left, so the cap stops it (3); B5 has none (3)."""
     server = standin(ledger=True, price_scale=4, drop_reasoning={"together": 0.9})
     work = tmp_path / "work"
     work.mkdir()
@@ -293,13 +296,12 @@ def test_total_cost_holds_across_three_datasets_with_answers_refused_for_no_reas
     for i, name in enumerate(("B3", "B4", "B5")):
         prompts = make_prompts(work / f"{name}.prompts.jsonl", 20, dataset=name, start=100 * i)
         r = infer(server, prompts, "-o", work / f"{name}.responses.jsonl",
-                  "--failures", work / f"{name}.failures.jsonl", "--total-cost", "0.08", *spent_in,
-                  "--reservations", work / "total-cost.json", "--max-tokens", "500", "--concurrency", "8",
+                  "--failures", work / f"{name}.failures.jsonl", "--total-cost", "0.065", *spent_in,
+                  "--reservations", work / "total-cost.json", "--max-tokens", "500", "--concurrency", "4",
                   "--only-provider", "together", "--only-provider", "parasail")
-        assert r.code in (0, 3, 4), r.stderr
         codes.append(r.code)
-        assert billed(server) <= 0.08, f"{name}: billed {billed(server):.4f}"
-    assert codes[-1] == 3  # the cap stopped the build
+        assert billed(server) <= 0.065, f"{name}: billed {billed(server):.4f}"
+    assert codes == [0, 3, 3], r.stderr  # the cap stopped the build in B4
     files = sorted(work.glob("*.responses.jsonl")) + sorted(work.glob("*.failures.jsonl"))
     refused = sum(len(rec.get("refused", ())) for path in files for rec in read_jsonl(path))
     assert refused >= 5  # most of Together's answers were refused, each paid for
@@ -364,7 +366,9 @@ def test_preflight_settles_a_missing_cost_as_the_run_does(standin, tmp_path):
     prompts = make_prompts(tmp_path / "p.jsonl", 4)
     out = tmp_path / "r.jsonl"
     r = infer(server, prompts, "-o", out, "--preflight", "2", "--json")
+    assert r.code == 0, r.stderr  # a cost read late is a warning, not a failed check
     report = json.loads(r.stdout)
+    assert report["passed"] is True
     cost_checks = [c for c in report["checks"] if c["check"].endswith("cost")]
     assert len(cost_checks) == 2 and all(c["verdict"] == "warn" and "read from GET /generation" in c["detail"]
                                          for c in cost_checks)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, read_jsonl
-from helpers import KP_COMMANDS
+from helpers import KP_COMMANDS, time_left
 
 README = (REPO / "README.md").read_text()
 # The reference pages (docs/cli.md is generated from --help, so it is checked by regenerating).
@@ -123,7 +123,7 @@ def test_the_try_your_own_file_walkthrough_runs_as_written(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=time_left())
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # the stand-in, if a line failed before `kill`
@@ -172,7 +172,7 @@ def test_the_cli_reference_is_what_help_prints():
     """docs/cli.md is generated from every command's --help; a changed option, help text or
     example must come with `make docs`, or this fails naming the fix."""
     proc = subprocess.run([sys.executable, "-m", "kimipipe.clidoc", "--check"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=time_left())
     assert proc.returncode == 0, proc.stderr
 
 

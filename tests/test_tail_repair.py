@@ -17,6 +17,7 @@ import sys
 
 import pytest
 import zstandard
+from helpers import time_left
 
 from kimipipe.errors import InputError
 from kimipipe.io import RecordWriter, scan_done
@@ -244,7 +245,7 @@ def repair_in_capped_child(path, text_size: int) -> tuple[dict, int]:
     limit = vm_size_of_a_child() + 96 * 2**20  # well below the 256 MB of text
     assert limit < text_size
     proc = subprocess.run([sys.executable, "-c", CHILD, str(path), str(limit), str(text_size)],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=time_left())
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert "error" not in report, report

@@ -12,7 +12,7 @@ import time
 
 import pytest
 from conftest import BIN, read_jsonl
-from helpers import billed
+from helpers import billed, time_left
 from test_infer import infer, make_prompts
 
 from kimipipe.infer.total_cost import _proc_start
@@ -115,7 +115,7 @@ def run_together(server, tmp_path, cap, shared: bool) -> tuple[list[int], dict[s
         assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
         time.sleep(0.02)
     server.configure(hold_after=None)
-    codes = [p.wait(timeout=300) for p in procs]
+    codes = [p.wait(timeout=time_left()) for p in procs]
     return codes, owner
 
 

@@ -22,6 +22,7 @@ import uuid
 import pytest
 import zstandard
 from conftest import BIN, TOKENIZER_KINDS, response_record, write_jsonl
+from helpers import time_left
 from test_infer import make_prompts
 
 FAST = TOKENIZER_KINDS["fast"]
@@ -113,7 +114,8 @@ def source_and_fresh(tmp_path_factory):
 def run_tokenize(src, out, *, preexec=None, extra=()):
     proc = subprocess.run([str(BIN / "kp-tokenize"), str(src), "--tokenizer", str(FAST),
                            "--workers", "1", "--drop-text", "-o", str(out), *extra],
-                          capture_output=True, preexec_fn=preexec, timeout=300)
+                          capture_output=True, preexec_fn=preexec,
+                          timeout=time_left())
     return proc.returncode, proc.stderr.decode()
 
 

@@ -29,7 +29,8 @@ next). Usage comes in a last chunk with `choices: []` when `stream_options.inclu
 is true. Reasoning is in `reasoning_content` (its reasoning parser's field).
 
 SGLang (as its python/sglang/srt/entrypoints/openai/serving_chat.py does, v0.5.20): the
-same shapes with `reasoning_content`; the IDs in its response-level extension `sglext`
+same shapes with `reasoning_content`, and `matched_stop` (the end-of-turn token on a stop)
+where vLLM has `stop_reason`; the IDs in its response-level extension `sglext`
 when the request asks (`return_input_ids_in_sglext`, `return_output_ids_in_sglext`, or
 the headers `x-sglext-return-input-ids: 1`, `x-sglext-return-output-ids: 1`):
 `{"input_ids": [...], "output_ids": [[...]]}` (one list per choice), top-level in the
@@ -345,6 +346,15 @@ class SelfHosted:
             return await self._stream(request, body, turn, gen_id, ids_wanted, fault)
         return await self._plain(request, body, turn, gen_id, ids_wanted, fault)
 
+    def _stop(self, finish_reason: str | None) -> dict:
+        """What ended the turn, in the server's own field: vLLM's `stop_reason` (a stop
+        string or token ID the request named; None for the end of turn), SGLang's
+        `matched_stop` (the stop token matched: the end-of-turn token on a stop; on each
+        streamed choice, None until the finish)."""
+        if self.mode == "vllm":
+            return {"stop_reason": None}
+        return {"matched_stop": self.sampler.end_of_turn if finish_reason == "stop" else None}
+
     def _usage(self, turn: SampledTurn) -> dict:
         n_out = len(turn.output_ids)
         return {"prompt_tokens": len(turn.prompt_ids), "total_tokens": len(turn.prompt_ids) + n_out,
@@ -358,7 +368,7 @@ class SelfHosted:
         message = {"role": "assistant", "content": turn.content,
                    "reasoning_content": turn.reasoning, "tool_calls": []}
         choice = {"index": 0, "message": message, "logprobs": None,
-                  "finish_reason": turn.finish_reason, "stop_reason": None}
+                  "finish_reason": turn.finish_reason, **self._stop(turn.finish_reason)}
         out = {"id": gen_id, "object": "chat.completion", "created": int(time.time()),
                "model": body["model"], "choices": [choice], "usage": self._usage(turn)}
         if ids_wanted.token_ids and self.mode == "vllm":
@@ -391,8 +401,8 @@ class SelfHosted:
 
         def event(delta: dict, ids: list[int] | None, finish: str | None = None, **top) -> bytes:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            if finish is not None:
-                choice["stop_reason"] = None
+            if finish is not None or self.mode == "sglang":
+                choice.update(self._stop(finish))
             if ids_wanted and ids is not None:
                 choice["token_ids"] = ids
             return b"data: " + encode({**head, "choices": [choice], **top}) + b"\n\n"
