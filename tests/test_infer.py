@@ -102,7 +102,9 @@ def test_fault_mix_still_gives_exactly_one_correct_record_each(standin, tmp_path
     prompts = make_prompts(tmp_path / "p.jsonl", 80)
     out = tmp_path / "r.jsonl"
     summary = tmp_path / "s.json"
-    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "20", "--idle-timeout", "0.5",
+    # 2 s of silence before a timeout (as in the fault mix below): at 0.5 s a loaded machine
+    # left answers the stand-in had written whole unread long enough to time out
+    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "20", "--idle-timeout", "2",
               "--max-attempts", "30", "--summary-json", summary)
     assert r.code == 0, r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(80)]
