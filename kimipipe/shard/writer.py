@@ -6,9 +6,9 @@ only when the whole set is complete. The swap from an old set to a new one
 (`ShardSet.commit`):
 
 1. all new shards and the new manifest are complete under temporary names;
-2. if a new shard would take the name of an existing file, the old manifest is removed
-   first (so no manifest ever describes a file whose content is changing); otherwise the
-   old manifest stays until step 4 replaces it atomically;
+2. if a new shard would take the name of an existing file, the old manifest (and the old
+   card) is removed first (so no manifest or card ever describes a file whose content is
+   changing); otherwise the old manifest stays until step 4 replaces it atomically;
 3. the new shards are renamed to their names, then the dataset card to `README.md`
    (card.py: a Hugging Face loader reads its file lists, which name only files that now
    exist);
@@ -363,6 +363,8 @@ class ShardSet:
         manifest_path = os.path.join(d, MANIFEST)
         if any(os.path.exists(os.path.join(d, n)) for n in new_names) and os.path.exists(manifest_path):
             os.unlink(manifest_path)
+            if card_tmp is not None and os.path.exists(os.path.join(d, CARD)):
+                os.unlink(os.path.join(d, CARD))  # it names those files too
             fsync_dir(d)
             _pause_at("old-manifest-removed")
         for i, name in enumerate(sorted(new_names), 1):
