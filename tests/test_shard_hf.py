@@ -455,3 +455,19 @@ def test_the_zstd_layout_is_unchanged_by_the_card(sets):
         data = zstandard.ZstdDecompressor().stream_reader(
             (sets["jsonl"] / s["file"]).read_bytes(), read_across_frames=True).read()
         assert len(data.splitlines()) == s["records"]
+
+
+def test_a_token_id_beyond_int32_stops_a_parquet_build_and_keeps_the_old_set(sets, tmp_path):
+    """Parquet's IDs are int32: a larger one (no Kimi ID is) is an error, exit 2, and the
+    set already there stays; the JSONL layout takes it."""
+    import shutil
+
+    d = tmp_path / "set"
+    shutil.copytree(sets["parquet"], d)
+    before = manifest_of(d)
+    src = write_jsonl(tmp_path / "big.jsonl", [{**record(1), "output_ids": [2**31]}])
+    r = kp("shard", src, "--out", d, "--format", "parquet")
+    assert r.code == 2 and "token ID 2147483648 does not fit a Parquet int32 column" in r.stderr
+    assert manifest_of(d) == before and kp("shard", "verify", d).code == 0
+    assert not [n for n in os.listdir(d) if ".tmp-" in n]
+    assert kp("shard", src, "--out", tmp_path / "j").code == 0

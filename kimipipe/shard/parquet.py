@@ -13,7 +13,10 @@ enough to compress as well as the whole file does.
 
 Rows arrive as the body of their `input_ids` list (formats.ids_body: already validated as
 non-negative integers by rows.py); a row group's bodies are parsed in one numpy call and
-the mask is made from the counts, so the rows are those of the JSONL layout exactly.
+the mask is made from the counts, so the rows are those of the JSONL layout exactly. A
+full row group is parsed, encoded and compressed by a thread of its own while the next one
+fills (at most one waits: memory stays near two row groups), as zstd's threads do for
+the JSONL layout.
 
 Reading back (verify, stats): row group by row group, checked with numpy: each row's
 `input_ids` and `loss_mask` of equal length, the mask only 0s and 1s with at least one 1,
@@ -25,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..errors import ExitCode, KPError
 
@@ -85,6 +89,8 @@ class ParquetShard:
         self._n_out: list[int] = []
         self._group_tokens = 0
         self.uncompressed = 0  # the columns' bytes in memory (Arrow), summed over row groups
+        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kp-shard-parquet")
+        self._pending: Future | None = None
 
     def add(self, rid: str, body: bytes, n_in: int, n_out: int) -> None:
         self._ids.append(rid)
@@ -96,36 +102,50 @@ class ParquetShard:
             self._flush()
 
     def _flush(self) -> None:
+        """Hand the row group over to the encoder thread (after the one before it)."""
         if not self._ids:
             return
+        self._wait()
+        group = (self._ids, self._bodies, self._n_in, self._n_out)
+        self._ids, self._bodies, self._n_in, self._n_out = [], [], [], []
+        self._group_tokens = 0
+        self._pending = self._encoder.submit(self._write_group, *group)
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()  # (an error of the encoder thread is raised here)
+
+    def _write_group(self, ids: list[str], bodies: list[bytes], n_ins: list[int],
+                     n_outs: list[int]) -> None:
         pa, np = self._pa, self._np
-        n_in = np.array(self._n_in, dtype=np.int64)
-        n_out = np.array(self._n_out, dtype=np.int64)
-        offsets = np.zeros(len(self._ids) + 1, dtype=np.int32)
+        n_in = np.array(n_ins, dtype=np.int64)
+        n_out = np.array(n_outs, dtype=np.int64)
+        offsets = np.zeros(len(ids) + 1, dtype=np.int32)
         np.cumsum(n_in + n_out, out=offsets[1:])
         # (rows.py proved each body `N(,N)*` of non-negative integers: parsing is all left)
-        values = np.fromstring(b",".join(self._bodies), dtype=np.int64, sep=",")
+        values = np.fromstring(b",".join(bodies), dtype=np.int64, sep=",")
         if values.size != offsets[-1]:
             raise AssertionError(f"parquet: parsed {values.size} IDs, expected {offsets[-1]}")
         if values.size and values.max() > _INT32_MAX:
             raise KPError(f"token ID {int(values.max())} does not fit a Parquet int32 column "
                           "(use --format eagle)", ExitCode.USAGE)
-        mask = np.repeat(np.tile(np.array([0, 1], dtype=np.int8), len(self._ids)),
+        mask = np.repeat(np.tile(np.array([0, 1], dtype=np.int8), len(ids)),
                          np.column_stack((n_in, n_out)).ravel())
         arrow_offsets = pa.array(offsets)
         table = pa.Table.from_arrays(
-            [pa.array(self._ids, pa.string()),
+            [pa.array(ids, pa.string()),
              pa.ListArray.from_arrays(arrow_offsets, pa.array(values.astype(np.int32))),
              pa.ListArray.from_arrays(arrow_offsets, pa.array(mask))],
             schema=self._schema)
-        self._writer.write_table(table, row_group_size=len(self._ids))
+        self._writer.write_table(table, row_group_size=len(ids))
         self.uncompressed += table.nbytes
-        self._ids, self._bodies, self._n_in, self._n_out = [], [], [], []
-        self._group_tokens = 0
 
     def close(self) -> tuple[int, str]:
         """Finish the file (its last row group, the footer), fsync it; (bytes, sha256)."""
         self._flush()
+        self._wait()
+        self._encoder.shutdown()
         self._writer.close()
         fd = os.open(self.tmp, os.O_RDONLY)
         try:
@@ -136,6 +156,7 @@ class ParquetShard:
 
     def abandon(self) -> None:
         try:
+            self._encoder.shutdown(wait=True)
             self._writer.close()
         except Exception:
             pass  # a half-written file is deleted next anyway
@@ -177,11 +198,19 @@ def checked_rows(path: str) -> Iterator[tuple[int, tuple[str, int, int] | str]]:
         mask_len = np.asarray(masks.value_lengths().fill_null(-1))
         in_off = np.asarray(inputs.offsets)
         mask_off = np.asarray(masks.offsets)
-        mask_values = np.asarray(masks.values.fill_null(2), dtype=np.int64)
-        id_values = np.asarray(inputs.values.fill_null(-1), dtype=np.int64)
-        ones_before = np.concatenate(([0], np.cumsum(mask_values == 1)))
-        zeros_before = np.concatenate(([0], np.cumsum(mask_values == 0)))
-        negative_before = np.concatenate(([0], np.cumsum(id_values < 0)))
+        # The common case in a few whole-array passes: no null, IDs >= 0, mask values 0/1
+        # (then a row's ones are a difference of the mask's running sum); the running
+        # counts of each kind of bad value only where there is one, to name its rows.
+        id_values, mask_values = _values(inputs.values, -1, np), _values(masks.values, 2, np)
+        bad_mask = _bad_mask(mask_values)
+        ones_before = np.concatenate(([0], np.cumsum(mask_values == 1 if bad_mask else mask_values,
+                                                     dtype=np.int64)))
+        zeros_before = None
+        if bad_mask:
+            zeros_before = np.concatenate(([0], np.cumsum(mask_values == 0, dtype=np.int64)))
+        negative_before = None
+        if id_values.size and id_values.min() < 0:
+            negative_before = np.concatenate(([0], np.cumsum(id_values < 0, dtype=np.int64)))
         id_list = ids.to_pylist()
         for k in range(len(table)):
             row += 1
@@ -197,9 +226,9 @@ def checked_rows(path: str) -> Iterator[tuple[int, tuple[str, int, int] | str]]:
             # (offsets index the backing `values`, whatever slice the column is)
             a, b = mask_off[k], mask_off[k + 1]
             ones = int(ones_before[b] - ones_before[a])
-            zeros = int(zeros_before[b] - zeros_before[a])
+            zeros = int(b - a - ones if zeros_before is None else zeros_before[b] - zeros_before[a])
             i0, i1 = in_off[k], in_off[k + 1]
-            if negative_before[i1] != negative_before[i0]:
+            if negative_before is not None and negative_before[i1] != negative_before[i0]:
                 yield row, "input_ids holds a null or negative ID"
             elif ones + zeros != mask_len[k]:
                 yield row, "loss_mask holds values other than 0 and 1"
@@ -207,6 +236,16 @@ def checked_rows(path: str) -> Iterator[tuple[int, tuple[str, int, int] | str]]:
                 yield row, "loss_mask has no 1: the row teaches nothing (trainers drop it)"
             else:
                 yield row, (id_list[k], zeros, ones)
+
+
+def _values(array, null_as: int, np):
+    """A list column's values as numpy (nulls, where there are any, as NULL_AS)."""
+    return np.asarray(array if array.null_count == 0 else array.fill_null(null_as))
+
+
+def _bad_mask(values) -> bool:
+    """Whether a mask's values hold anything but 0 and 1."""
+    return bool(values.size) and (values.min() < 0 or values.max() > 1)
 
 
 def row_lengths(path: str) -> Iterator[tuple[int, int]]:
