@@ -308,9 +308,18 @@ $(WORK)/%.tokens.done: $(WORK)/%.responses.done $(WORK)/%.tokenize-flags | venv
 	  -o $(WORK)/$*.tokens.jsonl.zst --rejects $(WORK)/$*.rejects.jsonl; code=$$?; \
 	if [ $$code -eq 0 ] || [ $$code -eq 4 ]; then touch $@; else exit $$code; fi
 
-# Stage 4: shards (kp-shard writes the set and its manifest atomically).
+# Stage 4: shards (kp-shard writes the set, its manifest and its dataset card, README.md,
+# atomically). The card is told the answers' run (the infer summary), the plan (each
+# provider's quantization), the source and the stages' commands; `shquote` quotes a
+# command for the shell whatever quotes its flags hold.
+shquote = '$(subst ','\'',$(1))'
+card_args = $(foreach f,$(wildcard $(WORK)/$(1).infer-summary.json),--summary $(f)) \
+  $(foreach f,$(wildcard $(WORK)/$(1).plan.json),--plan $(f)) --source $(call shquote,$(call source,$(1))) \
+  --command $(call shquote,kp-prompts $(call source,$(1)) --dataset $(1) --turns $(TURNS) $(PROMPT_FLAGS)) \
+  --command $(call shquote,kp-infer $(WORK)/$(1).prompts.jsonl $(strip $(call content_args,$(1)) $(server_args)) --base-url $(BASE_URL)) \
+  --command $(call shquote,kp-tokenize $(WORK)/$(1).responses.jsonl --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS))
 $(SHARDS)/%/manifest.json: $(WORK)/%.tokens.done $(WORK)/%.shard-flags | venv $(SHARDS)
-	$(BIN)/kp-shard $(WORK)/$*.tokens.jsonl.zst --out $(SHARDS)/$* --name $* $(SHARD_FLAGS)
+	$(BIN)/kp-shard $(WORK)/$*.tokens.jsonl.zst --out $(SHARDS)/$* --name $* $(call card_args,$*) $(SHARD_FLAGS)
 	$(BIN)/kp-shard verify $(SHARDS)/$*
 
 # One stage of one dataset, run again from the saved files: make B3.tokens

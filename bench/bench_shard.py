@@ -1,7 +1,9 @@
-"""kp-shard's throughput against `zstd -3 -T0` compressing the same output bytes, same run.
+"""kp-shard's throughput against `zstd -3 -T0` compressing the same output bytes, same run;
+with --parquet, the Parquet layout against the zstd JSONL one.
 
     .venv/bin/python bench/bench_shard.py                 # ~300 MB of token records
     .venv/bin/python bench/bench_shard.py --mb 100 --repeat 2
+    .venv/bin/python bench/bench_shard.py --parquet --mb 128   # ~100 MB of rows
 
 1. Generates token records (records.Tokens with the pass-through fields kp-tokenize keeps:
    messages, response text, usage...) whose token IDs follow a Zipf-like law over Kimi's
@@ -13,6 +15,12 @@
 Best of --repeat runs each, interleaved (the machine may be shared), and the median
 ratio of the paired runs. Prints MB/s of shard rows (uncompressed) for both
 and the ratio kp-shard / zstd (target: at least 0.7). Both read from the page cache.
+
+--parquet: `kp-shard INPUT --out DIR -q` against the same with `--format parquet`
+(write: wall and CPU-seconds), then reading every shard of each set into Arrow, as a
+`datasets` loader does (its JSON loader parses with pyarrow's JSON reader, its Parquet
+loader reads the file), and `kp-shard verify` of each; the bytes on disk of each set.
+Ratios are Parquet over JSONL (time: above 1 is slower; size: below 1 is smaller).
 """
 
 from __future__ import annotations
@@ -84,13 +92,78 @@ def timed(cmd: list[str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def read_jsonl_arrow(directory: Path) -> int:
+    """Every shard of a JSONL set into Arrow with pyarrow's JSON reader (zstd decoded by
+    Arrow); the rows read."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    schema = pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32())),
+                        ("loss_mask", pa.list_(pa.int8()))])
+    rows = 0
+    for shard in sorted(directory.glob("*.jsonl.zst")):
+        with pa.input_stream(str(shard), compression="zstd") as f:
+            rows += pj.read_json(f, parse_options=pj.ParseOptions(explicit_schema=schema)).num_rows
+    return rows
+
+
+def read_parquet_arrow(directory: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_table(shard).num_rows for shard in sorted(directory.glob("*.parquet")))
+
+
+def in_process(f, *args) -> tuple[float, float]:
+    """Wall and CPU seconds (this process, all threads) of F(*ARGS)."""
+    cpu, start = time.process_time(), time.perf_counter()
+    f(*args)
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def parquet_bench(tokens: Path, work: Path, repeat: int) -> None:
+    jdir, pdir = work / "jsonl", work / "parquet"
+    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in (
+        "write jsonl", "write parquet", "read jsonl", "read parquet", "verify jsonl", "verify parquet")}
+    load = os.getloadavg()[0]
+    kp = str(BIN / "kp-shard")
+    for _ in range(repeat):  # interleaved, so that a busy spell hits both alike
+        runs["write jsonl"].append(timed([kp, str(tokens), "--out", str(jdir), "-q"]))
+        runs["write parquet"].append(timed([kp, str(tokens), "--out", str(pdir), "-q",
+                                            "--format", "parquet"]))
+        runs["read jsonl"].append(in_process(read_jsonl_arrow, jdir))
+        runs["read parquet"].append(in_process(read_parquet_arrow, pdir))
+        runs["verify jsonl"].append(timed([kp, "verify", str(jdir), "-q"]))
+        runs["verify parquet"].append(timed([kp, "verify", str(pdir), "-q"]))
+    assert read_jsonl_arrow(jdir) == read_parquet_arrow(pdir)
+    manifest = msgspec.json.decode((jdir / "manifest.json").read_bytes())
+    rows_mb = manifest["totals"]["uncompressed_bytes"] / 1e6
+    sizes = {k: sum(p.stat().st_size for p in d.glob(g)) for k, d, g in (
+        ("jsonl", jdir, "*.jsonl.zst"), ("parquet", pdir, "*.parquet"))}
+    print(f"input: {tokens.stat().st_size / 1e6:.0f} MB token records; {rows_mb:.0f} MB of rows "
+          f"({manifest['totals']['records']:,} rows); {os.cpu_count()} CPUs; load average before: {load:.2f}")
+    for name, timings in runs.items():
+        best = min(timings)
+        print(f"{name:<15} {best[0]:6.2f} s wall {rows_mb / best[0]:7.1f} MB/s of rows, "
+              f"{best[1]:5.2f} CPU-s   (runs, wall/CPU: "
+              + ", ".join(f"{w:.2f}/{c:.2f}" for w, c in timings) + ")")
+    for what in ("write", "read", "verify"):
+        j, p = runs[f"{what} jsonl"], runs[f"{what} parquet"]
+        paired = sorted(b[0] / a[0] for a, b in zip(j, p, strict=True))
+        print(f"ratio {what} parquet / jsonl wall: {min(p)[0] / min(j)[0]:.2f} best vs best, "
+              f"{paired[len(paired) // 2]:.2f} median of paired runs; CPU {min(p)[1] / min(j)[1]:.2f}")
+    print(f"size: jsonl-zstd {sizes['jsonl'] / 1e6:.1f} MB, parquet {sizes['parquet'] / 1e6:.1f} MB, "
+          f"ratio parquet / jsonl {sizes['parquet'] / sizes['jsonl']:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--mb", type=int, default=300, help="size of the token-records file (MB)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workdir", default=None, help="keep files here (default: a temp dir)")
+    ap.add_argument("--parquet", action="store_true",
+                    help="Parquet against zstd JSONL: write, read into Arrow, verify, size")
     args = ap.parse_args()
-    if not shutil.which("zstd"):
+    if not args.parquet and not shutil.which("zstd"):
         sys.exit("bench_shard: the zstd command-line tool is needed (apt-get install zstd)")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-shard-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -100,6 +173,11 @@ def main() -> None:
         n = generate(tokens, args.mb * 1_000_000)
         print(f"generated {n:,} token records, {tokens.stat().st_size / 1e6:.0f} MB "
               f"in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    if args.parquet:
+        parquet_bench(tokens, work, args.repeat)
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     out = work / "shards"
     rows = work / "rows.jsonl"
     load = os.getloadavg()[0]

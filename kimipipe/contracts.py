@@ -15,7 +15,7 @@ decoding it (a reader never walks a dict), so the schema is declared here once:
     .NAME.lock beside an output       every resumable stage           the next run on it
     (LockHolder)                      (locks.py)
     DIR/manifest.json                 kp-shard (shard/build.py)       kp-shard verify/stats,
-    (ShardManifest)                                                   trainers, make
+    (ShardManifest)                                                   card, trainers, make
 
 The keys and their order are those the files have always had (tests and users read them).
 Schema evolution as for records: new fields get defaults, types never change.
@@ -353,6 +353,52 @@ class ShardSettings(Struct):
     on_duplicate: str
 
 
+class DeltaStats(Struct):
+    """A provider's token-count deltas (its `usage` count minus kimipipe's: kp-tokenize's
+    `prompt_tokens_delta`/`completion_tokens_delta`) over the rows that have one."""
+
+    rows: int = 0
+    zero: int = 0  # rows whose count agreed exactly
+    sum: int = 0
+    min: int | None = None
+    max: int | None = None
+
+
+class ProviderRows(Struct):
+    rows: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    prompt_delta: DeltaStats = msgspec.field(default_factory=DeltaStats)
+    completion_delta: DeltaStats = msgspec.field(default_factory=DeltaStats)
+
+
+class SamplingRows(Struct):
+    sent: Any  # the record's `sampling`, as sent (None: older records, not recorded)
+    rows: int
+
+
+class ShardProvenance(Struct):
+    """Where the set's rows came from, counted over the rows kept (the manifest's
+    `provenance`; shard/provenance.py): what the token records say of each. A value a
+    record does not have is counted under "unknown"; a value that is not a string, as its
+    compact JSON."""
+
+    rows: int
+    datasets: dict[str, int]
+    models: dict[str, int]  # as served: the answer's `model`
+    providers: dict[str, ProviderRows]
+    apis: dict[str, int]
+    finish_reasons: dict[str, int]
+    sampling: list[SamplingRows]  # most rows first
+    reasoning: dict[str, int]  # "with" / "without": rows whose answer had reasoning
+    reasoning_sources: dict[str, int]  # field, details, inline, none
+    history_reasoning: dict[str, int]  # a conversation's turns: keep / drop
+    turns: dict[str, int]  # rows by their conversation's `turns` ("1": a single prompt)
+    turn: dict[str, int]  # rows by turn number ("1" for a single prompt)
+    output_ids_source: dict[str, int]  # "reencoded" (kimipipe's), "sampled", ...
+    routing: dict[str, int]  # "verified", or the record's `routing` ("unverifiable")
+
+
 class ShardManifest(Struct):
     manifest_version: int
     kimipipe_version: str
@@ -368,6 +414,7 @@ class ShardManifest(Struct):
     splits: dict[str, ShardTotals]  # train, eval (those that hold rows)
     totals: ShardTotals
     shards: list[ShardEntry]
+    provenance: ShardProvenance | None = None  # (sets of older kimipipe: none)
 
 
 class ShardFile(Struct):

@@ -181,6 +181,25 @@ def test_full_build_then_nothing_to_redo(standin, built, tmp_path):
     assert json.loads((tmp_path / "work" / "D1.plan.json").read_text())["prompts"]["todo"] == 260
 
 
+def test_make_all_writes_each_datasets_card_from_its_run(built):
+    """SHARDS/D/README.md: the card load_dataset reads, told by make the answers' run (the
+    infer summary), the plan (quantizations), the source and the stages' commands."""
+    from test_shard import card_of
+
+    shards = built / "shards" / "D1"
+    meta, body = card_of(shards)
+    manifest = json.loads((shards / "manifest.json").read_text())
+    summary = json.loads((built / "work" / "D1.infer-summary.json").read_text())
+    assert {s["name"]: s["num_examples"] for s in meta["dataset_info"]["splits"]} == \
+        {k: v["records"] for k, v in manifest["splits"].items()}
+    assert f"answers written {summary['done']:,} " in body
+    assert f"spend recorded in the output ${summary['spend_total']:.4f};" in body
+    assert "Asked for: `moonshotai/kimi-k2.5` (the plan)." in body and "| int4 |" in body
+    assert f"Source files: `{SOURCE}`." in body
+    for stage in ("kp-prompts ", "kp-infer ", "kp-tokenize ", "kp-shard "):
+        assert f"\n{stage}" in body, stage
+
+
 def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, tmp_path):
     """README: rerun `make all` after a crash. make and kp-infer (and its workers) are
     killed with SIGKILL mid-stage; the rerun finishes the build, and no answer that was

@@ -62,6 +62,23 @@ def visible_files(directory) -> list[str]:
     return sorted(n for n in os.listdir(directory) if not n.startswith("."))
 
 
+def card_of(directory) -> tuple[dict, str]:
+    """The dataset card's YAML block (parsed) and its text."""
+    import yaml
+
+    text = (directory / "README.md").read_text()
+    assert text.startswith("---\n")
+    head, body = text[4:].split("\n---\n", 1)
+    return yaml.safe_load(head), body
+
+
+def card_files(directory) -> dict[str, list[str]]:
+    """The card's files per split, as `datasets` reads them (its `configs`)."""
+    meta, _ = card_of(directory)
+    [config] = meta["configs"]
+    return {item["split"]: item["path"] for item in config["data_files"]}
+
+
 # --- the eagle format, the manifest, interop ------------------------------------------
 
 def test_eagle_rows_are_prompt_plus_output_with_mask_and_manifest_matches(tmp_path):
@@ -71,9 +88,9 @@ def test_eagle_rows_are_prompt_plus_output_with_mask_and_manifest_matches(tmp_pa
     r = kp("shard", src, "--out", out)
     assert r.code == 0, r.stderr
     assert r.stdout == b""
-    assert visible_files(out) == ["manifest.json", "shard-00000.jsonl.zst"]
+    assert visible_files(out) == ["README.md", "manifest.json", "shard-train-00000.jsonl.zst"]
     raw = zstandard.ZstdDecompressor().stream_reader(
-        (out / "shard-00000.jsonl.zst").read_bytes(), read_across_frames=True).read()
+        (out / "shard-train-00000.jsonl.zst").read_bytes(), read_across_frames=True).read()
     lines = raw.splitlines()
     assert json.loads(lines[0]) == {
         "id": "a", "input_ids": [1000, 1001, 1002, 51000, 51001], "loss_mask": [0, 0, 0, 1, 1]}
@@ -85,8 +102,8 @@ def test_eagle_rows_are_prompt_plus_output_with_mask_and_manifest_matches(tmp_pa
     assert m["format"] == "eagle"
     assert m["command"].startswith("kp-shard ") and "--out" in m["command"]
     [shard] = m["shards"]
-    data = (out / "shard-00000.jsonl.zst").read_bytes()
-    assert shard == {"file": "shard-00000.jsonl.zst", "split": "train", "records": 2,
+    data = (out / "shard-train-00000.jsonl.zst").read_bytes()
+    assert shard == {"file": "shard-train-00000.jsonl.zst", "split": "train", "records": 2,
                      "input_tokens": 4, "output_tokens": 6, "bytes": len(data),
                      "uncompressed_bytes": len(raw),
                      "sha256": hashlib.sha256(data).hexdigest()}
@@ -138,7 +155,7 @@ def test_ids_with_whitespace_are_read_and_written_compact(tmp_path):
                    '"output_ids": [\t4 , 5 ]}\n')
     out = tmp_path / "shards"
     assert kp("shard", src, "--out", out).code == 0
-    raw = read_raw_lines(out / "shard-00000.jsonl.zst")
+    raw = read_raw_lines(out / "shard-train-00000.jsonl.zst")
     assert raw == [b'{"id":"p","input_ids":[1,2,3,4,5],"loss_mask":[0,0,0,1,1]}']
 
 
@@ -151,7 +168,7 @@ def test_raw_format_keeps_the_records_as_they_came(tmp_path):
     src = write_jsonl(tmp_path / "tokens.jsonl", recs)
     out = tmp_path / "shards"
     assert kp("shard", src, "--out", out, "--format", "raw").code == 0
-    lines = read_raw_lines(out / "shard-00000.jsonl.zst")
+    lines = read_raw_lines(out / "shard-train-00000.jsonl.zst")
     assert [json.loads(x) for x in lines] == recs
     assert lines[0] == json.dumps(recs[0], separators=(",", ":")).encode()
     m = manifest_of(out)
@@ -168,7 +185,7 @@ def test_a_manifest_naming_an_unknown_row_format_is_refused_by_verify_and_stats(
     m = manifest_of(out)
     m["format"] = "raw2"  # raw rows, under a name a newer kp-shard might write
     (out / "manifest.json").write_text(json.dumps(m))
-    known = "unknown row format 'raw2' (kp-shard knows eagle, raw)"
+    known = "unknown row format 'raw2' (kp-shard knows eagle, raw, parquet)"
     s = kp("shard", "stats", out)
     assert s.code == 2 and s.stdout == b""
     assert f"{out / 'manifest.json'}: {known}" in s.stderr
@@ -222,8 +239,8 @@ def test_records_per_shard_and_name(tmp_path):
     src = write_jsonl(tmp_path / "t.jsonl", records(7))
     out = tmp_path / "shards"
     assert kp("shard", src, "--out", out, "--records-per-shard", "3", "--name", "b3").code == 0
-    assert visible_files(out) == ["b3-00000.jsonl.zst", "b3-00001.jsonl.zst",
-                                  "b3-00002.jsonl.zst", "manifest.json"]
+    assert visible_files(out) == ["README.md", "b3-train-00000.jsonl.zst", "b3-train-00001.jsonl.zst",
+                                  "b3-train-00002.jsonl.zst", "manifest.json"]
     assert [s["records"] for s in manifest_of(out)["shards"]] == [3, 3, 1]
     assert kp("shard", src, "--out", out, "--name", "../x").code == 2
 
@@ -419,7 +436,7 @@ def test_bad_input_names_path_and_line_and_keeps_the_old_set(tmp_path, line, mes
     assert r.code == 2
     assert f"\nkp-shard: {src}:2: " in r.stderr and message in r.stderr, r.stderr
     assert manifest_of(out) == before
-    assert visible_files(out) == ["manifest.json", "shard-00000.jsonl.zst"]
+    assert visible_files(out) == ["README.md", "manifest.json", "shard-train-00000.jsonl.zst"]
     assert not [n for n in os.listdir(out) if ".tmp-" in n]
 
 
@@ -462,14 +479,14 @@ def test_verify_passes_a_good_set_both_spellings(built):
 
 
 def test_verify_detects_a_flipped_byte(built):
-    path = built / "shard-00001.jsonl.zst"
+    path = built / "shard-train-00001.jsonl.zst"
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
     r = kp("shard", "verify", built)
     assert r.code == 2
     out = r.stdout.decode()
-    assert f"{built}/shard-00001.jsonl.zst: sha256 " in out and "does not match" in out
+    assert f"{built}/shard-train-00001.jsonl.zst: sha256 " in out and "does not match" in out
 
 
 def test_verify_detects_a_wrong_count(built):
@@ -478,31 +495,31 @@ def test_verify_detects_a_wrong_count(built):
     (built / "manifest.json").write_text(json.dumps(m))
     r = kp("shard", "verify", built)
     assert r.code == 2
-    assert b"shard-00000.jsonl.zst: holds 10 records, the manifest says 11" in r.stdout
+    assert b"shard-train-00000.jsonl.zst: holds 10 records, the manifest says 11" in r.stdout
     assert b"totals.records" in r.stdout
 
 
 def test_verify_detects_unequal_lengths_and_a_mask_without_a_one(built):
-    lines = read_raw_lines(built / "shard-00000.jsonl.zst")
+    lines = read_raw_lines(built / "shard-train-00000.jsonl.zst")
     row = json.loads(lines[2])
     row["loss_mask"] = row["loss_mask"][:-1]
     lines[2] = json.dumps(row).encode()
     row = json.loads(lines[4])
     row["loss_mask"] = [0] * len(row["loss_mask"])
     lines[4] = json.dumps(row).encode()
-    rewrite_shard(built, "shard-00000.jsonl.zst", lines)
+    rewrite_shard(built, "shard-train-00000.jsonl.zst", lines)
     r = kp("shard", "verify", built)
     assert r.code == 2
-    assert b"shard-00000.jsonl.zst:3: input_ids has" in r.stdout
-    assert b"shard-00000.jsonl.zst:5: loss_mask has no 1" in r.stdout
+    assert b"shard-train-00000.jsonl.zst:3: input_ids has" in r.stdout
+    assert b"shard-train-00000.jsonl.zst:5: loss_mask has no 1" in r.stdout
 
 
 def test_verify_detects_a_missing_shard_and_a_stray_one(built):
-    (built / "shard-eval-00000.jsonl.zst").rename(built / "shard-99999.jsonl.zst")
+    (built / "shard-eval-00000.jsonl.zst").rename(built / "shard-train-99999.jsonl.zst")
     r = kp("shard", "verify", built)
     assert r.code == 2
     assert b"shard-eval-00000.jsonl.zst: missing" in r.stdout
-    assert b"shard-99999.jsonl.zst: not in the manifest" in r.stdout
+    assert b"shard-train-99999.jsonl.zst: not in the manifest" in r.stdout
 
 
 def test_verify_without_a_manifest(tmp_path):
@@ -530,7 +547,7 @@ def test_stats_prints_a_length_histogram_to_stdout(tmp_path):
 # --- crash safety and reruns ------------------------------------------------------------------
 
 def looks_finished(name: str) -> bool:
-    return name.endswith(".jsonl.zst") or name == "manifest.json"
+    return name.endswith((".jsonl.zst", ".parquet")) or name in ("manifest.json", "README.md")
 
 
 def test_rerun_replaces_the_set_and_removes_only_stale_shards(tmp_path):
@@ -542,10 +559,10 @@ def test_rerun_replaces_the_set_and_removes_only_stale_shards(tmp_path):
     assert kp("shard", src, "--out", out, "--records-per-shard", "2").code == 0
     assert len(manifest_of(out)["shards"]) == 5
     assert kp("shard", src, "--out", out, "--records-per-shard", "4").code == 0
-    assert visible_files(out) == ["manifest.json", "notes.txt", "shard-00000.jsonl.zst",
-                                  "shard-00001.jsonl.zst", "shard-00002.jsonl.zst"]
+    assert visible_files(out) == ["README.md", "manifest.json", "notes.txt", "shard-train-00000.jsonl.zst",
+                                  "shard-train-00001.jsonl.zst", "shard-train-00002.jsonl.zst"]
     assert kp("shard", src, "--out", out, "--name", "other").code == 0
-    assert visible_files(out) == ["manifest.json", "notes.txt", "other-00000.jsonl.zst"]
+    assert visible_files(out) == ["README.md", "manifest.json", "notes.txt", "other-train-00000.jsonl.zst"]
     assert (out / ".editor.tmp-1").exists()
     assert kp("shard", "verify", out).code == 0
 
@@ -565,10 +582,10 @@ def listed_files_whole(out, manifest: dict) -> None:
 SWAP_STEPS = {
     "same-names": (["--records-per-shard", "3"], {
         "commit": "old", "manifest-written": "old", "old-manifest-removed": None,
-        "renamed-1": None, "renamed-4": None, "shards-renamed": None,
+        "renamed-1": None, "renamed-4": None, "card-renamed": None, "shards-renamed": None,
         "manifest-swapped": "new", "deleted-1": "new", "deleted-2": "new"}),
     "new-names": (["--records-per-shard", "3", "--name", "other"], {
-        "commit": "old", "manifest-written": "old", "renamed-2": "old",
+        "commit": "old", "manifest-written": "old", "renamed-2": "old", "card-renamed": "old",
         "shards-renamed": "old", "manifest-swapped": "new", "deleted-1": "new",
         "deleted-3": "new", "deleted-6": "new"}),
 }
@@ -604,6 +621,12 @@ def test_a_kill_9_at_each_step_of_the_swap_leaves_a_consistent_directory(tmp_pat
         for name in visible_files(out):  # whatever looks finished is whole
             if name.endswith(".jsonl.zst"):
                 read_raw(out / name)
+        # the card a loader reads names only files that are there, whole: all of one set
+        if (out / "README.md").exists():
+            listed = {f for split in card_files(out).values() for f in split}
+            found = {f: hashlib.sha256((out / f).read_bytes()).hexdigest() for f in listed}
+            assert any(found == {x["file"]: x["sha256"] for x in m["shards"]}
+                       for m in (old, new)), step
         if expected is None:
             assert not (out / "manifest.json").exists(), step
         else:
@@ -612,13 +635,13 @@ def test_a_kill_9_at_each_step_of_the_swap_leaves_a_consistent_directory(tmp_pat
             assert manifest["shards"] == want["shards"], step
             listed_files_whole(out, manifest)
         assert any(".tmp-" in n for n in os.listdir(out)) == (step in (
-            "commit", "manifest-written", "old-manifest-removed", "shards-renamed")
+            "commit", "manifest-written", "old-manifest-removed", "card-renamed", "shards-renamed")
             or step.startswith("renamed-")), step
         r = kp("shard", src, "--out", out, *extra)  # the rerun: a clean, complete set
         assert r.code == 0, (step, r.stderr)
         assert manifest_of(out)["shards"] == new["shards"], step
         assert kp("shard", "verify", out).code == 0, step
-        assert visible_files(out) == sorted(["manifest.json", *(x["file"] for x in new["shards"])])
+        assert visible_files(out) == sorted(["README.md", "manifest.json", *(x["file"] for x in new["shards"])])
         assert not [n for n in os.listdir(out) if ".tmp-" in n], step
         assert not (out / ".kp-shard-stale").exists(), step
 
@@ -644,7 +667,7 @@ def test_kill_9_mid_run_leaves_nothing_that_looks_finished(tmp_path, with_old_se
             proc.stdin.write(line)
         proc.stdin.flush()
         # a finished shard of the new set exists, under its temporary name
-        wait_for(lambda: any(n.startswith(".shard-00002.jsonl.zst.tmp-") for n in os.listdir(out)))
+        wait_for(lambda: any(n.startswith(".shard-train-00002.jsonl.zst.tmp-") for n in os.listdir(out)))
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait()
@@ -664,7 +687,7 @@ def test_kill_9_mid_run_leaves_nothing_that_looks_finished(tmp_path, with_old_se
     assert r.code == 0, r.stderr
     assert not [n for n in os.listdir(out) if ".tmp-" in n]
     assert manifest_of(out)["totals"]["records"] == 400
-    assert visible_files(out) == ["manifest.json"] + [f"shard-{i:05d}.jsonl.zst" for i in range(8)]
+    assert visible_files(out) == ["README.md", "manifest.json"] + [f"shard-train-{i:05d}.jsonl.zst" for i in range(8)]
     assert kp("shard", "verify", out).code == 0
 
 
@@ -736,7 +759,7 @@ def test_everything_dropped_gives_an_empty_set_and_a_warning(tmp_path):
     assert "every record was dropped" in r.stderr
     m = manifest_of(out)
     assert m["shards"] == [] and m["totals"]["records"] == 0 and m["dropped"]["empty_output"] == 2
-    assert visible_files(out) == ["manifest.json"]
+    assert visible_files(out) == ["README.md", "manifest.json"]
     assert kp("shard", "verify", out).code == 0
 
 

@@ -1,4 +1,5 @@
-"""kp-shard: token records in, training-ready zstd JSONL shards and a manifest out.
+"""kp-shard: token records in, training-ready shards (zstd JSONL or Parquet), a manifest
+and a dataset card out.
 
 Usage:
     kp-tokenize B3.responses.jsonl --tokenizer ./kimi-k2.5 | kp-shard --out shards/B3
@@ -6,17 +7,23 @@ Usage:
         --eval-fraction 0.01 --max-length 32768 --truncate --tokens-per-shard 50M
     kp-shard verify shards/B3 shards/B4 # or: kp-shard --verify DIR; a parent of sets: verify shards
     kp-shard stats shards/all           # length histogram on stdout (or --stats on a build)
+    kp-shard card shards/B3 --summary work/B3.infer-summary.json --plan work/B3.plan.json
 
-Schema (one compact JSON object per line, in DIR/<name>-00000.jsonl.zst ...):
+Schema (one compact JSON object per line, in DIR/<name>-train-00000.jsonl.zst ...):
     --format eagle (default), what speculators and SpecForge (`data.prompts_path`) read:
         {"id": str, "input_ids": [int, ...], "loss_mask": [0|1, ...]}
         input_ids = the record's input_ids (prompt) + output_ids (generation);
         loss_mask = 0 per prompt token, 1 per output token (same length, at least one 1).
     --format raw: the token records as they came (records.Tokens with its pass-through
         fields), compacted; with --truncate, output_ids cut.
+    --format parquet: eagle's rows in DIR/<name>-train-00000.parquet ... (pyarrow, the
+        `parquet` extra; shard/parquet.py).
     DIR/manifest.json: per shard its file, split, records, input_tokens (mask 0),
         output_tokens (mask 1), bytes, uncompressed_bytes, sha256; per-split and overall
-        totals; the command line, the format, the options, and the drop counts.
+        totals; the command line, the format, the options, the drop counts, and
+        `provenance`: what the token records say of the rows kept (shard/provenance.py).
+    DIR/README.md: the dataset card (shard/card.py), which `datasets.load_dataset(DIR)`
+        reads: the splits' files, the features, and where the rows came from.
 
 Rows kept: records with no output_ids, shorter than --min-output-tokens, or (with
 --max-length, unless --truncate) longer than --max-length tokens are dropped and counted;
@@ -32,8 +39,8 @@ temporary name and the whole set is swapped in when complete, so an interrupted 
 leaves the previous set (or no manifest) and never a file that looks finished. Rerunning
 replaces the set; shards of the old set are removed only after the new manifest is in place.
 
-verify and stats take any number of directories, each a set or a parent of sets (every
-subdirectory holding a manifest.json). Their report goes to stdout: verify prints each
+verify, stats and card take any number of directories, each a set or a parent of sets
+(every subdirectory holding a manifest.json). Their report goes to stdout: verify prints each
 problem as DIR/FILE[:LINE]: what is wrong, and DIR: OK (...) for a good set (not with -q);
 exit 2 if any set has a problem. Everything else (progress, the build's summary) is on
 stderr.
@@ -79,7 +86,10 @@ from ..shard import (
     shard_sets,
     verify,
 )
-from ..shard.formats import DEFAULT, FORMATS
+from ..shard.build import write_card
+from ..shard.card import CardInputs
+from ..shard.formats import DEFAULT, FORMATS, PARQUET
+from ..shard.readback import read_manifest
 
 DEFAULT_RECORDS_PER_SHARD = 10_000
 
@@ -90,7 +100,25 @@ EXAMPLES = """
     kp-shard b3.jsonl b4.jsonl --out shards/all --shuffle --seed 1 --eval-fraction 0.01
     kp-shard verify shards/B3 shards/B4
     kp-shard stats shards/B3 | less
+    kp-shard B3.tokens.jsonl.zst --out shards/B3 --format parquet --eval-fraction 0.01
+    kp-shard card shards/B3 --summary work/B3.infer-summary.json --plan work/B3.plan.json
 """
+
+# The card's inputs: options of a build (its card) and of `kp-shard card DIR`.
+CARD_OPTIONS = [
+    Declared("--summary", "summaries", type=click.Path(dir_okay=False), multiple=True,
+             fills="card.summaries", section="Dataset card",
+             help="kp-infer's --summary-json FILE of the answers' run, for the card "
+                  "(repeatable)."),
+    Declared("--plan", "plans", type=click.Path(dir_okay=False), multiple=True,
+             fills="card.plans", section="Dataset card",
+             help="kp-infer's --plan --json FILE, for the card: the model asked for and each "
+                  "provider's quantization (repeatable)."),
+    Declared("--source", "sources", multiple=True, fills="card.sources", section="Dataset card",
+             help="The prompts' source file, as the card names it (repeatable)."),
+    Declared("--command", "commands", multiple=True, fills="card.commands", section="Dataset card",
+             help="A command that made the token records, shown in the card (repeatable)."),
+]
 
 
 WORDS = {
@@ -110,6 +138,17 @@ WORDS = {
         "(percentiles), then rows per length bin with the share a trainer's max_length of "
         "that size keeps whole. Each DIR is a set or a parent of sets.",
         arguments="DIR...", examples="kp-shard stats shards/B3 | less\nkp-shard stats shards"),
+    "card": lambda: help_only(
+        "kp-shard card",
+        "(Re)write the dataset card, DIR/README.md, in the Hugging Face Hub's format: the "
+        "YAML that datasets.load_dataset(DIR) reads (each split's files, the features), and "
+        "where the rows came from (the manifest's counts; with --summary and --plan, the "
+        "answers' run and the providers' quantizations). A build writes one too, from the "
+        "manifest. A README.md that kp-shard did not write is left alone (exit 2). "
+        "`license` is yours to set: a rewrite keeps it.",
+        arguments="DIR...", params=[e.make() for e in CARD_OPTIONS],
+        examples="kp-shard card shards/B3 --summary work/B3.infer-summary.json "
+                 "--plan work/B3.plan.json\nkp-shard card shards"),
 }
 
 
@@ -121,8 +160,8 @@ class _ShardCommand(KPCommand):
         args = list(args)
         word_help(ctx, args, WORDS)
         ctx.meta["kp_shard_argv"] = list(args)
-        if len(args) >= 2 and args[0] in ("verify", "stats") and not args[1].startswith("-"):
-            args = [f"--{args[0] if args[0] == 'verify' else 'stats-of'}", *args[1:]]
+        if len(args) >= 2 and args[0] in WORDS and not args[1].startswith("-"):
+            args = [f"--{'stats-of' if args[0] == 'stats' else args[0]}", *args[1:]]
         return super().parse_args(ctx, args)
 
 
@@ -187,24 +226,38 @@ OPTIONS = OptionTable("kp-shard", [
              fills=RUN, section="Options",
              help="Print the length histogram of the set in DIR (or each set under DIR) to "
                   "stdout and exit; repeatable."),
+    Declared("--card", "card_dirs", type=click.Path(file_okay=False), multiple=True,
+             fills=RUN, section="Options",
+             help="(Re)write the dataset card (README.md) of the set in DIR (or each set "
+                  "under DIR) and exit; repeatable."),
+    *CARD_OPTIONS,
     QUIET.at(MESSAGES, "Options"),
     DEBUG.at(MESSAGES, "Options"),
-], sections=["Options"], records={"shard": ShardOptions})
+], sections=["Options", "Dataset card"], records={"shard": ShardOptions, "card": CardInputs})
 
 
 @kp_command("kp-shard", examples=EXAMPLES, cls=_ShardCommand, options=OPTIONS, epilog=(
-    "Also: `kp-shard verify DIR...` (= --verify DIR) and `kp-shard stats DIR...` "
-    "(= --stats-of DIR): each DIR a shard set or a parent of several; the report on stdout."))
+    "Also: `kp-shard verify DIR...` (= --verify DIR), `kp-shard stats DIR...` "
+    "(= --stats-of DIR) and `kp-shard card DIR...` (= --card DIR): each DIR a shard set or "
+    "a parent of several; verify's and stats' report on stdout."))
 def cli(o: Parsed):
     """Write token records (default: stdin) as training shards in --out DIR."""
     inputs, out_dir, verify_dirs, stats_dirs, quiet = o.inputs, o.out_dir, o.verify_dirs, o.stats_dirs, o.quiet
-    if verify_dirs and stats_dirs:
-        raise InputError("verify and stats: one at a time")
-    if verify_dirs or stats_dirs:  # (the words' further DIRs arrive as inputs)
-        sets = [d for given in (*verify_dirs, *stats_dirs, *inputs) for d in shard_sets(given)]
+    card = CardInputs(**OPTIONS.fields("card", o))
+    if sum(map(bool, (verify_dirs, stats_dirs, o.card_dirs))) > 1:
+        raise InputError("verify, stats and card: one at a time")
+    if verify_dirs or stats_dirs or o.card_dirs:  # (the words' further DIRs arrive as inputs)
+        sets = [d for given in (*verify_dirs, *stats_dirs, *o.card_dirs, *inputs)
+                for d in shard_sets(given)]
+        if o.card_dirs:
+            return _card(sets, card, quiet)
         return _verify(sets, quiet) if verify_dirs else _stats(sets)
     if out_dir is None:
-        raise InputError("--out DIR is required (or use verify DIR / stats DIR)")
+        raise InputError("--out DIR is required (or use verify DIR / stats DIR / card DIR)")
+    if FORMATS[o.fmt].container == PARQUET:
+        from ..shard.parquet import require
+
+        require("--format parquet")  # before any input is read
     check_writable_dir(out_dir, "--out")
     if o.tmp_dir is not None:
         check_writable_dir(o.tmp_dir, "--tmp-dir")
@@ -219,12 +272,18 @@ def cli(o: Parsed):
     argv = click.get_current_context().meta.get("kp_shard_argv", sys.argv[1:])
     command = shlex.join(["kp-shard", *argv])
     if quiet:  # (no bar: tqdm is not even imported)
-        result = build_shards(inputs, out_dir, opts, command, collect_lengths=o.show_stats)
+        result = build_shards(inputs, out_dir, opts, command, collect_lengths=o.show_stats,
+                              card=card)
     else:
         with progress(desc="kp-shard", unit="rec", quiet=quiet) as bar:
             result = build_shards(inputs, out_dir, opts, command,
-                                  on_record=lambda: bar.update(1), collect_lengths=o.show_stats)
+                                  on_record=lambda: bar.update(1), collect_lengths=o.show_stats,
+                                  card=card)
     _summary(result, out_dir, quiet)
+    if not result.card_written:
+        say(f"kp-shard: warning: {os.path.join(out_dir, 'README.md')} is not a kp-shard card: "
+            "left as it is, and datasets.load_dataset reads its YAML, not the manifest's "
+            "files (move it away and run kp-shard card DIR)", quiet)
     if o.show_stats:  # a report asked for: stdout, even with --quiet
         click.echo(render_histogram(result.lengths, _stats_title(out_dir, result.manifest)))
     return ExitCode.OK
@@ -253,6 +312,17 @@ def _stats_title(directory: str, manifest: ShardManifest) -> str:
     splits = ", ".join(f"{k} {v.records:,}" for k, v in manifest.splits.items())
     return (f"kp-shard stats: {directory} ({manifest.format}, "
             f"{counted(len(manifest.shards), 'shard')}; rows: {splits or 'none'})")
+
+
+def _card(sets: list[str], card: CardInputs, quiet: bool) -> int:
+    """Rewrite every set's card; the summaries, plans and commands belong to one set."""
+    if len(sets) > 1 and (card.summaries or card.plans or card.sources or card.commands):
+        raise InputError(f"card: {len(sets)} sets, but --summary, --plan, --source and "
+                         "--command describe one: give one DIR")
+    for directory in sets:
+        path = write_card(directory, read_manifest(directory), card)
+        say(f"kp-shard: wrote {path}", quiet)
+    return ExitCode.OK
 
 
 def _stats(sets: list[str]) -> int:

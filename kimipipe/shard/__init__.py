@@ -2,14 +2,19 @@
 
 - `rows`: validation of token IDs, the filters, the eval split (a hash of the ID alone)
   and ID fingerprints.
-- `formats`: the row formats (`eagle`, `raw`), one table: how each builds a row and how
-  verify and stats read it. A new format is one entry there.
+- `formats`: the row formats (`eagle`, `raw`, `parquet`), one table: how each builds a
+  row, what files hold it, how verify and stats read it, the card's features. A new
+  format is one entry there.
+- `parquet`: Parquet shards through pyarrow (an extra, imported only there).
+- `provenance`: what the token records say of the rows kept (the manifest's
+  `provenance`), carried with each row through the shuffle.
+- `card`: the dataset card, DIR/README.md, in the Hugging Face Hub's format.
 - `writer`: shard files under temporary names, rolling by records or tokens, SHA-256 as
   written, and the crash-safe swap of a whole set (see its docstring).
 - `shuffle`: the deterministic shuffle in bounded memory (hash buckets on disk, each
   sorted in memory; see its docstring).
-- `build`: the run itself, and the manifest.
-- `readback`: reading a finished set back: `verify` and `stats`.
+- `build`: the run itself, the manifest and the card (`write_card`: `kp-shard card`).
+- `readback`: reading a finished set back: `verify` and `stats`, either container.
 
 Duplicate IDs: an ID is one training row. Without `--shuffle` the first row with an ID
 wins and later ones are dropped and counted (`dropped.duplicate_id`); duplicates are found

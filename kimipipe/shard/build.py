@@ -1,4 +1,5 @@
-"""The build: token records from many inputs -> a new shard set in DIR, swapped in whole."""
+"""The build: token records from many inputs -> a new shard set in DIR, swapped in whole,
+with its manifest and its dataset card (card.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from .. import __version__
 from ..contracts import ShardManifest, ShardSettings, ShardTotals
 from ..errors import InputError, display_path
 from ..io import iter_records
+from . import card as cards
 from .formats import DEFAULT, FORMATS
+from .provenance import Provenance
 from .readback import Lengths
 from .rows import TOKEN_RECORD_DECODER, Drops, Row, RowBuilder, eval_point, id_fingerprint
 from .shuffle import ExternalShuffle
-from .writer import DirectoryLock, ShardInfo, ShardSet
+from .writer import CARD, DirectoryLock, ShardInfo, ShardSet
 
 MANIFEST_VERSION = 1
 
@@ -47,6 +50,7 @@ class BuildResult:
     drops: Drops
     read: int
     lengths: Lengths = field(default_factory=Lengths)
+    card_written: bool = True  # False: DIR/README.md is not a kp-shard card, left as it was
 
 
 def _duplicate(rid: str, path: str, line: int) -> InputError:
@@ -56,13 +60,19 @@ def _duplicate(rid: str, path: str, line: int) -> InputError:
 
 def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: str,
                  on_record: Callable[[], None] = lambda: None,
-                 collect_lengths: bool = False) -> BuildResult:
-    """Read every input, write the new set under temporary names, then swap it in.
+                 collect_lengths: bool = False,
+                 card: cards.CardInputs | None = None) -> BuildResult:
+    """Read every input, write the new set under temporary names, then swap it in, with
+    its card (README.md, from the manifest and CARD) unless one not kp-shard's is there.
 
     A bad input line raises InputError before anything is swapped: the old set stays.
     """
-    builder = RowBuilder(FORMATS[opts.fmt], opts.min_output_tokens, opts.max_length, opts.truncate)
+    provenance = Provenance()
+    builder = RowBuilder(FORMATS[opts.fmt], opts.min_output_tokens, opts.max_length, opts.truncate,
+                         provenance=provenance)
     drops = builder.drops
+    card = card or cards.CardInputs()
+    cards.read_inputs(card)  # a bad summary or plan stops the run before it reads an input
     lengths = Lengths()
     read = 0
 
@@ -87,7 +97,8 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
     with DirectoryLock(out_dir):
         shards = ShardSet(out_dir, opts.prefix, level=opts.compression_level,
                           records_per_shard=opts.records_per_shard,
-                          tokens_per_shard=opts.tokens_per_shard)
+                          tokens_per_shard=opts.tokens_per_shard,
+                          container=FORMATS[opts.fmt].container)
         spill = None
         try:
             if opts.shuffle:
@@ -108,6 +119,7 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
                         continue
                     run_ids.add(item.row.id)
                     shards.add(item.split, item.row)
+                    _count(provenance, item.row)
                     if collect_lengths:
                         lengths.add(item.row.input_tokens, item.row.output_tokens)
             else:
@@ -121,18 +133,45 @@ def build_shards(inputs: list[str], out_dir: str, opts: ShardOptions, command: s
                         continue
                     seen.add(fp)
                     shards.add(split, row)
+                    _count(provenance, row)
                     if collect_lengths:
                         lengths.add(row.input_tokens, row.output_tokens)
             finished = shards.close()
-            manifest = make_manifest(finished, opts, inputs, command, drops, builder.truncated, read)
-            shards.commit(manifest)
+            manifest = make_manifest(finished, opts, inputs, command, drops, builder.truncated, read,
+                                     provenance)
+            ours, old = cards.existing_card(out_dir)
+            text = cards.render(manifest, card, old.get("license")) if ours else None
+            shards.commit(manifest, text)
         except BaseException:
             shards.discard()
             if spill is not None:
                 shutil.rmtree(spill.directory, ignore_errors=True)
             raise
-    return BuildResult(manifest, finished, drops, read, lengths)
+    return BuildResult(manifest, finished, drops, read, lengths, card_written=ours)
 
+
+def _count(provenance: Provenance, row: Row) -> None:
+    provenance.count(row.profile, row.input_tokens, row.output_tokens, row.prompt_delta,
+                     row.completion_delta)
+
+
+def write_card(directory: str, manifest: ShardManifest, inputs: cards.CardInputs) -> str:
+    """(Re)write DIRECTORY's card from its manifest and INPUTS (`kp-shard card`); its path.
+    InputError if a README.md there is not a kp-shard card."""
+    from .writer import fsync_dir, temp_name, write_synced
+
+    cards.read_inputs(inputs)  # (a bad one is named before the lock is taken)
+    with DirectoryLock(directory):
+        ours, old = cards.existing_card(directory)
+        path = os.path.join(directory, CARD)
+        if not ours:
+            raise InputError(f"not a kp-shard card (no `{cards.MARKER}` line): left as it is; "
+                             "move it away to have kp-shard write one", path)
+        tmp = os.path.join(directory, temp_name(CARD))
+        write_synced(tmp, cards.render(manifest, inputs, old.get("license")))
+        os.replace(tmp, path)
+        fsync_dir(directory)
+    return path
 
 def _sum(shards: list[ShardInfo], split: str | None = None) -> ShardTotals:
     chosen = [s for s in shards if split is None or s.split == split]
@@ -147,7 +186,8 @@ def _sum(shards: list[ShardInfo], split: str | None = None) -> ShardTotals:
 
 
 def make_manifest(shards: list[ShardInfo], opts: ShardOptions, inputs: list[str], command: str,
-                  drops: Drops, truncated: int, read: int) -> ShardManifest:
+                  drops: Drops, truncated: int, read: int,
+                  provenance: Provenance | None = None) -> ShardManifest:
     return ShardManifest(
         manifest_version=MANIFEST_VERSION,
         kimipipe_version=__version__,
@@ -178,4 +218,5 @@ def make_manifest(shards: list[ShardInfo], opts: ShardOptions, inputs: list[str]
                 if any(s.split == split for s in shards)},
         totals=_sum(shards),
         shards=list(shards),
+        provenance=provenance.summary() if provenance is not None else None,
     )

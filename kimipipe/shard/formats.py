@@ -3,10 +3,12 @@
 A format says how a row is built from a token record (`build`, on the hot path: bytes in,
 bytes out), what `verify` decodes a row as and checks in it (`row`, `check`), and what
 `stats` decodes for the lengths alone (`lengths`, `count`: the ID lists as Raw, never as
-ints). `--format`'s choices, the manifest's `format` and `row_schema`, verify and stats all
-read this table, so a new format is one entry here. A manifest naming a format that is not
-here is an error that names the manifest and the formats known (`row_format`), never read
-as another format.
+ints); what files hold the rows (`container`: zstd JSON lines, or Parquet through
+shard/parquet.py, with its `suffix`), and the features a Hugging Face `datasets` loader
+gets (`features`, the dataset card's). `--format`'s choices, the manifest's `format` and
+`row_schema`, verify, stats and the card all read this table, so a new format is one entry
+here. A manifest naming a format that is not here is an error that names the manifest and
+the formats known (`row_format`), never read as another format.
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ from ..errors import InputError
 from ..records import decode_passthrough
 
 _encode = msgspec.json.Encoder().encode
+
+JSONL, PARQUET = "jsonl", "parquet"
+SUFFIXES = {JSONL: ".jsonl.zst", PARQUET: ".parquet"}
+# Token IDs fit int32 (Kimi's vocabulary is 163,840), a mask value int8: half and an eighth
+# of the int64 a JSON loader would infer, in memory and in a trainer's Arrow cache. The
+# card declares these for both containers, so `datasets` gives the same features for each.
+EAGLE_FEATURES = [{"name": "id", "dtype": "string"},
+                  {"name": "input_ids", "list": "int32"},
+                  {"name": "loss_mask", "list": "int8"}]
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,14 @@ class RowFormat:
     check: Callable[[Struct], tuple[str, int, int] | str]
     lengths: type[Struct]  # what stats decodes a row as
     count: Callable[[Struct], tuple[int, int]]  # (input tokens, output tokens) of a lengths row
+    container: str = JSONL  # JSONL or PARQUET: the files' kind
+    # The card's `dataset_info.features` (the Hub's list form), which `datasets` casts the
+    # rows to; None: the rows' fields vary (raw), left for the loader to infer.
+    features: list[dict] | None = None
+
+    @property
+    def suffix(self) -> str:
+        return SUFFIXES[self.container]
 
 
 def _count_ids(raw: Raw) -> int:
@@ -94,6 +113,27 @@ EAGLE = RowFormat(
                 "loss_mask": "0 per prompt token, 1 per output token"},
     build=eagle_row,
     row=EagleRow, check=_check_eagle, lengths=EagleLengths, count=_count_eagle,
+    features=EAGLE_FEATURES,
+)
+
+
+# parquet: eagle's rows, in Parquet files (shard/parquet.py writes and reads them).
+
+def ids_body(record_id: str, prompt: bytes, n_in: int, output: bytes, n_out: int,
+             line: bytes, cut: bool) -> bytes:
+    """The row's `input_ids` as the compact body of the list (prompt, then output): what
+    the Parquet writer parses, a row group at a time; the mask follows from the counts."""
+    return b"".join((prompt, b"," if n_in else b"", output))
+
+
+PARQUET_FORMAT = RowFormat(
+    name="parquet",
+    help="eagle's rows in Parquet files, row groups of at most 1,000 rows or 3M tokens "
+         "(needs pyarrow: pip install 'kimipipe[parquet]')",
+    row_schema=EAGLE.row_schema,
+    build=ids_body,
+    row=EagleRow, check=_check_eagle, lengths=EagleLengths, count=_count_eagle,
+    container=PARQUET, features=EAGLE_FEATURES,
 )
 
 
@@ -136,7 +176,7 @@ RAW = RowFormat(
 )
 
 
-FORMATS: dict[str, RowFormat] = {f.name: f for f in (EAGLE, RAW)}
+FORMATS: dict[str, RowFormat] = {f.name: f for f in (EAGLE, RAW, PARQUET_FORMAT)}
 DEFAULT = EAGLE.name
 
 

@@ -2,14 +2,18 @@
 
 verify checks the set against its manifest and every row against the format:
 - the manifest is readable and names only plain files in its directory;
-- each shard exists, has the manifest's size and SHA-256, and decompresses;
+- each shard exists, has the manifest's size and SHA-256, and decompresses (a Parquet
+  shard: reads as Parquet, with the columns `id`, `input_ids`, `loss_mask`);
 - each row is one JSON object per line, checked by its format (formats.py): `eagle` rows
   have `id` (string), `input_ids` and `loss_mask` of equal length, the mask only 0s and
   1s with at least one 1; `raw` rows have `input_ids` and a non-empty `output_ids`;
+  `parquet` rows are checked as `eagle` rows are (parquet.py), by row number;
 - each shard's counts of records, input (mask 0) and output (mask 1) tokens match the
   manifest, and so do the totals; no ID appears twice in the set;
-- no `*.jsonl.zst` lies in the directory that the manifest does not list (a trainer that
-  globs the directory would read it).
+- no `*.jsonl.zst` or `*.parquet` lies in the directory that the manifest does not list
+  (a trainer that globs the directory would read it);
+- a dataset card (README.md) that kp-shard wrote lists, per split, exactly the manifest's
+  files (`datasets.load_dataset` reads the card's lists: a stale card reads other files).
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ import zstandard
 from ..contracts import ShardManifest
 from ..errors import InputError
 from ..io import zstd_reader
-from .formats import DEFAULT, FORMATS, RowFormat, row_format, unknown_format
+from . import card as cards
+from .formats import DEFAULT, FORMATS, PARQUET, RowFormat, row_format, unknown_format
 from .rows import id_fingerprint
-from .writer import MANIFEST, SHARD_SUFFIX
+from .writer import CARD, MANIFEST, SHARD_SUFFIXES
 
 MAX_ROW_PROBLEMS = 10
 
@@ -86,6 +91,57 @@ def iter_shard_lines(path: str) -> Iterator[tuple[int, bytes]]:
         yield from enumerate(f, 1)
 
 
+class Unreadable(Exception):
+    """A shard that cannot be read at all: why, as verify and stats say it."""
+
+
+def checked_rows(fmt: RowFormat, path: str) -> Iterator[tuple[str, tuple[str, int, int] | str]]:
+    """(where in the shard, as `:LINE` or ` row N`; (id, input tokens, output tokens) or
+    what is wrong with the row) of every row of the shard at PATH; Unreadable if the file
+    cannot be read."""
+    if fmt.container == PARQUET:
+        from . import parquet
+
+        try:
+            for n, result in parquet.checked_rows(path):
+                yield f" row {n}", result
+        except parquet.Unreadable as e:
+            raise Unreadable(str(e)) from None
+        return
+    decoder = msgspec.json.Decoder(fmt.row)
+    try:
+        for lineno, line in iter_shard_lines(path):
+            yield f":{lineno}", _check_row(fmt, line, decoder)
+    except zstandard.ZstdError as e:
+        raise Unreadable(f"cannot decompress: {e}") from None
+
+
+def row_lengths(fmt: RowFormat, path: str) -> Iterator[tuple[int, int]]:
+    """(input tokens, output tokens) of every row of a shard (InputError naming a bad one)."""
+    if fmt.container == PARQUET:
+        from . import parquet
+
+        try:
+            yield from parquet.row_lengths(path)
+        except FileNotFoundError:
+            raise InputError("missing shard (run verify)", path) from None
+        except parquet.Unreadable as e:
+            raise InputError(f"{e} (run verify)", path) from None
+        return
+    decoder = msgspec.json.Decoder(fmt.lengths)
+    try:
+        for lineno, line in iter_shard_lines(path):
+            try:
+                row = decoder.decode(line)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                raise InputError(str(e), path, lineno) from None
+            yield fmt.count(row)
+    except FileNotFoundError:
+        raise InputError("missing shard (run verify)", path) from None
+    except zstandard.ZstdError as e:
+        raise InputError(f"cannot decompress: {e} (run verify)", path) from None
+
+
 
 @dataclass
 class VerifyReport:
@@ -116,7 +172,10 @@ def verify(directory: str) -> VerifyReport:
     if fmt is None:
         report.problem(f"{MANIFEST}: {unknown_format(manifest.get('format'))}")
         return report
-    decoder = msgspec.json.Decoder(fmt.row)
+    if fmt.container == PARQUET:
+        from .parquet import require
+
+        require(f"verifying {directory} (a Parquet set)")
     seen_ids: dict[int, str] = {}
     listed: set[str] = set()
     sums = {"records": 0, "input_tokens": 0, "output_tokens": 0, "bytes": 0}
@@ -146,12 +205,11 @@ def verify(directory: str) -> VerifyReport:
         records = in_tokens = out_tokens = 0
         row_problems = 0
         try:
-            for lineno, line in iter_shard_lines(path):
-                result = _check_row(fmt, line, decoder)
+            for where, result in checked_rows(fmt, path):
                 if isinstance(result, str):
                     row_problems += 1
                     if row_problems <= MAX_ROW_PROBLEMS:
-                        report.problem(f"{name}:{lineno}: {result}")
+                        report.problem(f"{name}{where}: {result}")
                     continue
                 rid, n_in, n_out = result
                 records += 1
@@ -160,11 +218,11 @@ def verify(directory: str) -> VerifyReport:
                 fp = id_fingerprint(rid)
                 first = seen_ids.get(fp)
                 if first is not None:
-                    report.problem(f"{name}:{lineno}: id {rid!r} repeats (first in {first})")
+                    report.problem(f"{name}{where}: id {rid!r} repeats (first in {first})")
                 else:
-                    seen_ids[fp] = f"{name}:{lineno}"
-        except zstandard.ZstdError as e:
-            report.problem(f"{name}: cannot decompress: {e}")
+                    seen_ids[fp] = f"{name}{where}"
+        except Unreadable as e:
+            report.problem(f"{name}: {e}")
             continue
         if row_problems > MAX_ROW_PROBLEMS:
             report.problem(f"{name}: ... and {row_problems - MAX_ROW_PROBLEMS} more bad rows")
@@ -184,10 +242,36 @@ def verify(directory: str) -> VerifyReport:
     else:
         report.problem(f"{MANIFEST}: no totals")
     for name in sorted(os.listdir(directory)):
-        if name.endswith(SHARD_SUFFIX) and name not in listed:
-            report.problem(f"{name}: not in the manifest (a trainer globbing *{SHARD_SUFFIX} "
+        if name.endswith(SHARD_SUFFIXES) and name not in listed:
+            suffix = next(x for x in SHARD_SUFFIXES if name.endswith(x))
+            report.problem(f"{name}: not in the manifest (a trainer globbing *{suffix} "
                            "would read it)")
+    _check_card(directory, manifest, report)
     return report
+
+
+def _check_card(directory: str, manifest: dict, report: VerifyReport) -> None:
+    """A kp-shard card must list the manifest's files, split by split (no card: nothing
+    to check; a README.md of someone else's: not ours to judge)."""
+    ours, meta = cards.existing_card(directory)
+    if not ours or not os.path.exists(os.path.join(directory, CARD)):
+        return
+    listed: dict[str, list[str]] = {}
+    for entry in manifest["shards"]:
+        if isinstance(entry, dict) and isinstance(entry.get("file"), str):
+            listed.setdefault(str(entry.get("split")), []).append(entry["file"])
+    found: dict[str, list[str]] = {}
+    try:
+        for config in meta.get("configs") or []:
+            for item in config.get("data_files") or []:
+                paths = item["path"]
+                found[str(item["split"])] = [paths] if isinstance(paths, str) else list(paths)
+    except (AttributeError, KeyError, TypeError):
+        found = {"?": []}
+    if found != listed:
+        report.problem(f"{CARD}: its data_files do not list the manifest's files, split by "
+                       "split (datasets.load_dataset reads the card's; rewrite it: "
+                       "kp-shard card DIR)")
 
 
 @dataclass
@@ -206,21 +290,14 @@ def read_lengths(directory: str) -> tuple[ShardManifest, Lengths]:
     """The manifest and the prompt/output lengths of every row of the set in DIRECTORY."""
     manifest = read_manifest(directory)
     fmt = row_format(manifest.format, os.path.join(directory, MANIFEST))
+    if fmt.container == PARQUET:
+        from .parquet import require
+
+        require(f"reading {directory} (a Parquet set)")
     lengths = Lengths()
-    decoder = msgspec.json.Decoder(fmt.lengths)
     for entry in manifest.shards:
-        path = os.path.join(directory, entry.file)
-        try:
-            for lineno, line in iter_shard_lines(path):
-                try:
-                    row = decoder.decode(line)
-                except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                    raise InputError(str(e), path, lineno) from None
-                lengths.add(*fmt.count(row))
-        except FileNotFoundError:
-            raise InputError("missing shard (run verify)", path) from None
-        except zstandard.ZstdError as e:
-            raise InputError(f"cannot decompress: {e} (run verify)", path) from None
+        for n_in, n_out in row_lengths(fmt, os.path.join(directory, entry.file)):
+            lengths.add(n_in, n_out)
     return manifest, lengths
 
 

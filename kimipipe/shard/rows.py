@@ -16,8 +16,8 @@ import stringzilla as sz
 from msgspec import Raw
 
 from ..ids import eval_point  # noqa: F401 (the hash: ids.py)
-from ..records import Tokens
 from .formats import EAGLE, RowFormat
+from .provenance import NO_DELTA, Provenance, RecordFacts
 
 
 @dataclass
@@ -31,6 +31,7 @@ class TokenLists:
     output: memoryview | bytes
     n_out: int
     conversation: str | None = None  # a conversation's turn (kp-infer's `conversation`)
+    record: RecordFacts | None = None  # the rest, as far as provenance.py counts it
 
     @property
     def split_key(self) -> str:
@@ -38,7 +39,8 @@ class TokenLists:
         return self.conversation or self.id
 
 
-_full_decoder = msgspec.json.Decoder(Tokens)  # records.Tokens: the fields kp-shard reads
+# records.Tokens, the fields kp-shard reads, and (undecoded) those the card counts
+_full_decoder = msgspec.json.Decoder(RecordFacts)
 _COMMA = ord(",")
 _ZERO = ord("0")
 _encode = msgspec.json.Encoder().encode
@@ -203,13 +205,13 @@ class TokenRecordDecoder:
             return None  # the slow path reports it, with byte offsets into the real line
         if rec.input_ids != _MARKER_RAW or rec.output_ids != _MARKER_RAW:
             return None
-        return TokenLists(rec.id, view[i0:i1], n_in, view[o0:o1], n_out, rec.conversation)
+        return TokenLists(rec.id, view[i0:i1], n_in, view[o0:o1], n_out, rec.conversation, rec)
 
     def _slow(self, line: bytes) -> TokenLists:
         rec = _full_decoder.decode(line)
         prompt, n_in = _raw_list_body(rec.input_ids, "input_ids", self.ids)
         output, n_out = _raw_list_body(rec.output_ids, "output_ids", self.ids)
-        return TokenLists(rec.id, prompt, n_in, output, n_out, rec.conversation)
+        return TokenLists(rec.id, prompt, n_in, output, n_out, rec.conversation, rec)
 
 
 def _raw_list_body(raw: Raw, name: str, ids: IdListChecker) -> tuple[bytes, int]:
@@ -251,6 +253,10 @@ class Row:
     output_tokens: int
     data: bytes
     split_key: str = ""  # the id, or the conversation of a turn (`eval_point` hashes it)
+    # where it came from (provenance.py): its profile, and its token-count deltas
+    profile: int = 0
+    prompt_delta: int = NO_DELTA
+    completion_delta: int = NO_DELTA
 
 
 def id_fingerprint(record_id: str) -> int:
@@ -272,6 +278,7 @@ class RowBuilder:
     truncate: bool = False
     drops: Drops = field(default_factory=Drops)
     truncated: int = 0
+    provenance: Provenance | None = None  # profiles of the rows built (None: not counted)
 
     def __post_init__(self) -> None:
         self._row = self.fmt.build  # (looked up once: build runs once per row)
@@ -297,5 +304,9 @@ class RowBuilder:
             return None
         if cut:
             self.truncated += 1
-        return Row(rec.id, n_in, n_out, self._row(rec.id, prompt, n_in, output, n_out, line, cut),
-                   rec.split_key)
+        row = Row(rec.id, n_in, n_out, self._row(rec.id, prompt, n_in, output, n_out, line, cut),
+                  rec.split_key)
+        if self.provenance is not None and rec.record is not None:
+            row.profile = self.provenance.profile(rec.record)
+            row.prompt_delta, row.completion_delta = self.provenance.deltas_of(rec.record)
+        return row

@@ -35,7 +35,8 @@ from .rows import Row
 FANOUT_BITS = 6
 FANOUT = 1 << FANOUT_BITS
 _BUFFER = 256 << 10
-_HEADER = struct.Struct("<QBIQIIII")  # key, split, source, line, in, out, id length, row length
+# key, split, source, line, in, out, id length, row length, profile, deltas (rows.Row)
+_HEADER = struct.Struct("<QBIQIIIIIii")
 _ROW_OVERHEAD = 200  # bytes of Python objects around each loaded row, for the budget
 SPLITS = ("train", "eval")
 
@@ -70,7 +71,8 @@ class _Buckets:
         buf = self.buffers[i]
         buf += _HEADER.pack(item.key, SPLITS.index(item.split), item.source, item.line,
                             item.row.input_tokens, item.row.output_tokens, len(ident),
-                            len(item.row.data))
+                            len(item.row.data), item.row.profile, item.row.prompt_delta,
+                            item.row.completion_delta)
         buf += ident
         buf += item.row.data
         self.sizes[i] += _HEADER.size + len(ident) + len(item.row.data)
@@ -93,10 +95,13 @@ class _Buckets:
 def _read_bucket(path: str) -> Iterator[Spilled]:
     with open(path, "rb") as raw, zstd_reader(raw) as f:
         while head := f.read(_HEADER.size):
-            key, split, source, line, n_in, n_out, id_len, row_len = _HEADER.unpack(head)
+            (key, split, source, line, n_in, n_out, id_len, row_len, profile, prompt_delta,
+             completion_delta) = _HEADER.unpack(head)
             ident = f.read(id_len).decode()
             data = f.read(row_len)
-            yield Spilled(key, SPLITS[split], source, line, Row(ident, n_in, n_out, data))
+            yield Spilled(key, SPLITS[split], source, line,
+                          Row(ident, n_in, n_out, data, profile=profile, prompt_delta=prompt_delta,
+                              completion_delta=completion_delta))
 
 
 

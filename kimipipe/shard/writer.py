@@ -1,14 +1,17 @@
 """Shard files and the shard set: temporary names, rolling, checksums, and the swap.
 
-Every file is written under a hidden temporary name that never ends in `.jsonl.zst` or
-`manifest.json` (`.<name>.tmp-<pid>`), fsynced, and renamed only when the whole set is
-complete. The swap from an old set to a new one (`ShardSet.commit`):
+Every file is written under a hidden temporary name that never ends in `.jsonl.zst`,
+`.parquet`, `manifest.json` or `README.md` (`.<name>.tmp-<pid>`), fsynced, and renamed
+only when the whole set is complete. The swap from an old set to a new one
+(`ShardSet.commit`):
 
 1. all new shards and the new manifest are complete under temporary names;
-2. if a new shard would take the name of an existing file, the old manifest is removed
-   first (so no manifest ever describes a file whose content is changing); otherwise the
-   old manifest stays until step 4 replaces it atomically;
-3. the new shards are renamed to their names;
+2. if a new shard would take the name of an existing file, the old manifest (and the old
+   card) is removed first (so no manifest or card ever describes a file whose content is
+   changing); otherwise the old manifest stays until step 4 replaces it atomically;
+3. the new shards are renamed to their names, then the dataset card to `README.md`
+   (card.py: a Hugging Face loader reads its file lists, which name only files that now
+   exist);
 4. the new manifest is renamed to `manifest.json`;
 5. only then are the old set's shards that the new set does not reuse deleted. Their names
    are written to `DIR/.kp-shard-stale` before step 4, and the list is removed once they
@@ -28,7 +31,7 @@ The tests crash a real process at each step: with `KP_TEST_PAUSE_AT=STEP` in its
 environment, kp-shard stops itself (SIGSTOP) at that step and the test kills it with
 SIGKILL there, so no cleanup runs, as in a real crash. The steps, in order: `commit`
 (every shard complete under its temporary name), `manifest-written`,
-`old-manifest-removed`, `renamed-N` (after the N-th shard's rename), `shards-renamed`,
+`old-manifest-removed`, `renamed-N` (after the N-th shard's rename), `card-renamed`, `shards-renamed`,
 `manifest-swapped`, `deleted-N` (after the N-th stale shard's deletion).
 """
 
@@ -49,13 +52,18 @@ import zstandard
 
 from ..contracts import ShardEntry, ShardFiles, ShardManifest
 from ..errors import KPError
+from .formats import JSONL, PARQUET, SUFFIXES
 from .rows import Row
 
 MANIFEST = "manifest.json"
+CARD = "README.md"  # the dataset card (card.py), where the Hugging Face Hub looks for it
 LOCK = ".kp-shard.lock"
 STALE = ".kp-shard-stale"  # the old set's shards a swap has yet to delete (JSON list)
-SHARD_SUFFIX = ".jsonl.zst"
-_TEMP = re.compile(r"^\..+\.jsonl\.zst\.tmp-\d+$|^\.manifest\.json\.tmp-\d+$"
+SHARD_SUFFIX = SUFFIXES[JSONL]
+SHARD_SUFFIXES = tuple(SUFFIXES.values())  # every container's (str.endswith takes a tuple)
+_SUFFIX_RE = "|".join(re.escape(x) for x in SHARD_SUFFIXES)
+_TEMP = re.compile(rf"^\..+(?:{_SUFFIX_RE})\.tmp-\d+$|^\.manifest\.json\.tmp-\d+$"
+                   r"|^\.README\.md\.tmp-\d+$"
                    r"|^\.kp-shard-spill-\d+$")  # our temporary names, and only those
 _SYNC_EVERY = 16 << 20  # compressed bytes between background syncs of a shard
 _JOB_SIZE = 0  # zstd picks it from the level (measured: smaller jobs were not faster)
@@ -71,13 +79,17 @@ def temp_name(final: str) -> str:
     return f".{final}.tmp-{os.getpid()}"
 
 
-def shard_name(prefix: str, split: str, index: int) -> str:
-    middle = "" if split == "train" else f"{split}-"
-    return f"{prefix}-{middle}{index:05d}{SHARD_SUFFIX}"
+def shard_name(prefix: str, split: str, index: int, suffix: str = SHARD_SUFFIX) -> str:
+    """`<prefix>-<split>-00000<suffix>`: the split's name stands between separators, where
+    Hugging Face `datasets` looks for it when a directory has no card (`train`; `eval` it
+    calls `test`)."""
+    return f"{prefix}-{split}-{index:05d}{suffix}"
 
 
 def shard_pattern(prefix: str) -> re.Pattern:
-    return re.compile(rf"^{re.escape(prefix)}-(?:eval-)?\d{{5,}}{re.escape(SHARD_SUFFIX)}$")
+    """The names kp-shard owns in a directory of sets named PREFIX: this version's, and
+    those of sets older versions wrote (`<prefix>-00000.jsonl.zst` for train rows)."""
+    return re.compile(rf"^{re.escape(prefix)}-(?:(?:train|eval)-)?\d{{5,}}(?:{_SUFFIX_RE})$")
 
 
 ShardInfo = ShardEntry  # a finished shard as the manifest lists it (contracts.py)
@@ -139,7 +151,8 @@ class _HashingFile:
 class ShardFile:
     """One shard being written: rows in, zstd out, under a temporary name."""
 
-    def __init__(self, directory: str, name: str, split: str, cctx: zstandard.ZstdCompressor):
+    def __init__(self, directory: str, name: str, split: str, cctx: zstandard.ZstdCompressor,
+                 level: int = 3):
         self.name = name
         self.split = split
         self.tmp = os.path.join(directory, temp_name(name))
@@ -182,6 +195,44 @@ class ShardFile:
                 os.unlink(self.tmp)
 
 
+class ParquetShardFile:
+    """One Parquet shard being written (parquet.py), with ShardFile's attributes and calls:
+    the row's `data` is its `input_ids` body (formats.ids_body)."""
+
+    def __init__(self, directory: str, name: str, split: str, cctx: None, level: int = 3):
+        from .parquet import ParquetShard
+
+        self.name = name
+        self.split = split
+        self.tmp = os.path.join(directory, temp_name(name))
+        self.final = os.path.join(directory, name)
+        self._shard = ParquetShard(self.tmp, level)
+        self.records = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def add(self, row: Row) -> None:
+        self._shard.add(row.id, row.data, row.input_tokens, row.output_tokens)
+        self.records += 1
+        self.input_tokens += row.input_tokens
+        self.output_tokens += row.output_tokens
+
+    def close(self) -> ShardInfo:
+        size, sha256 = self._shard.close()
+        return ShardInfo(self.name, self.split, self.records, self.input_tokens,
+                         self.output_tokens, size, self._shard.uncompressed, sha256)
+
+    def abandon(self) -> None:
+        self._shard.abandon()
+
+
+_FILES = {JSONL: ShardFile, PARQUET: ParquetShardFile}
+
+
 class ShardSequence:
     """The shards of one split: a new shard starts when the open one is full.
 
@@ -194,9 +245,13 @@ class ShardSequence:
     def __init__(self, owner: ShardSet, split: str):
         self.owner = owner
         self.split = split
-        params = zstandard.ZstdCompressionParameters.from_level(
-            owner.level, threads=-1, job_size=_JOB_SIZE, write_checksum=True)
-        self.cctxs = [zstandard.ZstdCompressor(compression_params=params) for _ in range(2)]
+        self.file_class = _FILES[owner.container]
+        if owner.container == JSONL:
+            params = zstandard.ZstdCompressionParameters.from_level(
+                owner.level, threads=-1, job_size=_JOB_SIZE, write_checksum=True)
+            self.cctxs = [zstandard.ZstdCompressor(compression_params=params) for _ in range(2)]
+        else:
+            self.cctxs = [None, None]
         self.closing: list[Future | None] = [None, None]
         self.open: ShardFile | None = None
         self.index = 0
@@ -210,11 +265,11 @@ class ShardSequence:
             turn = self.index % 2
             if self.closing[turn] is not None:
                 self.closing[turn].result()  # its compressor is free again
-            name = shard_name(self.owner.prefix, self.split, self.index)
+            name = shard_name(self.owner.prefix, self.split, self.index, SUFFIXES[self.owner.container])
             self.index += 1
             self.owner.started.append(name)
-            shard = self.open = ShardFile(self.owner.directory, name, self.split,
-                                          self.cctxs[turn])
+            shard = self.open = self.file_class(self.owner.directory, name, self.split,
+                                                self.cctxs[turn], self.owner.level)
         shard.add(row)
 
     def _finish(self, shard: ShardFile) -> None:
@@ -240,10 +295,12 @@ class ShardSet:
     """A new set of shards in DIRECTORY, invisible until `commit`."""
 
     def __init__(self, directory: str, prefix: str, *, level: int = 3,
-                 records_per_shard: int | None = None, tokens_per_shard: int | None = None):
+                 records_per_shard: int | None = None, tokens_per_shard: int | None = None,
+                 container: str = JSONL):
         self.directory = directory
         self.prefix = prefix
         self.level = level
+        self.container = container  # formats.JSONL or formats.PARQUET
         self.records_per_shard = records_per_shard
         self.tokens_per_shard = tokens_per_shard
         self.finished: list[ShardInfo] = []
@@ -279,15 +336,20 @@ class ShardSet:
             except Exception:
                 pass  # the error that matters is already on its way up
         self.closer.shutdown()
-        for name in self.started:
+        for name in (*self.started, CARD):
             tmp = os.path.join(self.directory, temp_name(name))
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
-    def commit(self, manifest: ShardManifest) -> None:
-        """Swap the finished set in for the old one (see the module docstring)."""
+    def commit(self, manifest: ShardManifest, card: str | None = None) -> None:
+        """Swap the finished set in for the old one (see the module docstring), with CARD
+        as its README.md (None: the directory's README.md is left as it is)."""
         _pause_at("commit")
         d = self.directory
+        card_tmp = None
+        if card is not None:
+            card_tmp = os.path.join(d, temp_name(CARD))
+            write_synced(card_tmp, card)
         old = read_manifest_files(d)
         new_names = {s.file for s in self.finished}
         manifest_tmp = os.path.join(d, temp_name(MANIFEST))
@@ -301,11 +363,16 @@ class ShardSet:
         manifest_path = os.path.join(d, MANIFEST)
         if any(os.path.exists(os.path.join(d, n)) for n in new_names) and os.path.exists(manifest_path):
             os.unlink(manifest_path)
+            if card_tmp is not None and os.path.exists(os.path.join(d, CARD)):
+                os.unlink(os.path.join(d, CARD))  # it names those files too
             fsync_dir(d)
             _pause_at("old-manifest-removed")
         for i, name in enumerate(sorted(new_names), 1):
             os.replace(os.path.join(d, temp_name(name)), os.path.join(d, name))
             _pause_at(f"renamed-{i}")
+        if card_tmp is not None:
+            os.replace(card_tmp, os.path.join(d, CARD))
+            _pause_at("card-renamed")
         stale = {n for n in old if n not in new_names}
         stale_list = os.path.join(d, STALE)
         if stale:
@@ -333,6 +400,14 @@ class ShardSet:
             fsync_dir(d)
 
 
+def write_synced(path: str, text: str) -> None:
+    """PATH holds TEXT, on disk (fsynced), when this returns."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def read_manifest_files(directory: str) -> set[str]:
     """The shard file names the current manifest in DIRECTORY lists (none if unreadable)."""
     try:
@@ -356,7 +431,7 @@ def finish_stale_deletions(directory: str) -> None:
         names = []
     keep = read_manifest_files(directory)
     for name in names if isinstance(names, list) else []:
-        if (isinstance(name, str) and name.endswith(SHARD_SUFFIX) and name not in keep
+        if (isinstance(name, str) and name.endswith(SHARD_SUFFIXES) and name not in keep
                 and os.path.basename(name) == name):
             target = os.path.join(directory, name)
             if os.path.isfile(target):
