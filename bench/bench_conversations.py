@@ -14,7 +14,7 @@ Both have the same ideal, turns x latency x conversations / concurrency (the req
 waves of `concurrency`, with zero client overhead). Printed as JSON lines, per run:
 wall_s, ideal_s, wall_over_ideal, cpu_ms_per_request (user+system of kp-infer's process
 tree, per request) and peak_rss_mb; then the conversations' figures over the single-turn
-ones (the issue's target: neither worse).
+ones (the target: neither worse).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""kp-infer under OpenRouter's in-flight spending budget, at the user's shape (issue 13).
+"""kp-infer under OpenRouter's in-flight spending budget, at the user's shape.
 
     .venv/bin/python bench/bench_credit.py                 # both parts
     .venv/bin/python bench/bench_credit.py --part spend    # the balance spent down

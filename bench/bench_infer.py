@@ -13,13 +13,13 @@ other, on the same server:
   - a plain `openai.AsyncOpenAI` client with an asyncio.Semaphore (the reference),
 each in its own process. Printed per client, as JSON lines:
   wall_over_ideal   wall time / (waves x (latency + mean answer tokens / token rate)):
-                    the issue's ideal (requests / concurrency x latency, plus the mean
+                    the target's ideal (requests / concurrency x latency, plus the mean
                     streaming time); the target (<= 1.10) is judged on this one
   wall_over_schedule_ideal   wall time / the makespan of the same requests, in input
                     order, through `concurrency` slots with zero client overhead (each
                     lasting latency + its own answer tokens / token rate). For plain
                     they agree. Streamed answers are cut at --max-tokens (default 100:
-                    about 100 chunks each, the issue's workload), so they agree closely
+                    about 100 chunks each, the target's workload), so they agree closely
                     for streams too; with --max-tokens 4096 answers run ~20 to ~250
                     tokens, the longest of the last wave set the end, and only the
                     schedule ideal can be reached (a perfect client scores ~1.16 on
@@ -241,7 +241,7 @@ def main() -> None:
     parser.add_argument("--tokens-per-second", type=float, default=40.0)
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="default: 4096 plain; 100 stream (answers cut at 100 tokens: about "
-                             "100 chunks each, the issue's workload; 4096 gives the stand-in's "
+                             "100 chunks each, the target's workload; 4096 gives the stand-in's "
                              "natural 20-250 with a long tail)")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--skip-reference", action="store_true")

@@ -28,8 +28,8 @@ then measures:
 - raw: a bare batch encode of the same texts by the same tokenizer, on all cores (the same
   pool): the prompts rendered beforehand (not timed), then tiktoken's `encode_batch` /
   `encode_ordinary_batch` (or the Rust tokenizer's `encode_batch`) of the prompts, the
-  reasoning and the content; no template, no join, no decode, no check. The issue's target
-  is kp-tokenize >= 0.9 of this steady rate.
+  reasoning and the content; no template, no join, no decode, no check. The target
+  (docs/performance.md) is kp-tokenize >= 0.9 of this steady rate.
 Each side is timed --rounds times, interleaved, and the best run kept (the machine is shared);
 CPU seconds (all processes) are printed too, being less sensitive to other load.
 Tokens per second = tokens kp-tokenize wrote (input_ids + output_ids) / seconds, records

@@ -186,6 +186,29 @@ def kp(command: str, *args, input: bytes | None = None, env: dict | None = None,
     return Result(proc.returncode, proc.stdout, proc.stderr.decode("utf-8", "replace"))
 
 
+def tokenize_in_process(*args, input: bytes | None = None) -> Result:
+    """`kp-tokenize ARGS` run in this test process (its entry point, `main(argv)`, under
+    click's CliRunner isolation: stdin, stdout and stderr its own), for the tests of what the
+    engine makes of records (IDs, rejects, refusals, the flags that shape them) rather than
+    of the process around it. A subprocess first imports transformers, ~0.8 CPU-s each
+    time; here that import is paid once per test process and a bundled tokenizer loads in
+    ~0.05. Workers, signals, locks, pipes and the environment are the subprocess tests'
+    (`kp`): ARGS must say `--workers 1`, since a pool would fork the test process."""
+    from click.testing import CliRunner
+
+    from kimipipe.commands.tokenize import main
+
+    argv = [str(a) for a in args]
+    assert "--workers" in argv and argv[argv.index("--workers") + 1] == "1", argv
+    code = None
+    with CliRunner().isolation(input=input or b"") as (stdout, stderr, _):
+        try:
+            main(argv)
+        except SystemExit as e:
+            code = e.code
+    return Result(code, stdout.getvalue(), stderr.getvalue().decode("utf-8", "replace"))
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     with open(path, "rb") as f:
         data = f.read()

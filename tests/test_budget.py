@@ -73,7 +73,7 @@ def test_price_bound_is_the_whole_tables_highest_price_capped_by_max_price():
 
 
 def test_price_bound_takes_every_override_and_never_the_discount():
-    """Issue 25 item 3: the bound is the highest price that can bill, overrides included,
+    """The bound is the highest price that can bill (docs/money.md), overrides included,
     across the whole table; a discount never lowers it; the override that sets it is named."""
     base = {"prompt": "0.0000005", "completion": "0.000002"}
     table = [

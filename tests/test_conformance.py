@@ -224,7 +224,8 @@ def test_the_bodies_kp_infer_sends_conform_to_chat_request(tmp_path, stream):
     assert len(bodies) == 3
     for body in bodies:
         parsed = conforms(orc.ChatRequest, body, REQUEST_DIALECT)
-        # the FP4 variant under DeepInfra's name, kept out by its tag (issue 24)
+        # the FP4 variant under DeepInfra's name, kept out by its tag (an answer names the
+        # provider, never the endpoint: docs/openrouter.md, variants)
         assert parsed.provider.ignore == ["fireworks", "baseten", "deepinfra/turbo"]
         assert parsed.provider.max_price.prompt == "1" and parsed.provider.max_price.completion == "4"
         assert parsed.stream is (stream == "--stream") and parsed.max_tokens == 16000
@@ -253,7 +254,7 @@ def test_a_conversations_bodies_conform_to_chat_request(tmp_path, policy):
         assert all(bool(m.reasoning) is (policy == "keep") for m in assistants)
 
 
-# -- the credit limits and provider quirks (issues 13 and 14) ------------------------------
+# -- the credit limits and provider quirks --------------------------------------------------
 
 @pytest.fixture(scope="module")
 def limits_server(tmp_path_factory):
@@ -405,7 +406,7 @@ def test_quirky_answers_conform(limits_server):
     assert parsed[0].choices[0].delta.content == "<think>\n"
 
 
-# -- the wire's documented variants (issue 24) ----------------------------------------------
+# -- the wire's documented variants ---------------------------------------------------------
 
 def stream_lines(server, request) -> list[str]:
     with httpx.stream("POST", server.base_url + "/chat/completions", headers=auth(server),

@@ -6,6 +6,9 @@ annotations only), relative imports resolved against the importing
 module. `from P import name` is an edge to the module P.name when that is a module, else to
 P. A package's `__init__` is the module named after the package; a submodule's implicit
 import of its own parent package is not an edge (that is how packages work, not a cycle).
+
+And kimipipe leaves Python's import system as its dependencies expect it: no finder, loader
+or blocked module of its own.
 """
 
 from __future__ import annotations
@@ -129,28 +132,34 @@ def test_type_checking_imports_are_not_edges(tmp_path):
     assert find_cycle(import_graph(pkg, "pkg")) is not None
 
 
-def test_httpx_loads_without_its_command_line_tool():
-    """kimipipe/__init__.py keeps httpx from importing its CLI (rich, pygments) at every
-    start; the client itself still works (a real request to a loopback server)."""
+def test_kimipipe_patches_no_dependencys_import_machinery():
+    """A dependency is used through its public API. Importing every command and loading a
+    tokenizer (what kp-tokenize does before its first record) leaves no finder or loader of
+    kimipipe's in Python's import system and no None entry in sys.modules (which would make
+    a dependency's own import of that module fail), in a fresh interpreter."""
+    import json
     import subprocess
     import sys
 
+    from conftest import TOKENIZER_KINDS
+
     code = (
-        "import http.server, threading, sys\n"
-        "import kimipipe.commands.infer, kimipipe.commands.credits, httpx\n"
-        "assert 'rich' not in sys.modules and 'pygments' not in sys.modules, 'CLI imported'\n"
-        "class H(http.server.BaseHTTPRequestHandler):\n"
-        "    def do_GET(self):\n"
-        "        self.send_response(200); self.send_header('Content-Length', '2')\n"
-        "        self.end_headers(); self.wfile.write(b'ok')\n"
-        "    def log_message(self, *a): pass\n"
-        "s = http.server.HTTPServer(('127.0.0.1', 0), H)\n"
-        "threading.Thread(target=s.serve_forever, daemon=True).start()\n"
-        "r = httpx.get(f'http://127.0.0.1:{s.server_port}/', trust_env=False)\n"
-        "assert r.status_code == 200 and r.text == 'ok'\n"
-        "import importlib.util\n"
-        "assert importlib.util.find_spec('rich') is not None  # installed: the guard matters\n"
+        "import importlib, json, pkgutil, sys\n"
+        "blocked = {k for k, v in sys.modules.items() if v is None}\n"
+        "import kimipipe.commands\n"
+        "for m in pkgutil.iter_modules(kimipipe.commands.__path__):\n"
+        "    importlib.import_module('kimipipe.commands.' + m.name)\n"
+        "from kimipipe.tokenize.engine import Engine, Settings\n"
+        "Engine(Settings(tokenizer_dir=sys.argv[1], trust_remote_code=True))\n"
+        "import httpx, transformers\n"
+        "ours = lambda o: (getattr(o, '__module__', None) or '').split('.')[0] == 'kimipipe'\n"
+        "print(json.dumps({\n"
+        "    'blocked': sorted(k for k, v in sys.modules.items() if v is None and k not in blocked),\n"
+        "    'finders': [repr(f) for f in sys.meta_path + sys.path_hooks if ours(f)],\n"
+        "    'loaders': sorted(n for n, m in sys.modules.items() if not n.startswith('kimipipe')\n"
+        "                      and ours(getattr(getattr(m, '__spec__', None), 'loader', None)))}))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code, str(TOKENIZER_KINDS["tiktoken"])],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"blocked": [], "finders": [], "loaders": []}

@@ -15,7 +15,7 @@ import signal
 import subprocess
 
 import pytest
-from conftest import BIN, TOKENIZER_KINDS, kp, read_jsonl, write_jsonl
+from conftest import BIN, TOKENIZER_KINDS, kp, read_jsonl, tokenize_in_process, write_jsonl
 from helpers import wait_for, whole_lines
 from test_infer import infer
 
@@ -356,7 +356,7 @@ def test_kp_tokenize_makes_one_row_per_turn_with_the_history_as_the_template_ren
     out, tokens = tmp_path / "r.jsonl", tmp_path / "t.jsonl"
     r = infer(server, prompts, "-o", out, "--history-reasoning", policy)
     assert r.code == 0, r.stderr
-    r = kp("tokenize", out, "--tokenizer", TOKENIZER_KINDS["fast"], "-o", tokens, "--workers", "1")
+    r = tokenize_in_process(out, "--tokenizer", TOKENIZER_KINDS["fast"], "-o", tokens, "--workers", "1")
     assert r.code == 0, r.stderr
     rows = {x["id"]: x for x in read_jsonl(tokens)}
     records = {x["id"]: x for x in read_jsonl(out)}

@@ -1,4 +1,4 @@
-"""kp-infer under OpenRouter's three credit limits (issue 13), through the command line
+"""kp-infer under OpenRouter's three credit limits (docs/standin.md), through the command line
 against the stand-in over loopback: the in-flight budget is a wait, the balance and the
 key/workspace/guardrail budgets are money stops (exit 3) that fail no prompt, moderation's
 403 is the prompt's own failure, and the money in flight is sized to the balance."""

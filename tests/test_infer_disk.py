@@ -1,5 +1,5 @@
 """kp-infer and a full disk: no torn line, no paid answer lost, admission waits for room
-(issue 19 items 2, 3 and 5), through the CLI against the stand-in.
+(docs/robustness.md), through the CLI against the stand-in.
 
 A full disk is made two ways: without privileges, RLIMIT_FSIZE in the kp-infer process
 (SIGXFSZ ignored, so a write past the limit fails with EFBIG); as root, a small tmpfs
@@ -335,7 +335,7 @@ def whole_lines_of(path) -> list[bytes]:
     return path.read_bytes().split(b"\n")[:-1] if path.exists() else []
 
 
-# -- a disk that cannot take the run (issue 24, Deliver 5) -----------------------------------
+# -- a disk that cannot take the run (docs/robustness.md) ------------------------------------
 
 def test_a_filesystem_without_room_for_one_request_is_exit_3_at_the_start(standin, tmp_path, tmpfs):
     """A 300 KB tmpfs under the default --min-free-disk (64 MiB) waited for ever with

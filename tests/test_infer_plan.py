@@ -57,7 +57,8 @@ def test_plan_json_is_the_text_plans_figures_recomputed_by_hand(standin, tmp_pat
     assert data["cost"]["worst_case"] == pytest.approx(n * worst_request, abs=1e-6)
     assert data["cost"]["worst_case_request"] == pytest.approx(worst_request, abs=1e-6)
     assert data["max_cost"] == 3 and data["total_cost"] is None
-    # DeepInfra's FP4 variant shares its name with the allowed int4 endpoint (issue 24)
+    # DeepInfra's FP4 variant shares its name with the allowed int4 endpoint, and an answer
+    # names the provider, never the endpoint
     assert data["warnings"] == [
         "DeepInfra names an allowed endpoint (deepinfra) and an excluded variant (deepinfra/turbo); "
         "answers name the provider, never the endpoint, so DeepInfra's are kept marked "

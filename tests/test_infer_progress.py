@@ -1,4 +1,4 @@
-"""kp-infer's progress line and its stops (issue 18 items 7 and 8), through the command line.
+"""kp-infer's progress line and its stops (docs/kp-infer.md), through the command line.
 
 The line fits an 80-column terminal (a pseudo-terminal of 80x24) with its essentials first;
 when stderr is not a terminal it is printed as plain lines now and then (no `\\r` frames);

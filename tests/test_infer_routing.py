@@ -20,11 +20,11 @@ from kimipipe.openrouter.routing import (
 
 
 def test_max_cost_holds_when_an_excluded_pricier_endpoint_serves_anyway(standin, tmp_path):
-    """Issue 17's money bug: the only endpoint allowed is the cheapest (DeepInfra Turbo),
+    """The only endpoint allowed is the cheapest (DeepInfra Turbo),
     and every answer is served anyway by one the flags excluded, all pricier. Such answers
     are billed at their endpoint's price, so each request's worst case must be reserved at
-    the highest price of the whole table: the stand-in's bill stays under the cap (before
-    the fix it billed 2.0955 under --max-cost 2)."""
+    the highest price of the whole table: the stand-in's bill stays under the cap (reserved
+    at the allowed endpoint's price, it billed 2.0955 under --max-cost 2)."""
     server = standin(ledger=True, price_scale=1000.0, faults={"misroute": 1.0}, seed=2)
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
     out, failures, summary = tmp_path / "r.jsonl", tmp_path / "f.jsonl", tmp_path / "s.json"

@@ -1,4 +1,4 @@
-"""kp-infer samples as the model is served (issue 14): Kimi's presets, user flags over
+"""kp-infer samples as the model is served (docs/kp-infer.md): Kimi's presets, user flags over
 them, provider.require_parameters against a provider that drops sampling, nothing invented
 for an unknown model; each record's `sampling` says how. Through the command line against
 the stand-in."""

@@ -1,4 +1,4 @@
-"""kp-infer against the wire as OpenRouter documents it (issue 24): both stream shapes, the
+"""kp-infer against the wire as OpenRouter documents it (docs/openrouter.md): both stream shapes, the
 availability bodies, endpoint variants, nulls in the endpoints table, the request headers.
 
 Every test runs kp-infer as a user does, against the stand-in switched to the documented

@@ -1,4 +1,4 @@
-"""kp-infer when one of its worker processes dies mid-run (issue 24, Deliver 0).
+"""kp-infer when one of its worker processes dies mid-run (docs/robustness.md).
 
 An OOM kill or a crash in a C extension takes a worker process down with the requests it
 holds. The run must see it at once (the worker's pipe closes), send those requests again

@@ -1,4 +1,4 @@
-"""Every dollar billed is a dollar counted (issue 25): one definition of what a record
+"""Every dollar billed is a dollar counted (docs/money.md): one definition of what a record
 cost, read the same by every spend reader; answers without `usage.cost`; pricing
 overrides; refused answers across the datasets of a build; the balance a normal key cannot
 read. Through the command line, against the stand-in on loopback."""
@@ -55,8 +55,8 @@ def _dataset(work, name: str, answers: list[tuple[float, list[float]]],
 def test_every_spend_reader_counts_the_same_files_the_same(standin, tmp_path):
     """Resume, --spent-in, --total-cost, make plan, the pilot's figures and kp-infer report,
     given the same files, give the same figure: usage.cost + refused[].cost for a response,
-    cost for a failure (before issue 25, --spent-in, make plan and the pilot left out every
-    refused answer's cost)."""
+    cost for a failure (a reader that left out the refused answers' cost would let the
+    caps pass what was billed)."""
     server = standin()
     work = tmp_path / "work"
     work.mkdir()
@@ -197,7 +197,7 @@ def _recorded(*paths) -> float:
 def test_max_cost_holds_when_half_the_answers_show_no_cost_in_a_run_and_a_rerun(standin, tmp_path):
     """Half the answers' usage has no `cost` (it is in /generation only, after a delay):
     each is booked at its estimate at once, its real figure read and written into its
-    record. Before issue 25 they were booked as $0: --max-cost 0.03 billed 0.0583."""
+    record. Booked as $0 instead, they let --max-cost 0.03 bill 0.0583."""
     server = standin(ledger=True, price_scale=5, no_cost=0.5, generation_delay=0.3)
     prompts = make_prompts(tmp_path / "p.jsonl", 40)
     out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
@@ -260,8 +260,8 @@ def test_an_answer_whose_cost_never_shows_is_booked_at_its_highest_price(standin
 
 # -- (b) --max-cost holds when an override bills 4x the base price --------------------------
 def test_max_cost_holds_when_a_pricing_override_bills_four_times_the_base(standin, tmp_path):
-    """One of the two allowed providers bills an override at 4x its base prices. Before
-    issue 25 the bound was the base prices': --max-cost 0.02 billed 0.0258."""
+    """One of the two allowed providers bills an override at 4x its base prices. A bound at
+    the base prices instead lets --max-cost 0.02 bill 0.0258."""
     server = standin(ledger=True, price_overrides={"together": 4}, latency=0.2)
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
     out = tmp_path / "r.jsonl"
@@ -284,8 +284,8 @@ def test_max_cost_holds_when_a_pricing_override_bills_four_times_the_base(standi
 def test_total_cost_holds_across_three_datasets_with_answers_refused_for_no_reasoning(standin, tmp_path):
     """Three datasets built one after the other, as the Makefile runs kp-infer (--total-cost
     with the --spent-in globs and --reservations); Together drops the reasoning from most
-    answers, each refused and paid for. Before issue 25, --spent-in left those costs out:
-    TOTAL_COST=0.08 billed 0.0933. Each run's code is the one right one: B3 (~$0.036) fits
+    answers, each refused and paid for. A --spent-in that left those costs out lets
+    TOTAL_COST=0.065 bill 0.0653. Each run's code is the one right one: B3 (~$0.036) fits
     with the 4 worst cases it may have in flight (~$0.023) and finishes (0); B4's 20 first
     attempts alone cost more than the room left, so the cap stops it (3); B5 has none (3)."""
     server = standin(ledger=True, price_scale=4, drop_reasoning={"together": 0.9})
@@ -310,8 +310,8 @@ def test_total_cost_holds_across_three_datasets_with_answers_refused_for_no_reas
 
 # -- (d) a guard that cannot read the balance says so ---------------------------------------
 def test_min_credits_with_a_normal_key_warns_once_what_the_key_cannot_read(standin, tmp_path):
-    """A normal key (what most users have): /credits 403, /key without a limit. Before issue
-    25, --min-credits 5 ran without a word about the guard."""
+    """A normal key (what most users have): /credits 403, /key without a limit. A guard that
+    cannot read the balance guards nothing, and --min-credits 5 must say so."""
     server = standin(credits_mode="forbidden")
     prompts = make_prompts(tmp_path / "p.jsonl", 6)
     r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--min-credits", "5",

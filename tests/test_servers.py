@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import BIN, TOKENIZERS, kp, read_jsonl
+from conftest import BIN, TOKENIZERS, kp, read_jsonl, tokenize_in_process
 from helpers import stderr_after, wait_for
 
 FAST = TOKENIZERS / "kimi-k2.5-mini-fast"
@@ -268,8 +268,8 @@ def test_tokenize_uses_the_servers_sampled_ids(standin, tmp_path, tok, stream):
     r = kp("infer", prompts, "-o", responses, "--server", server.base_url, stream,
            env=no_openrouter_env())
     assert r.code == 0, r.stderr
-    t = kp("tokenize", responses, "--tokenizer", FAST, "-o", tmp_path / "t.jsonl",
-           "--workers", "1")
+    t = tokenize_in_process(responses, "--tokenizer", FAST, "-o", tmp_path / "t.jsonl",
+                            "--workers", "1")
     assert t.code == 0, t.stderr
     rows = read_jsonl(tmp_path / "t.jsonl")
     by_id = {rec["id"]: rec for rec in read_jsonl(responses)}
@@ -295,14 +295,14 @@ def test_tokenize_warns_on_a_servers_prompt_ids_and_rejects_them_under_strict(st
     responses = tmp_path / "r.jsonl"
     assert kp("infer", prompts, "-o", responses, "--server", server.base_url,
               env=no_openrouter_env()).code == 0
-    t = kp("tokenize", responses, "--tokenizer", FAST, "-o", tmp_path / "t.jsonl", "--workers", "1")
+    t = tokenize_in_process(responses, "--tokenizer", FAST, "-o", tmp_path / "t.jsonl", "--workers", "1")
     assert t.code == 0, t.stderr
     port = f"127.0.0.1:{server.port}"
     assert (f"warning: server {port}: its prompt_token_ids differ from kimipipe's input_ids on "
             "4 of 4 rows") in t.stderr
     assert len(read_jsonl(tmp_path / "t.jsonl")) == 4
-    strict = kp("tokenize", responses, "--tokenizer", FAST, "-o", tmp_path / "s.jsonl",
-                "--workers", "1", "--strict")
+    strict = tokenize_in_process(responses, "--tokenizer", FAST, "-o", tmp_path / "s.jsonl",
+                                 "--workers", "1", "--strict")
     assert strict.code == 2 and "prompt_token_ids are not kimipipe's input_ids" in strict.stderr
 
 
@@ -315,7 +315,7 @@ def test_tokenize_reencodes_sampled_ids_that_do_not_spell_the_text(standin, tmp_
     records = read_jsonl(responses)
     records[0]["sampled_ids"]["output"] = records[0]["sampled_ids"]["output"][1:]  # a token lost
     responses.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    t = kp("tokenize", responses, "--tokenizer", FAST, "-o", tmp_path / "t.jsonl", "--workers", "1")
+    t = tokenize_in_process(responses, "--tokenizer", FAST, "-o", tmp_path / "t.jsonl", "--workers", "1")
     assert t.code == 0, t.stderr
     rows = {row["id"]: row for row in read_jsonl(tmp_path / "t.jsonl")}
     assert "output_ids_source" not in rows[records[0]["id"]]
@@ -374,7 +374,7 @@ def test_sglang_servers_ids_come_through_sglext(standin, tmp_path, stream):
         assert body["return_output_ids_in_sglext"] is True and "return_token_ids" not in body
     records = read_jsonl(responses)
     assert len(records) == 4 and all(rec["sampled_ids"]["prompt"] for rec in records)
-    t = kp("tokenize", responses, "--tokenizer", FAST, "-o", tmp_path / "t.jsonl", "--workers", "1")
+    t = tokenize_in_process(responses, "--tokenizer", FAST, "-o", tmp_path / "t.jsonl", "--workers", "1")
     assert t.code == 0, t.stderr
     by_id = {rec["id"]: rec for rec in records}
     for row in read_jsonl(tmp_path / "t.jsonl"):

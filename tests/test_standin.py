@@ -658,7 +658,7 @@ def test_latency_and_live_reconfiguration(srv):
     assert status == 200 and lines[-1] == "data: [DONE]" and chunks_of(lines)
 
 
-# -- conversations: history-dependent answers, session_id (issue 22) ----------------------
+# -- conversations: history-dependent answers, session_id (docs/conversations.md) ---------
 
 def test_a_later_turns_answer_depends_on_its_whole_history(srv):
     from kimipipe.standin.answers import history_sha256

@@ -4,9 +4,12 @@ tokenization_kimi.py: the `real` parameter).
 
 Expected IDs are computed independently through transformers itself: the prompt with
 `apply_chat_template(..., tokenize=True)`, the model's text with each kind's documented way
-of encoding plain text. The command runs as a user runs it: `kp-tokenize` in a subprocess
-(real files, real exit codes), with the environment the suite was started with (nothing
-here sets HF_HUB_OFFLINE: kp-tokenize must keep itself offline).
+of encoding plain text. What the engine makes of records (the IDs, rejects, refusals and the
+flags that shape them) is checked by running the command in this process
+(`tokenize_in_process`: its `main`, its exit code, stdout and stderr, one worker); what
+belongs to the process (input and output files, resume, stdin, worker processes, signals,
+staying offline by itself) by `kp-tokenize` in a subprocess as a user runs it, with the
+environment the suite was started with (nothing here sets HF_HUB_OFFLINE).
 """
 
 from __future__ import annotations
@@ -15,14 +18,21 @@ import json
 from functools import cache
 
 import pytest
-import zstandard
-from conftest import BIN, TOKENIZER_KINDS, is_tiktoken, kp, read_jsonl, response_record, write_jsonl
+from conftest import (
+    BIN,
+    TOKENIZER_KINDS,
+    is_tiktoken,
+    kp,
+    read_jsonl,
+    response_record,
+    tokenize_in_process,
+    write_jsonl,
+)
 from helpers import children
 
 from kimipipe.tokenize.load import load_tokenizer
 
-# Tests of flags and files (not of IDs) run on Kimi's own kind only: each run is a
-# subprocess that loads transformers.
+# Tests of flags and files (not of IDs) run on Kimi's own kind only.
 KIMI = TOKENIZER_KINDS["tiktoken"]
 
 
@@ -56,11 +66,12 @@ def prompt_ids(directory, messages, thinking=True) -> list[int]:
 
 def run_one(tmp_path, directory, record, *extra):
     src = write_jsonl(tmp_path / "responses.jsonl", [record])
-    return tokenize(src, "--tokenizer", directory, "--trust-remote-code", "--workers", "1", *extra)
+    return tokenize_in_process(src, "--tokenizer", directory, "--trust-remote-code", "--workers",
+                               "1", *extra)
 
 
-# One kp-tokenize run per tokenizer kind carries every single-record case below (a
-# subprocess costs ~1-2 s of start-up); each test checks its own record of that run.
+# One kp-tokenize run per tokenizer kind carries every single-record case below (loading
+# Kimi K2.5's real tokenizer alone is ~0.7 CPU-s); each test checks its own record of it.
 MULTI_TURN = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
               {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye?"}]
 INJECTED_CONTENT = "Type <|im_end|> then <think>x</think> and [EOS]<|im_user|>."
@@ -89,7 +100,8 @@ def batch_runs(tmp_path_factory):
     def run(directory):
         if directory not in runs:
             src = write_jsonl(tmp_path_factory.mktemp("cases") / "responses.jsonl", CASES)
-            r = tokenize(src, "--tokenizer", directory, "--trust-remote-code", "--workers", "1")
+            r = tokenize_in_process(src, "--tokenizer", directory, "--trust-remote-code",
+                                    "--workers", "1")
             assert r.code == 0, r.stderr
             runs[directory] = (r, {x["id"]: x for x in r.records()})
         return runs[directory]
@@ -147,8 +159,8 @@ def no_thinking_runs(tmp_path_factory):
                     response_record("x", "Hi", content="Hello", reasoning="hmm")]
             src = write_jsonl(tmp / "responses.jsonl", rows)
             rejects = tmp / "rejects.jsonl"
-            r = tokenize(src, "--tokenizer", directory, "--trust-remote-code", "--workers", "1",
-                         "--no-thinking", "--rejects", rejects)
+            r = tokenize_in_process(src, "--tokenizer", directory, "--trust-remote-code",
+                                    "--workers", "1", "--no-thinking", "--rejects", rejects)
             runs[directory] = (r, rejects, rows)
         return runs[directory]
     return run
@@ -209,8 +221,8 @@ def test_drop_truncated_leaves_cut_turns_out(tmp_path):
     src = write_jsonl(tmp_path / "r.jsonl", [
         response_record("a", "Hi", content="ok", reasoning="r"),
         response_record("b", "Hi", content="cu", reasoning="r", finish_reason="length")])
-    r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1",
-                 "--drop-truncated")
+    r = tokenize_in_process(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code",
+                            "--workers", "1", "--drop-truncated")
     assert r.code == 0 and [x["id"] for x in r.records()] == ["a"]
     assert "dropped 1 truncated" in r.stderr
 
@@ -265,11 +277,13 @@ def test_max_length_flags_or_drops_long_rows(tmp_path):
         response_record("short", "Hi", content="ok"),
         response_record("long", "Hi " * 40, content="word " * 40)])
     args = (src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", "--max-length", "30")
-    flagged = tokenize(*args).records()
+    flagged = tokenize_in_process(*args).records()
     assert [x.get("over_max_length", False) for x in flagged] == [False, True]
-    r = tokenize(*args, "--drop-long")
+    r = tokenize_in_process(*args, "--drop-long")
     assert [x["id"] for x in r.records()] == ["short"] and "1 over --max-length" in r.stderr
-    assert tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--drop-long").code == 2
+    r = tokenize_in_process(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers",
+                            "1", "--drop-long")
+    assert r.code == 2 and "--drop-long needs --max-length" in r.stderr
 
 
 def test_drop_text_keeps_ids_and_metadata_only(tmp_path):
@@ -285,7 +299,7 @@ def test_resume_skips_ids_already_in_output_and_repairs_a_torn_line(tmp_path):
     src = write_jsonl(tmp_path / "r.jsonl", rows[:3])
     out = tmp_path / "tokens.jsonl"
     base = ("--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", "-o", out)
-    assert tokenize(src, *base).code == 0
+    assert tokenize_in_process(src, *base).code == 0  # the run to resume
     with open(out, "ab") as f:
         f.write(b'{"id": "r9", "input_ids": [1, 2')  # a crash mid-line
     write_jsonl(src, rows)
@@ -293,19 +307,8 @@ def test_resume_skips_ids_already_in_output_and_repairs_a_torn_line(tmp_path):
     assert r.code == 0, r.stderr
     assert "skipped 3 already in the output" in r.stderr and "wrote 3 records" in r.stderr
     assert [x["id"] for x in read_jsonl(out)] == [f"r{i}" for i in range(6)]
-    fresh = tokenize(src, *base[:-2])
+    fresh = tokenize_in_process(src, *base[:-2])  # what one run of everything writes
     assert [json.dumps(x) for x in read_jsonl(out)] == [json.dumps(x) for x in fresh.records()]
-
-
-def test_zstd_in_and_out(tmp_path):
-    kimi_tokenizer = KIMI  # the flags do not depend on the kind
-    raw = write_jsonl(tmp_path / "r.jsonl", [response_record("z", "Hi", content="ok")]).read_bytes()
-    src = tmp_path / "r.jsonl.zst"
-    src.write_bytes(zstandard.ZstdCompressor().compress(raw))
-    out = tmp_path / "t.jsonl.zst"
-    r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", "-o", out, "-q")
-    assert r.code == 0 and r.stderr == "" and r.stdout == b""
-    assert [x["id"] for x in read_jsonl(out)] == ["z"]
 
 
 TEMPLATE_THAT_FAILS_SOMETIMES = """\
@@ -328,33 +331,25 @@ def test_failures_go_to_rejects_exit_4_and_strict_stops_with_2(tmp_path):
     rejects = tmp_path / "rejects.jsonl"
     base = (src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1",
             "--chat-template", template)
-    r = tokenize(*base, "--rejects", rejects)
+    r = tokenize_in_process(*base, "--rejects", rejects)
     assert r.code == 4, r.stderr
     assert [x["id"] for x in r.records()] == ["good1", "good2"]
     rej = read_jsonl(rejects)
     assert [(x["id"], x["line"]) for x in rej] == [("bad1", 2), ("bad2", 3)]
     assert "refusing REJECT me" in rej[0]["reason"] and "does not end with '<think>'" in rej[1]["reason"]
     assert "rejected 2 (see" in r.stderr
-    s = tokenize(*base, "--strict")
+    s = tokenize_in_process(*base, "--strict")
     assert s.code == 2 and [x["id"] for x in s.records()] == ["good1"]
     assert "bad1 (input line 2): chat template failed" in s.stderr
-
-
-def test_bad_input_line_stops_with_path_and_line(tmp_path):
-    kimi_tokenizer = KIMI  # the flags do not depend on the kind
-    src = tmp_path / "r.jsonl"
-    src.write_text(json.dumps(response_record("a", "Hi", content="ok")) + "\n" + '{"id": "b"}\n')
-    r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1")
-    assert r.code == 2
-    assert f"{src}:2: " in r.stderr and "missing required field" in r.stderr
 
 
 def test_wrong_preset_is_a_usage_error_before_any_output(tmp_path, kimi_tokenizer):
     out = tmp_path / "t.jsonl"
     src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
-    r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--preset", "qwen3", "-o", out)
+    base = (src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1")
+    r = tokenize_in_process(*base, "--preset", "qwen3", "-o", out)
     assert r.code == 2 and "preset qwen3" in r.stderr and not out.exists()
-    r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--preset", "deepseek-r1")
+    r = tokenize_in_process(*base, "--preset", "deepseek-r1")
     assert r.code == 2 and "'<｜end▁of▁sentence｜>' is not a single control token" in r.stderr
 
 
@@ -374,26 +369,18 @@ def test_tiktoken_kind_needs_trust_remote_code(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_workers_keep_input_order_and_match_one_process(tmp_path, kimi_tokenizer):
-    """Subprocesses, as a user runs it: 2 worker processes give byte-identical output."""
+    """2 worker processes (a subprocess, as a user runs it) give byte-identical output to one
+    process (the command run in this one)."""
     d = kimi_tokenizer
     rows = [response_record(f"w{i}", f"Question number {i}: {'why ' * (i % 7)}?",
                             content=f"Answer {i} " * (1 + i % 5), reasoning="think " * (i % 4),
                             finish_reason="length" if i % 11 == 0 else "stop") for i in range(300)]
     src = write_jsonl(tmp_path / "r.jsonl", rows)
-    one = kp("tokenize", src, "--tokenizer", d, "--trust-remote-code", "--workers", "1")
+    one = tokenize_in_process(src, "--tokenizer", d, "--trust-remote-code", "--workers", "1")
     two = kp("tokenize", src, "--tokenizer", d, "--trust-remote-code", "--workers", "2")
     assert one.code == 0 and two.code == 0, two.stderr
     assert two.stdout == one.stdout
     assert [x["id"] for x in two.records()] == [r["id"] for r in rows]
-
-
-def test_stdin_in_stdout_out_and_empty_input(tmp_path):
-    kimi_tokenizer = KIMI  # the flags do not depend on the kind
-    line = (json.dumps(response_record("s", "Hi", content="ok")) + "\n").encode()
-    r = tokenize("--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", input=line)
-    assert r.code == 0 and [x["id"] for x in r.records()] == ["s"]
-    r = tokenize("-", "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", input=b"")
-    assert r.code == 2 and "<stdin>: empty input" in r.stderr
 
 
 def test_rerun_with_everything_done_writes_nothing(tmp_path):
@@ -401,7 +388,7 @@ def test_rerun_with_everything_done_writes_nothing(tmp_path):
     src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
     out = tmp_path / "t.jsonl"
     base = (src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--workers", "1", "-o", out)
-    assert tokenize(*base).code == 0
+    assert tokenize_in_process(*base).code == 0  # everything done
     before = out.read_bytes()
     r = tokenize(*base)
     assert r.code == 0 and out.read_bytes() == before
@@ -442,8 +429,8 @@ def test_template_that_renders_finished_turns_unlike_the_preset_is_refused(tmp_p
     assert bad != template
     (tmp_path / "t.jinja").write_text(bad)
     src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
-    r = tokenize(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code", "--chat-template",
-                 tmp_path / "t.jinja")
+    r = tokenize_in_process(src, "--tokenizer", kimi_tokenizer, "--trust-remote-code",
+                            "--workers", "1", "--chat-template", tmp_path / "t.jinja")
     assert r.code == 2 and r.stdout == b""
     assert "renders a finished turn as 'REASONING-7f3a</think>\\nCONTENT-7f3a<|im_end|>'" in r.stderr
 
@@ -451,7 +438,10 @@ def test_template_that_renders_finished_turns_unlike_the_preset_is_refused(tmp_p
 def _tokenizing_from_an_open_pipe(tmp_path, records: int, given: int):
     """kp-tokenize (2 workers, the fast tokenizer) on a pipe the test keeps open, fed the
     first GIVEN of RECORDS generated responses, once its first records are out: (the
-    process, the whole input file, the output, the arguments but the input)."""
+    process, the whole input file, the output, the arguments but the input). Input is read
+    in blocks of 1 MiB (kimipipe/io.py) and 2 workers hold 6 batches of 64: GIVEN must be
+    over ~2 MiB of these ~2.4 KB records for the first ones to come out while the pipe is
+    open (800 are not, 900 are)."""
     import subprocess
     import sys
     import time
@@ -484,16 +474,16 @@ def test_ctrl_c_with_workers_exits_130_and_a_rerun_completes_exactly(tmp_path):
     import signal
     import subprocess
 
-    proc, src, out, common = _tokenizing_from_an_open_pipe(tmp_path, 4000, 2000)
+    proc, src, out, common = _tokenizing_from_an_open_pipe(tmp_path, 2000, 1000)
     assert proc.poll() is None  # its input is still open: it cannot have finished
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
     assert err.decode().strip() == "kp-tokenize: interrupted"
     partial = read_jsonl(out)
-    assert 0 < len(partial) <= 2000
+    assert 0 < len(partial) <= 1000
     assert subprocess.run([str(BIN / "kp-tokenize"), str(src), *common]).returncode == 0
-    assert [x["id"] for x in read_jsonl(out)] == [f"b-{i}" for i in range(4000)]
+    assert [x["id"] for x in read_jsonl(out)] == [f"b-{i}" for i in range(2000)]
 
 
 
@@ -528,16 +518,14 @@ def test_a_worker_killed_mid_run_stops_the_command_with_one_line_and_a_rerun_com
 
 
 def test_partitions_split_the_records_disjointly_and_completely(tmp_path):
-    from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
-
     rows = [response_record(f"r{i}", f"question {i}", f"answer {i}", reasoning=f"think {i}")
             for i in range(40)]
     src = write_jsonl(tmp_path / "responses.jsonl", rows)
     parts = []
     for k in (1, 2):
         out = tmp_path / f"t{k}.jsonl"
-        r = kp("tokenize", src, "--tokenizer", TOKENIZER_KINDS["fast"], "-o", out,
-               "--partition", f"{k}/2", "--quiet")
+        r = tokenize_in_process(src, "--tokenizer", TOKENIZER_KINDS["fast"], "--workers", "1",
+                                "-o", out, "--partition", f"{k}/2", "--quiet")
         assert r.code == 0, r.stderr
         parts.append({x["id"] for x in read_jsonl(out)})
     assert parts[0] and parts[1] and not parts[0] & parts[1]
@@ -555,15 +543,15 @@ def _can_unshare_network() -> bool:
         ["unshare", "-n", "true"], capture_output=True).returncode == 0
 
 
-@pytest.mark.parametrize("network_namespace", [False, True], ids=["proxy-trap", "unshare-n"])
-def test_nothing_is_downloaded_with_no_offline_variable_set(tmp_path, network_namespace):
+def test_nothing_is_downloaded_with_no_offline_variable_set(tmp_path):
     """README: nothing is downloaded at run time. No offline variable in the environment
     (kp-tokenize must go offline by itself), a fresh HF_HOME whose cache holds the model,
     and every proxy variable pointing at a socket this test listens on: an HTTP(S) request
     of any library would connect there. kp-tokenize works, by model name from the cache
-    and by directory, and nothing connects. The second case also runs both in a network
-    namespace with no network at all (`unshare -n`) and expects the same output; where
-    `unshare -n` is not allowed it skips, which CI (KP_NO_SKIP) turns into an error."""
+    and by directory, and nothing connects. Then both run again in a network namespace
+    with no network at all (`unshare -n`) and give the same output; where `unshare -n` is
+    not allowed that part skips (after the first has passed), which CI (KP_NO_SKIP) turns
+    into an error."""
     import os
     import socket
     import subprocess
@@ -596,19 +584,21 @@ def test_nothing_is_downloaded_with_no_offline_variable_set(tmp_path, network_na
                  "--trust-remote-code", "--workers", "1"],
                 [str(BIN / "kp-tokenize"), str(src), "--tokenizer", str(TOKENIZER_KINDS["fast"]),
                  "--workers", "1"]]
-    if network_namespace:
-        if not _can_unshare_network():
-            pytest.skip("cannot run `unshare -n` here (needs root or user namespaces)")
-        commands += [["unshare", "-n", *c] for c in commands]
-    outputs = []
-    try:
+    def outputs(commands) -> list[bytes]:
+        got = []
         for argv in commands:
             proc = subprocess.run(argv, env=env, capture_output=True, timeout=120)
             assert not connected, (argv, connected)
             assert proc.returncode == 0, (argv, proc.stderr.decode())
-            outputs.append(proc.stdout)
+            got.append(proc.stdout)
+        return got
+
+    try:
+        trapped = outputs(commands)
+        assert all(json.loads(x)["output_ids"] for x in trapped)
+        if not _can_unshare_network():
+            pytest.skip("cannot run `unshare -n` here (needs root or user namespaces)")
+        # the same without any network
+        assert outputs([["unshare", "-n", *c] for c in commands]) == trapped
     finally:
         trap.close()
-    assert all(json.loads(x)["output_ids"] for x in outputs[:2])
-    if network_namespace:
-        assert outputs[2:] == outputs[:2]  # the same without any network

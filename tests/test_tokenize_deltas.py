@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import kp, read_jsonl, write_jsonl
+from conftest import kp, read_jsonl, tokenize_in_process, write_jsonl
 from test_infer import infer, make_prompts
 
 
@@ -38,7 +38,9 @@ def bought(real_tokenizer, tmp_path_factory):
 
 
 def tokenize(src, tokenizer, *args):
-    return kp("tokenize", src, "--tokenizer", tokenizer, "--trust-remote-code", "--workers", "1", *args)
+    """kp-tokenize run in this process: the counts are the engine's (conftest.tokenize_in_process)."""
+    return tokenize_in_process(src, "--tokenizer", tokenizer, "--trust-remote-code", "--workers",
+                               "1", *args)
 
 
 def test_counts_agree_with_a_server_counting_on_the_same_tokenizer(bought, real_tokenizer):

@@ -11,8 +11,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, tokenizer_dir, write_jsonl
-from test_tokenize import tokenize as tokenize_in_process
+from conftest import (
+    TOKENIZER_KINDS,
+    kp,
+    read_jsonl,
+    response_record,
+    tokenize_in_process,
+    tokenizer_dir,
+    write_jsonl,
+)
 
 FAST = TOKENIZER_KINDS["fast"]
 # The refusals hold on the bundled fast kind and on Kimi K2.5's real tokenizer.
@@ -20,7 +27,8 @@ KINDS = ["fast", "real"]
 
 
 def tokenize(*args, directory=FAST):
-    """kp-tokenize on DIRECTORY's tokenizer, one worker."""
+    """kp-tokenize on DIRECTORY's tokenizer, one worker, run in this process (what is
+    checked here is the engine's: conftest.tokenize_in_process)."""
     return tokenize_in_process("--tokenizer", directory, "--trust-remote-code", "--workers", "1",
                                *args)
 
@@ -53,7 +61,7 @@ FIELD_CASES = [
 
 
 # Every case on the fast kind; on the real tokenizer one of them: the check reads the
-# messages only, before any token is made, and each case is a start of seconds.
+# messages only, before any token is made, and each case loads the real tokenizer (~0.7 s).
 @pytest.mark.parametrize("kind, index, extra, field",
                          [("fast", *c) for c in FIELD_CASES] + [("real", *FIELD_CASES[1])])
 def test_fields_the_template_renders_stop_with_path_line(request, tmp_path, index, extra, field, kind):
@@ -67,7 +75,7 @@ def test_fields_the_template_renders_stop_with_path_line(request, tmp_path, inde
 
 def test_ignore_extra_fields_renders_role_and_content_only(tmp_path):
     """--ignore-extra-fields: each record gets the IDs of the same record without the field
-    (one run for every case, one for their plain twins: a kp-tokenize start is seconds)."""
+    (one run for every case, one for their plain twins)."""
     plains, extras = [], []
     for k, (index, extra, _field) in enumerate(FIELD_CASES):
         plain = with_message_fields(f"c{k}")

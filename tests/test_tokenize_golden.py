@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ALL_KINDS, REAL_TOKENIZER, REPO, TOKENIZER_KINDS, kp
+from conftest import ALL_KINDS, REAL_TOKENIZER, REPO, TOKENIZER_KINDS, tokenize_in_process
 
 GOLDEN = REPO / "tests" / "golden" / "tokenize"
 CASES = {
@@ -36,8 +36,8 @@ def tokenizer_args(request, kind) -> list:
 def test_ids_match_the_golden_file(request, kind, mode):
     suffix = "" if mode == "thinking" else ".no-thinking"
     args = ["--no-thinking"] if mode == "no-thinking" else []
-    r = kp("tokenize", GOLDEN / f"responses{suffix}.jsonl", *tokenizer_args(request, kind),
-           "--trust-remote-code", "--drop-text", "--workers", "1", "-q", *args)
+    r = tokenize_in_process(GOLDEN / f"responses{suffix}.jsonl", *tokenizer_args(request, kind),
+                            "--trust-remote-code", "--drop-text", "--workers", "1", "-q", *args)
     assert r.code == 0 and r.stderr == ""
     assert r.stdout == (GOLDEN / f"tokens{suffix}.{kind}.jsonl").read_bytes()
 

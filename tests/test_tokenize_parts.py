@@ -16,6 +16,7 @@ from conftest import (
     kp,
     read_jsonl,
     response_record,
+    tokenize_in_process,
     tokenizer_dir,
     write_jsonl,
 )
@@ -275,7 +276,7 @@ def test_qwen3_preset_end_to_end_with_non_special_think_tokens(tmp_path):
     rows = [response_record("q", "Hi", content=content, reasoning=reasoning),
             response_record("c", "Hi", content="", reasoning="cut", finish_reason="length")]
     src = write_jsonl(tmp_path / "r.jsonl", rows)
-    r = kp("tokenize", src, "--tokenizer", d, "--workers", "1")
+    r = tokenize_in_process(src, "--tokenizer", d, "--workers", "1")
     assert r.code == 0, r.stderr
     assert "preset qwen3 (confirmed by the template)" in r.stderr
     q, c = r.records()
@@ -285,8 +286,8 @@ def test_qwen3_preset_end_to_end_with_non_special_think_tokens(tmp_path):
     assert tok.decode(q["input_ids"] + q["output_ids"]) == (
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n" + reasoning
         + "\n</think>\n\n" + content + "<|im_end|>")
-    off = kp("tokenize", write_jsonl(tmp_path / "n.jsonl", [response_record("n", "Hi", content="ok")]),
-             "--tokenizer", d, "--workers", "1", "--no-thinking")
+    off = tokenize_in_process(write_jsonl(tmp_path / "n.jsonl", [response_record("n", "Hi", content="ok")]),
+                              "--tokenizer", d, "--workers", "1", "--no-thinking")
     [n] = off.records()
     assert tok.decode(n["input_ids"]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert n["output_ids"] == plain("ok") + [ids["<|im_end|>"]]
@@ -369,8 +370,8 @@ def test_kp_infer_and_kp_tokenize_choose_the_same_ids_for_a_partition(standin, t
         part = tmp_path / f"infer{k}.jsonl"
         assert infer(server, prompts, "-o", part, "--partition", f"{k}/2").code == 0
         tokens = tmp_path / f"tokens{k}.jsonl"
-        r = kp("tokenize", everything, "--tokenizer", TOKENIZER_KINDS["fast"], "-o", tokens,
-               "--partition", f"{k}/2", "--quiet")
+        r = tokenize_in_process(everything, "--tokenizer", TOKENIZER_KINDS["fast"], "--workers",
+                                "1", "-o", tokens, "--partition", f"{k}/2", "--quiet")
         assert r.code == 0, r.stderr
         inferred = {x["id"] for x in read_jsonl(part)}
         assert inferred and inferred == {x["id"] for x in read_jsonl(tokens)}

@@ -423,7 +423,8 @@ def check_no_single_answers(scan: InputScan, done: set[str], conversations: Outp
     """A conversation of the input (a prompt with follow-ups) that OUTPUT answers as one
     plain record (written under `kp-prompts --turns last` or `each`: one answer, on the
     source's own history) would be skipped as done, and its single off-policy answer kept
-    for good: a mixed recipe (issue 22 item 8). Refused (exit 2), unless --allow-mixed."""
+    for good: a mixed recipe, a drafter trained on turns the model never answered.
+    Refused (exit 2), unless --allow-mixed."""
     single = sorted(i for i in scan.turns if i in done and i not in conversations.finished)
     if not single:
         return

@@ -4,7 +4,7 @@ Each check runs whatever the others find, and every problem is listed:
 
 - sources: each dataset's source file exists (or its prompts file is already built);
 - tokenizer: `kp-tokenize --check` loads TOKENIZER with TOKENIZE_FLAGS as the tokens
-  stage will (a missing tokenizer used to be found after all inference was paid). A
+  stage will (else a missing tokenizer is found after all inference is paid). A
   directory that loaded before, unchanged since (the same files, sizes and times, the same
   flags, the same transformers and kimipipe), is not loaded again: `make all` reruns the
   checks after every money change, and a load costs seconds (WORK/.tokenizer-check.json);

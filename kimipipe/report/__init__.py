@@ -4,9 +4,13 @@
     make report                                # WORK/report.html, with make's caps
 
 - `facts`: every file read into per-dataset facts (stdlib and msgspec only);
-- `figures`: the plots, matplotlib to SVG (the `report` extra; imported only here, by
-  `write_report`, so that no other command pays for matplotlib or needs it);
-- `page`: the HTML, plots inlined, no request to anywhere (a Content-Security-Policy says so).
+- `canvas`, `plots_build`, `plots_providers`: the plots, matplotlib to SVG (the `report`
+  extra); `canvas` holds the shared style and what every plot function returns,
+  `plots_build` the plots with one series or bar per dataset, `plots_providers` the
+  providers side by side;
+- `page`: the HTML, plots inlined, no request to anywhere (a Content-Security-Policy says
+  so). It imports the plots, and only `write_report` imports it, so that no other command
+  pays for matplotlib or needs it.
 
 docs/report.md shows a screenshot and says what each plot answers.
 """

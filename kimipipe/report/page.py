@@ -1,4 +1,5 @@
-"""The build report as one HTML file: tables, and the plots of figures.py inlined as SVG.
+"""The build report as one HTML file: tables, and the plots (plots_build.py,
+plots_providers.py) inlined as SVG.
 
 The page needs nothing but itself: no script, no font, no image, no stylesheet from
 anywhere, and its Content-Security-Policy (`default-src 'none'`, inline styles only) has

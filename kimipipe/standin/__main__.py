@@ -15,7 +15,7 @@ by default):
                                     balance left; past it 402 in_flight_budget_exhausted
                                     with Retry-After; one request larger than the whole
                                     budget 402 weight_exceeds_budget
-    --key-limit USD                 the key's limit: spent, 403 "Budget limit exceeded"
+    --key-limit USD                 the key's limit: spent, 402 "Budget limit exceeded"
                                     (openrouter_key_limit); `/key` limit, limit_remaining
     --workspace-budget USD, --guardrail-budget USD
                                     the same refusal, openrouter_workspace_budget /
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--balance", type=float, default=100.0, help="account total_credits in USD")
     p.add_argument("--key-limit", type=float, default=None,
                    help="the key's limit in USD: its remaining part caps one request's worst "
-                        "case (402), and once spent every request gets 403 \"Budget limit "
+                        "case (402), and once spent every request gets 402 \"Budget limit "
                         "exceeded\" (limit_source openrouter_key_limit)")
     p.add_argument("--credits-mode", choices=CREDITS_MODES, default="normal",
                    help="/credits answers normally, 403, or 200 with zeros")
@@ -179,14 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds a finished request's worst case still counts against "
                              "the in-flight budget (default 1)")
     limits.add_argument("--workspace-budget", type=float, default=None, metavar="USD",
-                        help="a workspace budget: once spent, 403 \"Budget limit exceeded\" "
+                        help="a workspace budget: once spent, 402 \"Budget limit exceeded\" "
                              "(limit_source openrouter_workspace_budget)")
     limits.add_argument("--guardrail-budget", type=float, default=None, metavar="USD",
-                        help="a guardrail budget: once spent, 403 \"Budget limit exceeded\" "
+                        help="a guardrail budget: once spent, 402 \"Budget limit exceeded\" "
                              "(limit_source openrouter_guardrail_budget)")
     limits.add_argument("--limit-status", type=int, choices=(403, 402), default=402,
                         help="status of the key-limit, workspace and guardrail refusals "
-                             "(OpenRouter has been seen to send both; default 403)")
+                             "(OpenRouter documents 402 and has been seen to send both; default 402)")
     limits.add_argument("--limit-reset", choices=LIMIT_RESETS, default=None,
                         help="the window of those budgets: resets_at in their refusals and in "
                              "/key (default: lifetime, resets_at null)")

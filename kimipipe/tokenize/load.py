@@ -19,15 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ExitCode, KPError
-from .imports import use_saved_import_table
 
 _HUB_NAME = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
 
 def offline_environment(debug: bool = False) -> None:
-    """Make huggingface_hub/transformers offline and quiet, and transformers' import table
-    come from its saved file (kimipipe/tokenize/imports.py); call before importing them."""
-    use_saved_import_table()
+    """Make huggingface_hub/transformers offline and quiet; call before importing them."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
