@@ -119,6 +119,20 @@ class PlanInFlight(Struct):
     max_tokens_for_concurrency: int | None
 
 
+class PlanLogprobs(Struct):
+    """Token logprobs in the plan (openrouter/logprobs.py): asked or not, required or not,
+    the allowed endpoints listing them (tags), not listing them (with `required`: those
+    the requirement leaves out), unknown (supported_parameters null), and the share of the
+    answers expected to carry them (None: cannot be told, or not asked)."""
+
+    asked: bool
+    required: bool
+    listing: list[str]
+    not_listing: list[str]
+    unknown: list[str]
+    share: float | None
+
+
 class InferPlan(Struct):
     """`kp-infer --plan --json` (infer/plan.py's docstring says what each figure means)."""
 
@@ -141,6 +155,7 @@ class InferPlan(Struct):
     notes: list[str]
     in_flight: PlanInFlight | None
     requests: PlanRequests | None = None  # (older plans: none; then `prompts` are the requests)
+    logprobs: PlanLogprobs | None = None  # (None: no endpoints table, or an older plan)
 
 
 # -- kp-infer --summary-json ------------------------------------------------------------------

@@ -22,6 +22,11 @@ Reasoning is read from `reasoning`, else the `reasoning.text` entries of
 `reasoning_details`, else a leading `<think>...</think>` in the content (then cut from it;
 an unclosed `<think>` in an answer cut by `max_tokens` is all reasoning); the Attempt says
 which (`reasoning_source`: field, details or inline).
+
+Token logprobs (`logprobs: true`): each choice's `logprobs.content[]` tokens are kept in
+order (a stream: each chunk's appended; nothing is done for a chunk without them) and
+joined once, at the answer's end (`sampled_tokens`): each token's length in bytes, and
+their bytes unless they are exactly the answer's text. No tokenizer is read here.
 """
 
 from __future__ import annotations
@@ -60,12 +65,25 @@ class _Message(msgspec.Struct, gc=False):
     reasoning_details: list[_ReasoningDetail] | None = None
 
 
+class _TokenLogprob(msgspec.Struct, gc=False):
+    """One sampled token of `logprobs.content[]` (OpenAPI ChatTokenLogprob): its `bytes`
+    (null: its `token` string's UTF-8 stands for them); logprob and top_logprobs unread."""
+
+    token: str = ""
+    bytes: list[int] | None = None
+
+
+class _Logprobs(msgspec.Struct, gc=False):
+    content: list[_TokenLogprob] | None = None
+
+
 class _Choice(msgspec.Struct, gc=False):
     delta: _Delta | None = None
     message: _Message | None = None
     finish_reason: str | None = None
     error: dict | None = None
     token_ids: list[int] | None = None  # vLLM's return_token_ids (a stream: this chunk's)
+    logprobs: _Logprobs | None = None  # the sampled tokens (`logprobs: true`; a stream: this chunk's)
 
 
 class _CompletionDetails(msgspec.Struct, gc=False):
@@ -139,9 +157,49 @@ def split_inline_think(content: str, reasoning: str | None, cut: bool = False
     return content, reasoning
 
 
+# An answer's tokens are kept only while their bytes stay within this many times the
+# answer's text (plus a little): a record's size stays bounded whatever a provider sends.
+TOKENS_MAX_RATIO = 2
+TOKENS_MAX_SLACK = 4096
+
+
+def sampled_tokens(tokens: list[_TokenLogprob], reasoning: str | None, content: str
+                   ) -> tuple[list[int], bytes | None, str, int] | None:
+    """An answer's tokens, joined once at its end: (each token's length in bytes, their
+    bytes joined or None where they are exactly a text of the answer, which text: "answer"
+    (reasoning then content) or "content", how many had null `bytes`). None when there are
+    none, or more bytes than the bound above."""
+    if not tokens:
+        return None
+    nulls = 0
+    pieces = []
+    for t in tokens:
+        if t.bytes is None:
+            nulls += 1
+            pieces.append(t.token.encode("utf-8", "surrogatepass"))
+        else:
+            try:
+                pieces.append(bytes(t.bytes))
+            except ValueError:  # not bytes at all (an integer past 255): kept as the string's
+                nulls += 1
+                pieces.append(t.token.encode("utf-8", "surrogatepass"))
+    joined = b"".join(pieces)
+    content_bytes = content.encode("utf-8")
+    answer = (reasoning or "").encode("utf-8") + content_bytes
+    if len(joined) > TOKENS_MAX_RATIO * len(answer) + TOKENS_MAX_SLACK:
+        return None
+    lengths = [len(p) for p in pieces]
+    if joined == answer:
+        return lengths, None, "answer", nulls
+    if joined == content_bytes:
+        return lengths, None, "content", nulls
+    return lengths, joined, "", nulls
+
+
 def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str], finish_reason,
             usage: _Usage | None, chunks: int = 0, prompt_ids: list[int] | None = None,
-            output_ids: list[int] | None = None) -> Attempt:
+            output_ids: list[int] | None = None,
+            tokens: list[_TokenLogprob] | None = None) -> Attempt:
     text, source = reasoning
     content, text = split_inline_think(content, text or None, cut=finish_reason == "length")
     if text and not source:
@@ -150,6 +208,7 @@ def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str]
         return Attempt(AttemptKind.RETRY, cause=RetryCause.EMPTY, status=200, message="empty output")
     details = usage.completion_tokens_details if usage else None
     cached = usage.prompt_tokens_details if usage else None
+    joined = sampled_tokens(tokens, text, content) if tokens else None
     return Attempt(
         AttemptKind.OK, status=200, content=content, reasoning=text, finish_reason=finish_reason,
         provider=provider, model=model, generation_id=body_id,
@@ -159,6 +218,8 @@ def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str]
         cost=usage.cost if usage else None, chunks=chunks, reasoning_source=source,
         cached_tokens=(cached.cached_tokens or 0) if cached else 0,
         usage_seen=usage is not None, prompt_ids=prompt_ids, output_ids=output_ids,
+        token_lengths=joined[0] if joined else None, token_data=joined[1] if joined else None,
+        token_spells=joined[2] if joined else "", token_nulls=joined[3] if joined else 0,
     )
 
 
@@ -257,7 +318,8 @@ class CompletionClient:
                                        msg.reasoning_details),
                        choice.finish_reason, body.usage,
                        prompt_ids=body.prompt_token_ids if sgl_prompt is None else sgl_prompt,
-                       output_ids=choice.token_ids if sgl_output is None else sgl_output)
+                       output_ids=choice.token_ids if sgl_output is None else sgl_output,
+                       tokens=choice.logprobs.content if choice.logprobs is not None else None)
 
 
 class StreamAnswer:
@@ -269,7 +331,7 @@ class StreamAnswer:
     """
 
     __slots__ = ("content", "reasoning", "details", "gen_id", "provider", "model",
-                 "finish_reason", "usage", "chunks", "prompt_ids", "output_ids")
+                 "finish_reason", "usage", "chunks", "prompt_ids", "output_ids", "tokens")
 
     def __init__(self) -> None:
         self.content: list[str] = []
@@ -280,6 +342,7 @@ class StreamAnswer:
         self.chunks = 0
         self.prompt_ids: list[int] | None = None  # a self-hosted server's (vLLM: 1st chunk;
         self.output_ids: list[int] | None = None  # ... and each chunk's, joined; SGLang: sglext)
+        self.tokens: list[_TokenLogprob] | None = None  # token logprobs: each chunk's, in order
 
     def _has_output(self) -> bool:
         return bool(self.content or self.reasoning or self.details)
@@ -313,6 +376,10 @@ class StreamAnswer:
                 if self.output_ids is None:
                     self.output_ids = []
                 self.output_ids.extend(choice.token_ids)
+            if choice.logprobs is not None and choice.logprobs.content:
+                if self.tokens is None:
+                    self.tokens = []
+                self.tokens.extend(choice.logprobs.content)
             delta = choice.delta
             if delta is not None:
                 if delta.content:
@@ -334,4 +401,4 @@ class StreamAnswer:
             return Attempt(AttemptKind.RETRY, cause=RetryCause.CUT, status=200, message="stream ended early")
         return _finish(self.gen_id, self.provider, self.model, "".join(self.content),
                        _reasoning_text("".join(self.reasoning), self.details), self.finish_reason,
-                       self.usage, self.chunks, self.prompt_ids, self.output_ids)
+                       self.usage, self.chunks, self.prompt_ids, self.output_ids, self.tokens)

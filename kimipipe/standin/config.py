@@ -58,6 +58,8 @@ class Config:
     ignore_sampling: list[str] = field(default_factory=list)
     not_distillable: bool = False
     tokenizer: str | None = None  # count usage with this tokenizer directory (token_counts.py)
+    # token logprobs (logprobs.py): provider slug -> variant (what its logprobs cover)
+    logprobs: dict[str, str] = field(default_factory=dict)
     # -- the wire's documented variants (streaming, errors, endpoints table) --
     stream_usage: str = "own-chunk"   # STREAM_USAGES
     midstream_code: str = "502"       # MIDSTREAM_CODES
@@ -138,8 +140,12 @@ class Config:
         for slug, d in self.discounts.items():
             if not 0.0 <= float(d) < 1.0:
                 raise ValueError(f"discount for {slug} must be in [0, 1)")
+        from .logprobs import VARIANTS
+        for slug, variant in self.logprobs.items():
+            if variant not in VARIANTS:
+                raise ValueError(f"logprobs variant for {slug} must be one of {', '.join(VARIANTS)}")
         for slug in [*self.drop_reasoning, *self.inline_reasoning, *self.unopened_reasoning,
-                     *self.ignore_sampling,
+                     *self.ignore_sampling, *self.logprobs,
                      *self.price_overrides, *self.discounts]:
             if not known_provider(slug):
                 raise ValueError(f"unknown provider {slug!r} (a tag or provider name of the "
@@ -178,6 +184,7 @@ LIVE_SETTINGS = {
     "no_cost_rate": float, "no_usage_rate": float, "generation_delay": float,
     "hold_after": _nullable(int),
     "noncanonical_rate": _nullable(float), "system_prompt": _nullable(str),
+    "logprobs": lambda v: {str(k): str(r) for k, r in dict(v).items()},
 }
 
 

@@ -41,7 +41,8 @@ class Job:
 
     def __init__(self, server: StandIn, request: web.Request, body: dict, answer: Answer,
                  endpoint: Endpoint, fault: str | None, created: int, gen_id: str,
-                 started: float, ledger_extra: dict | None = None, cached_tokens: int = 0):
+                 started: float, ledger_extra: dict | None = None, cached_tokens: int = 0,
+                 logprobs: tuple[list, list] | None = None):
         self.server = server
         self.config = server.config
         self.request = request
@@ -58,6 +59,9 @@ class Job:
         self.shown = "cost"   # what its usage shows of the cost: cost | no_cost | none (billing.py)
         self.ledger_extra = ledger_extra   # what the ledger line adds (sampling, quirks)
         self.cached_tokens = min(cached_tokens, answer.prompt_tokens)  # read from the cache
+        # token logprobs (logprobs.py): the reasoning's and the content's entries, each with
+        # the byte offset where its token ends; None: not asked, or not this provider's
+        self.logprobs = logprobs
 
     # -- shared pieces ------------------------------------------------------------------
     def _prices(self) -> tuple[float, float]:
@@ -199,13 +203,17 @@ class Job:
                 "message": {"role": "assistant", "content": "", "refusal": None, "reasoning": None}}],
                 "usage": self._zero_usage()}, headers=self.headers)
         a = self.answer
+        logprobs = None
+        if self.logprobs is not None:
+            logprobs = {"content": [e for _, e in (*self.logprobs[0], *self.logprobs[1])],
+                        "refusal": None}
         message: dict = {"role": "assistant", "content": a.content, "refusal": None,
                          "reasoning": a.reasoning}
         if a.reasoning is not None:
             message["reasoning_details"] = [{"type": "reasoning.text", "text": a.reasoning,
                                              "format": "unknown", "index": 0}]
         body = {**head, "system_fingerprint": None, "choices": [{
-            "index": 0, "logprobs": None, "finish_reason": a.finish_reason,
+            "index": 0, "logprobs": logprobs, "finish_reason": a.finish_reason,
             "native_finish_reason": a.finish_reason, "message": message}]}
         if fault == "cut":
             body["usage"] = self._usage(self._cost())
@@ -275,10 +283,18 @@ class Job:
                 + b"\n\n" + DONE)
             return resp
         a = self.answer
+        if self.logprobs is None:
+            reasoning_ends = [suffix] * len(a.reasoning_pieces)
+            content_ends = [suffix] * len(a.content_pieces)
+        else:
+            reasoning_ends = self._logprob_suffixes(a.reasoning_pieces, self.logprobs[0])
+            content_ends = self._logprob_suffixes(a.content_pieces, self.logprobs[1])
         chunks = [prefix + b'"content":"","reasoning":' + encode(p)
                   + b',"reasoning_details":[{"type":"reasoning.text","text":' + encode(p)
-                  + b',"format":"unknown","index":0}]' + suffix for p in a.reasoning_pieces]
-        chunks += [prefix + b'"content":' + encode(p) + suffix for p in a.content_pieces]
+                  + b',"format":"unknown","index":0}]' + end
+                  for p, end in zip(a.reasoning_pieces, reasoning_ends, strict=True)]
+        chunks += [prefix + b'"content":' + encode(p) + end
+                   for p, end in zip(a.content_pieces, content_ends, strict=True)]
         if fault in ("midstream", "cut"):
             chunks = chunks[: max(1, len(chunks) // 2)]
         first = time.monotonic()
@@ -309,6 +325,19 @@ class Job:
                 + DONE)
         await resp.write(tail)
         return resp
+
+    @staticmethod
+    def _logprob_suffixes(pieces: tuple[str, ...], entries: list) -> list[bytes]:
+        """Each streamed piece's chunk ending, with the logprobs of the tokens it completes
+        (`logprobs: null` where it completes none)."""
+        from .logprobs import per_piece
+
+        out = []
+        for mine in per_piece(pieces, entries):
+            logprobs = encode({"content": mine, "refusal": None}) if mine else b"null"
+            out.append(b'},"finish_reason":null,"native_finish_reason":null,"logprobs":'
+                       + logprobs + b"}]}\n\n")
+        return out
 
     async def _send_tokens(self, resp: web.StreamResponse, chunks: list[bytes]) -> None:
         """One SSE event per token at the configured rate; the tokens due within one tick
