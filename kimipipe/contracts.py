@@ -238,6 +238,11 @@ class SummaryConversations(Struct):
     turns_not_sent: int  # turns of conversations ended early (cut, failed, stopped)
 
 
+class SummaryLogprobs(Struct):
+    answers: int  # kept this run
+    with_tokens: int  # ... that carried the sampled tokens (token logprobs)
+
+
 class InferSummary(Struct):
     """kp-infer's summary (infer/report.py's docstring says what each figure means)."""
 
@@ -277,6 +282,8 @@ class InferSummary(Struct):
     # "routing": "unverifiable" (openrouter/routing.py: mixed_names)
     routing_unverifiable: dict[str, int] = msgspec.field(default_factory=dict)
     conversations: SummaryConversations | None = None
+    # token logprobs asked: per provider, the answers kept and those carrying the tokens
+    logprobs: dict[str, SummaryLogprobs] | None = None
 
 
 class SummaryStop(Struct):

@@ -72,10 +72,10 @@ def resolve(request, policy: Policy, endpoints: list[Endpoint] | None) -> str | 
         if missing and requires_parameters(request, policy):
             request.logprobs = False
             return ("token logprobs not asked: under provider.require_parameters (sent with the "
-                    "sampling) they would be a routing requirement, and "
+                    "sampling) they would be a routing requirement, and allowed endpoints do "
+                    "not list them ("
                     + ", ".join(sorted({e.tag or e.provider_name for e in missing}))
-                    + " do not list them; --logprobs asks anyway (routing only to those that "
-                    "do), --require-logprobs says so outright")
+                    + "); --logprobs asks anyway (routing only to those that do)")
         request.logprobs = True
         note = None
     policy.required_parameters = request.enforced_parameters(policy)

@@ -32,7 +32,7 @@ class _Sampled:
     server: bool = False   # a server's sampled IDs (else token logprobs)
 
 
-def _pattern_text(pattern) -> str:
+def pattern_text(pattern) -> str:
     sampled, reencoded = pattern
     return "+".join(json.dumps(p, ensure_ascii=False) for p in sampled) + " for " + \
         "+".join(json.dumps(p, ensure_ascii=False) for p in reencoded)
@@ -93,6 +93,18 @@ class SampledTable:
         self._add(self._row(provider), source is not None, source == "sampled", parts or (),
                   reseg, fallback)
 
+    def merge(self, other: SampledTable) -> None:
+        """OTHER's rows added to these (the build report's whole build)."""
+        for name, o in other.by.items():
+            c = self._row(name)
+            for f in ("rows", "used", "partial", "differs", "tokens", "sampled", "reencoded",
+                      "prompt_checked", "prompt_mismatch"):
+                setattr(c, f, getattr(c, f) + getattr(o, f))
+            for f in ("net", "parts", "patterns", "fallbacks"):
+                getattr(c, f).update(getattr(o, f))
+            c.problem = c.problem or o.problem
+            c.server = c.server or o.server
+
     def __bool__(self) -> bool:
         return bool(self.by)
 
@@ -140,7 +152,7 @@ class SampledTable:
         top = self.top_patterns()
         if top:
             out.append(f"{indent}  most frequent differences (sampled for re-encoded: rows): "
-                       + ", ".join(f"{_pattern_text(p)}: {n:,}" for p, n in top))
+                       + ", ".join(f"{pattern_text(p)}: {n:,}" for p, n in top))
         return out
 
     def warnings(self) -> list[str]:
