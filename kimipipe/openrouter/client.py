@@ -66,11 +66,23 @@ class _Message(msgspec.Struct, gc=False):
 
 
 class _TokenLogprob(msgspec.Struct, gc=False):
-    """One sampled token of `logprobs.content[]` (OpenAPI ChatTokenLogprob): its `bytes`
-    (null: its `token` string's UTF-8 stands for them); logprob and top_logprobs unread."""
+    """One sampled token of `logprobs.content[]` (OpenAPI ChatTokenLogprob): its `token`
+    string and its `bytes` (null: the string's UTF-8 stands for them); logprob and
+    top_logprobs unread. (Byte values are small ints: CPython shares them, so a token's
+    list costs one allocation.)"""
 
     token: str = ""
     bytes: list[int] | None = None
+
+
+def _token_bytes(t: _TokenLogprob) -> bytes:
+    """A token's bytes: its `bytes`, else (null, or not bytes at all) its string's UTF-8."""
+    if t.bytes is not None:
+        try:
+            return bytes(t.bytes)
+        except ValueError:
+            pass
+    return t.token.encode("utf-8", "surrogatepass")
 
 
 class _Logprobs(msgspec.Struct, gc=False):
@@ -168,27 +180,33 @@ def sampled_tokens(tokens: list[_TokenLogprob], reasoning: str | None, content: 
     """An answer's tokens, joined once at its end: (each token's length in bytes, their
     bytes joined or None where they are exactly a text of the answer, which text: "answer"
     (reasoning then content) or "content", how many had null `bytes`). None when there are
-    none, or more bytes than the bound above."""
+    none, or more bytes than the bound above.
+
+    Cheapest first, each checked against the answer's text: the token strings, joined,
+    are the text (each one whole UTF-8, so its bytes: the common case, at C speed); the
+    strings with the `bytes` of the tokens whose string is not whole UTF-8 (U+FFFD in it)
+    are; else every token's `bytes` (its string's UTF-8 where they are null)."""
     if not tokens:
         return None
-    nulls = 0
-    pieces = []
-    for t in tokens:
-        if t.bytes is None:
-            nulls += 1
-            pieces.append(t.token.encode("utf-8", "surrogatepass"))
-        else:
-            try:
-                pieces.append(bytes(t.bytes))
-            except ValueError:  # not bytes at all (an integer past 255): kept as the string's
-                nulls += 1
-                pieces.append(t.token.encode("utf-8", "surrogatepass"))
-    joined = b"".join(pieces)
+    strings = [t.token for t in tokens]
+    nulls = sum(t.bytes is None for t in tokens)
+    answer_text = (reasoning or "") + content
+    joined_text = "".join(strings)
+    spells = ("answer" if joined_text == answer_text
+              else "content" if joined_text == content else "")
+    if spells:
+        return list(map(len, map(str.encode, strings))), None, spells, nulls
     content_bytes = content.encode("utf-8")
-    answer = (reasoning or "").encode("utf-8") + content_bytes
+    answer = answer_text.encode("utf-8")
+    pieces = [_token_bytes(t) if "\ufffd" in t.token else t.token.encode("utf-8", "surrogatepass")
+              for t in tokens]
+    joined = b"".join(pieces)
+    if joined != answer and joined != content_bytes:
+        pieces = [_token_bytes(t) for t in tokens]
+        joined = b"".join(pieces)
     if len(joined) > TOKENS_MAX_RATIO * len(answer) + TOKENS_MAX_SLACK:
         return None
-    lengths = [len(p) for p in pieces]
+    lengths = list(map(len, pieces))
     if joined == answer:
         return lengths, None, "answer", nulls
     if joined == content_bytes:

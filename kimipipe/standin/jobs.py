@@ -59,9 +59,11 @@ class Job:
         self.shown = "cost"   # what its usage shows of the cost: cost | no_cost | none (billing.py)
         self.ledger_extra = ledger_extra   # what the ledger line adds (sampling, quirks)
         self.cached_tokens = min(cached_tokens, answer.prompt_tokens)  # read from the cache
-        # token logprobs (logprobs.py): the reasoning's and the content's entries, each with
-        # the byte offset where its token ends; None: not asked, or not this provider's
+        # a token-by-token provider's sampled tokens (logprobs.py): the reasoning's and the
+        # content's, each (the byte offset where it ends, its logprobs entry or None); None:
+        # not such a provider. Their entries are shown when the request asks for logprobs.
         self.logprobs = logprobs
+        self.logprobs_shown = logprobs is not None and body.get("logprobs") is True
 
     # -- shared pieces ------------------------------------------------------------------
     def _prices(self) -> tuple[float, float]:
@@ -204,9 +206,9 @@ class Job:
                 "usage": self._zero_usage()}, headers=self.headers)
         a = self.answer
         logprobs = None
-        if self.logprobs is not None:
-            logprobs = {"content": [e for _, e in (*self.logprobs[0], *self.logprobs[1])],
-                        "refusal": None}
+        if self.logprobs_shown:
+            logprobs = {"content": [e for _, e in (*self.logprobs[0], *self.logprobs[1])
+                                    if e is not None], "refusal": None}
         message: dict = {"role": "assistant", "content": a.content, "refusal": None,
                          "reasoning": a.reasoning}
         if a.reasoning is not None:
@@ -283,18 +285,24 @@ class Job:
                 + b"\n\n" + DONE)
             return resp
         a = self.answer
-        if self.logprobs is None:
-            reasoning_ends = [suffix] * len(a.reasoning_pieces)
-            content_ends = [suffix] * len(a.content_pieces)
-        else:
-            reasoning_ends = self._logprob_suffixes(a.reasoning_pieces, self.logprobs[0])
-            content_ends = self._logprob_suffixes(a.content_pieces, self.logprobs[1])
+        reasoning_pieces, content_pieces = a.reasoning_pieces, a.content_pieces
+        reasoning_ends = [suffix] * len(reasoning_pieces)
+        content_ends = [suffix] * len(content_pieces)
+        if self.logprobs is not None:  # a chunk per token
+            from .logprobs import token_pieces
+
+            reasoning_pieces, entries = token_pieces(a.reasoning or "", self.logprobs[0])
+            reasoning_ends = self._logprob_suffixes(entries)
+            content_pieces, entries = token_pieces(a.content, self.logprobs[1])
+            content_ends = self._logprob_suffixes(entries)
+            if not a.reasoning:
+                reasoning_pieces, reasoning_ends = (), []
         chunks = [prefix + b'"content":"","reasoning":' + encode(p)
                   + b',"reasoning_details":[{"type":"reasoning.text","text":' + encode(p)
                   + b',"format":"unknown","index":0}]' + end
-                  for p, end in zip(a.reasoning_pieces, reasoning_ends, strict=True)]
+                  for p, end in zip(reasoning_pieces, reasoning_ends, strict=True)]
         chunks += [prefix + b'"content":' + encode(p) + end
-                   for p, end in zip(a.content_pieces, content_ends, strict=True)]
+                   for p, end in zip(content_pieces, content_ends, strict=True)]
         if fault in ("midstream", "cut"):
             chunks = chunks[: max(1, len(chunks) // 2)]
         first = time.monotonic()
@@ -326,15 +334,13 @@ class Job:
         await resp.write(tail)
         return resp
 
-    @staticmethod
-    def _logprob_suffixes(pieces: tuple[str, ...], entries: list) -> list[bytes]:
-        """Each streamed piece's chunk ending, with the logprobs of the tokens it completes
-        (`logprobs: null` where it completes none)."""
-        from .logprobs import per_piece
-
+    def _logprob_suffixes(self, entries: list[list[dict]]) -> list[bytes]:
+        """Each chunk's ending, with the logprobs of its tokens when they are shown
+        (`logprobs: null` otherwise)."""
         out = []
-        for mine in per_piece(pieces, entries):
-            logprobs = encode({"content": mine, "refusal": None}) if mine else b"null"
+        for mine in entries:
+            shown = mine and self.logprobs_shown
+            logprobs = encode({"content": mine, "refusal": None}) if shown else b"null"
             out.append(b'},"finish_reason":null,"native_finish_reason":null,"logprobs":'
                        + logprobs + b"}]}\n\n")
         return out

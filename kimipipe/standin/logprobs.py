@@ -2,11 +2,12 @@
 
 `--logprobs PROVIDER[=VARIANT]` (repeatable): that provider's endpoints list `logprobs`
 and `top_logprobs` in `supported_parameters` (no endpoint does otherwise, so
-`provider.require_parameters` routes a request asking for them to those alone), and an
-answer it serves to a request with `logprobs: true` carries, on each choice (each streamed
-chunk: the tokens whose last byte that chunk's text holds), `logprobs: {"content":
-[{"token", "logprob", "bytes", "top_logprobs": []}], "refusal": null}`; a chunk without
-tokens has `logprobs: null`. The tokens are real tokens of the stand-in's tokenizer
+`provider.require_parameters` routes a request asking for them to those alone), it streams
+one chunk per sampled token, as a token-by-token server does (a token that ends inside a
+UTF-8 character shares the chunk of the token that completes it), and an answer it serves
+to a request with `logprobs: true` carries, on each choice (each chunk: its tokens),
+`logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs": []}], "refusal":
+null}`; a chunk without tokens (or not asked) has `logprobs: null`. The tokens are real tokens of the stand-in's tokenizer
 (`--tokenizer`, default the bundled kimi-k2.5-mini-fast): the reasoning and the content
 encoded as text, and in a share of answers (`--noncanonical RATE`, default 0.25) the
 content sampled in a segmentation that is not the canonical one: one token cut in two
@@ -121,28 +122,27 @@ def _entry(piece: bytes, rng: random.Random, null_bytes: bool) -> dict:
 
 
 def phase_entries(source: TokenSource, answer: SampledAnswer, variant: str, finished: bool,
-                  thinking: bool, rng: random.Random) -> tuple[list[tuple[int, dict]], list[tuple[int, dict]]]:
-    """(the reasoning's entries, the content's entries), each with the byte offset in its
-    text where the token ends (a structural token: 0 in the content, or its end)."""
+                  thinking: bool, rng: random.Random
+                  ) -> tuple[list[tuple[int, dict | None]], list[tuple[int, dict | None]]]:
+    """(the reasoning's tokens, the content's), each as (the byte offset in its text where
+    the token ends, its logprobs entry; None: a token the entries leave out). A structural
+    token of the `specials` variant ends where it stands (0, or the content's end)."""
     nulls = variant == "null-bytes"
-    reasoning: list[tuple[int, dict]] = []
-    content: list[tuple[int, dict]] = []
-    if variant != "content":
-        at = 0
-        for piece in source.codec.token_bytes(answer.reasoning):
-            at += len(piece)
-            reasoning.append((at, _entry(piece, rng, nulls)))
+    reasoning: list[tuple[int, dict | None]] = []
+    content: list[tuple[int, dict | None]] = []
+    at = 0
+    for piece in source.codec.token_bytes(answer.reasoning):
+        at += len(piece)
+        reasoning.append((at, None if variant == "content" else _entry(piece, rng, nulls)))
     pieces = source.codec.token_bytes(answer.content)
     if variant == "specials" and thinking and answer.reasoning and answer.think_close is not None:
         content.append((0, _entry(THINK_CLOSE.encode(), rng, False)))
-    at = 0
     lost = len(pieces) // 2 if pieces and variant == "gap" else None
     wrong = len(pieces) // 2 if pieces and variant == "bad-bytes" else None
+    at = 0
     for k, piece in enumerate(pieces):
         at += len(piece)
-        if k == lost:
-            continue
-        entry = _entry(piece, rng, nulls)
+        entry = None if k == lost else _entry(piece, rng, nulls)
         if k == wrong:
             entry["bytes"] = [(b + 1) % 256 for b in piece]
         content.append((at, entry))
@@ -151,19 +151,29 @@ def phase_entries(source: TokenSource, answer: SampledAnswer, variant: str, fini
     return reasoning, content
 
 
-def per_piece(text_pieces: tuple[str, ...], entries: list[tuple[int, dict]]) -> list[list[dict]]:
-    """ENTRIES spread over the streamed pieces of one text: each to the piece holding its
-    last byte (one at offset 0 to the first)."""
-    out: list[list[dict]] = [[] for _ in text_pieces]
-    if not text_pieces:
-        return out
-    ends, at = [], 0
-    for p in text_pieces:
-        at += len(p.encode("utf-8"))
-        ends.append(at)
-    k = 0
-    for end, entry in entries:
-        while k < len(ends) - 1 and end > ends[k]:
-            k += 1
-        out[k].append(entry)
-    return out
+def token_pieces(text: str, tokens: list[tuple[int, dict | None]]
+                 ) -> tuple[tuple[str, ...], list[list[dict]]]:
+    """TEXT streamed one chunk per token, as a token-by-token server streams it: (each
+    chunk's text, each chunk's logprobs entries). A token that ends inside a UTF-8
+    character waits for the token that completes it (one chunk for both)."""
+    data = text.encode("utf-8")
+    pieces: list[str] = []
+    entries: list[list[dict]] = []
+    start, waiting = 0, []
+    for end, entry in tokens:
+        if entry is not None:
+            waiting.append(entry)
+        try:
+            piece = data[start:end].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if piece or not pieces:
+            pieces.append(piece)
+            entries.append(waiting)
+        else:  # a structural token at a text's end: with the last chunk
+            entries[-1].extend(waiting)
+        start, waiting = end, []
+    if waiting or start < len(data):
+        pieces.append(data[start:].decode("utf-8", "replace"))
+        entries.append(waiting)
+    return tuple(pieces), entries

@@ -443,13 +443,15 @@ class StandIn(MetadataEndpoints):
         return await job.plain()
 
     def sampled_tokens(self, body: dict, endpoint: Endpoint, answer, extra: dict):
-        """(the answer, its token logprobs' entries: reasoning's and content's) from a
-        provider given `--logprobs` asked `logprobs: true` (logprobs.py); (answer, None)
-        otherwise. The ledger line says what was sampled; with `--tokenizer` the usage
-        counts the tokens sampled (a cut token counts twice)."""
+        """(the answer, its sampled tokens: the reasoning's and the content's, each
+        (end offset, logprobs entry or None), or None) from a provider given `--logprobs`
+        (logprobs.py: it streams a chunk per token; the entries are shown when the request
+        asks `logprobs: true`); (answer, None) from any other. The ledger line says what
+        was sampled; with `--tokenizer` the usage counts the tokens sampled (a cut token
+        counts twice)."""
         variant = next((v for slug, v in self.config.logprobs.items() if endpoint.matches(slug)),
                        None)
-        if variant is None or body.get("logprobs") is not True:
+        if variant is None:
             return answer, None
         from . import logprobs as lp
         if self.token_source is None:
@@ -459,7 +461,7 @@ class StandIn(MetadataEndpoints):
         sampled = lp.sample(self.token_source, answer.reasoning, answer.content, rng,
                             DEFAULT_NONCANONICAL if rate is None else rate)
         extra.update(sampled.ledger())
-        self.quirks["logprobs"] += 1
+        self.quirks["logprobs" if body.get("logprobs") is True else "logprobs_not_asked"] += 1
         if sampled.noncanonical:
             self.quirks["logprobs_noncanonical"] += 1
             if self.counter is not None:
