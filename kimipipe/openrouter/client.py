@@ -31,6 +31,8 @@ their bytes unless they are exactly the answer's text. No tokenizer is read here
 
 from __future__ import annotations
 
+import itertools
+
 import msgspec
 
 from ..errors import redact
@@ -182,31 +184,29 @@ def sampled_tokens(tokens: list[_TokenLogprob], reasoning: str | None, content: 
     (reasoning then content) or "content", how many had null `bytes`). None when there are
     none, or more bytes than the bound above.
 
-    Cheapest first, each checked against the answer's text: the token strings, joined,
-    are the text (each one whole UTF-8, so its bytes: the common case, at C speed); the
-    strings with the `bytes` of the tokens whose string is not whole UTF-8 (U+FFFD in it)
-    are; else every token's `bytes` (its string's UTF-8 where they are null)."""
+    The bytes are each token's `bytes` (the token string's UTF-8 only where they are null,
+    or not bytes at all): the strings of a partial UTF-8 token are not its bytes, and a
+    token whose bytes are wrong must not pass for its string. With no null, all are joined
+    in one C call."""
     if not tokens:
         return None
-    strings = [t.token for t in tokens]
-    nulls = sum(t.bytes is None for t in tokens)
-    answer_text = (reasoning or "") + content
-    joined_text = "".join(strings)
-    spells = ("answer" if joined_text == answer_text
-              else "content" if joined_text == content else "")
-    if spells:
-        return list(map(len, map(str.encode, strings))), None, spells, nulls
-    content_bytes = content.encode("utf-8")
-    answer = answer_text.encode("utf-8")
-    pieces = [_token_bytes(t) if "\ufffd" in t.token else t.token.encode("utf-8", "surrogatepass")
-              for t in tokens]
-    joined = b"".join(pieces)
-    if joined != answer and joined != content_bytes:
+    lists = [t.bytes for t in tokens]
+    nulls = lists.count(None)
+    joined = lengths = None
+    if not nulls:
+        try:
+            joined = bytes(itertools.chain.from_iterable(lists))
+            lengths = list(map(len, lists))
+        except ValueError:  # an integer past 255: each token on its own, below
+            joined = None
+    if joined is None:
         pieces = [_token_bytes(t) for t in tokens]
         joined = b"".join(pieces)
+        lengths = list(map(len, pieces))
+    content_bytes = content.encode("utf-8")
+    answer = (reasoning or "").encode("utf-8") + content_bytes
     if len(joined) > TOKENS_MAX_RATIO * len(answer) + TOKENS_MAX_SLACK:
         return None
-    lengths = list(map(len, pieces))
     if joined == answer:
         return lengths, None, "answer", nulls
     if joined == content_bytes:
