@@ -310,9 +310,17 @@ def test_require_logprobs_routes_only_to_endpoints_listing_them(standin, tmp_pat
         for b in bodies)
     records = read_jsonl(tmp_path / "req.jsonl")
     assert all(x["provider"] == "Moonshot AI" and x["sampled_tokens"]["lengths"] for x in records)
+    pre = kp("infer", prompts, "-o", tmp_path / "pre.jsonl", *model, "--require-logprobs",
+             "--preflight", "1", "--json", env=server.env)
+    assert pre.code == 0, pre.stderr
+    checks = {c["check"]: c for c in json.loads(pre.stdout)["checks"]}
+    assert checks["token logprobs"]["verdict"] == "pass"
+    assert "listing them: moonshotai" in checks["token logprobs"]["detail"]
+    assert checks["answer 1: logprobs"]["verdict"] == "pass"
+    assert "spelling the reasoning and the content" in checks["answer 1: logprobs"]["detail"]
     r = kp("infer", prompts, "-o", tmp_path / "ask.jsonl", *model, "--logprobs", env=server.env)
     assert r.code == 0, r.stderr
-    asked = server.requests()[4:]
+    asked = server.requests()[5:]
     assert all(b["logprobs"] is True and "require_parameters" not in b.get("provider", {})
                for b in asked)
     refused = kp("infer", prompts, "--plan", *model, "--require-logprobs", "--no-logprobs",
