@@ -27,8 +27,9 @@ reasoning (`preserve_thinking`), see kp-tokenize's `kimi-k2.6` preset.
 
 Token logprobs (the tokens the model sampled, so kp-tokenize can use their IDs instead of
 re-encoding the text): the Kimi presets ask for them wherever that narrows no routing
-(openrouter/logprobs.py); measured at ~X more CPU per streamed chunk and ~Y of the text's
-size per record (bench/README.md).
+(openrouter/logprobs.py): measured at 1.7x the chunk parse's CPU and 1.1-1.5x kp-infer's
+CPU per streamed chunk at 2000 in flight, under the 2x that would have kept them off, and
+about half the text's size more per record (bench/README.md, bench_logprobs.py).
 
 An unknown model gets no preset: no routing default, no warning (kimipipe cannot know its
 native weights), and no sampling invented for it (`--plan` says so).
