@@ -340,3 +340,31 @@ def test_require_logprobs_routes_only_to_endpoints_listing_them(standin, tmp_pat
     text = kp("infer", prompts, "--plan", "--logprobs", "--no-require-parameters",
               "--base-url", server.base_url, env=server.env)
     assert b"token logprobs: asked, not required" in text.stdout, text.stdout
+
+
+def test_logprobs_the_schema_does_not_have_cost_the_tokens_never_the_answer():
+    """A chunk (or body) whose `logprobs` are not ChatTokenLogprobs' shape is read without
+    them: the answer, paid for, is kept as ever; it keeps no tokens (none rather than some)."""
+    from kimipipe.kinds import AttemptKind
+    from kimipipe.openrouter.client import CompletionClient, StreamAnswer
+
+    head = {"id": "gen-1", "provider": "P", "model": "m"}
+    tokens = {"content": [{"token": " there", "logprob": -0.1, "bytes": list(b" there"),
+                           "top_logprobs": []}], "refusal": None}
+    chunks = [{**head, "choices": [{"index": 0, "delta": {"content": "Hi"},
+                                    "logprobs": {"content": "not a list"}}]},
+              {**head, "choices": [{"index": 0, "delta": {"content": " there"}, "logprobs": tokens}]},
+              {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 3, "completion_tokens": 2, "cost": 0.001}}]
+    for kept in (chunks, chunks[1:]):
+        answer = StreamAnswer()
+        for chunk in kept:
+            assert answer.event(json.dumps(chunk).encode()) is None
+        got = answer.event(b"[DONE]")
+        assert got.kind == AttemptKind.OK and got.content == ("Hi there" if kept is chunks else " there")
+        assert got.token_lengths == (None if kept is chunks else [6])
+    plain = {**head, "choices": [{"index": 0, "finish_reason": "stop", "logprobs": {"content": 7},
+                                  "message": {"role": "assistant", "content": "Hi"}}],
+             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "cost": 0.001}}
+    got = CompletionClient._read_plain(json.dumps(plain).encode())
+    assert got.kind == AttemptKind.OK and got.content == "Hi" and got.token_lengths is None

@@ -26,7 +26,9 @@ which (`reasoning_source`: field, details or inline).
 Token logprobs (`logprobs: true`): each choice's `logprobs.content[]` tokens are kept in
 order (a stream: each chunk's appended; nothing is done for a chunk without them) and
 joined once, at the answer's end (`sampled_tokens`): each token's length in bytes, and
-their bytes unless they are exactly the answer's text. No tokenizer is read here.
+their bytes unless they are exactly the answer's text. No tokenizer is read here. A chunk
+whose `logprobs` are not the schema's shape is read without them (the answer is kept; it
+was paid for) and the answer keeps no tokens.
 """
 
 from __future__ import annotations
@@ -143,6 +145,30 @@ class _Body(msgspec.Struct, gc=False):
 
 
 _body_decoder = msgspec.json.Decoder(_Body)
+
+
+class _LenientChoice(_Choice, gc=False):
+    logprobs: msgspec.Raw = msgspec.Raw(b"null")  # any shape: read as none
+
+
+class _LenientBody(_Body, gc=False):
+    choices: list[_LenientChoice] | None = None
+
+
+_lenient_decoder = msgspec.json.Decoder(_LenientBody)
+
+
+def _without_logprobs(raw: bytes) -> _Body | None:
+    """RAW read with its `logprobs` left out, for a body whose logprobs are not the
+    schema's shape: the answer is kept (it was paid for), its tokens are not. None when
+    it is not a body even so."""
+    try:
+        body = _lenient_decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    for choice in body.choices or ():
+        choice.logprobs = None
+    return body
 
 
 def _reasoning_text(reasoning: str | None, details: list[_ReasoningDetail] | None
@@ -319,7 +345,9 @@ class CompletionClient:
         try:
             body = _body_decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return Attempt(AttemptKind.RETRY, cause=RetryCause.BAD_JSON, status=200, message="body is not valid JSON")
+            body = _without_logprobs(raw)
+            if body is None:
+                return Attempt(AttemptKind.RETRY, cause=RetryCause.BAD_JSON, status=200, message="body is not valid JSON")
         if body.error is not None:
             return body_error(body.error)
         if not body.choices:
@@ -349,7 +377,8 @@ class StreamAnswer:
     """
 
     __slots__ = ("content", "reasoning", "details", "gen_id", "provider", "model",
-                 "finish_reason", "usage", "chunks", "prompt_ids", "output_ids", "tokens")
+                 "finish_reason", "usage", "chunks", "prompt_ids", "output_ids", "tokens",
+                 "tokens_lost")
 
     def __init__(self) -> None:
         self.content: list[str] = []
@@ -361,6 +390,7 @@ class StreamAnswer:
         self.prompt_ids: list[int] | None = None  # a self-hosted server's (vLLM: 1st chunk;
         self.output_ids: list[int] | None = None  # ... and each chunk's, joined; SGLang: sglext)
         self.tokens: list[_TokenLogprob] | None = None  # token logprobs: each chunk's, in order
+        self.tokens_lost = False  # a chunk's logprobs were not the schema's: none are kept
 
     def _has_output(self) -> bool:
         return bool(self.content or self.reasoning or self.details)
@@ -372,7 +402,10 @@ class StreamAnswer:
         try:
             chunk = _body_decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return Attempt(AttemptKind.RETRY, cause=RetryCause.BAD_JSON, status=200, message="stream chunk is not valid JSON")
+            chunk = _without_logprobs(payload)
+            if chunk is None:
+                return Attempt(AttemptKind.RETRY, cause=RetryCause.BAD_JSON, status=200, message="stream chunk is not valid JSON")
+            self.tokens_lost = True
         if chunk.error is not None:
             return midstream_error(chunk.error, self._has_output())
         if self.gen_id is None:
@@ -419,4 +452,5 @@ class StreamAnswer:
             return Attempt(AttemptKind.RETRY, cause=RetryCause.CUT, status=200, message="stream ended early")
         return _finish(self.gen_id, self.provider, self.model, "".join(self.content),
                        _reasoning_text("".join(self.reasoning), self.details), self.finish_reason,
-                       self.usage, self.chunks, self.prompt_ids, self.output_ids, self.tokens)
+                       self.usage, self.chunks, self.prompt_ids, self.output_ids,
+                       None if self.tokens_lost else self.tokens)

@@ -83,12 +83,12 @@ from .config import (
     CREDITS_MODES,
     DEFAULT_NONCANONICAL,
     FAULT_KINDS,
+    LOGPROBS_VARIANTS,
     MIDSTREAM_CODES,
     MODES,
     STREAM_USAGES,
     Config,
 )
-from .logprobs import VARIANTS as LOGPROBS_VARIANTS
 from .providers import known_provider
 from .refusals import LIMIT_RESETS
 from .server import StandIn

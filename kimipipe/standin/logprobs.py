@@ -39,13 +39,13 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-VARIANTS = ("all", "content", "null-bytes", "specials", "gap", "bad-bytes")
+from .config import DEFAULT_TOKENIZER
+
 THINK_CLOSE = "</think>"
 END_OF_TURN = "<|im_end|>"
 
 
 def default_tokenizer() -> Path:
-    from .selfhosted import DEFAULT_TOKENIZER
     return DEFAULT_TOKENIZER
 
 
