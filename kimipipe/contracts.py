@@ -119,6 +119,20 @@ class PlanInFlight(Struct):
     max_tokens_for_concurrency: int | None
 
 
+class PlanLogprobs(Struct):
+    """Token logprobs in the plan (openrouter/logprobs.py): asked or not, required or not,
+    the allowed endpoints listing them (tags), not listing them (with `required`: those
+    the requirement leaves out), unknown (supported_parameters null), and the share of the
+    answers expected to carry them (None: cannot be told, or not asked)."""
+
+    asked: bool
+    required: bool
+    listing: list[str]
+    not_listing: list[str]
+    unknown: list[str]
+    share: float | None
+
+
 class InferPlan(Struct):
     """`kp-infer --plan --json` (infer/plan.py's docstring says what each figure means)."""
 
@@ -141,6 +155,7 @@ class InferPlan(Struct):
     notes: list[str]
     in_flight: PlanInFlight | None
     requests: PlanRequests | None = None  # (older plans: none; then `prompts` are the requests)
+    logprobs: PlanLogprobs | None = None  # (None: no endpoints table, or an older plan)
 
 
 # -- kp-infer --summary-json ------------------------------------------------------------------
@@ -223,6 +238,11 @@ class SummaryConversations(Struct):
     turns_not_sent: int  # turns of conversations ended early (cut, failed, stopped)
 
 
+class SummaryLogprobs(Struct):
+    answers: int  # kept this run
+    with_tokens: int  # ... that carried the sampled tokens (token logprobs)
+
+
 class InferSummary(Struct):
     """kp-infer's summary (infer/report.py's docstring says what each figure means)."""
 
@@ -262,6 +282,8 @@ class InferSummary(Struct):
     # "routing": "unverifiable" (openrouter/routing.py: mixed_names)
     routing_unverifiable: dict[str, int] = msgspec.field(default_factory=dict)
     conversations: SummaryConversations | None = None
+    # token logprobs asked: per provider, the answers kept and those carrying the tokens
+    logprobs: dict[str, SummaryLogprobs] | None = None
 
 
 class SummaryStop(Struct):

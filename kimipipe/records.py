@@ -28,6 +28,7 @@ Decoders and encoders are built once and reused (msgspec's perf tips).
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Literal
 
 import msgspec
@@ -107,6 +108,44 @@ class SampledIds(Struct, omit_defaults=True):
     prompt: list[int] | None = None
 
 
+class SampledTokens(Struct, omit_defaults=True):
+    """The tokens the model sampled, in order, as OpenRouter's token logprobs gave them
+    (`logprobs.content[]` of each chunk: a token's `bytes`, or the UTF-8 of its `token`
+    string where `bytes` was null), written compactly: `lengths` is each token's length
+    in bytes, and the bytes themselves are either a text the record holds (`spells`:
+    "answer" when the tokens, joined, are the reasoning then the content exactly as
+    recorded, "content" when they are the content alone) or `data`, the joined bytes in
+    base64. `null_bytes` counts the tokens whose `bytes` came null. kp-infer reads no
+    tokenizer: kp-tokenize maps each token to its ID and proves them against the text
+    (docs/kp-tokenize.md)."""
+
+    lengths: list[int]
+    spells: str | None = None  # "answer" | "content"; None: the bytes are in `data`
+    data: str | None = None  # base64 of the tokens' bytes, joined (when `spells` is None)
+    null_bytes: int = 0
+
+    def token_bytes(self, reasoning: str | None, content: str) -> list[bytes] | None:
+        """Each token's bytes, or None when `lengths` do not add up to the bytes they cut."""
+        if self.spells == "answer":
+            joined = ((reasoning or "") + content).encode("utf-8")
+        elif self.spells == "content":
+            joined = content.encode("utf-8")
+        elif self.data is not None:
+            try:
+                joined = base64.b64decode(self.data, validate=True)
+            except ValueError:
+                return None
+        else:
+            return None
+        if sum(self.lengths) != len(joined) or any(n < 0 for n in self.lengths):
+            return None
+        out, at = [], 0
+        for n in self.lengths:
+            out.append(joined[at:at + n])
+            at += n
+        return out
+
+
 class Refusal(Struct, omit_defaults=True):
     """An answer kp-infer paid for and did not keep, and why: `routing_violation` (served
     by a provider the routing flags exclude), `no_reasoning` (reasoning asked for, none
@@ -137,7 +176,9 @@ class Generation(Struct):
     before): where the reasoning came from, `field`, `details` or `inline` (a leading
     `<think>` block, or the text before a lone `</think>`: kimipipe/think_tags.py).
     `sampled_ids` (later still; None before, and from OpenRouter): the prompt and
-    generated IDs as a self-hosted server returned them (`SampledIds`)."""
+    generated IDs as a self-hosted server returned them (`SampledIds`). `sampled_tokens`
+    (later still; None before, and where no token logprobs came): the tokens the model
+    sampled, from OpenRouter's token logprobs (`SampledTokens`, `kp-infer --logprobs`)."""
 
     response: ResponseText
     finish_reason: str | None
@@ -154,6 +195,7 @@ class Generation(Struct):
     api: str | None = None  # the base URL's host (infer/api.py)
     reasoning_source: str | None = None
     sampled_ids: SampledIds | None = None  # the server's own IDs (docs/servers.md)
+    sampled_tokens: SampledTokens | None = None  # from token logprobs (docs/kp-infer.md)
     # "unverifiable": the provider named covers an endpoint the routing excludes (a variant
     # told apart by tag only), so the answer cannot be traced to an allowed one
     routing: str | None = None
@@ -195,6 +237,7 @@ class Response(Prompt, kw_only=True):
     reasoning_source: str | None = None
     sampled_ids: SampledIds | None = None  # the server's own IDs (docs/servers.md)
     routing: str | None = None
+    sampled_tokens: SampledTokens | None = None  # from token logprobs (docs/kp-infer.md)
 
 
 class Failure(Struct, omit_defaults=True):
@@ -222,6 +265,21 @@ class Failure(Struct, omit_defaults=True):
     error_type: str | None = None
 
 
+class Resegmented(Struct, omit_defaults=True):
+    """A row's sampled IDs against the canonical re-encoding of the same text (the sampled
+    parts only; kp-tokenize's `tokenize/resegment.py`). Both spell the same bytes; where
+    they cut them otherwise is a region: `regions` of them, holding `sampled` sampled
+    tokens and `reencoded` re-encoded ones; `tokens` the sampled tokens compared in all.
+    `patterns`: the first regions, each [the sampled pieces, the re-encoded pieces] as
+    text (bytes that are not UTF-8 written `\\xNN`)."""
+
+    tokens: int
+    regions: int = 0
+    sampled: int = 0
+    reencoded: int = 0
+    patterns: list[tuple[list[str], list[str]]] = msgspec.field(default_factory=list)
+
+
 class TokenIds(Struct, omit_defaults=True, kw_only=True):
     """The fields kp-tokenize adds to a response record (written last; the ID lists last
     but for `over_max_length`, where kp-shard's fast path looks for them).
@@ -234,10 +292,18 @@ class TokenIds(Struct, omit_defaults=True, kw_only=True):
     prompt_tokens_delta: int | None = None
     completion_tokens_delta: int | None = None
     reasoning_source: str | None = None
-    # `output_ids` are the server's sampled IDs (`sampled_ids`, checked): "sampled"; and
-    # kimipipe's own re-encoding of the text beside them, for the comparison (docs/servers.md)
+    # `output_ids` are the model's sampled IDs (a server's `sampled_ids`, or the IDs of the
+    # `sampled_tokens` of token logprobs), proved against the text: "sampled" when every
+    # text part's IDs are, "partial" when some are (the rest re-encoded); and kimipipe's own
+    # re-encoding of the text beside them, for the comparison (docs/kp-tokenize.md)
     output_ids_source: str | None = None
     reencoded_ids: list[int] | None = None
+    # the text parts whose IDs are sampled ("reasoning", "content"), with output_ids_source
+    sampled_parts: list[str] | None = None
+    # the sampled IDs against the re-encoding, where some are used (`Resegmented`)
+    resegmented: Resegmented | None = None
+    # why a record's sampled IDs or tokens were not used (re-encoded instead): a short reason
+    sampled_fallback: str | None = None
     input_ids: list[int]
     output_ids: list[int]
     over_max_length: bool = False

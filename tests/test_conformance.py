@@ -625,3 +625,74 @@ def test_self_hosted_answers_parse_with_the_openai_sdk(standin, mode):
         _, [old_choice], _ = vendor_fields(mode, old)
         assert (old_choice.prompt_token_ids, old_choice.token_ids) == (prompt_ids, output_ids)
         assert "sglext" not in (old.model_extra or {})
+
+
+# -- token logprobs (docs/openrouter.md, "Token logprobs") ------------------------------------
+
+@pytest.fixture(scope="module")
+def logprobs_server(tmp_path_factory):
+    with StandIn(workdir=tmp_path_factory.mktemp("logprobs"), noncanonical=1.0,
+                 logprobs={"together": "all", "moonshotai": "content",
+                           "parasail": "null-bytes"}) as s:
+        yield s
+
+
+def test_a_request_asking_for_logprobs_conforms():
+    from kimipipe.openrouter.request import RequestOptions
+    from kimipipe.openrouter.routing import Policy
+    from kimipipe.records import Message, Prompt
+
+    prompt = Prompt(id="x", dataset="D", messages=[Message(role="user", content="hi")])
+    body = json.loads(RequestOptions(require_logprobs=True).body(prompt, Policy()))
+    parsed = conforms(orc.ChatRequest, body, REQUEST_DIALECT)
+    assert parsed.logprobs is True and parsed.top_logprobs == 0
+    assert parsed.provider.require_parameters is True
+
+
+@pytest.mark.parametrize("provider, covers", [("together", "answer"), ("moonshotai", "content"),
+                                              ("parasail", "answer")])
+def test_logprobs_chunks_and_bodies_decode_with_both_sdks(logprobs_server, provider, covers):
+    """Each streamed chunk and the plain body, with `logprobs.content` as the schema gives
+    it, decode with the `openrouter` SDK's models and the `openai` SDK's types; the tokens
+    (bytes, or the string where bytes is null) spell the answer, or its content where the
+    provider's logprobs cover the content only; kimipipe's client reads them the same."""
+    import openai.types.chat as oai
+
+    from kimipipe.openrouter.client import CompletionClient, StreamAnswer
+
+    request = kimipipe_request("Logprobs: 6 x 7 = 42, 数据 🙂", logprobs=True, top_logprobs=0,
+                               provider={"only": [provider]})
+    lines = stream_lines(logprobs_server, {**request, "stream": True})
+    payloads = [line[6:] for line in lines if line.startswith("data: ")]
+    assert payloads[-1] == "[DONE]"
+    tokens, reasoning, content = [], [], []
+    for payload in payloads[:-1]:
+        chunk = json.loads(payload)
+        ours = conforms(orc.ChatStreamChunk, chunk, DIALECT)
+        theirs = oai.ChatCompletionChunk.model_validate(chunk)
+        for a, b in zip(ours.choices, theirs.choices, strict=True):
+            if b.logprobs is not None and b.logprobs.content:
+                assert [t.token for t in a.logprobs.content] == [t.token for t in b.logprobs.content]
+                assert [t.bytes_ for t in a.logprobs.content] == [t.bytes for t in b.logprobs.content]
+                tokens += b.logprobs.content
+            reasoning.append(chunk["choices"][0]["delta"].get("reasoning") or "")
+            content.append(b.delta.content or "")
+    text = "".join(reasoning) + "".join(content) if covers == "answer" else "".join(content)
+    joined = b"".join(bytes(t.bytes) if t.bytes is not None else t.token.encode() for t in tokens)
+    assert joined == text.encode() and all(t.top_logprobs == [] for t in tokens)
+    nulls = sum(t.bytes is None for t in tokens)
+    if provider == "parasail":  # null where the token string is whole UTF-8, bytes where not
+        assert 0 < nulls < len(tokens)
+    else:
+        assert nulls == 0
+    answer = StreamAnswer()
+    for payload in payloads:
+        got = answer.event(payload.encode())
+    assert (got.token_spells, len(got.token_lengths), got.token_nulls) == (covers, len(tokens), nulls)
+    plain = httpx.post(logprobs_server.base_url + "/chat/completions", headers=auth(logprobs_server),
+                       json=request)
+    body = plain.json()
+    conforms(orc.ChatResult, body, DIALECT)
+    assert len(oai.ChatCompletion.model_validate(body).choices[0].logprobs.content) == len(tokens)
+    read = CompletionClient._read_plain(plain.content)
+    assert (read.token_spells, read.token_lengths) == (covers, got.token_lengths)

@@ -21,7 +21,10 @@ Schema (one JSON object per line): the prompt record's fields plus
 ("api": the base URL's host that answered; the stand-in's generation ids begin gen-standin-.)
 
 For Kimi K2.5, what you do not set is sampled as served (thinking: temperature 1.0,
-top_p 0.95; --no-reasoning: 0.6, 0.95), with provider.require_parameters.
+top_p 0.95; --no-reasoning: 0.6, 0.95), with provider.require_parameters. Token logprobs
+(the tokens the model sampled, kept as `sampled_tokens` for kp-tokenize) are asked with
+--logprobs, required with --require-logprobs, and by default for Kimi where asking leaves
+no allowed endpoint out (kimipipe/openrouter/logprobs.py).
 
 A whole build's cap: --total-cost USD counts the spend recorded in OUTPUT, --failures and
 every --spent-in file (globs allowed); runs at the same time share it through

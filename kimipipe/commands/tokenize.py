@@ -32,6 +32,13 @@ rejects rows further off (kimipipe/tokenize/deltas.py). A response with no reaso
 content holds one `</think>` and no `<think>` (no reasoning parser) has the text before it
 as its reasoning (`reasoning_source: inline`; kimipipe/think_tags.py).
 
+A record with the model's sampled IDs (a server's `sampled_ids`, or the `sampled_tokens` of
+token logprobs, `kp-infer --logprobs`) gets them as `output_ids` where they prove out,
+part by part (`output_ids_source` "sampled" or "partial", `sampled_parts`, `reencoded_ids`,
+`resegmented`), else the re-encoding with `sampled_fallback` saying why; the summary
+tabulates, per provider, how often re-encoding differs from what was sampled
+(kimipipe/tokenize/resegment.py, docs/kp-tokenize.md).
+
 Every row is verified (decode(input_ids + output_ids) == rendered prompt + rendered turn,
 and no control token inside the model's text); failures go to --rejects and make the exit
 code 4 (--strict: stop at the first one, exit 2). Streaming, bounded memory; --workers

@@ -208,6 +208,15 @@ OPTIONS = OptionTable("kp-infer", [
              convert=operator.not_, section=REQUEST,
              help="Do not send provider.require_parameters with the sampling parameters (by "
                   "default sent, so no provider drops temperature/top_p silently)."),
+    Declared("--logprobs/--no-logprobs", default=None, fills="request.logprobs", section=REQUEST,
+             help="Ask for token logprobs (logprobs: true, top_logprobs: 0): the tokens the model "
+                  "sampled, kept in each record (sampled_tokens) for kp-tokenize to use as IDs. "
+                  "Not a routing requirement of its own, but provider.require_parameters (sent "
+                  "with the sampling) makes it one: --plan shows which endpoints list them. "
+                  "Default for Kimi K2.5: asked where that leaves no allowed endpoint out."),
+    Declared("--require-logprobs", is_flag=True, fills="request.require_logprobs", section=REQUEST,
+             help="Ask for token logprobs and route only to endpoints that list them "
+                  "(provider.require_parameters)."),
     Declared("--extra-body", default=None, metavar="JSON", fills="request.extra_body",
              convert=parse_extra_body, section=REQUEST,
              help="JSON object merged into every request body (anything else OpenRouter accepts)."),
@@ -311,6 +320,12 @@ OPTIONS = OptionTable("kp-infer", [
 def run_config(o: Parsed) -> RunConfig:
     """The run's configuration from the parsed options (OPTIONS says which field each fills)."""
     request = RequestOptions(**OPTIONS.fields("request", o))
+    if request.require_logprobs and request.logprobs is False:
+        raise KPError("--require-logprobs and --no-logprobs: one or the other", ExitCode.USAGE)
+    if request.require_logprobs and not request.require_parameters:
+        raise KPError("--require-logprobs sends provider.require_parameters, which holds for "
+                      "every parameter sent, the sampling too: it cannot go with "
+                      "--no-require-parameters", ExitCode.USAGE)
     policy = Policy(**OPTIONS.fields("policy", o))
     policy.required_parameters = request.enforced_parameters(policy)
     try:

@@ -38,7 +38,11 @@ The JSON object (`contracts.InferPlan`; prices in USD per million tokens, money 
      "max_cost", "token_budget", "total_cost": {"cap", "recorded", "spent_in"} | null,
      "warnings": [str], "sampling": [str], "distillation": str, "notes": [str],
      "in_flight": {"balance", "balance_source", "worst_case_request", "requests",
-                   "concurrency", "max_tokens_for_concurrency"} | null}
+                   "concurrency", "max_tokens_for_concurrency"} | null,
+     "logprobs": {"asked", "required", "listing", "not_listing", "unknown", "share"} | null
+                 (token logprobs: the allowed endpoints that list them in
+                 supported_parameters, and the share of the answers expected to carry
+                 them; openrouter/logprobs.py)}
 
 `in_flight` is what the balance can keep in flight at once: OpenRouter reserves each
 running request's worst case (prompt + --max-tokens at the endpoint's prices) against the
@@ -61,6 +65,7 @@ from ..contracts import (
     PlanAnswerTokens,
     PlanCost,
     PlanInFlight,
+    PlanLogprobs,
     PlanPriceBound,
     PlanPrices,
     PlanPrompts,
@@ -71,6 +76,7 @@ from ..contracts import (
     PricePair,
     Recorded,
 )
+from ..openrouter import logprobs
 from ..openrouter.account import Balance, ModelInfo
 from ..openrouter.models import served_sampling, thinking
 from ..openrouter.request import SAMPLING_PARAMETERS, RequestOptions
@@ -245,7 +251,13 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
         distillation=distillation_line(config, prepared.model_info),
         notes=list(prepared.notes),
         in_flight=in_flight,
+        logprobs=_logprobs_data(config, endpoints),
     )
+
+
+def _logprobs_data(config: RunConfig, endpoints) -> PlanLogprobs | None:
+    found = logprobs.plan(config.request, config.policy, endpoints)
+    return None if found is None else PlanLogprobs(**vars(found))
 
 
 def plan_json(config: RunConfig, prepared: Prepared, budget: Budget,
@@ -285,6 +297,8 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget,
     for warning in data.warnings:
         out.append(f"warning: {warning}")
     out.extend(data.sampling)
+    if config.openrouter:
+        out.extend(logprobs.plan_lines(data.logprobs, config.request))
     out.append(data.distillation)
     for note in data.notes:
         out.append(f"note: {note}")

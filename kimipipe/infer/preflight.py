@@ -21,6 +21,10 @@ line of each answer (openrouter/probe.py), per answer:
                        listed prices (above them: fail, the budget's bound would not hold;
                        under half of them: warn)
     finish             `stop` (pass), `length` (warn: cut by --max-tokens), else fail
+    logprobs           with token logprobs asked (`--logprobs`, or the preset's default):
+                       which allowed endpoints list them and the share of answers expected
+                       to carry them; per answer, the tokens that came (and whether they
+                       spell the text), none from an endpoint that lists them: warn
     stream             keep-alive comments, where the usage came (its own last chunk or
                        the finish chunk: both are OpenRouter's), `[DONE]`; fails only
                        when no usage came (the spend cannot be booked) or no finish
@@ -70,6 +74,7 @@ import msgspec
 from ..errors import ExitCode, KPError
 from ..io import iter_records
 from ..kinds import AttemptKind
+from ..openrouter import logprobs
 from ..openrouter.account import Account, AccountError, ModelInfo
 from ..openrouter.attempt import Attempt
 from ..openrouter.probe import Probe, send_probe
@@ -184,7 +189,8 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
                      prompts: list[tuple[Prompt, bytes, str | None]]) -> dict:
     checks = []
     if config.openrouter:  # (a run with --server alone reads nothing of OpenRouter's)
-        checks += [_table_check(config, prepared), _distillation_check(config, prepared.model_info)]
+        checks += [_table_check(config, prepared), _logprobs_check(config, prepared),
+                   _distillation_check(config, prepared.model_info)]
         checks += [Check("routing", "warn", w)
                    for w in endpoint_warnings(config.policy, prepared.endpoints)]
         async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
@@ -350,6 +356,34 @@ def _table_check(config: RunConfig, prepared: Prepared) -> Check:
                  + ", ".join(f"{e.provider_name} ({e.quantization or 'unknown'})" for e in allowed))
 
 
+def _logprobs_check(config: RunConfig, prepared: Prepared) -> Check:
+    """Which allowed endpoints list token logprobs, and the share of answers to carry them."""
+    found = logprobs.plan(config.request, config.policy, prepared.endpoints)
+    lines = logprobs.plan_lines(found, config.request)
+    detail = "; ".join(line.strip() for line in lines).removeprefix("token logprobs: ")
+    if found is None:
+        return Check("token logprobs", "warn", detail)
+    if found.asked and not found.listing and not found.unknown:
+        return Check("token logprobs", "warn", detail + ": no answer will carry them")
+    return Check("token logprobs", "pass", detail)
+
+
+def _logprobs_answer_check(name: str, a: Attempt, acceptance: Acceptance) -> Check:
+    """The answer's sampled tokens (token logprobs asked), as the record keeps them."""
+    served = serving_endpoints(a.provider or "", acceptance.endpoints)
+    listed = [logprobs.lists_logprobs(e) for e in served]
+    if a.token_lengths is None:
+        if served and not any(listed):
+            return Check(name + "logprobs", "pass", f"none: {a.provider} does not list them")
+        return Check(name + "logprobs", "warn", f"none came from {a.provider}, which lists "
+                     "them: kp-tokenize re-encodes its text")
+    spelled = {"answer": "spelling the reasoning and the content",
+               "content": "spelling the content only"}.get(
+        a.token_spells, "not spelling the text as recorded (kept whole)")
+    nulls = f", {a.token_nulls:,} with null bytes" if a.token_nulls else ""
+    return Check(name + "logprobs", "pass", f"{len(a.token_lengths):,} tokens, {spelled}{nulls}")
+
+
 def _distillation_check(config: RunConfig, info: ModelInfo | str | None) -> Check:
     if not isinstance(info, ModelInfo) or info.is_trainable_text is None:
         why = info if isinstance(info, str) else "the model's entry does not say"
@@ -420,6 +454,8 @@ def _answer_checks(i: int, probe: Probe, acceptance: Acceptance, config: RunConf
         checks.append(_ids_check(name, a, server))
     else:
         checks.append(_cost_check(name, a, acceptance, source))
+        if config.request.logprobs or config.request.require_logprobs:
+            checks.append(_logprobs_answer_check(name, a, acceptance))
     if a.finish_reason == "stop":
         checks.append(Check(name + "finish", "pass", "stop"))
     elif a.finish_reason == "length":

@@ -28,7 +28,8 @@
    allow no endpoint, or that has `--max-cost` but no price bound, is refused (exit 2);
    without the table a run checks routing by provider name only. A `--ignore-provider` or
    `--only-provider` slug that names no provider of the table is refused (exit 2), with
-   the closest known one.
+   the closest known one. The model preset's token-logprobs default is decided here, against
+   the table (openrouter/logprobs.py: asked where that leaves no allowed endpoint out).
 5. Distillation (openrouter/account.py `model_info`): a model whose authors forbid it
    (`is_trainable_text: false`) is refused before any request while
    `provider.enforce_distillable_text` is sent (the default: OpenRouter would route none of
@@ -64,6 +65,7 @@ from ..io import (
     scan_done,
     spool_stdin,
 )
+from ..openrouter import logprobs
 from ..openrouter.account import AccountError, ModelInfo, fetch_endpoints, fetch_model_info
 from ..openrouter.client import CompletionClient
 from ..openrouter.models import preset_for, requantized_allowed, requantized_in_flags
@@ -483,6 +485,10 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
                               "routing, prices or balance; the answers cost nothing")
         return prepared
     endpoints = read_endpoints(config, say)
+    # the preset's token-logprobs default, decided against the table (openrouter/logprobs.py)
+    logprobs_note = logprobs.resolve(config.request, config.policy, endpoints)
+    if logprobs_note and not config.plan:
+        say(f"kp-infer: {logprobs_note}")
     if endpoints is not None:
         check_provider_slugs(config, endpoints)
         # excluded variants under an allowed provider's name: kept out by the request itself
@@ -506,6 +512,8 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
                         conversations=conversations, turns_todo=turns_todo,
                         conversations_todo=sum(1 for i in todo_ids if i in scan.turns),
                         servers=discover_servers(config, say))
+    if logprobs_note:
+        prepared.notes.append(logprobs_note)
     if config.plan and config.output == "-":
         prepared.notes.append("no -o: the answers a run already wrote cannot be seen here, so every "
                               "prompt counts as to do; pass the -o (and --failures) of the run to "

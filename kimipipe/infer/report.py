@@ -32,7 +32,9 @@ The summary (stderr, and `--summary-json`: `contracts.InferSummary`):
      "limit_refusals": {"402 in_flight_budget_exhausted"|"403 openrouter_key_limit"|...: n},
      "money_in_flight": {"ceiling_end", "ratio_end", "peak", "cuts", "balance_read"},
      "costs": {"usage", "generation", "estimate"} (answers paid for, kept or refused, by where
-              their cost came from: infer/costs.py)}
+              their cost came from: infer/costs.py),
+     "logprobs": null | {provider: {"answers", "with_tokens"}} (token logprobs asked: the
+              answers kept, and those that carried the sampled tokens)}
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from ..contracts import (
     SourceShare,
     SummaryConversations,
     SummaryCosts,
+    SummaryLogprobs,
     SummaryTokens,
 )
 from ..errors import ExitCode
@@ -189,6 +192,8 @@ class Stats:
     # answers and completion tokens by source: each --server by name, else "openrouter"
     sources: Counter = field(default_factory=Counter)
     source_tokens: Counter = field(default_factory=Counter)
+    # answers that carried the tokens the model sampled (token logprobs), by provider
+    with_tokens: Counter = field(default_factory=Counter)
     started: float = field(default_factory=time.monotonic)
 
     def answered(self, answer: Attempt, latency: float | None = None) -> None:
@@ -198,6 +203,8 @@ class Stats:
         self.completion_tokens += answer.completion_tokens
         self.reasoning_tokens += answer.reasoning_tokens
         self.providers[answer.provider or "unknown"] += 1
+        if answer.token_lengths is not None:
+            self.with_tokens[answer.provider or "unknown"] += 1
         self.finish_reasons[answer.finish_reason or "none"] += 1
         source = answer.provider if answer.api else "openrouter"  # (a server's sets api)
         self.sources[source] += 1
@@ -298,6 +305,9 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
                                    tokens_per_s=round(stats.source_tokens[name] / elapsed, 1)
                                    if elapsed else 0.0)
                  for name, n in stats.sources.most_common()} if config.servers else {},
+        logprobs=({name: SummaryLogprobs(answers=n, with_tokens=stats.with_tokens[name])
+                   for name, n in stats.providers.most_common()}
+                  if config.request.logprobs or config.request.require_logprobs else None),
         conversations=(SummaryConversations(
             turns_by_number={str(k): n for k, n in sorted(stats.turns.items())},
             done=stats.conversations_done, cut=stats.conversations_cut,
@@ -341,6 +351,11 @@ def format_summary(summary: InferSummary) -> str:
             for name, s in summary.sources.items()))
     if summary.providers:
         lines.append("  providers: " + ", ".join(f"{k} {v:.0%}" for k, v in summary.providers.items()))
+    if summary.logprobs:
+        carried = sum(c.with_tokens for c in summary.logprobs.values())
+        lines.append(f"  token logprobs: {carried:,} of {summary.done:,} answers carried the "
+                     "sampled tokens (" + ", ".join(f"{k} {c.with_tokens:,}/{c.answers:,}"
+                                                    for k, c in summary.logprobs.items()) + ")")
     if summary.by_provider:
         lines.append("  by provider (refused r/n/t: routing violation, no reasoning, think marker):")
         lines.append(table_text(summary.by_provider, indent="    "))

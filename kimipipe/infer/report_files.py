@@ -27,9 +27,19 @@ The report (text on stdout; `--json` for this object, stable for scripts):
                                           run's summary)
      "histogram": {"upto": [int, ...],    completion tokens per answer, shared bins
                    "by_provider": {provider: [answers per bin, ...]}},
-     "token_deltas": [row, ...]}          token records only: the provider's counts minus
+     "token_deltas": [row, ...],          token records only: the provider's counts minus
                                           kimipipe's, per provider (tokenize/deltas.py; the
                                           same rows and warnings as kp-tokenize's summary)
+     "logprobs": {provider: {"answers", "with_tokens"}}
+                                          answers that carried the tokens the model sampled
+                                          (token logprobs: `sampled_tokens`); {} when none did
+     "sampled_ids": [row, ...]}           token records only: per provider, the sampled IDs
+                                          (token logprobs, a server's) against the
+                                          re-encoding (tokenize/stats.py SampledTable: rows,
+                                          used, partial, differ, differ_share, tokens,
+                                          tokens_differing, tokens_differing_share, net,
+                                          parts, fallbacks, patterns; the same as
+                                          kp-tokenize's summary)
 """
 
 from __future__ import annotations
@@ -42,8 +52,9 @@ import msgspec
 
 from ..errors import InputError
 from ..io import describe_decode_error, iter_lines
-from ..records import Refusal, Usage, record_cost
+from ..records import Refusal, Resegmented, Usage, record_cost
 from ..tokenize.deltas import DeltaTable
+from ..tokenize.stats import SampledTable
 from .providers_table import REFUSAL_KINDS, ProviderTable, table_text
 
 
@@ -64,6 +75,11 @@ class _Line(msgspec.Struct):
     conversation: str | None = None
     prompt_tokens_delta: int | None = None  # token records (kp-tokenize)
     completion_tokens_delta: int | None = None
+    output_ids_source: str | None = None  # ... their sampled IDs (tokenize/stats.py)
+    sampled_parts: list[str] | None = None
+    resegmented: Resegmented | None = None
+    sampled_fallback: str | None = None
+    sampled_tokens: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # token logprobs (undecoded)
 
 
 _decoder = msgspec.json.Decoder(_Line)
@@ -73,6 +89,8 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
     """The report over PATHS (see the module docstring)."""
     table = ProviderTable()
     deltas = DeltaTable()
+    sampled = SampledTable()
+    logprobs: dict[str, list[int]] = {}  # provider -> [answers, with sampled tokens]
     answers = refused = 0
     spend = 0.0
     failures: Counter = Counter()
@@ -100,6 +118,11 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
                     turns[line.turn] += 1
                     conversations.add(line.conversation or "")
                 deltas.add(line.provider, line.prompt_tokens_delta, line.completion_tokens_delta)
+                sampled.add_record(line.provider, line.output_ids_source, line.sampled_parts,
+                                   line.resegmented, line.sampled_fallback)
+                seen = logprobs.setdefault(line.provider or "unknown", [0, 0])
+                seen[0] += 1
+                seen[1] += line.sampled_tokens is not msgspec.UNSET and bytes(line.sampled_tokens) != b"null"
                 key = json.dumps(line.sampling, sort_keys=True)
                 sampling.setdefault(key, [line.sampling, 0])[1] += 1
             elif line.kind is not None and line.status is not None:
@@ -131,8 +154,12 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
         "by_provider": table.rows(),
         "histogram": {"upto": edges, "by_provider": counts},
         "token_deltas": deltas.rows(),
+        "logprobs": {p: {"answers": n, "with_tokens": k} for p, (n, k) in sorted(logprobs.items())
+                     if any(k for _, k in logprobs.values())},
+        "sampled_ids": sampled.rows(),
         "_table": table,
         "_deltas": deltas,
+        "_sampled": sampled,
     }
 
 
@@ -162,6 +189,12 @@ def format_report(report: dict) -> str:
     if report["_deltas"]:
         lines += ["", report["_deltas"].text(indent=""),
                   *(f"warning: {w}" for w in report["_deltas"].warnings())]
+    if report["logprobs"]:
+        lines += ["", "answers carrying the tokens the model sampled (token logprobs): " + ", ".join(
+            f"{p} {c['with_tokens']:,}/{c['answers']:,}" for p, c in report["logprobs"].items())]
+    if report["_sampled"]:
+        lines += ["", *report["_sampled"].lines(""),
+                  *(f"warning: {w}" for w in report["_sampled"].warnings())]
     return "\n".join(lines)
 
 

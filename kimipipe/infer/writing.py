@@ -18,6 +18,7 @@ infer/acceptance.py.
 
 from __future__ import annotations
 
+import base64
 import errno
 import time
 from enum import StrEnum
@@ -32,6 +33,7 @@ from ..records import (
     Refusal,
     ResponseText,
     SampledIds,
+    SampledTokens,
     Sampling,
     Usage,
     decode_passthrough,
@@ -82,7 +84,18 @@ def generation_fields(answer: Attempt, attempts: int, model: str,
         reasoning_source=answer.reasoning_source or None,
         sampled_ids=(None if answer.output_ids is None
                      else SampledIds(output=answer.output_ids, prompt=answer.prompt_ids)),
+        sampled_tokens=sampled_tokens_of(answer),
     )
+
+
+def sampled_tokens_of(answer: Attempt) -> SampledTokens | None:
+    """The record's `sampled_tokens` from an answer's token logprobs (None without)."""
+    if answer.token_lengths is None:
+        return None
+    return SampledTokens(
+        lengths=answer.token_lengths, spells=answer.token_spells or None,
+        data=None if answer.token_data is None else base64.b64encode(answer.token_data).decode(),
+        null_bytes=answer.token_nulls)
 
 
 def failure_record(prompt: Prompt, kind: str, attempt: Attempt, attempts: int, *,

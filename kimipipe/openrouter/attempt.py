@@ -87,6 +87,13 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     api: str | None = None  # the host that answered, when not the run's base URL (infer/servers.py)
     # the error's `metadata.error_type` (rate_limit_exceeded, provider_overloaded, ...)
     error_type: str = ""
+    # the sampled tokens of token logprobs (client.sampled_tokens): each one's length in
+    # bytes; their bytes joined, or None where they are exactly the text `token_spells`
+    # names ("answer": reasoning then content; "content"); how many had null `bytes`
+    token_lengths: list[int] | None = None
+    token_data: bytes | None = None
+    token_spells: str = ""
+    token_nulls: int = 0
 
     def limit_key(self) -> str:
         """How the summary counts a credit-limit refusal: status, then reason or source."""

@@ -22,9 +22,18 @@ Reasoning is read from `reasoning`, else the `reasoning.text` entries of
 `reasoning_details`, else a leading `<think>...</think>` in the content (then cut from it;
 an unclosed `<think>` in an answer cut by `max_tokens` is all reasoning); the Attempt says
 which (`reasoning_source`: field, details or inline).
+
+Token logprobs (`logprobs: true`): each choice's `logprobs.content[]` tokens are kept in
+order (a stream: each chunk's appended; nothing is done for a chunk without them) and
+joined once, at the answer's end (`sampled_tokens`): each token's length in bytes, and
+their bytes unless they are exactly the answer's text. No tokenizer is read here. A chunk
+whose `logprobs` are not the schema's shape is read without them (the answer is kept; it
+was paid for) and the answer keeps no tokens.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import msgspec
 
@@ -60,12 +69,37 @@ class _Message(msgspec.Struct, gc=False):
     reasoning_details: list[_ReasoningDetail] | None = None
 
 
+class _TokenLogprob(msgspec.Struct, gc=False):
+    """One sampled token of `logprobs.content[]` (OpenAPI ChatTokenLogprob): its `token`
+    string and its `bytes` (null: the string's UTF-8 stands for them); logprob and
+    top_logprobs unread. (Byte values are small ints: CPython shares them, so a token's
+    list costs one allocation.)"""
+
+    token: str = ""
+    bytes: list[int] | None = None
+
+
+def _token_bytes(t: _TokenLogprob) -> bytes:
+    """A token's bytes: its `bytes`, else (null, or not bytes at all) its string's UTF-8."""
+    if t.bytes is not None:
+        try:
+            return bytes(t.bytes)
+        except ValueError:
+            pass
+    return t.token.encode("utf-8", "surrogatepass")
+
+
+class _Logprobs(msgspec.Struct, gc=False):
+    content: list[_TokenLogprob] | None = None
+
+
 class _Choice(msgspec.Struct, gc=False):
     delta: _Delta | None = None
     message: _Message | None = None
     finish_reason: str | None = None
     error: dict | None = None
     token_ids: list[int] | None = None  # vLLM's return_token_ids (a stream: this chunk's)
+    logprobs: _Logprobs | None = None  # the sampled tokens (`logprobs: true`; a stream: this chunk's)
 
 
 class _CompletionDetails(msgspec.Struct, gc=False):
@@ -113,6 +147,30 @@ class _Body(msgspec.Struct, gc=False):
 _body_decoder = msgspec.json.Decoder(_Body)
 
 
+class _LenientChoice(_Choice, gc=False):
+    logprobs: msgspec.Raw = msgspec.Raw(b"null")  # any shape: read as none
+
+
+class _LenientBody(_Body, gc=False):
+    choices: list[_LenientChoice] | None = None
+
+
+_lenient_decoder = msgspec.json.Decoder(_LenientBody)
+
+
+def _without_logprobs(raw: bytes) -> _Body | None:
+    """RAW read with its `logprobs` left out, for a body whose logprobs are not the
+    schema's shape: the answer is kept (it was paid for), its tokens are not. None when
+    it is not a body even so."""
+    try:
+        body = _lenient_decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    for choice in body.choices or ():
+        choice.logprobs = None
+    return body
+
+
 def _reasoning_text(reasoning: str | None, details: list[_ReasoningDetail] | None
                     ) -> tuple[str | None, str]:
     """(the reasoning, where it came from: `field`, `details` or "" for none)."""
@@ -139,9 +197,53 @@ def split_inline_think(content: str, reasoning: str | None, cut: bool = False
     return content, reasoning
 
 
+# An answer's tokens are kept only while their bytes stay within this many times the
+# answer's text (plus a little): a record's size stays bounded whatever a provider sends.
+TOKENS_MAX_RATIO = 2
+TOKENS_MAX_SLACK = 4096
+
+
+def sampled_tokens(tokens: list[_TokenLogprob], reasoning: str | None, content: str
+                   ) -> tuple[list[int], bytes | None, str, int] | None:
+    """An answer's tokens, joined once at its end: (each token's length in bytes, their
+    bytes joined or None where they are exactly a text of the answer, which text: "answer"
+    (reasoning then content) or "content", how many had null `bytes`). None when there are
+    none, or more bytes than the bound above.
+
+    The bytes are each token's `bytes` (the token string's UTF-8 only where they are null,
+    or not bytes at all): the strings of a partial UTF-8 token are not its bytes, and a
+    token whose bytes are wrong must not pass for its string. With no null, all are joined
+    in one C call."""
+    if not tokens:
+        return None
+    lists = [t.bytes for t in tokens]
+    nulls = lists.count(None)
+    joined = lengths = None
+    if not nulls:
+        try:
+            joined = bytes(itertools.chain.from_iterable(lists))
+            lengths = list(map(len, lists))
+        except ValueError:  # an integer past 255: each token on its own, below
+            joined = None
+    if joined is None:
+        pieces = [_token_bytes(t) for t in tokens]
+        joined = b"".join(pieces)
+        lengths = list(map(len, pieces))
+    content_bytes = content.encode("utf-8")
+    answer = (reasoning or "").encode("utf-8") + content_bytes
+    if len(joined) > TOKENS_MAX_RATIO * len(answer) + TOKENS_MAX_SLACK:
+        return None
+    if joined == answer:
+        return lengths, None, "answer", nulls
+    if joined == content_bytes:
+        return lengths, None, "content", nulls
+    return lengths, joined, "", nulls
+
+
 def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str], finish_reason,
             usage: _Usage | None, chunks: int = 0, prompt_ids: list[int] | None = None,
-            output_ids: list[int] | None = None) -> Attempt:
+            output_ids: list[int] | None = None,
+            tokens: list[_TokenLogprob] | None = None) -> Attempt:
     text, source = reasoning
     content, text = split_inline_think(content, text or None, cut=finish_reason == "length")
     if text and not source:
@@ -150,6 +252,7 @@ def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str]
         return Attempt(AttemptKind.RETRY, cause=RetryCause.EMPTY, status=200, message="empty output")
     details = usage.completion_tokens_details if usage else None
     cached = usage.prompt_tokens_details if usage else None
+    joined = sampled_tokens(tokens, text, content) if tokens else None
     return Attempt(
         AttemptKind.OK, status=200, content=content, reasoning=text, finish_reason=finish_reason,
         provider=provider, model=model, generation_id=body_id,
@@ -159,6 +262,8 @@ def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str]
         cost=usage.cost if usage else None, chunks=chunks, reasoning_source=source,
         cached_tokens=(cached.cached_tokens or 0) if cached else 0,
         usage_seen=usage is not None, prompt_ids=prompt_ids, output_ids=output_ids,
+        token_lengths=joined[0] if joined else None, token_data=joined[1] if joined else None,
+        token_spells=joined[2] if joined else "", token_nulls=joined[3] if joined else 0,
     )
 
 
@@ -240,7 +345,9 @@ class CompletionClient:
         try:
             body = _body_decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return Attempt(AttemptKind.RETRY, cause=RetryCause.BAD_JSON, status=200, message="body is not valid JSON")
+            body = _without_logprobs(raw)
+            if body is None:
+                return Attempt(AttemptKind.RETRY, cause=RetryCause.BAD_JSON, status=200, message="body is not valid JSON")
         if body.error is not None:
             return body_error(body.error)
         if not body.choices:
@@ -257,7 +364,8 @@ class CompletionClient:
                                        msg.reasoning_details),
                        choice.finish_reason, body.usage,
                        prompt_ids=body.prompt_token_ids if sgl_prompt is None else sgl_prompt,
-                       output_ids=choice.token_ids if sgl_output is None else sgl_output)
+                       output_ids=choice.token_ids if sgl_output is None else sgl_output,
+                       tokens=choice.logprobs.content if choice.logprobs is not None else None)
 
 
 class StreamAnswer:
@@ -269,7 +377,8 @@ class StreamAnswer:
     """
 
     __slots__ = ("content", "reasoning", "details", "gen_id", "provider", "model",
-                 "finish_reason", "usage", "chunks", "prompt_ids", "output_ids")
+                 "finish_reason", "usage", "chunks", "prompt_ids", "output_ids", "tokens",
+                 "tokens_lost")
 
     def __init__(self) -> None:
         self.content: list[str] = []
@@ -280,6 +389,8 @@ class StreamAnswer:
         self.chunks = 0
         self.prompt_ids: list[int] | None = None  # a self-hosted server's (vLLM: 1st chunk;
         self.output_ids: list[int] | None = None  # ... and each chunk's, joined; SGLang: sglext)
+        self.tokens: list[_TokenLogprob] | None = None  # token logprobs: each chunk's, in order
+        self.tokens_lost = False  # a chunk's logprobs were not the schema's: none are kept
 
     def _has_output(self) -> bool:
         return bool(self.content or self.reasoning or self.details)
@@ -291,7 +402,10 @@ class StreamAnswer:
         try:
             chunk = _body_decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return Attempt(AttemptKind.RETRY, cause=RetryCause.BAD_JSON, status=200, message="stream chunk is not valid JSON")
+            chunk = _without_logprobs(payload)
+            if chunk is None:
+                return Attempt(AttemptKind.RETRY, cause=RetryCause.BAD_JSON, status=200, message="stream chunk is not valid JSON")
+            self.tokens_lost = True
         if chunk.error is not None:
             return midstream_error(chunk.error, self._has_output())
         if self.gen_id is None:
@@ -313,6 +427,10 @@ class StreamAnswer:
                 if self.output_ids is None:
                     self.output_ids = []
                 self.output_ids.extend(choice.token_ids)
+            if choice.logprobs is not None and choice.logprobs.content:
+                if self.tokens is None:
+                    self.tokens = []
+                self.tokens.extend(choice.logprobs.content)
             delta = choice.delta
             if delta is not None:
                 if delta.content:
@@ -334,4 +452,5 @@ class StreamAnswer:
             return Attempt(AttemptKind.RETRY, cause=RetryCause.CUT, status=200, message="stream ended early")
         return _finish(self.gen_id, self.provider, self.model, "".join(self.content),
                        _reasoning_text("".join(self.reasoning), self.details), self.finish_reason,
-                       self.usage, self.chunks, self.prompt_ids, self.output_ids)
+                       self.usage, self.chunks, self.prompt_ids, self.output_ids,
+                       None if self.tokens_lost else self.tokens)

@@ -25,6 +25,12 @@ temperature (1.0 thinking, 0.6 instant, as Tencent Cloud's Kimi guide gives them
 and K2.5 alike). What differs is its history: K2.6's template keeps earlier turns'
 reasoning (`preserve_thinking`), see kp-tokenize's `kimi-k2.6` preset.
 
+Token logprobs (the tokens the model sampled, so kp-tokenize can use their IDs instead of
+re-encoding the text): the Kimi presets ask for them wherever that narrows no routing
+(openrouter/logprobs.py): measured at 1.7x the chunk parse's CPU and 1.1-1.5x kp-infer's
+CPU per streamed chunk at 2000 in flight, under the 2x that would have kept them off, and
+about half the text's size more per record (bench/README.md, bench_logprobs.py).
+
 An unknown model gets no preset: no routing default, no warning (kimipipe cannot know its
 native weights), and no sampling invented for it (`--plan` says so).
 """
@@ -46,6 +52,8 @@ class ModelPreset:
     requantized: frozenset[str]  # quantizations below the native weights' fidelity
     thinking_sampling: tuple[tuple[str, float], ...] = ()  # as served with reasoning on
     instant_sampling: tuple[tuple[str, float], ...] = ()  # as served with reasoning off
+    # token logprobs asked by default where asking costs no endpoint (openrouter/logprobs.py)
+    logprobs: bool = False
 
 
 _KIMI_NATIVE_INT4 = dict(
@@ -54,6 +62,7 @@ _KIMI_NATIVE_INT4 = dict(
     requantized=frozenset({"fp4", "mxfp4", "nvfp4"}),
     thinking_sampling=(("temperature", 1.0), ("top_p", 0.95)),
     instant_sampling=(("temperature", 0.6), ("top_p", 0.95)),
+    logprobs=True,
 )
 
 PRESETS: dict[str, ModelPreset] = {

@@ -10,6 +10,7 @@ each provider's own default (docs/openrouter.md, "Request").
 
     {"model": ..., "messages": [{"role", "content"}, ...], "max_tokens": N, "stream": bool,
      "temperature"?, "top_p"?, "seed"?, "reasoning": {"enabled"?, "effort"?}?,
+     "logprobs"?: true, "top_logprobs"?: 0,
      "provider": {..., "require_parameters"?: true}?, ...--extra-body}
 
 `max_tokens` is always sent: without it OpenRouter's pre-flight credit check assumes the
@@ -21,8 +22,11 @@ Whenever a sampling parameter is sent (`SAMPLING_PARAMETERS`, from the flags, th
 or `--extra-body`), so is `provider.require_parameters: true` (unless
 `require_parameters=False`, `--no-require-parameters`, or `--extra-body` says otherwise):
 a provider that does not support a parameter drops it silently, and the answer would be
-sampled otherwise than the record says. `sampling()` is what each response record carries
-as `sampling` (records.Sampling): those parameters as the body holds them.
+sampled otherwise than the record says. `--require-logprobs` sends it too.
+`require_parameters` covers every parameter the body sends, so with it `logprobs`
+(`--logprobs`, openrouter/logprobs.py) is a routing requirement as well.
+`sampling()` is what each response record carries as `sampling` (records.Sampling):
+those parameters as the body holds them.
 """
 
 from __future__ import annotations
@@ -59,6 +63,11 @@ class RequestOptions:
     stream: bool = True
     require_parameters: bool = True  # sent with any sampling parameter
     extra_body: dict = field(default_factory=dict)
+    # token logprobs (openrouter/logprobs.py): True asks for them (`logprobs: true,
+    # top_logprobs: 0`), False not; None: the model preset's default, decided once the
+    # endpoints table is read (infer/prepare.py), not asked until then
+    logprobs: bool | None = None
+    require_logprobs: bool = False  # asked and made a routing requirement (require_parameters)
 
     def fields(self, policy: Policy) -> dict:
         """Every field of the body but `model` and `messages`, `--extra-body` applied."""
@@ -76,6 +85,9 @@ class RequestOptions:
             reasoning["effort"] = self.reasoning_effort
         if reasoning:
             body["reasoning"] = reasoning
+        if self.logprobs or self.require_logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = 0
         provider = policy.provider_object()
         if provider:
             body["provider"] = provider
@@ -84,7 +96,8 @@ class RequestOptions:
                 body["provider"] = {**body.get("provider", {}), **value}
             else:
                 body[key] = value
-        if self.require_parameters and any(body.get(k) is not None for k in SAMPLING_PARAMETERS):
+        if (self.require_parameters and any(body.get(k) is not None for k in SAMPLING_PARAMETERS)
+                or self.require_logprobs):
             provider = body.setdefault("provider", {})
             if isinstance(provider, dict):
                 provider.setdefault("require_parameters", True)

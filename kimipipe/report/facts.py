@@ -5,7 +5,9 @@ report` does (infer/report_files.py), and keeps per dataset what the plots need:
 
     a line with `input_ids`/`output_ids`   a token record (kp-tokenize): its lengths and
                                            `prompt_tokens_delta`/`completion_tokens_delta`
-                                           when kp-tokenize wrote them; its answer counts
+                                           when kp-tokenize wrote them, and its sampled IDs
+                                           against the re-encoding (`output_ids_source`,
+                                           `resegmented`, `sampled_fallback`); its answer counts
                                            only when no response record has its id
     a line with `response`                 an answer (kp-infer): usage, provider, finish
                                            reason, latency, `finished_at`, the answers
@@ -43,9 +45,10 @@ import msgspec
 from ..errors import InputError
 from ..infer.providers_table import REFUSAL_KINDS, ProviderTable
 from ..io import describe_decode_error, iter_lines
-from ..records import Refusal, Usage
+from ..records import Refusal, Resegmented, Usage
 from ..shard.readback import read_lengths, shard_sets
 from ..shard.writer import MANIFEST
+from ..tokenize.stats import SampledTable
 
 # The trainer `max_length`s the rows are measured against (tokens).
 MAX_LENGTHS = (4096, 8192, 16384, 32768)
@@ -85,6 +88,10 @@ class _Line(msgspec.Struct):
     output_ids: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     prompt_tokens_delta: int | None = None
     completion_tokens_delta: int | None = None
+    output_ids_source: str | None = None  # the sampled IDs' outcome (tokenize/stats.py)
+    sampled_parts: list[str] | None = None
+    resegmented: Resegmented | None = None
+    sampled_fallback: str | None = None
     # a failure's
     kind: str | None = None
     status: int | None = None
@@ -191,6 +198,7 @@ class DatasetFacts:
     failures: Counter = field(default_factory=Counter)
     rejects: Counter = field(default_factory=Counter)  # reason's label -> n
     deltas: TokenDeltas = field(default_factory=TokenDeltas)
+    sampled: SampledTable = field(default_factory=SampledTable)  # sampled IDs vs re-encoding
     rows: Rows = field(default_factory=Rows)
     token_rows: Rows = field(default_factory=lambda: Rows("token records"))
     shard_sets: list[str] = field(default_factory=list)
@@ -234,6 +242,7 @@ class BuildFacts:
                 every.deltas.prompt.setdefault(provider, []).extend(values)
             for provider, values in d.deltas.completion.items():
                 every.deltas.completion.setdefault(provider, []).extend(values)
+            every.sampled.merge(d.sampled)
             rows = d.training_rows()
             every.rows.prompt.extend(rows.prompt)
             every.rows.output.extend(rows.output)
@@ -320,6 +329,8 @@ class _Reader:
             provider = line.provider or "unknown"
             dataset.token_rows.add(_count_ids(line.input_ids), _count_ids(line.output_ids))
             dataset.deltas.add(provider, line.prompt_tokens_delta, line.completion_tokens_delta)
+            dataset.sampled.add_record(provider, line.output_ids_source, line.sampled_parts,
+                                       line.resegmented, line.sampled_fallback)
             if line.id is not None:
                 self.dataset_of[line.id] = dataset.name
             if line.usage is not None:

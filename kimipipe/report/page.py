@@ -190,7 +190,8 @@ def render(facts: BuildFacts, settings: Settings, now: datetime.datetime | None 
         '<h2 id="multi-turn">Multi-turn</h2>',
         _grid([build_plots.turns_per_conversation(datasets, colors), build_plots.conversations_cut(datasets, colors)]),
         '<h2 id="tokenize">kp-tokenize: rejects and token counts</h2>',
-        _grid([build_plots.rejects(datasets, colors), provider_plots.token_deltas(build, colors)]),
+        _grid([build_plots.rejects(datasets, colors), provider_plots.token_deltas(build, colors),
+               provider_plots.sampled_ids(build, colors)]),
     ]
     if len(datasets) > 1:
         parts.append('<h2 id="datasets">Each dataset</h2>')

@@ -1,5 +1,6 @@
 """The providers side by side: share, money, reasoning, latency, speed, lengths, refusals,
-token-count deltas (see canvas.py for what every plot function returns)."""
+token-count deltas, sampled IDs against re-encoding (see canvas.py for what every plot
+function returns)."""
 
 from __future__ import annotations
 
@@ -223,3 +224,32 @@ def token_deltas(d: DatasetFacts, colors: Colors, key: str = "deltas") -> Plot |
     return canvas.plot(title, "Boxes: quartiles and median; whiskers: 1st to 99th percentile. Zero: the "
                               "provider counts the tokens kp-tokenize wrote; a steady offset for one "
                               "provider: it renders the prompt differently.")
+
+
+def sampled_ids(d: DatasetFacts, colors: Colors, key: str = "sampled-ids") -> Plot | Note:
+    """Per provider: the share of rows, and of sampled tokens, where the IDs the model
+    sampled (token logprobs, a server's IDs) differ from the canonical re-encoding."""
+    title = "Sampled IDs against the re-encoding of the text, by provider"
+    rows = [r for r in d.sampled.rows() if r["used"]]
+    if not rows:
+        return Note(key, title, "No token record was made from sampled IDs (token logprobs "
+                                "or a server's): every row's IDs are the re-encoding, or no "
+                                "token record was given.")
+    canvas = Canvas(key, cols=2, height=barh_height(len(rows)) + 0.4, sharey=True)
+    names = [r["provider"] for r in rows][::-1]
+    for ax, (field, what) in zip(canvas.axes[0], (("differ_share", "rows that differ"),
+                                                  ("tokens_differing_share", "sampled tokens that differ")),
+                                 strict=True):
+        values = [100.0 * r[field] for r in rows][::-1]
+        bars = canvas.data(ax.barh(names, values, color=[colors.provider(n) for n in names]))
+        ax.bar_label(bars, labels=[f"{v:.1f}%" if field == "differ_share" else f"{v:.2f}%"
+                                   for v in values], padding=3, fontsize=8)
+        ax.set_xlabel(f"% of {what}")
+        ax.margins(x=0.25)
+    top = d.sampled.top_patterns(3)
+    caption = ("A row differs where re-encoding its text cuts it otherwise than the model "
+               "sampled it (e.g. one token for two); only its sampled parts are compared.")
+    if top:
+        from ..tokenize.stats import pattern_text
+        caption += " Most frequent: " + "; ".join(f"{pattern_text(p)} ({n:,})" for p, n in top) + "."
+    return canvas.plot(title, caption)

@@ -34,6 +34,10 @@ Provider quirks (PROVIDER: a tag or provider name, as provider.only takes it):
     --ignore-sampling PROVIDER      that provider does not support temperature/top_p: it
                                     samples at its own values, drops what is sent, and
                                     provider.require_parameters routes around it
+    --logprobs PROVIDER[=VARIANT]   that provider lists and returns token logprobs (real
+                                    tokens, a share --noncanonical cut otherwise; VARIANT:
+                                    all, content, null-bytes, specials, gap, bad-bytes:
+                                    standin/logprobs.py)
     --not-distillable               the models' authors do not allow distillation
                                     (is_trainable_text false; enforce_distillable_text
                                     requests get the no-route 404)
@@ -79,6 +83,7 @@ from .config import (
     CREDITS_MODES,
     DEFAULT_NONCANONICAL,
     FAULT_KINDS,
+    LOGPROBS_VARIANTS,
     MIDSTREAM_CODES,
     MODES,
     STREAM_USAGES,
@@ -107,6 +112,15 @@ def parse_provider_rate(text: str) -> tuple[str, float]:
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"rate must be in [0, 1], got {value}")
     return parse_provider(slug), value
+
+
+def parse_logprobs(text: str) -> tuple[str, str]:
+    slug, _, variant = text.partition("=")
+    variant = variant or "all"
+    if variant not in LOGPROBS_VARIANTS:
+        raise argparse.ArgumentTypeError(
+            f"unknown logprobs variant {variant!r} (variants: {', '.join(LOGPROBS_VARIANTS)})")
+    return parse_provider(slug), variant
 
 
 def parse_fault(text: str) -> tuple[str, float]:
@@ -220,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the models' authors do not allow distillation: "
                              "is_trainable_text false in /models, and a request with "
                              "provider.enforce_distillable_text gets the no-route 404")
+    quirks.add_argument("--logprobs", action="append", type=parse_logprobs, default=[],
+                        metavar="PROVIDER[=VARIANT]",
+                        help="that provider lists logprobs in supported_parameters and, asked "
+                             "logprobs: true, returns the tokens it sampled (real tokens of "
+                             "--tokenizer, default the bundled kimi-k2.5-mini-fast; a share "
+                             "--noncanonical cut otherwise); VARIANT: "
+                             + ", ".join(LOGPROBS_VARIANTS) + " (standin/logprobs.py)")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="count usage with this tokenizer directory (its chat template; loaded "
                         "with trust_remote_code), as a server does; default: words")
@@ -336,6 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         drop_reasoning=dict(args.drop_reasoning), inline_reasoning=args.inline_reasoning,
         unopened_reasoning=args.unopened_reasoning,
         ignore_sampling=args.ignore_sampling, not_distillable=args.not_distillable,
+        logprobs=dict(args.logprobs),
         stream_usage=args.stream_usage, midstream_code=args.midstream_code,
         unavailable=args.unavailable, endpoint_nulls=args.endpoint_nulls,
         price_overrides=dict(args.price_override), discounts=dict(args.discount),

@@ -8,6 +8,7 @@ stand-in started without them answers as it always did.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from .availability import AVAILABILITY
 from .providers import known_provider
@@ -19,6 +20,11 @@ CREDITS_MODES = ("normal", "forbidden", "zeros")
 MODES = ("openrouter", "vllm", "sglang")  # whose API it answers (selfhosted.py: the servers)
 SERVER_FAULTS = ("500", "502", "503", "cut")  # the faults a self-hosted mode injects
 DEFAULT_NONCANONICAL = 0.25
+# The tokenizer whose real tokens the stand-in samples (server modes, --logprobs) unless
+# --tokenizer names another: the bundled small Kimi-style one.
+DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "tokenizers" / "kimi-k2.5-mini-fast"
+# What a provider's token logprobs cover (logprobs.py, `--logprobs PROVIDER=VARIANT`).
+LOGPROBS_VARIANTS = ("all", "content", "null-bytes", "specials", "gap", "bad-bytes")
 # Where a stream's usage comes (both are OpenRouter's): a last chunk of its own with
 # `choices: []`, or on a last finish chunk (one choice, empty delta, finish_reason repeated).
 STREAM_USAGES = ("own-chunk", "finish-chunk")
@@ -58,6 +64,8 @@ class Config:
     ignore_sampling: list[str] = field(default_factory=list)
     not_distillable: bool = False
     tokenizer: str | None = None  # count usage with this tokenizer directory (token_counts.py)
+    # token logprobs (logprobs.py): provider slug -> variant (what its logprobs cover)
+    logprobs: dict[str, str] = field(default_factory=dict)
     # -- the wire's documented variants (streaming, errors, endpoints table) --
     stream_usage: str = "own-chunk"   # STREAM_USAGES
     midstream_code: str = "502"       # MIDSTREAM_CODES
@@ -138,8 +146,12 @@ class Config:
         for slug, d in self.discounts.items():
             if not 0.0 <= float(d) < 1.0:
                 raise ValueError(f"discount for {slug} must be in [0, 1)")
+        for slug, variant in self.logprobs.items():
+            if variant not in LOGPROBS_VARIANTS:
+                raise ValueError(f"logprobs variant for {slug} must be one of "
+                                 f"{', '.join(LOGPROBS_VARIANTS)}")
         for slug in [*self.drop_reasoning, *self.inline_reasoning, *self.unopened_reasoning,
-                     *self.ignore_sampling,
+                     *self.ignore_sampling, *self.logprobs,
                      *self.price_overrides, *self.discounts]:
             if not known_provider(slug):
                 raise ValueError(f"unknown provider {slug!r} (a tag or provider name of the "
@@ -178,6 +190,7 @@ LIVE_SETTINGS = {
     "no_cost_rate": float, "no_usage_rate": float, "generation_delay": float,
     "hold_after": _nullable(int),
     "noncanonical_rate": _nullable(float), "system_prompt": _nullable(str),
+    "logprobs": lambda v: {str(k): str(r) for k, r in dict(v).items()},
 }
 
 

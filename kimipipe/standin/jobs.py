@@ -41,7 +41,8 @@ class Job:
 
     def __init__(self, server: StandIn, request: web.Request, body: dict, answer: Answer,
                  endpoint: Endpoint, fault: str | None, created: int, gen_id: str,
-                 started: float, ledger_extra: dict | None = None, cached_tokens: int = 0):
+                 started: float, ledger_extra: dict | None = None, cached_tokens: int = 0,
+                 logprobs: tuple[list, list] | None = None):
         self.server = server
         self.config = server.config
         self.request = request
@@ -58,6 +59,11 @@ class Job:
         self.shown = "cost"   # what its usage shows of the cost: cost | no_cost | none (billing.py)
         self.ledger_extra = ledger_extra   # what the ledger line adds (sampling, quirks)
         self.cached_tokens = min(cached_tokens, answer.prompt_tokens)  # read from the cache
+        # a token-by-token provider's sampled tokens (logprobs.py): the reasoning's and the
+        # content's, each (the byte offset where it ends, its logprobs entry or None); None:
+        # not such a provider. Their entries are shown when the request asks for logprobs.
+        self.logprobs = logprobs
+        self.logprobs_shown = logprobs is not None and body.get("logprobs") is True
 
     # -- shared pieces ------------------------------------------------------------------
     def _prices(self) -> tuple[float, float]:
@@ -199,13 +205,17 @@ class Job:
                 "message": {"role": "assistant", "content": "", "refusal": None, "reasoning": None}}],
                 "usage": self._zero_usage()}, headers=self.headers)
         a = self.answer
+        logprobs = None
+        if self.logprobs_shown:
+            logprobs = {"content": [e for _, e in (*self.logprobs[0], *self.logprobs[1])
+                                    if e is not None], "refusal": None}
         message: dict = {"role": "assistant", "content": a.content, "refusal": None,
                          "reasoning": a.reasoning}
         if a.reasoning is not None:
             message["reasoning_details"] = [{"type": "reasoning.text", "text": a.reasoning,
                                              "format": "unknown", "index": 0}]
         body = {**head, "system_fingerprint": None, "choices": [{
-            "index": 0, "logprobs": None, "finish_reason": a.finish_reason,
+            "index": 0, "logprobs": logprobs, "finish_reason": a.finish_reason,
             "native_finish_reason": a.finish_reason, "message": message}]}
         if fault == "cut":
             body["usage"] = self._usage(self._cost())
@@ -275,10 +285,24 @@ class Job:
                 + b"\n\n" + DONE)
             return resp
         a = self.answer
+        reasoning_pieces, content_pieces = a.reasoning_pieces, a.content_pieces
+        reasoning_ends = [suffix] * len(reasoning_pieces)
+        content_ends = [suffix] * len(content_pieces)
+        if self.logprobs is not None:  # a chunk per token
+            from .logprobs import token_pieces
+
+            reasoning_pieces, entries = token_pieces(a.reasoning or "", self.logprobs[0])
+            reasoning_ends = self._logprob_suffixes(entries)
+            content_pieces, entries = token_pieces(a.content, self.logprobs[1])
+            content_ends = self._logprob_suffixes(entries)
+            if not a.reasoning:
+                reasoning_pieces, reasoning_ends = (), []
         chunks = [prefix + b'"content":"","reasoning":' + encode(p)
                   + b',"reasoning_details":[{"type":"reasoning.text","text":' + encode(p)
-                  + b',"format":"unknown","index":0}]' + suffix for p in a.reasoning_pieces]
-        chunks += [prefix + b'"content":' + encode(p) + suffix for p in a.content_pieces]
+                  + b',"format":"unknown","index":0}]' + end
+                  for p, end in zip(reasoning_pieces, reasoning_ends, strict=True)]
+        chunks += [prefix + b'"content":' + encode(p) + end
+                   for p, end in zip(content_pieces, content_ends, strict=True)]
         if fault in ("midstream", "cut"):
             chunks = chunks[: max(1, len(chunks) // 2)]
         first = time.monotonic()
@@ -309,6 +333,17 @@ class Job:
                 + DONE)
         await resp.write(tail)
         return resp
+
+    def _logprob_suffixes(self, entries: list[list[dict]]) -> list[bytes]:
+        """Each chunk's ending, with the logprobs of its tokens when they are shown
+        (`logprobs: null` otherwise)."""
+        out = []
+        for mine in entries:
+            shown = mine and self.logprobs_shown
+            logprobs = encode({"content": mine, "refusal": None}) if shown else b"null"
+            out.append(b'},"finish_reason":null,"native_finish_reason":null,"logprobs":'
+                       + logprobs + b"}]}\n\n")
+        return out
 
     async def _send_tokens(self, resp: web.StreamResponse, chunks: list[bytes]) -> None:
         """One SSE event per token at the configured rate; the tokens due within one tick

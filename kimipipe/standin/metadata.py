@@ -96,7 +96,8 @@ class MetadataEndpoints:
         model = f"{request.match_info['author']}/{request.match_info['slug']}"
         if model not in MODELS:
             return error_response(404, f"Model {model} not found")
-        document = endpoints_document(model, int(time.time()), self.config.ignore_sampling)
+        document = endpoints_document(model, int(time.time()), self.config.ignore_sampling,
+                                      logprobs=tuple(self.config.logprobs))
         # the prices that are billed: scale, discount, overrides (billing.py)
         for entry, endpoint in zip(document["data"]["endpoints"], MODELS[model], strict=True):
             entry["pricing"] = pricing_document(endpoint, self.config)

@@ -11,7 +11,8 @@ mistake a training-data run must avoid.
 OpenRouter's no-route 404), `only`, `ignore` (a base slug takes its variants),
 `quantizations`, `max_price`, `require_parameters` (only endpoints whose
 `supported_parameters` hold every parameter the request sends; an endpoint that ignores
-temperature/top_p, `--ignore-sampling PROVIDER`, does not list them), then `order`, then
+temperature/top_p, `--ignore-sampling PROVIDER`, does not list them, and only the
+providers given `--logprobs` list `logprobs`/`top_logprobs`), then `order`, then
 `sort`, else a deterministic price-weighted pick (the hash of the request), and returns the
 chosen endpoint plus the endpoints the filters removed (the `misroute` fault serves from
 one of those). Filters that leave nothing: 404 with `availability.code`
@@ -109,8 +110,10 @@ SUPPORTED_PARAMETERS = (
     "reasoning_effort", "tools", "tool_choice", "parallel_tool_calls", "response_format",
     "structured_outputs",
 )
-# ... except an endpoint set to ignore sampling (`--ignore-sampling`), which lacks these.
+# ... except an endpoint set to ignore sampling (`--ignore-sampling`), which lacks these,
+# and token logprobs, listed only by the providers that return them (`--logprobs`).
 SAMPLING_PARAMETERS = ("temperature", "top_p")
+LOGPROBS_PARAMETERS = ("logprobs", "top_logprobs")
 # Whether each model's author allows text distillation (`--not-distillable` turns it off).
 DISTILLABLE = {model: True for model in MODELS}
 
@@ -119,10 +122,10 @@ def matches_any(endpoint: Endpoint, slugs) -> bool:
     return any(endpoint.matches(s) for s in slugs)
 
 
-def supported_parameters(endpoint: Endpoint, no_sampling=()) -> list[str]:
-    if matches_any(endpoint, no_sampling):
-        return [p for p in SUPPORTED_PARAMETERS if p not in SAMPLING_PARAMETERS]
-    return list(SUPPORTED_PARAMETERS)
+def supported_parameters(endpoint: Endpoint, no_sampling=(), logprobs=()) -> list[str]:
+    lacking = (*(SAMPLING_PARAMETERS if matches_any(endpoint, no_sampling) else ()),
+               *(() if matches_any(endpoint, logprobs) else LOGPROBS_PARAMETERS))
+    return [p for p in SUPPORTED_PARAMETERS if p not in lacking]
 
 
 def request_parameters(body: dict) -> frozenset[str]:
@@ -172,11 +175,12 @@ def _price_limit(value, key: str) -> float | None:
 
 def route(model: str, prefs: dict | None, request_key: bytes, *,
           params: frozenset[str] = frozenset(), no_sampling=(),
-          distillable: bool = True) -> Route:
+          distillable: bool = True, logprobs=()) -> Route:
     """Choose the endpoint that serves a request, by OpenRouter's provider preferences.
 
     `params`: the parameters the request sends (for `require_parameters`); `no_sampling`:
-    provider slugs whose endpoints do not support temperature/top_p; `distillable`: whether
+    provider slugs whose endpoints do not support temperature/top_p; `logprobs`: those
+    whose endpoints return token logprobs (the only ones listing them); `distillable`: whether
     the model's author allows distillation (for `enforce_distillable_text`)."""
     endpoints = MODELS[model]
     prefs = prefs or {}
@@ -223,7 +227,7 @@ def route(model: str, prefs: dict | None, request_key: bytes, *,
             continue
         if max_completion is not None and e.completion > max_completion * (1 + 1e-9):
             continue
-        if require and not params <= set(supported_parameters(e, no_sampling)):
+        if require and not params <= set(supported_parameters(e, no_sampling, logprobs)):
             continue
         left.append(e)
     if order:
@@ -316,11 +320,12 @@ def model_document(model: str, now: int, *, distillable: bool, price_scale: floa
     }
 
 
-def endpoints_document(model: str, now: int, no_sampling=(), nulls: bool = False) -> dict:
+def endpoints_document(model: str, now: int, no_sampling=(), nulls: bool = False,
+                       logprobs=()) -> dict:
     """`GET /models/{author}/{slug}/endpoints` for one model, in OpenRouter's shape; NULLS:
     with the nulls and missing keys the live table has (see `with_nulls`)."""
     name = model_name(model)
-    document = _endpoints_document(model, name, now, no_sampling)
+    document = _endpoints_document(model, name, now, no_sampling, logprobs)
     if nulls:
         for endpoint in document["data"]["endpoints"]:
             with_nulls(endpoint)
@@ -345,7 +350,7 @@ def with_nulls(endpoint: dict) -> None:
         endpoint["supported_parameters"] = None
 
 
-def _endpoints_document(model: str, name: str, now: int, no_sampling) -> dict:
+def _endpoints_document(model: str, name: str, now: int, no_sampling, logprobs=()) -> dict:
     return {"data": {
         "id": model,
         "name": name,
@@ -374,7 +379,7 @@ def _endpoints_document(model: str, name: str, now: int, no_sampling) -> dict:
                                  "p90": e.latency * 1800, "p99": e.latency * 3000},
             "throughput_last_30m": {"p50": e.throughput, "p75": e.throughput * 0.9,
                                     "p90": e.throughput * 0.7, "p99": e.throughput * 0.4},
-            "supported_parameters": supported_parameters(e, no_sampling),
+            "supported_parameters": supported_parameters(e, no_sampling, logprobs),
             "supports_implicit_caching": False,
             "supports_diarization": False,
             "supports_tool_choice": {"auto": True, "none": True, "required": True,

@@ -63,11 +63,10 @@ from pathlib import Path
 from aiohttp import web
 
 from .answers import REASONING_DEFAULT, expected_answer
-from .config import DEFAULT_NONCANONICAL, Config, changed
+from .config import DEFAULT_NONCANONICAL, DEFAULT_TOKENIZER, Config, changed
 from .wire import encode, json_response
 
 SERVER_MODES = ("vllm", "sglang")
-DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "tokenizers" / "kimi-k2.5-mini-fast"
 THINK_CLOSE = "</think>"
 END_OF_TURN = "<|im_end|>"
 

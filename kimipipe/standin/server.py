@@ -16,8 +16,8 @@ including require_parameters and enforce_distillable_text) -> moderation marker 
 one request's worst case against what it may reserve (402 weight_exceeds_budget, or the
 key limit's 402) -> in-flight budget (402 in_flight_budget_exhausted + Retry-After; else
 the worst case is reserved until the request ends + --settle) -> fault draw -> the
-provider's quirks (dropped/inline reasoning, ignored sampling) -> answer (with latency and
-token rate) -> charge -> last chunk. Every 402/403 is counted in stats `refusals` by
+provider's quirks (dropped/inline reasoning, ignored sampling) -> its token logprobs
+(logprobs.py, `--logprobs`) -> answer (with latency and token rate) -> charge -> last chunk. Every 402/403 is counted in stats `refusals` by
 status and reason (or limit_source, or "moderation").
 
 Every generation id begins `gen-standin-` (OpenRouter's: `gen-<unix time>-<random>`): the
@@ -64,6 +64,7 @@ import math
 import random
 import time
 from collections import Counter
+from dataclasses import replace
 
 from aiohttp import web
 
@@ -79,7 +80,7 @@ from .answers import (
 )
 from .availability import availability, unavailable_error
 from .billing import billed_prices
-from .config import CREDITS_MODES, FAULT_KINDS, Config, changed
+from .config import CREDITS_MODES, DEFAULT_NONCANONICAL, FAULT_KINDS, Config, changed
 from .jobs import Job
 from .metadata import MetadataEndpoints
 from .providers import (
@@ -161,6 +162,7 @@ class StandIn(MetadataEndpoints):
         self.sessions = Sessions()  # sticky routing and the prompt cache (session_id)
         self._ledger = open(config.ledger, "a", encoding="utf-8") if config.ledger else None
         self._request_log = open(config.request_log, "ab") if config.request_log else None
+        self.token_source = None  # token logprobs' tokenizer (logprobs.py), loaded when first asked
         self.counter = None
         if config.tokenizer:
             from .token_counts import TokenCounter
@@ -386,7 +388,8 @@ class StandIn(MetadataEndpoints):
         try:
             chosen = route(model, body.get("provider"), Sessions.routing_key(session, raw),
                            params=request_parameters(body),
-                           no_sampling=cfg.ignore_sampling, distillable=self.distillable(model))
+                           no_sampling=cfg.ignore_sampling, distillable=self.distillable(model),
+                           logprobs=tuple(cfg.logprobs))
         except RoutingError as e:
             return error_response(e.status, e.message, e.metadata, e.availability)
         endpoint = chosen.endpoint
@@ -427,15 +430,46 @@ class StandIn(MetadataEndpoints):
                 "raw": f"{endpoint.tag}: upstream error {fault}",
                 "error_type": STATUS_ERROR_TYPES[fault]}, avail, headers)
         answer, extra = self.served_answer(body, endpoint)
+        answer, logprobs = self.sampled_tokens(body, endpoint, answer, extra)
         cached = self.sessions.cached_tokens(session, endpoint.tag, body["messages"])
         if cached:
             extra["cached_tokens"] = cached
         created = int(time.time())
         job = Job(self, request, body, answer, endpoint, fault, created,
-                  self.new_generation_id(created), started, extra, cached_tokens=cached)
+                  self.new_generation_id(created), started, extra, cached_tokens=cached,
+                  logprobs=logprobs)
         if body.get("stream"):
             return await job.stream()
         return await job.plain()
+
+    def sampled_tokens(self, body: dict, endpoint: Endpoint, answer, extra: dict):
+        """(the answer, its sampled tokens: the reasoning's and the content's, each
+        (end offset, logprobs entry or None), or None) from a provider given `--logprobs`
+        (logprobs.py: it streams a chunk per token; the entries are shown when the request
+        asks `logprobs: true`); (answer, None) from any other. The ledger line says what
+        was sampled; with `--tokenizer` the usage counts the tokens sampled (a cut token
+        counts twice)."""
+        variant = next((v for slug, v in self.config.logprobs.items() if endpoint.matches(slug)),
+                       None)
+        if variant is None:
+            return answer, None
+        from . import logprobs as lp
+        if self.token_source is None:
+            self.token_source = lp.TokenSource(self.config.tokenizer or lp.default_tokenizer())
+        rate = self.config.noncanonical_rate
+        rng = lp.request_rng(body, self.config.seed)
+        sampled = lp.sample(self.token_source, answer.reasoning, answer.content, rng,
+                            DEFAULT_NONCANONICAL if rate is None else rate)
+        extra.update(sampled.ledger())
+        self.quirks["logprobs" if body.get("logprobs") is True else "logprobs_not_asked"] += 1
+        if sampled.noncanonical:
+            self.quirks["logprobs_noncanonical"] += 1
+            if self.counter is not None:
+                answer = replace(answer, completion_tokens=answer.completion_tokens + 1)
+        entries = lp.phase_entries(self.token_source, sampled, variant,
+                                   answer.finish_reason == "stop",
+                                   wants_reasoning(body, body["model"]), rng)
+        return answer, entries
 
     # -- the limits and quirks of one request --------------------------------------------
     def refuse(self, body: dict, kind: str, headers: dict | None = None) -> web.Response:

@@ -12,6 +12,7 @@ a string or path puts it there). The credit limits: `inflight_ratio`, `settle`,
 `key_limit`, `workspace_budget`, `guardrail_budget`, `limit_status` (403|402),
 `limit_reset`, `moderation_marker`; the provider quirks: `drop_reasoning` (a dict
 {provider: rate}), `inline_reasoning` and `ignore_sampling` (lists of providers),
+`logprobs` ({provider: variant}: token logprobs, kimipipe/standin/logprobs.py),
 `not_distillable`; the wire's variants: `stream_usage` ("own-chunk"|"finish-chunk"),
 `midstream_code`, `unavailable` (an availability code), `endpoint_nulls`; billing:
 `price_overrides` ({provider: factor or (factor, min_prompt_tokens)}), `discounts`
@@ -165,7 +166,7 @@ class StandIn:
                  limit_status: int | None = None, limit_reset: str | None = None,
                  moderation_marker: str | None = None, drop_reasoning: dict | None = None,
                  inline_reasoning: list | tuple = (), ignore_sampling: list | tuple = (),
-                 unopened_reasoning: list | tuple = (),
+                 unopened_reasoning: list | tuple = (), logprobs: dict | None = None,
                  not_distillable: bool = False,
                  stream_usage: str | None = None, midstream_code: str | None = None,
                  unavailable: str | None = None, endpoint_nulls: bool = False,
@@ -223,6 +224,8 @@ class StandIn:
             args += ["--unopened-reasoning", provider]
         for provider in ignore_sampling:
             args += ["--ignore-sampling", provider]
+        for provider, variant in (logprobs or {}).items():
+            args += ["--logprobs", f"{provider}={variant}"]
         if not_distillable:
             args.append("--not-distillable")
         for flag, value in (("--stream-usage", stream_usage), ("--midstream-code", midstream_code),

@@ -16,6 +16,11 @@ pipeline (normalizer, pre-tokenizer, model) that text between control tokens goe
 
 Truncation and padding configured in a tokenizer.json are switched off: a row is never
 silently cut here.
+
+Sampled tokens (token logprobs give each token's bytes) are named by their bytes:
+`text_token_ids` looks each one up in the text vocabulary (tiktoken: its mergeable ranks;
+a byte-level BPE tokenizer.json: the token string of those bytes in GPT-2's byte alphabet),
+never through the encoder, which would re-segment them; `token_bytes` is the way back.
 """
 
 from __future__ import annotations
@@ -44,6 +49,31 @@ class Codec:
     def token_id(self, token: str) -> int | None:
         """The ID of TOKEN if a rendered text holding it yields exactly that one control token."""
         raise NotImplementedError
+
+    def text_token_ids(self, tokens: list[bytes]) -> list[int | None]:
+        """Each token's ID in the text vocabulary, by its bytes (None: no such text token,
+        or a control token's): a sampled token named by what it spells."""
+        raise NotImplementedError
+
+    def token_bytes(self, ids: list[int]) -> list[bytes]:
+        """Each ID's bytes (a control token's: its string's UTF-8)."""
+        raise NotImplementedError
+
+
+def byte_level_alphabet() -> dict[int, str]:
+    """The byte-level BPE alphabet (GPT-2's `bytes_to_unicode`): each byte's character in a
+    byte-level vocabulary's token strings (printable bytes stand for themselves, the rest
+    are moved past U+0100)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars = list(printable)
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
 
 
 class FastCodec(Codec):
@@ -78,6 +108,44 @@ class FastCodec(Codec):
         if tid is None or self.encode_prompt([token]) != [[tid]]:
             return None
         return tid
+
+    def _byte_level(self) -> bool:
+        """Whether the vocabulary is byte-level BPE (token strings in GPT-2's alphabet),
+        checked once: the only kind whose tokens can be named by their bytes here."""
+        if not hasattr(self, "_alphabet"):
+            spec = json.loads(self.plain.to_str())
+            kinds = {spec.get("decoder") and spec["decoder"].get("type"),
+                     spec.get("pre_tokenizer") and spec["pre_tokenizer"].get("type")}
+            for part in (spec.get("pre_tokenizer") or {}).get("pretokenizers") or ():
+                kinds.add(part.get("type"))
+            self._alphabet = byte_level_alphabet() if "ByteLevel" in kinds else None
+            self._unalphabet = ({c: b for b, c in self._alphabet.items()}
+                                if self._alphabet else None)
+        return self._alphabet is not None
+
+    def text_token_ids(self, tokens):
+        if not self._byte_level():
+            return [None] * len(tokens)
+        alphabet, to_id = self._alphabet, self.plain.token_to_id
+        return [to_id("".join(alphabet[b] for b in t)) if t else None for t in tokens]
+
+    def token_bytes(self, ids):
+        out = []
+        added = self.full.get_added_tokens_decoder()
+        byte_level = self._byte_level()
+        for i in ids:
+            if i in added:
+                out.append(added[i].content.encode("utf-8"))
+                continue
+            token = self.plain.id_to_token(i) or ""
+            if byte_level:
+                try:
+                    out.append(bytes(self._unalphabet[c] for c in token))
+                    continue
+                except KeyError:
+                    pass
+            out.append(self.plain.decode([i]).encode("utf-8"))
+        return out
 
 
 class TiktokenCodec(Codec):
@@ -127,6 +195,29 @@ class TiktokenCodec(Codec):
         if len(ids) != 1 or ids[0] not in self.control_ids:
             return None
         return ids[0]
+
+    def text_token_ids(self, tokens):
+        # tiktoken's mergeable ranks name every text token by its bytes (encode_single_token
+        # takes special tokens' strings too: those are control tokens, not text)
+        encode, control = self.enc.encode_single_token, self.control_ids
+        out: list[int | None] = []
+        for t in tokens:
+            try:
+                tid = encode(t)
+            except KeyError:
+                tid = None
+            out.append(None if tid is None or tid in control else tid)
+        return out
+
+    def token_bytes(self, ids):
+        one = self.enc.decode_single_token_bytes
+        out = []
+        for i in ids:
+            try:
+                out.append(one(i))
+            except KeyError:  # an added token the Encoding does not hold
+                out.append(self.tok.decode([i]).encode("utf-8"))
+        return out
 
 
 def _is_tiktoken_backed(tok: Any) -> bool:

@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..records import TokenIds, decode_passthrough, encode_over
+from ..records import Resegmented, TokenIds, decode_passthrough, encode_over
 from ..think_tags import INLINE, split_lone_think_close
 from .codec import make_codec
 from .deltas import token_deltas
@@ -41,6 +41,7 @@ from .fields import (
 )
 from .load import load_tokenizer
 from .render import PRESETS, PromptRenderer, SetupError, TurnLayout, detect_preset, render_prompt
+from .resegment import BAD_FIELD, DECODES_OTHERWISE, Alignment, align, resegmented
 from .verify import check_prompt_end, check_roundtrip, check_text_ids, first_difference
 
 TEXT_FIELDS = ("messages", "response")
@@ -88,35 +89,39 @@ class Outcome:
 
 @dataclass(frozen=True)
 class SampledCheck:
-    """A row's server-sampled IDs against kimipipe's re-encoding (docs/servers.md).
+    """A row's sampled IDs (a server's `sampled_ids`, or the IDs of the tokens of token
+    logprobs, `sampled_tokens`) against kimipipe's re-encoding (docs/kp-tokenize.md).
 
-    `used`: they passed (decode(ids) is the generated turn's text, control tokens where the
-    layout puts them) and are the row's `output_ids`; else `problem` says why not.
-    `differs`: the canonical re-encoding is not what was sampled; `span` the sampled tokens
-    between the common prefix and suffix, `net` len(sampled) - len(re-encoded).
-    `prompt_mismatch`: the server's prompt IDs are not kimipipe's `input_ids` (its template
-    renders otherwise); None when it sent none."""
+    `used`: they proved out (they decode to the generated turn's text, control tokens where
+    the layout puts them) and are the row's `output_ids`, wholly or for the text `parts`
+    named (the rest re-encoded); else `problem` says why not (for token logprobs one of
+    resegment.py's reasons, with `detail`). `reseg`: where the sampled IDs cut the text
+    otherwise than the re-encoding (records.Resegmented). `prompt_mismatch`: a server's
+    prompt IDs are not kimipipe's `input_ids` (its template renders otherwise); None when
+    it sent none."""
 
+    source: str  # "server" | "logprobs"
     used: bool
-    differs: bool = False
-    span: int = 0
-    net: int = 0
+    parts: tuple[str, ...] = ()
+    complete: bool = True  # every text part's IDs are sampled
+    reseg: Resegmented | None = None
     prompt_mismatch: bool | None = None
     problem: str = ""
+    detail: str = ""
+
+    @property
+    def differs(self) -> bool:
+        return self.reseg is not None and self.reseg.regions > 0
+
+    @property
+    def fallback(self) -> str | None:
+        """The short reason a token record keeps (`sampled_fallback`), when not used."""
+        if self.used:
+            return None
+        return self.problem if self.source == "logprobs" else SERVER_IDS_REJECTED
 
 
-def differing_span(a: list[int], b: list[int]) -> int:
-    """The tokens of A between its common prefix and common suffix with B."""
-    n = min(len(a), len(b))
-    p = 0
-    while p < n and a[p] == b[p]:
-        p += 1
-    q = 0
-    while q < n - p and a[-1 - q] == b[-1 - q]:
-        q += 1
-    return len(a) - p - q
-
-
+SERVER_IDS_REJECTED = "the server's sampled IDs did not prove out"
 
 
 class Engine:
@@ -253,7 +258,8 @@ class Engine:
         return history_reasoning_refusal(first)
 
     def _encode_and_verify(self, rows: list[_Row], outcomes) -> None:
-        """All prompts in one batch call, all text runs in another, all rows decoded in a third."""
+        """All prompts in one batch call, all text runs in another, all rows decoded in a third
+        (with the text parts of the sampled tokens that lie on a row's turn)."""
         s = self.settings
         prompt_ids = self.codec.encode_prompt([r.prompt_text for r in rows])
         text_ids = iter(self.codec.encode_text(
@@ -263,18 +269,27 @@ class Engine:
             row.input_ids = p_ids
             for is_token, text in row.segments:
                 if is_token:
-                    row.output_ids.append(structural[text])
+                    ids = [structural[text]]
                 else:
                     ids = next(text_ids)
                     row.problem = row.problem or check_text_ids(ids, self.codec.control_ids)
-                    row.output_ids.extend(ids)
-        decoded = self.codec.decode([r.input_ids + r.output_ids for r in rows])
+                row.segment_ids.append(ids)
+                row.output_ids.extend(ids)
+        aligned = {r.k: self._align_tokens(r) for r in rows
+                   if r.rec.sampled_tokens is not None and r.rec.sampled_ids is None
+                   and not r.problem}
+        parts = [(k, n, ids) for k, al in aligned.items() if not al.problem
+                 for n, ids in enumerate(al.ids) if ids is not None]
         with_sampled = [r for r in rows if r.rec.sampled_ids is not None]
-        sampled_text = dict(zip((r.k for r in with_sampled), self.codec.decode(
-            [r.rec.sampled_ids.output for r in with_sampled]) if with_sampled else [],
-            strict=True))
+        decoded = self.codec.decode([r.input_ids + r.output_ids for r in rows]
+                                    + [r.rec.sampled_ids.output for r in with_sampled]
+                                    + [ids for _, _, ids in parts])
+        sampled_text = dict(zip((r.k for r in with_sampled), decoded[len(rows):],
+                                strict=False))
+        part_text = {(k, n): text for (k, n, _), text in
+                     zip(parts, decoded[len(rows) + len(with_sampled):], strict=True)}
         shown: set = set()
-        for row, text in zip(rows, decoded, strict=True):
+        for row, text in zip(rows, decoded, strict=False):
             expected = row.prompt_text + "".join(t for _, t in row.segments)
             problem = row.problem or check_roundtrip(text, expected)
             if problem:
@@ -293,6 +308,11 @@ class Engine:
                 if sampled.used:
                     reencoded = row.output_ids
                     row.output_ids = list(row.rec.sampled_ids.output)
+            elif row.k in aligned:
+                sampled, ids = self._check_tokens(row, aligned[row.k], part_text)
+                if sampled.used:
+                    reencoded = row.output_ids
+                    row.output_ids = ids
             n_in, n_out = len(row.input_ids), len(row.output_ids)
             usage = row.rec.usage or ProviderCounts()
             structural_ids = sum(is_token for is_token, _ in row.segments)
@@ -314,12 +334,17 @@ class Engine:
             if s.drop_text:
                 for name in TEXT_FIELDS:
                     passthrough.pop(name, None)
+            used = sampled is not None and sampled.used
             owned = TokenIds(input_ids=row.input_ids, output_ids=row.output_ids, over_max_length=long,
                              prompt_tokens_delta=prompt_delta,
                              completion_tokens_delta=completion_delta,
                              reasoning_source=row.reasoning_source,
-                             output_ids_source="sampled" if reencoded is not None else None,
-                             reencoded_ids=reencoded)
+                             output_ids_source=(("sampled" if sampled.complete else "partial")
+                                                if used else None),
+                             reencoded_ids=reencoded,
+                             sampled_parts=list(sampled.parts) if used else None,
+                             resegmented=sampled.reseg if used else None,
+                             sampled_fallback=sampled.fallback if sampled is not None else None)
             key = (row.rec.provider, prompt_delta)
             example = None
             if prompt_delta and key not in shown:
@@ -331,6 +356,38 @@ class Engine:
                 no_reasoning=s.thinking and not row.reasoning, provider=row.rec.provider,
                 prompt_delta=prompt_delta, completion_delta=completion_delta, example=example,
                 sampled=sampled)
+
+    def _align_tokens(self, row: _Row) -> Alignment:
+        """ROW's sampled tokens (token logprobs) laid on its turn (tokenize/resegment.py)."""
+        response = row.rec.response
+        tokens = row.rec.sampled_tokens.token_bytes(response.reasoning, response.content)
+        if tokens is None:
+            return Alignment(problem=BAD_FIELD)
+        return align(tokens, row.segments, self.layout.token_ids, self.codec)
+
+    def _check_tokens(self, row: _Row, al: Alignment, part_text: dict
+                      ) -> tuple[SampledCheck, list[int]]:
+        """The proof of ROW's aligned sampled tokens: each sampled part's IDs decode to its
+        text; then the output IDs (sampled parts, the rest re-encoded) and the comparison."""
+        if al.problem:
+            return SampledCheck("logprobs", used=False, problem=al.problem, detail=al.detail), []
+        named = self.layout.named_segments(row.reasoning, row.content, row.truncated)
+        ids, parts, pairs, complete = [], [], [], True
+        for n, ((is_token, text, name), own) in enumerate(zip(named, row.segment_ids, strict=True)):
+            mine = al.ids[n]
+            if is_token or mine is None:
+                ids.extend(own)
+                complete = complete and (is_token or name is None)
+                continue
+            if part_text[(row.k, n)] != text:
+                return SampledCheck("logprobs", used=False, problem=DECODES_OTHERWISE,
+                                    detail=first_difference(text, part_text[(row.k, n)])), []
+            ids.extend(mine)
+            if name:
+                parts.append(name)
+            pairs.append((al.tokens[n], self.codec.token_bytes(own)))
+        return SampledCheck("logprobs", used=True, parts=tuple(parts), complete=complete,
+                            reseg=resegmented(pairs)), ids
 
     def _check_sampled(self, row: _Row, decoded: str) -> SampledCheck:
         """The server's IDs of ROW against its text and kimipipe's own IDs."""
@@ -348,12 +405,14 @@ class Engine:
                            "has none (or lack the layout's): a literal special-token string "
                            "sampled as the token, or another layout")
         if problem:
-            return SampledCheck(used=False, prompt_mismatch=prompt_mismatch, problem=problem)
-        own = row.output_ids
-        differs = ids.output != own
-        return SampledCheck(used=True, differs=differs,
-                            span=differing_span(ids.output, own) if differs else 0,
-                            net=len(ids.output) - len(own), prompt_mismatch=prompt_mismatch)
+            return SampledCheck("server", used=False, prompt_mismatch=prompt_mismatch,
+                                problem=problem)
+        named = self.layout.named_segments(row.reasoning, row.content, row.truncated)
+        parts = tuple(name for is_token, _, name in named if not is_token and name)
+        reseg = resegmented([(self.codec.token_bytes(list(ids.output)),
+                              self.codec.token_bytes(row.output_ids))])
+        return SampledCheck("server", used=True, parts=parts, reseg=reseg,
+                            prompt_mismatch=prompt_mismatch)
 
 
 @dataclass
@@ -372,6 +431,7 @@ class _Row:
     segments: list = field(default_factory=list)
     input_ids: list[int] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
+    segment_ids: list[list[int]] = field(default_factory=list)  # the re-encoding, per segment
     problem: str | None = None
 
     def reject(self, reason: str) -> Outcome:

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Struct
 
-from ..records import ResponseText, SampledIds
+from ..records import ResponseText, SampledIds, SampledTokens
 
 RENDERED_FIELDS = ("name", "tool_calls", "tool_call_id")
 
@@ -76,6 +76,7 @@ class TokenizeInput(Struct):
     usage: ProviderCounts | None = None
     reasoning_source: str | None = None
     sampled_ids: SampledIds | None = None  # a self-hosted server's own IDs (docs/servers.md)
+    sampled_tokens: SampledTokens | None = None  # token logprobs' tokens (tokenize/resegment.py)
 
 
 DECODER = msgspec.json.Decoder(TokenizeInput)

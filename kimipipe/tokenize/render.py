@@ -127,22 +127,29 @@ class TurnLayout:
 
     def segments(self, reasoning: str, content: str, truncated: bool) -> list[tuple[bool, str]]:
         """The generated turn as (is_structural_token, text) pieces, empty text pieces left out."""
+        return [(is_token, text) for is_token, text, _ in self.named_segments(reasoning, content, truncated)]
+
+    def named_segments(self, reasoning: str, content: str, truncated: bool
+                       ) -> list[tuple[bool, str, str | None]]:
+        """`segments`, each text piece with the part it holds ("reasoning" or "content";
+        None for a structural token, or a piece that is the layout's own text alone)."""
         layout = self.preset.turn[self.thinking]
         if truncated:
             cut_in_reasoning = self.thinking and "{reasoning}" in layout and content == ""
             placeholder = "{reasoning}" if cut_in_reasoning else "{content}"
             layout = layout[: layout.index(placeholder) + len(placeholder)]
         values = {"reasoning": reasoning, "content": content}
-        out: list[tuple[bool, str]] = []
+        out: list[tuple[bool, str, str | None]] = []
         # Split the layout before filling it in, so structural strings inside the model's
         # text stay text.
         for i, piece in enumerate(self._pattern.split(layout)):
             if i % 2:
-                out.append((True, piece))
+                out.append((True, piece, None))
             else:
                 text = _FIELD.sub(lambda m: values[m.group(1)], piece)
                 if text:
-                    out.append((False, text))
+                    held = _FIELD.findall(piece)
+                    out.append((False, text, held[0] if held else None))
         return out
 
 

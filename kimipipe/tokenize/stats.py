@@ -2,59 +2,157 @@
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ..cli import counted
+from ..records import Resegmented
 from .deltas import DeltaTable
+
+TOP_PATTERNS = 5
 
 
 @dataclass
 class _Sampled:
-    rows: int = 0          # rows that came with the server's sampled IDs
-    used: int = 0          # ... whose IDs passed the check and are the output_ids
+    rows: int = 0          # rows that came with sampled IDs (a server's) or tokens (logprobs)
+    used: int = 0          # ... whose IDs proved out and are (some of) the output_ids
+    partial: int = 0       # ... for some text parts only (the rest re-encoded)
     differs: int = 0       # ... where re-encoding the text gives other IDs
-    span: int = 0          # tokens in the differing spans, summed
-    net: int = 0           # len(sampled) - len(re-encoded), summed
+    tokens: int = 0        # sampled tokens compared
+    sampled: int = 0       # sampled tokens in the regions that differ
+    reencoded: int = 0     # re-encoded tokens in them
+    net: Counter = field(default_factory=Counter)   # per differing row: sampled - re-encoded
+    parts: Counter = field(default_factory=Counter)  # the sampled parts of partial rows
+    patterns: Counter = field(default_factory=Counter)  # (sampled pieces, re-encoded pieces)
+    fallbacks: Counter = field(default_factory=Counter)  # why not used, by reason
+    problem: str = ""      # the first failure's words
     prompt_checked: int = 0
     prompt_mismatch: int = 0
-    unusable: int = 0      # IDs that failed the check (the re-encoding was used)
-    problem: str = ""      # the first such failure
+    server: bool = False   # a server's sampled IDs (else token logprobs)
+
+
+def pattern_text(pattern) -> str:
+    sampled, reencoded = pattern
+    return "+".join(json.dumps(p, ensure_ascii=False) for p in sampled) + " for " + \
+        "+".join(json.dumps(p, ensure_ascii=False) for p in reencoded)
 
 
 class SampledTable:
-    """Per server: how often the canonical re-encoding differs from what was sampled, and
-    by how many tokens (the price of re-tokenizing, measured: docs/servers.md)."""
+    """Per provider (or server): how often the canonical re-encoding differs from the IDs
+    the model sampled, by how many tokens, and where (the byte strings it cuts otherwise):
+    the price of re-tokenizing, measured (docs/kp-tokenize.md). Filled from kp-tokenize's
+    outcomes (`add_check`) or from token records (`add_record`: `kp-infer report`), the
+    same rows either way."""
 
     def __init__(self) -> None:
         self.by: dict[str, _Sampled] = {}
 
-    def add(self, server: str | None, check) -> None:
-        c = self.by.setdefault(server or "unknown", _Sampled())
+    def _row(self, provider: str | None) -> _Sampled:
+        return self.by.setdefault(provider or "unknown", _Sampled())
+
+    def _add(self, c: _Sampled, used: bool, complete: bool, parts, reseg: Resegmented | None,
+             fallback: str | None, problem: str = "") -> None:
         c.rows += 1
+        if not used:
+            if fallback:
+                c.fallbacks[fallback] += 1
+            c.problem = c.problem or problem or fallback or ""
+            return
+        c.used += 1
+        if not complete:
+            c.partial += 1
+            c.parts["+".join(parts) or "none"] += 1
+        if reseg is None:
+            return
+        c.tokens += reseg.tokens
+        if reseg.regions:
+            c.differs += 1
+            c.sampled += reseg.sampled
+            c.reencoded += reseg.reencoded
+            c.net[reseg.sampled - reseg.reencoded] += 1
+            for sampled, reencoded in reseg.patterns:
+                c.patterns[(tuple(sampled), tuple(reencoded))] += 1
+
+    def add_check(self, provider: str | None, check) -> None:
+        """One row's SampledCheck (engine.py)."""
+        c = self._row(provider)
+        c.server = c.server or check.source == "server"
         if check.prompt_mismatch is not None:
             c.prompt_checked += 1
             c.prompt_mismatch += check.prompt_mismatch
-        if not check.used:
-            c.unusable += 1
-            c.problem = c.problem or check.problem
+        detail = f"{check.problem}: {check.detail}" if check.detail else check.problem
+        self._add(c, check.used, check.complete, check.parts, check.reseg, check.fallback, detail)
+
+    def add_record(self, provider: str | None, source: str | None, parts, reseg,
+                   fallback: str | None) -> None:
+        """One token record's fields: output_ids_source, sampled_parts, resegmented,
+        sampled_fallback (a record with none of them is not counted)."""
+        if source is None and fallback is None:
             return
-        c.used += 1
-        c.differs += check.differs
-        c.span += check.span
-        c.net += check.net
+        self._add(self._row(provider), source is not None, source == "sampled", parts or (),
+                  reseg, fallback)
+
+    def merge(self, other: SampledTable) -> None:
+        """OTHER's rows added to these (the build report's whole build)."""
+        for name, o in other.by.items():
+            c = self._row(name)
+            for f in ("rows", "used", "partial", "differs", "tokens", "sampled", "reencoded",
+                      "prompt_checked", "prompt_mismatch"):
+                setattr(c, f, getattr(c, f) + getattr(o, f))
+            for f in ("net", "parts", "patterns", "fallbacks"):
+                getattr(c, f).update(getattr(o, f))
+            c.problem = c.problem or o.problem
+            c.server = c.server or o.server
 
     def __bool__(self) -> bool:
         return bool(self.by)
 
+    def rows(self) -> list[dict]:
+        """The table as JSON (`kp-infer report --json`'s `sampled_ids`)."""
+        out = []
+        for name, c in sorted(self.by.items()):
+            out.append({
+                "provider": name, "rows": c.rows, "used": c.used, "partial": c.partial,
+                "differ": c.differs, "differ_share": round(c.differs / c.used, 4) if c.used else 0.0,
+                "tokens": c.tokens, "tokens_differing": c.sampled,
+                "tokens_differing_share": round(c.sampled / c.tokens, 6) if c.tokens else 0.0,
+                "reencoded_tokens_differing": c.reencoded,
+                "net": {f"{k:+d}": n for k, n in sorted(c.net.items())},
+                "parts": dict(c.parts), "fallbacks": dict(c.fallbacks.most_common()),
+                "patterns": [{"sampled": list(s), "reencoded": list(r), "rows": n}
+                             for (s, r), n in c.patterns.most_common(TOP_PATTERNS)]})
+        return out
+
+    def top_patterns(self, n: int = TOP_PATTERNS) -> list[tuple[tuple, int]]:
+        """The patterns of every provider together, most frequent first."""
+        total: Counter = Counter()
+        for c in self.by.values():
+            total.update(c.patterns)
+        return total.most_common(n)
+
     def lines(self, indent: str) -> list[str]:
-        out = [f"{indent}sampled IDs against re-encoding, per server (rows whose re-encoding "
-               "differs | tokens in the differing spans | sampled minus re-encoded):"]
+        out = [f"{indent}sampled IDs against re-encoding, per provider (a server's sampled IDs, "
+               "or the tokens of token logprobs; rows whose re-encoding differs | sampled "
+               "tokens in the differing regions | sampled minus re-encoded):"]
         width = max(len(name) for name in self.by)
         for name, c in sorted(self.by.items()):
             share = 100.0 * c.differs / c.used if c.used else 0.0
-            out.append(f"{indent}  {name:<{width}}  {c.differs:,}/{c.used:,} differ "
-                       f"({share:.1f}%) | {c.span:,} tokens | {c.net:+,} tokens"
-                       + (f"; {c.unusable:,} unusable (re-encoded)" if c.unusable else ""))
+            tokens = 100.0 * c.sampled / c.tokens if c.tokens else 0.0
+            net = ", ".join(f"{k:+d}: {n:,}" for k, n in sorted(c.net.items()))
+            line = (f"{indent}  {name:<{width}}  {c.differs:,}/{c.used:,} differ ({share:.1f}%) | "
+                    f"{c.sampled:,} of {c.tokens:,} tokens ({tokens:.2f}%) | "
+                    f"{c.sampled - c.reencoded:+,} tokens" + (f" (rows {net})" if net else ""))
+            if c.partial:
+                line += f"; {c.partial:,} partial (" + ", ".join(
+                    f"{k} sampled: {n:,}" for k, n in c.parts.most_common()) + ")"
+            if c.rows - c.used:
+                line += f"; {c.rows - c.used:,} unusable (re-encoded)"
+            out.append(line)
+        top = self.top_patterns()
+        if top:
+            out.append(f"{indent}  most frequent differences (sampled for re-encoded: rows): "
+                       + ", ".join(f"{pattern_text(p)}: {n:,}" for p, n in top))
         return out
 
     def warnings(self) -> list[str]:
@@ -66,9 +164,18 @@ class SampledTable:
                     f"{c.prompt_mismatch:,} of {c.prompt_checked:,} rows: it renders the chat "
                     "template otherwise (a default system prompt, another template version); "
                     "--strict rejects those rows")
-            if c.unusable:
-                warnings.append(f"server {name}: {c.unusable:,} rows' sampled IDs failed the "
+            unusable = c.rows - c.used
+            if not unusable:
+                continue
+            if c.server:
+                warnings.append(f"server {name}: {unusable:,} rows' sampled IDs failed the "
                                 f"check and were re-encoded instead (first: {c.problem})")
+            else:
+                warnings.append(
+                    f"provider {name}: {unusable:,} rows' sampled tokens did not prove out and "
+                    "were re-encoded instead (" + ", ".join(
+                        f"{k}: {n:,}" for k, n in c.fallbacks.most_common())
+                    + (f"; first: {c.problem}" if c.problem else "") + ")")
         return warnings
 
 
@@ -101,7 +208,7 @@ class Summary:
                 self.longest, self.longest_id = o.n_in + o.n_out, o.id
             self.deltas.add(o.provider, o.prompt_delta, o.completion_delta, o.example)
             if o.sampled is not None:
-                self.sampled.add(o.provider, o.sampled)
+                self.sampled.add_check(o.provider, o.sampled)
         elif o.kind == "reject":
             self.rejected += 1
         elif o.reason == "truncated":

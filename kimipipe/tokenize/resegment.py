@@ -1,0 +1,147 @@
+"""The tokens the model sampled, laid on the generated turn, and where they differ from
+the canonical re-encoding (docs/kp-tokenize.md, "Where each row's IDs come from").
+
+A response record may carry the tokens the model sampled, from OpenRouter's token
+logprobs (`sampled_tokens`: each token's bytes, in order). They are laid on the turn's
+layout segment by segment (`align`): the reasoning, `</think>`, the content, the
+end-of-turn token (tokenize/render.py `TurnLayout.segments`):
+
+- a text segment is sampled when a run of the tokens, from where the last sampled segment
+  ended, spells exactly its bytes; each token is then named by its bytes in the text
+  vocabulary (codec `text_token_ids`: no encoder, which would re-segment them), and the
+  IDs must decode to exactly the segment's text;
+- a text segment the tokens do not begin is not covered (a provider whose logprobs cover
+  the content but not the reasoning): it is re-encoded, the boundary with the sampled part
+  being a control token of the layout;
+- a control token of the layout is the layout's ID, whether the tokens hold it (its
+  string's bytes, or an empty token there) or not;
+- anything else does not prove out, and the whole row is re-encoded, with the reason:
+  tokens left over or a segment begun and not finished (a token missing, wrong bytes,
+  text trimmed or added by the provider), a token the vocabulary does not hold, a
+  control token inside the text, IDs that decode otherwise.
+
+`regions(sampled, canonical)` compares two segmentations of the same bytes: the cut
+points they share split both into stretches, and a stretch where they differ is a region
+(e.g. "\\n\\n" sampled as "\\n" + "\\n", " 42" as " 4" + "2"). `Resegmented` (records.py)
+is what a token record keeps of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ..records import Resegmented
+
+PATTERNS_KEPT = 8  # regions shown per row (all are counted)
+
+# Why sampled tokens were not used (the row re-encoded), as kp-tokenize counts them.
+NOT_SPELLED = "the tokens do not spell the text"
+NOT_IN_VOCABULARY = "a token the vocabulary does not hold"
+CONTROL_IN_TEXT = "a control token inside the text"
+DECODES_OTHERWISE = "the IDs decode to other text"
+BAD_FIELD = "sampled_tokens unreadable (lengths do not add up)"
+NOTHING_COVERED = "the tokens cover no part of the turn"
+
+
+@dataclass
+class Alignment:
+    """The sampled tokens laid on a turn: per segment, the sampled IDs (None: re-encode)."""
+
+    ids: list[list[int] | None] = field(default_factory=list)
+    tokens: list[list[bytes] | None] = field(default_factory=list)
+    problem: str = ""  # a reason above: nothing is used
+    detail: str = ""
+
+
+def _spelling_run(tokens: list[bytes], start: int, target: bytes) -> tuple[int | None, int]:
+    """(the end of the run of TOKENS from START whose bytes are exactly TARGET, or None;
+    how many of TARGET's bytes the tokens spelled before they parted from it)."""
+    pos, j, n = 0, start, len(tokens)
+    while j < n and pos < len(target):
+        t = tokens[j]
+        if not t or not target.startswith(t, pos):
+            return None, pos
+        pos += len(t)
+        j += 1
+    return (j if pos == len(target) else None), pos
+
+
+def align(tokens: list[bytes], segments: list[tuple[bool, str]], layout_ids: dict[str, int],
+          codec) -> Alignment:
+    """TOKENS laid on SEGMENTS (see the module text); LAYOUT_IDS: control token -> ID."""
+    out = Alignment()
+    i, n = 0, len(tokens)
+    parted = ""  # where the tokens began a text segment and parted from it
+    for is_token, text in segments:
+        if is_token:
+            if i < n and (tokens[i] == text.encode("utf-8") or tokens[i] == b""):
+                i += 1
+            out.ids.append(None)
+            out.tokens.append(None)
+            continue
+        target = text.encode("utf-8")
+        end, reached = _spelling_run(tokens, i, target) if i < n else (None, 0)
+        if end is None:
+            if reached and not parted:
+                parted = (f"; they part from a text piece at its byte {reached:,} of "
+                          f"{len(target):,} ({target[reached:reached + 16]!r})")
+            out.ids.append(None)
+            out.tokens.append(None)
+            continue
+        run = tokens[i:end]
+        ids = codec.text_token_ids(run)
+        if any(t is None for t in ids):
+            bad = next(t for t, tid in zip(run, ids, strict=True) if tid is None)
+            return _failed(NOT_IN_VOCABULARY, f"{bad!r}")
+        control = codec.control_ids
+        if not control.isdisjoint(ids):
+            return _failed(CONTROL_IN_TEXT, "")
+        out.ids.append(ids)
+        out.tokens.append(run)
+        i = end
+    if i < n:
+        return _failed(NOT_SPELLED, f"{n - i:,} of {n:,} tokens left over{parted}")
+    if all(ids is None for ids in out.ids):
+        return _failed(NOTHING_COVERED, "")
+    return out
+
+
+def _failed(problem: str, detail: str) -> Alignment:
+    return Alignment(problem=problem, detail=detail)
+
+
+def regions(sampled: list[bytes], canonical: list[bytes]) -> list[tuple[list[bytes], list[bytes]]]:
+    """The stretches where two segmentations of the same bytes cut them otherwise, each as
+    (the sampled pieces, the canonical pieces); [] when they are the same."""
+    def cuts(pieces):
+        at, out = 0, {0: 0}
+        for k, p in enumerate(pieces, start=1):
+            at += len(p)
+            out[at] = k
+        return out
+
+    a, b = cuts(sampled), cuts(canonical)
+    common = sorted(a.keys() & b.keys())
+    found = []
+    for lo, hi in itertools.pairwise(common):
+        s, c = sampled[a[lo]:a[hi]], canonical[b[lo]:b[hi]]
+        if s != c:
+            found.append((s, c))
+    return found
+
+
+def shown(piece: bytes) -> str:
+    """A piece as text: its UTF-8, bytes that are not UTF-8 as \\xNN."""
+    return piece.decode("utf-8", "backslashreplace")
+
+
+def resegmented(pairs: list[tuple[list[bytes], list[bytes]]]) -> Resegmented:
+    """What a token record keeps of a row's comparison (PAIRS: per sampled part, its
+    sampled pieces and its canonical pieces)."""
+    found = [r for s, c in pairs for r in regions(s, c)]
+    return Resegmented(
+        tokens=sum(len(s) for s, _ in pairs), regions=len(found),
+        sampled=sum(len(s) for s, _ in found), reencoded=sum(len(c) for _, c in found),
+        patterns=[([shown(p) for p in s], [shown(p) for p in c])
+                  for s, c in found[:PATTERNS_KEPT]])

@@ -1,0 +1,370 @@
+"""Token logprobs: the IDs the model sampled, through OpenRouter (docs/kp-tokenize.md, "Where
+each row's IDs come from"; docs/kp-infer.md, "Token logprobs").
+
+The engine tests run kp-tokenize's Engine in this process on records whose `sampled_tokens`
+are built here from each tokenizer's own tokens (the sampled IDs computed by encoding each
+piece alone, not through the code under test); the wire tests run kp-infer and kp-tokenize
+as a user does, against the stand-in's providers that return logprobs (what they sampled
+is in the stand-in's ledger).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from conftest import TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
+
+from kimipipe.tokenize.resegment import NOT_IN_VOCABULARY, NOT_SPELLED, regions
+from kimipipe.tokenize.stats import Summary
+
+REASONING = "Let me think: 6 x 7 = 42, and 3.14 is pi.\n\n数据 ok."
+CONTENT = "The answer is 42 🙂 naïve <|im_end|> done.\n\nYes, 42."
+
+
+@pytest.fixture(scope="module", params=["fast", "tiktoken"])
+def engine(request):
+    from kimipipe.tokenize.engine import Engine, Settings
+
+    return Engine(Settings(str(TOKENIZER_KINDS[request.param]), trust_remote_code=True))
+
+
+def _alphabet() -> dict[int, str]:
+    """GPT-2's byte alphabet, as transformers has it (not kimipipe's copy)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    return bytes_to_unicode()
+
+
+def token_bytes(engine, ids: list[int]) -> list[bytes]:
+    """Each ID's bytes, through the tokenizer library itself (tiktoken's ranks, or the
+    tokenizer.json vocabulary's byte-level strings)."""
+    codec = engine.codec
+    if engine.codec.kind == "tiktoken":
+        return [codec.enc.decode_single_token_bytes(i) for i in ids]
+    back = {c: b for b, c in _alphabet().items()}
+    return [bytes(back[c] for c in codec.plain.id_to_token(i)) for i in ids]
+
+
+def pieces_of(engine, text: str) -> list[bytes]:
+    """TEXT's canonical tokens, as byte strings."""
+    return token_bytes(engine, engine.codec.encode_text([text])[0])
+
+
+def split(pieces: list[bytes], want) -> tuple[list[bytes], int]:
+    """PIECES with every token WANT picks cut into its single bytes (a segmentation the
+    encoder never gives: byte-level BPE holds every byte), and how many were cut."""
+    out, cut = [], 0
+    for p in pieces:
+        if len(p) >= 2 and want(p):
+            out += [p[i:i + 1] for i in range(len(p))]
+            cut += 1
+        else:
+            out.append(p)
+    return out, cut
+
+
+def ids_of(engine, pieces: list[bytes]) -> list[int]:
+    """Each piece's ID, looked up by the tokenizer library (tiktoken's encode_single_token,
+    the vocabulary's byte-level string)."""
+    codec = engine.codec
+    if codec.kind == "tiktoken":
+        return [codec.enc.encode_single_token(p) for p in pieces]
+    alphabet = _alphabet()
+    ids = [codec.plain.token_to_id("".join(alphabet[b] for b in p)) for p in pieces]
+    assert None not in ids
+    return ids
+
+
+def line_with(rid: str, tokens: list[bytes] | None, *, reasoning=REASONING, content=CONTENT,
+              spells: str | None = None, finish_reason="stop", lengths=None) -> bytes:
+    rec = response_record(rid, "What is 6 x 7?", content, reasoning, finish_reason)
+    if tokens is not None:
+        field = {"lengths": lengths or [len(t) for t in tokens]}
+        if spells:
+            field["spells"] = spells
+        else:
+            field["data"] = base64.b64encode(b"".join(tokens)).decode()
+        rec["sampled_tokens"] = field
+    return (json.dumps(rec, ensure_ascii=False) + "\n").encode()
+
+
+def run(engine, *lines: bytes) -> tuple[list[dict], Summary]:
+    summary = Summary()
+    rows = []
+    for o in engine.process(list(enumerate(lines, start=1))):
+        summary.add(o)
+        assert o.kind == "ok", o.reason
+        rows.append(json.loads(o.payload))
+    return rows, summary
+
+
+def layout_ids(engine) -> tuple[int, int]:
+    ids = engine.layout.token_ids
+    return ids["</think>"], ids["<|im_end|>"]
+
+
+def test_sampled_tokens_are_the_output_ids_id_for_id_where_reencoding_differs(engine):
+    """Tokens cut otherwise than the encoder cuts them (digits, words, a character's bytes
+    apart) become the row's output_ids exactly; the re-encoding beside them differs, and the
+    row says where."""
+    think, end = layout_ids(engine)
+    reasoning, cut_r = split(pieces_of(engine, REASONING), lambda p: any(48 <= b <= 57 for b in p))
+    content, cut_c = split(pieces_of(engine, CONTENT), lambda p: p.strip() in (b"answer", b"na\xc3\xafve"))
+    assert cut_r and cut_c
+    [row], summary = run(engine, line_with("a", reasoning + content, spells="answer"))
+    sampled = ids_of(engine, reasoning) + [think] + ids_of(engine, content) + [end]
+    canonical = engine.codec.encode_text([REASONING])[0] + [think] \
+        + engine.codec.encode_text([CONTENT])[0] + [end]
+    assert row["output_ids"] == sampled != canonical
+    assert row["reencoded_ids"] == canonical
+    assert row["output_ids_source"] == "sampled" and row["sampled_parts"] == ["reasoning", "content"]
+    got = row["resegmented"]
+    assert got["regions"] == cut_r + cut_c and got["sampled"] > got["reencoded"]
+    assert got["tokens"] == len(reasoning) + len(content)
+    assert engine.codec.decode([row["output_ids"]])[0] == f"{REASONING}</think>{CONTENT}<|im_end|>"
+    # the same tokens as base64 data (not spelling a recorded text) give the same IDs
+    [again], _ = run(engine, line_with("b", reasoning + content))
+    assert again["output_ids"] == sampled
+    [line] = [x for x in summary.deltas_report() if "differ (" in x]
+    assert "1/1 differ (100.0%)" in line
+
+
+def test_partial_coverage_samples_what_the_tokens_prove_and_reencodes_the_rest(engine):
+    """Content-only logprobs: the content's IDs sampled, the reasoning re-encoded, the
+    boundary at </think>; control tokens sent as tokens of their own are taken; a turn cut
+    in its reasoning has sampled reasoning and nothing after."""
+    think, end = layout_ids(engine)
+    content, _ = split(pieces_of(engine, CONTENT), lambda p: p.strip() == b"answer")
+    reasoning = pieces_of(engine, REASONING)
+    [partial, specials, cut], summary = run(
+        engine,
+        line_with("c", content, spells="content"),
+        line_with("s", reasoning + [b"</think>"] + content + [b"<|im_end|>"]),
+        line_with("t", reasoning, content="", finish_reason="length", spells="answer"))
+    own_reasoning = engine.codec.encode_text([REASONING])[0]
+    assert partial["output_ids"] == own_reasoning + [think] + ids_of(engine, content) + [end]
+    assert partial["output_ids_source"] == "partial" and partial["sampled_parts"] == ["content"]
+    assert specials["output_ids"] == ids_of(engine, reasoning) + [think] + ids_of(engine, content) + [end]
+    assert specials["output_ids_source"] == "sampled"
+    assert cut["output_ids"] == ids_of(engine, reasoning) and cut["output_ids_source"] == "sampled"
+    text = "\n".join(summary.deltas_report())
+    assert "1 partial (content sampled: 1)" in text
+
+
+def test_tokens_that_do_not_prove_out_are_reencoded_and_counted(engine):
+    """A token missing, wrong bytes, a token the vocabulary does not hold, lengths that do
+    not add up: never written as sampled; the re-encoding, and the reason, counted."""
+    think, end = layout_ids(engine)
+    reasoning, content = pieces_of(engine, REASONING), pieces_of(engine, CONTENT)
+    k = len(content) // 2
+    missing = reasoning + content[:k] + content[k + 1:]
+    wrong = reasoning + content[:k] + [bytes((b + 1) % 256 for b in content[k])] + content[k + 1:]
+    merged = reasoning + [content[0] + content[1] + content[2]] + content[3:]  # no such token
+    rows, summary = run(
+        engine, line_with("m", missing), line_with("w", wrong),
+        line_with("v", merged, spells="answer"),
+        line_with("l", reasoning + content, spells="answer", lengths=[1, 2, 3]),
+        line_with("n", None))
+    canonical = engine.codec.encode_text([REASONING])[0] + [think] \
+        + engine.codec.encode_text([CONTENT])[0] + [end]
+    for row in rows:
+        assert row["output_ids"] == canonical
+        assert "output_ids_source" not in row and "reencoded_ids" not in row
+    assert [r.get("sampled_fallback") for r in rows] == [
+        NOT_SPELLED, NOT_SPELLED, NOT_IN_VOCABULARY,
+        "sampled_tokens unreadable (lengths do not add up)", None]
+    warning = next(w for w in summary.sampled.warnings() if w.startswith("provider P"))
+    assert ("4 rows' sampled tokens did not prove out and were re-encoded instead "
+            f"({NOT_SPELLED}: 2, ") in warning
+
+
+def test_regions_are_where_two_segmentations_cut_the_same_bytes_otherwise():
+    assert regions([b"a", b"\n", b"\n", b" 4", b"2", b"x"], [b"a", b"\n\n", b" 42", b"x"]) == [
+        ([b"\n", b"\n"], [b"\n\n"]), ([b" 4", b"2"], [b" 42"])]
+    assert regions([b"ab", b"c"], [b"ab", b"c"]) == []
+    assert regions([b"a", b"bc", b"d"], [b"ab", b"cd"]) == [([b"a", b"bc", b"d"], [b"ab", b"cd"])]
+
+
+def test_the_mismatch_table_is_the_same_from_outcomes_and_from_token_records(engine, tmp_path):
+    """kp-tokenize's table (its outcomes) and kp-infer report's (the token records it
+    wrote) agree: rows, shares, tokens, net, patterns, fallbacks."""
+    from kimipipe.tokenize.stats import SampledTable
+
+    reasoning, content = pieces_of(engine, REASONING), pieces_of(engine, CONTENT)
+    cut, n = split(content, lambda p: p.strip() == b"answer")
+    assert n
+    rows, summary = run(engine, line_with("x", reasoning + cut, spells="answer"),
+                        line_with("y", reasoning + content, spells="answer"),
+                        line_with("z", cut, spells="content"),
+                        line_with("q", reasoning + content[1:]))
+    table = SampledTable()
+    for row in rows:
+        table.add_record(row["provider"], row.get("output_ids_source"), row.get("sampled_parts"),
+                         _reseg(row.get("resegmented")), row.get("sampled_fallback"))
+    assert table.rows() == summary.sampled.rows()
+    [p] = table.rows()
+    assert (p["rows"], p["used"], p["partial"], p["differ"], p["net"]) == (4, 3, 1, 2, {"+6": 2})  # " answer" in 7
+    assert p["patterns"][0]["sampled"] == list(" answer") and p["patterns"][0]["reencoded"] == [" answer"]
+    assert p["fallbacks"] == {NOT_SPELLED: 1}
+    # kp-infer report reads the same off the file
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    r = kp("infer", "report", path, "--json")
+    assert r.code == 0, r.stderr
+    assert json.loads(r.stdout)["sampled_ids"] == summary.sampled.rows()
+
+
+def _reseg(value):
+    import msgspec
+
+    from kimipipe.records import Resegmented
+    return None if value is None else msgspec.convert(value, Resegmented)
+
+
+# -- through the wire ---------------------------------------------------------------------------
+
+def write_prompts(path, ids):
+    return write_jsonl(path, [{"id": f"q{i}", "dataset": "D", "messages": [
+        {"role": "user", "content": f"Question {i}: what is 6 x 7, in 数据?"}]} for i in ids])
+
+
+LOGPROBS = {"together": "all", "moonshotai": "content", "parasail": "bad-bytes"}
+
+
+def test_rows_from_logprobs_providers_are_what_the_model_sampled(standin, tmp_path):
+    """kp-infer --logprobs (with --no-require-parameters, so endpoints without logprobs
+    serve too) against providers returning all tokens, the content's, and wrong bytes, and
+    one returning none; resumed into an output whose first records predate the field.
+    kp-tokenize: Together's rows are the stand-in's sampled IDs, ID for ID (its cut ones
+    unlike the re-encoding); Moonshot's content sampled, reasoning re-encoded; Parasail's
+    re-encoded and counted; DeepInfra's and the older records re-encoded as before."""
+    server = standin(ledger=True, logprobs=LOGPROBS, noncanonical=0.5)
+    out = tmp_path / "r.jsonl"
+    flags = ("--logprobs", "--no-require-parameters", "--base-url", server.base_url)
+    first = kp("infer", write_prompts(tmp_path / "p8.jsonl", range(8)), "-o", out, *flags,
+               env=server.env)
+    assert first.code == 0, first.stderr
+    old = read_jsonl(out)
+    assert any(r["sampled_tokens"] for r in old)
+    for r in old:  # as an older kp-infer wrote them
+        del r["sampled_tokens"]
+    write_jsonl(out, old)
+    second = kp("infer", write_prompts(tmp_path / "p.jsonl", range(28)), "-o", out, *flags,
+                env=server.env)
+    assert second.code == 0 and "8 skipped" in second.stderr, second.stderr
+    assert "token logprobs: " in second.stderr
+    records = read_jsonl(out)
+    assert len(records) == 28
+    t = kp("tokenize", out, "--tokenizer", TOKENIZER_KINDS["fast"], "-o", tmp_path / "t.jsonl",
+           "--workers", "1")
+    assert t.code == 0, t.stderr
+    ledger = {x["generation_id"]: x for x in server.ledger()}
+    think, end = 1181, 1160  # the fast fixture's </think> and <|im_end|>
+    old_ids = {r["id"] for r in old}
+    seen: dict[str, int] = {}
+    differ = {"Together": 0}
+    for row in read_jsonl(tmp_path / "t.jsonl"):
+        sampled = ledger[row["generation_id"]].get("sampled")
+        provider = row["provider"]
+        if row["id"] in old_ids or provider == "DeepInfra":
+            assert "output_ids_source" not in row and "sampled_fallback" not in row
+            seen["re-encoded"] = seen.get("re-encoded", 0) + 1
+            continue
+        seen[provider] = seen.get(provider, 0) + 1
+        if provider == "Together":
+            assert row["output_ids"] == sampled["reasoning"] + [think] + sampled["content"] + [end]
+            assert row["output_ids_source"] == "sampled"
+            assert (row["reencoded_ids"] != row["output_ids"]) == sampled["noncanonical"]
+            differ["Together"] += sampled["noncanonical"]
+        elif provider == "Moonshot AI":
+            assert row["output_ids"][-len(sampled["content"]) - 1:] == sampled["content"] + [end]
+            assert row["output_ids_source"] == "partial" and row["sampled_parts"] == ["content"]
+        else:
+            assert provider == "Parasail"
+            assert row["sampled_fallback"] == NOT_SPELLED and "output_ids_source" not in row
+    assert set(seen) == {"re-encoded", "Together", "Moonshot AI", "Parasail"}, seen
+    assert differ["Together"] >= 1
+    assert f"provider Parasail: {seen['Parasail']} rows' sampled tokens did not prove out" in t.stderr
+    r = kp("infer", "report", tmp_path / "t.jsonl", "--json")
+    assert r.code == 0, r.stderr
+    report = json.loads(r.stdout)
+    together = next(x for x in report["sampled_ids"] if x["provider"] == "Together")
+    assert (together["used"], together["differ"]) == (seen["Together"], differ["Together"])
+    assert report["logprobs"]["DeepInfra"]["with_tokens"] == 0
+
+
+def test_require_logprobs_routes_only_to_endpoints_listing_them(standin, tmp_path):
+    """--require-logprobs: logprobs, top_logprobs 0 and provider.require_parameters in every
+    body (a model without a preset sends no require_parameters otherwise), so only the
+    endpoint listing logprobs serves; --logprobs asks without requiring; the Kimi preset
+    asks by default only where that leaves no allowed endpoint out (--plan says which)."""
+    server = standin(request_log=True, logprobs={"moonshotai": "all"})
+    prompts = write_prompts(tmp_path / "p.jsonl", range(4))
+    model = ("-m", "moonshotai/kimi-k2-0905", "--base-url", server.base_url)
+    r = kp("infer", prompts, "-o", tmp_path / "req.jsonl", *model, "--require-logprobs",
+           env=server.env)
+    assert r.code == 0, r.stderr
+    bodies = server.requests()
+    assert len(bodies) == 4 and all(
+        b["logprobs"] is True and b["top_logprobs"] == 0 and b["provider"]["require_parameters"] is True
+        for b in bodies)
+    records = read_jsonl(tmp_path / "req.jsonl")
+    assert all(x["provider"] == "Moonshot AI" and x["sampled_tokens"]["lengths"] for x in records)
+    pre = kp("infer", prompts, "-o", tmp_path / "pre.jsonl", *model, "--require-logprobs",
+             "--preflight", "1", "--json", env=server.env)
+    assert pre.code == 0, pre.stderr
+    checks = {c["check"]: c for c in json.loads(pre.stdout)["checks"]}
+    assert checks["token logprobs"]["verdict"] == "pass"
+    assert "listing them: moonshotai" in checks["token logprobs"]["detail"]
+    assert checks["answer 1: logprobs"]["verdict"] == "pass"
+    assert "spelling the reasoning and the content" in checks["answer 1: logprobs"]["detail"]
+    r = kp("infer", prompts, "-o", tmp_path / "ask.jsonl", *model, "--logprobs", env=server.env)
+    assert r.code == 0, r.stderr
+    asked = server.requests()[5:]
+    assert all(b["logprobs"] is True and "require_parameters" not in b.get("provider", {})
+               for b in asked)
+    refused = kp("infer", prompts, "--plan", *model, "--require-logprobs", "--no-logprobs",
+                 env=server.env)
+    assert refused.code == 2 and "--require-logprobs and --no-logprobs" in refused.stderr
+    # the preset's default: not asked while allowed endpoints do not list them ...
+    plan = kp("infer", prompts, "--plan", "--json", "--base-url", server.base_url, env=server.env)
+    assert plan.code == 0, plan.stderr
+    data = json.loads(plan.stdout)
+    assert data["logprobs"]["asked"] is False and data["logprobs"]["listing"] == ["moonshotai"]
+    assert any("token logprobs not asked" in n for n in data["notes"])
+    # ... asked (and so required) once every allowed endpoint lists them
+    server.configure(logprobs={s: "all" for s in ("moonshotai", "together", "deepinfra", "parasail")})
+    plan = kp("infer", prompts, "--plan", "--json", "--base-url", server.base_url, env=server.env)
+    lp = json.loads(plan.stdout)["logprobs"]
+    assert (lp["asked"], lp["required"], lp["share"], lp["not_listing"]) == (True, True, 1.0, [])
+    text = kp("infer", prompts, "--plan", "--logprobs", "--no-require-parameters",
+              "--base-url", server.base_url, env=server.env)
+    assert b"token logprobs: asked, not required" in text.stdout, text.stdout
+
+
+def test_logprobs_the_schema_does_not_have_cost_the_tokens_never_the_answer():
+    """A chunk (or body) whose `logprobs` are not ChatTokenLogprobs' shape is read without
+    them: the answer, paid for, is kept as ever; it keeps no tokens (none rather than some)."""
+    from kimipipe.kinds import AttemptKind
+    from kimipipe.openrouter.client import CompletionClient, StreamAnswer
+
+    head = {"id": "gen-1", "provider": "P", "model": "m"}
+    tokens = {"content": [{"token": " there", "logprob": -0.1, "bytes": list(b" there"),
+                           "top_logprobs": []}], "refusal": None}
+    chunks = [{**head, "choices": [{"index": 0, "delta": {"content": "Hi"},
+                                    "logprobs": {"content": "not a list"}}]},
+              {**head, "choices": [{"index": 0, "delta": {"content": " there"}, "logprobs": tokens}]},
+              {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 3, "completion_tokens": 2, "cost": 0.001}}]
+    for kept in (chunks, chunks[1:]):
+        answer = StreamAnswer()
+        for chunk in kept:
+            assert answer.event(json.dumps(chunk).encode()) is None
+        got = answer.event(b"[DONE]")
+        assert got.kind == AttemptKind.OK and got.content == ("Hi there" if kept is chunks else " there")
+        assert got.token_lengths == (None if kept is chunks else [6])
+    plain = {**head, "choices": [{"index": 0, "finish_reason": "stop", "logprobs": {"content": 7},
+                                  "message": {"role": "assistant", "content": "Hi"}}],
+             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "cost": 0.001}}
+    got = CompletionClient._read_plain(json.dumps(plain).encode())
+    assert got.kind == AttemptKind.OK and got.content == "Hi" and got.token_lengths is None
