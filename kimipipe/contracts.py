@@ -16,6 +16,8 @@ decoding it (a reader never walks a dict), so the schema is declared here once:
     (LockHolder)                      (locks.py)
     DIR/manifest.json                 kp-shard (shard/build.py)       kp-shard verify/stats,
     (ShardManifest)                                                   trainers, make
+    OUTPUT.identity.json              kp-infer --tokenizer            its resumes (prepare),
+    (IdentityState)                   (infer/identity.py)             kp-infer report
 
 The keys and their order are those the files have always had (tests and users read them).
 Schema evolution as for records: new fields get defaults, types never change.
@@ -223,6 +225,26 @@ class SummaryConversations(Struct):
     turns_not_sent: int  # turns of conversations ended early (cut, failed, stopped)
 
 
+class SharedOffset(Struct):
+    """A constant prompt-count offset the providers share (infer/identity.py): kimipipe's
+    rendering differs from theirs, shown with one rendered prompt."""
+
+    prompts: str  # which prompts: with a system message first, or without
+    offset: int
+    providers: list[str]
+    example: str  # its prompt id
+    rendered: str  # the prompt as kimipipe renders it (its first 600 characters)
+
+
+class SummaryIdentity(Struct):
+    """Whether the answers were the target model's (kp-infer --tokenizer)."""
+
+    checked: bool
+    providers: list[dict[str, Any]]  # infer/identity_table.py's rows
+    shared_offsets: list[SharedOffset] = msgspec.field(default_factory=list)
+    quarantined: list[Quarantined] = msgspec.field(default_factory=list)
+
+
 class InferSummary(Struct):
     """kp-infer's summary (infer/report.py's docstring says what each figure means)."""
 
@@ -262,6 +284,7 @@ class InferSummary(Struct):
     # "routing": "unverifiable" (openrouter/routing.py: mixed_names)
     routing_unverifiable: dict[str, int] = msgspec.field(default_factory=dict)
     conversations: SummaryConversations | None = None
+    identity: SummaryIdentity | None = None  # None: no --tokenizer, identity unchecked
 
 
 class SummaryStop(Struct):
@@ -296,6 +319,29 @@ class ReservationEntry(Struct):
 class Reservations(Struct):
     version: int = 1
     entries: list[ReservationEntry] = msgspec.field(default_factory=list)
+
+
+# -- OUTPUT.identity.json (infer/identity.py) ----------------------------------------------
+
+
+class Quarantined(Struct):
+    """A provider kp-infer stopped routing to: its answers' token counts were not the
+    target model's for their prompts (another model, tokenizer or template)."""
+
+    provider: str  # the name its answers give (`provider`)
+    slugs: list[str]  # what provider.ignore gets: its endpoints' tags
+    refused: int  # its answers refused for identity when it was quarantined
+    offset: int | None  # its typical usage.prompt_tokens minus kimipipe's count
+    example: str  # one refused answer: its prompt id, the two counts
+    at: str  # when (UTC, ISO 8601)
+    completion_ratio: float | None = None  # its typical usage.completion_tokens / kimipipe's
+
+
+class IdentityState(Struct):
+    """What a kp-infer run checking identity leaves beside its output, for its resumes."""
+
+    version: int = 1
+    quarantined: list[Quarantined] = msgspec.field(default_factory=list)
 
 
 # -- output locks (locks.py) ------------------------------------------------------------------

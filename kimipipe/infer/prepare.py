@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from ..contracts import IdentityState
 from ..errors import ExitCode, InputError, KPError
 from ..ids import sample_key
 from ..io import (
@@ -85,6 +86,7 @@ from .budget import MESSAGE_OVERHEAD_TOKENS, prompt_token_bound
 from .config import RunConfig
 from .conversations import OutputConversations, check_recipe, scan_output, turn_count
 from .disk import DiskGuard
+from .identity import read_state, state_path
 from .rescue import check_rescue_dir, take_in
 from .servers import Server, discover, server_sampling
 from .total_cost import ReservationFile, TotalCost
@@ -177,6 +179,7 @@ class Prepared:
     turns_todo: int = 0  # requests still to send (a conversation's turns each count)
     conversations_todo: int = 0  # of `todo`, conversations (prompts with follow-ups)
     servers: list[Server] = field(default_factory=list)  # --server, as each says it serves
+    identity: IdentityState = field(default_factory=IdentityState)  # OUTPUT's identity file
 
     def selected(self, prompt_id: str) -> bool:
         return self.sample is None or prompt_id in self.sample
@@ -481,6 +484,7 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         prepared.notes.append(f"servers only ({', '.join(config.servers)}): no OpenRouter "
                               "routing, prices or balance; the answers cost nothing")
         return prepared
+    identity = take_in_quarantine(config, say)
     endpoints = read_endpoints(config, say)
     if endpoints is not None:
         check_provider_slugs(config, endpoints)
@@ -504,7 +508,7 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
                         taken_in=taken_in, model_info=info, sample=sample,
                         conversations=conversations, turns_todo=turns_todo,
                         conversations_todo=sum(1 for i in todo_ids if i in scan.turns),
-                        servers=discover_servers(config, say))
+                        servers=discover_servers(config, say), identity=identity)
     if config.plan and config.output == "-":
         prepared.notes.append("no -o: the answers a run already wrote cannot be seen here, so every "
                               "prompt counts as to do; pass the -o (and --failures) of the run to "
@@ -512,6 +516,20 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     if config.total_cost is not None:
         prepare_total_cost(config, prepared)
     return prepared
+
+
+def take_in_quarantine(config: RunConfig, say: Callable[[str], None]) -> IdentityState:
+    """The providers an earlier run on OUTPUT quarantined for identity (infer/identity.py):
+    in provider.ignore again (Policy.quarantine), with or without --tokenizer, and said."""
+    path = state_path(config.output)
+    state = read_state(path)
+    for q in state.quarantined:
+        config.policy.quarantine.extend(s for s in q.slugs if s not in config.policy.quarantine)
+        if not config.plan:  # (the plan's table names them)
+            say(f"kp-infer: {q.provider} stays quarantined ({path}: quarantined {q.at}, its "
+                f"prompt counts typically {'unknown' if q.offset is None else f'{q.offset:+d}'} "
+                "from the target's): in provider.ignore; remove that file to lift it")
+    return state
 
 
 def discover_servers(config: RunConfig, say: Callable[[str], None]) -> list[Server]:

@@ -155,7 +155,8 @@ def format_report(report: dict) -> str:
                  if entry["sampling"] else "not recorded (older records)")
         lines.append(f"  sampling: {shown}: {entry['answers']:,} answers")
     lines.append("")
-    lines.append("by provider (refused r/n/t: routing violation, no reasoning, think marker):")
+    lines.append("by provider (refused r/n/t/i: routing violation, no reasoning, think marker, "
+                 "identity):")
     lines.append(table_text(report["by_provider"], indent="  "))
     lines.append("")
     lines.append(report["_table"].histogram())

@@ -128,7 +128,7 @@ def _overview(facts: BuildFacts, settings: Settings) -> str:
 
 def _provider_table(rows: list[dict]) -> str:
     head = ["provider", "answers", "share", "mean tok", "p95 tok", "reasoning", "tok/s", "latency p50",
-            "latency p95", "$/M out", "cost", "refused: routing / no reasoning / think", "refused cost",
+            "latency p95", "$/M out", "cost", "refused: routing / no reasoning / think / identity", "refused cost",
             "finish"]
     out = []
     for r in rows:

@@ -58,6 +58,9 @@ class Config:
     ignore_sampling: list[str] = field(default_factory=list)
     not_distillable: bool = False
     tokenizer: str | None = None  # count usage with this tokenizer directory (token_counts.py)
+    # providers that serve another model from their N-th answer (impostors.py): slug ->
+    # (N, how its usage is counted: words | system=TEXT | tokenizer=DIR | template=FILE)
+    impostors: dict[str, tuple] = field(default_factory=dict)
     # -- the wire's documented variants (streaming, errors, endpoints table) --
     stream_usage: str = "own-chunk"   # STREAM_USAGES
     midstream_code: str = "502"       # MIDSTREAM_CODES
@@ -138,8 +141,11 @@ class Config:
         for slug, d in self.discounts.items():
             if not 0.0 <= float(d) < 1.0:
                 raise ValueError(f"discount for {slug} must be in [0, 1)")
+        from .impostors import check_impostor
+        for after, how in self.impostors.values():
+            check_impostor(int(after), str(how))
         for slug in [*self.drop_reasoning, *self.inline_reasoning, *self.unopened_reasoning,
-                     *self.ignore_sampling,
+                     *self.ignore_sampling, *self.impostors,
                      *self.price_overrides, *self.discounts]:
             if not known_provider(slug):
                 raise ValueError(f"unknown provider {slug!r} (a tag or provider name of the "
@@ -178,6 +184,7 @@ LIVE_SETTINGS = {
     "no_cost_rate": float, "no_usage_rate": float, "generation_delay": float,
     "hold_after": _nullable(int),
     "noncanonical_rate": _nullable(float), "system_prompt": _nullable(str),
+    "impostors": lambda v: {str(k): (int(n), str(how)) for k, (n, how) in dict(v).items()},
 }
 
 

@@ -13,7 +13,9 @@ a string or path puts it there). The credit limits: `inflight_ratio`, `settle`,
 `limit_reset`, `moderation_marker`; the provider quirks: `drop_reasoning` (a dict
 {provider: rate}), `inline_reasoning` and `ignore_sampling` (lists of providers),
 `not_distillable`; the wire's variants: `stream_usage` ("own-chunk"|"finish-chunk"),
-`midstream_code`, `unavailable` (an availability code), `endpoint_nulls`; billing:
+`midstream_code`, `unavailable` (an availability code), `endpoint_nulls`; `impostors`
+({provider: N or (N, how)}: serving another model from its N-th answer,
+kimipipe/standin/impostors.py); billing:
 `price_overrides` ({provider: factor or (factor, min_prompt_tokens)}), `discounts`
 ({provider: discount}), `no_cost`, `no_usage`, `generation_delay`
 (kimipipe/standin/billing.py); a self-hosted server's API instead: `mode` ("vllm" or
@@ -165,7 +167,7 @@ class StandIn:
                  limit_status: int | None = None, limit_reset: str | None = None,
                  moderation_marker: str | None = None, drop_reasoning: dict | None = None,
                  inline_reasoning: list | tuple = (), ignore_sampling: list | tuple = (),
-                 unopened_reasoning: list | tuple = (),
+                 unopened_reasoning: list | tuple = (), impostors: dict | None = None,
                  not_distillable: bool = False,
                  stream_usage: str | None = None, midstream_code: str | None = None,
                  unavailable: str | None = None, endpoint_nulls: bool = False,
@@ -223,6 +225,9 @@ class StandIn:
             args += ["--unopened-reasoning", provider]
         for provider in ignore_sampling:
             args += ["--ignore-sampling", provider]
+        for provider, spec in (impostors or {}).items():  # N, or (N, how)
+            after, how = spec if isinstance(spec, (tuple, list)) else (spec, "words")
+            args += ["--impostor", f"{provider}={after}:{how}"]
         if not_distillable:
             args.append("--not-distillable")
         for flag, value in (("--stream-usage", stream_usage), ("--midstream-code", midstream_code),

@@ -32,11 +32,12 @@ class TokenCounter:
     tokenizer's `encode`), as a server does, not through kp-tokenize's code: the deltas
     kp-tokenize writes against these counts compare two ways of counting."""
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, chat_template: str | None = None):
         from ..tokenize.load import load_tokenizer, offline_environment
 
         offline_environment()
-        self.tok = load_tokenizer(Path(directory), trust_remote_code=True)
+        self.tok = load_tokenizer(Path(directory), trust_remote_code=True,
+                                  chat_template=chat_template)
         self.kimi_encode = "allow_special_tokens" in inspect.signature(self.tok.encode).parameters
 
     def _text_tokens(self, text: str) -> int:
