@@ -121,6 +121,15 @@ class PlanInFlight(Struct):
     max_tokens_for_concurrency: int | None
 
 
+class PlanAvailability(Struct):
+    """How many endpoints the routing flags leave (infer/availability.py)."""
+
+    listed: int  # endpoints in the model's table
+    left: int  # of them, allowed
+    providers: list[str]  # the providers of those left
+    quarantined: list[str] = msgspec.field(default_factory=list)  # for identity
+
+
 class InferPlan(Struct):
     """`kp-infer --plan --json` (infer/plan.py's docstring says what each figure means)."""
 
@@ -143,6 +152,8 @@ class InferPlan(Struct):
     notes: list[str]
     in_flight: PlanInFlight | None
     requests: PlanRequests | None = None  # (older plans: none; then `prompts` are the requests)
+    availability: PlanAvailability | None = None  # None: no endpoints table
+    identity: str | None = None  # what answers are checked against (--tokenizer), or why not
 
 
 # -- kp-infer --summary-json ------------------------------------------------------------------

@@ -32,6 +32,10 @@ its prompt sent again with that provider ignored for it:
     until then the answer waits, holding no concurrency slot (so the next requests reach
     the other providers), for up to WAIT_SECONDS; unconfirmed by then, it is refused.
 
+Until a first answer is found the target's, a run keeps at most PROBATION requests in
+flight (`probation`): a host that serves another model from the start (the only one left,
+redirecting) costs those answers, not all of --concurrency's, before it is quarantined.
+
 A provider refused this way `--identity-strikes` times is quarantined: its endpoints' tags
 go into `provider.ignore` of every request from then on (Policy.quarantine), it is named on
 stderr once with its typical offset and an example, and it is written to OUTPUT's identity
@@ -70,6 +74,10 @@ from ..records import Identity
 from .identity_table import IdentityTable, typical
 
 DEFAULT_STRIKES = 3
+# Requests in flight (their verdict not waited for) until a first answer is found the
+# target's: a run whose only provider serves another model pays for these, not for all of
+# --concurrency, before the quarantine stops it
+PROBATION = 16
 WAIT_SECONDS = 180.0  # how long an unconfirmed constant offset waits for the others
 LONG_ANSWER = 256  # tokens (kimipipe's count) before a completion ratio can be far
 FAR = (0.5, 2.0)  # completion ratios outside this: not the target's tokenizer
@@ -238,6 +246,8 @@ class IdentityJudge:
         for q in self.state.quarantined:  # (prepare put their slugs in the policy already)
             self.table.quarantine(q.provider)
         self.none_left = False
+        self.confirmed = False  # an answer was accepted (admission's probation is over)
+        self.waiting = 0  # checks waiting for the others' answers (holding no slot)
 
     # -- counting (once per prompt: infer/prompt_work.py keeps it) -------------------------
     def count(self, messages: Sequence) -> int | None:
@@ -249,9 +259,10 @@ class IdentityJudge:
             return None
 
     # -- the check --------------------------------------------------------------------------
-    def check(self, prompt_id: str, messages: Sequence, count: int | None, answer: Attempt) -> Check:
-        """ANSWER to the prompt PROMPT_ID (its MESSAGES, counted COUNT): its evidence
-        recorded, and its verdict (ACCEPT, OFF, PENDING: `settle` waits for it, UNCHECKED)."""
+    def measure(self, prompt_id: str, messages: Sequence, count: int | None,
+                answer: Attempt) -> Check:
+        """ANSWER's counts against kimipipe's (COUNT: its prompt's), recorded as evidence of
+        its provider; no verdict yet."""
         provider = answer.provider or "unknown"
         completion = self.counts.completion_tokens(answer.reasoning, answer.content,
                                                    answer.finish_reason == "length")
@@ -261,23 +272,37 @@ class IdentityJudge:
         evidence = self._evidence.setdefault(provider, _Evidence())
         if check.ratio is not None:
             evidence.ratios.append(check.ratio)
-        if check.offset is None:
-            if check.far:
-                check.verdict, check.why = OFF, self._far_why(check)
-            else:
-                check.verdict = UNCHECKED
-        else:
+        if check.offset is not None:
             evidence.offsets.setdefault(check.kind, Counter())[check.offset] += 1
-            check.verdict, check.why = self._verdict(check)
+        return check
+
+    def check(self, prompt_id: str, messages: Sequence, count: int | None, answer: Attempt) -> Check:
+        """ANSWER to the prompt PROMPT_ID (its MESSAGES, counted COUNT): measured, and its
+        verdict (ACCEPT, OFF, PENDING: `settle` waits for it, UNCHECKED) booked."""
+        check = self.measure(prompt_id, messages, count, answer)
+        if check.offset is None:
+            check.verdict, check.why = (OFF, self.far_why(check)) if check.far else (UNCHECKED, "")
+        else:
+            check.verdict, check.why = self.verdict(check)
         self._conclude(check, count_strike=True)
+        if check.verdict == PENDING:  # (its evidence may settle another waiting check)
+            self._wake()
         return check
 
     async def settle(self, check: Check, stopping: asyncio.Event) -> Check:
         """A PENDING CHECK's verdict, waiting for the others' answers (see the module's
         text); a stop meanwhile refuses it without a strike (it was not shown wrong)."""
         deadline = time.monotonic() + self.wait
+        self.waiting += 1
+        try:
+            await self._settle(check, stopping, deadline)
+        finally:
+            self.waiting -= 1
+        return check
+
+    async def _settle(self, check: Check, stopping: asyncio.Event, deadline: float) -> None:
         while check.verdict == PENDING:
-            verdict, why = self._verdict(check)
+            verdict, why = self.verdict(check)
             if verdict != PENDING:
                 check.verdict, check.why = verdict, why
                 self._conclude(check, count_strike=True)
@@ -299,7 +324,20 @@ class IdentityJudge:
             finally:
                 changed.cancel()
                 stopped.cancel()
-        return check
+
+    async def probation(self, in_flight: Callable[[], int], stopping: asyncio.Event) -> None:
+        """Hold admission while no answer has been found the target's and PROBATION
+        requests are in flight (IN_FLIGHT: the run's count, checks waiting excluded)."""
+        while (not self.confirmed and not stopping.is_set()
+               and in_flight() - self.waiting >= PROBATION):
+            changed = asyncio.ensure_future(self._changed.wait())
+            stopped = asyncio.ensure_future(stopping.wait())
+            try:
+                await asyncio.wait({changed, stopped}, timeout=1.0,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+                stopped.cancel()
 
     def refusal(self, check: Check) -> str:
         """The refusal's message: why, with the two counts."""
@@ -331,13 +369,14 @@ class IdentityJudge:
         seen = {name.lower() for name, e in self._evidence.items() if e.offsets.get(kind)}
         return len(names - seen - {provider.lower()})
 
-    def _verdict(self, check: Check) -> tuple[str, str]:
+    def verdict(self, check: Check) -> tuple[str, str]:
+        """CHECK's verdict on the evidence now (ACCEPT, OFF with why, or PENDING)."""
         offset, kind, name = check.offset, check.kind, check.provider
         accepted = self.accepted_offsets(kind)
         if offset in accepted:
             return ACCEPT, ""
         if check.far and offset != 0:
-            return OFF, self._far_why(check)
+            return OFF, self.far_why(check)
         evidence = self._evidence[name]
         expected = "/".join(f"{v:+d}" for v in sorted(accepted))
         if evidence.accepted[kind]:
@@ -364,7 +403,7 @@ class IdentityJudge:
         return OFF, why
 
     @staticmethod
-    def _far_why(check: Check) -> str:
+    def far_why(check: Check) -> str:
         return (f"completion_tokens {check.completion_reported:,} for {check.completion_count:,} "
                 f"tokens of text (ratio {check.ratio:.2f}): another tokenizer")
 
@@ -375,6 +414,8 @@ class IdentityJudge:
         evidence = self._evidence[check.provider]
         refused = check.verdict == OFF
         self.table.checked(check.provider, check.offset, check.ratio, refused=refused)
+        if check.verdict in (ACCEPT, UNCHECKED):
+            self.confirmed = True
         if check.verdict == ACCEPT:
             evidence.accepted[check.kind] += 1
             self._note_shared(check)
@@ -386,6 +427,10 @@ class IdentityJudge:
                 evidence.strikes += 1
                 if evidence.strikes >= self.strikes:
                     self._quarantine(check.provider, evidence)
+        self._wake()
+
+    def _wake(self) -> None:
+        """The evidence changed: the checks waiting look again."""
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -402,8 +447,9 @@ class IdentityJudge:
             rendered = ""
         self.shared[check.kind] = {"offset": offset, "providers": agree,
                                    "example": check.prompt_id, "rendered": rendered[:_SHOWN]}
-        self.say(f"kp-infer: every provider answering ({', '.join(agree)}) counts prompts "
-                 f"{check.kind} {offset:+d} tokens from kimipipe's rendering: the chat "
+        self.say(f"kp-infer: {len(agree)} providers ({', '.join(agree)}) count prompts "
+                 f"{check.kind} {offset:+d} tokens from kimipipe's rendering, more than count "
+                 "them as kimipipe does: the chat "
                  "template kimipipe was given differs from theirs (a default system prompt "
                  "it omits, another template version?); accepted as shared, not "
                  "quarantined. kp-tokenize's input_ids follow kimipipe's template: compare "
@@ -436,12 +482,23 @@ class IdentityJudge:
                  f"counts are typically {offset} from the target's, e.g. {entry.example}; its "
                  "prompts are sent again elsewhere, and it is in provider.ignore for the rest "
                  f"of this run{where}")
+        if len(evidence.refused_offsets) == 1 and entry.offset:
+            self.say(f"kp-infer: {name}'s offset is one constant ({entry.offset:+d}), which no "
+                     "other provider confirmed: if kimipipe's chat template is the one that "
+                     "differs (a default system prompt the hosts add), give the model's own "
+                     f"with --chat-template"
+                     + (f" and remove {self.state_path} to lift the quarantine"
+                        if self.state_path else "")
+                     + "; `kp-infer --preflight` asks every provider at once")
         if self.endpoints is not None and not allowed_endpoints(self.policy, self.endpoints):
             self.none_left = True
             self.stop()
 
     # -- what the summary shows ---------------------------------------------------------------
     def summary(self) -> dict:
+        for kind, shown in self.shared.items():  # (all that agree by the end)
+            shown["providers"] = sorted(name for name, v in self._modes(kind).items()
+                                        if v == shown["offset"])
         return {"checked": True, "providers": self.table.rows(),
                 "shared_offsets": [{"prompts": kind, **shown} for kind, shown in self.shared.items()],
                 "quarantined": [msgspec.to_builtins(q) for q in self.state.quarantined]}

@@ -38,7 +38,10 @@ The JSON object (`contracts.InferPlan`; prices in USD per million tokens, money 
      "max_cost", "token_budget", "total_cost": {"cap", "recorded", "spent_in"} | null,
      "warnings": [str], "sampling": [str], "distillation": str, "notes": [str],
      "in_flight": {"balance", "balance_source", "worst_case_request", "requests",
-                   "concurrency", "max_tokens_for_concurrency"} | null}
+                   "concurrency", "max_tokens_for_concurrency"} | null,
+     "availability": {"listed", "left", "providers", "quarantined"} | null  (the endpoints
+                   the routing flags leave: a warning at one or none, infer/availability.py),
+     "identity": str  (what each answer's token counts are checked against: --tokenizer)}
 
 `in_flight` is what the balance can keep in flight at once: OpenRouter reserves each
 running request's worst case (prompt + --max-tokens at the endpoint's prices) against the
@@ -77,6 +80,7 @@ from ..openrouter.request import SAMPLING_PARAMETERS, RequestOptions
 from ..openrouter.routing import Policy, PriceBound, allowed_endpoints, why_excluded
 from .budget import Budget, request_worst_case
 from .config import RunConfig
+from .availability import WHAT_TO_DO, availability_text, endpoints_left
 from .prepare import Prepared, endpoint_warnings, requantization_warnings
 
 PROMPT_BYTES_PER_TOKEN = 4
@@ -168,7 +172,8 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
     warnings = requantization_warnings(request.model, policy, endpoints)
     warnings += endpoint_warnings(policy, endpoints)
     if endpoints is not None and not allowed:
-        warnings.append("no provider is allowed: requests would fail with 404 constraint_filtered")
+        warnings.append("no provider is allowed: requests would fail with 404 constraint_filtered; "
+                        + WHAT_TO_DO)
     requests = max(1, scan.requests)
     todo_requests = prepared.turns_todo  # a conversation's turns each count
     expected_completion = request.max_tokens / 2
@@ -245,7 +250,18 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
         distillation=distillation_line(config, prepared.model_info),
         notes=list(prepared.notes),
         in_flight=in_flight,
+        availability=endpoints_left(policy, endpoints),
+        identity=identity_line(config),
     )
+
+
+def identity_line(config: RunConfig) -> str:
+    """What the run checks each answer's identity against (infer/identity.py)."""
+    if config.tokenizer:
+        return (f"identity: each answer's token counts checked against {config.tokenizer} "
+                f"(--tokenizer; a provider refused {config.identity_strikes} times is quarantined)")
+    return ("identity: unchecked: no --tokenizer, so nothing compares the answers' token "
+            "counts with the target model's")
 
 
 def plan_json(config: RunConfig, prepared: Prepared, budget: Budget,
@@ -282,8 +298,11 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget,
         for r in data.routes:
             out.append(f"  {r.provider:<24} {r.tag or '':<20} {r.quantization or '?':<8} "
                        f"{r.prompt_price:>8.3f} {r.completion_price:>8.3f}  {r.verdict}")
+    if data.availability is not None:  # (one or none: the warnings below say so)
+        out.append(f"endpoints left: {availability_text(data.availability, data.model)[1]}")
     for warning in data.warnings:
         out.append(f"warning: {warning}")
+    out.append(data.identity)
     out.extend(data.sampling)
     out.append(data.distillation)
     for note in data.notes:

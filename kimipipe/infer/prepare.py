@@ -354,7 +354,8 @@ def endpoint_warnings(policy: Policy, endpoints: list[Endpoint] | None) -> list[
     if len(allowed) == 1:
         e = allowed[0]
         found.append(f"only one endpoint is allowed ({e.provider_name}, {e.tag}): if it retires "
-                     "the model or runs out of capacity, the run stops")
+                     "the model or runs out of capacity, the run stops (docs/real-run.md says "
+                     "what to do when OpenRouter no longer serves the model)")
     for name, (ok, excluded) in sorted(mixed_names(policy, endpoints).items()):
         sent = [t for t in excluded if t in policy.variant_ignore]
         found.append(f"{name} names an allowed endpoint ({', '.join(ok)}) and an excluded variant "
@@ -497,8 +498,11 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         for warning in requantization_warnings(config.request.model, config.policy, endpoints):
             say(f"kp-infer: warning: {warning}")
         if endpoints is not None and not allowed_endpoints(config.policy, endpoints):
+            quarantined = (f"; {state_path(config.output)} quarantines "
+                           + ", ".join(q.provider for q in identity.quarantined)
+                           + " for identity (remove it to lift that)") if identity.quarantined else ""
             raise KPError("no provider in the endpoints table matches the routing flags "
-                          "(see kp-infer --plan)", ExitCode.USAGE)
+                          f"(see kp-infer --plan){quarantined}", ExitCode.USAGE)
         capped = "--max-cost" if config.max_cost is not None else "--total-cost"
         if (config.max_cost is not None or config.total_cost is not None) and bound is None:
             raise KPError(f"{capped} needs a price bound: the endpoints table could not be read; "

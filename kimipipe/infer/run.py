@@ -256,6 +256,9 @@ class Run:
             if not await self.money.acquire(reservation):
                 return False
             state.waiting = None
+            judge = self.acceptance.identity
+            if judge is not None and not judge.confirmed:  # (infer/identity.py: probation)
+                await judge.probation(lambda: len(state.in_progress), state.stopping)
             if not await acquire_unless_stopped(self.limiter, state.stopping):
                 self.money.release(reservation)
                 return False
