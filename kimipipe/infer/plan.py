@@ -78,9 +78,9 @@ from ..openrouter.account import Balance, ModelInfo
 from ..openrouter.models import served_sampling, thinking
 from ..openrouter.request import SAMPLING_PARAMETERS, RequestOptions
 from ..openrouter.routing import Policy, PriceBound, allowed_endpoints, why_excluded
+from .availability import WHAT_TO_DO, availability_text, endpoints_left
 from .budget import Budget, request_worst_case
 from .config import RunConfig
-from .availability import WHAT_TO_DO, availability_text, endpoints_left
 from .prepare import Prepared, endpoint_warnings, requantization_warnings
 
 PROMPT_BYTES_PER_TOKEN = 4

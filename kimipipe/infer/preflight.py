@@ -78,12 +78,12 @@ from ..partition import in_partition
 from ..records import Prompt, Refusal
 from . import costs
 from .acceptance import Acceptance, reasoning_refusal
+from .availability import availability_text, endpoints_left
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .conversations import first_turn, is_conversation
 from .identity import OFF, IdentityJudge, check_tokenizer, load_counts
 from .identity import Check as IdentityCheck
-from .availability import availability_text, endpoints_left
 from .preflight_identity import allowed_providers, only, provider_rows, verdicts
 from .preflight_identity import table_text as identity_table_text
 from .prepare import PROMPT_DECODER, Prepared, endpoint_warnings, prepare
