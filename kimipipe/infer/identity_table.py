@@ -82,6 +82,18 @@ class IdentityTable:
     def __bool__(self) -> bool:
         return bool(self._by)
 
+    def merge(self, other: IdentityTable) -> None:
+        """OTHER's answers added to this table's (the build report's whole build)."""
+        for name, o in other._by.items():
+            row = self._of(name)
+            row.checked += o.checked
+            row.refused += o.refused
+            row.unchecked += o.unchecked
+            row.offsets.update(o.offsets)
+            row.refused_offsets.update(o.refused_offsets)
+            row.ratios += o.ratios
+            row.quarantined = row.quarantined or o.quarantined
+
     def rows(self) -> list[dict]:
         out = []
         for name, r in self._by.items():

@@ -354,8 +354,7 @@ def endpoint_warnings(policy: Policy, endpoints: list[Endpoint] | None) -> list[
     if len(allowed) == 1:
         e = allowed[0]
         found.append(f"only one endpoint is allowed ({e.provider_name}, {e.tag}): if it retires "
-                     "the model or runs out of capacity, the run stops (docs/real-run.md says "
-                     "what to do when OpenRouter no longer serves the model)")
+                     "the model or runs out of capacity, the run stops")
     for name, (ok, excluded) in sorted(mixed_names(policy, endpoints).items()):
         sent = [t for t in excluded if t in policy.variant_ignore]
         found.append(f"{name} names an allowed endpoint ({', '.join(ok)}) and an excluded variant "

@@ -27,14 +27,20 @@ The report (text on stdout; `--json` for this object, stable for scripts):
                                           run's summary)
      "histogram": {"upto": [int, ...],    completion tokens per answer, shared bins
                    "by_provider": {provider: [answers per bin, ...]}},
-     "token_deltas": [row, ...]}          token records only: the provider's counts minus
+     "token_deltas": [row, ...],          token records only: the provider's counts minus
                                           kimipipe's, per provider (tokenize/deltas.py; the
                                           same rows and warnings as kp-tokenize's summary)
+     "identity": [row, ...]}              answers a run checked against the target's counts
+                                          (kp-infer --tokenizer: their `identity`, the
+                                          refusals of kind `identity`, the quarantine in each
+                                          responses file's OUTPUT.identity.json beside it):
+                                          infer/identity_table.py's rows, as the summary's
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Callable
 
@@ -42,8 +48,11 @@ import msgspec
 
 from ..errors import InputError
 from ..io import describe_decode_error, iter_lines
-from ..records import Refusal, Usage, record_cost
+from ..kinds import RefusalKind
+from ..records import Identity, Refusal, Usage, record_cost
 from ..tokenize.deltas import DeltaTable
+from .identity import read_state, state_path
+from .identity_table import IdentityTable, identity_text
 from .providers_table import REFUSAL_KINDS, ProviderTable, table_text
 
 
@@ -64,6 +73,7 @@ class _Line(msgspec.Struct):
     conversation: str | None = None
     prompt_tokens_delta: int | None = None  # token records (kp-tokenize)
     completion_tokens_delta: int | None = None
+    identity: Identity | None = None  # kimipipe's counts it was checked against
 
 
 _decoder = msgspec.json.Decoder(_Line)
@@ -73,6 +83,7 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
     """The report over PATHS (see the module docstring)."""
     table = ProviderTable()
     deltas = DeltaTable()
+    identity = IdentityTable()
     answers = refused = 0
     spend = 0.0
     failures: Counter = Counter()
@@ -100,6 +111,7 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
                     turns[line.turn] += 1
                     conversations.add(line.conversation or "")
                 deltas.add(line.provider, line.prompt_tokens_delta, line.completion_tokens_delta)
+                add_identity(identity, line.provider, line.identity, usage)
                 key = json.dumps(line.sampling, sort_keys=True)
                 sampling.setdefault(key, [line.sampling, 0])[1] += 1
             elif line.kind is not None and line.status is not None:
@@ -112,9 +124,12 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
             for r in line.refused:
                 table.refusal(r.provider, r.kind, r.cost)
                 refused += 1
+                if r.kind == RefusalKind.IDENTITY:
+                    identity.checked(r.provider, r.offset, None, refused=True)
             # what the line cost, as every spend reader counts it (records.record_cost)
             spend += record_cost(None if line.response is msgspec.UNSET else (line.usage or Usage()).cost,
                                  (r.cost for r in line.refused), line.cost)
+        take_in_quarantine(identity, path)
     edges, counts = table.histogram_bins()
     return {
         "files": list(paths),
@@ -131,9 +146,29 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
         "by_provider": table.rows(),
         "histogram": {"upto": edges, "by_provider": counts},
         "token_deltas": deltas.rows(),
+        "identity": identity.rows(),
         "_table": table,
         "_deltas": deltas,
     }
+
+
+def add_identity(table: IdentityTable, provider: str | None, identity: Identity | None,
+                 usage: Usage) -> None:
+    """A kept answer's identity check (its record's `identity`), if its run made one."""
+    if identity is None:
+        return
+    ratio = (usage.completion_tokens / identity.completion_tokens
+             if identity.completion_tokens and usage.completion_tokens else None)
+    table.checked(provider, identity.offset, ratio)
+
+
+def take_in_quarantine(table: IdentityTable, path: str) -> None:
+    """The providers quarantined by the run that wrote PATH (its identity file beside it)."""
+    where = state_path(path) if path != "-" else None
+    if where is None or not os.path.exists(where):
+        return
+    for q in read_state(where).quarantined:
+        table.quarantine(q.provider)
 
 
 def format_report(report: dict) -> str:
@@ -160,6 +195,10 @@ def format_report(report: dict) -> str:
     lines.append(table_text(report["by_provider"], indent="  "))
     lines.append("")
     lines.append(report["_table"].histogram())
+    if report["identity"]:
+        lines += ["", "identity (answers checked against the target's counts, kp-infer "
+                  "--tokenizer: offset = usage.prompt_tokens - kimipipe's count):",
+                  identity_text(report["identity"], indent="  ")]
     if report["_deltas"]:
         lines += ["", report["_deltas"].text(indent=""),
                   *(f"warning: {w}" for w in report["_deltas"].warnings())]

@@ -88,7 +88,6 @@ class Impostors:
     def __init__(self, tokenizer: str | None):
         self.tokenizer = tokenizer
         self.served: Counter[str] = Counter()  # answers served, by endpoint tag
-        self._counters: dict[str, object] = {}
 
     def serving(self, impostors: dict[str, tuple], endpoint) -> str | None:
         """Count one answer of ENDPOINT; HOW when it is served by another model."""
@@ -108,13 +107,9 @@ class Impostors:
             return None
         if kind == "system":
             return _Injecting(own, value)
-        if how not in self._counters:
-            from .token_counts import TokenCounter
-            if kind == "tokenizer":
-                self._counters[how] = TokenCounter(value)
-            else:
-                if self.tokenizer is None:
-                    raise ValueError("impostor counts template=FILE needs --tokenizer")
-                self._counters[how] = TokenCounter(self.tokenizer,
-                                                   chat_template=Path(value).read_text(encoding="utf-8"))
-        return self._counters[how]
+        from .token_counts import counter_for
+        if kind == "tokenizer":
+            return counter_for(value)
+        if self.tokenizer is None:
+            raise ValueError("impostor counts template=FILE needs --tokenizer")
+        return counter_for(self.tokenizer, Path(value).read_text(encoding="utf-8"))

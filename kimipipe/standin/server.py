@@ -165,8 +165,8 @@ class StandIn(MetadataEndpoints):
         self._request_log = open(config.request_log, "ab") if config.request_log else None
         self.counter = None
         if config.tokenizer:
-            from .token_counts import TokenCounter
-            self.counter = TokenCounter(config.tokenizer)
+            from .token_counts import counter_for
+            self.counter = counter_for(config.tokenizer)
         self.impostors = Impostors(config.tokenizer)  # providers serving another model
 
     def close(self) -> None:

@@ -26,6 +26,17 @@ from pathlib import Path
 
 from .answers import Answer, message_text
 
+_LOADED: dict[tuple[str, str | None], TokenCounter] = {}
+
+
+def counter_for(directory: str | Path, chat_template: str | None = None) -> TokenCounter:
+    """DIRECTORY's counter, loaded once per process: a stand-in forked from a process that
+    loaded it already (testing.py, `PRELOAD`) starts with it."""
+    key = (str(Path(directory).resolve()), chat_template)
+    if key not in _LOADED:
+        _LOADED[key] = TokenCounter(directory, chat_template)
+    return _LOADED[key]
+
 
 class TokenCounter:
     """Counts through the tokenizer's own API (transformers' `apply_chat_template`, the
