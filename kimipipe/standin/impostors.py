@@ -20,15 +20,16 @@ answers (OPENROUTER.md, "The model's lifecycle"; docs/robustness.md):
                      (Kimi K3's new chat format, say): per message, another overhead
       system=TEXT    an injected system prompt (Moonshot's Kimi Vendor Verifier exists
                      because vendors serving "the same" model differ, default system
-                     prompts among them): the prompt is counted with a system message TEXT
-                     first where the conversation has none: a constant offset
+                     prompts among them): where the conversation has no system message,
+                     the provider answers it with a system message TEXT first, and counts
+                     that prompt: a constant offset; where it has one, it is untouched
 
 - "From its N-th answer": a host switches under a running job (honest answers first,
   then the redirect), as DeepInfra's notice dated its own.
 
 The N counts the answers the provider served (any endpoint of its tag), faults included;
-each impostor's answer is marked `"impostor": true` in the ledger and counted in stats
-`quirks`.
+each answer another model gave (or given to an injected prompt) is marked `"impostor":
+true` in the ledger and counted in stats `quirks`.
 """
 
 from __future__ import annotations
@@ -57,28 +58,27 @@ def check_impostor(after: int, how: str) -> None:
         raise ValueError(f"impostor counts {kind}=... needs its value")
 
 
-def impostor_body(body: dict) -> dict:
-    """BODY as the other model answers it: another draw of the words (answers.py seeds its
-    RNG with the request's seed)."""
-    return {**body, "seed": f"{body.get('seed')}|another model"}
+def impostor_body(body: dict, how: str) -> dict | None:
+    """BODY as the impostor answers it: another model's draw of the words (answers.py
+    seeds its RNG with the request's seed), or the conversation with the injected system
+    prompt first; None when the injection leaves it untouched (it has a system message)."""
+    kind, value = split_how(how)
+    if kind != "system":
+        return {**body, "seed": f"{body.get('seed')}|another model"}
+    messages = body.get("messages") or []
+    first = messages[0] if messages else {}
+    if isinstance(first, dict) and first.get("role") == "system":
+        return None
+    return {**body, "messages": [{"role": "system", "content": value}, *messages]}
 
 
-class _Injecting:
-    """Counts as COUNTER does (None: words), with a system message TEXT first where the
-    conversation has none."""
+class _Words:
+    """Counts the prompt in words, as the stand-in does without a tokenizer."""
 
-    def __init__(self, counter, text: str):
-        self.counter = counter
-        self.text = text
-
-    def recount(self, messages: list[dict], answer: Answer, thinking: bool) -> Answer:
-        first = messages[0] if messages else {}
-        injected = (messages if isinstance(first, dict) and first.get("role") == "system"
-                    else [{"role": "system", "content": self.text}, *messages])
-        if self.counter is None:
-            from dataclasses import replace
-            return replace(answer, prompt_tokens=count_prompt_tokens(injected))
-        return self.counter.recount(injected, answer, thinking)
+    @staticmethod
+    def recount(messages: list[dict], answer: Answer, thinking: bool) -> Answer:
+        from dataclasses import replace
+        return replace(answer, prompt_tokens=count_prompt_tokens(messages))
 
 
 class Impostors:
@@ -105,8 +105,8 @@ class Impostors:
         kind, value = split_how(how)
         if kind == "words":
             return None
-        if kind == "system":
-            return _Injecting(own, value)
+        if kind == "system":  # (the body carries the injected prompt: counted as it is)
+            return own if own is not None else _Words()
         from .token_counts import counter_for
         if kind == "tokenizer":
             return counter_for(value)

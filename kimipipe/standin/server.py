@@ -501,8 +501,11 @@ class StandIn(MetadataEndpoints):
         inline = reasoning and not drop and matches_any(endpoint, cfg.inline_reasoning)
         unopened = reasoning and not drop and matches_any(endpoint, cfg.unopened_reasoning)
         impostor = self.impostors.serving(cfg.impostors, endpoint) if cfg.impostors else None
+        served = None if impostor is None else impostor_body(body, impostor)
+        if served is None:
+            impostor = None
         answer = answer_for_request(
-            body if impostor is None else impostor_body(body), honours_sampling=honours,
+            body if served is None else served, honours_sampling=honours,
             drop_reasoning=drop, inline_reasoning=inline, unopened_reasoning=unopened,
             counter=self.counter if impostor is None else self.impostors.counter(impostor, self.counter))
         extra: dict = {}
