@@ -176,11 +176,13 @@ def test_make_pilot_then_make_all_pays_for_no_pilot_answer_twice(standin, tmp_pa
         assert not (tmp_path / "work" / f"{name}.responses.done").exists()
     r = run_make(server, tmp_path, "plan", **variables)
     assert r.returncode == 0 and "A (pilot: 12 answers (A.pilot.json))" in " ".join(r.stdout.split())
-    # a preflight: PREFLIGHT requests per dataset with the run's flags, checked, kept
+    # a preflight: PREFLIGHT requests per dataset with the run's flags, and one to each of
+    # the four allowed providers (make passes TOKENIZER: identity checked), all kept
     r = run_make(server, tmp_path, "preflight", PREFLIGHT=2, **variables)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("preflight: passed") == 2 and "--preflight 2" in r.stdout
-    assert [len(read_jsonl(tmp_path / "work" / f"{n}.responses.jsonl")) for n in "AB"] == [14, 14]
+    assert r.stdout.count("same model and template") == 2 * 4 * 2  # (a check, a table row)
+    assert [len(read_jsonl(tmp_path / "work" / f"{n}.responses.jsonl")) for n in "AB"] == [18, 18]
     r = run_make(server, tmp_path, "all", **variables)
     assert r.returncode == 0, r.stderr
     paid = Counter(x["request_user_text_sha256"] for x in server.ledger())
