@@ -45,7 +45,9 @@ When the quarantine leaves the endpoints table no allowed provider, the run stop
 
 The completion side is a second signal: usage.completion_tokens against the answer's text
 re-encoded plus its structural tokens (`completion_ratio`, ~1.0 for the target's
-tokenizer). It is reported always; it refuses an answer only where it is unambiguous: an
+tokenizer), counted on a sample of each provider's answers (COMPLETION_FIRST, then one in
+COMPLETION_EVERY; every answer whose prompt side cannot judge). It is reported always
+(per provider, the sample's median); it refuses an answer only where it is unambiguous: an
 answer of at least LONG_ANSWER tokens whose ratio is outside FAR (another tokenizer
 family, or counting words) and whose prompt side says nothing (no prompt count). A far
 ratio beside a prompt count that matches is reasoning the provider bills but does not
@@ -80,6 +82,10 @@ DEFAULT_STRIKES = 3
 PROBATION = 16
 WAIT_SECONDS = 180.0  # how long an unconfirmed constant offset waits for the others
 LONG_ANSWER = 256  # tokens (kimipipe's count) before a completion ratio can be far
+# The completion side is counted on each provider's first COMPLETION_FIRST answers, then on
+# one in COMPLETION_EVERY (and always where the prompt side cannot judge): re-encoding an
+# answer costs as much as counting its prompt, and a ratio's median needs no more
+COMPLETION_FIRST, COMPLETION_EVERY = 32, 8
 FAR = (0.5, 2.0)  # completion ratios outside this: not the target's tokenizer
 _SHOWN = 600  # characters of a rendered prompt a message shows
 
@@ -172,7 +178,7 @@ class Check:
     kind: str  # prompt_kind
     count: int  # kimipipe's count of the prompt
     reported: int  # usage.prompt_tokens (0: not reported)
-    completion_count: int | None  # kimipipe's count of the answer
+    completion_count: int | None  # kimipipe's count of the answer (None: not sampled)
     completion_reported: int
     messages: Sequence = field(repr=False, default=())
     verdict: str = ""
@@ -211,6 +217,7 @@ class _Evidence:
     """What one provider's answers showed, per kind of prompt."""
 
     offsets: dict[str, Counter] = field(default_factory=dict)
+    answers: int = 0  # measured
     accepted: Counter = field(default_factory=Counter)  # answers at an accepted offset, by kind
     strikes: int = 0
     refused_offsets: Counter = field(default_factory=Counter)
@@ -264,12 +271,16 @@ class IdentityJudge:
         """ANSWER's counts against kimipipe's (COUNT: its prompt's), recorded as evidence of
         its provider; no verdict yet."""
         provider = answer.provider or "unknown"
-        completion = self.counts.completion_tokens(answer.reasoning, answer.content,
-                                                   answer.finish_reason == "length")
-        check = Check(prompt_id, provider, prompt_kind(messages), count or 0,
-                      answer.prompt_tokens if count is not None and answer.usage_seen else 0,
-                      completion, answer.completion_tokens if answer.usage_seen else 0, messages)
         evidence = self._evidence.setdefault(provider, _Evidence())
+        evidence.answers += 1
+        reported = answer.prompt_tokens if count is not None and answer.usage_seen else 0
+        completion = None
+        if (not reported or evidence.answers <= COMPLETION_FIRST
+                or evidence.answers % COMPLETION_EVERY == 0):
+            completion = self.counts.completion_tokens(answer.reasoning, answer.content,
+                                                       answer.finish_reason == "length")
+        check = Check(prompt_id, provider, prompt_kind(messages), count or 0, reported,
+                      completion, answer.completion_tokens if answer.usage_seen else 0, messages)
         if check.ratio is not None:
             evidence.ratios.append(check.ratio)
         if check.offset is not None:
