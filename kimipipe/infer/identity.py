@@ -255,15 +255,29 @@ class IdentityJudge:
         self.none_left = False
         self.confirmed = False  # an answer was accepted (admission's probation is over)
         self.waiting = 0  # checks waiting for the others' answers (holding no slot)
+        self._precounted: dict[str, int | None] = {}  # prompt id -> its count (`precount`)
 
     # -- counting (once per prompt: infer/prompt_work.py keeps it) -------------------------
-    def count(self, messages: Sequence) -> int | None:
-        """kimipipe's count of a prompt; None when the template cannot render it (then its
-        answers are kept unchecked, as kp-tokenize would reject the row itself)."""
+    def count(self, messages: Sequence, prompt_id: str | None = None) -> int | None:
+        """kimipipe's count of a prompt (PROMPT_ID's, counted ahead by `precount` if it
+        was); None when the template cannot render it (then its answers are kept
+        unchecked, as kp-tokenize would reject the row itself)."""
+        if prompt_id is not None and prompt_id in self._precounted:
+            return self._precounted.pop(prompt_id)
         try:
             return self.counts.prompt_tokens(messages)
         except Exception:
             return None
+
+    def precount(self, prompts: Sequence) -> None:
+        """Count PROMPTS (records.Prompt, about to be admitted) as one batch: rendered and
+        encoded back to back, each costs a third of what it costs alone between answers
+        (bench/README.md); `count` hands each its own."""
+        try:
+            found = self.counts.prompt_tokens_many([p.messages for p in prompts])
+        except Exception:
+            return  # (each is counted alone, at its answer)
+        self._precounted.update((p.id, n) for p, n in zip(prompts, found, strict=True))
 
     # -- the check --------------------------------------------------------------------------
     def measure(self, prompt_id: str, messages: Sequence, count: int | None,
@@ -383,6 +397,8 @@ class IdentityJudge:
     def verdict(self, check: Check) -> tuple[str, str]:
         """CHECK's verdict on the evidence now (ACCEPT, OFF with why, or PENDING)."""
         offset, kind, name = check.offset, check.kind, check.provider
+        if offset == 0:  # (always the target's: the prompt as kimipipe renders it)
+            return ACCEPT, ""
         accepted = self.accepted_offsets(kind)
         if offset in accepted:
             return ACCEPT, ""
@@ -441,9 +457,10 @@ class IdentityJudge:
         self._wake()
 
     def _wake(self) -> None:
-        """The evidence changed: the checks waiting look again."""
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """The evidence changed: the checks waiting (and admission on probation) look again."""
+        if self.waiting or not self.confirmed or self._changed._waiters:
+            self._changed.set()
+            self._changed = asyncio.Event()
 
     def _note_shared(self, check: Check) -> None:
         """The first answer accepted at a shared constant: said once, with the prompt."""

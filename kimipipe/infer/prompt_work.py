@@ -175,7 +175,8 @@ class PromptWork:
         check = None
         if refused is None and judge is not None and answer.api is None:  # (not a --server's)
             if not self._counted:
-                self.prompt_count, self._counted = judge.count(self.prompt.messages), True
+                self.prompt_count = judge.count(self.prompt.messages, self.prompt.id)
+                self._counted = True
             check = judge.check(self.prompt.id, self.prompt.messages, self.prompt_count, answer)
             if check.verdict == identity.OFF:
                 refused = (RefusalKind.IDENTITY, judge.refusal(check))

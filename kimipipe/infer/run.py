@@ -85,6 +85,8 @@ from .writing import Output
 if TYPE_CHECKING:
     from ..cli import Stderr
 
+PRECOUNT = 64  # prompts read ahead and counted at once (--tokenizer: infer/identity.py)
+
 
 class Run:
     """One kp-infer run over a prepared input (see the module docstring). BAR is the
@@ -198,7 +200,25 @@ class Run:
 
     def _new_work(self) -> Iterator[tuple[Prompt, bytes, TurnWork | None]]:
         """The input's prompts not done, in order: (prompt, line, None) for a single
-        request; for a conversation, its first turn to send (its TurnWork)."""
+        request; for a conversation, its first turn to send (its TurnWork). With the
+        identity checked, PRECOUNT of them at a time are read ahead and counted as one
+        batch (infer/identity.py `precount`)."""
+        judge = self.acceptance.identity
+        ahead: list[tuple[Prompt, bytes, TurnWork | None]] = []
+        for work in self._new_work_in_order():
+            if judge is None:
+                yield work
+                continue
+            ahead.append(work)
+            if len(ahead) >= PRECOUNT:
+                judge.precount([w[0] for w in ahead])
+                yield from ahead
+                ahead = []
+        if ahead:
+            judge.precount([w[0] for w in ahead])
+            yield from ahead
+
+    def _new_work_in_order(self) -> Iterator[tuple[Prompt, bytes, TurnWork | None]]:
         done = self.prepared.done
         for _lineno, prompt, line in iter_records(self.prepared.scan.path, PROMPT_DECODER):
             if (prompt.id in done or not in_partition(prompt.id, self.config.partition)

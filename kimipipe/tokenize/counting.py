@@ -7,7 +7,8 @@ checked against the template, the prompt rendered by `PromptRenderer` (render.py
 encoded as a serving stack encodes a rendered prompt (codec.py), so the count kp-infer
 checks an answer against is `len(input_ids)` of the row kp-tokenize will make of it:
 
-    prompt_tokens(messages)     the messages (role, content, and an earlier turn's
+    prompt_tokens(messages)     (and `prompt_tokens_many`, a batch of prompts at once)
+                                the messages (role, content, and an earlier turn's
                                 `reasoning` as its `reasoning_content`: fields.py, as
                                 kp-tokenize renders a record) through the chat template
                                 with the generation prompt, thinking as asked
@@ -53,6 +54,14 @@ class TargetCounts:
 
     def prompt_tokens(self, messages: Sequence) -> int:
         return len(self._encode_prompt([self.rendered(messages)])[0])
+
+    def prompt_tokens_many(self, conversations: list[Sequence]) -> list[int | None]:
+        """`prompt_tokens` of each conversation, rendered and encoded as one batch (the
+        renderer's batched path); None for one the template cannot render."""
+        texts = self._render([template_messages(list(m)) for m in conversations])
+        ok = [t for t in texts if not isinstance(t, Exception)]
+        lengths = iter(len(ids) for ids in self._encode_prompt(ok)) if ok else iter(())
+        return [None if isinstance(t, Exception) else next(lengths) for t in texts]
 
     def completion_tokens(self, reasoning: str | None, content: str, truncated: bool) -> int:
         pieces = self._segments(reasoning or "", content, truncated)
