@@ -55,6 +55,12 @@ def test_an_impostor_from_its_20th_answer_loses_no_prompt_and_none_of_it_is_kept
     assert not rows["Together"]["quarantined"] and rows["Together"]["offset"] == 0
     state = json.loads((tmp_path / "r.jsonl.identity.json").read_text())
     assert [q["provider"] for q in state["quarantined"]] == ["Parasail"]
+    # kp-infer report shows the same from the files (the identity file beside the output)
+    report = kp("infer", "report", out, "--json")
+    assert report.code == 0, report.stderr
+    shown = {x["provider"]: x for x in json.loads(report.stdout)["identity"]}
+    assert shown["Parasail"]["quarantined"] and shown["Parasail"]["refused"] == len(impostor)
+    assert shown["Together"]["checked"] == rows["Together"]["checked"] and not shown["Together"]["quarantined"]
     # resume: ten prompts more, and no --tokenizer: the quarantine holds, the warning says why
     make_prompts(prompts, 70)
     before = len(server.requests())
