@@ -93,7 +93,11 @@ money_args = --concurrency $(CONCURRENCY) $(server_args) $(if $(servers_only),,\
   $(if $(TOTAL_COST),--total-cost $(TOTAL_COST) $(foreach g,$(SPENT_IN),--spent-in '$(g)') \
   --reservations $(WORK)/total-cost.json) \
   $(if $(MIN_CREDITS),--min-credits $(MIN_CREDITS))) --base-url $(BASE_URL)
-infer_args = $(strip $(call content_args,$(1)) $(money_args))
+# Whose answers are kept: kp-infer checks each one's token counts against TOKENIZER's (the
+# same tokenizer and template kp-tokenize uses; --trust-remote-code and a
+# --chat-template=FILE of TOKENIZE_FLAGS go with it): docs/kp-infer.md, identity
+identity_args = --tokenizer $(TOKENIZER) $(filter --trust-remote-code --chat-template=%,$(TOKENIZE_FLAGS))
+infer_args = $(strip $(call content_args,$(1)) $(money_args) $(identity_args))
 # $(call infer,D,extra flags): the kp-infer command of dataset D
 infer = $(BIN)/kp-infer $(WORK)/$(1).prompts.jsonl -o $(WORK)/$(1).responses.jsonl \
   --failures $(WORK)/$(1).failures.jsonl --summary-json $(WORK)/$(1).infer-summary.json \

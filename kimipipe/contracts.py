@@ -16,6 +16,8 @@ decoding it (a reader never walks a dict), so the schema is declared here once:
     (LockHolder)                      (locks.py)
     DIR/manifest.json                 kp-shard (shard/build.py)       kp-shard verify/stats,
     (ShardManifest)                                                   card, trainers, make
+    OUTPUT.identity.json              kp-infer --tokenizer            its resumes (prepare),
+    (IdentityState)                   (infer/identity.py)             kp-infer report
 
 The keys and their order are those the files have always had (tests and users read them).
 Schema evolution as for records: new fields get defaults, types never change.
@@ -133,6 +135,15 @@ class PlanLogprobs(Struct):
     share: float | None
 
 
+class PlanAvailability(Struct):
+    """How many endpoints the routing flags leave (infer/availability.py)."""
+
+    listed: int  # endpoints in the model's table
+    left: int  # of them, allowed
+    providers: list[str]  # the providers of those left
+    quarantined: list[str] = msgspec.field(default_factory=list)  # for identity
+
+
 class InferPlan(Struct):
     """`kp-infer --plan --json` (infer/plan.py's docstring says what each figure means)."""
 
@@ -156,6 +167,8 @@ class InferPlan(Struct):
     in_flight: PlanInFlight | None
     requests: PlanRequests | None = None  # (older plans: none; then `prompts` are the requests)
     logprobs: PlanLogprobs | None = None  # (None: no endpoints table, or an older plan)
+    availability: PlanAvailability | None = None  # None: no endpoints table
+    identity: str | None = None  # what answers are checked against (--tokenizer), or why not
 
 
 # -- kp-infer --summary-json ------------------------------------------------------------------
@@ -243,6 +256,26 @@ class SummaryLogprobs(Struct):
     with_tokens: int  # ... that carried the sampled tokens (token logprobs)
 
 
+class SharedOffset(Struct):
+    """A constant prompt-count offset the providers share (infer/identity.py): kimipipe's
+    rendering differs from theirs, shown with one rendered prompt."""
+
+    prompts: str  # which prompts: with a system message first, or without
+    offset: int
+    providers: list[str]
+    example: str  # its prompt id
+    rendered: str  # the prompt as kimipipe renders it (its first 600 characters)
+
+
+class SummaryIdentity(Struct):
+    """Whether the answers were the target model's (kp-infer --tokenizer)."""
+
+    checked: bool
+    providers: list[dict[str, Any]]  # infer/identity_table.py's rows
+    shared_offsets: list[SharedOffset] = msgspec.field(default_factory=list)
+    quarantined: list[Quarantined] = msgspec.field(default_factory=list)
+
+
 class InferSummary(Struct):
     """kp-infer's summary (infer/report.py's docstring says what each figure means)."""
 
@@ -284,6 +317,7 @@ class InferSummary(Struct):
     conversations: SummaryConversations | None = None
     # token logprobs asked: per provider, the answers kept and those carrying the tokens
     logprobs: dict[str, SummaryLogprobs] | None = None
+    identity: SummaryIdentity | None = None  # None: no --tokenizer, identity unchecked
 
 
 class SummaryStop(Struct):
@@ -318,6 +352,29 @@ class ReservationEntry(Struct):
 class Reservations(Struct):
     version: int = 1
     entries: list[ReservationEntry] = msgspec.field(default_factory=list)
+
+
+# -- OUTPUT.identity.json (infer/identity.py) ----------------------------------------------
+
+
+class Quarantined(Struct):
+    """A provider kp-infer stopped routing to: its answers' token counts were not the
+    target model's for their prompts (another model, tokenizer or template)."""
+
+    provider: str  # the name its answers give (`provider`)
+    slugs: list[str]  # what provider.ignore gets: its endpoints' tags
+    refused: int  # its answers refused for identity when it was quarantined
+    offset: int | None  # its typical usage.prompt_tokens minus kimipipe's count
+    example: str  # one refused answer: its prompt id, the two counts
+    at: str  # when (UTC, ISO 8601)
+    completion_ratio: float | None = None  # its typical usage.completion_tokens / kimipipe's
+
+
+class IdentityState(Struct):
+    """What a kp-infer run checking identity leaves beside its output, for its resumes."""
+
+    version: int = 1
+    quarantined: list[Quarantined] = msgspec.field(default_factory=list)
 
 
 # -- output locks (locks.py) ------------------------------------------------------------------

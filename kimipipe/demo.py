@@ -43,8 +43,10 @@ def run_demo(out: Path, make: str = "make", venv: str = ".venv", quiet_make: boo
         shutil.rmtree(out)  # a demo starts from nothing, so that it shows every stage
     out.mkdir(parents=True)
     work, shards = out / "work", out / "shards"
+    # the stand-in counts usage with the build's tokenizer, as a provider serving the model
+    # counts it with the model's own: kp-infer checks every answer's counts against it
     with StandIn(latency=0.2, tokens_per_second=400, faults=FAULTS, retry_after=0.2, seed=7,
-                 ledger=True, workdir=out / "standin") as server:
+                 ledger=True, tokenizer=DEMO_TOKENIZER, workdir=out / "standin") as server:
         print(f"demo: OpenRouter stand-in listening on {server.base_url} "
               f"(faults: {', '.join(f'{k} {v:.0%}' for k, v in FAULTS.items())})", file=sys.stderr)
         env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
@@ -156,9 +158,9 @@ def main() -> None:
             f"{report['input_tokens']} input + {report['output_tokens']} output tokens (verified)",
             f"  everything in  {report['out']}/ (work/: prompts, responses, tokens; shards/demo/)",
             f"  build report   {report['report']} (open it in a browser)",
-            "  (the stand-in bills one usage token per word it writes; the bundled mini tokenizer",
-            "   has 1,158 tokens, so it spends several on a word: the shards count more tokens.",
-            "   Against OpenRouter, usage comes from the provider's own Kimi tokenizer.)",
+            "  (the stand-in counts usage with the bundled mini tokenizer, as a provider counts",
+            "   with the model's own: kp-infer checked every answer's counts against it, and",
+            "   would have refused another model's. Against OpenRouter: the real Kimi tokenizer.)",
             "",
             "next: look at a row:  .venv/bin/python -m kimipipe.demo --row",
             "next: a real run:     docs/real-run.md, the checklist (make check, plan, preflight, pilot, all)",

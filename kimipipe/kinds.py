@@ -61,6 +61,9 @@ class RefusalKind(StrEnum):
     ROUTING_VIOLATION = "routing_violation"  # served by a provider the routing excludes
     NO_REASONING = "no_reasoning"  # reasoning asked for, none came back
     THINK_MARKER = "think_marker"  # a leaked reasoning block's think tag in the content
+    # its usage counts are not the target model's for this prompt (infer/identity.py):
+    # another model, tokenizer or template (a redirect, an injected system prompt)
+    IDENTITY = "identity"
 
 
 class FailureKind(StrEnum):

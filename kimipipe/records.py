@@ -149,7 +149,8 @@ class SampledTokens(Struct, omit_defaults=True):
 class Refusal(Struct, omit_defaults=True):
     """An answer kp-infer paid for and did not keep, and why: `routing_violation` (served
     by a provider the routing flags exclude), `no_reasoning` (reasoning asked for, none
-    came back) or `think_marker` (a `<think>`/`</think>` tag left in the content). The
+    came back), `think_marker` (a `<think>`/`</think>` tag left in the content) or
+    `identity` (its token counts were not the target model's: infer/identity.py). The
     prompt was then sent again with that provider added to its `provider.ignore`."""
 
     kind: str
@@ -158,6 +159,20 @@ class Refusal(Struct, omit_defaults=True):
     generation_id: str | None = None
     message: str = ""
     cost_source: str = "usage"  # as Generation.cost_source
+    # `identity`: usage.prompt_tokens minus kimipipe's count of the prompt (infer/identity.py)
+    offset: int | None = None
+
+
+class Identity(Struct, omit_defaults=True):
+    """kimipipe's own counts of an answer kept by a run that checked identity (`kp-infer
+    --tokenizer`, infer/identity.py): the prompt as the target's chat template renders it
+    (`prompt_tokens`: what kp-tokenize's `input_ids` will hold), the answer re-encoded with
+    its structural tokens (`completion_tokens`); `offset` is usage.prompt_tokens minus
+    `prompt_tokens` (0, or the constant the providers were found to share)."""
+
+    prompt_tokens: int
+    completion_tokens: int | None = None
+    offset: int | None = None
 
 
 class Generation(Struct):
@@ -199,6 +214,8 @@ class Generation(Struct):
     # "unverifiable": the provider named covers an endpoint the routing excludes (a variant
     # told apart by tag only), so the answer cannot be traced to an allowed one
     routing: str | None = None
+    # kimipipe's counts the answer was checked against (`kp-infer --tokenizer`); None: unchecked
+    identity: Identity | None = None
 
 
 class Turn(Struct):
@@ -238,6 +255,7 @@ class Response(Prompt, kw_only=True):
     sampled_ids: SampledIds | None = None  # the server's own IDs (docs/servers.md)
     routing: str | None = None
     sampled_tokens: SampledTokens | None = None  # from token logprobs (docs/kp-infer.md)
+    identity: Identity | None = None  # kimipipe's counts it was checked against
 
 
 class Failure(Struct, omit_defaults=True):

@@ -24,6 +24,7 @@ sys.dont_write_bytecode = False
 # code imported (~0.02 CPU-s each) rather than a fresh `python -m kimipipe.standin` (~0.3,
 # aiohttp's import). Same main(), own process; test_standin.py keeps the exec'd start.
 _standin_testing.START = "fork"
+_standin_testing.PRELOAD_TOKENIZERS = True  # (a tokenizer a stand-in counts with: loaded once)
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent

@@ -380,9 +380,9 @@ def test_kp_tokenize_makes_one_row_per_turn_with_the_history_as_the_template_ren
 
 
 def test_make_all_with_turns_all_builds_shards_of_whole_conversations(standin, tmp_path):
-    from test_make import make
+    from test_make import TOKENIZER, make
 
-    server = standin(ledger=True)
+    server = standin(ledger=True, tokenizer=TOKENIZER)  # (make checks identity against it)
     r = make(server, tmp_path, "all", TURNS="all",
              SHARD_FLAGS="--eval-fraction 0.2 --format raw")
     assert r.returncode == 0, r.stderr + r.stdout

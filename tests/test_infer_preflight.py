@@ -24,6 +24,8 @@ def test_preflight_checks_every_assumption_and_keeps_its_answers(standin, tmp_pa
     assert verdicts.pop("balance") == verdicts.pop("requests at once") == "pass"
     assert verdicts.pop("routing") == "warn"  # DeepInfra names an excluded variant too
     assert verdicts.pop("token logprobs") == "pass"  # (not asked: no endpoint lists them)
+    assert verdicts.pop("availability") == "pass"  # four endpoints left
+    assert verdicts.pop("identity") == "warn"  # unchecked: no --tokenizer
     assert verdicts == {f"answer {i}: {what}": "pass" for i in (1, 2, 3)
                         for what in ("status", "provider", "reasoning", "cost", "finish", "stream")}
     details = {c["check"]: c["detail"] for c in report["checks"]}

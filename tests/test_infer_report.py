@@ -59,7 +59,8 @@ def test_the_summary_compares_providers_and_report_reads_the_same_from_disk(stan
             assert row["latency_s"]["p50"] > 0 and row["tokens_per_s"] > 0
         refusals = [x for rec in [*records, *failed] for x in rec["refused"] if x["provider"] == name]
         assert row["refused"] == {k: sum(x["kind"] == k for x in refusals)
-                                  for k in ("routing_violation", "no_reasoning", "think_marker")}
+                                  for k in ("routing_violation", "no_reasoning", "think_marker",
+                                            "identity")}
         assert row["refused_cost"] == pytest.approx(sum(x["cost"] for x in refusals), abs=1e-9)
     assert rows["Together"]["refused"]["no_reasoning"] > 0
     assert rows["Parasail"]["reasoning_share"] == 0.0  # inline: it bills no reasoning tokens

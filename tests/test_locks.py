@@ -19,7 +19,7 @@ import pytest
 from conftest import BIN, TOKENIZER_KINDS, kp, read_jsonl, response_record, write_jsonl
 from helpers import paid_once_each, stderr_after, time_left, wait_for, whole_lines
 from test_infer import assert_correct, ids_of, infer, make_prompts
-from test_make import make_command
+from test_make import TOKENIZER, make_command
 
 from kimipipe.locks import OutputLock, OutputLocked, lock_path
 
@@ -187,7 +187,8 @@ def test_a_second_kp_infer_on_one_output_refuses_at_once(standin, tmp_path):
 def test_a_second_make_all_stops_at_the_locked_output(standin, tmp_path):
     # the first build must still be answering when the second reaches kp-infer, however
     # loaded the machine: the stand-in answers 10 and holds the rest until the second is done
-    server = standin(latency=0.02, ledger=True)
+    # (counting with make's TOKENIZER, as kp-infer checks every answer against it)
+    server = standin(latency=0.02, ledger=True, tokenizer=TOKENIZER)
     server.configure(hold_after=10)
     cmd, env = make_command(server, tmp_path, "all", CONCURRENCY=4, TURNS="last")  # (the ledger keys by last user text)
     responses = tmp_path / "work" / "D1.responses.jsonl"

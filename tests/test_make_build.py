@@ -97,7 +97,7 @@ def test_make_plan_for_three_datasets_by_hand(standin, tmp_path):
     """`make plan`: every figure recomputed here from the stand-in's price table; it sends
     no completion; it says what is assumed; the TOKEN_BUDGET that fits TOTAL_COST, evenly
     and by WEIGHT_<D>."""
-    server = standin(price_scale=100.0)
+    server = standin(price_scale=100.0, tokenizer=TOKENIZER)
     variables = write_sources(tmp_path, {"A": 30, "B": 40, "C": 50})
     # TURNS=last: one request per prompt, as by_hand counts them (conversations' growing
     # prompts: tests/test_infer_conversations.py)
@@ -154,7 +154,7 @@ def test_make_plan_for_three_datasets_by_hand(standin, tmp_path):
 
 
 def test_make_pilot_then_make_all_pays_for_no_pilot_answer_twice(standin, tmp_path):
-    server = standin(ledger=True)
+    server = standin(ledger=True, tokenizer=TOKENIZER)
     # TURNS=last: the ledger keys a request by its last user text (see single_turn)
     variables = single_turn(write_sources(tmp_path, {"A": 40, "B": 50}))
     r = run_make(server, tmp_path, "pilot", PILOT=12, **variables)
@@ -177,11 +177,13 @@ def test_make_pilot_then_make_all_pays_for_no_pilot_answer_twice(standin, tmp_pa
         assert not (tmp_path / "work" / f"{name}.responses.done").exists()
     r = run_make(server, tmp_path, "plan", **variables)
     assert r.returncode == 0 and "A (pilot: 12 answers (A.pilot.json))" in " ".join(r.stdout.split())
-    # a preflight: PREFLIGHT requests per dataset with the run's flags, checked, kept
+    # a preflight: PREFLIGHT requests per dataset with the run's flags, and one to each of
+    # the four allowed providers (make passes TOKENIZER: identity checked), all kept
     r = run_make(server, tmp_path, "preflight", PREFLIGHT=2, **variables)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("preflight: passed") == 2 and "--preflight 2" in r.stdout
-    assert [len(read_jsonl(tmp_path / "work" / f"{n}.responses.jsonl")) for n in "AB"] == [14, 14]
+    assert r.stdout.count("same model and template") == 2 * 4 * 2  # (a check, a table row)
+    assert [len(read_jsonl(tmp_path / "work" / f"{n}.responses.jsonl")) for n in "AB"] == [18, 18]
     r = run_make(server, tmp_path, "all", **variables)
     assert r.returncode == 0, r.stderr
     paid = Counter(x["request_user_text_sha256"] for x in server.ledger())
@@ -202,7 +204,8 @@ def test_total_cost_caps_the_whole_build_and_raising_it_finishes(standin, tmp_pa
     -j3 the datasets run at the same time and share one reservation file), the build stops
     with a money stop saying which datasets are complete and what TOTAL_COST would finish
     them; raising it to that and rerunning finishes every dataset."""
-    server = standin(ledger=True, price_scale=200.0, latency=0.3 if jobs == "-j3" else None)
+    server = standin(ledger=True, price_scale=200.0, latency=0.3 if jobs == "-j3" else None,
+                     tokenizer=TOKENIZER)
     variables = single_turn(write_sources(tmp_path, {"A": 30, "B": 30, "C": 30}))
     r = run_make(server, tmp_path, jobs, "all", TOTAL_COST=4, ALLOW_SHORT=1, TOKEN_BUDGET="",
                  CONCURRENCY=4, **variables)
@@ -232,7 +235,7 @@ def test_total_cost_caps_the_whole_build_and_raising_it_finishes(standin, tmp_pa
 
 
 def test_make_all_refuses_what_total_cost_cannot_pay_unless_allow_short(standin, tmp_path):
-    server = standin(ledger=True, price_scale=100.0)
+    server = standin(ledger=True, price_scale=100.0, tokenizer=TOKENIZER)
     variables = write_sources(tmp_path, {"A": 30, "B": 30})
     r = run_make(server, tmp_path, "all", TOKEN_BUDGET="10k", TOTAL_COST=2, **variables)
     assert r.returncode == 2  # make: a recipe failed (its message below)
@@ -252,7 +255,7 @@ def test_make_all_refuses_what_total_cost_cannot_pay_unless_allow_short(standin,
 
 
 def test_make_check_finds_what_would_fail_later_before_any_money(standin, tmp_path):
-    server = standin(ledger=True)
+    server = standin(ledger=True, tokenizer=TOKENIZER)
     variables = write_sources(tmp_path, {"A": 10})
     r = run_make(server, tmp_path, "check", seed_check=False, **variables)  # a first load
     assert r.returncode == 0, r.stdout + r.stderr
@@ -304,7 +307,7 @@ def test_make_check_finds_what_would_fail_later_before_any_money(standin, tmp_pa
 
 
 def test_make_honours_an_exported_openrouter_base_url(standin, tmp_path):
-    server = standin(balance=0.5)
+    server = standin(balance=0.5, tokenizer=TOKENIZER)
     cmd = ["make", "--no-print-directory", "-C", str(REPO), "credits", f"VENV={VENV}"]
     env = {**os.environ, "OPENROUTER_API_KEY": server.api_key, "OPENROUTER_BASE_URL": server.base_url}
     env.pop("BASE_URL", None)
@@ -329,7 +332,7 @@ def test_bare_make_prints_help_and_starts_nothing(tmp_path):
 
 
 def test_prompts_are_remade_when_their_source_changes_and_the_stage_command_is_shown(standin, tmp_path):
-    server = standin()
+    server = standin(tokenizer=TOKENIZER)
     variables = write_sources(tmp_path, {"A": 10})
     target = str(tmp_path / "work" / "A.prompts.jsonl")
     r = run_make(server, tmp_path, target, **variables)

@@ -221,6 +221,14 @@ def test_tiktoken_codec_gives_kimis_own_encode_ids_on_both_paths():
     assert codec.encode_text(texts) == [tok.encode(t, allow_special_tokens=False) for t in texts]
     assert codec.encode_prompt(texts) == [tok.encode(t) for t in texts]
     assert [codec._one_slice(t) for t in texts] == [True, False, False, True, True]
+    # a prompt's special tokens named as found in it, as tiktoken's "all" would match them:
+    # side by side, inside words, a head shared by several, a token's look-alike, none
+    specials = sorted(codec.enc.special_tokens_set)
+    prompts = ["<|im_user|>user<|im_middle|>hi<|im_end|><|im_assistant|>", "x<think></think>y",
+               "".join(specials) + "tail", "<|im_end<|im_end|>|>[BOS[BOS]", "no special here <|"]
+    assert [codec.encode_prompt([t])[0] for t in prompts] == [
+        codec.enc.encode(t, allowed_special="all") for t in prompts]
+    assert codec._specials_in(prompts[3]) == {"<|im_end|>", "[BOS]"} and not codec._specials_in(prompts[4])
     # The long-run slices really change the IDs, so the slow path is not for show.
     assert codec.enc.encode_ordinary(texts[2]) != tok.encode(texts[2], allow_special_tokens=False)
 

@@ -5,7 +5,8 @@ Usage:
     kp-infer B3.prompts.jsonl --plan --quantization int4 --quantization unknown
     kp-infer B3.prompts.jsonl -o B3.responses.jsonl --preflight      # 3 real requests, checked
     kp-infer B3.prompts.jsonl -o B3.responses.jsonl --concurrency 2000 \\
-        --quantization int4 --quantization unknown --max-cost 95 --token-budget 10M
+        --quantization int4 --quantization unknown --max-cost 95 --token-budget 10M \\
+        --tokenizer ./kimi-k2.5 --trust-remote-code                    # identity checked
     kp-infer report B3.responses.jsonl B3.failures.jsonl               # providers compared
     kp-infer report work/*.jsonl work/*.zst shards/ --html report.html # the build, plotted
 
@@ -17,8 +18,12 @@ Schema (one JSON object per line): the prompt record's fields plus
      "usage": {"prompt_tokens", "completion_tokens", "reasoning_tokens", "cost"},
      "attempts": int, "sampling": {"max_tokens", "temperature"?, "top_p"?, "seed"?, ...,
      "reasoning"?, "require_parameters"?}, "refused": [{"kind", "provider", "cost",
-     "generation_id", "message"}], "latency_s": float, "finished_at": str, "api": str}
-("api": the base URL's host that answered; the stand-in's generation ids begin gen-standin-.)
+     "generation_id", "message", "offset"?}], "latency_s": float, "finished_at": str,
+     "api": str, "identity": {"prompt_tokens", "completion_tokens"?, "offset"} | null}
+("api": the base URL's host that answered; the stand-in's generation ids begin gen-standin-.
+"identity": with --tokenizer, kimipipe's counts the answer was checked against: an answer
+whose usage counts are not the target model's is refused and sent again, a provider refused
+--identity-strikes times quarantined, here and in resumes: OUTPUT.identity.json; docs/kp-infer.md.)
 
 For Kimi K2.5, what you do not set is sampled as served (thinking: temperature 1.0,
 top_p 0.95; --no-reasoning: 0.6, 0.95), with provider.require_parameters. Token logprobs
@@ -54,7 +59,8 @@ before it sends anything.
 
 Exit codes: 0 done as asked: every prompt answered, or --token-budget reached (the summary
 says `"stop_reason": "token-budget"`; raise it and rerun to continue); 2 bad input, flags,
-an output that cannot be written or is locked by another run, key (401) or routing (404);
+an output that cannot be written or is locked by another run, key (401) or routing (404),
+or every allowed provider quarantined for serving another model (--tokenizer);
 3 stopped by money (--max-cost, --total-cost, --min-credits, OpenRouter's balance, the
 key's limit or a workspace/guardrail budget: raise the budget or add credits; no prompt is
 failed for it) or by a full disk (free some space): rerun to resume; an in-flight 402 is
@@ -92,7 +98,8 @@ EXAMPLES = """
         --spent-in 'work/*.responses.jsonl' --spent-in 'work/*.failures.jsonl'
     kp-infer B3.prompts.jsonl -o B3.responses.jsonl --concurrency 2000 \\
         --quantization int4 --quantization unknown --max-cost 95 --token-budget 10M \\
-        --failures B3.failures.jsonl --summary-json B3.summary.json
+        --failures B3.failures.jsonl --summary-json B3.summary.json \\
+        --tokenizer ./kimi-k2.5 --trust-remote-code
     kp-prompts questions.txt --format text | kp-infer --max-cost 1 > answers.jsonl
     kp-infer B3.prompts.jsonl -o B3.responses.jsonl --preflight
     kp-infer report B3.responses.jsonl B3.failures.jsonl

@@ -20,6 +20,11 @@
                        waits for, the prompts in progress)
     acceptance.py      which answers are results: the routing, reasoning and think-marker
                        checks, and a refused prompt's next routing
+    identity.py        --tokenizer: whether each answer is the target model's (its token
+                       counts against the target's), the offset learned, quarantines;
+                       identity_table.py its rows per provider (summary and reports),
+                       preflight_identity.py the preflight's request to each provider
+    availability.py    how many endpoints are left (--plan, --preflight)
     writing.py         response and failure records, the writers and their rescue files
     api.py             which API answered (`api` on every record, the stand-in's mark),
                        a resume against another API refused, its spend counted nowhere

@@ -16,7 +16,13 @@ is not a result when (kinds.RefusalKind)
                        no reasoning (the provider's template opened the block and never
                        parsed it) is not refused: the text before it is the reasoning
                        (`reasoning_source: inline`, kimipipe/think_tags.py);
-    no_reasoning       reasoning was asked for and none came back (empty or blank).
+    no_reasoning       reasoning was asked for and none came back (empty or blank);
+    identity           (--tokenizer) its usage counts are not the target model's for its
+                       prompt: another model, tokenizer or template (`self.identity`,
+                       infer/identity.py: it learns the offset the providers share,
+                       quarantines a provider refused --identity-strikes times, and may
+                       make a verdict wait for the other providers' answers; the prompt's
+                       work asks it once the checks here passed).
 A tag elsewhere in the content of an answer whose reasoning came in its own field is text
 the model wrote (the stand-in writes such traps on purpose) and is kept: refusing it would
 pay for the same answer again at every provider. An answer cut by `max_tokens`
@@ -31,6 +37,8 @@ record finally written (`refused`, cost included) or on its failure line.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ..kinds import RefusalKind
 from ..openrouter.attempt import Attempt
@@ -80,6 +88,9 @@ class Acceptance:
         self.endpoints = endpoints
         self.expects_reasoning = expects_reasoning
         self.servers: frozenset[str] = frozenset()  # the --server names (infer/servers.py)
+        # --tokenizer: whether each answer is the target model's (infer/identity.py), checked
+        # once routing and reasoning passed; None: unchecked
+        self.identity = None
 
     @classmethod
     def for_run(cls, config: RunConfig, endpoints: list[Endpoint] | None) -> Acceptance:
@@ -89,10 +100,15 @@ class Acceptance:
 
     def routing_violation(self, provider: str | None) -> str | None:
         """Why an answer served by PROVIDER breaks the routing policy, or None (a
-        self-hosted server's answer: OpenRouter's routing does not apply)."""
+        self-hosted server's answer: OpenRouter's routing does not apply). With the
+        identity checked, a provider quarantined during the run is not a routing matter:
+        its answers still in flight are judged on their own counts (infer/identity.py)."""
         if provider in self.servers:
             return None
-        return policy_violation(self.policy, provider, self.endpoints)
+        policy = self.policy
+        if self.identity is not None and policy.quarantine:
+            policy = replace(policy, quarantine=[])
+        return policy_violation(policy, provider, self.endpoints)
 
     def refusal(self, answer: Attempt) -> tuple[RefusalKind, str] | None:
         """(kind, why) when an `ok` ANSWER is not a result (module docstring), else None."""

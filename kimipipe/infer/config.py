@@ -33,6 +33,12 @@ class RunConfig:
     request: RequestOptions = field(default_factory=RequestOptions)
     policy: Policy = field(default_factory=Policy)
     history_reasoning: str = "drop"  # a conversation's earlier reasoning sent back: keep | drop
+    # identity (infer/identity.py): the target's tokenizer and template, as kp-tokenize's
+    tokenizer: str | None = None  # --tokenizer: None, answers' identity unchecked
+    trust_remote_code: bool = False
+    chat_template: str | None = None  # --chat-template FILE
+    identity_strikes: int = 3  # refused for identity this many times: quarantined
+    identity_wait: float = 180.0  # seconds an unconfirmed offset waits for other providers
     allow_mixed: bool = False  # --allow-mixed: resume into an output asked otherwise
     base_url: str = DEFAULT_BASE_URL
     api_key: str = field(default="", repr=False)

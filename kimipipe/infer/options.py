@@ -47,17 +47,19 @@ from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Policy
 from .config import RunConfig
 from .conversations import HISTORY_POLICIES
+from .identity import DEFAULT_STRIKES
 from .preflight import DEFAULT_REQUESTS
 
 # --help lists the options as a paying user reads them: what a run will cost and what stops
 # it, where it may go, what it asks for, where its files go, then tuning.
 MONEY = "Plan and money"
 ROUTING = "Routing (which providers may answer)"
+IDENTITY = "Identity (is each answer the target model's)"
 REQUEST = "Request (what is asked)"
 FILES = "Files and resume"
 TUNING = "Tuning and connection"
 OTHER = "Other options"
-SECTIONS = (MONEY, ROUTING, REQUEST, FILES, TUNING, OTHER)
+SECTIONS = (MONEY, ROUTING, IDENTITY, REQUEST, FILES, TUNING, OTHER)
 
 
 def parse_extra_body(text: str | None) -> dict:
@@ -187,6 +189,28 @@ OPTIONS = OptionTable("kp-infer", [
              help="Do not send provider.enforce_distillable_text (sent by default: the answers "
                   "train a drafter, and a model whose authors forbid distillation must not "
                   "be used for that)."),
+    # -- Identity (is each answer the target model's)
+    Declared("--tokenizer", default=None, metavar="DIR", fills="config.tokenizer",
+             section=IDENTITY,
+             help="The target model's tokenizer and chat template, as kp-tokenize takes them "
+                  "(a directory, or a model name in the local Hugging Face cache; nothing is "
+                  "downloaded): every answer's usage.prompt_tokens is checked against the "
+                  "prompt as that template renders it, and an answer that is not the target "
+                  "model's is refused and its prompt sent again (docs/kp-infer.md: identity). "
+                  "Without it, answers' identity is unchecked."),
+    Declared("--trust-remote-code", is_flag=True, fills="config.trust_remote_code",
+             section=IDENTITY,
+             help="Run the tokenizer code the --tokenizer directory ships (Kimi K2.5's "
+                  "tokenization_kimi.py)."),
+    Declared("--chat-template", type=click.Path(exists=True, dir_okay=False), default=None,
+             metavar="FILE", fills="config.chat_template", section=IDENTITY,
+             help="A Jinja chat template file to use instead of the --tokenizer directory's "
+                  "(as kp-tokenize's)."),
+    Declared("--identity-strikes", type=click.IntRange(min=1), default=DEFAULT_STRIKES,
+             show_default=True, metavar="N", fills="config.identity_strikes", section=IDENTITY,
+             help="A provider with N answers refused for identity is quarantined: in "
+                  "provider.ignore for the rest of the run and for its resumes (kept in "
+                  "OUTPUT.identity.json)."),
     # -- Request (what is asked)
     Declared("--max-tokens", type=click.IntRange(min=1), default=16384, show_default=True,
              fills="request.max_tokens", section=REQUEST,

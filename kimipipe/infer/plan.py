@@ -42,7 +42,10 @@ The JSON object (`contracts.InferPlan`; prices in USD per million tokens, money 
      "logprobs": {"asked", "required", "listing", "not_listing", "unknown", "share"} | null
                  (token logprobs: the allowed endpoints that list them in
                  supported_parameters, and the share of the answers expected to carry
-                 them; openrouter/logprobs.py)}
+                 them; openrouter/logprobs.py),
+     "availability": {"listed", "left", "providers", "quarantined"} | null  (the endpoints
+                   the routing flags leave: a warning at one or none, infer/availability.py),
+     "identity": str  (what each answer's token counts are checked against: --tokenizer)}
 
 `in_flight` is what the balance can keep in flight at once: OpenRouter reserves each
 running request's worst case (prompt + --max-tokens at the endpoint's prices) against the
@@ -81,6 +84,7 @@ from ..openrouter.account import Balance, ModelInfo
 from ..openrouter.models import served_sampling, thinking
 from ..openrouter.request import SAMPLING_PARAMETERS, RequestOptions
 from ..openrouter.routing import Policy, PriceBound, allowed_endpoints, why_excluded
+from .availability import WHAT_TO_DO, availability_text, endpoints_left
 from .budget import Budget, request_worst_case
 from .config import RunConfig
 from .prepare import Prepared, endpoint_warnings, requantization_warnings
@@ -174,7 +178,8 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
     warnings = requantization_warnings(request.model, policy, endpoints)
     warnings += endpoint_warnings(policy, endpoints)
     if endpoints is not None and not allowed:
-        warnings.append("no provider is allowed: requests would fail with 404 constraint_filtered")
+        warnings.append("no provider is allowed: requests would fail with 404 constraint_filtered; "
+                        + WHAT_TO_DO)
     requests = max(1, scan.requests)
     todo_requests = prepared.turns_todo  # a conversation's turns each count
     expected_completion = request.max_tokens / 2
@@ -252,12 +257,23 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
         notes=list(prepared.notes),
         in_flight=in_flight,
         logprobs=_logprobs_data(config, endpoints),
+        availability=endpoints_left(policy, endpoints),
+        identity=identity_line(config),
     )
 
 
 def _logprobs_data(config: RunConfig, endpoints) -> PlanLogprobs | None:
     found = logprobs.plan(config.request, config.policy, endpoints)
     return None if found is None else PlanLogprobs(**vars(found))
+
+
+def identity_line(config: RunConfig) -> str:
+    """What the run checks each answer's identity against (infer/identity.py)."""
+    if config.tokenizer:
+        return (f"identity: each answer's token counts checked against {config.tokenizer} "
+                f"(--tokenizer; a provider refused {config.identity_strikes} times is quarantined)")
+    return ("identity: unchecked: no --tokenizer, so nothing compares the answers' token "
+            "counts with the target model's")
 
 
 def plan_json(config: RunConfig, prepared: Prepared, budget: Budget,
@@ -294,8 +310,11 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget,
         for r in data.routes:
             out.append(f"  {r.provider:<24} {r.tag or '':<20} {r.quantization or '?':<8} "
                        f"{r.prompt_price:>8.3f} {r.completion_price:>8.3f}  {r.verdict}")
+    if data.availability is not None:  # (one or none: the warnings below say so)
+        out.append(f"endpoints left: {availability_text(data.availability, data.model)[1]}")
     for warning in data.warnings:
         out.append(f"warning: {warning}")
+    out.append(data.identity)
     out.extend(data.sampling)
     if config.openrouter:
         out.extend(logprobs.plan_lines(data.logprobs, config.request))

@@ -73,7 +73,7 @@ import msgspec
 
 from ..errors import ExitCode, KPError
 from ..io import iter_records
-from ..kinds import AttemptKind
+from ..kinds import AttemptKind, RefusalKind
 from ..openrouter import logprobs
 from ..openrouter.account import Account, AccountError, ModelInfo
 from ..openrouter.attempt import Attempt
@@ -83,9 +83,14 @@ from ..partition import in_partition
 from ..records import Prompt, Refusal
 from . import costs
 from .acceptance import Acceptance, reasoning_refusal
+from .availability import availability_text, endpoints_left
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .conversations import first_turn, is_conversation
+from .identity import OFF, IdentityJudge, check_tokenizer, load_counts
+from .identity import Check as IdentityCheck
+from .preflight_identity import allowed_providers, only, provider_rows, verdicts
+from .preflight_identity import table_text as identity_table_text
 from .prepare import PROMPT_DECODER, Prepared, endpoint_warnings, prepare
 from .servers import (
     ID_REQUEST,
@@ -117,16 +122,24 @@ def run_preflight(config: RunConfig, n: int, as_json: bool, say: Callable[[str],
                       ExitCode.USAGE)
     if config.plan:
         raise KPError("--preflight and --plan: one at a time", ExitCode.USAGE)
+    if config.tokenizer:
+        check_tokenizer(config)  # (a missing directory: exit 2 before anything is read)
     with tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
         prepared = prepare(config, tmpdir, say)
         budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens)
-        prompts = first_to_do(config, prepared, n)
-        worst = sum(budget.worst_case(prompt_token_bound(p.messages)) for p, _line, _sid in prompts)
+        counts = load_counts(config) if config.tokenizer and config.openrouter else None
+        # with --tokenizer, one more request per allowed provider (infer/preflight_identity.py)
+        providers = (allowed_providers(config.policy, prepared.endpoints)
+                     if counts is not None else [])
+        chosen = first_to_do(config, prepared, n + len(providers))
+        prompts, probes = chosen[:n], list(zip(providers, chosen[n:], strict=False))
+        worst = sum(budget.worst_case(prompt_token_bound(p.messages)) for p, _line, _sid in chosen)
         if not budget.cost_fits(worst):
             raise KPError(f"--max-cost ${config.max_cost:g} leaves no room for the preflight's "
-                          f"{len(prompts)} requests (worst case ${worst:.4f}; "
+                          f"{len(chosen)} requests (worst case ${worst:.4f}; "
                           f"${budget.spent:.4f} recorded)", ExitCode.BUDGET)
-        report = _interruptible(_preflight(config, prepared, budget, prompts))
+        report = _interruptible(_preflight(config, prepared, budget, prompts, counts, probes,
+                                           [name for (name, _tags), _p in probes]))
     echo(json.dumps(report, indent=2) if as_json else format_preflight(report))
     return ExitCode.OK if report["passed"] else ExitCode.PARTIAL
 
@@ -186,10 +199,15 @@ def first_to_do(config: RunConfig, prepared: Prepared, n: int
 
 
 async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
-                     prompts: list[tuple[Prompt, bytes, str | None]]) -> dict:
+                     prompts: list[tuple[Prompt, bytes, str | None]], counts=None,
+                     one_each: list = (), probed: list[str] = ()) -> dict:
+    """The checks (module docstring); ONE_EACH: ((provider, tags), prompt) sent to that
+    provider alone, and PROBED their names (--tokenizer: infer/preflight_identity.py)."""
     checks = []
     if config.openrouter:  # (a run with --server alone reads nothing of OpenRouter's)
         checks += [_table_check(config, prepared), _logprobs_check(config, prepared),
+                   Check("availability", *availability_text(
+                       endpoints_left(config.policy, prepared.endpoints), config.request.model)),
                    _distillation_check(config, prepared.model_info)]
         checks += [Check("routing", "warn", w)
                    for w in endpoint_warnings(config.policy, prepared.endpoints)]
@@ -209,10 +227,18 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
     timeout = httpx.Timeout(config.idle_timeout, connect=30.0)
     async with httpx.AsyncClient(timeout=timeout, trust_env=True, proxy=config.proxy) as http, \
             httpx.AsyncClient(timeout=timeout, trust_env=False) as local:
-        probes = await asyncio.gather(*(
-            _send(http, local, config, target, config.request.body(prompt, config.policy, session_id))
-            for (prompt, _line, session_id), target in zip(prompts, sent_to, strict=True)))
+        sent = await asyncio.gather(*(
+            [_send(http, local, config, target, config.request.body(prompt, config.policy, session_id))
+             for (prompt, _line, session_id), target in zip(prompts, sent_to, strict=True)]
+            + [_send(http, local, config, None,
+                     config.request.body(prompt, only(config.policy, tags), session_id))
+               for (_name, tags), (prompt, _line, session_id) in one_each]))
         switches = await _thinking_switches(local, config, prepared.servers, prompts)
+    # the requests to one provider each (--tokenizer): kept as the run keeps its answers
+    probes, asked = sent[:len(prompts)], sent[len(prompts):]
+    prompts = [*prompts, *(p for _provider, p in one_each)]
+    sent_to = [*sent_to, *([None] * len(asked))]
+    probes = [*probes, *asked]
     # an answer whose usage shows no cost: settled as the run settles it (infer/costs.py)
     sources = {id(probe): costs.SERVER for probe, target in zip(probes, sent_to, strict=True)
                if target is not None}
@@ -225,6 +251,11 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
                 probe.attempt.cost, sources[id(probe)] = await costs.settle(
                     probe.attempt, prepared.price, worst, account.generation_cost,
                     config.cost_lookup_wait)
+    judge, identities = _identities(config, prepared, counts, prompts, probes, sent_to, acceptance)
+    if counts is None and config.openrouter:
+        checks.append(Check("identity", "warn", "unchecked: the answers' token counts are not "
+                            "compared with the target model's; pass --tokenizer DIR (the "
+                            "target's tokenizer, as kp-tokenize takes it)"))
     output.open()
     spend = 0.0
     answers = []
@@ -233,7 +264,8 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
                 zip(prompts, probes, sent_to, strict=True), start=1):
             source = sources.get(id(probe), costs.USAGE)
             checks.extend(_answer_checks(i, probe, acceptance, config, source, target))
-            spend += _keep(prompt, line, probe, acceptance, output, source)
+            spend += _keep(prompt, line, probe, acceptance, output, source,
+                           identities.get(id(probe)), judge)
             a = probe.attempt
             answers.append({"id": prompt.id, "source": _source_name(target),
                             "status": probe.status, "provider": a.provider,
@@ -241,35 +273,74 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
                             "reasoning_source": a.reasoning_source or None, "cost": a.cost,
                             "comments": probe.comments, "events": probe.events,
                             "usage_shape": probe.usage_shape, "done": probe.done,
-                            "seconds": round(probe.seconds, 3)})
+                            "seconds": round(probe.seconds, 3),
+                            "identity_offset": (identities[id(probe)].offset
+                                                if id(probe) in identities else None)})
     finally:
         output.close()
     checks += switches
+    identity_rows = []
+    if judge is not None:
+        unanswered = {name: f"{p.attempt.kind} ({p.attempt.status or p.attempt.cause}): "
+                            f"{p.attempt.message}"
+                      for name, p in zip(probed, asked, strict=False)
+                      if p.attempt.kind != AttemptKind.OK}
+        allowed = [name for name, _tags in allowed_providers(config.policy, prepared.endpoints)]
+        identity_rows = provider_rows(judge, list(identities.values()), allowed, unanswered)
+        for row in identity_rows:
+            verdict = ("pass" if row["verdict"] == "same model and template" else
+                       "fail" if row["verdict"] in ("different", "no answer") else "warn")
+            checks.append(Check(f"identity {row['provider']}", verdict,
+                                f"{row['verdict']}: {row['detail']}"))
     if not prompts:
         checks.append(Check("answers", "warn", "no prompt left to send: every one is done"))
     return {"model": config.request.model, "output": config.output, "requests": len(prompts),
             "spend": round(spend, 10), "checks": [asdict(c) for c in checks],
-            "answers": answers, "passed": not any(c.verdict == "fail" for c in checks)}
+            "answers": answers, "identity": identity_rows,
+            "passed": not any(c.verdict == "fail" for c in checks)}
+
+
+def _identities(config: RunConfig, prepared: Prepared, counts, prompts, probes, sent_to,
+                acceptance: Acceptance):
+    """Each OpenRouter answer's identity check (infer/identity.py), its verdict taken with
+    every answer in hand (infer/preflight_identity.py): (the judge, {id(probe): Check})."""
+    if counts is None:
+        return None, {}
+    judge = IdentityJudge(counts, config.policy, prepared.endpoints)
+    found = {}
+    for (prompt, _line, _sid), probe, target in zip(prompts, probes, sent_to, strict=True):
+        a = probe.attempt
+        if target is not None or a.kind != AttemptKind.OK or acceptance.refusal(a) is not None:
+            continue
+        found[id(probe)] = judge.measure(prompt.id, prompt.messages,
+                                         judge.count(prompt.messages), a)
+    verdicts(judge, list(found.values()))
+    return judge, found
 
 
 def _keep(prompt: Prompt, line: bytes, probe: Probe, acceptance: Acceptance,
-          output: Output, source: str) -> float:
+          output: Output, source: str, identity: IdentityCheck | None = None,
+          judge: IdentityJudge | None = None) -> float:
     """Write a paid answer as the run would (a result, or a failure with its cost, settled
-    by infer/costs.py when its usage showed none)."""
+    by infer/costs.py when its usage showed none; IDENTITY: its identity check, judged)."""
     a = probe.attempt
     if a.kind != AttemptKind.OK:
         return 0.0
     cost = a.cost
     refused = acceptance.refusal(a)
+    if refused is None and identity is not None and identity.verdict == OFF:
+        refused = (RefusalKind.IDENTITY, judge.refusal(identity))
     if refused is None:
-        output.write_response(line, a, 1, latency=probe.seconds, cost=cost, cost_source=source)
+        output.write_response(line, a, 1, latency=probe.seconds, cost=cost, cost_source=source,
+                              identity=identity.mark() if identity is not None else None)
     else:
         kind, why = refused
+        offset = identity.offset if kind == RefusalKind.IDENTITY else None
         output.write_failure(failure_record(
             prompt, kind, Attempt(AttemptKind.PERMANENT, message=why, status=200), 1, provider=a.provider,
             generation_id=a.generation_id, cost=cost, refused=[Refusal(
                 kind=kind, provider=a.provider, cost=cost, generation_id=a.generation_id,
-                message=why, cost_source=source)]))
+                message=why, cost_source=source, offset=offset)]))
     return cost
 
 
@@ -523,6 +594,11 @@ def format_preflight(report: dict) -> str:
              f"  {'check':<{width}}{'verdict':<9}detail"]
     for c in checks:
         lines.append(f"  {c['check']:<{width}}{c['verdict']:<9}{c['detail']}")
+    if report.get("identity"):
+        lines.append("identity per provider (usage.prompt_tokens minus kimipipe's count of the "
+                     "prompt; completion ratio: usage.completion_tokens over the answer "
+                     "re-encoded):")
+        lines.append(identity_table_text(report["identity"]))
     failed = sum(c["verdict"] == "fail" for c in checks)
     warned = sum(c["verdict"] == "warn" for c in checks)
     lines.append(f"preflight: {'FAILED' if failed else 'passed'}: {failed} failed, {warned} "

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from ..contracts import IdentityState
 from ..errors import ExitCode, InputError, KPError
 from ..ids import sample_key
 from ..io import (
@@ -87,6 +88,7 @@ from .budget import MESSAGE_OVERHEAD_TOKENS, prompt_token_bound
 from .config import RunConfig
 from .conversations import OutputConversations, check_recipe, scan_output, turn_count
 from .disk import DiskGuard
+from .identity import read_state, state_path
 from .rescue import check_rescue_dir, take_in
 from .servers import Server, discover, server_sampling
 from .total_cost import ReservationFile, TotalCost
@@ -179,6 +181,7 @@ class Prepared:
     turns_todo: int = 0  # requests still to send (a conversation's turns each count)
     conversations_todo: int = 0  # of `todo`, conversations (prompts with follow-ups)
     servers: list[Server] = field(default_factory=list)  # --server, as each says it serves
+    identity: IdentityState = field(default_factory=IdentityState)  # OUTPUT's identity file
 
     def selected(self, prompt_id: str) -> bool:
         return self.sample is None or prompt_id in self.sample
@@ -484,6 +487,7 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         prepared.notes.append(f"servers only ({', '.join(config.servers)}): no OpenRouter "
                               "routing, prices or balance; the answers cost nothing")
         return prepared
+    identity = take_in_quarantine(config, say)
     endpoints = read_endpoints(config, say)
     # the preset's token-logprobs default, decided against the table (openrouter/logprobs.py)
     logprobs_note = logprobs.resolve(config.request, config.policy, endpoints)
@@ -500,8 +504,11 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         for warning in requantization_warnings(config.request.model, config.policy, endpoints):
             say(f"kp-infer: warning: {warning}")
         if endpoints is not None and not allowed_endpoints(config.policy, endpoints):
+            quarantined = (f"; {state_path(config.output)} quarantines "
+                           + ", ".join(q.provider for q in identity.quarantined)
+                           + " for identity (remove it to lift that)") if identity.quarantined else ""
             raise KPError("no provider in the endpoints table matches the routing flags "
-                          "(see kp-infer --plan)", ExitCode.USAGE)
+                          f"(see kp-infer --plan){quarantined}", ExitCode.USAGE)
         capped = "--max-cost" if config.max_cost is not None else "--total-cost"
         if (config.max_cost is not None or config.total_cost is not None) and bound is None:
             raise KPError(f"{capped} needs a price bound: the endpoints table could not be read; "
@@ -511,7 +518,7 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
                         taken_in=taken_in, model_info=info, sample=sample,
                         conversations=conversations, turns_todo=turns_todo,
                         conversations_todo=sum(1 for i in todo_ids if i in scan.turns),
-                        servers=discover_servers(config, say))
+                        servers=discover_servers(config, say), identity=identity)
     if logprobs_note:
         prepared.notes.append(logprobs_note)
     if config.plan and config.output == "-":
@@ -521,6 +528,20 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     if config.total_cost is not None:
         prepare_total_cost(config, prepared)
     return prepared
+
+
+def take_in_quarantine(config: RunConfig, say: Callable[[str], None]) -> IdentityState:
+    """The providers an earlier run on OUTPUT quarantined for identity (infer/identity.py):
+    in provider.ignore again (Policy.quarantine), with or without --tokenizer, and said."""
+    path = state_path(config.output)
+    state = read_state(path)
+    for q in state.quarantined:
+        config.policy.quarantine.extend(s for s in q.slugs if s not in config.policy.quarantine)
+        if not config.plan:  # (the plan's table names them)
+            say(f"kp-infer: {q.provider} stays quarantined ({path}: quarantined {q.at}, its "
+                f"prompt counts typically {'unknown' if q.offset is None else f'{q.offset:+d}'} "
+                "from the target's): in provider.ignore; remove that file to lift it")
+    return state
 
 
 def discover_servers(config: RunConfig, say: Callable[[str], None]) -> list[Server]:

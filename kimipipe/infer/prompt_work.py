@@ -5,7 +5,9 @@ the run's parts explicitly (`RunParts`); the work owns the prompt from admission
 record. It sends the request through the transport until an answer or a permanent failure;
 what each attempt ends in (`kinds.AttemptKind`) has one handler here (`PromptWork.HANDLERS`):
 
-    ok         the answer is checked (routing, the reasoning asked for: infer/acceptance.py),
+    ok         the answer is checked (routing, the reasoning asked for: infer/acceptance.py;
+               with --tokenizer its identity, counted once per prompt: infer/identity.py,
+               whose verdict may wait, holding no slot, for the other providers' answers),
                its cost settled when its usage showed none (infer/costs.py: GET /generation,
                else an estimate that cannot fall short), and written; a refused one is paid
                for and sent again at once with its provider ignored while `--max-attempts`,
@@ -41,7 +43,7 @@ from ..contracts import MoneyLimit
 from ..kinds import AttemptKind, FailureKind, RefusalKind, RetryCause
 from ..openrouter.attempt import Attempt
 from ..records import Prompt, Refusal
-from . import costs
+from . import costs, identity
 from .acceptance import Acceptance
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
@@ -131,12 +133,18 @@ class PromptWork:
         self.started = 0.0  # when the attempt now in flight was sent
         self.holding_slot = self.holding_money = True
         self.refused: list[Refusal] = []  # answers refused (paid for), not yet on a record
+        self.prompt_count: int | None = None  # kimipipe's count of the prompt (--tokenizer)
+        self._counted = False
+        self._quarantined = len(self.policy.quarantine)  # as this body was built
 
     async def run(self) -> None:
         parts = self.parts
         stream = parts.config.request.stream
         try:
             while True:
+                if len(self.policy.quarantine) != self._quarantined:  # a provider quarantined
+                    self._quarantined = len(self.policy.quarantine)   # since the body was built
+                    self.body = parts.config.request.body(self.prompt, self.policy, self.session_id)
                 self.attempts += 1
                 self.started = time.monotonic()
                 result = await self.transport.attempt(self.body, stream)
@@ -161,15 +169,38 @@ class PromptWork:
     # -- one handler per attempt kind: True sends the prompt again -----------------------
     async def _on_ok(self, answer: Attempt) -> bool:
         latency = time.monotonic() - self.started
-        refused = self.parts.acceptance.refusal(answer)
-        source = await self._settle_cost(answer, refused, latency)
+        parts = self.parts
+        refused = parts.acceptance.refusal(answer)
+        judge = parts.acceptance.identity
+        check = None
+        if refused is None and judge is not None and answer.api is None:  # (not a --server's)
+            if not self._counted:
+                self.prompt_count = judge.count(self.prompt.messages, self.prompt.id)
+                self._counted = True
+            check = judge.check(self.prompt.id, self.prompt.messages, self.prompt_count, answer)
+            if check.verdict == identity.OFF:
+                refused = (RefusalKind.IDENTITY, judge.refusal(check))
+        pending = check is not None and check.verdict == identity.PENDING
+        source = await self._settle_cost(answer, (RefusalKind.IDENTITY, (
+            "its identity was not settled when the run was cancelled")) if pending else refused,
+            latency)
+        if pending:
+            await self._settle_identity(judge, check, answer, source)
+            if check.verdict == identity.OFF:
+                refused = (RefusalKind.IDENTITY, judge.refusal(check))
         if refused is None:
-            self._accept(answer, latency, source)
+            self._accept(answer, latency, source, check.mark() if check is not None else None)
             return False
-        if not self._refuse(answer, *refused, source):
+        if not self._refuse(answer, *refused, source,
+                            offset=check.offset if refused[0] == RefusalKind.IDENTITY else None):
             return False
-        self.body = self.parts.config.request.body(self.prompt, self.policy,
-                                                   self.session_id)  # its own ignore
+        self.body = parts.config.request.body(self.prompt, self.policy,
+                                              self.session_id)  # its own ignore
+        self._quarantined = len(self.policy.quarantine)
+        if not self.holding_slot:  # (given back while its identity was settled)
+            if not await acquire_unless_stopped(parts.limiter, parts.state.stopping):
+                return False  # (its refusal becomes its failure line: not sent again)
+            self.holding_slot = True
         return True
 
     async def _on_retry(self, result: Attempt) -> bool:
@@ -283,6 +314,20 @@ class PromptWork:
         parts.stats.cost_sources[source] += 1
         return source
 
+    async def _settle_identity(self, judge, check, answer: Attempt, source: str) -> None:
+        """Wait for a PENDING identity verdict (infer/identity.py) without holding a
+        concurrency slot, so that the next requests reach the other providers whose answers
+        settle it. Cancelled meanwhile, the answer is booked as refused (paid, not kept)."""
+        parts = self.parts
+        await parts.limiter.release()
+        self.holding_slot = False
+        try:
+            await judge.settle(check, parts.state.stopping)
+        except asyncio.CancelledError:
+            self._book_refusal(answer, RefusalKind.IDENTITY,
+                               "its identity was not settled when the run was cancelled", source)
+            raise
+
     async def _move_to_openrouter(self, result: Attempt) -> None:
         """A prompt of the servers (infer/servers.py `Route`) whose servers are all down goes
         to OpenRouter, when the run has it and the prompt's worst case fits the money caps
@@ -318,22 +363,25 @@ class PromptWork:
             delay = max(delay, retry_after)
         return delay
 
-    def _book_refusal(self, answer: Attempt, kind: RefusalKind, why: str, source: str) -> None:
-        """A refused ANSWER (paid for, its cost settled): booked, and kept for the record."""
+    def _book_refusal(self, answer: Attempt, kind: RefusalKind, why: str, source: str,
+                      offset: int | None = None) -> None:
+        """A refused ANSWER (paid for, its cost settled): booked, and kept for the record
+        (OFFSET: its prompt count against kimipipe's, refused for identity)."""
         parts = self.parts
         parts.stats.prompt_tokens += answer.prompt_tokens
         parts.budget.record(answer.cost, 0)
         self.refused.append(Refusal(kind=kind, provider=answer.provider, cost=answer.cost,
                                     generation_id=answer.generation_id, message=why,
-                                    cost_source=source))
+                                    cost_source=source, offset=offset))
         parts.stats.refusal(answer.provider, kind, answer.cost)
 
-    def _refuse(self, answer: Attempt, kind: RefusalKind, why: str, source: str) -> bool:
+    def _refuse(self, answer: Attempt, kind: RefusalKind, why: str, source: str,
+                offset: int | None = None) -> bool:
         """Count a refused ANSWER (paid for, its cost settled); True when the prompt is sent
         again (with the policy for its next attempt), False when not (then it is a failure
         of KIND)."""
         parts = self.parts
-        self._book_refusal(answer, kind, why, source)
+        self._book_refusal(answer, kind, why, source, offset)
         if (self.attempts >= parts.config.max_attempts or parts.state.stopping.is_set()
                 or not parts.budget.cost_fits(0)):  # the next attempt's worst case must still fit
             self._fail(kind, Attempt(AttemptKind.PERMANENT, message=why, status=200),
@@ -343,14 +391,17 @@ class PromptWork:
         self.policy = parts.acceptance.next_policy(self.policy, answer.provider)
         return True
 
-    def _accept(self, answer: Attempt, latency: float | None, source: str) -> None:
-        """Write ANSWER's record (its cost settled: SOURCE) and book it."""
+    def _accept(self, answer: Attempt, latency: float | None, source: str,
+                identity_mark=None) -> None:
+        """Write ANSWER's record (its cost settled: SOURCE; IDENTITY_MARK: the counts it was
+        checked against) and book it."""
         parts = self.parts
         cost = answer.cost
         parts.stats.prompt_tokens += answer.prompt_tokens
         refused, self.refused = self.refused, []
         kept = parts.output.write_response(self.line, answer, self.attempts, refused=refused,
-                                           latency=latency, cost=cost, cost_source=source)
+                                           latency=latency, cost=cost, cost_source=source,
+                                           identity=identity_mark)
         if kept != WRITTEN:  # paid all the same: in the rescue file, or lost (stdout closed)
             parts.budget.record(cost, 0)  # (the refused answers' cost is recorded already)
             parts.stats.not_written(cost + sum(r.cost for r in refused), rescued=kept == RESCUED)

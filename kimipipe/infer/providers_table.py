@@ -14,7 +14,7 @@ files already on disk (`kp-infer report`, infer/report_files.py), and stays JSON
                                         (0 for a provider that bills no reasoning tokens,
                                         e.g. one that puts the reasoning inline)
      "finish_reasons": {reason: n},
-     "refused": {"routing_violation": n, "no_reasoning": n, "think_marker": n},
+     "refused": {"routing_violation": n, "no_reasoning": n, "think_marker": n, "identity": n},
      "refused_share": float | null,     refused / (answers + refused)
      "refused_cost": float,             USD paid for its refused answers
      "tokens_per_s": float | null,      completion tokens / seconds, over answers with a
@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 
 from ..kinds import RefusalKind
 
-REFUSAL_KINDS = tuple(RefusalKind)  # routing_violation, no_reasoning, think_marker
+REFUSAL_KINDS = tuple(RefusalKind)  # routing_violation, no_reasoning, think_marker, identity
 _SHORT = {RefusalKind.ROUTING_VIOLATION: "r", RefusalKind.NO_REASONING: "n",
-          RefusalKind.THINK_MARKER: "t"}
+          RefusalKind.THINK_MARKER: "t", RefusalKind.IDENTITY: "i"}
 
 
 def percentile(sorted_values: list, q: float):
@@ -162,10 +162,11 @@ class ProviderTable:
 
 
 def table_text(rows: list[dict], indent: str = "") -> str:
-    """ROWS (`ProviderTable.rows()`) as a table; refused: routing/no reasoning/think marker."""
+    """ROWS (`ProviderTable.rows()`) as a table; refused: routing/no reasoning/think
+    marker/identity."""
     head = (f"{'provider':<18}{'answers':>8}{'share':>7}{'mean tok':>9}{'p95 tok':>8}"
             f"{'reason':>7}{'tok/s':>7}{'lat p50':>8}{'lat p95':>8}{'$/M out':>8}"
-            f"{'refused r/n/t':>14}  finish")
+            f"{'refused r/n/t/i':>16}  finish")
     lines = [indent + head]
     for r in rows:
         ct, lat = r["completion_tokens"], r["latency_s"]
@@ -176,7 +177,7 @@ def table_text(rows: list[dict], indent: str = "") -> str:
             f"{_num(ct['mean'], '.0f'):>9}{_num(ct['p95'], ',d'):>8}"
             f"{_pct(r['reasoning_share']):>7}{_num(r['tokens_per_s'], '.0f'):>7}"
             f"{_secs(lat['p50']):>8}{_secs(lat['p95']):>8}{_num(r['usd_per_m_output'], '.2f'):>8}"
-            f"{refused:>14}  {finish}").rstrip())
+            f"{refused:>16}  {finish}").rstrip())
     return "\n".join(lines)
 
 def _rounded(value: float | None) -> float | None:

@@ -34,7 +34,11 @@ The summary (stderr, and `--summary-json`: `contracts.InferSummary`):
      "costs": {"usage", "generation", "estimate"} (answers paid for, kept or refused, by where
               their cost came from: infer/costs.py),
      "logprobs": null | {provider: {"answers", "with_tokens"}} (token logprobs asked: the
-              answers kept, and those that carried the sampled tokens)}
+              answers kept, and those that carried the sampled tokens),
+     "identity": null (no --tokenizer: unchecked) | {"checked": true, "providers": [row, ...]
+              (infer/identity_table.py: checked, refused, offset, completion ratio,
+              quarantined), "shared_offsets": [{"prompts", "offset", "providers", "example",
+              "rendered"}], "quarantined": [contracts.Quarantined, ...]} (infer/identity.py)}
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from ..contracts import (
     SourceShare,
     SummaryConversations,
     SummaryCosts,
+    SummaryIdentity,
     SummaryLogprobs,
     SummaryTokens,
 )
@@ -67,6 +72,7 @@ from ..kinds import FailureKind
 from ..openrouter.attempt import Attempt
 from .budget import Budget
 from .config import RunConfig
+from .identity_table import identity_text
 from .providers_table import ProviderTable, table_text
 
 
@@ -110,6 +116,10 @@ class StopReason(Enum):
                 "--ignore-provider/--only-provider/--quantization, whether the model's authors "
                 "allow distillation and whether it is still served (try --plan); rerun the same "
                 "command to resume")
+    IDENTITY = ("identity", ExitCode.USAGE,
+                "stopped: no provider left that serves the target model (every allowed one is "
+                "quarantined for identity, named above); docs/real-run.md says what to do "
+                "when OpenRouter no longer serves it; rerun the same command to resume")
     DISK = ("disk", ExitCode.BUDGET,
             "stopped: no room for the output (a full disk, a quota or a file size limit); "
             "free some space and rerun the same command to resume")
@@ -251,7 +261,8 @@ def refused_by_kind(refused: Counter) -> dict[str, dict[str, int]]:
 
 def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: Budget,
             config: RunConfig, concurrency_end: int,
-            money_in_flight: MoneyInFlightEnd | None = None) -> InferSummary:
+            money_in_flight: MoneyInFlightEnd | None = None,
+            identity: dict | None = None) -> InferSummary:
     elapsed = time.monotonic() - stats.started
     total_providers = sum(stats.providers.values())
     return InferSummary(
@@ -312,6 +323,7 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
             turns_by_number={str(k): n for k, n in sorted(stats.turns.items())},
             done=stats.conversations_done, cut=stats.conversations_cut,
             turns_not_sent=stats.turns_not_sent) if stats.turns or stats.turns_not_sent else None),
+        identity=None if identity is None else msgspec.convert(identity, SummaryIdentity),
     )
 
 
@@ -357,8 +369,10 @@ def format_summary(summary: InferSummary) -> str:
                      "sampled tokens (" + ", ".join(f"{k} {c.with_tokens:,}/{c.answers:,}"
                                                     for k, c in summary.logprobs.items()) + ")")
     if summary.by_provider:
-        lines.append("  by provider (refused r/n/t: routing violation, no reasoning, think marker):")
+        lines.append("  by provider (refused r/n/t/i: routing violation, no reasoning, think marker, "
+                     "identity):")
         lines.append(table_text(summary.by_provider, indent="    "))
+    lines.extend(_identity_lines(summary.identity))
     if summary.routing_unverifiable:
         lines.append("  routing unverifiable (a provider name covering an excluded variant too; kept, "
                      "marked \"routing\": \"unverifiable\"): "
@@ -382,6 +396,26 @@ def format_summary(summary: InferSummary) -> str:
     elif failed:
         lines.append(_failures_note(sum(failed.values()), summary.failures_file))
     return "\n".join(lines)
+
+
+def _identity_lines(identity: SummaryIdentity | None) -> list[str]:
+    """Per provider, its answers' counts against the target's (infer/identity.py)."""
+    if identity is None or not (identity.providers or identity.quarantined):
+        return []
+    lines = ["  identity (usage.prompt_tokens minus kimipipe's count of the prompt as the "
+             "target's template renders it; completion ratio: usage.completion_tokens over "
+             "the answer re-encoded):", identity_text(identity.providers, indent="    ")]
+    for shared in identity.shared_offsets:
+        lines.append(f"  shared offset {shared.offset:+d} on prompts {shared.prompts}"
+                     f" at {', '.join(shared.providers)}: accepted, not quarantined; the chat "
+                     "template kimipipe renders with differs from theirs (a default system "
+                     f"prompt it omits?): compare its rendering of {shared.example}, "
+                     f"{shared.rendered!r}, with the model's own (--chat-template)")
+    for q in identity.quarantined:
+        offset = "unknown" if q.offset is None else f"{q.offset:+d}"
+        lines.append(f"  quarantined {q.provider} ({', '.join(q.slugs)}) at {q.at}: {q.refused} "
+                     f"answers refused, typical offset {offset}, e.g. {q.example}")
+    return lines
 
 
 def _unwritten_lines(summary: InferSummary) -> list[str]:

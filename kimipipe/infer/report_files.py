@@ -33,18 +33,24 @@ The report (text on stdout; `--json` for this object, stable for scripts):
      "logprobs": {provider: {"answers", "with_tokens"}}
                                           answers that carried the tokens the model sampled
                                           (token logprobs: `sampled_tokens`); {} when none did
-     "sampled_ids": [row, ...]}           token records only: per provider, the sampled IDs
+     "sampled_ids": [row, ...],           token records only: per provider, the sampled IDs
                                           (token logprobs, a server's) against the
                                           re-encoding (tokenize/stats.py SampledTable: rows,
                                           used, partial, differ, differ_share, tokens,
                                           tokens_differing, tokens_differing_share, net,
                                           parts, fallbacks, patterns; the same as
-                                          kp-tokenize's summary)
+                                          kp-tokenize's summary),
+     "identity": [row, ...]}              answers a run checked against the target's counts
+                                          (kp-infer --tokenizer: their `identity`, the
+                                          refusals of kind `identity`, the quarantine in each
+                                          responses file's OUTPUT.identity.json beside it):
+                                          infer/identity_table.py's rows, as the summary's
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Callable
 
@@ -52,9 +58,12 @@ import msgspec
 
 from ..errors import InputError
 from ..io import describe_decode_error, iter_lines
-from ..records import Refusal, Resegmented, Usage, record_cost
+from ..kinds import RefusalKind
+from ..records import Identity, Refusal, Resegmented, Usage, record_cost
 from ..tokenize.deltas import DeltaTable
 from ..tokenize.stats import SampledTable
+from .identity import read_state, state_path
+from .identity_table import IdentityTable, identity_text
 from .providers_table import REFUSAL_KINDS, ProviderTable, table_text
 
 
@@ -80,6 +89,7 @@ class _Line(msgspec.Struct):
     resegmented: Resegmented | None = None
     sampled_fallback: str | None = None
     sampled_tokens: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # token logprobs (undecoded)
+    identity: Identity | None = None  # kimipipe's counts it was checked against
 
 
 _decoder = msgspec.json.Decoder(_Line)
@@ -91,6 +101,7 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
     deltas = DeltaTable()
     sampled = SampledTable()
     logprobs: dict[str, list[int]] = {}  # provider -> [answers, with sampled tokens]
+    identity = IdentityTable()
     answers = refused = 0
     spend = 0.0
     failures: Counter = Counter()
@@ -123,6 +134,7 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
                 seen = logprobs.setdefault(line.provider or "unknown", [0, 0])
                 seen[0] += 1
                 seen[1] += line.sampled_tokens is not msgspec.UNSET and bytes(line.sampled_tokens) != b"null"
+                add_identity(identity, line.provider, line.identity, usage)
                 key = json.dumps(line.sampling, sort_keys=True)
                 sampling.setdefault(key, [line.sampling, 0])[1] += 1
             elif line.kind is not None and line.status is not None:
@@ -135,9 +147,12 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
             for r in line.refused:
                 table.refusal(r.provider, r.kind, r.cost)
                 refused += 1
+                if r.kind == RefusalKind.IDENTITY:
+                    identity.checked(r.provider, r.offset, None, refused=True)
             # what the line cost, as every spend reader counts it (records.record_cost)
             spend += record_cost(None if line.response is msgspec.UNSET else (line.usage or Usage()).cost,
                                  (r.cost for r in line.refused), line.cost)
+        take_in_quarantine(identity, path)
     edges, counts = table.histogram_bins()
     return {
         "files": list(paths),
@@ -157,10 +172,30 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
         "logprobs": {p: {"answers": n, "with_tokens": k} for p, (n, k) in sorted(logprobs.items())
                      if any(k for _, k in logprobs.values())},
         "sampled_ids": sampled.rows(),
+        "identity": identity.rows(),
         "_table": table,
         "_deltas": deltas,
         "_sampled": sampled,
     }
+
+
+def add_identity(table: IdentityTable, provider: str | None, identity: Identity | None,
+                 usage: Usage) -> None:
+    """A kept answer's identity check (its record's `identity`), if its run made one."""
+    if identity is None:
+        return
+    ratio = (usage.completion_tokens / identity.completion_tokens
+             if identity.completion_tokens and usage.completion_tokens else None)
+    table.checked(provider, identity.offset, ratio)
+
+
+def take_in_quarantine(table: IdentityTable, path: str) -> None:
+    """The providers quarantined by the run that wrote PATH (its identity file beside it)."""
+    where = state_path(path) if path != "-" else None
+    if where is None or not os.path.exists(where):
+        return
+    for q in read_state(where).quarantined:
+        table.quarantine(q.provider)
 
 
 def format_report(report: dict) -> str:
@@ -182,10 +217,15 @@ def format_report(report: dict) -> str:
                  if entry["sampling"] else "not recorded (older records)")
         lines.append(f"  sampling: {shown}: {entry['answers']:,} answers")
     lines.append("")
-    lines.append("by provider (refused r/n/t: routing violation, no reasoning, think marker):")
+    lines.append("by provider (refused r/n/t/i: routing violation, no reasoning, think marker, "
+                 "identity):")
     lines.append(table_text(report["by_provider"], indent="  "))
     lines.append("")
     lines.append(report["_table"].histogram())
+    if report["identity"]:
+        lines += ["", "identity (answers checked against the target's counts, kp-infer "
+                  "--tokenizer: offset = usage.prompt_tokens - kimipipe's count):",
+                  identity_text(report["identity"], indent="  ")]
     if report["_deltas"]:
         lines += ["", report["_deltas"].text(indent=""),
                   *(f"warning: {w}" for w in report["_deltas"].warnings())]

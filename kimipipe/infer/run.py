@@ -66,6 +66,7 @@ from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .conversations import ConversationQueue, TurnWork, is_conversation
 from .disk import DiskGuard
+from .identity import UNCHECKED_WARNING, IdentityJudge, check_tokenizer, load_counts, state_path
 from .inflight import MoneyInFlight
 from .limiter import AdaptiveLimiter
 from .plan import plan_json, plan_text
@@ -84,13 +85,15 @@ from .writing import Output
 if TYPE_CHECKING:
     from ..cli import Stderr
 
+PRECOUNT = 64  # prompts read ahead and counted at once (--tokenizer: infer/identity.py)
+
 
 class Run:
     """One kp-infer run over a prepared input (see the module docstring). BAR is the
     progress bar whose description is the progress line."""
 
     def __init__(self, config: RunConfig, prepared: Prepared, budget: Budget, bar,
-                 say: Callable[[str], None], account: Account):
+                 say: Callable[[str], None], account: Account, counts=None):
         self.config = config
         self.prepared = prepared
         self.budget = budget
@@ -100,6 +103,11 @@ class Run:
         self.state = RunState()
         self.output = Output(config)
         self.acceptance = Acceptance.for_run(config, prepared.endpoints)
+        if counts is not None:  # --tokenizer: each answer's identity (infer/identity.py)
+            self.acceptance.identity = IdentityJudge(
+                counts, config.policy, prepared.endpoints, config.identity_strikes, say,
+                state_path(config.output), prepared.identity,
+                stop=lambda: self.stop(StopReason.IDENTITY), wait=config.identity_wait)
         self.disk = DiskGuard(config.output, config.request.max_tokens, config.min_free_disk,
                               config.disk_wait)
         self.stats = Stats(todo=prepared.todo, skipped=prepared.skipped,
@@ -185,12 +193,32 @@ class Run:
         return exit_code(self.state.stop_reason, self.stats)
 
     def summary(self) -> dict:
+        judge = self.acceptance.identity
         return summary(self.stats, self.state.stop_reason, self.prepared.scan.records,
-                       self.budget, self.config, self.limiter.current, self.money.state())
+                       self.budget, self.config, self.limiter.current, self.money.state(),
+                       identity=judge.summary() if judge is not None else None)
 
     def _new_work(self) -> Iterator[tuple[Prompt, bytes, TurnWork | None]]:
         """The input's prompts not done, in order: (prompt, line, None) for a single
-        request; for a conversation, its first turn to send (its TurnWork)."""
+        request; for a conversation, its first turn to send (its TurnWork). With the
+        identity checked, PRECOUNT of them at a time are read ahead and counted as one
+        batch (infer/identity.py `precount`)."""
+        judge = self.acceptance.identity
+        ahead: list[tuple[Prompt, bytes, TurnWork | None]] = []
+        for work in self._new_work_in_order():
+            if judge is None:
+                yield work
+                continue
+            ahead.append(work)
+            if len(ahead) >= PRECOUNT:
+                judge.precount([w[0] for w in ahead])
+                yield from ahead
+                ahead = []
+        if ahead:
+            judge.precount([w[0] for w in ahead])
+            yield from ahead
+
+    def _new_work_in_order(self) -> Iterator[tuple[Prompt, bytes, TurnWork | None]]:
         done = self.prepared.done
         for _lineno, prompt, line in iter_records(self.prepared.scan.path, PROMPT_DECODER):
             if (prompt.id in done or not in_partition(prompt.id, self.config.partition)
@@ -248,6 +276,9 @@ class Run:
             if not await self.money.acquire(reservation):
                 return False
             state.waiting = None
+            judge = self.acceptance.identity
+            if judge is not None and not judge.confirmed:  # (infer/identity.py: probation)
+                await judge.probation(lambda: len(state.in_progress), state.stopping)
             if not await acquire_unless_stopped(self.limiter, state.stopping):
                 self.money.release(reservation)
                 return False
@@ -375,9 +406,9 @@ class Run:
             self.budget.total.publish(self.budget.spent_this_run, self.budget.claimed())
 
 async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
-               say: Callable[[str], None]) -> Run:
+               say: Callable[[str], None], counts=None) -> Run:
     account = Account(config.api_key, config.base_url, proxy=config.proxy)
-    run = Run(config, prepared, budget, progress, say, account)
+    run = Run(config, prepared, budget, progress, say, account, counts)
     try:
         with run.signals_handled(asyncio.get_running_loop()):
             async with open_transport(config, prepared.todo, prepared.servers) as transport:
@@ -405,12 +436,29 @@ def _balance_for_plan(config: RunConfig, say: Stderr) -> Balance | None:
         return None
 
 
+def identity_counts(config: RunConfig, prepared: Prepared, say: Stderr):
+    """The target's counts for checking each answer's identity (--tokenizer), loaded
+    before any completion is sent (exit 2 when they do not load); None without it, said
+    once. Not for a run with nothing to send, nor one with no OpenRouter answers to check."""
+    if not config.openrouter or not prepared.turns_todo:
+        return None
+    if not config.tokenizer:
+        say(UNCHECKED_WARNING)
+        return None
+    counts = load_counts(config)
+    say(f"kp-infer: identity: each answer's counts checked against {config.tokenizer} "
+        f"({counts.describe()})")
+    return counts
+
+
 def run_infer(config: RunConfig, say: Stderr) -> int:
     """Prepare, then plan or run; print the summary; the exit code (see infer/report.py).
 
     SAY is the command's quiet-aware stderr writer (`cli.Stderr`): every message of the run
     goes through it, the progress bar too."""
     check_outputs(config)  # before anything is created, locked or sent
+    if config.tokenizer and not config.plan:
+        check_tokenizer(config)  # (a missing directory: exit 2 before anything is read)
     with output_locks(config, say), tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
         prepared = prepare(config, tmpdir, say)
         budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
@@ -420,12 +468,13 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
             click.echo(plan_json(config, prepared, budget, balance) if config.plan_json
                        else plan_text(config, prepared, budget, balance))
             return ExitCode.OK
+        counts = identity_counts(config, prepared, say)
         try:
             freeze_startup_objects()
             # the whole line is infer/progress.py's, redrawn by the run (mininterval: never by tqdm)
             with say.progress(total=prepared.turns_todo, desc=f"kp-infer: 0/{prepared.turns_todo:,}", unit="req",
                               bar_format="{desc}", mininterval=float("inf")) as bar:
-                run = _event_loop_run(_run(config, prepared, budget, bar, say))
+                run = _event_loop_run(_run(config, prepared, budget, bar, say, counts))
         finally:
             if budget.total is not None:  # this run's entry in --reservations: ended
                 budget.total.close(budget.spent_this_run)

@@ -29,6 +29,7 @@ from ..openrouter.attempt import Attempt
 from ..records import (
     Failure,
     Generation,
+    Identity,
     Prompt,
     Refusal,
     ResponseText,
@@ -181,9 +182,11 @@ class Output:
 
     def write_response(self, prompt_line: bytes, answer: Attempt, attempts: int, *,
                        refused: list[Refusal] | None = None, latency: float | None = None,
-                       cost: float | None = None, cost_source: str = "usage") -> Kept:
+                       cost: float | None = None, cost_source: str = "usage",
+                       identity: Identity | None = None) -> Kept:
         """Write the response record of PROMPT_LINE: WRITTEN, RESCUED or LOST (COST and
-        COST_SOURCE: as settled by infer/costs.py when the answer's usage showed none)."""
+        COST_SOURCE: as settled by infer/costs.py when the answer's usage showed none;
+        IDENTITY: kimipipe's counts it was checked against, infer/identity.py)."""
         server = answer.api is not None and self.server_sampling is not None
         fields = generation_fields(answer, attempts, self.config.request.model,
                                    self.server_sampling if server else self.sampling,
@@ -193,6 +196,7 @@ class Output:
         now = time.time()
         fields.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
         fields.api = answer.api or self.api  # a server's answer: its host
+        fields.identity = identity
         if not server and answer.provider in self.config.policy.unverifiable_names:
             # its name covers an excluded variant too (openrouter/routing.py: mixed_names):
             # kept, but not verifiable; counted in the summary (report.py)

@@ -58,6 +58,11 @@ class Policy:
     variant_ignore: list[str] = field(default_factory=list)
     # Provider names whose answers cannot be verified (`mixed_names`), set with it
     unverifiable_names: list[str] = field(default_factory=list)
+    # Tags of providers quarantined for identity (kp-infer --tokenizer: infer/identity.py,
+    # which owns the list and adds to it in place, so that every policy made from this one
+    # with `ignoring` sees a quarantine as it happens): sent in `provider.ignore`, and
+    # excluded like `ignore` (a resume reads them from the output's identity file)
+    quarantine: list[str] = field(default_factory=list)
 
     def ignoring(self, slugs: list[str]) -> Policy:
         """This policy with SLUGS added to `ignore` (for one prompt's next attempt)."""
@@ -67,6 +72,7 @@ class Policy:
         """OpenRouter's `provider` request field (only the keys the user set)."""
         obj: dict = {}
         ignore = [*self.ignore, *(t for t in self.variant_ignore if t not in self.ignore)]
+        ignore += [t for t in self.quarantine if t not in ignore]
         if ignore:
             obj["ignore"] = ignore
         if self.only:
@@ -184,6 +190,8 @@ def why_excluded(policy: Policy, endpoint: Endpoint) -> str | None:
     """Why POLICY rules ENDPOINT out, or None when it is allowed."""
     if any(_slug_matches(s, endpoint) for s in policy.ignore):
         return "ignored"
+    if any(_slug_matches(s, endpoint) for s in policy.quarantine):
+        return "quarantined: served another model (identity)"
     if policy.only and not any(_slug_matches(s, endpoint) for s in policy.only):
         return "not in --only-provider"
     if policy.quantizations and (endpoint.quantization or "unknown") not in policy.quantizations:
@@ -293,6 +301,8 @@ def routing_violation(policy: Policy, served: str | None, endpoints: list[Endpoi
     probe = Endpoint(provider_name=served)
     if any(_slug_matches(s, probe) for s in policy.ignore):
         return f"served by {served}: ignored"
+    if any(_slug_matches(s, probe) for s in policy.quarantine):
+        return f"served by {served}: quarantined: served another model (identity)"
     if policy.only and not any(_slug_matches(s, probe) for s in policy.only):
         return f"served by {served}: not in --only-provider"
     return None

@@ -12,7 +12,10 @@ report` does (infer/report_files.py), and keeps per dataset what the plots need:
     a line with `response`                 an answer (kp-infer): usage, provider, finish
                                            reason, latency, `finished_at`, the answers
                                            `refused` before it, `conversation`/`turn`/
-                                           `turns` when it is a turn of a conversation
+                                           `turns` when it is a turn of a conversation,
+                                           `identity` when its run checked it (--tokenizer;
+                                           and the quarantine in OUTPUT.identity.json beside
+                                           a responses file)
     a line with `kind` and `status`        a failure (--failures): its kind, its refused
                                            answers and their cost, its `time`
     a line with `line` and `reason`        a reject (kp-tokenize --rejects)
@@ -43,9 +46,12 @@ from typing import Any
 import msgspec
 
 from ..errors import InputError
+from ..infer.identity_table import IdentityTable
 from ..infer.providers_table import REFUSAL_KINDS, ProviderTable
+from ..infer.report_files import add_identity, take_in_quarantine
 from ..io import describe_decode_error, iter_lines
-from ..records import Refusal, Resegmented, Usage
+from ..kinds import RefusalKind
+from ..records import Identity, Refusal, Resegmented, Usage
 from ..shard.readback import read_lengths, shard_sets
 from ..shard.writer import MANIFEST
 from ..tokenize.stats import SampledTable
@@ -83,6 +89,7 @@ class _Line(msgspec.Struct):
     conversation: Any = None
     turn: int | None = None
     turns: int | None = None
+    identity: Identity | None = None  # the counts its run checked it against
     # a token record's
     input_ids: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     output_ids: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
@@ -202,6 +209,7 @@ class DatasetFacts:
     rows: Rows = field(default_factory=Rows)
     token_rows: Rows = field(default_factory=lambda: Rows("token records"))
     shard_sets: list[str] = field(default_factory=list)
+    identity: IdentityTable = field(default_factory=IdentityTable)  # kp-infer --tokenizer
 
     @property
     def spend(self) -> float:
@@ -248,6 +256,7 @@ class BuildFacts:
             every.rows.output.extend(rows.output)
             every.rows.dropped.update(rows.dropped)
             every.shard_sets += d.shard_sets
+            every.identity.merge(d.identity)
         every.rows.source = " + ".join(sorted({d.training_rows().source for d in self.datasets.values()
                                                if len(d.training_rows())}))
         return every
@@ -322,6 +331,8 @@ class _Reader:
                     continue
                 raise InputError(describe_decode_error(e, ended), path, lineno) from None
             self._line(line, path, lineno, file_dataset)
+        if file_dataset in self.facts.datasets:  # (its identity file names its providers)
+            take_in_quarantine(self.facts.of(file_dataset).identity, path)
 
     def _line(self, line: _Line, path: str, lineno: int, file_dataset: str) -> None:
         if line.input_ids is not msgspec.UNSET and line.output_ids is not msgspec.UNSET:
@@ -341,6 +352,7 @@ class _Reader:
                 self.answered.add((dataset.name, line.id))
                 self.dataset_of[line.id] = dataset.name
             self._keep(dataset, self._answer(line), line.refused)
+            add_identity(dataset.identity, line.provider, line.identity, line.usage or Usage())
         elif line.kind is not None and line.status is not None:
             dataset = self.facts.of(line.dataset or file_dataset)
             dataset.failures[line.kind] += 1
@@ -369,6 +381,8 @@ class _Reader:
 
     def _refusal(self, dataset: DatasetFacts, r: Refusal, at: float | None) -> None:
         dataset.refused.append(RefusedAnswer(r.provider or "unknown", r.kind, r.cost))
+        if r.kind == RefusalKind.IDENTITY:
+            dataset.identity.checked(r.provider, r.offset, None, refused=True)
         self._pay(dataset, at, r.cost)
 
     def _pay(self, dataset: DatasetFacts, at: float | None, cost: float) -> None:

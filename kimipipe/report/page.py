@@ -129,7 +129,7 @@ def _overview(facts: BuildFacts, settings: Settings) -> str:
 
 def _provider_table(rows: list[dict]) -> str:
     head = ["provider", "answers", "share", "mean tok", "p95 tok", "reasoning", "tok/s", "latency p50",
-            "latency p95", "$/M out", "cost", "refused: routing / no reasoning / think", "refused cost",
+            "latency p95", "$/M out", "cost", "refused: routing / no reasoning / think / identity", "refused cost",
             "finish"]
     out = []
     for r in rows:
@@ -143,6 +143,24 @@ def _provider_table(rows: list[dict]) -> str:
             "/".join(str(r["refused"][k]) for k in REFUSAL_KINDS), money(r["refused_cost"]),
             _e(" ".join(f"{k} {v}" for k, v in r["finish_reasons"].items()))])
     return _table(head, out)
+
+
+def _identity_table(d: DatasetFacts) -> str:
+    """Per provider, its answers' counts against the target's (kp-infer --tokenizer)."""
+    rows = d.identity.rows()
+    if not rows:
+        return ('<p class="meta">No answer was checked against the target model\'s token counts '
+                "(kp-infer --tokenizer checks each one).</p>")
+    head = ["provider", "checked", "refused for identity", "offset", "completion ratio",
+            "quarantined", "offsets seen"]
+    out = [[_e(r["provider"]), f"{r['checked']:,}", f"{r['refused']:,}",
+            "-" if r["offset"] is None else f"{r['offset']:+d}",
+            "-" if r["completion_ratio"] is None else f"{r['completion_ratio']:.3f}",
+            "yes" if r["quarantined"] else "no",
+            _e(", ".join(f"{k} x{n:,}" for k, n in r["offsets"].items()))] for r in rows]
+    return (_table(head, out) + '<p class="meta">offset: usage.prompt_tokens minus kimipipe\'s '
+            "count of the prompt as the target's chat template renders it (0: token for token); "
+            "completion ratio: usage.completion_tokens over the answer re-encoded.</p>")
 
 
 def _provider_plots(d: DatasetFacts, rows: list[dict], colors: Colors, prefix: str) -> list:
@@ -184,6 +202,7 @@ def render(facts: BuildFacts, settings: Settings, now: datetime.datetime | None 
                build_plots.finish_reasons(by_dataset_groups + by_provider_groups)]),
         '<h2 id="providers">Providers, side by side</h2>', _provider_table(rows),
         _grid(_provider_plots(build, rows, colors, "")),
+        '<h2 id="identity">Identity: the target model\'s answers?</h2>', _identity_table(build),
         '<h2 id="rows">The rows (what the trainer reads)</h2>',
         _grid([build_plots.row_lengths(datasets, colors), build_plots.kept_whole(datasets, colors)]),
         _dropped(datasets),

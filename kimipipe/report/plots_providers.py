@@ -218,10 +218,18 @@ def token_deltas(d: DatasetFacts, colors: Colors, key: str = "deltas") -> Plot |
             patch.set_facecolor(colors.provider(p))
             patch.set_alpha(0.7)
         canvas.data(box["boxes"], box["medians"], box["whiskers"])
+        # a provider whose every row has one delta (0, when its counts are kimipipe's: what
+        # the stand-in counting with the build's tokenizer gives) is a box of no width: a
+        # marker shows where it stands
+        for row, p in enumerate(names, start=1):
+            if len(set(values[p])) == 1:
+                canvas.data(ax.plot([values[p][0]], [row], marker="D", markersize=6, ls="none",
+                                    color=colors.provider(p))[0])
         ax.axvline(0, color=BUILD_COLOR, lw=0.8)
         ax.set_title(f"{name}_tokens_delta")
         ax.set_xlabel("tokens (usage minus len(ids))")
-    return canvas.plot(title, "Boxes: quartiles and median; whiskers: 1st to 99th percentile. Zero: the "
+    return canvas.plot(title, "Boxes: quartiles and median; whiskers: 1st to 99th percentile; a "
+                              "diamond: every row at one value. Zero: the "
                               "provider counts the tokens kp-tokenize wrote; a steady offset for one "
                               "provider: it renders the prompt differently.")
 

@@ -38,6 +38,11 @@ Provider quirks (PROVIDER: a tag or provider name, as provider.only takes it):
                                     tokens, a share --noncanonical cut otherwise; VARIANT:
                                     all, content, null-bytes, specials, gap, bad-bytes:
                                     standin/logprobs.py)
+    --impostor PROVIDER=N[:HOW]     from its N-th answer that provider serves another model
+                                    under the target's name: other text, usage counted
+                                    by HOW: words (default), system=TEXT (an injected
+                                    system prompt), tokenizer=DIR, template=FILE
+                                    (standin/impostors.py: the facts each rests on)
     --not-distillable               the models' authors do not allow distillation
                                     (is_trainable_text false; enforce_distillable_text
                                     requests get the no-route 404)
@@ -139,6 +144,20 @@ def parse_fault(text: str) -> tuple[str, float]:
     return kind, value
 
 
+def parse_impostor(text: str) -> tuple[str, tuple[int, str]]:
+    from .impostors import check_impostor
+    slug, sep, rest = text.partition("=")
+    after, _, how = rest.partition(":")
+    try:
+        value = (int(after), how or "words")
+        check_impostor(*value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected PROVIDER=N[:HOW], got {text!r}: {e}") from None
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected PROVIDER=N[:HOW], got {text!r}")
+    return parse_provider(slug), value
+
+
 def parse_price_override(text: str) -> tuple[str, tuple[float, int | None]]:
     slug, sep, rest = text.rpartition("=")
     factor, _, min_prompt = rest.partition(":")
@@ -230,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "its supported_parameters): it samples at its own values and "
                              "drops what is sent, unless provider.require_parameters is true, "
                              "which routes around it")
+    quirks.add_argument("--impostor", action="append", type=parse_impostor, default=[],
+                        metavar="PROVIDER=N[:HOW]",
+                        help="from its N-th answer on, that provider serves another model "
+                             "under the target's name: other text, its usage counted by HOW: "
+                             "words (default: another tokenizer), system=TEXT (an injected "
+                             "system prompt), tokenizer=DIR, template=FILE (the --tokenizer "
+                             "under another chat template); see standin/impostors.py")
     quirks.add_argument("--not-distillable", action="store_true",
                         help="the models' authors do not allow distillation: "
                              "is_trainable_text false in /models, and a request with "
@@ -363,6 +389,7 @@ def main(argv: list[str] | None = None) -> None:
         price_overrides=dict(args.price_override), discounts=dict(args.discount),
         no_cost_rate=args.no_cost, no_usage_rate=args.no_usage,
         generation_delay=args.generation_delay, tokenizer=args.tokenizer, mode=args.mode,
+        impostors=dict(args.impostor),
         noncanonical_rate=args.noncanonical, system_prompt=args.system_prompt,
         served_model_name=args.served_model_name)
     try:

@@ -66,6 +66,9 @@ class Config:
     tokenizer: str | None = None  # count usage with this tokenizer directory (token_counts.py)
     # token logprobs (logprobs.py): provider slug -> variant (what its logprobs cover)
     logprobs: dict[str, str] = field(default_factory=dict)
+    # providers that serve another model from their N-th answer (impostors.py): slug ->
+    # (N, how its usage is counted: words | system=TEXT | tokenizer=DIR | template=FILE)
+    impostors: dict[str, tuple] = field(default_factory=dict)
     # -- the wire's documented variants (streaming, errors, endpoints table) --
     stream_usage: str = "own-chunk"   # STREAM_USAGES
     midstream_code: str = "502"       # MIDSTREAM_CODES
@@ -150,8 +153,11 @@ class Config:
             if variant not in LOGPROBS_VARIANTS:
                 raise ValueError(f"logprobs variant for {slug} must be one of "
                                  f"{', '.join(LOGPROBS_VARIANTS)}")
+        from .impostors import check_impostor
+        for after, how in self.impostors.values():
+            check_impostor(int(after), str(how))
         for slug in [*self.drop_reasoning, *self.inline_reasoning, *self.unopened_reasoning,
-                     *self.ignore_sampling, *self.logprobs,
+                     *self.ignore_sampling, *self.logprobs, *self.impostors,
                      *self.price_overrides, *self.discounts]:
             if not known_provider(slug):
                 raise ValueError(f"unknown provider {slug!r} (a tag or provider name of the "
@@ -191,6 +197,7 @@ LIVE_SETTINGS = {
     "hold_after": _nullable(int),
     "noncanonical_rate": _nullable(float), "system_prompt": _nullable(str),
     "logprobs": lambda v: {str(k): str(r) for k, r in dict(v).items()},
+    "impostors": lambda v: {str(k): (int(n), str(how)) for k, (n, how) in dict(v).items()},
 }
 
 

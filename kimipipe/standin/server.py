@@ -16,8 +16,9 @@ including require_parameters and enforce_distillable_text) -> moderation marker 
 one request's worst case against what it may reserve (402 weight_exceeds_budget, or the
 key limit's 402) -> in-flight budget (402 in_flight_budget_exhausted + Retry-After; else
 the worst case is reserved until the request ends + --settle) -> fault draw -> the
-provider's quirks (dropped/inline reasoning, ignored sampling) -> its token logprobs
-(logprobs.py, `--logprobs`) -> answer (with latency and token rate) -> charge -> last chunk. Every 402/403 is counted in stats `refusals` by
+provider's quirks (dropped/inline reasoning, ignored sampling, an impostor serving another
+model: impostors.py) -> its token logprobs (logprobs.py, `--logprobs`) -> answer (with
+latency and token rate) -> charge -> last chunk. Every 402/403 is counted in stats `refusals` by
 status and reason (or limit_source, or "moderation").
 
 Every generation id begins `gen-standin-` (OpenRouter's: `gen-<unix time>-<random>`): the
@@ -81,6 +82,7 @@ from .answers import (
 from .availability import availability, unavailable_error
 from .billing import billed_prices
 from .config import CREDITS_MODES, DEFAULT_NONCANONICAL, FAULT_KINDS, Config, changed
+from .impostors import Impostors, impostor_body
 from .jobs import Job
 from .metadata import MetadataEndpoints
 from .providers import (
@@ -165,8 +167,9 @@ class StandIn(MetadataEndpoints):
         self.token_source = None  # token logprobs' tokenizer (logprobs.py), loaded when first asked
         self.counter = None
         if config.tokenizer:
-            from .token_counts import TokenCounter
-            self.counter = TokenCounter(config.tokenizer)
+            from .token_counts import counter_for
+            self.counter = counter_for(config.tokenizer)
+        self.impostors = Impostors(config.tokenizer)  # providers serving another model
 
     def close(self) -> None:
         if self._ledger:
@@ -531,10 +534,18 @@ class StandIn(MetadataEndpoints):
             drop = rate > 0 and self.quirk_rng.random() < rate
         inline = reasoning and not drop and matches_any(endpoint, cfg.inline_reasoning)
         unopened = reasoning and not drop and matches_any(endpoint, cfg.unopened_reasoning)
-        answer = answer_for_request(body, honours_sampling=honours, drop_reasoning=drop,
-                                    inline_reasoning=inline, unopened_reasoning=unopened,
-                                    counter=self.counter)
+        impostor = self.impostors.serving(cfg.impostors, endpoint) if cfg.impostors else None
+        served = None if impostor is None else impostor_body(body, impostor)
+        if served is None:
+            impostor = None
+        answer = answer_for_request(
+            body if served is None else served, honours_sampling=honours,
+            drop_reasoning=drop, inline_reasoning=inline, unopened_reasoning=unopened,
+            counter=self.counter if impostor is None else self.impostors.counter(impostor, self.counter))
         extra: dict = {}
+        if impostor is not None:
+            extra["impostor"] = True
+            self.quirks["impostor"] += 1
         applied, dropped = applied_sampling(body, honours_sampling=honours)
         if not honours or any(k in body for k in SAMPLING_PARAMETERS):
             extra["sampling"] = applied

@@ -26,17 +26,29 @@ from pathlib import Path
 
 from .answers import Answer, message_text
 
+_LOADED: dict[tuple[str, str | None], TokenCounter] = {}
+
+
+def counter_for(directory: str | Path, chat_template: str | None = None) -> TokenCounter:
+    """DIRECTORY's counter, loaded once per process: a stand-in forked from a process that
+    loaded it already (testing.py, `PRELOAD`) starts with it."""
+    key = (str(Path(directory).resolve()), chat_template)
+    if key not in _LOADED:
+        _LOADED[key] = TokenCounter(directory, chat_template)
+    return _LOADED[key]
+
 
 class TokenCounter:
     """Counts through the tokenizer's own API (transformers' `apply_chat_template`, the
     tokenizer's `encode`), as a server does, not through kp-tokenize's code: the deltas
     kp-tokenize writes against these counts compare two ways of counting."""
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, chat_template: str | None = None):
         from ..tokenize.load import load_tokenizer, offline_environment
 
         offline_environment()
-        self.tok = load_tokenizer(Path(directory), trust_remote_code=True)
+        self.tok = load_tokenizer(Path(directory), trust_remote_code=True,
+                                  chat_template=chat_template)
         self.kimi_encode = "allow_special_tokens" in inspect.signature(self.tok.encode).parameters
 
     def _text_tokens(self, text: str) -> int:

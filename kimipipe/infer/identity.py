@@ -1,0 +1,532 @@
+"""Whether an answer is the target model's: its own token counts against the target's.
+
+A drafter learns the target model, and an answer from anything else poisons the data while
+looking normal (HTTP 200, plausible text, a normal bill): a host that redirects the
+model's calls to another model (DeepInfra announced it would send Kimi K2.5's to Kimi
+K3), one that adds a system prompt of its own, another template or tokenizer. Every answer
+already carries the evidence: `usage.prompt_tokens` is counted by the serving stack, with
+the serving model's tokenizer, over the prompt as it rendered it. With `--tokenizer DIR`
+kp-infer counts each request's prompt as the target's chat template renders it
+(tokenize/counting.py: kp-tokenize's own loading, template and encoding; a conversation's
+turn k with its whole history, as infer/conversations.py builds it), once per prompt, and
+checks every answer as it is accepted (infer/acceptance.py, after routing and reasoning):
+
+    offset = usage.prompt_tokens - kimipipe's count
+
+The expected offset is learned, not assumed, per kind of prompt (with a system message
+first, or without: a default system prompt is added only where a conversation has none):
+0 is always the target's (the prompt as kimipipe renders it, token for token), and a
+constant C is too once the providers that agree show it: at least two, more than those at
+0 (each provider votes with the offset most of its answers show). That is the rendering
+kimipipe was given differing from what every host renders (a default system prompt the
+template omits, another template version): not quarantined, said in the summary with the
+rendered prompt to compare, and the `--chat-template` to fix. An answer at any other
+offset is refused (`RefusalKind.IDENTITY`, its cost counted like every refused answer) and
+its prompt sent again with that provider ignored for it:
+
+    a provider whose answers were at an accepted offset and now are not (it switched:
+    honest, then redirected) is refused from its first such answer;
+    counts whose offset varies from prompt to prompt are another tokenizer;
+    a constant offset that only this provider shows is refused once the others answering
+    cannot make it the shared one (they are at 0, or none is left to answer);
+    until then the answer waits, holding no concurrency slot (so the next requests reach
+    the other providers), for up to WAIT_SECONDS; unconfirmed by then, it is refused.
+
+Until a first answer is found the target's, a run keeps at most PROBATION requests in
+flight (`probation`): a host that serves another model from the start (the only one left,
+redirecting) costs those answers, not all of --concurrency's, before it is quarantined.
+
+A provider refused this way `--identity-strikes` times is quarantined: its endpoints' tags
+go into `provider.ignore` of every request from then on (Policy.quarantine), it is named on
+stderr once with its typical offset and an example, and it is written to OUTPUT's identity
+file (`contracts.IdentityState`, `OUTPUT.identity.json`), which a resume reads (prepare).
+When the quarantine leaves the endpoints table no allowed provider, the run stops
+(exit 2, resumable: StopReason.IDENTITY): what to do then is docs/real-run.md's.
+
+The completion side is a second signal: usage.completion_tokens against the answer's text
+re-encoded plus its structural tokens (`completion_ratio`, ~1.0 for the target's
+tokenizer), counted on a sample of each provider's answers (COMPLETION_FIRST, then one in
+COMPLETION_EVERY; every answer whose prompt side cannot judge). It is reported always
+(per provider, the sample's median); it refuses an answer only where it is unambiguous: an
+answer of at least LONG_ANSWER tokens whose ratio is outside FAR (another tokenizer
+family, or counting words) and whose prompt side says nothing (no prompt count). A far
+ratio beside a prompt count that matches is reasoning the provider bills but does not
+return in full, not another model.
+
+Answers of a self-hosted `--server` are not checked here (their usage is the server's,
+and kp-tokenize compares its token IDs); an answer without usage.prompt_tokens is kept,
+counted as unchecked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from ..contracts import IdentityState, Quarantined
+from ..openrouter.attempt import Attempt
+from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
+from ..records import Identity
+from .identity_table import IdentityTable, typical
+
+DEFAULT_STRIKES = 3
+# Requests in flight (their verdict not waited for) until a first answer is found the
+# target's: a run whose only provider serves another model pays for these, not for all of
+# --concurrency, before the quarantine stops it
+PROBATION = 16
+WAIT_SECONDS = 180.0  # how long an unconfirmed constant offset waits for the others
+LONG_ANSWER = 256  # tokens (kimipipe's count) before a completion ratio can be far
+# The completion side is counted on each provider's first COMPLETION_FIRST answers, then on
+# one in COMPLETION_EVERY (and always where the prompt side cannot judge): re-encoding an
+# answer costs as much as counting its prompt, and a ratio's median needs no more
+COMPLETION_FIRST, COMPLETION_EVERY = 32, 8
+FAR = (0.5, 2.0)  # completion ratios outside this: not the target's tokenizer
+_SHOWN = 600  # characters of a rendered prompt a message shows
+
+ACCEPT, OFF, PENDING, UNCHECKED = "accept", "off", "pending", "unchecked"
+SYSTEM_FIRST, NO_SYSTEM = "with a system message first", "without a system message"
+
+
+def tokenizer_settings(config):
+    """The tokenize.engine.Settings kp-tokenize would load for this run (RunConfig):
+    thinking as the request asks, the preset of the model (Kimi K2.6's keeps earlier
+    reasoning in its history: `kimi-k2.6`; else the tokenizer's own, `auto`)."""
+    from ..tokenize.engine import Settings
+
+    template = None
+    if config.chat_template:
+        with open(config.chat_template, encoding="utf-8") as f:
+            template = f.read()
+    preset = "kimi-k2.6" if config.request.model.lower() == "moonshotai/kimi-k2.6" else "auto"
+    return Settings(tokenizer_dir=config.tokenizer, trust_remote_code=config.trust_remote_code,
+                    chat_template=template, preset=preset,
+                    thinking=config.request.asks_for_reasoning())
+
+
+def check_tokenizer(config) -> None:
+    """What can be checked of --tokenizer before anything is read or sent, without loading
+    it (no such directory, not a tokenizer's, code to run without --trust-remote-code):
+    exit 2 (tokenize/load.py)."""
+    from ..tokenize.load import prepare_tokenizer_dir
+
+    config.tokenizer = str(prepare_tokenizer_dir(config.tokenizer, config.trust_remote_code))
+
+
+def load_counts(config):
+    """The target's counts (tokenize/counting.py TargetCounts), loaded and checked as
+    kp-tokenize loads them: a tokenizer or template that does not load, or whose layout
+    the preset does not match, is exit 2 before any request."""
+    from ..tokenize.counting import TargetCounts
+
+    return TargetCounts(tokenizer_settings(config))
+
+
+UNCHECKED_WARNING = ("kp-infer: warning: answers' identity is unchecked: nothing compares their "
+                     "token counts with the target model's, so an answer from another model (a "
+                     "host redirecting the model, an injected system prompt) would be kept; "
+                     "pass --tokenizer DIR (the target's tokenizer, as kp-tokenize takes it) "
+                     "to check every answer")
+
+
+def state_path(output: str) -> str | None:
+    """Where a run on OUTPUT keeps its identity state (None for stdout)."""
+    return None if output == "-" else f"{output}.identity.json"
+
+
+def read_state(path: str | None) -> IdentityState:
+    """The identity file at PATH (an empty state when there is none)."""
+    if path is None or not os.path.exists(path):
+        return IdentityState()
+    try:
+        with open(path, "rb") as f:
+            return msgspec.json.decode(f.read(), type=IdentityState)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        from ..errors import InputError
+        raise InputError(f"not kp-infer's identity file ({e}); remove it to lift its "
+                         "quarantine", path) from None
+
+
+def write_state(path: str, state: IdentityState) -> None:
+    """STATE written whole under a temporary name, then renamed into place."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(msgspec.json.encode(state) + b"\n")
+    os.replace(tmp, path)
+
+
+def prompt_kind(messages: Sequence) -> str:
+    """The kind of prompt an offset is learned for: a system message first, or none."""
+    return SYSTEM_FIRST if messages and messages[0].role == "system" else NO_SYSTEM
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= _SHOWN else text[:_SHOWN] + "...")
+
+
+@dataclass
+class Check:
+    """One answer's counts against kimipipe's, and the verdict on them."""
+
+    prompt_id: str
+    provider: str
+    kind: str  # prompt_kind
+    count: int  # kimipipe's count of the prompt
+    reported: int  # usage.prompt_tokens (0: not reported)
+    completion_count: int | None  # kimipipe's count of the answer (None: not sampled)
+    completion_reported: int
+    messages: Sequence = field(repr=False, default=())
+    verdict: str = ""
+    why: str = ""
+
+    @property
+    def offset(self) -> int | None:
+        return self.reported - self.count if self.reported else None
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.completion_count or not self.completion_reported:
+            return None
+        return self.completion_reported / self.completion_count
+
+    @property
+    def far(self) -> bool:
+        ratio = self.ratio
+        return (ratio is not None and (self.completion_count or 0) >= LONG_ANSWER
+                and not FAR[0] <= ratio <= FAR[1])
+
+    def mark(self) -> Identity:
+        """What the answer's record says it was checked against."""
+        return Identity(prompt_tokens=self.count, completion_tokens=self.completion_count,
+                        offset=self.offset)
+
+    def counts(self) -> str:
+        return (f"{self.prompt_id}: {self.provider} counted {self.reported:,} prompt tokens, "
+                f"kimipipe {self.count:,} ({self.offset:+d})" if self.offset is not None else
+                f"{self.prompt_id}: {self.provider} counted {self.completion_reported:,} "
+                f"completion tokens, kimipipe {self.completion_count:,}")
+
+
+@dataclass
+class _Evidence:
+    """What one provider's answers showed, per kind of prompt."""
+
+    offsets: dict[str, Counter] = field(default_factory=dict)
+    answers: int = 0  # measured
+    accepted: Counter = field(default_factory=Counter)  # answers at an accepted offset, by kind
+    strikes: int = 0
+    refused_offsets: Counter = field(default_factory=Counter)
+    ratios: list[float] = field(default_factory=list)
+    example: str = ""  # its first refused answer's counts
+
+
+class IdentityJudge:
+    """The identity checks of one run: COUNTS (tokenize/counting.py TargetCounts), the run's
+    POLICY (its `quarantine` list is this judge's to add to), the ENDPOINTS table (None: not
+    read), STRIKES (--identity-strikes), SAY (stderr), STATE_PATH (the identity file, None
+    for stdout) holding STATE (read by prepare), and STOP, called once when a quarantine
+    leaves no allowed provider."""
+
+    def __init__(self, counts, policy: Policy, endpoints: list[Endpoint] | None,
+                 strikes: int = DEFAULT_STRIKES, say: Callable[[str], None] = lambda _: None,
+                 state_path: str | None = None, state: IdentityState | None = None,
+                 stop: Callable[[], None] = lambda: None, wait: float = WAIT_SECONDS):
+        self.counts = counts
+        self.policy = policy
+        self.endpoints = endpoints
+        self.strikes = strikes
+        self.say = say
+        self.state_path = state_path
+        self.state = state or IdentityState()
+        self.stop = stop
+        self.wait = wait
+        self.table = IdentityTable()
+        self._evidence: dict[str, _Evidence] = {}
+        self._changed = asyncio.Event()
+        self._shared_said: set[tuple[str, int]] = set()
+        self.shared: dict[str, dict] = {}  # kind -> the constant the providers share, shown
+        for q in self.state.quarantined:  # (prepare put their slugs in the policy already)
+            self.table.quarantine(q.provider)
+        self.none_left = False
+        self.confirmed = False  # an answer was accepted (admission's probation is over)
+        self.waiting = 0  # checks waiting for the others' answers (holding no slot)
+        self._precounted: dict[str, int | None] = {}  # prompt id -> its count (`precount`)
+
+    # -- counting (once per prompt: infer/prompt_work.py keeps it) -------------------------
+    def count(self, messages: Sequence, prompt_id: str | None = None) -> int | None:
+        """kimipipe's count of a prompt (PROMPT_ID's, counted ahead by `precount` if it
+        was); None when the template cannot render it (then its answers are kept
+        unchecked, as kp-tokenize would reject the row itself)."""
+        if prompt_id is not None and prompt_id in self._precounted:
+            return self._precounted.pop(prompt_id)
+        try:
+            return self.counts.prompt_tokens(messages)
+        except Exception:
+            return None
+
+    def precount(self, prompts: Sequence) -> None:
+        """Count PROMPTS (records.Prompt, about to be admitted) as one batch: rendered and
+        encoded back to back, each costs a third of what it costs alone between answers
+        (bench/README.md); `count` hands each its own."""
+        try:
+            found = self.counts.prompt_tokens_many([p.messages for p in prompts])
+        except Exception:
+            return  # (each is counted alone, at its answer)
+        self._precounted.update((p.id, n) for p, n in zip(prompts, found, strict=True))
+
+    # -- the check --------------------------------------------------------------------------
+    def measure(self, prompt_id: str, messages: Sequence, count: int | None,
+                answer: Attempt) -> Check:
+        """ANSWER's counts against kimipipe's (COUNT: its prompt's), recorded as evidence of
+        its provider; no verdict yet."""
+        provider = answer.provider or "unknown"
+        evidence = self._evidence.setdefault(provider, _Evidence())
+        evidence.answers += 1
+        reported = answer.prompt_tokens if count is not None and answer.usage_seen else 0
+        completion = None
+        if (not reported or evidence.answers <= COMPLETION_FIRST
+                or evidence.answers % COMPLETION_EVERY == 0):
+            completion = self.counts.completion_tokens(answer.reasoning, answer.content,
+                                                       answer.finish_reason == "length")
+        check = Check(prompt_id, provider, prompt_kind(messages), count or 0, reported,
+                      completion, answer.completion_tokens if answer.usage_seen else 0, messages)
+        if check.ratio is not None:
+            evidence.ratios.append(check.ratio)
+        if check.offset is not None:
+            evidence.offsets.setdefault(check.kind, Counter())[check.offset] += 1
+        return check
+
+    def check(self, prompt_id: str, messages: Sequence, count: int | None, answer: Attempt) -> Check:
+        """ANSWER to the prompt PROMPT_ID (its MESSAGES, counted COUNT): measured, and its
+        verdict (ACCEPT, OFF, PENDING: `settle` waits for it, UNCHECKED) booked."""
+        check = self.measure(prompt_id, messages, count, answer)
+        if check.offset is None:
+            check.verdict, check.why = (OFF, self.far_why(check)) if check.far else (UNCHECKED, "")
+        else:
+            check.verdict, check.why = self.verdict(check)
+        self._conclude(check, count_strike=True)
+        if check.verdict == PENDING:  # (its evidence may settle another waiting check)
+            self._wake()
+        return check
+
+    async def settle(self, check: Check, stopping: asyncio.Event) -> Check:
+        """A PENDING CHECK's verdict, waiting for the others' answers (see the module's
+        text); a stop meanwhile refuses it without a strike (it was not shown wrong)."""
+        deadline = time.monotonic() + self.wait
+        self.waiting += 1
+        try:
+            await self._settle(check, stopping, deadline)
+        finally:
+            self.waiting -= 1
+        return check
+
+    async def _settle(self, check: Check, stopping: asyncio.Event, deadline: float) -> None:
+        while check.verdict == PENDING:
+            verdict, why = self.verdict(check)
+            if verdict != PENDING:
+                check.verdict, check.why = verdict, why
+                self._conclude(check, count_strike=True)
+                break
+            left = deadline - time.monotonic()
+            if stopping.is_set() or left <= 0:
+                check.verdict = OFF
+                check.why = (f"prompt_tokens {check.offset:+d} from kimipipe's count, which no "
+                             "other provider has shown "
+                             + ("before the run stopped" if stopping.is_set()
+                                else f"within {self.wait:g} s"))
+                self._conclude(check, count_strike=not stopping.is_set())
+                break
+            changed = asyncio.ensure_future(self._changed.wait())
+            stopped = asyncio.ensure_future(stopping.wait())
+            try:
+                await asyncio.wait({changed, stopped}, timeout=left,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+                stopped.cancel()
+
+    async def probation(self, in_flight: Callable[[], int], stopping: asyncio.Event) -> None:
+        """Hold admission while no answer has been found the target's and PROBATION
+        requests are in flight (IN_FLIGHT: the run's count, checks waiting excluded)."""
+        while (not self.confirmed and not stopping.is_set()
+               and in_flight() - self.waiting >= PROBATION):
+            changed = asyncio.ensure_future(self._changed.wait())
+            stopped = asyncio.ensure_future(stopping.wait())
+            try:
+                await asyncio.wait({changed, stopped}, timeout=1.0,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+                stopped.cancel()
+
+    def refusal(self, check: Check) -> str:
+        """The refusal's message: why, with the two counts."""
+        return f"not the target model's counts: {check.why} ({check.counts()})"
+
+    # -- verdicts ---------------------------------------------------------------------------
+    def _modes(self, kind: str) -> dict[str, int]:
+        """Each provider's offset (the one most of its answers show) for prompts of KIND;
+        quarantined providers have no vote."""
+        return {name: typical(e.offsets[kind]) for name, e in self._evidence.items()
+                if e.offsets.get(kind) and not self.table.is_quarantined(name)}
+
+    def accepted_offsets(self, kind: str) -> set[int]:
+        """0, and the constant the providers that agree show, if they do (module's text)."""
+        modes = self._modes(kind)
+        at_zero = sum(1 for v in modes.values() if v == 0)
+        constants = Counter(v for v in modes.values() if v != 0).most_common(2)
+        if constants:
+            (value, n), runner_up = constants[0], constants[1][1] if len(constants) > 1 else 0
+            if n >= 2 and n > at_zero and n > runner_up:
+                return {0, value}
+        return {0}
+
+    def _unseen(self, kind: str, provider: str) -> int:
+        """Allowed providers that have not answered a prompt of KIND yet (besides PROVIDER)."""
+        if self.endpoints is None:
+            return 0
+        names = {e.provider_name.lower() for e in allowed_endpoints(self.policy, self.endpoints)}
+        seen = {name.lower() for name, e in self._evidence.items() if e.offsets.get(kind)}
+        return len(names - seen - {provider.lower()})
+
+    def verdict(self, check: Check) -> tuple[str, str]:
+        """CHECK's verdict on the evidence now (ACCEPT, OFF with why, or PENDING)."""
+        offset, kind, name = check.offset, check.kind, check.provider
+        if offset == 0:  # (always the target's: the prompt as kimipipe renders it)
+            return ACCEPT, ""
+        accepted = self.accepted_offsets(kind)
+        if offset in accepted:
+            return ACCEPT, ""
+        if check.far and offset != 0:
+            return OFF, self.far_why(check)
+        evidence = self._evidence[name]
+        expected = "/".join(f"{v:+d}" for v in sorted(accepted))
+        if evidence.accepted[kind]:
+            return OFF, (f"prompt_tokens {offset:+d} from kimipipe's count, where its earlier "
+                         f"answers were at {expected}: it serves another model now")
+        seen = evidence.offsets[kind]
+        if len(seen) > 1:
+            return OFF, (f"prompt_tokens {offset:+d} from kimipipe's count, and its offsets vary "
+                         f"from prompt to prompt ({', '.join(f'{v:+d}' for v in sorted(seen)[:4])}"
+                         f"{'...' if len(seen) > 4 else ''}): another tokenizer or template")
+        modes = self._modes(kind)
+        at_zero = sum(1 for v in modes.values() if v == 0)
+        same = 1 + sum(1 for other, v in modes.items() if v == offset and other != name)
+        possible = same + self._unseen(kind, name)
+        if possible >= 2 and possible > at_zero:
+            return PENDING, ""
+        if not modes.keys() - {name} and possible < 2:
+            why = (f"prompt_tokens {offset:+d} from kimipipe's count on every answer, and no other "
+                   "provider is left to tell whether it or the chat template differs")
+        else:
+            why = (f"prompt_tokens {offset:+d} from kimipipe's count, where {at_zero} other "
+                   f"provider(s) are at {expected}: it renders prompts otherwise (an injected "
+                   "system prompt, another template) or serves another model")
+        return OFF, why
+
+    @staticmethod
+    def far_why(check: Check) -> str:
+        return (f"completion_tokens {check.completion_reported:,} for {check.completion_count:,} "
+                f"tokens of text (ratio {check.ratio:.2f}): another tokenizer")
+
+    def _conclude(self, check: Check, count_strike: bool) -> None:
+        """Book a final verdict (PENDING books nothing yet) and wake the waiting checks."""
+        if check.verdict == PENDING:
+            return
+        evidence = self._evidence[check.provider]
+        refused = check.verdict == OFF
+        self.table.checked(check.provider, check.offset, check.ratio, refused=refused)
+        if check.verdict in (ACCEPT, UNCHECKED):
+            self.confirmed = True
+        if check.verdict == ACCEPT:
+            evidence.accepted[check.kind] += 1
+            self._note_shared(check)
+        elif refused:
+            if check.offset is not None:
+                evidence.refused_offsets[check.offset] += 1
+            evidence.example = evidence.example or check.counts()
+            if count_strike:
+                evidence.strikes += 1
+                if evidence.strikes >= self.strikes:
+                    self._quarantine(check.provider, evidence)
+        self._wake()
+
+    def _wake(self) -> None:
+        """The evidence changed: the checks waiting (and admission on probation) look again."""
+        if self.waiting or not self.confirmed or self._changed._waiters:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    def _note_shared(self, check: Check) -> None:
+        """The first answer accepted at a shared constant: said once, with the prompt."""
+        offset = check.offset
+        if not offset or (check.kind, offset) in self._shared_said:
+            return
+        self._shared_said.add((check.kind, offset))
+        agree = sorted(name for name, v in self._modes(check.kind).items() if v == offset)
+        try:
+            rendered = self.counts.rendered(check.messages)
+        except Exception:
+            rendered = ""
+        self.shared[check.kind] = {"offset": offset, "providers": agree,
+                                   "example": check.prompt_id, "rendered": rendered[:_SHOWN]}
+        self.say(f"kp-infer: {len(agree)} providers ({', '.join(agree)}) count prompts "
+                 f"{check.kind} {offset:+d} tokens from kimipipe's rendering, more than count "
+                 "them as kimipipe does: the chat "
+                 "template kimipipe was given differs from theirs (a default system prompt "
+                 "it omits, another template version?); accepted as shared, not "
+                 "quarantined. kp-tokenize's input_ids follow kimipipe's template: compare "
+                 f"its rendering of {check.prompt_id}, {_shown(rendered)}, with the model's "
+                 "own, and give the right one (--chat-template) to kp-infer and kp-tokenize")
+
+    def _quarantine(self, name: str, evidence: _Evidence) -> None:
+        if self.table.is_quarantined(name) or name == "unknown":
+            return
+        self.table.quarantine(name)
+        slugs = slugs_of(name, self.endpoints)
+        self.policy.quarantine.extend(s for s in slugs if s not in self.policy.quarantine)
+        ratios = sorted(evidence.ratios)
+        entry = Quarantined(
+            provider=name, slugs=slugs, refused=sum(evidence.refused_offsets.values()) or evidence.strikes,
+            offset=typical(evidence.refused_offsets), example=evidence.example,
+            at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            completion_ratio=round(ratios[len(ratios) // 2], 3) if ratios else None)
+        self.state.quarantined.append(entry)
+        where = ""
+        if self.state_path is not None:
+            try:
+                write_state(self.state_path, self.state)
+                where = f", and for its resumes ({self.state_path})"
+            except OSError as e:
+                where = f" (its identity file could not be written: {e.strerror or e})"
+        offset = "unknown" if entry.offset is None else f"{entry.offset:+d}"
+        self.say(f"kp-infer: quarantined provider {name} ({', '.join(slugs)}): {evidence.strikes} "
+                 f"answers refused for identity (--identity-strikes {self.strikes}); its prompt "
+                 f"counts are typically {offset} from the target's, e.g. {entry.example}; its "
+                 "prompts are sent again elsewhere, and it is in provider.ignore for the rest "
+                 f"of this run{where}")
+        if len(evidence.refused_offsets) == 1 and entry.offset:
+            self.say(f"kp-infer: {name}'s offset is one constant ({entry.offset:+d}), which no "
+                     "other provider confirmed: if kimipipe's chat template is the one that "
+                     "differs (a default system prompt the hosts add), give the model's own "
+                     f"with --chat-template"
+                     + (f" and remove {self.state_path} to lift the quarantine"
+                        if self.state_path else "")
+                     + "; `kp-infer --preflight` asks every provider at once")
+        if self.endpoints is not None and not allowed_endpoints(self.policy, self.endpoints):
+            self.none_left = True
+            self.stop()
+
+    # -- what the summary shows ---------------------------------------------------------------
+    def summary(self) -> dict:
+        for kind, shown in self.shared.items():  # (all that agree by the end)
+            shown["providers"] = sorted(name for name, v in self._modes(kind).items()
+                                        if v == shown["offset"])
+        return {"checked": True, "providers": self.table.rows(),
+                "shared_offsets": [{"prompts": kind, **shown} for kind, shown in self.shared.items()],
+                "quarantined": [msgspec.to_builtins(q) for q in self.state.quarantined]}
