@@ -288,3 +288,33 @@ def test_a_malformed_field_that_is_never_read_no_longer_fails_the_chunk():
             break
     assert encode(outcome) == feed([raw])
 
+
+def test_streamed_records_through_a_paced_worker_are_the_plain_records(standin, tmp_path, kp_run):
+    """End to end: the same prompts streamed through one worker process with more streams
+    open than PACE_FROM (so its loop reads in paced turns, several chunks a read), and sent
+    plain, to one provider of a stand-in whose answers are a function of the request: the
+    records are the same but for what names the generation and when it ended."""
+    from kimipipe.infer.worker_process import PACE_FROM
+
+    prompts = tmp_path / "prompts.jsonl"
+    n = PACE_FROM + 32
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "dataset": "d", "messages": [
+        {"role": "user", "content": f"Stream {i} of {n}"}]}) + "\n" for i in range(n)))
+    server = standin(latency=0.5, tokens_per_second=400)
+    records = {}
+    for mode in ("--stream", "--no-stream"):
+        out = tmp_path / f"out{mode}.jsonl"
+        r = kp_run("infer", prompts, "-o", out, "--base-url", server.base_url, "-q", mode,
+                   "--workers", "1", "--concurrency", n, "--max-tokens", 200,
+                   "--only-provider", "moonshotai", env={"OPENROUTER_API_KEY": server.api_key})
+        assert r.code == 0, r.stderr
+        rows = sorted((json.loads(line) for line in out.read_text().splitlines()),
+                      key=lambda row: row["id"])
+        for row in rows:
+            for key in ("generation_id", "latency_s", "finished_at"):
+                row.pop(key)
+        records[mode] = rows
+    assert len(records["--stream"]) == n
+    assert records["--stream"] == records["--no-stream"]
+    assert {row["finish_reason"] for row in records["--stream"]} == {"stop", "length"}
+    assert all(row["response"]["reasoning"] for row in records["--stream"])

@@ -201,6 +201,10 @@ class CompletionClient:
     async def __aexit__(self, *exc) -> None:
         await self._pool.__aexit__(*exc)
 
+    @property
+    def in_flight(self) -> int:
+        return self._pool.in_flight
+
     async def attempt(self, body: bytes, stream: bool) -> Attempt:
         assert self._entered, "use `async with CompletionClient(...)`"
         try:

@@ -410,6 +410,11 @@ class Http11Pool:
         self._idle.clear()
         self._active.clear()
 
+    @property
+    def in_flight(self) -> int:
+        """Requests out on this pool's connections now (sent, their response not yet read)."""
+        return len(self._active)
+
     async def post(self, body: bytes, assembler=None):
         """One request, one outcome: never sent again here (see outcomes.Broken.stale)."""
         head = self._plain_head if assembler is None else self._stream_head
