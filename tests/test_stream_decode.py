@@ -318,3 +318,16 @@ def test_streamed_records_through_a_paced_worker_are_the_plain_records(standin, 
     assert records["--stream"] == records["--no-stream"]
     assert {row["finish_reason"] for row in records["--stream"]} == {"stop", "length"}
     assert all(row["response"]["reasoning"] for row in records["--stream"])
+
+
+def test_an_event_line_past_the_limit_breaks_the_stream():
+    """A 200 that never ends its line is not a stream: past 16 MiB the connection is dropped
+    (the line is kept whole meanwhile, whatever the reads it comes in)."""
+    from kimipipe.openrouter import http11
+
+    line = b"data: " + b"x" * http11._MAX_EVENT_LINE
+    size, end = b"%x\r\n" % len(line), b"\r\n" + b"".join(http_chunks([]))  # a whole response
+    for pieces in ([SSE_HEAD + size + line + end], [SSE_HEAD, size, line[:99], line[99:], end]):
+        assert feed(pieces) == "broken"  # not a `cut` answer: the connection is not reused
+    ok = [SSE_HEAD + b"".join(http_chunks(sse([chunk({"content": "a" * 1000}, "stop"), USAGE, "[DONE]"])))]
+    assert msgspec.msgpack.decode(feed(ok))[0] == "ok"

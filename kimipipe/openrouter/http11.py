@@ -306,22 +306,15 @@ class _Connection(asyncio.Protocol):
             return  # the answer is known (e.g. after [DONE]): read on only to reuse the connection
         if self.sse:
             data = self.sse + data
-        start = 0
-        find = data.find
+        lines = data.split(b"\n")
+        rest = lines.pop()  # after the last newline: a line not yet ended ("" when none)
+        if len(rest) > _MAX_EVENT_LINE:
+            raise ProtocolError("event stream line too long")
+        self.sse = rest
         payloads = self.payloads
-        while True:
-            nl = find(b"\n", start)
-            if nl < 0:
-                break
-            if data.startswith(b"data:", start):
-                payloads.append(data[start + 5:nl].strip())
-            start = nl + 1
-        if start < len(data):
-            if len(data) - start > _MAX_EVENT_LINE:
-                raise ProtocolError("event stream line too long")
-            self.sse = data[start:]
-        else:
-            self.sse = b""
+        for line in lines:
+            if line[:5] == b"data:":
+                payloads.append(line[5:].strip())
 
     def _deliver(self) -> None:
         """The `data:` payloads of what this read brought (every HTTP chunk of it), to the
