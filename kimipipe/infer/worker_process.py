@@ -70,9 +70,11 @@ async def serve(base_url: str, api_key: str, idle_timeout: float, proxy: str | N
             await asyncio.wait(tasks)
 
 
-# One turn of a busy worker's loop (a chunk of a 40 token/s stream comes every 25 ms), and
-# the requests in flight from which its turns are paced (bench/README.md, "Streaming CPU").
-PACE_SECONDS = 0.025
+# One turn of a busy worker's loop: ~4 chunks of a 40 token/s stream per read. 25 and 50 ms
+# turns saved less than half as much CPU, and the time added to each request (a turn at
+# most per step, a few steps) stays a fraction of a second (bench/README.md, "Streaming
+# CPU"). Below PACE_FROM requests in flight the loop is not paced.
+PACE_SECONDS = 0.1
 PACE_FROM = 128
 
 
@@ -83,9 +85,10 @@ def pace_reads(loop: asyncio.AbstractEventLoop, in_flight) -> None:
     event wakes up (a context switch, an epoll call, a read) for nearly every chunk of
     every stream: most of a streaming worker's CPU. Sleeping out the rest of each turn
     lets the chunks of the meantime wait in the sockets' buffers, so one wake-up serves
-    many connections and one read several chunks of each. The price is up to one turn
-    of delay per step of a request, small beside answers of seconds to minutes; below
-    PACE_FROM requests in flight the loop waits as usual (tests, small runs).
+    every connection that got data and one read takes several chunks of each (handed
+    over in one call, http11.py). The price is up to one turn of delay per step of a
+    request (its dispatch, a connect, the answer's end), small beside answers of many
+    seconds; below PACE_FROM requests in flight the loop waits as usual (small runs).
     """
     last = time.monotonic()
 
