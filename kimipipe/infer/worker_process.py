@@ -73,7 +73,7 @@ async def serve(base_url: str, api_key: str, idle_timeout: float, proxy: str | N
 # One turn of a busy worker's loop: ~4 chunks of a 40 token/s stream per read. 25 and 50 ms
 # turns saved less than half as much CPU, and the time added to each request (a turn at
 # most per step, a few steps) stays a fraction of a second (bench/README.md, "Streaming
-# CPU"). Below PACE_FROM requests in flight the loop is not paced.
+# CPU per chunk"). Below PACE_FROM requests in flight the loop is not paced.
 PACE_SECONDS = 0.1
 PACE_FROM = 128
 

@@ -14,9 +14,11 @@ Requests go through `http11.Http11Pool`: keep-alive HTTP/1.1 connections read by
 Protocol that frames with llhttp and splits SSE inside `data_received` and assembles a
 streamed answer (`StreamAnswer`) without waking a coroutine per TCP segment. Measured
 at 1000-2000 in flight (bench/README.md, docs/performance.md): httpx's own pool ~49 ms of
-CPU per request, aiohttp ~0.5-0.75 ms and ~22-26 µs per streamed event (most of it in
+CPU per request, aiohttp ~0.5-0.75 ms and ~17-27 µs per streamed event (most of it in
 waking the reading task per segment), Http11Pool less on both. The client holds no run
-state, so it can live in a worker process (kimipipe/infer/process_pool.py).
+state, so it can live in a worker process (kimipipe/infer/process_pool.py). A streamed
+chunk is decoded through a lean view (`_Chunk`: only what every chunk needs), the chunks
+of one read in one decoder call (`StreamAnswer.events`).
 
 Reasoning is read from `reasoning`, else the `reasoning.text` entries of
 `reasoning_details`, else a leading `<think>...</think>` in the content (then cut from it;

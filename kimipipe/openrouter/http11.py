@@ -3,8 +3,8 @@
 Why not aiohttp for streams: a live stream's events arrive a few at a time, each write in
 its own TCP segment. Through aiohttp every segment costs its C parser call, a StreamReader
 feed, a read-timeout timer reschedule and a wake-up of the reading task (an async-for step),
-before any of our code runs: ~22-26 µs of CPU per SSE event at 1000 streams
-(bench/README.md), which caps one worker at ~1000 live 40-event/s streams. Here the bytes
+before any of our code runs: ~17-27 µs of CPU per SSE event at 1000 streams for a plain
+aiohttp client (bench/README.md), which caps one process at ~1000 live 40-event/s streams. Here the bytes
 are taken straight from the socket by an `asyncio.Protocol` and handed to llhttp (the
 parser of Node.js and aiohttp, through `httptools`), which does the HTTP/1.1 framing: status
 line, headers, chunked transfer, Content-Length, bodies that end with the connection,
@@ -45,7 +45,7 @@ matters and CPU per request does not; httpx, openrouter/account.py, for kp-infer
 kp-credits alike). The aiohttp escape hatch (`--http-client
 aiohttp`) is gone: it was kept in case a proxy or load balancer tripped the hand-written
 parser, and the parser is now llhttp, the one aiohttp itself uses, while aiohttp costs
-~25 µs per event against ~15 µs here and would need its own proxy handling.
+several times the CPU per event (docs/performance.md) and would need its own proxy handling.
 
 Connections are reused (HTTP/1.1 keep-alive) once a response has been read to its end. A
 request is sent once: a reused connection that closes before the first byte of the answer
