@@ -1,37 +1,49 @@
-"""kp-infer at the user's scale against the stand-in, with the openai SDK as the reference.
+"""kp-infer at the user's scale against the stand-in, beside reference clients on the same work.
 
-    .venv/bin/python bench/bench_infer.py                       # both workloads, both clients
+    .venv/bin/python bench/bench_infer.py                       # both workloads
     .venv/bin/python bench/bench_infer.py --mode plain --requests 8000 --concurrency 2000
     .venv/bin/python bench/bench_infer.py --mode stream --requests 3000 --concurrency 1000
+    .venv/bin/python bench/bench_infer.py --mode stream --repeat 3   # the spread, run by run
     .venv/bin/python bench/bench_infer.py --skip-reference      # kp-infer only
 
-For each workload the stand-in (`python -m kimipipe.standin`, its own process) answers
-after `--latency` seconds (8 s by default, so that the stand-in, which shares the two
-cores, is not the bottleneck), streaming at `--tokens-per-second`. Then, one after the
-other, on the same server:
-  - kp-infer, the real command (`--workers N`, default the number of cores), and
-  - a plain `openai.AsyncOpenAI` client with an asyncio.Semaphore (the reference),
-each in its own process. Printed per client, as JSON lines:
-  wall_over_ideal   wall time / (waves x (latency + mean answer tokens / token rate)):
-                    the target's ideal (requests / concurrency x latency, plus the mean
-                    streaming time); the target (<= 1.10) is judged on this one
+For each workload the stand-in (`python -m kimipipe.standin`, its own process, a fresh one
+per client run) answers after `--latency` seconds (8 s by default, so that the stand-in,
+which shares the cores, is not the bottleneck), streaming at `--tokens-per-second` (each
+token its own write, as a live stream arrives). Each client runs in its own process, one
+after the other, on the same prompts:
+  plain   kp-infer (`--no-stream`, default `--workers`), then the openai SDK
+          (`openai.AsyncOpenAI` and an asyncio.Semaphore)
+  stream  kp-infer streamed, the naive aiohttp client streamed (bench/naive_client.py:
+          uvloop, one session, json.loads per data line, deltas joined), then both plain on
+          a stand-in at the same token rate (a plain answer comes when its stream would
+          have ended, so the requests are in flight just as long); `--openai-sdk` adds
+          the SDK streamed
+Printed per run, as JSON lines:
+  wall_over_ideal   wall time / (waves x (latency + mean answer tokens / token rate))
   wall_over_schedule_ideal   wall time / the makespan of the same requests, in input
                     order, through `concurrency` slots with zero client overhead (each
                     lasting latency + its own answer tokens / token rate). For plain
                     they agree. Streamed answers are cut at --max-tokens (default 100:
-                    about 100 chunks each, the target's workload), so they agree closely
-                    for streams too; with --max-tokens 4096 answers run ~20 to ~250
-                    tokens, the longest of the last wave set the end, and only the
-                    schedule ideal can be reached (a perfect client scores ~1.16 on
-                    the mean-based one)
-  startup_s         kp-infer only: wall time minus the run's own elapsed time (process
-                    start, imports, validation, the endpoints fetch)
+                    about 100 chunks each); with --max-tokens 4096 answers run ~20 to
+                    ~250 tokens, the longest of the last wave set the end, and only the
+                    schedule ideal can be reached
+  startup_s         kp-infer only: wall time minus the run's own elapsed time
   cpu_ms_per_request, cpu_us_per_chunk   user+system CPU of the client's whole process
-                    tree (parent and workers), per request and per streamed chunk
-  peak_rss_mb       peak of the summed RSS of the client's process tree (sampled)
-and the ratio of kp-infer's CPU per request to the reference's. From the per-chunk figure,
-`streams_per_worker_at_40_chunks_per_s` = 1 s / (40 x CPU per chunk): how many live
-40-token/s streams one worker process can carry on one core.
+                    tree (parent and workers), per request and per streamed chunk (one
+                    chunk per token)
+  peak_rss_mb, load_avg_1m   peak summed RSS of the tree; the machine's load after the run
+and per workload a summary line of ratios in the same run. For streams:
+  kp_infer_streaming_us_per_chunk   kp-infer's streamed run's CPU minus its plain run's,
+                    per chunk: what streaming costs it (the per-answer work is the same)
+  kp_streaming_over_naive_whole     that over the naive client's whole CPU per chunk
+                    (target <= 0.3); also kp-infer whole over naive whole, and streaming
+                    over the naive client's own streamed-minus-plain
+  core_share_2000_streams_at_40_tok_s   2000 x 40 chunks/s x kp-infer's whole CPU per chunk
+                    (per-answer work included, at these ~100-token answers): the share of
+                    one core the user's 2000 live streams need; streaming_core_share_...
+                    the same at the streaming cost alone
+`--kp-pythonpath DIR` runs kp-infer from an exported older commit, for a before/after in
+one session.
 """
 
 from __future__ import annotations
@@ -55,6 +67,9 @@ sys.path.insert(0, str(REPO))
 from kimipipe.standin.testing import StandIn  # noqa: E402
 
 BIN = Path(sys.executable).parent
+# --kp-pythonpath: kp-infer (and its workers) import kimipipe from there (an exported commit,
+# for a before/after in one session); the stand-in and the references run from this checkout
+KP_PYTHONPATH: str | None = None
 
 OPENAI_CLIENT = r'''
 import asyncio, json, sys
@@ -117,11 +132,11 @@ def rss_mb(pids: list[int]) -> float:
     return total / 1e6
 
 
-def run_client(cmd: list[str], env: dict) -> dict:
+def run_client(cmd: list[str], env: dict, cwd: str | None = None) -> dict:
     """Run CMD; return wall, CPU of its whole process tree, and peak summed RSS."""
     before = os.times()
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = [0.0]
     stop = threading.Event()
 
@@ -166,70 +181,135 @@ def schedule_ideal(durations: list[float], concurrency: int) -> float:
     return end
 
 
-def workload(mode: str, requests: int, concurrency: int, latency: float, tps: float,
-             workers: int | None, skip_reference: bool, max_tokens: int) -> list[dict]:
-    stream = mode == "stream"
-    results = []
+def client_command(name: str, stream: bool, tmp: Path, prompts: Path, server, concurrency: int,
+                   max_tokens: int, workers: int | None) -> list[str]:
+    if name == "kp-infer":
+        cmd = [str(BIN / "kp-infer"), str(prompts), "-o", str(tmp / "out.jsonl"),
+               "--base-url", server.base_url, "--concurrency", str(concurrency),
+               "--max-tokens", str(max_tokens), "--quiet",
+               "--stream" if stream else "--no-stream", "--idle-timeout", "600",
+               "--summary-json", str(tmp / "summary.json")]
+        return cmd + (["--workers", str(workers)] if workers is not None else [])
+    if name == "naive-aiohttp":
+        return [sys.executable, str(REPO / "bench" / "naive_client.py"), server.base_url,
+                str(prompts), str(concurrency), str(max_tokens), "stream" if stream else "plain"]
+    script = tmp / "openai_client.py"
+    script.write_text(OPENAI_CLIENT)
+    return [sys.executable, str(script), server.base_url, server.api_key, str(prompts),
+            str(concurrency), "1" if stream else "0", str(max_tokens)]
+
+
+def one_run(name: str, stream: bool, tmp: Path, prompts: Path, requests: int, concurrency: int,
+            latency: float, tps: float, workers: int | None, max_tokens: int,
+            paced: bool) -> dict:
+    """One client's run against its own stand-in. PACED: the stand-in takes the token rate
+    (a plain answer then comes after the time its stream would have taken)."""
+    run_dir = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{name}-{'stream' if stream else 'plain'}-"))
+    with StandIn(latency=latency, tokens_per_second=tps if paced else None, ledger=True,
+                 workdir=run_dir / "standin") as server:
+        env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
+        cwd = None
+        if name == "kp-infer" and KP_PYTHONPATH:
+            # and run from there: `python -m kimipipe.infer.worker_process` puts the working
+            # directory ahead of PYTHONPATH, so from this checkout the workers would be its own
+            env["PYTHONPATH"] = cwd = KP_PYTHONPATH
+        cmd = client_command(name, stream, run_dir, prompts, server, concurrency, max_tokens, workers)
+        measured = run_client(cmd, env, cwd)
+        ledger = server.ledger()
+    tokens = sum(x["completion_tokens"] for x in ledger)
+    mean_tokens = tokens / max(1, len(ledger))
+    per_request = latency + (mean_tokens / tps if paced and tps else 0.0)
+    ideal = math.ceil(requests / concurrency) * per_request
+    tokens_by_text = {x["request_user_text_sha256"]: x["completion_tokens"] for x in ledger}
+    durations = [latency + (tokens_by_text.get(hashlib.sha256(prompt_text(i).encode()).hexdigest(), 0)
+                            / tps if paced and tps else 0.0) for i in range(requests)]
+    scheduled = schedule_ideal(durations, concurrency)
+    row = {
+        "client": name, "mode": "stream" if stream else "plain", "requests": requests,
+        "answered": len(ledger), "concurrency": concurrency, "latency_s": latency,
+        "tokens_per_second": tps if paced else None,
+        "wall_s": round(measured["wall_s"], 2), "ideal_s": round(ideal, 2),
+        "wall_over_ideal": round(measured["wall_s"] / ideal, 3),
+        "schedule_ideal_s": round(scheduled, 2),
+        "wall_over_schedule_ideal": round(measured["wall_s"] / scheduled, 3),
+        "cpu_s": round(measured["cpu_s"], 3),
+        "cpu_ms_per_request": round(1000 * measured["cpu_s"] / requests, 3),
+        "peak_rss_mb": round(measured["peak_rss_mb"], 1),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+    if name == "kp-infer":
+        elapsed = json.loads((run_dir / "summary.json").read_text())["elapsed_s"]
+        row["startup_s"] = round(measured["wall_s"] - elapsed, 2)
+    if stream:
+        # one chunk per token (the stand-in streams a token per SSE event)
+        row["chunks"] = tokens
+        row["cpu_us_per_chunk"] = round(1e6 * measured["cpu_s"] / max(1, tokens), 2)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def plain_workload(requests: int, concurrency: int, latency: float, workers: int | None,
+                   skip_reference: bool, max_tokens: int) -> None:
     with tempfile.TemporaryDirectory(prefix="kp-bench-") as tmp:
         tmp = Path(tmp)
         prompts = tmp / "prompts.jsonl"
         write_prompts(prompts, requests)
-        clients = [("kp-infer", None)] + ([] if skip_reference else [("openai-sdk", None)])
-        for name, _ in clients:
-            with StandIn(latency=latency, tokens_per_second=tps if stream else None, ledger=True,
-                         workdir=tmp / f"standin-{name}") as server:
-                env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
-                if name == "kp-infer":
-                    cmd = [str(BIN / "kp-infer"), str(prompts), "-o", str(tmp / "out.jsonl"),
-                           "--base-url", server.base_url, "--concurrency", str(concurrency),
-                           "--max-tokens", str(max_tokens), "--quiet",
-                           "--stream" if stream else "--no-stream", "--idle-timeout", "600",
-                           "--summary-json", str(tmp / "summary.json")]
-                    if workers is not None:
-                        cmd += ["--workers", str(workers)]
-                else:
-                    script = tmp / "openai_client.py"
-                    script.write_text(OPENAI_CLIENT)
-                    cmd = [sys.executable, str(script), server.base_url, server.api_key, str(prompts),
-                           str(concurrency), "1" if stream else "0", str(max_tokens)]
-                measured = run_client(cmd, env)
-                ledger = server.ledger()
-            chunks = sum(x["completion_tokens"] for x in ledger)
-            mean_tokens = chunks / max(1, len(ledger))
-            per_request = latency + (mean_tokens / tps if stream and tps else 0.0)
-            ideal = math.ceil(requests / concurrency) * per_request
-            tokens_by_text = {x["request_user_text_sha256"]: x["completion_tokens"] for x in ledger}
-            durations = [latency + (tokens_by_text.get(hashlib.sha256(prompt_text(i).encode()).hexdigest(), 0)
-                                    / tps if stream and tps else 0.0) for i in range(requests)]
-            scheduled = schedule_ideal(durations, concurrency)
-            row = {
-                "client": name, "mode": mode, "requests": requests, "answered": len(ledger),
-                "concurrency": concurrency, "latency_s": latency,
-                "tokens_per_second": tps if stream else None,
-                "wall_s": round(measured["wall_s"], 2), "ideal_s": round(ideal, 2),
-                "wall_over_ideal": round(measured["wall_s"] / ideal, 3),
-                "schedule_ideal_s": round(scheduled, 2),
-                "wall_over_schedule_ideal": round(measured["wall_s"] / scheduled, 3),
-                "cpu_s": round(measured["cpu_s"], 2),
-                "cpu_ms_per_request": round(1000 * measured["cpu_s"] / requests, 3),
-                "peak_rss_mb": round(measured["peak_rss_mb"], 1),
-            }
-            if name == "kp-infer":
-                elapsed = json.loads((tmp / "summary.json").read_text())["elapsed_s"]
-                row["startup_s"] = round(measured["wall_s"] - elapsed, 2)
-            if stream:
-                row["chunks"] = chunks
-                row["cpu_us_per_chunk"] = round(1e6 * measured["cpu_s"] / max(1, chunks), 2)
-                if name == "kp-infer":
-                    row["streams_per_worker_at_40_chunks_per_s"] = int(1e6 / (40 * row["cpu_us_per_chunk"]))
-            print(json.dumps(row), flush=True)
-            results.append(row)
-    if len(results) == 2:
-        ratio = results[0]["cpu_ms_per_request"] / results[1]["cpu_ms_per_request"]
-        print(json.dumps({"mode": mode, "kp_infer_cpu_per_request_over_openai_sdk": round(ratio, 4),
-                          "kp_infer_wall_over_openai_sdk": round(results[0]["wall_s"] / results[1]["wall_s"], 3)}),
-              flush=True)
-    return results
+        args = (tmp, prompts, requests, concurrency, latency, 0.0, workers, max_tokens, False)
+        kp = one_run("kp-infer", False, *args)
+        if skip_reference:
+            return
+        sdk = one_run("openai-sdk", False, *args)
+    print(json.dumps({"mode": "plain",
+                      "kp_infer_cpu_per_request_over_openai_sdk":
+                          round(kp["cpu_ms_per_request"] / sdk["cpu_ms_per_request"], 4),
+                      "kp_infer_wall_over_openai_sdk": round(kp["wall_s"] / sdk["wall_s"], 3)}),
+          flush=True)
+
+
+def stream_workload(requests: int, concurrency: int, latency: float, tps: float,
+                    workers: int | None, skip_reference: bool, max_tokens: int,
+                    openai_sdk: bool) -> None:
+    """kp-infer streamed and plain, and the naive aiohttp client streamed and plain, on the
+    same prompts, each against a stand-in at the same token rate (a plain answer comes
+    when its stream would have ended, so both runs hold the same requests in flight for
+    the same time). kp-infer's streaming cost per chunk is its streamed run's CPU minus its
+    plain run's, over the chunks; the reference is the naive client's whole CPU per chunk."""
+    with tempfile.TemporaryDirectory(prefix="kp-bench-") as tmp:
+        tmp = Path(tmp)
+        prompts = tmp / "prompts.jsonl"
+        write_prompts(prompts, requests)
+        args = (tmp, prompts, requests, concurrency, latency, tps, workers, max_tokens, True)
+        kp = one_run("kp-infer", True, *args)
+        naive = None if skip_reference else one_run("naive-aiohttp", True, *args)
+        kp_plain = one_run("kp-infer", False, *args)
+        naive_plain = None if skip_reference else one_run("naive-aiohttp", False, *args)
+        sdk = one_run("openai-sdk", True, *args) if openai_sdk else None
+    chunks = kp["chunks"]
+    kp_streaming = 1e6 * (kp["cpu_s"] - kp_plain["cpu_s"]) / chunks
+    summary = {
+        "mode": "stream", "requests": requests, "concurrency": concurrency,
+        "tokens_per_second": tps, "chunks": chunks,
+        "kp_infer_streaming_us_per_chunk": round(kp_streaming, 2),
+        "kp_infer_whole_us_per_chunk": kp["cpu_us_per_chunk"],
+        # the CPU one process tree needs for 2000 live streams at 40 chunks/s each, as a
+        # share of one core, at this run's whole CPU per chunk (per-answer work included)
+        "core_share_2000_streams_at_40_tok_s": round(2000 * 40 * kp["cpu_us_per_chunk"] / 1e6, 3),
+        "streaming_core_share_2000_streams_at_40_tok_s": round(2000 * 40 * kp_streaming / 1e6, 3),
+    }
+    if naive is not None:
+        naive_streaming = 1e6 * (naive["cpu_s"] - naive_plain["cpu_s"]) / chunks
+        summary.update({
+            "naive_whole_us_per_chunk": naive["cpu_us_per_chunk"],
+            "naive_streaming_us_per_chunk": round(naive_streaming, 2),
+            # the target: <= 0.3
+            "kp_streaming_over_naive_whole": round(kp_streaming / naive["cpu_us_per_chunk"], 3),
+            "kp_whole_over_naive_whole": round(kp["cpu_us_per_chunk"] / naive["cpu_us_per_chunk"], 3),
+            "kp_streaming_over_naive_streaming": round(kp_streaming / naive_streaming, 3),
+            "kp_wall_over_naive_wall": round(kp["wall_s"] / naive["wall_s"], 3),
+        })
+    if sdk is not None:
+        summary["kp_whole_over_openai_sdk"] = round(kp["cpu_us_per_chunk"] / sdk["cpu_us_per_chunk"], 4)
+    print(json.dumps(summary), flush=True)
 
 
 def main() -> None:
@@ -245,13 +325,27 @@ def main() -> None:
                              "natural 20-250 with a long tail)")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--skip-reference", action="store_true")
+    parser.add_argument("--openai-sdk", action="store_true",
+                        help="stream mode: run the openai SDK streaming too (the older reference)")
+    parser.add_argument("--repeat", type=int, default=1, help="run the workload N times")
+    parser.add_argument("--kp-pythonpath", metavar="DIR",
+                        help="run kp-infer's kimipipe from DIR (e.g. `git archive` of an older "
+                             "commit); the stand-in and the references stay this checkout's")
     args = parser.parse_args()
+    global KP_PYTHONPATH
+    KP_PYTHONPATH = args.kp_pythonpath
     modes = ["plain", "stream"] if args.mode == "both" else [args.mode]
-    for mode in modes:
-        workload(mode, args.requests or (8000 if mode == "plain" else 3000),
-                 args.concurrency or (2000 if mode == "plain" else 1000), args.latency,
-                 args.tokens_per_second, args.workers, args.skip_reference,
-                 args.max_tokens or (4096 if mode == "plain" else 100))
+    for _ in range(args.repeat):
+        for mode in modes:
+            requests = args.requests or (8000 if mode == "plain" else 3000)
+            concurrency = args.concurrency or (2000 if mode == "plain" else 1000)
+            if mode == "plain":
+                plain_workload(requests, concurrency, args.latency, args.workers,
+                               args.skip_reference, args.max_tokens or 4096)
+            else:
+                stream_workload(requests, concurrency, args.latency, args.tokens_per_second,
+                                args.workers, args.skip_reference, args.max_tokens or 100,
+                                args.openai_sdk)
 
 
 if __name__ == "__main__":

@@ -6,14 +6,16 @@ requests can be in flight), else a `WorkerPool` of N worker processes
 (infer/worker_process.py; default one per core, never more than the prompts to do). Both have the same interface (`async with`, `attempt(body, stream)`).
 
 One event loop tops out at one core, and a live stream costs client CPU per chunk
-(docs/performance.md): 2000 streams at ~40 chunks/s need more than one core. So the
+(docs/performance.md): 2000 streams at ~40 chunks/s are ~80,000 chunks a second. So the
 parent keeps everything that must be in one place (admission, budget reservations,
 routing checks, retries, the output file) and hands each *attempt* to a worker process
 that owns an HTTP client (openrouter/client.py), its connections and the SSE parsing.
-A worker sends back one small message per attempt, never per chunk, so the parent's cost
-per request does not grow with the length of the answer. Measured (bench/README.md):
-~15-19 µs of CPU per streamed event, all processes, so one worker on one core carries
-~1300-1700 live 40-event/s streams.
+A worker sends back one small message per attempt, never per chunk (the answer's text
+crosses once, joined), so the parent's cost per request does not grow with the length of
+the answer; a busy worker reads its sockets in paced turns (worker_process.pace_reads).
+Measured (bench/README.md, "Streaming CPU per chunk"): ~4-5 µs of CPU per streamed chunk for
+streaming, ~8-9 µs with all per-answer work, all processes: 2000 live 40-chunk/s streams
+take ~0.4 of a core for streaming, ~0.6 in all.
 
 Wire format between parent and worker, over the worker's stdin/stdout pipes: frames of a
 4-byte big-endian length and a msgpack body.

@@ -5,7 +5,8 @@ starts `python -m kimipipe.infer.worker_process --base-url URL --idle-timeout S`
 API key in OPENROUTER_API_KEY and kp-infer's `--proxy` URL, if any, in KP_INFER_PROXY (both
 may be secret: never on the command line). Without it the client reads the proxy variables
 (HTTPS_PROXY, NO_PROXY, ...) it inherited. Runs until its stdin closes, then finishes the
-attempts it holds and exits. Ignores SIGINT: the parent decides when work stops.
+attempts it holds and exits. Ignores SIGINT: the parent decides when work stops. With
+many requests in flight its event loop reads in paced turns (`pace_reads`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import signal
 import struct
 import sys
+import time
 
 import msgspec
 
@@ -39,6 +41,8 @@ async def serve(base_url: str, api_key: str, idle_timeout: float, proxy: str | N
     tasks: set[asyncio.Task] = set()
 
     async with CompletionClient(base_url, api_key, idle_timeout=idle_timeout, proxy=proxy) as client:
+        pace_reads(loop, lambda: client.in_flight)
+
         async def run_one(request_id: int, stream: bool, body: bytes) -> None:
             try:
                 attempt = await client.attempt(body, stream)
@@ -64,6 +68,45 @@ async def serve(base_url: str, api_key: str, idle_timeout: float, proxy: str | N
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
+
+
+# One turn of a busy worker's loop: ~4 chunks of a 40 token/s stream per read. 25 and 50 ms
+# turns saved less than half as much CPU, and the time added to each request (a turn at
+# most per step, a few steps) stays a fraction of a second (bench/README.md, "Streaming
+# CPU per chunk"). Below PACE_FROM requests in flight the loop is not paced.
+PACE_SECONDS = 0.1
+PACE_FROM = 128
+
+
+def pace_reads(loop: asyncio.AbstractEventLoop, in_flight) -> None:
+    """With many streams open, let each turn of the event loop last PACE_SECONDS.
+
+    Every chunk of a live stream arrives on its own, so a loop that waits for the next
+    event wakes up (a context switch, an epoll call, a read) for nearly every chunk of
+    every stream: most of a streaming worker's CPU. Sleeping out the rest of each turn
+    lets the chunks of the meantime wait in the sockets' buffers, so one wake-up serves
+    every connection that got data and one read takes several chunks of each (handed
+    over in one call, http11.py). The price is up to one turn of delay per step of a
+    request (its dispatch, a connect, the answer's end), small beside answers of many
+    seconds; below PACE_FROM requests in flight the loop waits as usual (small runs).
+    """
+    last = time.monotonic()
+
+    def turn() -> None:
+        nonlocal last
+        now = time.monotonic()
+        if in_flight() < PACE_FROM:
+            last = now
+            loop.call_later(PACE_SECONDS, turn)
+            return
+        rest = last + PACE_SECONDS - now
+        if rest > 0:
+            time.sleep(rest)
+            now += rest
+        last = now
+        loop.call_soon(turn)
+
+    loop.call_soon(turn)
 
 
 def freeze_startup_objects() -> None:

@@ -14,9 +14,11 @@ Requests go through `http11.Http11Pool`: keep-alive HTTP/1.1 connections read by
 Protocol that frames with llhttp and splits SSE inside `data_received` and assembles a
 streamed answer (`StreamAnswer`) without waking a coroutine per TCP segment. Measured
 at 1000-2000 in flight (bench/README.md, docs/performance.md): httpx's own pool ~49 ms of
-CPU per request, aiohttp ~0.5-0.75 ms and ~22-26 µs per streamed event (most of it in
+CPU per request, aiohttp ~0.5-0.75 ms and ~17-27 µs per streamed event (most of it in
 waking the reading task per segment), Http11Pool less on both. The client holds no run
-state, so it can live in a worker process (kimipipe/infer/process_pool.py).
+state, so it can live in a worker process (kimipipe/infer/process_pool.py). A streamed
+chunk is decoded through a lean view (`_Chunk`: only what every chunk needs), the chunks
+of one read in one decoder call (`StreamAnswer.events`).
 
 Reasoning is read from `reasoning`, else the `reasoning.text` entries of
 `reasoning_details`, else a leading `<think>...</think>` in the content (then cut from it;
@@ -99,7 +101,7 @@ class _Choice(msgspec.Struct, gc=False):
     finish_reason: str | None = None
     error: dict | None = None
     token_ids: list[int] | None = None  # vLLM's return_token_ids (a stream: this chunk's)
-    logprobs: _Logprobs | None = None  # the sampled tokens (`logprobs: true`; a stream: this chunk's)
+    logprobs: _Logprobs | None = None  # the sampled tokens (`logprobs: true`)
 
 
 class _CompletionDetails(msgspec.Struct, gc=False):
@@ -306,6 +308,10 @@ class CompletionClient:
     async def __aexit__(self, *exc) -> None:
         await self._pool.__aexit__(*exc)
 
+    @property
+    def in_flight(self) -> int:
+        return self._pool.in_flight
+
     async def attempt(self, body: bytes, stream: bool) -> Attempt:
         assert self._entered, "use `async with CompletionClient(...)`"
         try:
@@ -368,12 +374,99 @@ class CompletionClient:
                        tokens=choice.logprobs.content if choice.logprobs is not None else None)
 
 
+_NO_RAW = msgspec.Raw()
+
+
+class _ChunkDelta(msgspec.Struct, gc=False):
+    content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None  # vLLM's and SGLang's reasoning parsers
+    # OpenRouter repeats `reasoning` in `reasoning_details`: kept undecoded (a slice of the
+    # chunk's bytes) and decoded only in a delta that has no `reasoning` of its own
+    reasoning_details: msgspec.Raw = _NO_RAW
+
+
+class _ChunkChoice(msgspec.Struct, gc=False):
+    delta: _ChunkDelta | None = None
+    finish_reason: str | None = None
+    error: dict | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids: this chunk's
+    logprobs: _Logprobs | None = None  # this chunk's sampled tokens (`logprobs: true`)
+
+
+class _Chunk(msgspec.Struct, gc=False):
+    """One streamed chunk, only what StreamAnswer reads of every chunk: msgspec skips the
+    rest (id, model, provider, object, created, ...) without making objects.
+
+    A field that must be read from every chunk (each choice's `logprobs`) is one more
+    optional field on `_ChunkChoice`, gathered in a list per answer by
+    `StreamAnswer._take` and joined once in `StreamAnswer.end`."""
+
+    choices: list[_ChunkChoice] | None = None
+    usage: _Usage | None = None
+    error: dict | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids: the 1st chunk
+    sglext: _SglExt | None = None  # SGLang's IDs, in a chunk of their own
+
+    def sglang_ids(self) -> tuple[list[int] | None, list[int] | None]:
+        return _Body.sglang_ids(self)
+
+
+class _ChunkHead(msgspec.Struct, gc=False):
+    """Who answered: read from the first chunk that names its generation (not every chunk)."""
+
+    id: str | None = None
+    provider: str | None = None
+    model: str | None = None
+
+
+class _LenientChunkChoice(_ChunkChoice, gc=False):
+    logprobs: msgspec.Raw = msgspec.Raw(b"null")  # any shape: read as none
+
+
+class _LenientChunk(_Chunk, gc=False):
+    choices: list[_LenientChunkChoice] | None = None
+
+
+_lenient_chunk_decoder = msgspec.json.Decoder(_LenientChunk)
+
+
+def _chunk_without_logprobs(raw: bytes) -> _Chunk | None:
+    """A chunk whose logprobs are not the schema's shape, read without them (as
+    `_without_logprobs` reads a body); None when it is not a chunk even so."""
+    try:
+        chunk = _lenient_chunk_decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    for choice in chunk.choices or ():
+        choice.logprobs = None
+    return chunk
+
+
+_chunk_decoder = msgspec.json.Decoder(_Chunk)
+_chunks_decoder = msgspec.json.Decoder(list[_Chunk])
+_head_decoder = msgspec.json.Decoder(_ChunkHead)
+_details_decoder = msgspec.json.Decoder(list[_ReasoningDetail] | None)
+_NOT_JSON = "stream chunk is not valid JSON"
+_DONE = b"[DONE]"
+
+
+def _not_json() -> Attempt:
+    return Attempt(AttemptKind.RETRY, cause=RetryCause.BAD_JSON, status=200, message=_NOT_JSON)
+
+
 class StreamAnswer:
     """Assembles one streamed answer from its SSE `data:` payloads (the Http11Pool assembler).
 
-    `event(payload)` returns an Attempt once the answer is decided ([DONE], an error chunk,
-    a chunk that is not JSON), else None; `end()` gives the Attempt for a body that ended
-    without [DONE]. Partial text is never returned as an answer.
+    `events(payloads)` takes the payloads one read of the socket brought, in order, and
+    returns an Attempt once the answer is decided ([DONE], an error chunk, a chunk that is
+    not JSON), else None; `event(payload)` is the same for one. `end()` gives the Attempt
+    for a body that ended without [DONE]. Partial text is never returned as an answer.
+
+    Per chunk only the lean `_Chunk` view is decoded (several chunks of one read in one
+    decoder call) and its text appended; the generation's id, provider and model are read
+    once, `reasoning_details` only from a chunk without `reasoning`, and everything else
+    (joining, the reasoning's source, the Attempt) waits for the end of the answer.
     """
 
     __slots__ = ("content", "reasoning", "details", "gen_id", "provider", "model",
@@ -396,20 +489,52 @@ class StreamAnswer:
         return bool(self.content or self.reasoning or self.details)
 
     def event(self, payload: bytes) -> Attempt | None:
-        if payload == b"[DONE]":
+        if payload == _DONE:
             return self.end(done=True)
         self.chunks += 1
         try:
-            chunk = _body_decoder.decode(payload)
+            chunk = _chunk_decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            chunk = _without_logprobs(payload)
+            chunk = _chunk_without_logprobs(payload)
             if chunk is None:
-                return Attempt(AttemptKind.RETRY, cause=RetryCause.BAD_JSON, status=200, message="stream chunk is not valid JSON")
+                return _not_json()
             self.tokens_lost = True
+        return self._take(chunk, payload)
+
+    def events(self, payloads: list[bytes]) -> Attempt | None:
+        if len(payloads) == 1:  # the usual read: one chunk
+            return self.event(payloads[0])
+        done = _DONE in payloads
+        if done:  # what follows [DONE] is not part of the answer
+            payloads = payloads[:payloads.index(_DONE)]
+        try:  # one decoder call for the whole read
+            chunks = _chunks_decoder.decode(b"[" + b",".join(payloads) + b"]")
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            chunks = None
+        # (a payload that is itself several values, "{...},{...}", would not decode alone)
+        if chunks is None or len(chunks) != len(payloads):
+            for payload in payloads:  # decided at the first payload that is not a chunk
+                outcome = self.event(payload)
+                if outcome is not None:
+                    return outcome
+        else:
+            self.chunks += len(payloads)
+            take = self._take
+            for chunk, payload in zip(chunks, payloads, strict=True):
+                outcome = take(chunk, payload)
+                if outcome is not None:
+                    return outcome
+        return self.end(done=True) if done else None
+
+    def _take(self, chunk: _Chunk, payload: bytes) -> Attempt | None:
         if chunk.error is not None:
             return midstream_error(chunk.error, self._has_output())
         if self.gen_id is None:
-            self.gen_id, self.provider, self.model = chunk.id, chunk.provider, chunk.model
+            try:
+                head = _head_decoder.decode(payload)
+            except msgspec.ValidationError:
+                return _not_json()
+            self.gen_id, self.provider, self.model = head.id, head.provider, head.model
         if chunk.usage is not None:
             self.usage = chunk.usage
         if chunk.prompt_token_ids is not None:
@@ -421,7 +546,8 @@ class StreamAnswer:
             if sgl_output is not None:
                 self.output_ids = sgl_output
         for choice in chunk.choices or ():
-            if choice.error is not None or choice.finish_reason == "error":
+            finish = choice.finish_reason
+            if choice.error is not None or finish == "error":
                 return midstream_error(choice.error or {"message": "finish_reason: error"}, self._has_output())
             if choice.token_ids is not None:
                 if self.output_ids is None:
@@ -438,9 +564,14 @@ class StreamAnswer:
                 if delta.reasoning or delta.reasoning_content:
                     self.reasoning.append(delta.reasoning or delta.reasoning_content)
                 elif delta.reasoning_details:
-                    self.details.extend(delta.reasoning_details)
-            if choice.finish_reason is not None:
-                self.finish_reason = choice.finish_reason
+                    try:
+                        details = _details_decoder.decode(delta.reasoning_details)
+                    except msgspec.ValidationError:
+                        return _not_json()
+                    if details:
+                        self.details.extend(details)
+            if finish is not None:
+                self.finish_reason = finish
         return None
 
     def end(self, done: bool = False) -> Attempt:

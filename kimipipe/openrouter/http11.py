@@ -3,16 +3,16 @@
 Why not aiohttp for streams: a live stream's events arrive a few at a time, each write in
 its own TCP segment. Through aiohttp every segment costs its C parser call, a StreamReader
 feed, a read-timeout timer reschedule and a wake-up of the reading task (an async-for step),
-before any of our code runs: ~22-26 µs of CPU per SSE event at 1000 streams
-(bench/README.md), which caps one worker at ~1000 live 40-event/s streams. Here the bytes
+before any of our code runs: ~17-27 µs of CPU per SSE event at 1000 streams for a plain
+aiohttp client (bench/README.md), which caps one process at ~1000 live 40-event/s streams. Here the bytes
 are taken straight from the socket by an `asyncio.Protocol` and handed to llhttp (the
 parser of Node.js and aiohttp, through `httptools`), which does the HTTP/1.1 framing: status
 line, headers, chunked transfer, Content-Length, bodies that end with the connection,
 trailers, 1xx heads; it rejects what RFC 9112 forbids (sizes that are not plain digits,
 Content-Length together with chunked, control characters in headers). Its body callback
-splits SSE lines, each `data:` line goes to the caller's assembler synchronously, and one
-future per request is resolved when the answer is decided (or the stream ends, stalls or
-breaks). Plain (non-streamed) requests use the same connections: their body is collected
+splits SSE lines; the `data:` payloads of one read (however many HTTP chunks it held) go to
+the caller's assembler in one synchronous call, and one future per request is resolved
+when the answer is decided (or the stream ends, stalls or breaks). Plain (non-streamed) requests use the same connections: their body is collected
 whole, which at 2000 in flight costs less CPU than aiohttp (bench/README.md).
 
     pool = Http11Pool(url, headers, idle_timeout=120, connect_timeout=30)
@@ -20,9 +20,10 @@ whole, which at 2000 in flight costs less CPU than aiohttp (bench/README.md).
         outcome = await pool.post(body, assembler)   # streamed
         outcome = await pool.post(body)              # plain: CollectedResponse with the whole body
 
-`assembler` is any object with `event(payload: bytes) -> result | None` (one `data:` line's
-payload, stripped; a non-None result decides the request, e.g. `[DONE]` or an error chunk)
-and `end() -> result` (the body ended without a decision). `post` returns that result, or
+`assembler` is any object with `events(payloads: list[bytes]) -> result | None` (the
+`data:` lines' payloads of one read, stripped, in order; a non-None result decides the
+request, e.g. `[DONE]` or an error chunk) and `end() -> result` (the body ended without a
+decision). `post` returns that result, or
 one of the outcome objects of `outcomes.py` (CollectedResponse, Stalled, Broken), which
 the caller maps to its own error kinds.
 
@@ -44,7 +45,7 @@ matters and CPU per request does not; httpx, openrouter/account.py, for kp-infer
 kp-credits alike). The aiohttp escape hatch (`--http-client
 aiohttp`) is gone: it was kept in case a proxy or load balancer tripped the hand-written
 parser, and the parser is now llhttp, the one aiohttp itself uses, while aiohttp costs
-~25 µs per event against ~15 µs here and would need its own proxy handling.
+several times the CPU per event (docs/performance.md) and would need its own proxy handling.
 
 Connections are reused (HTTP/1.1 keep-alive) once a response has been read to its end. A
 request is sent once: a reused connection that closes before the first byte of the answer
@@ -108,7 +109,8 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         self.status = 0
         self.headers: dict[str, str] = {}
-        self.sse = b""
+        self.sse = b""                # the start of an SSE line not yet ended
+        self.payloads: list[bytes] = []  # the `data:` payloads of this read, not yet delivered
         self.collected: list[bytes] | None = None  # error and plain bodies
         self.collected_size = 0
         self.collect_limit = 0
@@ -156,6 +158,8 @@ class _Connection(asyncio.Protocol):
                 if self.complete:
                     raise ProtocolError("bytes after the end of the response")
                 self.parser.feed_data(data)
+            if self.payloads and not self.decided:
+                self._deliver()
         except httptools.HttpParserCallbackError as e:
             error = e.__context__
             if not isinstance(error, ProtocolError):  # a bug in our callbacks: let it show
@@ -183,6 +187,7 @@ class _Connection(asyncio.Protocol):
         self.until_close = False
         self.any_byte_counts = assembler is None
         self.head = self.sse = b""
+        self.payloads = []
         self.status = 0
         self.headers = {}
         self.collected = None
@@ -301,26 +306,25 @@ class _Connection(asyncio.Protocol):
             return  # the answer is known (e.g. after [DONE]): read on only to reuse the connection
         if self.sse:
             data = self.sse + data
-        start = 0
-        find = data.find
-        while True:
-            nl = find(b"\n", start)
-            if nl < 0:
-                break
-            if data.startswith(b"data:", start):
-                self.last_data = time.monotonic()
-                outcome = self.assembler.event(data[start + 5:nl].strip())
-                if outcome is not None:
-                    self._resolve(outcome)
-                    self.sse = b""
-                    return
-            start = nl + 1
-        if start < len(data):
-            if len(data) - start > _MAX_EVENT_LINE:
-                raise ProtocolError("event stream line too long")
-            self.sse = data[start:]
-        else:
-            self.sse = b""
+        lines = data.split(b"\n")
+        rest = lines.pop()  # after the last newline: a line not yet ended ("" when none)
+        if len(rest) > _MAX_EVENT_LINE:
+            raise ProtocolError("event stream line too long")
+        self.sse = rest
+        payloads = self.payloads
+        for line in lines:
+            if line[:5] == b"data:":
+                payloads.append(line[5:].strip())
+
+    def _deliver(self) -> None:
+        """The `data:` payloads of what this read brought (every HTTP chunk of it), to the
+        assembler in one call; the stall clock is read once for them all."""
+        payloads = self.payloads
+        self.payloads = []
+        self.last_data = time.monotonic()
+        outcome = self.assembler.events(payloads)
+        if outcome is not None:
+            self._resolve(outcome)
 
     def on_message_complete(self) -> None:
         if self.informational:
@@ -331,6 +335,8 @@ class _Connection(asyncio.Protocol):
         self._body_end()
 
     def _body_end(self) -> None:
+        if self.payloads and not self.decided:
+            self._deliver()
         if self.inflate is not None and not self.inflate.eof:
             raise ProtocolError("the compressed body ends early")
         if not self.decided:
@@ -396,6 +402,11 @@ class Http11Pool:
             conn.abort()
         self._idle.clear()
         self._active.clear()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests out on this pool's connections now (sent, their response not yet read)."""
+        return len(self._active)
 
     async def post(self, body: bytes, assembler=None):
         """One request, one outcome: never sent again here (see outcomes.Broken.stale)."""

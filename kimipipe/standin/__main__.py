@@ -187,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency", type=float, default=0.0,
                    help="seconds before the first content (keep-alive comments meanwhile)")
     p.add_argument("--tokens-per-second", type=float, default=0.0,
-                   help="streamed token rate (0: as fast as possible)")
+                   help="streamed token rate, each token its own write up to 100 a "
+                        "second (0: all at once)")
     p.add_argument("--keepalive-interval", type=float, default=1.0,
                    help="seconds between `: OPENROUTER PROCESSING` comments")
     p.add_argument("--fault", action="append", type=parse_fault, default=[],
