@@ -71,3 +71,7 @@ class FailureKind(StrEnum):
 
     PERMANENT = "permanent"  # an error the request itself caused (counted by its status)
     RETRIES_EXHAUSTED = "retries_exhausted"  # --max-attempts retryable attempts, none answered
+    # answers refused (paid for) and the prompt not sent again because the run stopped (a
+    # cost cap without room for its next attempt, a signal, a limit): the paid answers are
+    # kept on this line, and the prompt is no failure of its own (a rerun sends it)
+    STOPPED = "stopped"

@@ -46,7 +46,9 @@ def test_max_cost_holds_when_an_excluded_pricier_endpoint_serves_anyway(standin,
     assert all(x["provider"] == "DeepInfra" and x["routing"] == "unverifiable" for x in kept)
     assert len(refused) + len(kept) == len(billed)
     assert sorted(x["generation_id"] for x in [*refused, *kept]) == sorted(x["generation_id"] for x in billed)
-    assert all(f["kind"] == "routing_violation" for f in violations)
+    # (not sent again once the cap left no room: its stop, not the prompt's failure)
+    assert all(f["kind"] == "stopped" and f["message"].startswith("routing_violation: ")
+               for f in violations)
     assert any(len(f["refused"]) > 1 for f in violations)
     assert sum(f["cost"] for f in violations) + sum(x["usage"]["cost"] + sum(r["cost"] for r in x["refused"])
                                                     for x in kept) == pytest.approx(

@@ -280,6 +280,37 @@ def test_max_cost_holds_when_a_pricing_override_bills_four_times_the_base(standi
     assert "completion $11.2/M by together pricing.overrides[0]" in plan.stdout.decode()
 
 
+def test_a_cost_cap_that_leaves_no_room_for_a_refused_answers_retry_fails_no_prompt(standin, tmp_path):
+    """Parasail, the cheaper of the two allowed (so --sort price asks it first), drops every
+    answer's reasoning: each answer refused (paid for) and the prompt sent to Together. With
+    --max-cost 1.5 request worst cases and answers cut at --max-tokens (billed near their
+    worst case), the first prompt's second attempt cannot fit: that is the cap's stop (exit
+    3, resumable), the paid refusal kept on a `stopped` line, no prompt failed; a rerun
+    with room sends it again."""
+    server = standin(ledger=True, drop_reasoning={"parasail": 1.0})
+    prompts = make_prompts(tmp_path / "p.jsonl", 3)
+    out, failures, summary = tmp_path / "r.jsonl", tmp_path / "f.jsonl", tmp_path / "s.json"
+    flags = ("--only-provider", "together", "--only-provider", "parasail", "--sort", "price",
+             "--max-tokens", "40", "--concurrency", "1", "--failures", failures)
+    plan = infer(server, prompts, "--plan", "--json", *flags)
+    assert plan.code == 0, plan.stderr
+    cap = 1.5 * json.loads(plan.stdout)["cost"]["worst_case_request"]
+    r = infer(server, prompts, "-o", out, "--max-cost", f"{cap:.8f}", "--summary-json", summary, *flags)
+    assert r.code == 3 and "--max-cost reached" in r.stderr, r.stderr
+    [line] = read_jsonl(failures)
+    assert line["kind"] == "stopped" and line["message"].startswith("no_reasoning: "), line
+    assert [x["provider"] for x in line["refused"]] == ["Parasail"]
+    s = json.loads(summary.read_text())
+    assert s["failed"] == {"stopped": 1} and s["stop_reason"] == "max-cost"
+    assert "permanent failure" not in r.stderr and "1 not sent again" in r.stderr
+    assert billed(server) <= cap
+    assert _recorded(out, failures) == pytest.approx(billed(server))
+    # a rerun with room sends it again (the failures file is no "done"), and fails none
+    r = infer(server, prompts, "-o", out, "--max-cost", "1", *flags)
+    assert r.code == 0, r.stderr
+    assert sorted(x["id"] for x in read_jsonl(out)) == sorted(x["id"] for x in read_jsonl(prompts))
+
+
 # -- (c) TOTAL_COST across three datasets while a provider drops reasoning ------------------
 def test_total_cost_holds_across_three_datasets_with_answers_refused_for_no_reasoning(standin, tmp_path):
     """Three datasets built one after the other, as the Makefile runs kp-infer (--total-cost

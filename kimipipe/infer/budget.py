@@ -88,13 +88,19 @@ class Budget:
         """Which cap a request of worst case AMOUNT does not fit now ("max-cost",
         "total-cost"), or None when it fits both."""
         self.pending = 0.0
+        blocker = self.cap_left_no_room(amount)
+        if blocker is None:
+            # until reserve(): a run sharing --total-cost keeps claiming it (it may still
+            # wait for a concurrency slot, and another run must not take that room meanwhile)
+            self.pending = amount
+        return blocker
+
+    def cap_left_no_room(self, amount: float) -> str | None:
+        """cost_blocker's answer, claiming nothing (for a request already reserved)."""
         if self.max_cost is not None and self.spent + self.reserved + amount > self.max_cost:
             return "max-cost"
         if self.total is not None and not self.total.fits(self.spent_this_run, self.reserved, amount):
             return "total-cost"
-        # until reserve(): a run sharing --total-cost keeps claiming it (it may still wait
-        # for a concurrency slot, and another run must not take that room meanwhile)
-        self.pending = amount
         return None
 
     def cost_fits(self, amount: float) -> bool:

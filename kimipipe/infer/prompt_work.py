@@ -54,6 +54,7 @@ from .progress import RunProgress
 from .report import Stats, StopReason
 from .state import RunState
 from .systematic import SystematicFailure
+from .total_cost import PUBLISH_INTERVAL
 from .writing import RESCUED, WRITTEN, Output, failure_record
 
 
@@ -153,8 +154,8 @@ class PromptWork:
         finally:
             if self.refused:  # refused, paid for, and not sent again: a stop
                 last = self.refused[-1]
-                self._fail(last.kind, Attempt(AttemptKind.PERMANENT, status=200, message=(
-                    f"{last.message}; not sent again: the run stopped")),
+                self._fail(FailureKind.STOPPED, Attempt(AttemptKind.PERMANENT, status=200, message=(
+                    f"{last.kind}: {last.message}; not sent again: the run stopped")),
                     provider=last.provider, generation_id=last.generation_id)
             parts.state.in_progress.pop(self.prompt.id, None)
             parts.budget.release(self.reservation)
@@ -191,7 +192,7 @@ class PromptWork:
         if refused is None:
             self._accept(answer, latency, source, check.mark() if check is not None else None)
             return False
-        if not self._refuse(answer, *refused, source,
+        if not await self._refuse(answer, *refused, source,
                             offset=check.offset if refused[0] == RefusalKind.IDENTITY else None):
             return False
         self.body = parts.config.request.body(self.prompt, self.policy,
@@ -375,21 +376,54 @@ class PromptWork:
                                     cost_source=source, offset=offset))
         parts.stats.refusal(answer.provider, kind, answer.cost)
 
-    def _refuse(self, answer: Attempt, kind: RefusalKind, why: str, source: str,
-                offset: int | None = None) -> bool:
+    async def _refuse(self, answer: Attempt, kind: RefusalKind, why: str, source: str,
+                      offset: int | None = None) -> bool:
         """Count a refused ANSWER (paid for, its cost settled); True when the prompt is sent
-        again (with the policy for its next attempt), False when not (then it is a failure
-        of KIND)."""
+        again (with the policy for its next attempt), False when not: a failure of KIND
+        after --max-attempts, else a stop came first (run()'s end writes it as STOPPED)."""
         parts = self.parts
         self._book_refusal(answer, kind, why, source, offset)
-        if (self.attempts >= parts.config.max_attempts or parts.state.stopping.is_set()
-                or not parts.budget.cost_fits(0)):  # the next attempt's worst case must still fit
+        if self.attempts >= parts.config.max_attempts:
             self._fail(kind, Attempt(AttemptKind.PERMANENT, message=why, status=200),
                        provider=answer.provider, generation_id=answer.generation_id)
             return False
+        if not await self._room_for_next_attempt():
+            return False  # not sent again: run()'s end keeps the paid answers (STOPPED)
         parts.stats.retries[kind] += 1
         self.policy = parts.acceptance.next_policy(self.policy, answer.provider)
         return True
+
+    async def _room_for_next_attempt(self) -> bool:
+        """After a refused answer (its cost booked, its worst case still reserved): wait, as
+        admission waits, until the caps have room for the next attempt. False when the run
+        stops first, or when nothing else in flight can free room: then it is the cap's
+        stop (exit 3, resumable), not this prompt's failure."""
+        parts = self.parts
+        state, budget = parts.state, parts.budget
+        state.waiting_for_room += 1
+        try:
+            while not state.stopping.is_set():
+                blocker = budget.cap_left_no_room(0.0)
+                if blocker is None:
+                    return True
+                total = budget.total
+                # another run sharing --total-cost may give room back: look now and then
+                poll = (blocker == "total-cost" and total is not None
+                        and total.others_may_free_room())
+                if len(state.in_progress) <= state.waiting_for_room and not poll:
+                    # nothing in flight but prompts waiting like this one (the stop wakes them)
+                    parts.stop(StopReason.MAX_COST if blocker == "max-cost"
+                               else StopReason.TOTAL_COST)
+                    return False
+                state.settled.clear()
+                try:
+                    await asyncio.wait_for(state.settled.wait(),
+                                           timeout=PUBLISH_INTERVAL if poll else None)
+                except TimeoutError:
+                    pass
+            return False
+        finally:
+            state.waiting_for_room -= 1
 
     def _accept(self, answer: Attempt, latency: float | None, source: str,
                 identity_mark=None) -> None:

@@ -246,9 +246,14 @@ class Stats:
 def exit_code(stop: StopReason | None, stats: Stats) -> int:
     if stop is not None and stop.exit_code != ExitCode.OK:
         return stop.exit_code
-    if sum(stats.failed.values()):
+    if permanent_failures(stats.failed):
         return ExitCode.PARTIAL
     return ExitCode.OK
+
+
+def permanent_failures(failed: dict[str, int]) -> int:
+    """The prompts that failed for themselves: all but those a stop left unsent (STOPPED)."""
+    return sum(n for kind, n in failed.items() if kind != FailureKind.STOPPED)
 
 
 def refused_by_kind(refused: Counter) -> dict[str, dict[str, int]]:
@@ -328,12 +333,15 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
 
 
 def format_summary(summary: InferSummary) -> str:
-    failed = summary.failed
+    failed = {k: n for k, n in summary.failed.items() if k != FailureKind.STOPPED}
+    stopped = summary.failed.get(FailureKind.STOPPED, 0)
     tokens = summary.tokens
     lines = [
         f"kp-infer: {summary.done} done, {summary.skipped} skipped (already done), "
         f"{sum(failed.values())} failed"
-        + (f" ({', '.join(f'{k}: {v}' for k, v in failed.items())})" if failed else ""),
+        + (f" ({', '.join(f'{k}: {v}' for k, v in failed.items())})" if failed else "")
+        + (f", {stopped} not sent again after a refused answer (the run stopped; a rerun "
+           "sends them)" if stopped else ""),
         f"  spend: ${summary.spend_this_run:.6f} this run, ${summary.spend_total:.6f} in all"
         + (f" (cap ${summary.max_cost:g})" if summary.max_cost is not None else ""),
         f"  tokens: {tokens.completion:,} completion "

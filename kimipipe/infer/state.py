@@ -27,6 +27,10 @@ class RunState:
     waiting: str | None = None  # what holds admission back, for the progress line
     # prompt ID -> when admitted, oldest first (retries and back-off included)
     in_progress: dict[str, float] = field(default_factory=dict)
+    # of them, those waiting after a refused answer for the caps' room for their next
+    # attempt (prompt_work.py): they free no room, so when they are all that is in flight
+    # the cap stops the run
+    waiting_for_room: int = 0
 
 
 @contextmanager
