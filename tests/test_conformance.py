@@ -593,7 +593,9 @@ def test_self_hosted_answers_parse_with_the_openai_sdk(standin, mode):
     top, [choice], [message] = vendor_fields(mode, plain)
     assert plain.choices[0].message.role == "assistant" and plain.choices[0].message.content
     assert plain.choices[0].finish_reason in ("stop", "length") and plain.usage.completion_tokens
-    assert message.reasoning_content  # (vLLM before v0.11.2, and SGLang: reasoning_content)
+    field = "reasoning" if mode == "vllm" else "reasoning_content"  # (vLLM since v0.11.2)
+    assert getattr(message, field) and not getattr(message, "reasoning_content" if mode == "vllm"
+                                                   else "reasoning", None)
     if mode == "vllm":
         prompt_ids, output_ids = top.prompt_token_ids, choice.token_ids
     else:
@@ -607,8 +609,8 @@ def test_self_hosted_answers_parse_with_the_openai_sdk(standin, mode):
     assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
     fields = [vendor_fields(mode, c) for c in chunks]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    reasoning = "".join(m[0].reasoning_content or "" for _, _, m in fields if m)
-    assert (text, reasoning) == (plain.choices[0].message.content, message.reasoning_content)
+    reasoning = "".join(getattr(m[0], field) or "" for _, _, m in fields if m)
+    assert (text, reasoning) == (plain.choices[0].message.content, getattr(message, field))
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(output_ids)
     if mode == "vllm":  # prompt IDs on the first chunk, each chunk's own IDs on its choice
         assert fields[0][0].prompt_token_ids == prompt_ids

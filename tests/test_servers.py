@@ -65,8 +65,10 @@ def test_vllm_mode_returns_real_token_ids_plain_and_streamed(standin, tok):
     assert plain["prompt_token_ids"] == tok.apply_chat_template(
         [{"role": "user", "content": "hello 東京"}], tokenize=True, add_generation_prompt=True,
         thinking=True, return_dict=False)
+    # its reasoning in `reasoning` (vLLM's field since v0.11.2), not `reasoning_content`
+    assert "reasoning_content" not in message
     assert tok.decode(choice["token_ids"], skip_special_tokens=False) == (
-        message["reasoning_content"] + "</think>" + message["content"] + "<|im_end|>")
+        message["reasoning"] + "</think>" + message["content"] + "<|im_end|>")
     assert plain["usage"]["completion_tokens"] == len(choice["token_ids"])
 
     events = sse_events(post(server.base_url + "/chat/completions",
@@ -77,6 +79,8 @@ def test_vllm_mode_returns_real_token_ids_plain_and_streamed(standin, tok):
     assert all(len(c["token_ids"]) >= 1 for e in events[1:] for c in e["choices"])
     text = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
     assert text == message["content"]
+    assert "".join(c["delta"].get("reasoning") or "" for e in events for c in e["choices"]) == (
+        message["reasoning"])
     assert events[-1]["choices"] == [] and events[-1]["usage"] == plain["usage"]
 
     # without return_token_ids: no IDs; thinking off: no reasoning, no </think>
@@ -84,7 +88,7 @@ def test_vllm_mode_returns_real_token_ids_plain_and_streamed(standin, tok):
                           {**body, "return_token_ids": False,
                            "chat_template_kwargs": {"thinking": False}}))
     assert "prompt_token_ids" not in off and "token_ids" not in off["choices"][0]
-    assert off["choices"][0]["message"]["reasoning_content"] is None
+    assert off["choices"][0]["message"]["reasoning"] is None
 
 
 def test_vllm_mode_serves_none_of_openrouters_endpoints(standin):

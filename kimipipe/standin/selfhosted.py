@@ -26,7 +26,8 @@ vLLM (>= 0.10.2), with `return_token_ids: true` in the request: the answer has t
 `prompt_token_ids` and each chunk's choice the `token_ids` of that chunk (one token per
 chunk; text a token leaves incomplete, a UTF-8 character split over tokens, waits for the
 next). Usage comes in a last chunk with `choices: []` when `stream_options.include_usage`
-is true. Reasoning is in `reasoning_content` (its reasoning parser's field).
+is true. Reasoning is in `reasoning` (its reasoning parser's field since v0.11.2; it was
+`reasoning_content` before, as SGLang's still is: kimipipe reads both).
 
 SGLang (as its python/sglang/srt/entrypoints/openai/serving_chat.py does, v0.5.20): the
 same shapes with `reasoning_content`, and `matched_stop` (the end-of-turn token on a stop)
@@ -212,6 +213,8 @@ class SelfHosted:
         config.check()
         self.config = config
         self.mode = config.mode
+        # where the reasoning goes: vLLM's field since v0.11.2, SGLang's (and older vLLM's)
+        self._reasoning_field = "reasoning" if config.mode == "vllm" else "reasoning_content"
         self.sampler = Sampler(config.tokenizer or DEFAULT_TOKENIZER)
         self.requests = 0
         self.completions_started = 0
@@ -365,7 +368,7 @@ class SelfHosted:
         if tps > 0:
             await asyncio.sleep(len(turn.output_ids) / tps)
         message = {"role": "assistant", "content": turn.content,
-                   "reasoning_content": turn.reasoning, "tool_calls": []}
+                   self._reasoning_field: turn.reasoning, "tool_calls": []}
         choice = {"index": 0, "message": message, "logprobs": None,
                   "finish_reason": turn.finish_reason, **self._stop(turn.finish_reason)}
         out = {"id": gen_id, "object": "chat.completion", "created": int(time.time()),
@@ -414,7 +417,7 @@ class SelfHosted:
                 finish = turn.finish_reason if n == last else None
                 events.append(event({}, ids, finish) if finish else event({"content": ""}, ids))
                 continue
-            field = "reasoning_content" if kind == "reasoning" else "content"
+            field = self._reasoning_field if kind == "reasoning" else "content"
             start = 0
             for i in range(len(ids)):
                 text = self.sampler.decode(ids[start:i + 1])
