@@ -83,15 +83,19 @@ def _read_jsonl(path: str, shown: str) -> Iterator[SourceRecord]:
         yield SourceRecord(lineno, obj)
 
 
-def _read_one_object(path: str, shown: str, lineno: int) -> SourceRecord:
-    """The file as one JSON object, starting on line LINENO."""
+def _whole_text(path: str, shown: str) -> str:
+    """The whole file as UTF-8 text (invalid UTF-8 is an input error at its line)."""
     with open_input(path) as f:
         data = f.read()
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError("invalid UTF-8", shown, data.count(b"\n", 0, e.start) + 1) from None
-    del data
+
+
+def _read_one_object(path: str, shown: str, lineno: int) -> SourceRecord:
+    """The file as one JSON object, starting on line LINENO."""
+    text = _whole_text(path, shown)
     start = len(text) - len(text.lstrip())
     try:
         obj, end = json.JSONDecoder().raw_decode(text, start)
@@ -112,13 +116,7 @@ def _read_json_array(path: str, shown: str) -> Iterator[SourceRecord]:
     The array is read whole (a JSON array cannot be streamed line by line); its elements
     are decoded one at a time so that an error names the element's line.
     """
-    with open_input(path) as f:
-        data = f.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError("invalid UTF-8", shown, data.count(b"\n", 0, e.start) + 1) from None
-    del data
+    text = _whole_text(path, shown)
     decoder = json.JSONDecoder()
     pos = text.index("[") + 1
     line = 1 + text.count("\n", 0, pos)
