@@ -160,17 +160,21 @@ class _LenientBody(_Body, gc=False):
 _lenient_decoder = msgspec.json.Decoder(_LenientBody)
 
 
-def _without_logprobs(raw: bytes) -> _Body | None:
-    """RAW read with its `logprobs` left out, for a body whose logprobs are not the
-    schema's shape: the answer is kept (it was paid for), its tokens are not. None when
-    it is not a body even so."""
+def _read_without_logprobs(decoder: msgspec.json.Decoder, raw: bytes):
+    """RAW (a body, or a chunk) read by the lenient DECODER with its `logprobs` left out,
+    for one whose logprobs are not the schema's shape: the answer is kept (it was paid
+    for), its tokens are not. None when it is not a body (a chunk) even so."""
     try:
-        body = _lenient_decoder.decode(raw)
+        read = decoder.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    for choice in body.choices or ():
+    for choice in read.choices or ():
         choice.logprobs = None
-    return body
+    return read
+
+
+def _without_logprobs(raw: bytes) -> _Body | None:
+    return _read_without_logprobs(_lenient_decoder, raw)
 
 
 def _reasoning_text(reasoning: str | None, details: list[_ReasoningDetail] | None
@@ -432,15 +436,7 @@ _lenient_chunk_decoder = msgspec.json.Decoder(_LenientChunk)
 
 
 def _chunk_without_logprobs(raw: bytes) -> _Chunk | None:
-    """A chunk whose logprobs are not the schema's shape, read without them (as
-    `_without_logprobs` reads a body); None when it is not a chunk even so."""
-    try:
-        chunk = _lenient_chunk_decoder.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    for choice in chunk.choices or ():
-        choice.logprobs = None
-    return chunk
+    return _read_without_logprobs(_lenient_chunk_decoder, raw)
 
 
 _chunk_decoder = msgspec.json.Decoder(_Chunk)
