@@ -206,7 +206,7 @@ class PromptWork:
 
     async def _on_retry(self, result: Attempt) -> bool:
         parts = self.parts
-        parts.stats.retries[result.cause] += 1
+        parts.stats.retried(result.cause)
         if result.cause == RetryCause.RATE_LIMITED:
             parts.limiter.rate_limited()
         if self.attempts >= parts.config.max_attempts:
@@ -228,8 +228,8 @@ class PromptWork:
         """The in-flight budget is full: not this prompt's fault, and no attempt of its."""
         parts = self.parts
         self.attempts -= 1
-        parts.stats.retries[result.cause] += 1
-        parts.stats.limit_refusals[result.limit_key()] += 1
+        parts.stats.retried(result.cause)
+        parts.stats.limit_met(result.limit_key())
         parts.money.refused(result.retry_after)
         parts.money.release(self.reservation, finished=False)
         self.holding_money = False
@@ -246,12 +246,9 @@ class PromptWork:
         return True
 
     async def _on_payment(self, result: Attempt) -> bool:
-        stats = self.parts.stats
-        stats.limit_refusals[result.limit_key()] += 1
-        if stats.limit is None:
-            stats.limit = MoneyLimit(**result.limit(),
-                                     balance_left=_rounded(self.parts.money.spendable()),
-                                     worst_case_request=round(self.reservation, 6))
+        self.parts.stats.limit_met(result.limit_key(), MoneyLimit(
+            **result.limit(), balance_left=_rounded(self.parts.money.spendable()),
+            worst_case_request=round(self.reservation, 6)))
         self.parts.stop(StopReason.for_limit(result.limit_source))
         return False
 
@@ -306,13 +303,13 @@ class PromptWork:
                     parts.config.cost_lookup_wait)
             except asyncio.CancelledError:
                 answer.cost = costs.estimate(answer, parts.budget.price, self.reservation)
-                parts.stats.cost_sources[costs.ESTIMATE] += 1
+                parts.stats.cost_settled(costs.ESTIMATE)
                 if refused is None:
                     self._accept(answer, latency, costs.ESTIMATE)
                 else:  # (the failure line is written as the work ends: not sent again)
                     self._book_refusal(answer, *refused, costs.ESTIMATE)
                 raise
-        parts.stats.cost_sources[source] += 1
+        parts.stats.cost_settled(source)
         return source
 
     async def _settle_identity(self, judge, check, answer: Attempt, source: str) -> None:
@@ -369,12 +366,11 @@ class PromptWork:
         """A refused ANSWER (paid for, its cost settled): booked, and kept for the record
         (OFFSET: its prompt count against kimipipe's, refused for identity)."""
         parts = self.parts
-        parts.stats.prompt_tokens += answer.prompt_tokens
         parts.budget.record(answer.cost, 0)
         self.refused.append(Refusal(kind=kind, provider=answer.provider, cost=answer.cost,
                                     generation_id=answer.generation_id, message=why,
                                     cost_source=source, offset=offset))
-        parts.stats.refusal(answer.provider, kind, answer.cost)
+        parts.stats.refusal(answer, kind)
 
     async def _refuse(self, answer: Attempt, kind: RefusalKind, why: str, source: str,
                       offset: int | None = None) -> bool:
@@ -389,7 +385,7 @@ class PromptWork:
             return False
         if not await self._room_for_next_attempt():
             return False  # not sent again: run()'s end keeps the paid answers (STOPPED)
-        parts.stats.retries[kind] += 1
+        parts.stats.retried(kind)
         self.policy = parts.acceptance.next_policy(self.policy, answer.provider)
         return True
 
@@ -431,14 +427,14 @@ class PromptWork:
         checked against) and book it."""
         parts = self.parts
         cost = answer.cost
-        parts.stats.prompt_tokens += answer.prompt_tokens
         refused, self.refused = self.refused, []
         kept = parts.output.write_response(self.line, answer, self.attempts, refused=refused,
                                            latency=latency, cost=cost, cost_source=source,
                                            identity=identity_mark)
         if kept != WRITTEN:  # paid all the same: in the rescue file, or lost (stdout closed)
             parts.budget.record(cost, 0)  # (the refused answers' cost is recorded already)
-            parts.stats.not_written(cost + sum(r.cost for r in refused), rescued=kept == RESCUED)
+            parts.stats.not_written(answer, cost + sum(r.cost for r in refused),
+                                    rescued=kept == RESCUED)
             self._output_failed()  # no point paying for answers that cannot be kept
             return
         parts.done.add(self.prompt.id)
@@ -467,20 +463,8 @@ class PromptWork:
             parts.stop(StopReason.SYSTEMATIC)
 
     def _output_failed(self) -> None:
-        """A file refused a write: say so once (and where what arrives now is kept), stop."""
-        parts = self.parts
-        output, stats = parts.output, parts.stats
-        if output.error_file == "-":
-            parts.stop(StopReason.CLOSED_PIPE)
-            return
-        if stats.write_error is None:
-            error = output.error
-            stats.write_error = f"{output.error_file}: {error.strerror or error}"
-            rescue = output.rescues.get("failures" if output.error_file == parts.config.failures
-                                        else "output")
-            parts.say(f"kp-infer: cannot write {stats.write_error} (it ends with its last "
-                      "whole record); answers paid for that it cannot take are kept in "
-                      f"{rescue.path} for the next run")
-        stats.rescue_files = {name: r.path for name, r in output.rescues.items() if r.saved}
-        stats.rescue_errors = [r.error for r in output.rescues.values() if r.error]
-        parts.stop(StopReason.DISK if output.disk_full else StopReason.OUTPUT)
+        """A file refused a write: said once (and where what arrives now is kept), a stop."""
+        stop, note = self.parts.output.refusal()
+        if note is not None:
+            self.parts.say(note)
+        self.parts.stop(stop)

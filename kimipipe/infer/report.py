@@ -50,6 +50,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -74,6 +75,9 @@ from .budget import Budget
 from .config import RunConfig
 from .identity_table import identity_text
 from .providers_table import ProviderTable, table_text
+
+if TYPE_CHECKING:
+    from .writing import Output
 
 
 class StopReason(Enum):
@@ -167,8 +171,16 @@ def limit_text(limit: MoneyLimit) -> str:
 
 @dataclass
 class Stats:
+    """The counts of one run, for its summary and its progress line. Each part of the run
+    reports what happened through a method here (an answer written, a retry, a refusal, a
+    money limit met ...); nothing else writes these fields, and the views only read them.
+    What the output refused (infer/writing.py `Output`), the conversations' turns
+    (infer/conversations.py `ConversationQueue`) and the stop (infer/state.py `RunState`)
+    are counted by their own parts."""
+
     todo: int = 0
     skipped: int = 0
+    taken_in: int = 0  # answers an earlier run kept in the rescue file, taken in first
     done: int = 0
     failed: Counter = field(default_factory=Counter)
     retries: Counter = field(default_factory=Counter)
@@ -176,26 +188,18 @@ class Stats:
     refused: Counter = field(default_factory=Counter)  # answers refused, by (provider, kind)
     table: ProviderTable = field(default_factory=ProviderTable)
     finish_reasons: Counter = field(default_factory=Counter)
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # of every answer paid for (kept, refused, or not written)
     completion_tokens: int = 0
     reasoning_tokens: int = 0
-    abandoned: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the provider's prompt cache
+    abandoned: int = 0  # requests cancelled in flight after the grace period
     unwritten: int = 0  # answers paid for that the output could not take
     unwritten_cost: float = 0.0
     rescued: int = 0  # of those, kept in the rescue file for the next run
     failures_unwritten: int = 0  # failure records --failures could not take
     failures_rescued: int = 0
-    write_error: str | None = None  # `PATH: why` of the first write refused
-    rescue_files: dict = field(default_factory=dict)  # {"output"|"failures": path} used
-    rescue_errors: list = field(default_factory=list)  # why a rescue file failed too
-    taken_in: int = 0  # answers an earlier run kept in the rescue file, taken in first
     limit_refusals: Counter = field(default_factory=Counter)  # "402 in_flight_budget_exhausted": n
-    limit: MoneyLimit | None = None  # the money limit that stopped the run
-    cached_tokens: int = 0  # prompt tokens served from the provider's prompt cache
-    turns: Counter = field(default_factory=Counter)  # a conversation's turns answered, by number
-    conversations_done: int = 0  # conversations whose last turn was answered this run
-    conversations_cut: int = 0  # ended by a turn cut by max_tokens (later turns not sent)
-    turns_not_sent: int = 0  # turns of conversations ended early (cut, failed, stopped)
+    limit: MoneyLimit | None = None  # the first money limit met (it stopped the run)
     # answers paid for (kept or refused) by where their cost came from (infer/costs.py):
     # "usage" (usage.cost), "generation" (GET /generation), "estimate" (neither in time)
     cost_sources: Counter = field(default_factory=Counter)
@@ -209,6 +213,7 @@ class Stats:
     def answered(self, answer: Attempt, latency: float | None = None) -> None:
         """An answer written to the output (LATENCY: seconds from sent to complete)."""
         self.done += 1
+        self.prompt_tokens += answer.prompt_tokens
         self.cached_tokens += answer.cached_tokens
         self.completion_tokens += answer.completion_tokens
         self.reasoning_tokens += answer.reasoning_tokens
@@ -222,13 +227,17 @@ class Stats:
         self.table.answer(answer.provider, answer.completion_tokens, answer.reasoning_tokens,
                           answer.finish_reason, answer.cost or 0.0, latency)
 
-    def refusal(self, provider: str | None, kind: str, cost: float = 0.0) -> None:
-        """An answer paid for and not kept (routing_violation, no_reasoning, think_marker)."""
-        self.refused[(provider or "unknown", kind)] += 1
-        self.table.refusal(provider, kind, cost)
+    def refusal(self, answer: Attempt, kind: str) -> None:
+        """An ANSWER paid for and not kept (routing_violation, no_reasoning, think_marker,
+        identity), its cost settled."""
+        self.prompt_tokens += answer.prompt_tokens
+        self.refused[(answer.provider or "unknown", kind)] += 1
+        self.table.refusal(answer.provider, kind, answer.cost)
 
-    def not_written(self, cost: float, rescued: bool) -> None:
-        """An answer paid for that the output did not take (kept in the rescue file, or lost)."""
+    def not_written(self, answer: Attempt, cost: float, rescued: bool) -> None:
+        """An ANSWER paid for that the output did not take (kept in the rescue file, or
+        lost); COST: its own and that of the answers refused before it."""
+        self.prompt_tokens += answer.prompt_tokens
         self.unwritten += 1
         self.unwritten_cost += cost
         self.rescued += rescued
@@ -241,6 +250,26 @@ class Stats:
         """A prompt given up on this run, counted by kind (a permanent error by its status)."""
         self.failed[kind if kind != FailureKind.PERMANENT
                     else f"http_{attempt.status or attempt.cause}"] += 1
+
+    def retried(self, cause: str) -> None:
+        """A prompt sent again: after a retryable failure (kinds.RetryCause), an in-flight
+        402's wait, or a refused answer (its refusal kind)."""
+        self.retries[cause] += 1
+
+    def limit_met(self, key: str, limit: MoneyLimit | None = None) -> None:
+        """A money limit answered (KEY: `402 in_flight_budget_exhausted`, ...); LIMIT: the
+        one that stops the run (the first is kept)."""
+        self.limit_refusals[key] += 1
+        if self.limit is None:
+            self.limit = limit
+
+    def cost_settled(self, source: str) -> None:
+        """An answer's cost known, and where it came from (infer/costs.py)."""
+        self.cost_sources[source] += 1
+
+    def cancelled(self, requests: int) -> None:
+        """REQUESTS still in flight when the grace period ended, cancelled."""
+        self.abandoned += requests
 
 
 def exit_code(stop: StopReason | None, stats: Stats) -> int:
@@ -265,9 +294,13 @@ def refused_by_kind(refused: Counter) -> dict[str, dict[str, int]]:
 
 
 def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: Budget,
-            config: RunConfig, concurrency_end: int,
+            config: RunConfig, concurrency_end: int, output: Output,
             money_in_flight: MoneyInFlightEnd | None = None,
-            identity: dict | None = None) -> InferSummary:
+            identity: dict | None = None,
+            conversations: SummaryConversations | None = None) -> InferSummary:
+    """The summary of a run from what its parts counted: STATS, the BUDGET's money, the
+    OUTPUT's refused writes, the CONVERSATIONS' turns and the IDENTITY judge's rows."""
+    rescue_files = output.rescue_files()
     elapsed = time.monotonic() - stats.started
     total_providers = sum(stats.providers.values())
     return InferSummary(
@@ -284,11 +317,11 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         taken_in_from_rescue=stats.taken_in,
         paid_not_written=PaidNotWritten(
             answers=stats.unwritten, cost=round(stats.unwritten_cost, 10), rescued=stats.rescued,
-            rescue_file=stats.rescue_files.get("output"),
-            error=stats.write_error if stats.unwritten else None),
+            rescue_file=rescue_files.get("output"),
+            error=output.write_error if stats.unwritten else None),
         failures_not_written=FailuresNotWritten(
             records=stats.failures_unwritten, rescued=stats.failures_rescued,
-            rescue_file=stats.rescue_files.get("failures")),
+            rescue_file=rescue_files.get("failures")),
         spend_this_run=round(budget.spent_this_run, 10),
         spend_total=round(budget.spent, 10),
         max_cost=config.max_cost,
@@ -324,10 +357,7 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         logprobs=({name: SummaryLogprobs(answers=n, with_tokens=stats.with_tokens[name])
                    for name, n in stats.providers.most_common()}
                   if config.request.logprobs or config.request.require_logprobs else None),
-        conversations=(SummaryConversations(
-            turns_by_number={str(k): n for k, n in sorted(stats.turns.items())},
-            done=stats.conversations_done, cut=stats.conversations_cut,
-            turns_not_sent=stats.turns_not_sent) if stats.turns or stats.turns_not_sent else None),
+        conversations=conversations,
         identity=None if identity is None else msgspec.convert(identity, SummaryIdentity),
     )
 

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..cli import stderr_is_terminal
+from ..contracts import InferSummary
 from ..errors import ExitCode
 from ..io import iter_records
 from ..openrouter.account import (
@@ -115,8 +116,7 @@ class Run:
         self.limiter = AdaptiveLimiter(config.total_concurrency)
         self.money = MoneyInFlight(lambda: budget.spent_this_run)
         # conversations (infer/conversations.py): their next turns go ahead of new prompts
-        self.conversations = ConversationQueue(config.history_reasoning, self.stats,
-                                               prepared.conversations)
+        self.conversations = ConversationQueue(config.history_reasoning, prepared.conversations)
         self.progress = RunProgress(bar, config, prepared.turns_todo, self.state, self.stats,
                                     budget, self.limiter, self.money, stderr_is_terminal(),
                                     self.conversations if prepared.conversations_todo else None)
@@ -192,11 +192,12 @@ class Run:
     def exit_code(self) -> int:
         return exit_code(self.state.stop_reason, self.stats)
 
-    def summary(self) -> dict:
+    def summary(self) -> InferSummary:
         judge = self.acceptance.identity
         return summary(self.stats, self.state.stop_reason, self.prepared.scan.records,
-                       self.budget, self.config, self.limiter.current, self.money.state(),
-                       identity=judge.summary() if judge is not None else None)
+                       self.budget, self.config, self.limiter.current, self.output,
+                       self.money.state(), identity=judge.summary() if judge is not None else None,
+                       conversations=self.conversations.summary())
 
     def _new_work(self) -> Iterator[tuple[Prompt, bytes, TurnWork | None]]:
         """The input's prompts not done, in order: (prompt, line, None) for a single
@@ -364,7 +365,7 @@ class Run:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
-        self.stats.abandoned += sum(task.cancelled() for task in tasks)
+        self.stats.cancelled(sum(task.cancelled() for task in tasks))
 
     async def _unless_stopped(self, awaitable) -> None:
         """Await AWAITABLE, or stop waiting for it (and cancel it) as soon as the run stops."""

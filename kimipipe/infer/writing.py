@@ -43,6 +43,7 @@ from ..records import (
 )
 from .api import api_of
 from .config import RunConfig
+from .report import StopReason
 from .rescue import Rescue
 from .servers import server_sampling
 
@@ -169,6 +170,7 @@ class Output:
                          if config.failures else None)
         self.error: OSError | None = None  # the first write either file refused
         self.error_file: str | None = None
+        self._said = False  # the refused write told (once)
 
     def open(self) -> None:
         self.responses.open()
@@ -220,3 +222,34 @@ class Output:
     def disk_full(self) -> bool:
         """The write that failed was refused for room (a full disk, a quota, a size limit)."""
         return self.error is not None and self.error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+    @property
+    def write_error(self) -> str | None:
+        """`PATH: why` of the first write a file refused (None: none did, or stdout was
+        closed: a reader gone is no error of a file)."""
+        if self.error is None or self.error_file == "-":
+            return None
+        return f"{self.error_file}: {self.error.strerror or self.error}"
+
+    def rescue_files(self) -> dict[str, str]:
+        """{"output"|"failures": path} of the rescue files that kept a record, once a file
+        refused a write (for the summary)."""
+        if self.write_error is None:
+            return {}
+        return {name: r.path for name, r in self.rescues.items() if r.saved}
+
+    def refusal(self) -> tuple[StopReason, str | None]:
+        """What a refused write means for the run: the stop it makes (the reader of stdout
+        gone, a full disk, another write error) and, the first time a file refuses one, the
+        line that says so and where the answers still arriving are kept."""
+        if self.error_file == "-":
+            return StopReason.CLOSED_PIPE, None
+        note = None
+        if not self._said:
+            self._said = True
+            rescue = self.rescues.get("failures" if self.error_file == self.config.failures
+                                      else "output")
+            note = (f"kp-infer: cannot write {self.write_error} (it ends with its last whole "
+                    "record); answers paid for that it cannot take are kept in "
+                    f"{rescue.path} for the next run")
+        return (StopReason.DISK if self.disk_full else StopReason.OUTPUT), note
