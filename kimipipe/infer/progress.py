@@ -86,7 +86,8 @@ class ProgressSnapshot:
 
 class RunProgress:
     """The progress line of one run: BAR (the tqdm bar whose description is the line, or a
-    disabled one) and the parts whose state it shows."""
+    disabled one) and the parts whose state it shows (it reads them, and writes nothing of
+    theirs)."""
 
     def __init__(self, bar, config: RunConfig, todo: int, state: RunState, stats: Stats,
                  budget: Budget, limiter: AdaptiveLimiter, money: MoneyInFlight,
@@ -159,10 +160,6 @@ class RunProgress:
         self.bar.set_description_str(progress_line(self.snapshot(), width), refresh=False)
         if draw and (now or self.terminal):
             self.bar.refresh()
-
-    def show_waiting_for_disk(self, what: str = "disk") -> None:
-        self.state.waiting = what  # (the disk guard's: with the time left, nothing in flight)
-        self.show(now=True)
 
     async def tick(self) -> None:
         """Redraw now and then, not only when a prompt finishes: the ETA, the age of the

@@ -157,14 +157,14 @@ class PromptWork:
                 self._fail(FailureKind.STOPPED, Attempt(AttemptKind.PERMANENT, status=200, message=(
                     f"{last.kind}: {last.message}; not sent again: the run stopped")),
                     provider=last.provider, generation_id=last.generation_id)
-            parts.state.in_progress.pop(self.prompt.id, None)
+            parts.state.ended(self.prompt.id)
             parts.budget.release(self.reservation)
             parts.disk.release(self.record_bound)
             if self.holding_money:
                 parts.money.release(self.reservation)
             if self.holding_slot:
                 await parts.limiter.release()
-            parts.state.settled.set()
+            parts.state.settled.set()  # (its reservations released: admission looks again)
             parts.progress.show()
 
     # -- one handler per attempt kind: True sends the prompt again -----------------------
@@ -396,8 +396,7 @@ class PromptWork:
         stop (exit 3, resumable), not this prompt's failure."""
         parts = self.parts
         state, budget = parts.state, parts.budget
-        state.waiting_for_room += 1
-        try:
+        with state.waiting_for_room():
             while not state.stopping.is_set():
                 blocker = budget.cap_left_no_room(0.0)
                 if blocker is None:
@@ -406,7 +405,7 @@ class PromptWork:
                 # another run sharing --total-cost may give room back: look now and then
                 poll = (blocker == "total-cost" and total is not None
                         and total.others_may_free_room())
-                if len(state.in_progress) <= state.waiting_for_room and not poll:
+                if state.only_waiting_for_room() and not poll:
                     # nothing in flight but prompts waiting like this one (the stop wakes them)
                     parts.stop(StopReason.MAX_COST if blocker == "max-cost"
                                else StopReason.TOTAL_COST)
@@ -418,8 +417,6 @@ class PromptWork:
                 except TimeoutError:
                     pass
             return False
-        finally:
-            state.waiting_for_room -= 1
 
     def _accept(self, answer: Attempt, latency: float | None, source: str,
                 identity_mark=None) -> None:

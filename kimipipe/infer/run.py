@@ -125,19 +125,11 @@ class Run:
 
     # -- stopping -------------------------------------------------------------------------
     def stop(self, reason: StopReason) -> None:
-        # A failed write outranks a stop that would exit 0 (a token budget reached): answers
-        # waiting in the rescue file must not look like a finished job.
-        state = self.state
-        if state.stop_reason is None or (reason in (StopReason.DISK, StopReason.OUTPUT)
-                                         and state.stop_reason.exit_code == ExitCode.OK):
-            state.stop_reason = reason
-            state.stopped_at = state.stopped_at or time.monotonic()
+        if self.state.stop(reason):
             self.say(f"kp-infer: {reason.message}"
                      + (f"; waiting up to {self.config.grace:g} s (--grace) for "
                         f"{self.limiter.in_flight} requests in flight"
                         if self.limiter.in_flight else ""))
-        state.stopping.set()
-        state.settled.set()
         self.conversations.changed.set()  # admission waiting for a conversation's next turn
         self.money.close()
 
@@ -268,7 +260,7 @@ class Run:
         try:
             record_bound = self.disk.worst_case(line)
             if not await self.disk.wait_for_room(record_bound, state.stopping, state.settled,
-                                                 self.say, self.progress.show_waiting_for_disk):
+                                                 self.say, self._show_waiting):
                 if self.disk.gave_up:  # --disk-wait with nothing in flight: a full disk's stop
                     self.stop(StopReason.DISK)
                 return False
@@ -285,7 +277,7 @@ class Run:
                 return False
             self.budget.reserve(reservation)
             self.disk.reserve(record_bound)
-            state.in_progress[prompt.id] = time.monotonic()
+            state.admitted(prompt.id)
             task = asyncio.create_task(self._work(
                 PromptWork(parts, prompt, line, reservation, record_bound,
                            session_id=turn.conversation if turn else None, transport=route),
@@ -308,6 +300,11 @@ class Run:
                 route.close()
             if turn is not None:
                 self.conversations.ended(turn, work.kept, self.state.stopping.is_set())
+
+    def _show_waiting(self, what: str) -> None:
+        """Admission waits for WHAT (the disk guard's: with the time left), shown now."""
+        self.state.waiting = what
+        self.progress.show(now=True)
 
     async def _wait_for_budget(self, reservation: float,
                                to_servers: Callable[[], bool] = lambda: False) -> bool | None:
