@@ -52,6 +52,7 @@ from .inflight import MoneyInFlight
 from .limiter import AdaptiveLimiter
 from .progress import RunProgress
 from .report import Stats, StopReason
+from .servers import Route
 from .state import RunState
 from .systematic import SystematicFailure
 from .total_cost import PUBLISH_INTERVAL
@@ -59,7 +60,9 @@ from .writing import RESCUED, WRITTEN, Output, failure_record
 
 
 class Transport(Protocol):
-    """CompletionClient or WorkerPool (infer/process_pool.py)."""
+    """Where a prompt's attempts go: a CompletionClient or a WorkerPool
+    (infer/process_pool.py), or with --server the Sources or one prompt's Route
+    (infer/servers.py)."""
 
     async def attempt(self, body: bytes, stream: bool) -> Attempt: ...
 
@@ -117,11 +120,12 @@ class PromptWork:
 
     def __init__(self, parts: RunParts, prompt: Prompt, line: bytes, reservation: float,
                  record_bound: int = 0, session_id: str | None = None,
-                 transport: Transport | None = None):
+                 route: Route | None = None):
         self.parts = parts
-        # where its attempts go: the run's transport, or the route chosen at its admission
-        # (infer/servers.py: to the servers, or to OpenRouter)
-        self.transport = transport if transport is not None else parts.transport
+        # where its attempts go: the run's transport, or (with --server) the route chosen at
+        # its admission, to the servers or to OpenRouter (infer/servers.py)
+        self.route = route
+        self.transport: Transport = route if route is not None else parts.transport
         self.prompt = prompt
         self.line = line
         self.reservation = reservation
@@ -330,19 +334,18 @@ class PromptWork:
         """A prompt of the servers (infer/servers.py `Route`) whose servers are all down goes
         to OpenRouter, when the run has it and the prompt's worst case fits the money caps
         now (else it stays, and is sent to the servers again)."""
-        move = getattr(self.transport, "may_move", None)
-        if move is None or not move(result.cause):
+        if self.route is None or not self.route.may_move(result.cause):
             return
         parts = self.parts
         worst = parts.budget.worst_case(prompt_token_bound(self.prompt.messages))
-        if parts.budget.cost_blocker(worst) is not None or not parts.money.fits(worst):
-            parts.budget.pending = 0.0
+        # (cap_left_no_room: admission's claim on the budget is admission's, left alone)
+        if parts.budget.cap_left_no_room(worst) is not None or not parts.money.fits(worst):
             return
         if not await parts.money.acquire(worst):  # (at once: it fits, unless others wait first)
             return
-        parts.budget.reserve(worst)
+        parts.budget.reserve_more(worst)
         self.reservation += worst  # released with the rest when the prompt is done
-        self.transport.move_to_openrouter()
+        self.route.move_to_openrouter()
 
     async def _sleep_unless_stopped(self, delay: float) -> bool:
         """Wait DELAY seconds before sending again; False when the run stops meanwhile."""

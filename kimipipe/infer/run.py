@@ -280,7 +280,7 @@ class Run:
             state.admitted(prompt.id)
             task = asyncio.create_task(self._work(
                 PromptWork(parts, prompt, line, reservation, record_bound,
-                           session_id=turn.conversation if turn else None, transport=route),
+                           session_id=turn.conversation if turn else None, route=route),
                 turn, route))
             route = None  # (the work closes it when it ends)
             self.tasks.add(task)
