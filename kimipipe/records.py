@@ -187,7 +187,7 @@ class Generation(Struct):
     "estimate" (no figure in time: its usage tokens at the highest price that could bill it,
     or with no usage at all its worst case; never less than the bill), when it was written
     (UTC, ISO 8601 to the millisecond: the build report's time axis), and the API that
-    answered (the base URL's host, infer/api.py). `reasoning_source` (later still; None
+    answered (the base URL's host, recorded/api.py). `reasoning_source` (later still; None
     before): where the reasoning came from, `field`, `details` or `inline` (a leading
     `<think>` block, or the text before a lone `</think>`: kimipipe/think_tags.py).
     `sampled_ids` (later still; None before, and from OpenRouter): the prompt and
@@ -207,7 +207,7 @@ class Generation(Struct):
     latency_s: float | None = None
     cost_source: str = "usage"
     finished_at: str | None = None
-    api: str | None = None  # the base URL's host (infer/api.py)
+    api: str | None = None  # the base URL's host (recorded/api.py)
     reasoning_source: str | None = None
     sampled_ids: SampledIds | None = None  # the server's own IDs (docs/servers.md)
     sampled_tokens: SampledTokens | None = None  # from token logprobs (docs/kp-infer.md)
@@ -250,7 +250,7 @@ class Response(Prompt, kw_only=True):
     history_reasoning: str | None = None
     cost_source: str = "usage"
     finished_at: str | None = None
-    api: str | None = None  # the base URL's host (infer/api.py)
+    api: str | None = None  # the base URL's host (recorded/api.py)
     reasoning_source: str | None = None
     sampled_ids: SampledIds | None = None  # the server's own IDs (docs/servers.md)
     routing: str | None = None
@@ -278,7 +278,7 @@ class Failure(Struct, omit_defaults=True):
     generation_id: str | None = None
     cost: float = 0.0
     refused: list[Refusal] = msgspec.field(default_factory=list)
-    api: str | None = None  # the base URL's host (infer/api.py)
+    api: str | None = None  # the base URL's host (recorded/api.py)
     # the last error's `metadata.error_type`, as OpenRouter typed it (provider_overloaded, ...)
     error_type: str | None = None
 

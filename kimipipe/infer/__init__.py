@@ -26,8 +26,7 @@
                        preflight_identity.py the preflight's request to each provider
     availability.py    how many endpoints are left (--plan, --preflight)
     writing.py         response and failure records, the writers and their rescue files
-    api.py             which API answered (`api` on every record, the stand-in's mark),
-                       a resume against another API refused, its spend counted nowhere
+                       (`api` on every record: kimipipe/recorded/api.py)
     report.py          Stats, StopReason (exit code and message), summary
     progress.py        the progress line: the run's snapshot (`RunProgress`), fitted to the
                        terminal, and when it is redrawn

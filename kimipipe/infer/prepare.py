@@ -17,7 +17,7 @@
    OUTPUT (after cutting a torn last line a crash left) and in `--done` files are skipped; the spend and completion tokens recorded in OUTPUT
    (and the cost of paid failures in `--failures`) count against the budgets. A record
    another API answered (its `api`, the base URL's host, is not this run's) refuses the
-   run, exit 2, naming both (infer/api.py): offline answers never pass for real ones.
+   run, exit 2, naming both (recorded/api.py): offline answers never pass for real ones.
 3. The partition (`--partition K/N`): how many prompts this run has to do, how many it
    skips as done.
    `--sample N` keeps only the N prompts whose SHA-256 of id is smallest (a stable
@@ -82,8 +82,8 @@ from ..openrouter.routing import (
     variant_ignores,
 )
 from ..partition import in_partition
+from ..recorded.api import Answered, Spent, api_of, counts_here, other_api
 from ..records import Failure, Prompt, Response
-from .api import Answered, Spent, api_of, counts_here, other_api
 from .budget import MESSAGE_OVERHEAD_TOKENS, prompt_token_bound
 from .config import RunConfig
 from .conversations import OutputConversations, check_recipe, scan_output, turn_count
@@ -268,7 +268,7 @@ def finished_records(path: str, decoder: msgspec.json.Decoder):
 def recorded_spend(path: str, api: str | None = None) -> float:
     """USD recorded in a responses or failures file (finished lines), by
     `records.record_cost`: a response's refused answers included; with API, only what that
-    API answered (or records too old to say: infer/api.py)."""
+    API answered (or records too old to say: recorded/api.py)."""
     return sum(r.paid for r in finished_records(path, _spend_decoder) if counts_here(r.api, api))
 
 
@@ -299,7 +299,7 @@ def previous_work(output: str, failures: str | None, say: Callable[[str], None],
     """(IDs done, USD, completion tokens) recorded by earlier runs, in one pass over OUTPUT
     (after repairing a torn last line; without REPAIR, as --plan reads it, a torn last line
     is left alone) plus the failures file's costs. A record another API than API answered
-    refuses the resume (infer/api.py); API may be a set (a run with --server: every host
+    refuses the resume (recorded/api.py); API may be a set (a run with --server: every host
     it writes answers of)."""
     apis = {api} if isinstance(api, str) else api
     shown = None if apis is None else ", ".join(sorted(apis))

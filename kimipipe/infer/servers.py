@@ -55,8 +55,8 @@ from ..errors import ExitCode, KPError, redact
 from ..kinds import RetryCause
 from ..openrouter.attempt import Attempt
 from ..openrouter.client import CompletionClient
+from ..recorded.api import api_of
 from ..records import Sampling
-from .api import api_of
 
 DEFAULT_SERVER_CONCURRENCY = 64
 COOLDOWN_MIN, COOLDOWN_MAX = 2.0, 60.0

@@ -1,7 +1,7 @@
 """Where a kp-infer run's results go: response records, failure records, the rescue file.
 
 A response record is the prompt line as it came (every field passed through, undecoded)
-with kp-infer's own fields, `records.Generation` (`api`: who answered, infer/api.py),
+with kp-infer's own fields, `records.Generation` (`api`: who answered, recorded/api.py),
 written over it; it is written whole and flushed as the answer arrives (`durable`), so
 `kill -9` never loses a written answer nor tears a line of a plain file. A prompt given up on this run goes to `--failures` as a
 `records.Failure` line (its cost set when the failed answer was paid for).
@@ -26,6 +26,7 @@ from enum import StrEnum
 from ..errors import KPError, redact
 from ..io import OutputWriteError, RecordWriter
 from ..openrouter.attempt import Attempt
+from ..recorded.api import api_of
 from ..records import (
     Failure,
     Generation,
@@ -41,7 +42,6 @@ from ..records import (
     encode_line,
     encode_over,
 )
-from .api import api_of
 from .config import RunConfig
 from .report import StopReason
 from .rescue import Rescue
@@ -159,7 +159,7 @@ class Output:
         # a --server's answer: what a server was sent (no OpenRouter fields: infer/servers.py)
         self.server_sampling = (server_sampling(config.request.fields(config.policy))
                                 if config.servers else None)
-        # who answers: on every record (infer/api.py); a server's answer names its host
+        # who answers: on every record (recorded/api.py); a server's answer names its host
         self.api = api_of(config.base_url if config.openrouter or not config.servers
                           else config.servers[0])
         self.rescues = {name: Rescue(path, config.rescue_dir)

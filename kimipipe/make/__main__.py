@@ -25,7 +25,7 @@ import sys
 
 from ..cli import parse_quantity
 from ..errors import KPError
-from ..infer.api import api_of
+from ..recorded.api import api_of
 from .build_plan import build_plan
 from .check import run_checks
 from .clean import clean

@@ -19,7 +19,7 @@ and failures files already record) and what answers measured (WORK/D.pilot.json 
 
 The build: the spend recorded in every file TOTAL_COST counts (the --spent-in globs, other
 datasets' files included; records another API than BASE_URL's answered, such as the
-stand-in's, count for nothing: kimipipe/infer/api.py) + every dataset's expected to go, with room for one request's
+stand-in's, count for nothing: kimipipe/recorded/api.py) + every dataset's expected to go, with room for one request's
 worst case (kp-infer reserves it before sending the last request), against TOTAL_COST.
 The TOKEN_BUDGET that fits is the largest whole t with each dataset at WEIGHT_D x t (even
 split: every weight 1) whose expected total fits TOTAL_COST, each rounded down to 3
@@ -288,7 +288,7 @@ def build_plan(datasets: list[str], work: str, token_budgets: dict[str, int | No
                api: str | None = None) -> BuildPlan:
     """The build's plan from WORK/D.plan.json of every dataset; FRESH: with the spend and
     answers D's files record now (the money-stop message, after the plan was made). The
-    spend of records API did not answer counts for nothing (infer/api.py)."""
+    spend of records API did not answer counts for nothing (recorded/api.py)."""
     plans = {}
     for name in datasets:
         path = os.path.join(work, f"{name}.plan.json")

@@ -1,0 +1,7 @@
+"""What the stages' files record, read by every tool that needs it (the rooms above:
+kp-infer's run, `kp-infer report`, make's plan, pilot and clean, the build report, the
+stand-in), so that none of them reaches into another's package:
+
+    api.py             which API answered a record (`api`), the stand-in's mark on its
+                       generation ids, a resume against another API refused
+"""
