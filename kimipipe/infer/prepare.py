@@ -42,7 +42,6 @@
 
 from __future__ import annotations
 
-import glob
 import heapq
 import os
 from collections.abc import Callable, Iterator
@@ -57,9 +56,8 @@ from ..ids import sample_key
 from ..io import (
     OutputLock,
     check_writable,
-    describe_decode_error,
+    finished_records,
     iter_finished,
-    iter_lines,
     iter_records,
     repair_and_report,
     require_distinct,
@@ -82,8 +80,9 @@ from ..openrouter.routing import (
     variant_ignores,
 )
 from ..partition import in_partition
-from ..recorded.api import Answered, Spent, api_of, counts_here, other_api
-from ..records import Failure, Prompt, Response
+from ..recorded.api import api_of, other_api
+from ..recorded.spend import SPENT_DECODER, expand_spent_in, recorded_spend
+from ..records import CostOnly, Failure, Prompt, Response
 from .budget import MESSAGE_OVERHEAD_TOKENS, prompt_token_bound
 from .config import RunConfig
 from .conversations import OutputConversations, check_recipe, scan_output, turn_count
@@ -94,6 +93,15 @@ from .servers import Server, discover, server_sampling
 from .total_cost import ReservationFile, TotalCost
 
 PROMPT_DECODER = msgspec.json.Decoder(Prompt)
+
+
+class Answered(CostOnly):
+    """What resume reads of a finished response record: its cost, and who answered."""
+
+    api: str | None = None
+    generation_id: str | None = None
+
+
 _answered_decoder = msgspec.json.Decoder(Answered)
 _failure_decoder = msgspec.json.Decoder(Failure)
 _response_decoder = msgspec.json.Decoder(Response)
@@ -132,9 +140,6 @@ def output_locks(config: RunConfig, say: Callable[[str], None]) -> Iterator[None
             if path:
                 stack.enter_context(OutputLock(path, "kp-infer", note=note))
         yield
-
-
-_spend_decoder = msgspec.json.Decoder(Spent)  # records.record_cost: what a line cost, and who answered
 
 
 @dataclass
@@ -251,43 +256,6 @@ def take_in_rescued(config: RunConfig, say: Callable[[str], None]) -> int:
     return answers
 
 
-def finished_records(path: str, decoder: msgspec.json.Decoder):
-    """The whole records of a file another process may be writing: a last line without its
-    newline is being written, and is left alone (neither read nor repaired)."""
-    if path == "-" or not os.path.exists(path):
-        return
-    for lineno, line, ended in iter_lines(path):
-        if not ended:
-            return
-        try:
-            yield decoder.decode(line)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise InputError(describe_decode_error(e, True), path, lineno) from None
-
-
-def recorded_spend(path: str, api: str | None = None) -> float:
-    """USD recorded in a responses or failures file (finished lines), by
-    `records.record_cost`: a response's refused answers included; with API, only what that
-    API answered (or records too old to say: recorded/api.py)."""
-    return sum(r.paid for r in finished_records(path, _spend_decoder) if counts_here(r.api, api))
-
-
-def expand_spent_in(patterns: list[str], own: list[str]) -> list[str]:
-    """The files --spent-in names (globs expanded; a name that matches nothing counts
-    nothing yet), without OWN (this run's output and failures, counted already) and
-    without repeats."""
-    seen = {os.path.realpath(p) for p in own if p and p != "-"}
-    files = []
-    for pattern in patterns:
-        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-        for path in matches:
-            real = os.path.realpath(path)
-            if real not in seen and os.path.isfile(path):
-                seen.add(real)
-                files.append(path)
-    return files
-
-
 def stable_sample(ids: set[str], n: int) -> set[str]:
     """The N IDs whose SHA-256 (of the UTF-8 id) is smallest: the same N in every run."""
     return set(heapq.nsmallest(n, ids, key=sample_key))
@@ -315,7 +283,7 @@ def previous_work(output: str, failures: str | None, say: Callable[[str], None],
         cost += rec.paid  # its own cost, and that of the answers refused before it
         tokens += rec.usage.completion_tokens
     if failures and os.path.exists(failures):
-        for rec in (iter_finished if repair else finished_records)(failures, _spend_decoder):
+        for rec in (iter_finished if repair else finished_records)(failures, SPENT_DECODER):
             if apis is not None and rec.api is not None and rec.api not in apis:
                 raise other_api(failures, rec.api, rec.generation_id, rec.id, shown)
             cost += rec.paid

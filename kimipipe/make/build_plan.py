@@ -38,7 +38,7 @@ import msgspec
 
 from ..contracts import InferPlan, PlanPrices, PlanRoute, Recorded
 from ..errors import InputError
-from ..infer.prepare import expand_spent_in, recorded_spend
+from ..recorded.spend import expand_spent_in, recorded_spend
 from .measure import measure
 
 

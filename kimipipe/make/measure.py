@@ -26,7 +26,7 @@ from collections import Counter
 
 import msgspec
 
-from ..infer.prepare import finished_records
+from ..io import finished_records
 from ..records import RecordCost, Usage, record_cost
 
 

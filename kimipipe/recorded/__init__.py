@@ -4,4 +4,6 @@ stand-in), so that none of them reaches into another's package:
 
     api.py             which API answered a record (`api`), the stand-in's mark on its
                        generation ids, a resume against another API refused
+    spend.py           the spend recorded in responses and failures files (finished lines
+                       only), what --spent-in names: every cap's and plan's count
 """
