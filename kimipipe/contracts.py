@@ -213,6 +213,26 @@ class MoneyLimit(Struct, omit_defaults=True):
     balance_left: float | None | msgspec.UnsetType = msgspec.UNSET
     worst_case_request: float | None = None
 
+    def text(self) -> str:
+        """Its figures in one line: what OpenRouter said and what is left (the summary's
+        line, and make's money-stop message)."""
+        parts = []
+        if self.limit_usd is not None:
+            parts.append(f"limit ${self.limit_usd:g}")
+        if self.spend_usd is not None:
+            parts.append(f"spent ${self.spend_usd:g}")
+        if self.resets_at:
+            parts.append(f"resets at {self.resets_at}")
+        if self.balance_left not in (None, msgspec.UNSET) and self.worst_case_request is not None:
+            parts.append(f"about ${self.balance_left:.4f} of the balance left against "
+                         f"${self.worst_case_request:.4f} for one request's worst case")
+        status = self.status if self.status is not None else ""
+        said = f"OpenRouter {status}: " + "; ".join(
+            [f"{self.reason or self.limit_source or 'no limit named'}"] + parts)
+        if self.message:
+            said += f" ({self.message})"
+        return said
+
 
 class MoneyInFlightEnd(Struct):
     """The money in flight at the end of a run (infer/inflight.py)."""
@@ -280,7 +300,7 @@ class InferSummary(Struct):
     """kp-infer's summary (infer/report.py's docstring says what each figure means)."""
 
     exit_code: int
-    stop_reason: str | None  # report.StopReason's slug
+    stop_reason: str | None  # kinds.StopReason's slug
     input_records: int
     todo: int
     skipped: int
@@ -328,6 +348,17 @@ class SummaryStop(Struct):
     spend_total: float
     stop_reason: str | None = None
     limit: MoneyLimit | None = None
+
+
+def read_summary(path: str, view: type = InferSummary):
+    """A --summary-json file decoded as VIEW (the whole summary, or a view of some of its
+    fields: SummaryStop); None when there is none (make removes it before each run, and a
+    run killed before its end leaves none)."""
+    try:
+        with open(path, "rb") as f:
+            return msgspec.json.decode(f.read(), type=view)
+    except FileNotFoundError:
+        return None
 
 
 # -- --reservations (infer/total_cost.py) -----------------------------------------------------

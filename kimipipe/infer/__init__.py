@@ -27,7 +27,8 @@
     availability.py    how many endpoints are left (--plan, --preflight)
     writing.py         response and failure records, the writers and their rescue files
                        (`api` on every record: kimipipe/recorded/api.py)
-    report.py          Stats, StopReason (exit code and message), summary
+    report.py          Stats (the run's counts, each written by a method of its own),
+                       the exit code (kinds.StopReason's), the summary
     progress.py        the progress line: the run's snapshot (`RunProgress`), fitted to the
                        terminal, and when it is redrawn
     providers_table.py the providers compared (one row per provider), for the summary and

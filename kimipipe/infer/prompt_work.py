@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..contracts import MoneyLimit
-from ..kinds import AttemptKind, FailureKind, RefusalKind, RetryCause
+from ..kinds import AttemptKind, FailureKind, RefusalKind, RetryCause, StopReason
 from ..openrouter.attempt import Attempt
 from ..records import Prompt, Refusal
 from . import costs, identity
@@ -51,7 +51,7 @@ from .disk import DiskGuard
 from .inflight import MoneyInFlight
 from .limiter import AdaptiveLimiter
 from .progress import RunProgress
-from .report import Stats, StopReason
+from .report import Stats
 from .servers import Route
 from .state import RunState
 from .systematic import SystematicFailure

@@ -1,8 +1,8 @@
 """What a kp-infer run tells the user: counts, why it stopped, the summary (the progress
 line is infer/progress.py).
 
-`StopReason` is every reason a run ends before its input is exhausted, each with the one
-exit code and the one message it gives. A run that did what was asked exits 0: everything
+`kinds.StopReason` is every reason a run ends before its input is exhausted, each with the
+one exit code and the one message it gives (make's messages read them too). A run that did what was asked exits 0: everything
 answered, or `--token-budget` reached (the output holds the tokens asked for; the summary
 says `stop_reason: "token-budget"`). Exit 3 is for money (`--max-cost`, `--total-cost`,
 `--min-credits`, and OpenRouter's money limits: the balance ("payment": gone, or below one
@@ -49,7 +49,6 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -69,7 +68,7 @@ from ..contracts import (
     SummaryTokens,
 )
 from ..errors import ExitCode
-from ..kinds import FailureKind
+from ..kinds import FailureKind, StopReason
 from ..openrouter.attempt import Attempt
 from .budget import Budget
 from .config import RunConfig
@@ -78,95 +77,6 @@ from .providers_table import ProviderTable, table_text
 
 if TYPE_CHECKING:
     from .writing import Output
-
-
-class StopReason(Enum):
-    """Why a run stopped admitting work: its name in the summary, exit code and message."""
-
-    MAX_COST = ("max-cost", ExitCode.BUDGET,
-                "stopped: --max-cost reached; raise it and rerun to resume")
-    TOTAL_COST = ("total-cost", ExitCode.BUDGET,
-                  "stopped: --total-cost reached (the spend recorded here and in the --spent-in "
-                  "files, with what the runs sharing --reservations have in flight); raise it "
-                  "and rerun to resume")
-    PAYMENT = ("payment", ExitCode.BUDGET,
-               "stopped: OpenRouter answered 402: the balance cannot pay for one more "
-               "request's worst case; add credits (or lower --max-tokens) and rerun to resume")
-    KEY_LIMIT = ("key-limit", ExitCode.BUDGET,
-                 "stopped: the API key's spending limit is reached (openrouter_key_limit); "
-                 "raise the key's limit (or wait for it to reset) and rerun to resume")
-    WORKSPACE_BUDGET = ("workspace-budget", ExitCode.BUDGET,
-                        "stopped: the workspace's budget is spent (openrouter_workspace_budget); "
-                        "raise it (or wait for it to reset) and rerun to resume")
-    GUARDRAIL_BUDGET = ("guardrail-budget", ExitCode.BUDGET,
-                        "stopped: a guardrail's budget is spent (openrouter_guardrail_budget); "
-                        "raise it (or wait for it to reset) and rerun to resume")
-    MIN_CREDITS = ("min-credits", ExitCode.BUDGET,
-                   "stopped: account balance below --min-credits; add credits and rerun to resume")
-    TOKEN_BUDGET = ("token-budget", ExitCode.OK,
-                    "done: --token-budget reached (the output holds the tokens asked for); "
-                    "raise it and rerun to continue")
-    INTERRUPTED = ("interrupted", ExitCode.INTERRUPTED,
-                   "interrupted; rerun the same command to resume")
-    AUTH = ("auth", ExitCode.USAGE,
-            "stopped: OpenRouter rejected the API key (401); check OPENROUTER_API_KEY")
-    SYSTEMATIC = ("systematic-failure", ExitCode.USAGE,
-                  "stopped: every request failed the same way (the line above names the "
-                  "status and the message): a configuration error; check it with "
-                  "--preflight, then rerun the same command to resume")
-    NO_ROUTE = ("no-route", ExitCode.USAGE,
-                "stopped: OpenRouter can route no request (a 404, or an error.availability that "
-                "is not retryable: the line above names its code, models and providers); check "
-                "--ignore-provider/--only-provider/--quantization, whether the model's authors "
-                "allow distillation and whether it is still served (try --plan); rerun the same "
-                "command to resume")
-    IDENTITY = ("identity", ExitCode.USAGE,
-                "stopped: no provider left that serves the target model (every allowed one is "
-                "quarantined for identity, named above); docs/real-run.md says what to do "
-                "when OpenRouter no longer serves it; rerun the same command to resume")
-    DISK = ("disk", ExitCode.BUDGET,
-            "stopped: no room for the output (a full disk, a quota or a file size limit); "
-            "free some space and rerun the same command to resume")
-    OUTPUT = ("output", ExitCode.ERROR,
-              "stopped: the output cannot be written; fix it and rerun the same command to resume")
-    CLOSED_PIPE = ("closed-pipe", ExitCode.OK,
-                   "stopped: the reader of stdout went away (`| head`); nothing more is sent")
-
-    def __init__(self, slug: str, exit_code: int, message: str):
-        self.slug = slug
-        self.exit_code = exit_code
-        self.message = message
-
-    @classmethod
-    def from_slug(cls, slug: str) -> StopReason:
-        return next(reason for reason in cls if reason.slug == slug)
-
-    @classmethod
-    def for_limit(cls, limit_source: str) -> StopReason:
-        """The stop for a money limit OpenRouter named (`error.metadata.limit_source`)."""
-        return {"openrouter_key_limit": cls.KEY_LIMIT,
-                "openrouter_workspace_budget": cls.WORKSPACE_BUDGET,
-                "openrouter_guardrail_budget": cls.GUARDRAIL_BUDGET}.get(limit_source, cls.PAYMENT)
-
-
-def limit_text(limit: MoneyLimit) -> str:
-    """The figures of a money limit, in one line: what OpenRouter said and what is left."""
-    parts = []
-    if limit.limit_usd is not None:
-        parts.append(f"limit ${limit.limit_usd:g}")
-    if limit.spend_usd is not None:
-        parts.append(f"spent ${limit.spend_usd:g}")
-    if limit.resets_at:
-        parts.append(f"resets at {limit.resets_at}")
-    if limit.balance_left not in (None, msgspec.UNSET) and limit.worst_case_request is not None:
-        parts.append(f"about ${limit.balance_left:.4f} of the balance left against "
-                     f"${limit.worst_case_request:.4f} for one request's worst case")
-    status = limit.status if limit.status is not None else ""
-    said = f"OpenRouter {status}: " + "; ".join(
-        [f"{limit.reason or limit.limit_source or 'no limit named'}"] + parts)
-    if limit.message:
-        said += f" ({limit.message})"
-    return said
 
 
 @dataclass
@@ -428,7 +338,7 @@ def format_summary(summary: InferSummary) -> str:
     if summary.limit_refusals:
         lines.append("  money limits: " + ", ".join(f"{k}: {v}" for k, v in summary.limit_refusals.items()))
     if summary.limit:
-        lines.append(f"  {limit_text(summary.limit)}")
+        lines.append(f"  {summary.limit.text()}")
     if summary.stop_reason:
         lines.append(f"  {StopReason.from_slug(summary.stop_reason).message}")
     elif failed:
@@ -508,14 +418,3 @@ def write_summary_json(path: str, result: InferSummary) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-
-
-def read_summary(path: str, view: type = InferSummary):
-    """A --summary-json file decoded as VIEW (the whole summary, or a view of some of its
-    fields: contracts.SummaryStop); None when there is none (make removes it before each
-    run, and a run killed before its end leaves none)."""
-    try:
-        with open(path, "rb") as f:
-            return msgspec.json.decode(f.read(), type=view)
-    except FileNotFoundError:
-        return None

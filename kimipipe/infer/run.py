@@ -52,6 +52,7 @@ from ..cli import stderr_is_terminal
 from ..contracts import InferSummary
 from ..errors import ExitCode
 from ..io import iter_records
+from ..kinds import StopReason
 from ..openrouter.account import (
     GUARD_FIX,
     Account,
@@ -75,7 +76,7 @@ from .prepare import PROMPT_DECODER, Prepared, check_outputs, output_locks, prep
 from .process_pool import open_transport
 from .progress import RunProgress
 from .prompt_work import PromptWork, RunParts, Transport, acquire_unless_stopped
-from .report import Stats, StopReason, exit_code, format_summary, summary, write_summary_json
+from .report import Stats, exit_code, format_summary, summary, write_summary_json
 from .servers import Route, Sources
 from .state import RunState, signals_handled
 from .systematic import SystematicFailure

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..errors import ExitCode
-from .report import StopReason
+from ..kinds import StopReason
 
 
 @dataclass

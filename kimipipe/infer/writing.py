@@ -25,6 +25,7 @@ from enum import StrEnum
 
 from ..errors import KPError, redact
 from ..io import OutputWriteError, RecordWriter
+from ..kinds import StopReason
 from ..openrouter.attempt import Attempt
 from ..recorded.api import api_of
 from ..records import (
@@ -43,7 +44,6 @@ from ..records import (
     encode_over,
 )
 from .config import RunConfig
-from .report import StopReason
 from .rescue import Rescue
 from .servers import server_sampling
 

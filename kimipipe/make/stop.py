@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 import os
 
-from ..contracts import SummaryStop
-from ..infer.report import StopReason, limit_text, read_summary
+from ..contracts import SummaryStop, read_summary
+from ..kinds import StopReason
 from .build_plan import BuildPlan
 from .plan_report import money, wrap
 
@@ -82,13 +82,13 @@ def stop_message(dataset: str, work: str, plan: BuildPlan | None, complete: set[
         lines.append(f"make: {dataset} stopped: OpenRouter answered 402, the balance or the key's "
                      f"limit is used up (kp-infer exit 3): {spent}")
         if summary.limit:
-            lines.append(f"  {limit_text(summary.limit)}")
+            lines.append(f"  {summary.limit.text()}")
         lines.append("  add credits or raise the key's limit (make credits shows both), or a smaller "
                      "MAX_TOKENS= (what is left must cover one request's worst case), and rerun make to resume")
     elif slug in LIMITS:
         lines.append(f"make: {dataset} stopped: {LIMITS[slug]} is reached (kp-infer exit 3): {spent}")
         if summary.limit:
-            lines.append(f"  {limit_text(summary.limit)}")
+            lines.append(f"  {summary.limit.text()}")
         lines.append("  raise it on openrouter.ai (or wait until it resets; make credits shows the "
                      "key's limit), and rerun make to resume")
     else:
