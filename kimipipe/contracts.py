@@ -291,7 +291,7 @@ class SummaryIdentity(Struct):
     """Whether the answers were the target model's (kp-infer --tokenizer)."""
 
     checked: bool
-    providers: list[dict[str, Any]]  # infer/identity_table.py's rows
+    providers: list[dict[str, Any]]  # recorded/identity_table.py's rows
     shared_offsets: list[SharedOffset] = msgspec.field(default_factory=list)
     quarantined: list[Quarantined] = msgspec.field(default_factory=list)
 
@@ -321,7 +321,7 @@ class InferSummary(Struct):
     providers: dict[str, float]  # share of the answers
     finish_reasons: dict[str, int]
     refused: dict[str, dict[str, int]]  # {refusal kind: {provider: answers}}
-    by_provider: list[dict[str, Any]]  # infer/providers_table.py's rows
+    by_provider: list[dict[str, Any]]  # recorded/providers_table.py's rows
     elapsed_s: float
     requests_per_s: float
     completion_tokens_per_s: float

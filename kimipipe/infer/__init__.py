@@ -21,8 +21,8 @@
     acceptance.py      which answers are results: the routing, reasoning and think-marker
                        checks, and a refused prompt's next routing
     identity.py        --tokenizer: whether each answer is the target model's (its token
-                       counts against the target's), the offset learned, quarantines;
-                       identity_table.py its rows per provider (summary and reports),
+                       counts against the target's), the offset learned, quarantines
+                       (its rows per provider: kimipipe/recorded/identity_table.py);
                        preflight_identity.py the preflight's request to each provider
     availability.py    how many endpoints are left (--plan, --preflight)
     writing.py         response and failure records, the writers and their rescue files
@@ -31,9 +31,8 @@
                        the exit code (kinds.StopReason's), the summary
     progress.py        the progress line: the run's snapshot (`RunProgress`), fitted to the
                        terminal, and when it is redrawn
-    providers_table.py the providers compared (one row per provider), for the summary and
-                       the report
-    report_files.py    `kp-infer report FILE...`: that table from files on disk
+    report_files.py    `kp-infer report FILE...`: the providers compared (one row per
+                       provider, kimipipe/recorded/providers_table.py) from files on disk
     preflight.py       `--preflight [N]`: N real requests that check what the run assumes
     plan.py            --plan: the routing table, the cost estimate, what the balance keeps
                        in flight

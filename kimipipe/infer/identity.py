@@ -72,8 +72,8 @@ import msgspec
 from ..contracts import IdentityState, Quarantined
 from ..openrouter.attempt import Attempt
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
+from ..recorded.identity_table import IdentityTable, typical
 from ..records import Identity
-from .identity_table import IdentityTable, typical
 
 DEFAULT_STRIKES = 3
 # Requests in flight (their verdict not waited for) until a first answer is found the

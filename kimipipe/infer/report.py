@@ -23,7 +23,7 @@ The summary (stderr, and `--summary-json`: `contracts.InferSummary`):
      "providers": {name: share},
      "finish_reasons": {reason: n}, "routing_unverifiable": {provider: n},
      "refused": {kind: {provider: n}},
-     "by_provider": [row, ...] (infer/providers_table.py: answers, tokens, reasoning share,
+     "by_provider": [row, ...] (recorded/providers_table.py: answers, tokens, reasoning share,
      finish reasons, refusals, tokens/s, latency, $ per million output tokens), "elapsed_s", "requests_per_s", "completion_tokens_per_s",
      "concurrency_limit_end",
      "limit": null | {"status", "limit_source", "reason", "scope", "limit_usd", "spend_usd",
@@ -36,7 +36,7 @@ The summary (stderr, and `--summary-json`: `contracts.InferSummary`):
      "logprobs": null | {provider: {"answers", "with_tokens"}} (token logprobs asked: the
               answers kept, and those that carried the sampled tokens),
      "identity": null (no --tokenizer: unchecked) | {"checked": true, "providers": [row, ...]
-              (infer/identity_table.py: checked, refused, offset, completion ratio,
+              (recorded/identity_table.py: checked, refused, offset, completion ratio,
               quarantined), "shared_offsets": [{"prompts", "offset", "providers", "example",
               "rendered"}], "quarantined": [contracts.Quarantined, ...]} (infer/identity.py)}
 """
@@ -70,10 +70,10 @@ from ..contracts import (
 from ..errors import ExitCode
 from ..kinds import FailureKind, StopReason
 from ..openrouter.attempt import Attempt
+from ..recorded.identity_table import identity_text
+from ..recorded.providers_table import ProviderTable, table_text
 from .budget import Budget
 from .config import RunConfig
-from .identity_table import identity_text
-from .providers_table import ProviderTable, table_text
 
 if TYPE_CHECKING:
     from .writing import Output

@@ -23,7 +23,7 @@ The report (text on stdout; `--json` for this object, stable for scripts):
      "sampling": [{"sampling": {...} | null, "answers": n}, ...]
                                           each distinct `sampling` of the answers
                                           (null: records written before it existed)
-     "by_provider": [row, ...],           infer/providers_table.py (the same rows as the
+     "by_provider": [row, ...],           recorded/providers_table.py (the same rows as the
                                           run's summary)
      "histogram": {"upto": [int, ...],    completion tokens per answer, shared bins
                    "by_provider": {provider: [answers per bin, ...]}},
@@ -44,7 +44,7 @@ The report (text on stdout; `--json` for this object, stable for scripts):
                                           (kp-infer --tokenizer: their `identity`, the
                                           refusals of kind `identity`, the quarantine in each
                                           responses file's OUTPUT.identity.json beside it):
-                                          infer/identity_table.py's rows, as the summary's
+                                          recorded/identity_table.py's rows, as the summary's
 """
 
 from __future__ import annotations
@@ -59,12 +59,12 @@ import msgspec
 from ..errors import InputError
 from ..io import describe_decode_error, iter_lines
 from ..kinds import RefusalKind
+from ..recorded.identity_table import IdentityTable, identity_text
+from ..recorded.providers_table import REFUSAL_KINDS, ProviderTable, table_text
 from ..records import Identity, Refusal, Resegmented, Usage, record_cost
 from ..tokenize.deltas import DeltaTable
 from ..tokenize.stats import SampledTable
 from .identity import read_state, state_path
-from .identity_table import IdentityTable, identity_text
-from .providers_table import REFUSAL_KINDS, ProviderTable, table_text
 
 
 class _Line(msgspec.Struct):

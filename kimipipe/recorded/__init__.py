@@ -6,4 +6,8 @@ stand-in), so that none of them reaches into another's package:
                        generation ids, a resume against another API refused
     spend.py           the spend recorded in responses and failures files (finished lines
                        only), what --spent-in names: every cap's and plan's count
+    providers_table.py the providers compared, one row per provider, made the same way from
+                       a run's answers (its summary) and from files (kp-infer report, the
+                       build report)
+    identity_table.py  identity per provider (kp-infer --tokenizer), the same way
 """

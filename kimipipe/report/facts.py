@@ -46,11 +46,11 @@ from typing import Any
 import msgspec
 
 from ..errors import InputError
-from ..infer.identity_table import IdentityTable
-from ..infer.providers_table import REFUSAL_KINDS, ProviderTable
 from ..infer.report_files import add_identity, take_in_quarantine
 from ..io import describe_decode_error, iter_lines
 from ..kinds import RefusalKind
+from ..recorded.identity_table import IdentityTable
+from ..recorded.providers_table import REFUSAL_KINDS, ProviderTable
 from ..records import Identity, Refusal, Resegmented, Usage
 from ..shard.readback import read_lengths, shard_sets
 from ..shard.writer import MANIFEST
