@@ -134,24 +134,6 @@ UNCHECKED_WARNING = ("kp-infer: warning: answers' identity is unchecked: nothing
                      "to check every answer")
 
 
-def state_path(output: str) -> str | None:
-    """Where a run on OUTPUT keeps its identity state (None for stdout)."""
-    return None if output == "-" else f"{output}.identity.json"
-
-
-def read_state(path: str | None) -> IdentityState:
-    """The identity file at PATH (an empty state when there is none)."""
-    if path is None or not os.path.exists(path):
-        return IdentityState()
-    try:
-        with open(path, "rb") as f:
-            return msgspec.json.decode(f.read(), type=IdentityState)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
-        from ..errors import InputError
-        raise InputError(f"not kp-infer's identity file ({e}); remove it to lift its "
-                         "quarantine", path) from None
-
-
 def write_state(path: str, state: IdentityState) -> None:
     """STATE written whole under a temporary name, then renamed into place."""
     tmp = f"{path}.tmp-{os.getpid()}"

@@ -81,13 +81,13 @@ from ..openrouter.routing import (
 )
 from ..partition import in_partition
 from ..recorded.api import api_of, other_api
+from ..recorded.identity_table import read_state, state_path
 from ..recorded.spend import SPENT_DECODER, expand_spent_in, recorded_spend
 from ..records import CostOnly, Failure, Prompt, Response
 from .budget import MESSAGE_OVERHEAD_TOKENS, prompt_token_bound
 from .config import RunConfig
 from .conversations import OutputConversations, check_recipe, scan_output, turn_count
 from .disk import DiskGuard
-from .identity import read_state, state_path
 from .rescue import check_rescue_dir, take_in
 from .servers import Server, discover, server_sampling
 from .total_cost import ReservationFile, TotalCost

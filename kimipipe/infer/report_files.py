@@ -2,7 +2,8 @@
 
 Any number of files, each kp-infer's output (response records; token records from
 kp-tokenize read the same), a `--failures` file, or both mixed; `-` is stdin, zstd is read
-by content. Each line is sorted by its fields: a record with `response` is an answer (its
+by content. Each line is read and sorted by its fields as every reader of a build's
+files does (kimipipe/recorded/lines.py): a record with `response` is an answer (its
 `usage`, `finish_reason`, `provider`, `latency_s`, and the answers `refused` before it); a
 line with `kind` and `status` is a failure (its `refused` answers; an older failure line
 without them counts once when its kind is a refusal). A last line without its newline
@@ -50,49 +51,17 @@ The report (text on stdout; `--json` for this object, stable for scripts):
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Callable
 
-import msgspec
-
 from ..errors import InputError
-from ..io import describe_decode_error, iter_lines
 from ..kinds import RefusalKind
 from ..recorded.identity_table import IdentityTable, identity_text
-from ..recorded.providers_table import REFUSAL_KINDS, ProviderTable, table_text
-from ..records import Identity, Refusal, Resegmented, Usage, record_cost
+from ..recorded.lines import read_lines
+from ..recorded.providers_table import ProviderTable, table_text
+from ..records import Usage
 from ..tokenize.deltas import DeltaTable
 from ..tokenize.stats import SampledTable
-from .identity import read_state, state_path
-
-
-class _Line(msgspec.Struct):
-    """A response record or a failure line, as far as the report reads it."""
-
-    response: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # left undecoded
-    usage: Usage | None = None
-    finish_reason: str | None = None
-    provider: str | None = None
-    latency_s: float | None = None
-    sampling: dict | None = None
-    refused: list[Refusal] = msgspec.field(default_factory=list)
-    kind: str | None = None
-    status: int | None = None
-    cost: float = 0.0
-    turn: int | None = None  # a conversation's turn (records.Turn)
-    conversation: str | None = None
-    prompt_tokens_delta: int | None = None  # token records (kp-tokenize)
-    completion_tokens_delta: int | None = None
-    output_ids_source: str | None = None  # ... their sampled IDs (tokenize/stats.py)
-    sampled_parts: list[str] | None = None
-    resegmented: Resegmented | None = None
-    sampled_fallback: str | None = None
-    sampled_tokens: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # token logprobs (undecoded)
-    identity: Identity | None = None  # kimipipe's counts it was checked against
-
-
-_decoder = msgspec.json.Decoder(_Line)
 
 
 def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
@@ -110,15 +79,8 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
     turns: Counter = Counter()
     conversations: set[str] = set()
     for path in paths:
-        for lineno, raw, ended in iter_lines(path):
-            try:
-                line = _decoder.decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                if not ended:
-                    say(f"kp-infer: {path}:{lineno}: skipped an unfinished last line")
-                    continue
-                raise InputError(describe_decode_error(e, ended), path, lineno) from None
-            if line.response is not msgspec.UNSET:
+        for lineno, line in read_lines(path, say):
+            if line.is_response:
                 usage = line.usage or Usage()
                 answers += 1
                 table.answer(line.provider, usage.completion_tokens, usage.reasoning_tokens,
@@ -133,26 +95,21 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
                                    line.resegmented, line.sampled_fallback)
                 seen = logprobs.setdefault(line.provider or "unknown", [0, 0])
                 seen[0] += 1
-                seen[1] += line.sampled_tokens is not msgspec.UNSET and bytes(line.sampled_tokens) != b"null"
-                add_identity(identity, line.provider, line.identity, usage)
+                seen[1] += line.carried_tokens
+                identity.kept(line.provider, line.identity, usage)
                 key = json.dumps(line.sampling, sort_keys=True)
                 sampling.setdefault(key, [line.sampling, 0])[1] += 1
-            elif line.kind is not None and line.status is not None:
+            elif line.is_failure:
                 failures[line.kind] += 1
-                if not line.refused and line.kind in REFUSAL_KINDS:  # older lines
-                    table.refusal(line.provider, line.kind, line.cost)
-                    refused += 1
             else:
                 raise InputError("neither a response record nor a failure line", path, lineno)
-            for r in line.refused:
+            for r in line.refusals():
                 table.refusal(r.provider, r.kind, r.cost)
                 refused += 1
                 if r.kind == RefusalKind.IDENTITY:
                     identity.checked(r.provider, r.offset, None, refused=True)
-            # what the line cost, as every spend reader counts it (records.record_cost)
-            spend += record_cost(None if line.response is msgspec.UNSET else (line.usage or Usage()).cost,
-                                 (r.cost for r in line.refused), line.cost)
-        take_in_quarantine(identity, path)
+            spend += line.paid  # what the line cost, as every spend reader counts it
+        identity.quarantined_beside(path)  # (the providers its run quarantined)
     edges, counts = table.histogram_bins()
     return {
         "files": list(paths),
@@ -177,25 +134,6 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
         "_deltas": deltas,
         "_sampled": sampled,
     }
-
-
-def add_identity(table: IdentityTable, provider: str | None, identity: Identity | None,
-                 usage: Usage) -> None:
-    """A kept answer's identity check (its record's `identity`), if its run made one."""
-    if identity is None:
-        return
-    ratio = (usage.completion_tokens / identity.completion_tokens
-             if identity.completion_tokens and usage.completion_tokens else None)
-    table.checked(provider, identity.offset, ratio)
-
-
-def take_in_quarantine(table: IdentityTable, path: str) -> None:
-    """The providers quarantined by the run that wrote PATH (its identity file beside it)."""
-    where = state_path(path) if path != "-" else None
-    if where is None or not os.path.exists(where):
-        return
-    for q in read_state(where).quarantined:
-        table.quarantine(q.provider)
 
 
 def format_report(report: dict) -> str:

@@ -62,13 +62,14 @@ from ..openrouter.account import (
     unreadable_balance,
 )
 from ..partition import in_partition
+from ..recorded.identity_table import state_path
 from ..records import Prompt
 from .acceptance import Acceptance
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .conversations import ConversationQueue, TurnWork, is_conversation
 from .disk import DiskGuard
-from .identity import UNCHECKED_WARNING, IdentityJudge, check_tokenizer, load_counts, state_path
+from .identity import UNCHECKED_WARNING, IdentityJudge, check_tokenizer, load_counts
 from .inflight import MoneyInFlight
 from .limiter import AdaptiveLimiter
 from .plan import plan_json, plan_text

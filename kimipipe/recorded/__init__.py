@@ -9,5 +9,9 @@ stand-in), so that none of them reaches into another's package:
     providers_table.py the providers compared, one row per provider, made the same way from
                        a run's answers (its summary) and from files (kp-infer report, the
                        build report)
-    identity_table.py  identity per provider (kp-infer --tokenizer), the same way
+    identity_table.py  identity per provider (kp-infer --tokenizer), the same way, and the
+                       identity file a run leaves beside its output (its quarantines)
+    lines.py           any line of a build's record files (response, token, failure,
+                       reject) through one view, sorted by its fields: what `kp-infer
+                       report` and the build report read
 """
