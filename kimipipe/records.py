@@ -231,31 +231,22 @@ class Turn(Struct):
     history_reasoning: str  # keep | drop
 
 
-class Response(Prompt, kw_only=True):
-    """A response record (kp-infer): a Prompt and the Generation fields; what kp-tokenize reads."""
+class Response(Generation, kw_only=True):
+    """A response record (kp-infer): a prompt with the Generation fields over it, and on a
+    conversation's turn the Turn fields; what kp-infer takes in from a rescue file. (A
+    Struct's fields come from one base: Generation's, the larger set that grows, are
+    inherited; the prompt's and the turn's are declared here, as Prompt and Turn declare
+    them, tests/test_records.py ties them.)"""
 
-    response: ResponseText
-    finish_reason: str | None
-    model: str
-    provider: str | None
-    generation_id: str | None
-    usage: Usage
-    attempts: int = 1
-    sampling: Sampling | None = None
-    refused: list[Refusal] = msgspec.field(default_factory=list)
-    latency_s: float | None = None
+    id: str
+    dataset: str
+    messages: list[Message]
+    meta: dict[str, Any] | None = None
+    follow_ups: list[str] = msgspec.field(default_factory=list)
     conversation: str | None = None  # records.Turn's fields, on a conversation's turns
     turn: int | None = None
     turns: int | None = None
     history_reasoning: str | None = None
-    cost_source: str = "usage"
-    finished_at: str | None = None
-    api: str | None = None  # the base URL's host (recorded/api.py)
-    reasoning_source: str | None = None
-    sampled_ids: SampledIds | None = None  # the server's own IDs (docs/servers.md)
-    routing: str | None = None
-    sampled_tokens: SampledTokens | None = None  # from token logprobs (docs/kp-infer.md)
-    identity: Identity | None = None  # kimipipe's counts it was checked against
 
 
 class Failure(Struct, omit_defaults=True):
