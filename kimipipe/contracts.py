@@ -16,7 +16,7 @@ decoding it (a reader never walks a dict), so the schema is declared here once:
     (LockHolder)                      (locks.py)
     DIR/manifest.json                 kp-shard (shard/build.py)       kp-shard verify/stats,
     (ShardManifest)                                                   card, trainers, make
-    OUTPUT.identity.json              kp-infer --tokenizer            its resumes (prepare),
+    OUTPUT.identity.json              kp-infer --tokenizer            its resumes (resume.py),
     (IdentityState)                   (infer/identity.py)             kp-infer report
 
 The keys and their order are those the files have always had (tests and users read them).

@@ -3,8 +3,14 @@
     config.py          RunConfig: the one configuration of a run (every limit lives here)
     options.py         kp-infer's options, each declared once (click declaration, the field
                        it fills, its --help section); `run_config` builds RunConfig from them
-    prepare.py         before anything is sent: input validation, stdin spool, previous work,
-                       the partition's counts, the endpoints table, price bound, warnings
+    prepare.py         before anything is sent, in order: the input, previous work, the
+                       partition's counts, the endpoints, the servers, --total-cost
+    inputs.py          the input read whole first (stdin spooled): every line checked, the
+                       IDs and sums kept (InputScan), --sample
+    resume.py          previous work: the rescue file taken in, the IDs done, the spend and
+                       tokens recorded, another API's records refused, the quarantine kept
+    endpoints.py       the endpoints table and the model's entry: the price bound, the
+                       routing warnings (re-quantized, one endpoint left), distillation
     run.py             the run: admission (concurrency, budget, money in flight, disk),
                        stops, draining, signals (bounded by --grace in every phase), the
                        balance read at the start and polled;
@@ -25,7 +31,8 @@
                        (its rows per provider: kimipipe/recorded/identity_table.py);
                        preflight_identity.py the preflight's request to each provider
     availability.py    how many endpoints are left (--plan, --preflight)
-    writing.py         response and failure records, the writers and their rescue files
+    writing.py         the outputs checked writable and locked; response and failure
+                       records, the writers and their rescue files
                        (`api` on every record: kimipipe/recorded/api.py)
     report.py          Stats (the run's counts, each written by a method of its own),
                        the exit code (kinds.StopReason's), the summary

@@ -39,7 +39,7 @@ redirecting) costs those answers, not all of --concurrency's, before it is quara
 A provider refused this way `--identity-strikes` times is quarantined: its endpoints' tags
 go into `provider.ignore` of every request from then on (Policy.quarantine), it is named on
 stderr once with its typical offset and an example, and it is written to OUTPUT's identity
-file (`contracts.IdentityState`, `OUTPUT.identity.json`), which a resume reads (prepare).
+file (`contracts.IdentityState`, `OUTPUT.identity.json`), which a resume reads (infer/resume.py).
 When the quarantine leaves the endpoints table no allowed provider, the run stops
 (exit 2, resumable: StopReason.IDENTITY): what to do then is docs/real-run.md's.
 
@@ -211,7 +211,7 @@ class IdentityJudge:
     """The identity checks of one run: COUNTS (tokenize/counting.py TargetCounts), the run's
     POLICY (its `quarantine` list is this judge's to add to), the ENDPOINTS table (None: not
     read), STRIKES (--identity-strikes), SAY (stderr), STATE_PATH (the identity file, None
-    for stdout) holding STATE (read by prepare), and STOP, called once when a quarantine
+    for stdout) holding STATE (read by infer/resume.py), and STOP, called once when a quarantine
     leaves no allowed provider."""
 
     def __init__(self, counts, policy: Policy, endpoints: list[Endpoint] | None,
@@ -232,7 +232,7 @@ class IdentityJudge:
         self._changed = asyncio.Event()
         self._shared_said: set[tuple[str, int]] = set()
         self.shared: dict[str, dict] = {}  # kind -> the constant the providers share, shown
-        for q in self.state.quarantined:  # (prepare put their slugs in the policy already)
+        for q in self.state.quarantined:  # (resume.py put their slugs in the policy already)
             self.table.quarantine(q.provider)
         self.none_left = False
         self.confirmed = False  # an answer was accepted (admission's probation is over)

@@ -402,7 +402,7 @@ def _failures_note(failed: int, failures_file: str | None) -> str:
 
 def write_summary_json(path: str, result: InferSummary) -> None:
     """Write the summary whole under a temporary name, then rename it into place (checked
-    writable before the run: see prepare.check_outputs); `-` is stdout (-o is a file then)."""
+    writable before the run: see writing.check_outputs); `-` is stdout (-o is a file then)."""
     if path == "-":
         json.dump(msgspec.to_builtins(result), sys.stdout, indent=2)
         sys.stdout.write("\n")

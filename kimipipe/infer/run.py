@@ -71,9 +71,10 @@ from .conversations import ConversationQueue, TurnWork, is_conversation
 from .disk import DiskGuard
 from .identity import UNCHECKED_WARNING, IdentityJudge, check_tokenizer, load_counts
 from .inflight import MoneyInFlight
+from .inputs import PROMPT_DECODER
 from .limiter import AdaptiveLimiter
 from .plan import plan_json, plan_text
-from .prepare import PROMPT_DECODER, Prepared, check_outputs, output_locks, prepare
+from .prepare import Prepared, prepare
 from .process_pool import open_transport
 from .progress import RunProgress
 from .prompt_work import PromptWork, RunParts, Transport, acquire_unless_stopped
@@ -83,7 +84,7 @@ from .state import RunState, signals_handled
 from .systematic import SystematicFailure
 from .total_cost import PUBLISH_INTERVAL
 from .worker_process import freeze_startup_objects
-from .writing import Output
+from .writing import Output, check_outputs, output_locks
 
 if TYPE_CHECKING:
     from ..cli import Stderr

@@ -1,5 +1,15 @@
 """Where a kp-infer run's results go: response records, failure records, the rescue file.
 
+Before anything is read or sent, every file the run will write (`-o`, `--failures`,
+`--summary-json`, the rescue directory) is checked writable (`check_outputs`: exit 2,
+nothing created). `-o` and `--failures` are then locked for the whole run
+(`output_locks`: a lock file beside each, kimipipe/locks.py): a second kp-infer on either
+refuses at once (exit 2) naming who holds it, because two runs on one output would both
+pay for what neither has written yet, and two on one failures file would count each
+other's paid failures and could cut each other's records off after a failed write.
+`--done` files are only read, never locked; the run is prepared (infer/prepare.py) and
+run with the locks held.
+
 A response record is the prompt line as it came (every field passed through, undecoded)
 with kp-infer's own fields, `records.Generation` (`api`: who answered, recorded/api.py),
 written over it; it is written whole and flushed as the answer arrives (`durable`), so
@@ -21,10 +31,12 @@ from __future__ import annotations
 import base64
 import errno
 import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from enum import StrEnum
 
-from ..errors import KPError, redact
-from ..io import OutputWriteError, RecordWriter
+from ..errors import ExitCode, KPError, redact
+from ..io import OutputLock, OutputWriteError, RecordWriter, check_writable, require_distinct
 from ..kinds import StopReason
 from ..openrouter.attempt import Attempt
 from ..recorded.api import api_of
@@ -44,7 +56,7 @@ from ..records import (
     encode_over,
 )
 from .config import RunConfig
-from .rescue import Rescue
+from .rescue import Rescue, check_rescue_dir
 from .servers import server_sampling
 
 
@@ -57,6 +69,41 @@ class Kept(StrEnum):
 
 
 WRITTEN, RESCUED, LOST = Kept.WRITTEN, Kept.RESCUED, Kept.LOST
+
+
+def check_outputs(config: RunConfig) -> None:
+    """Refuse (exit 2, one line, nothing created) an output the run could not write: all
+    of them, before a lock is taken or a request sent (an unwritable --summary-json found
+    after the run would have paid for every answer and then failed)."""
+    require_distinct(config.output, config.input)
+    check_writable(config.output, "-o")
+    if config.failures:
+        require_distinct(config.failures, config.input, config.output)
+        check_writable(config.failures, "--failures")
+    if config.summary_json == "-" and config.output == "-":
+        raise KPError("--summary-json - and -o - both want stdout: give one of them a file",
+                      ExitCode.USAGE)
+    if config.summary_json and config.summary_json != "-":
+        require_distinct(config.summary_json, config.input, config.output,
+                         *([config.failures] if config.failures else []))
+        check_writable(config.summary_json, "--summary-json", in_place=False)
+    if config.output != "-" or config.failures:
+        check_rescue_dir(config.rescue_dir)
+
+
+@contextmanager
+def output_locks(config: RunConfig, say: Callable[[str], None]) -> Iterator[None]:
+    """Hold the locks of -o and --failures (see the module docstring). Not for
+    --plan: it only reads them (no repair, no rescue taken in), and `make plan` may run
+    beside a build that is writing them."""
+    def note(text: str) -> None:
+        say(f"kp-infer: {text}")
+
+    with ExitStack() as stack:
+        for path in () if config.plan else (config.output, config.failures):
+            if path:
+                stack.enter_context(OutputLock(path, "kp-infer", note=note))
+        yield
 
 
 def generation_fields(answer: Attempt, attempts: int, model: str,

@@ -4,7 +4,7 @@ What one line cost is `records.record_cost` (a response's `usage.cost` and the a
 refused before it; a failure line's `cost`). Here it is summed over files: a responses or
 failures file read as another run may be writing it (finished lines only, `recorded_spend`),
 by what `--spent-in` names (`expand_spent_in`: globs, without the run's own files). The
-readers: `--total-cost` (infer/total_cost.py, through infer/prepare.py), `make plan` and
+readers: `--total-cost` (infer/total_cost.py `open_total_cost`), `make plan` and
 make's money-stop message (make/build_plan.py). Spend another API answered counts for
 nothing here (recorded/api.py `counts_here`).
 """
