@@ -12,6 +12,8 @@ decoding it (a reader never walks a dict), so the schema is declared here once:
                                                                       SummaryStop)
     --reservations FILE               kp-infer --total-cost           the other runs sharing
     (Reservations)                    (infer/total_cost.py)           the cap
+    WORK/D.pilot.json                 make pilot (make/measure.py)    make/build_plan.py
+    (PilotFigures)
     .NAME.lock beside an output       every resumable stage           the next run on it
     (LockHolder)                      (locks.py)
     DIR/manifest.json                 kp-shard (shard/build.py)       kp-shard verify/stats,
@@ -359,6 +361,39 @@ def read_summary(path: str, view: type = InferSummary):
             return msgspec.json.decode(f.read(), type=view)
     except FileNotFoundError:
         return None
+
+
+# -- make pilot: WORK/D.pilot.json (make/measure.py) -----------------------------------------
+
+
+class CompletionFigures(Struct):
+    total: int
+    mean: float | None  # None: no answers
+    sd: float | None
+    p50: int
+    p90: int
+    max: int
+
+
+class CostPerAnswer(Struct):
+    mean: float | None  # USD: every answer's cost, refused and paid failures shared out
+    sd: float | None
+
+
+class PilotFigures(Struct):
+    """What a responses file's answers measured (`make pilot`; make/measure.py's docstring
+    says what each figure means); make plan reads it."""
+
+    answers: int
+    spend: float
+    completion_tokens: CompletionFigures
+    prompt_tokens_mean: float | None
+    reasoning_share: float | None
+    cost_per_answer: CostPerAnswer
+    cost_per_completion_token: float | None
+    length_cut_share: float | None
+    providers: dict[str, float]  # share of the answers
+    failures: dict[str, int]  # failure lines by kind
 
 
 # -- --reservations (infer/total_cost.py) -----------------------------------------------------

@@ -29,7 +29,7 @@ from ..recorded.api import api_of
 from .build_plan import build_plan
 from .check import run_checks
 from .clean import clean
-from .measure import measure
+from .measure import measure, pilot_line, write_pilot
 from .plan_report import budget_suggestion, money, report, wrap
 from .stop import stop_message
 
@@ -100,18 +100,8 @@ def cmd_plan(args) -> int:
 
 def cmd_pilot(args) -> int:
     figures = measure(args.responses, args.failures)
-    with open(args.output, "w", encoding="utf-8") as f:
-        json.dump(figures, f, indent=1)
-        f.write("\n")
-    c = figures["completion_tokens"]
-    if figures["answers"]:
-        print(f"pilot: {args.output}: {figures['answers']:,} answers, completion tokens mean {c['mean']:,.0f} "
-              f"(sd {c['sd']:,.0f}, p90 {c['p90']:,}), reasoning {figures['reasoning_share']:.0%}, "
-              f"${figures['cost_per_answer']['mean']:.6f} per answer, cut by length "
-              f"{figures['length_cut_share']:.1%}, providers "
-              + ", ".join(f"{k} {v:.0%}" for k, v in figures["providers"].items()), file=sys.stderr)
-    else:
-        print(f"pilot: {args.output}: no answers yet", file=sys.stderr)
+    write_pilot(args.output, figures)
+    print(pilot_line(args.output, figures), file=sys.stderr)
     return 0
 
 

@@ -29,17 +29,16 @@ answer) with its budget until its prompts run out.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
 
 import msgspec
 
-from ..contracts import InferPlan, PlanPrices, PlanRoute, Recorded
+from ..contracts import InferPlan, PilotFigures, PlanPrices, PlanRoute, Recorded
 from ..errors import InputError
 from ..recorded.spend import expand_spent_in, recorded_spend
-from .measure import measure
+from .measure import measure, read_pilot
 
 
 @dataclass
@@ -197,14 +196,6 @@ def round_down(tokens: float) -> int:
 
 # -- reading the inputs --------------------------------------------------------------------
 
-def read_json(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-
-
 _plan_decoder = msgspec.json.Decoder(InferPlan)
 
 
@@ -239,21 +230,21 @@ def dataset_plan(name: str, work: str, plan: InferPlan, token_budget: int | None
                  answer_tokens_prior: int | None) -> DatasetPlan:
     """D's figures from WORK/D.plan.json (PLAN) and what answers measured."""
     measured = None
-    figures = {"answers": 0}
-    pilot = read_json(os.path.join(work, f"{name}.pilot.json"))
-    if pilot and pilot.get("answers"):
-        figures, measured = pilot, f"pilot: {pilot['answers']:,} answers ({name}.pilot.json)"
+    figures: PilotFigures | None = None
+    pilot = read_pilot(os.path.join(work, f"{name}.pilot.json"))
+    if pilot is not None and pilot.answers:
+        figures, measured = pilot, f"pilot: {pilot.answers:,} answers ({name}.pilot.json)"
     elif plan.prompts.done:
         responses = os.path.join(work, f"{name}.responses.jsonl")
         got = measure(responses)
-        if got["answers"]:
-            figures, measured = got, f"{got['answers']:,} answers in {name}.responses.jsonl"
+        if got.answers:
+            figures, measured = got, f"{got.answers:,} answers in {name}.responses.jsonl"
     per_prompt = plan.prompt_tokens.per_prompt
     mean = plan.prices.allowed_mean or plan.prices.bound
     mean_prompt, mean_completion = (mean.prompt, mean.completion) if mean else (0.0, 0.0)
-    if figures["answers"]:
-        answer_tokens = figures["completion_tokens"]["mean"]
-        cost = figures["cost_per_answer"]["mean"]
+    if figures is not None:
+        answer_tokens = figures.completion_tokens.mean
+        cost = figures.cost_per_answer.mean
     else:
         answer_tokens = answer_tokens_prior if answer_tokens_prior else plan.max_tokens / 2
         cost = (per_prompt * mean_prompt + answer_tokens * mean_completion) / 1e6
@@ -265,7 +256,7 @@ def dataset_plan(name: str, work: str, plan: InferPlan, token_budget: int | None
         answered=plan.prompts.done, prompt_tokens=per_prompt,
         recorded_spend=plan.recorded.spend, recorded_tokens=plan.recorded.completion_tokens,
         answer_tokens=float(answer_tokens), cost_per_answer=float(cost), measured=measured,
-        measured_answers=figures["answers"],
+        measured_answers=figures.answers if figures is not None else 0,
         token_budget=token_budget, weight=weight, worst_case_request=worst,
         max_tokens=plan.max_tokens, notes=list(plan.warnings) + list(plan.notes))
 
@@ -273,13 +264,13 @@ def dataset_plan(name: str, work: str, plan: InferPlan, token_budget: int | None
 def refreshed(plan: InferPlan, work: str, name: str, api: str | None = None) -> InferPlan:
     """PLAN with what D's files record now (a plan made before a run, read after it)."""
     got = measure(os.path.join(work, f"{name}.responses.jsonl"))
-    spend = got["spend"] + recorded_spend(os.path.join(work, f"{name}.failures.jsonl"), api)
-    prompts = msgspec.structs.replace(plan.prompts, done=got["answers"],
-                                      todo=max(0, plan.prompts.input - got["answers"]))
+    spend = got.spend + recorded_spend(os.path.join(work, f"{name}.failures.jsonl"), api)
+    prompts = msgspec.structs.replace(plan.prompts, done=got.answers,
+                                      todo=max(0, plan.prompts.input - got.answers))
     requests = plan.requests and msgspec.structs.replace(
-        plan.requests, todo=max(0, plan.requests.input - got["answers"]))
+        plan.requests, todo=max(0, plan.requests.input - got.answers))
     return msgspec.structs.replace(plan, prompts=prompts, requests=requests, recorded=Recorded(
-        spend=spend, completion_tokens=got["completion_tokens"]["total"]))
+        spend=spend, completion_tokens=got.completion_tokens.total))
 
 
 def build_plan(datasets: list[str], work: str, token_budgets: dict[str, int | None],
