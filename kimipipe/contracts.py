@@ -14,6 +14,8 @@ decoding it (a reader never walks a dict), so the schema is declared here once:
     (Reservations)                    (infer/total_cost.py)           the cap
     WORK/D.pilot.json                 make pilot (make/measure.py)    make/build_plan.py
     (PilotFigures)
+    WORK/build.plan.json              make plan (make/build_plan.py)  scripts, tests
+    (BuildPlanFile)
     .NAME.lock beside an output       every resumable stage           the next run on it
     (LockHolder)                      (locks.py)
     DIR/manifest.json                 kp-shard (shard/build.py)       kp-shard verify/stats,
@@ -394,6 +396,52 @@ class PilotFigures(Struct):
     length_cut_share: float | None
     providers: dict[str, float]  # share of the answers
     failures: dict[str, int]  # failure lines by kind
+
+
+# -- make plan --json: WORK/build.plan.json (make/build_plan.py) ---------------------------
+
+
+class DatasetPlanFile(Struct):
+    """One dataset of the build plan (make/build_plan.py's docstring: L, c, to go)."""
+
+    name: str
+    prompts: int  # requests of the input (a conversation's turns each count)
+    todo: int
+    answered: int
+    prompt_tokens: float  # per prompt, estimated (~4 bytes a token)
+    recorded_spend: float  # in D's responses and failures files
+    recorded_tokens: int  # completion tokens in D's responses file
+    answer_tokens: float  # L
+    cost_per_answer: float  # c
+    measured: str | None  # what L and c were measured on (None: assumed)
+    measured_answers: int
+    token_budget: int | None
+    weight: float
+    worst_case_request: float
+    max_tokens: int
+    notes: list[str]
+    like: str | None  # measured on other datasets' answers (no answers of its own yet)
+    complete: bool  # its responses stage is stamped done
+    answers_to_go: int
+    short: bool  # too few prompts to reach its TOKEN_BUDGET
+    expected_to_go: float
+    expected_total: float
+
+
+class BuildPlanFile(Struct):
+    """The build's money plan (`make plan`, `make all`'s gate), for scripts and tests."""
+
+    datasets: list[DatasetPlanFile]
+    routes: list[PlanRoute]  # the allowed routes, as kp-infer --plan read them
+    prices: PlanPrices | None  # None: no dataset
+    total_cost: float | None
+    max_cost: float | None
+    recorded: float  # USD recorded across the build (what TOTAL_COST counts)
+    recorded_elsewhere: float  # of it, outside these datasets' files
+    expected_total: float
+    room_for_last_request: float
+    fits: bool
+    fitting_budgets: dict[str, int] | None  # the TOKEN_BUDGET per dataset that fits TOTAL_COST
 
 
 # -- --reservations (infer/total_cost.py) -----------------------------------------------------

@@ -19,14 +19,13 @@ removed).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from ..cli import parse_quantity
 from ..errors import KPError
 from ..recorded.api import api_of
-from .build_plan import build_plan
+from .build_plan import build_plan, write_build_plan
 from .check import run_checks
 from .clean import clean
 from .measure import measure, pilot_line, write_pilot
@@ -69,8 +68,7 @@ def cmd_plan(args) -> int:
     plan = _plan(args)
     print(report(plan, "make all: the plan" if args.gate else "make plan"), flush=True)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(plan.to_dict(), f, indent=1)
+        write_build_plan(args.json, plan)
     if not args.gate:
         return 0
     problems = []

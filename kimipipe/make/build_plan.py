@@ -29,13 +29,22 @@ answer) with its budget until its prompts run out.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
 
 import msgspec
 
-from ..contracts import InferPlan, PilotFigures, PlanPrices, PlanRoute, Recorded
+from ..contracts import (
+    BuildPlanFile,
+    DatasetPlanFile,
+    InferPlan,
+    PilotFigures,
+    PlanPrices,
+    PlanRoute,
+    Recorded,
+)
 from ..errors import InputError
 from ..recorded.spend import expand_spent_in, recorded_spend
 from .measure import measure, read_pilot
@@ -170,19 +179,24 @@ class BuildPlan:
             return None
         return {d.name: round_down(d.weight * t) for d in self.datasets}
 
-    def to_dict(self) -> dict:
-        return {"datasets": [asdict(d) | {"answers_to_go": d.answers_to_go, "short": d.short,
-                                          "expected_to_go": d.expected_to_go,
-                                          "expected_total": d.expected_total}
-                             for d in self.datasets],
-                "routes": msgspec.to_builtins(self.routes),
-                "prices": msgspec.to_builtins(self.prices) if self.prices is not None else {},
-                "total_cost": self.total_cost,
-                "max_cost": self.max_cost, "recorded": self.recorded,
-                "recorded_elsewhere": self.recorded_elsewhere,
-                "expected_total": self.expected_total,
-                "room_for_last_request": self.room_for_last_request, "fits": self.fits,
-                "fitting_budgets": self.fitting_budgets()}
+    def to_file(self) -> BuildPlanFile:
+        """WORK/build.plan.json's contents (`write_build_plan`)."""
+        return BuildPlanFile(
+            datasets=[DatasetPlanFile(**asdict(d), answers_to_go=d.answers_to_go, short=d.short,
+                                      expected_to_go=d.expected_to_go,
+                                      expected_total=d.expected_total)
+                      for d in self.datasets],
+            routes=self.routes, prices=self.prices, total_cost=self.total_cost,
+            max_cost=self.max_cost, recorded=self.recorded,
+            recorded_elsewhere=self.recorded_elsewhere, expected_total=self.expected_total,
+            room_for_last_request=self.room_for_last_request, fits=self.fits,
+            fitting_budgets=self.fitting_budgets())
+
+
+def write_build_plan(path: str, plan: BuildPlan) -> None:
+    """WORK/build.plan.json (`contracts.BuildPlanFile`, indented by one)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(msgspec.to_builtins(plan.to_file()), f, indent=1)
 
 
 def round_down(tokens: float) -> int:
