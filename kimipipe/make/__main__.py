@@ -30,7 +30,7 @@ from .check import run_checks
 from .clean import clean
 from .measure import measure, pilot_line, write_pilot
 from .plan_report import budget_suggestion, money, report, wrap
-from .stop import stop_message
+from .stop import StopSettings, stop_message
 
 
 def say(text: str) -> None:
@@ -124,8 +124,8 @@ def cmd_stopped(args) -> int:
         plan = _plan(args, fresh=True)
     except FileNotFoundError:
         plan = None
-    settings = {"total_cost": _money(args.total_cost), "max_cost": _money(args.max_cost),
-                "min_credits": args.min_credits}
+    settings = StopSettings(total_cost=_money(args.total_cost), max_cost=_money(args.max_cost),
+                            min_credits=args.min_credits)
     print(stop_message(args.dataset, work, plan, complete, settings), file=sys.stderr)
     return 0
 
