@@ -12,6 +12,8 @@ decoding it (a reader never walks a dict), so the schema is declared here once:
                                                                       SummaryStop)
     --reservations FILE               kp-infer --total-cost           the other runs sharing
     (Reservations)                    (infer/total_cost.py)           the cap
+    kp-infer report --json (stdout)   kp-infer report                 scripts
+    (InferReport)                     (infer/report_files.py)
     WORK/D.pilot.json                 make pilot (make/measure.py)    make/build_plan.py
     (PilotFigures)
     WORK/build.plan.json              make plan (make/build_plan.py)  scripts, tests
@@ -363,6 +365,50 @@ def read_summary(path: str, view: type = InferSummary):
             return msgspec.json.decode(f.read(), type=view)
     except FileNotFoundError:
         return None
+
+
+# -- kp-infer report --json (infer/report_files.py) ------------------------------------------
+
+
+class ReportPromptTokens(Struct):
+    total: int
+    cached: int  # served from the provider's prompt cache (usage.cached_tokens)
+    cached_share: float
+
+
+class ReportTurns(Struct):
+    conversations: int
+    by_number: dict[str, int]  # a conversation's turns answered, by turn number
+
+
+class ReportSampling(Struct):
+    sampling: dict[str, Any] | None  # a distinct `sampling` (None: records before it existed)
+    answers: int
+
+
+class ReportHistogram(Struct):
+    upto: list[int]  # the bins' upper edges, completion tokens
+    by_provider: dict[str, list[int]]  # answers per bin
+
+
+class InferReport(Struct):
+    """`kp-infer report FILE... --json` (infer/report_files.py's docstring says what each
+    figure means)."""
+
+    files: list[str]
+    answers: int
+    failures: dict[str, int]  # failure lines by kind
+    refused: int
+    spend: float
+    prompt_tokens: ReportPromptTokens
+    turns: ReportTurns
+    sampling: list[ReportSampling]
+    by_provider: list[dict[str, Any]]  # recorded/providers_table.py's rows
+    histogram: ReportHistogram
+    token_deltas: list[dict[str, Any]]  # tokenize/deltas.py's rows
+    logprobs: dict[str, SummaryLogprobs]  # {} when no answer carried the sampled tokens
+    sampled_ids: list[dict[str, Any]]  # tokenize/stats.py SampledTable's rows
+    identity: list[dict[str, Any]]  # recorded/identity_table.py's rows
 
 
 # -- make pilot: WORK/D.pilot.json (make/measure.py) -----------------------------------------

@@ -9,7 +9,8 @@ line with `kind` and `status` is a failure (its `refused` answers; an older fail
 without them counts once when its kind is a refusal). A last line without its newline
 (a run still writing) is skipped with a note; any other bad line is `PATH:LINE`, exit 2.
 
-The report (text on stdout; `--json` for this object, stable for scripts):
+The report (text on stdout; `--json` for this object, stable for scripts:
+`contracts.InferReport`):
 
     {"files": [path, ...],
      "answers": int,                      records with a response
@@ -53,7 +54,18 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import msgspec
+
+from ..contracts import (
+    InferReport,
+    ReportHistogram,
+    ReportPromptTokens,
+    ReportSampling,
+    ReportTurns,
+    SummaryLogprobs,
+)
 from ..errors import InputError
 from ..kinds import RefusalKind
 from ..recorded.identity_table import IdentityTable, identity_text
@@ -64,7 +76,17 @@ from ..tokenize.deltas import DeltaTable
 from ..tokenize.stats import SampledTable
 
 
-def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
+@dataclass
+class FileReport:
+    """The report (`result`, what --json prints) and the tables the text is drawn from."""
+
+    result: InferReport
+    table: ProviderTable  # the histogram
+    deltas: DeltaTable  # token records: the provider's counts minus kimipipe's
+    sampled: SampledTable  # token records: the sampled IDs against the re-encoding
+
+
+def read_report(paths: list[str], say: Callable[[str], None]) -> FileReport:
     """The report over PATHS (see the module docstring)."""
     table = ProviderTable()
     deltas = DeltaTable()
@@ -111,70 +133,70 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
             spend += line.paid  # what the line cost, as every spend reader counts it
         identity.quarantined_beside(path)  # (the providers its run quarantined)
     edges, counts = table.histogram_bins()
-    return {
-        "files": list(paths),
-        "answers": answers,
-        "failures": dict(failures.most_common()),
-        "refused": refused,
-        "spend": round(spend, 10),
-        "prompt_tokens": {"total": prompt_tokens, "cached": cached,
-                          "cached_share": round(cached / prompt_tokens, 4) if prompt_tokens else 0.0},
-        "turns": {"conversations": len(conversations),
-                  "by_number": {str(k): n for k, n in sorted(turns.items())}},
-        "sampling": [{"sampling": s, "answers": n}
-                     for s, n in sorted(sampling.values(), key=lambda item: -item[1])],
-        "by_provider": table.rows(),
-        "histogram": {"upto": edges, "by_provider": counts},
-        "token_deltas": deltas.rows(),
-        "logprobs": {p: {"answers": n, "with_tokens": k} for p, (n, k) in sorted(logprobs.items())
-                     if any(k for _, k in logprobs.values())},
-        "sampled_ids": sampled.rows(),
-        "identity": identity.rows(),
-        "_table": table,
-        "_deltas": deltas,
-        "_sampled": sampled,
-    }
+    result = InferReport(
+        files=list(paths),
+        answers=answers,
+        failures=dict(failures.most_common()),
+        refused=refused,
+        spend=round(spend, 10),
+        prompt_tokens=ReportPromptTokens(
+            total=prompt_tokens, cached=cached,
+            cached_share=round(cached / prompt_tokens, 4) if prompt_tokens else 0.0),
+        turns=ReportTurns(conversations=len(conversations),
+                          by_number={str(k): n for k, n in sorted(turns.items())}),
+        sampling=[ReportSampling(sampling=s, answers=n)
+                  for s, n in sorted(sampling.values(), key=lambda item: -item[1])],
+        by_provider=table.rows(),
+        histogram=ReportHistogram(upto=edges, by_provider=counts),
+        token_deltas=deltas.rows(),
+        logprobs={p: SummaryLogprobs(answers=n, with_tokens=k) for p, (n, k) in sorted(logprobs.items())
+                  if any(k for _, k in logprobs.values())},
+        sampled_ids=sampled.rows(),
+        identity=identity.rows(),
+    )
+    return FileReport(result, table, deltas, sampled)
 
 
-def format_report(report: dict) -> str:
+def format_report(report: FileReport) -> str:
     """The report for a terminal: totals, the sampling seen, the table, the histogram."""
-    failures = report["failures"]
-    lines = [f"kp-infer report: {len(report['files'])} file(s), {report['answers']:,} answers, "
-             f"{report['refused']:,} refused, {sum(failures.values()):,} failures"
+    result = report.result
+    failures = result.failures
+    lines = [f"kp-infer report: {len(result.files)} file(s), {result.answers:,} answers, "
+             f"{result.refused:,} refused, {sum(failures.values()):,} failures"
              + (f" ({', '.join(f'{k}: {v}' for k, v in failures.items())})" if failures else "")
-             + f"; ${report['spend']:.6f} paid"]
-    tokens = report["prompt_tokens"]
-    if tokens["cached"]:
-        lines.append(f"  prompt tokens: {tokens['total']:,}, of which {tokens['cached']:,} "
-                     f"({tokens['cached_share']:.1%}) served from the prompt cache")
-    if report["turns"]["by_number"]:
-        lines.append(f"  conversations: {report['turns']['conversations']:,}; turns by number: "
-                     + ", ".join(f"#{k} {n:,}" for k, n in report["turns"]["by_number"].items()))
-    for entry in report["sampling"]:
-        shown = (", ".join(f"{k} {json.dumps(v)}" for k, v in entry["sampling"].items())
-                 if entry["sampling"] else "not recorded (older records)")
-        lines.append(f"  sampling: {shown}: {entry['answers']:,} answers")
+             + f"; ${result.spend:.6f} paid"]
+    tokens = result.prompt_tokens
+    if tokens.cached:
+        lines.append(f"  prompt tokens: {tokens.total:,}, of which {tokens.cached:,} "
+                     f"({tokens.cached_share:.1%}) served from the prompt cache")
+    if result.turns.by_number:
+        lines.append(f"  conversations: {result.turns.conversations:,}; turns by number: "
+                     + ", ".join(f"#{k} {n:,}" for k, n in result.turns.by_number.items()))
+    for entry in result.sampling:
+        shown = (", ".join(f"{k} {json.dumps(v)}" for k, v in entry.sampling.items())
+                 if entry.sampling else "not recorded (older records)")
+        lines.append(f"  sampling: {shown}: {entry.answers:,} answers")
     lines.append("")
     lines.append("by provider (refused r/n/t/i: routing violation, no reasoning, think marker, "
                  "identity):")
-    lines.append(table_text(report["by_provider"], indent="  "))
+    lines.append(table_text(result.by_provider, indent="  "))
     lines.append("")
-    lines.append(report["_table"].histogram())
-    if report["identity"]:
+    lines.append(report.table.histogram())
+    if result.identity:
         lines += ["", "identity (answers checked against the target's counts, kp-infer "
                   "--tokenizer: offset = usage.prompt_tokens - kimipipe's count):",
-                  identity_text(report["identity"], indent="  ")]
-    if report["_deltas"]:
-        lines += ["", report["_deltas"].text(indent=""),
-                  *(f"warning: {w}" for w in report["_deltas"].warnings())]
-    if report["logprobs"]:
+                  identity_text(result.identity, indent="  ")]
+    if report.deltas:
+        lines += ["", report.deltas.text(indent=""),
+                  *(f"warning: {w}" for w in report.deltas.warnings())]
+    if result.logprobs:
         lines += ["", "answers carrying the tokens the model sampled (token logprobs): " + ", ".join(
-            f"{p} {c['with_tokens']:,}/{c['answers']:,}" for p, c in report["logprobs"].items())]
-    if report["_sampled"]:
-        lines += ["", *report["_sampled"].lines(""),
-                  *(f"warning: {w}" for w in report["_sampled"].warnings())]
+            f"{p} {c.with_tokens:,}/{c.answers:,}" for p, c in result.logprobs.items())]
+    if report.sampled:
+        lines += ["", *report.sampled.lines(""),
+                  *(f"warning: {w}" for w in report.sampled.warnings())]
     return "\n".join(lines)
 
 
-def report_json(report: dict) -> str:
-    return json.dumps({k: v for k, v in report.items() if not k.startswith("_")}, indent=2)
+def report_json(report: FileReport) -> str:
+    return json.dumps(msgspec.to_builtins(report.result), indent=2)
