@@ -12,11 +12,17 @@ decoding it (a reader never walks a dict), so the schema is declared here once:
                                                                       SummaryStop)
     --reservations FILE               kp-infer --total-cost           the other runs sharing
     (Reservations)                    (infer/total_cost.py)           the cap
+    kp-infer report --json (stdout)   kp-infer report                 scripts
+    (InferReport)                     (infer/report_files.py)
+    WORK/D.pilot.json                 make pilot (make/measure.py)    make/build_plan.py
+    (PilotFigures)
+    WORK/build.plan.json              make plan (make/build_plan.py)  scripts, tests
+    (BuildPlanFile)
     .NAME.lock beside an output       every resumable stage           the next run on it
     (LockHolder)                      (locks.py)
     DIR/manifest.json                 kp-shard (shard/build.py)       kp-shard verify/stats,
     (ShardManifest)                                                   card, trainers, make
-    OUTPUT.identity.json              kp-infer --tokenizer            its resumes (prepare),
+    OUTPUT.identity.json              kp-infer --tokenizer            its resumes (resume.py),
     (IdentityState)                   (infer/identity.py)             kp-infer report
 
 The keys and their order are those the files have always had (tests and users read them).
@@ -213,6 +219,26 @@ class MoneyLimit(Struct, omit_defaults=True):
     balance_left: float | None | msgspec.UnsetType = msgspec.UNSET
     worst_case_request: float | None = None
 
+    def text(self) -> str:
+        """Its figures in one line: what OpenRouter said and what is left (the summary's
+        line, and make's money-stop message)."""
+        parts = []
+        if self.limit_usd is not None:
+            parts.append(f"limit ${self.limit_usd:g}")
+        if self.spend_usd is not None:
+            parts.append(f"spent ${self.spend_usd:g}")
+        if self.resets_at:
+            parts.append(f"resets at {self.resets_at}")
+        if self.balance_left not in (None, msgspec.UNSET) and self.worst_case_request is not None:
+            parts.append(f"about ${self.balance_left:.4f} of the balance left against "
+                         f"${self.worst_case_request:.4f} for one request's worst case")
+        status = self.status if self.status is not None else ""
+        said = f"OpenRouter {status}: " + "; ".join(
+            [f"{self.reason or self.limit_source or 'no limit named'}"] + parts)
+        if self.message:
+            said += f" ({self.message})"
+        return said
+
 
 class MoneyInFlightEnd(Struct):
     """The money in flight at the end of a run (infer/inflight.py)."""
@@ -271,7 +297,7 @@ class SummaryIdentity(Struct):
     """Whether the answers were the target model's (kp-infer --tokenizer)."""
 
     checked: bool
-    providers: list[dict[str, Any]]  # infer/identity_table.py's rows
+    providers: list[dict[str, Any]]  # recorded/identity_table.py's rows
     shared_offsets: list[SharedOffset] = msgspec.field(default_factory=list)
     quarantined: list[Quarantined] = msgspec.field(default_factory=list)
 
@@ -280,7 +306,7 @@ class InferSummary(Struct):
     """kp-infer's summary (infer/report.py's docstring says what each figure means)."""
 
     exit_code: int
-    stop_reason: str | None  # report.StopReason's slug
+    stop_reason: str | None  # kinds.StopReason's slug
     input_records: int
     todo: int
     skipped: int
@@ -301,7 +327,7 @@ class InferSummary(Struct):
     providers: dict[str, float]  # share of the answers
     finish_reasons: dict[str, int]
     refused: dict[str, dict[str, int]]  # {refusal kind: {provider: answers}}
-    by_provider: list[dict[str, Any]]  # infer/providers_table.py's rows
+    by_provider: list[dict[str, Any]]  # recorded/providers_table.py's rows
     elapsed_s: float
     requests_per_s: float
     completion_tokens_per_s: float
@@ -328,6 +354,140 @@ class SummaryStop(Struct):
     spend_total: float
     stop_reason: str | None = None
     limit: MoneyLimit | None = None
+
+
+def read_summary(path: str, view: type = InferSummary):
+    """A --summary-json file decoded as VIEW (the whole summary, or a view of some of its
+    fields: SummaryStop); None when there is none (make removes it before each run, and a
+    run killed before its end leaves none)."""
+    try:
+        with open(path, "rb") as f:
+            return msgspec.json.decode(f.read(), type=view)
+    except FileNotFoundError:
+        return None
+
+
+# -- kp-infer report --json (infer/report_files.py) ------------------------------------------
+
+
+class ReportPromptTokens(Struct):
+    total: int
+    cached: int  # served from the provider's prompt cache (usage.cached_tokens)
+    cached_share: float
+
+
+class ReportTurns(Struct):
+    conversations: int
+    by_number: dict[str, int]  # a conversation's turns answered, by turn number
+
+
+class ReportSampling(Struct):
+    sampling: dict[str, Any] | None  # a distinct `sampling` (None: records before it existed)
+    answers: int
+
+
+class ReportHistogram(Struct):
+    upto: list[int]  # the bins' upper edges, completion tokens
+    by_provider: dict[str, list[int]]  # answers per bin
+
+
+class InferReport(Struct):
+    """`kp-infer report FILE... --json` (infer/report_files.py's docstring says what each
+    figure means)."""
+
+    files: list[str]
+    answers: int
+    failures: dict[str, int]  # failure lines by kind
+    refused: int
+    spend: float
+    prompt_tokens: ReportPromptTokens
+    turns: ReportTurns
+    sampling: list[ReportSampling]
+    by_provider: list[dict[str, Any]]  # recorded/providers_table.py's rows
+    histogram: ReportHistogram
+    token_deltas: list[dict[str, Any]]  # tokenize/deltas.py's rows
+    logprobs: dict[str, SummaryLogprobs]  # {} when no answer carried the sampled tokens
+    sampled_ids: list[dict[str, Any]]  # tokenize/stats.py SampledTable's rows
+    identity: list[dict[str, Any]]  # recorded/identity_table.py's rows
+
+
+# -- make pilot: WORK/D.pilot.json (make/measure.py) -----------------------------------------
+
+
+class CompletionFigures(Struct):
+    total: int
+    mean: float | None  # None: no answers
+    sd: float | None
+    p50: int
+    p90: int
+    max: int
+
+
+class CostPerAnswer(Struct):
+    mean: float | None  # USD: every answer's cost, refused and paid failures shared out
+    sd: float | None
+
+
+class PilotFigures(Struct):
+    """What a responses file's answers measured (`make pilot`; make/measure.py's docstring
+    says what each figure means); make plan reads it."""
+
+    answers: int
+    spend: float
+    completion_tokens: CompletionFigures
+    prompt_tokens_mean: float | None
+    reasoning_share: float | None
+    cost_per_answer: CostPerAnswer
+    cost_per_completion_token: float | None
+    length_cut_share: float | None
+    providers: dict[str, float]  # share of the answers
+    failures: dict[str, int]  # failure lines by kind
+
+
+# -- make plan --json: WORK/build.plan.json (make/build_plan.py) ---------------------------
+
+
+class DatasetPlanFile(Struct):
+    """One dataset of the build plan (make/build_plan.py's docstring: L, c, to go)."""
+
+    name: str
+    prompts: int  # requests of the input (a conversation's turns each count)
+    todo: int
+    answered: int
+    prompt_tokens: float  # per prompt, estimated (~4 bytes a token)
+    recorded_spend: float  # in D's responses and failures files
+    recorded_tokens: int  # completion tokens in D's responses file
+    answer_tokens: float  # L
+    cost_per_answer: float  # c
+    measured: str | None  # what L and c were measured on (None: assumed)
+    measured_answers: int
+    token_budget: int | None
+    weight: float
+    worst_case_request: float
+    max_tokens: int
+    notes: list[str]
+    like: str | None  # measured on other datasets' answers (no answers of its own yet)
+    complete: bool  # its responses stage is stamped done
+    answers_to_go: int
+    short: bool  # too few prompts to reach its TOKEN_BUDGET
+    expected_to_go: float
+    expected_total: float
+
+
+class BuildPlanFile(Struct):
+    """The build's money plan (`make plan`, `make all`'s gate), for scripts and tests."""
+
+    datasets: list[DatasetPlanFile]
+    routes: list[PlanRoute]  # the allowed routes, as kp-infer --plan read them
+    prices: PlanPrices | None  # None: no dataset
+    total_cost: float | None
+    max_cost: float | None
+    recorded: float  # USD recorded across the build (what TOTAL_COST counts)
+    recorded_elsewhere: float  # of it, outside these datasets' files
+    expected_total: float
+    room_for_last_request: float
+    fits: bool
+    fitting_budgets: dict[str, int] | None  # the TOKEN_BUDGET per dataset that fits TOTAL_COST
 
 
 # -- --reservations (infer/total_cost.py) -----------------------------------------------------

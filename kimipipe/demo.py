@@ -26,7 +26,7 @@ from pathlib import Path
 
 import msgspec
 
-from .infer.report import read_summary
+from .contracts import read_summary
 from .shard.readback import read_manifest
 from .standin.testing import StandIn
 

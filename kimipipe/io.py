@@ -40,7 +40,8 @@ from .writers import (
 )
 
 __all__ = ["AtomicOutput", "OutputLock", "OutputLocked", "OutputWriteError", "RecordWriter",
-           "check_writable", "check_writable_dir", "describe_decode_error", "iter_finished",
+           "check_writable", "check_writable_dir", "describe_decode_error", "finished_records",
+           "iter_finished",
            "iter_lines", "iter_records", "lock_path", "open_input", "repair_and_report",
            "repair_torn_tail", "require_distinct", "scan_done", "zstd_reader"]
 
@@ -254,6 +255,20 @@ def iter_finished(path: str, decoder: msgspec.json.Decoder) -> Iterator:
     if path == "-" or not os.path.exists(path):
         return
     for lineno, line, _ended in iter_lines(path):
+        try:
+            yield decoder.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise InputError(describe_decode_error(e, True), path, lineno) from None
+
+
+def finished_records(path: str, decoder: msgspec.json.Decoder) -> Iterator:
+    """The whole records of a file another process may be writing: a last line without its
+    newline is being written, and is left alone (neither read nor repaired)."""
+    if path == "-" or not os.path.exists(path):
+        return
+    for lineno, line, ended in iter_lines(path):
+        if not ended:
+            return
         try:
             yield decoder.decode(line)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:

@@ -14,11 +14,16 @@ Adding one is one member here plus what handles it:
     RefusalKind   why an answer paid for is not a result (infer/acceptance.py)
     FailureKind   why a prompt is given up on this run (a failure line's `kind`); a refused
                   answer not sent again fails with its RefusalKind instead
+    StopReason    why a run stops admitting work before its input is exhausted: its name
+                  in the summary (`stop_reason`), its exit code and its message (the
+                  summary's last line; make's money-stop message falls back on it)
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import Enum, StrEnum
+
+from .errors import ExitCode
 
 
 class AttemptKind(StrEnum):
@@ -75,3 +80,72 @@ class FailureKind(StrEnum):
     # cost cap without room for its next attempt, a signal, a limit): the paid answers are
     # kept on this line, and the prompt is no failure of its own (a rerun sends it)
     STOPPED = "stopped"
+
+
+class StopReason(Enum):
+    """Why a run stopped admitting work: its name in the summary, exit code and message."""
+
+    MAX_COST = ("max-cost", ExitCode.BUDGET,
+                "stopped: --max-cost reached; raise it and rerun to resume")
+    TOTAL_COST = ("total-cost", ExitCode.BUDGET,
+                  "stopped: --total-cost reached (the spend recorded here and in the --spent-in "
+                  "files, with what the runs sharing --reservations have in flight); raise it "
+                  "and rerun to resume")
+    PAYMENT = ("payment", ExitCode.BUDGET,
+               "stopped: OpenRouter answered 402: the balance cannot pay for one more "
+               "request's worst case; add credits (or lower --max-tokens) and rerun to resume")
+    KEY_LIMIT = ("key-limit", ExitCode.BUDGET,
+                 "stopped: the API key's spending limit is reached (openrouter_key_limit); "
+                 "raise the key's limit (or wait for it to reset) and rerun to resume")
+    WORKSPACE_BUDGET = ("workspace-budget", ExitCode.BUDGET,
+                        "stopped: the workspace's budget is spent (openrouter_workspace_budget); "
+                        "raise it (or wait for it to reset) and rerun to resume")
+    GUARDRAIL_BUDGET = ("guardrail-budget", ExitCode.BUDGET,
+                        "stopped: a guardrail's budget is spent (openrouter_guardrail_budget); "
+                        "raise it (or wait for it to reset) and rerun to resume")
+    MIN_CREDITS = ("min-credits", ExitCode.BUDGET,
+                   "stopped: account balance below --min-credits; add credits and rerun to resume")
+    TOKEN_BUDGET = ("token-budget", ExitCode.OK,
+                    "done: --token-budget reached (the output holds the tokens asked for); "
+                    "raise it and rerun to continue")
+    INTERRUPTED = ("interrupted", ExitCode.INTERRUPTED,
+                   "interrupted; rerun the same command to resume")
+    AUTH = ("auth", ExitCode.USAGE,
+            "stopped: OpenRouter rejected the API key (401); check OPENROUTER_API_KEY")
+    SYSTEMATIC = ("systematic-failure", ExitCode.USAGE,
+                  "stopped: every request failed the same way (the line above names the "
+                  "status and the message): a configuration error; check it with "
+                  "--preflight, then rerun the same command to resume")
+    NO_ROUTE = ("no-route", ExitCode.USAGE,
+                "stopped: OpenRouter can route no request (a 404, or an error.availability that "
+                "is not retryable: the line above names its code, models and providers); check "
+                "--ignore-provider/--only-provider/--quantization, whether the model's authors "
+                "allow distillation and whether it is still served (try --plan); rerun the same "
+                "command to resume")
+    IDENTITY = ("identity", ExitCode.USAGE,
+                "stopped: no provider left that serves the target model (every allowed one is "
+                "quarantined for identity, named above); docs/real-run.md says what to do "
+                "when OpenRouter no longer serves it; rerun the same command to resume")
+    DISK = ("disk", ExitCode.BUDGET,
+            "stopped: no room for the output (a full disk, a quota or a file size limit); "
+            "free some space and rerun the same command to resume")
+    OUTPUT = ("output", ExitCode.ERROR,
+              "stopped: the output cannot be written; fix it and rerun the same command to resume")
+    CLOSED_PIPE = ("closed-pipe", ExitCode.OK,
+                   "stopped: the reader of stdout went away (`| head`); nothing more is sent")
+
+    def __init__(self, slug: str, exit_code: int, message: str):
+        self.slug = slug
+        self.exit_code = exit_code
+        self.message = message
+
+    @classmethod
+    def from_slug(cls, slug: str) -> StopReason:
+        return next(reason for reason in cls if reason.slug == slug)
+
+    @classmethod
+    def for_limit(cls, limit_source: str) -> StopReason:
+        """The stop for a money limit OpenRouter named (`error.metadata.limit_source`)."""
+        return {"openrouter_key_limit": cls.KEY_LIMIT,
+                "openrouter_workspace_budget": cls.WORKSPACE_BUDGET,
+                "openrouter_guardrail_budget": cls.GUARDRAIL_BUDGET}.get(limit_source, cls.PAYMENT)

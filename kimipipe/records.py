@@ -187,7 +187,7 @@ class Generation(Struct):
     "estimate" (no figure in time: its usage tokens at the highest price that could bill it,
     or with no usage at all its worst case; never less than the bill), when it was written
     (UTC, ISO 8601 to the millisecond: the build report's time axis), and the API that
-    answered (the base URL's host, infer/api.py). `reasoning_source` (later still; None
+    answered (the base URL's host, recorded/api.py). `reasoning_source` (later still; None
     before): where the reasoning came from, `field`, `details` or `inline` (a leading
     `<think>` block, or the text before a lone `</think>`: kimipipe/think_tags.py).
     `sampled_ids` (later still; None before, and from OpenRouter): the prompt and
@@ -207,7 +207,7 @@ class Generation(Struct):
     latency_s: float | None = None
     cost_source: str = "usage"
     finished_at: str | None = None
-    api: str | None = None  # the base URL's host (infer/api.py)
+    api: str | None = None  # the base URL's host (recorded/api.py)
     reasoning_source: str | None = None
     sampled_ids: SampledIds | None = None  # the server's own IDs (docs/servers.md)
     sampled_tokens: SampledTokens | None = None  # from token logprobs (docs/kp-infer.md)
@@ -231,31 +231,22 @@ class Turn(Struct):
     history_reasoning: str  # keep | drop
 
 
-class Response(Prompt, kw_only=True):
-    """A response record (kp-infer): a Prompt and the Generation fields; what kp-tokenize reads."""
+class Response(Generation, kw_only=True):
+    """A response record (kp-infer): a prompt with the Generation fields over it, and on a
+    conversation's turn the Turn fields; what kp-infer takes in from a rescue file. (A
+    Struct's fields come from one base: Generation's, the larger set that grows, are
+    inherited; the prompt's and the turn's are declared here, as Prompt and Turn declare
+    them, tests/test_records.py ties them.)"""
 
-    response: ResponseText
-    finish_reason: str | None
-    model: str
-    provider: str | None
-    generation_id: str | None
-    usage: Usage
-    attempts: int = 1
-    sampling: Sampling | None = None
-    refused: list[Refusal] = msgspec.field(default_factory=list)
-    latency_s: float | None = None
+    id: str
+    dataset: str
+    messages: list[Message]
+    meta: dict[str, Any] | None = None
+    follow_ups: list[str] = msgspec.field(default_factory=list)
     conversation: str | None = None  # records.Turn's fields, on a conversation's turns
     turn: int | None = None
     turns: int | None = None
     history_reasoning: str | None = None
-    cost_source: str = "usage"
-    finished_at: str | None = None
-    api: str | None = None  # the base URL's host (infer/api.py)
-    reasoning_source: str | None = None
-    sampled_ids: SampledIds | None = None  # the server's own IDs (docs/servers.md)
-    routing: str | None = None
-    sampled_tokens: SampledTokens | None = None  # from token logprobs (docs/kp-infer.md)
-    identity: Identity | None = None  # kimipipe's counts it was checked against
 
 
 class Failure(Struct, omit_defaults=True):
@@ -278,7 +269,7 @@ class Failure(Struct, omit_defaults=True):
     generation_id: str | None = None
     cost: float = 0.0
     refused: list[Refusal] = msgspec.field(default_factory=list)
-    api: str | None = None  # the base URL's host (infer/api.py)
+    api: str | None = None  # the base URL's host (recorded/api.py)
     # the last error's `metadata.error_type`, as OpenRouter typed it (provider_overloaded, ...)
     error_type: str | None = None
 

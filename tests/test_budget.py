@@ -55,6 +55,22 @@ def test_worst_case_reservation_keeps_spend_under_cap():
     assert admitted == int(1.0 // worst)
 
 
+def test_a_prompt_adding_to_its_reservation_leaves_admissions_claim_alone():
+    """Admission claims the worst case of the request it found room for (what a run sharing
+    --total-cost publishes) until it reserves it; a prompt in progress that adds to its own
+    reservation meanwhile (a --server prompt moving to OpenRouter) checks without claiming
+    and reserves without dropping that claim."""
+    budget = Budget(RunConfig(max_cost=1.0, request=RequestOptions(max_tokens=1000)),
+                    price=price_bound(Policy(), ENDPOINTS))
+    assert budget.cost_blocker(0.25) is None and budget.claimed() == 0.25
+    assert budget.cap_left_no_room(0.5) is None and budget.claimed() == 0.25
+    budget.reserve_more(0.5)
+    assert (budget.reserved, budget.claimed()) == (0.5, 0.75)
+    assert budget.cap_left_no_room(0.75) == "max-cost"
+    budget.reserve(0.25)
+    assert (budget.reserved, budget.pending, budget.claimed()) == (0.75, 0.0, 0.75)
+
+
 def test_price_bound_is_the_whole_tables_highest_price_capped_by_max_price():
     # an excluded endpoint that serves anyway bills its own price: it counts too
     bound = price_bound(Policy(ignore=["moonshotai"]), ENDPOINTS)

@@ -106,6 +106,27 @@ def test_kimipipe_imports_have_no_cycle():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
+# The rooms beside kp-infer's run (make's helpers, the build report, the stand-in) and the
+# shared reading of what runs recorded sit on the lower modules, never on the run package
+# infer/ (nor on the commands that wire it): a change inside kp-infer's run cannot break
+# make plan or the stand-in, and they cannot reach its internals.
+BESIDE_THE_RUN = ("kimipipe.make", "kimipipe.report", "kimipipe.standin", "kimipipe.recorded")
+
+
+def test_support_rooms_reach_nothing_of_the_run_package():
+    graph = import_graph(REPO / "kimipipe", "kimipipe")
+    rooms = [name for name in graph if name.startswith(BESIDE_THE_RUN)]
+    assert {"kimipipe.make.build_plan", "kimipipe.report.facts", "kimipipe.standin.server",
+            "kimipipe.recorded.spend"} <= set(rooms)
+    reached = {name: sorted(t for t in graph[name]
+                            if t.startswith(("kimipipe.infer", "kimipipe.commands")))
+               for name in rooms}
+    assert {name: targets for name, targets in reached.items() if targets} == {}
+    # the reading of what runs recorded is the lowest of them: none of the rooms above it
+    assert {name: sorted(graph[name]) for name in rooms if name.startswith("kimipipe.recorded")
+            and any(t.startswith(BESIDE_THE_RUN[:3]) for t in graph[name])} == {}
+
+
 def test_the_walk_finds_a_cycle_through_relative_and_lazy_imports(tmp_path):
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Offline answers never pass for real ones (kimipipe/infer/api.py): every record names the
+"""Offline answers never pass for real ones (kimipipe/recorded/api.py): every record names the
 API that answered, the stand-in marks its answers, a resume against another API refuses,
 another API's spend counts against no cap; and the stand-in's own errors read as one line.
 

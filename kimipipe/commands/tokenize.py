@@ -54,11 +54,6 @@ Nothing is downloaded: --tokenizer is a directory or a name in the local Hugging
 
 from __future__ import annotations
 
-import functools
-import itertools
-import os
-from contextlib import closing
-
 import click
 
 from ..cli import (
@@ -69,35 +64,21 @@ from ..cli import (
     Derived,
     OptionTable,
     Parsed,
-    counted,
     input_argument,
     kp_command,
     output_option,
     partition_option,
-    progress,
     run_command,
-    say,
 )
-from ..errors import ExitCode, InputError, KPError
+from ..errors import ExitCode
 from ..io import (
-    OutputLock,
-    RecordWriter,
     check_writable,
-    iter_records,
     require_distinct,
-    scan_done,
 )
-from ..partition import in_partition
-from ..records import Rejected, encode_line
-from ..tokenize import fields
-from ..tokenize.engine import Engine, Settings, spawned_worker
+from ..tokenize.engine import Engine, Settings
 from ..tokenize.load import prepare_tokenizer_dir
 from ..tokenize.render import PRESETS
-from ..tokenize.stats import Summary
-
-BATCH_RECORDS = 64
-BATCH_BYTES = 1 << 20
-
+from ..tokenize.run import run_tokenize
 
 EXAMPLES = """
     kp-tokenize B3.responses.jsonl --tokenizer ./kimi-k2.5 --trust-remote-code \\
@@ -106,83 +87,6 @@ EXAMPLES = """
         --max-length 32768 --drop-long | kp-shard --out shards/B3
     kp-tokenize r.jsonl --tokenizer Qwen/Qwen3-8B --preset qwen3 --no-thinking --strict
 """
-
-
-def _batches(path: str, done: set[str], summary: Summary, partition=None,
-             ignore_extra_fields: bool = False):
-    """(line number, raw line) batches of the records still to do, validated as responses."""
-    batch: list[tuple[int, bytes]] = []
-    size = 0
-    try:
-        for lineno, rec, line in iter_records(path, fields.DECODER, expect="response"):
-            refusal = (fields.empty_tool_call_turn(rec.messages) if ignore_extra_fields
-                       else fields.unrenderable_field(rec.messages))
-            if refusal:
-                raise InputError(refusal, path, lineno)
-            if rec.id in done:
-                summary.skipped_done += 1
-                continue
-            if not in_partition(rec.id, partition):
-                continue
-            batch.append((lineno, line))
-            size += len(line)
-            if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
-                yield batch
-                batch, size = [], 0
-    except KPError:  # a bad line: the records before it are still done, then it stops
-        if batch:
-            yield batch
-        raise
-    if batch:
-        yield batch
-
-
-def _outcomes_inline(engine: Engine, batches):
-    for batch in batches:
-        yield engine.process(batch)
-
-
-def _outcomes_in_pool(engine: Engine, workers: int, batches):
-    """Each batch's outcomes, in input order, from WORKERS processes (tokenize/pool.py).
-
-    Workers are forked from this process where the platform allows, so they start with the
-    tokenizer already loaded (a spawned worker would import transformers and load it again).
-    """
-    from ..tokenize.pool import WorkerPool  # (multiprocessing: not needed by --help or --workers 1)
-
-    pool = WorkerPool(workers, fork_setup=lambda: engine.process,
-                      spawn_setup=functools.partial(spawned_worker, engine.settings))
-    finished = False
-    try:
-        yield from pool.map(batches)
-        finished = True
-    finally:
-        pool.close(abort=not finished)
-
-
-def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
-                    reject_writer: RecordWriter | None, strict: bool, quiet: bool,
-                    input_path: str) -> None:
-    """One batch's outcomes: records written in one go, rejects logged (fatal with --strict)."""
-    lines: list[bytes] = []
-    for o in outcomes:
-        if o.kind == "invalid":  # the records before it are written, then it stops
-            if lines:
-                writer.write_line(b"".join(lines))
-            raise InputError(o.reason, input_path, o.line)
-        summary.add(o)
-        if o.kind == "ok":
-            lines.append(o.payload)
-        elif o.kind == "reject":
-            if reject_writer:
-                reject_writer.write_line(encode_line(Rejected(o.id, o.line, o.reason)))
-            if strict:
-                writer.write_line(b"".join(lines))
-                raise KPError(f"{o.id} (input line {o.line}): {o.reason}", exit_code=ExitCode.USAGE)
-            if summary.rejected <= 3:
-                say(f"kp-tokenize: rejected {o.id} (input line {o.line}): {o.reason}", quiet)
-    if lines:
-        writer.write_line(b"".join(lines))
 
 
 def _tokenizer(o: Parsed) -> dict:
@@ -268,52 +172,8 @@ def cli(o: Parsed):
     if o.check:  # what a run would load, loaded and checked the same way; a report: stdout
         click.echo(f"kp-tokenize: {o.tokenizer_spec}: {Engine(settings).describe()}")
         return ExitCode.OK
-    workers = o.workers or os.cpu_count() or 1
-    if workers > 1:
-        # One process per core does the work; the tokenizers library's own threads would only
-        # compete (and it refuses them after a fork anyway).
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    summary = Summary()
-    with OutputLock(output, "kp-tokenize", note=lambda text: say(f"kp-tokenize: {text}", quiet)):
-        engine = Engine(settings)  # loads and checks everything before any output is touched
-        say(f"kp-tokenize: {engine.describe()}, {counted(workers, 'worker')}", quiet)
-        done = scan_done(output, quiet=quiet) if output != "-" else set()
-        _run(engine, workers, _batches(input, done, summary, o.partition, o.ignore_extra_fields),
-             summary, output, rejects, o.strict, quiet, input)
-    say(summary.report(output, rejects), quiet)
-    for line in summary.deltas_report():
-        say(line, quiet)
-    if summary.rejected:
-        say(summary.rejects_note(output, rejects), quiet)
-        return ExitCode.PARTIAL
-    return ExitCode.OK
-
-
-def _run(engine: Engine, workers: int, batches, summary: Summary, output: str,
-         rejects: str | None, strict: bool, quiet: bool, input_path: str) -> None:
-    # The first batch is read before any output is opened: an empty input or a bad first
-    # line leaves every file as it was.
-    first = next(batches, None)
-    if first is None:
-        return
-    batches = itertools.chain([first], batches)
-    writer = RecordWriter(output, append=True)
-    reject_writer = RecordWriter(rejects) if rejects else None
-    bar = progress(desc="kp-tokenize", unit="rec", quiet=quiet)
-    try:
-        if workers > 1:
-            results = _outcomes_in_pool(engine, workers, batches)
-        else:
-            results = _outcomes_inline(engine, batches)
-        with closing(results):
-            for outcomes in results:
-                _write_outcomes(outcomes, summary, writer, reject_writer, strict, quiet, input_path)
-                bar.update(len(outcomes))
-    finally:
-        bar.close()
-        writer.close()
-        if reject_writer:
-            reject_writer.close()
+    return run_tokenize(settings, input, output, rejects, workers=o.workers,
+                        partition=o.partition, quiet=quiet)
 
 
 main = run_command(cli)

@@ -3,8 +3,14 @@
     config.py          RunConfig: the one configuration of a run (every limit lives here)
     options.py         kp-infer's options, each declared once (click declaration, the field
                        it fills, its --help section); `run_config` builds RunConfig from them
-    prepare.py         before anything is sent: input validation, stdin spool, previous work,
-                       the partition's counts, the endpoints table, price bound, warnings
+    prepare.py         before anything is sent, in order: the input, previous work, the
+                       partition's counts, the endpoints, the servers, --total-cost
+    inputs.py          the input read whole first (stdin spooled): every line checked, the
+                       IDs and sums kept (InputScan), --sample
+    resume.py          previous work: the rescue file taken in, the IDs done, the spend and
+                       tokens recorded, another API's records refused, the quarantine kept
+    endpoints.py       the endpoints table and the model's entry: the price bound, the
+                       routing warnings (re-quantized, one endpoint left), distillation
     run.py             the run: admission (concurrency, budget, money in flight, disk),
                        stops, draining, signals (bounded by --grace in every phase), the
                        balance read at the start and polled;
@@ -21,19 +27,19 @@
     acceptance.py      which answers are results: the routing, reasoning and think-marker
                        checks, and a refused prompt's next routing
     identity.py        --tokenizer: whether each answer is the target model's (its token
-                       counts against the target's), the offset learned, quarantines;
-                       identity_table.py its rows per provider (summary and reports),
+                       counts against the target's), the offset learned, quarantines
+                       (its rows per provider: kimipipe/recorded/identity_table.py);
                        preflight_identity.py the preflight's request to each provider
     availability.py    how many endpoints are left (--plan, --preflight)
-    writing.py         response and failure records, the writers and their rescue files
-    api.py             which API answered (`api` on every record, the stand-in's mark),
-                       a resume against another API refused, its spend counted nowhere
-    report.py          Stats, StopReason (exit code and message), summary
+    writing.py         the outputs checked writable and locked; response and failure
+                       records, the writers and their rescue files
+                       (`api` on every record: kimipipe/recorded/api.py)
+    report.py          Stats (the run's counts, each written by a method of its own),
+                       the exit code (kinds.StopReason's), the summary
     progress.py        the progress line: the run's snapshot (`RunProgress`), fitted to the
                        terminal, and when it is redrawn
-    providers_table.py the providers compared (one row per provider), for the summary and
-                       the report
-    report_files.py    `kp-infer report FILE...`: that table from files on disk
+    report_files.py    `kp-infer report FILE...`: the providers compared (one row per
+                       provider, kimipipe/recorded/providers_table.py) from files on disk
     preflight.py       `--preflight [N]`: N real requests that check what the run assumes
     plan.py            --plan: the routing table, the cost estimate, what the balance keeps
                        in flight

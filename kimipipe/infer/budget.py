@@ -65,7 +65,9 @@ class Budget:
     settled_answers: int = 0
     settled_tokens: int = 0
     total: TotalCost | None = None  # --total-cost
-    pending: float = 0.0  # the worst case of a request found to fit, not yet reserved
+    # admission's claim: the worst case of the request found to fit, not yet reserved
+    # (cost_blocker sets it, reserve turns it into a reservation; nothing else touches it)
+    pending: float = 0.0
 
     @property
     def max_cost(self) -> float | None:
@@ -85,8 +87,9 @@ class Budget:
         return request_worst_case(prompt_tokens, self.max_tokens, self.price)
 
     def cost_blocker(self, amount: float) -> str | None:
-        """Which cap a request of worst case AMOUNT does not fit now ("max-cost",
-        "total-cost"), or None when it fits both."""
+        """Admission's check: which cap a new request of worst case AMOUNT does not fit now
+        ("max-cost", "total-cost"), or None when it fits both; then AMOUNT is claimed
+        until `reserve`."""
         self.pending = 0.0
         blocker = self.cap_left_no_room(amount)
         if blocker is None:
@@ -96,7 +99,8 @@ class Budget:
         return blocker
 
     def cap_left_no_room(self, amount: float) -> str | None:
-        """cost_blocker's answer, claiming nothing (for a request already reserved)."""
+        """cost_blocker's answer, claiming nothing (for a prompt that holds its reservation
+        already: its next attempt, or its move to OpenRouter)."""
         if self.max_cost is not None and self.spent + self.reserved + amount > self.max_cost:
             return "max-cost"
         if self.total is not None and not self.total.fits(self.spent_this_run, self.reserved, amount):
@@ -107,8 +111,13 @@ class Budget:
         return self.cost_blocker(amount) is None
 
     def reserve(self, amount: float) -> None:
+        """Admission's: the request claimed (`cost_blocker`) is reserved."""
         self.reserved += amount
         self.pending = 0.0
+
+    def reserve_more(self, amount: float) -> None:
+        """A prompt in progress adds AMOUNT to its reservation (admission's claim stays)."""
+        self.reserved += amount
 
     def claimed(self) -> float:
         """What this run may have in flight: its reservations and the request about to go."""

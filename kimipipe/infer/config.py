@@ -76,6 +76,6 @@ class RunConfig:
     @property
     def apis(self) -> set[str]:
         """The hosts whose answers this run writes (a resume by ID covers them all)."""
-        from .api import api_of
+        from ..recorded.api import api_of
         return ({api_of(self.base_url)} if self.openrouter else set()) | \
             {api_of(url) for url in self.servers}

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import msgspec
 from msgspec import Raw, Struct
 
+from ..contracts import SummaryConversations
 from ..errors import ExitCode, InputError, KPError
 from ..io import describe_decode_error, iter_lines
 from ..openrouter.attempt import Attempt
@@ -149,16 +150,20 @@ def first_turn(source: Prompt, source_line: bytes, history_reasoning: str,
 class ConversationQueue:
     """A run's conversations in progress (infer/run.py admits from it): each one's next
     turn, queued when the turn before it is kept and admitted ahead of the input's next
-    prompt, so conversations finish and memory stays bounded by the work in flight. STATS
-    (report.Stats) counts turns by number, conversations finished and cut."""
+    prompt, so conversations finish and memory stays bounded by the work in flight. It
+    counts its own turns (by number), the conversations finished and cut, and the turns
+    left unsent; the summary and the progress line read them."""
 
-    def __init__(self, history_reasoning: str, stats, resume: OutputConversations | None):
+    def __init__(self, history_reasoning: str, resume: OutputConversations | None):
         self.history_reasoning = history_reasoning
-        self.stats = stats
         self.resume = resume
         self.ready: deque[TurnWork] = deque()
         self.open: set[str] = set()  # a turn in flight or queued
         self.changed = asyncio.Event()  # a turn queued, or a conversation ended
+        self.turns: Counter = Counter()  # turns answered this run, by number
+        self.done = 0  # conversations whose last turn was answered this run
+        self.cut = 0  # ended by a turn cut by max_tokens (later turns not sent)
+        self.turns_not_sent = 0  # turns of conversations ended early (cut, failed, stopped)
 
     def start(self, source: Prompt, source_line: bytes) -> TurnWork | None:
         """Conversation SOURCE's first turn to send this run (after the turns the output
@@ -177,14 +182,13 @@ class ConversationQueue:
     def ended(self, turn: TurnWork, kept: Attempt | None, stopping: bool) -> None:
         """TURN's work ended: its answer KEPT (written), or None (failed, or not sent again
         after a stop). Queue the conversation's next turn, or end it for this run."""
-        stats = self.stats
         nxt = None
         if kept is not None:
-            stats.turns[turn.turn] += 1
+            self.turns[turn.turn] += 1
             if kept.finish_reason == "length":
-                stats.conversations_cut += 1  # kept and marked; its later turns never go
+                self.cut += 1  # kept and marked; its later turns never go
             elif turn.last:
-                stats.conversations_done += 1
+                self.done += 1
             elif not stopping:
                 nxt = turn.next_turn(ResponseText(content=kept.content, reasoning=kept.reasoning))
         if nxt is not None:
@@ -192,8 +196,16 @@ class ConversationQueue:
         else:
             self.open.discard(turn.conversation)
             if not turn.last and (kept is None or kept.finish_reason == "length" or stopping):
-                stats.turns_not_sent += turn.turns - turn.turn
+                self.turns_not_sent += turn.turns - turn.turn
         self.changed.set()
+
+    def summary(self) -> SummaryConversations | None:
+        """The summary's `conversations` (None: the run sent no turn of one)."""
+        if not self.turns and not self.turns_not_sent:
+            return None
+        return SummaryConversations(
+            turns_by_number={str(k): n for k, n in sorted(self.turns.items())},
+            done=self.done, cut=self.cut, turns_not_sent=self.turns_not_sent)
 
 
 # -- resume ---------------------------------------------------------------------------

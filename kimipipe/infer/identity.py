@@ -39,7 +39,7 @@ redirecting) costs those answers, not all of --concurrency's, before it is quara
 A provider refused this way `--identity-strikes` times is quarantined: its endpoints' tags
 go into `provider.ignore` of every request from then on (Policy.quarantine), it is named on
 stderr once with its typical offset and an example, and it is written to OUTPUT's identity
-file (`contracts.IdentityState`, `OUTPUT.identity.json`), which a resume reads (prepare).
+file (`contracts.IdentityState`, `OUTPUT.identity.json`), which a resume reads (infer/resume.py).
 When the quarantine leaves the endpoints table no allowed provider, the run stops
 (exit 2, resumable: StopReason.IDENTITY): what to do then is docs/real-run.md's.
 
@@ -72,8 +72,8 @@ import msgspec
 from ..contracts import IdentityState, Quarantined
 from ..openrouter.attempt import Attempt
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
+from ..recorded.identity_table import IdentityTable, typical
 from ..records import Identity
-from .identity_table import IdentityTable, typical
 
 DEFAULT_STRIKES = 3
 # Requests in flight (their verdict not waited for) until a first answer is found the
@@ -132,24 +132,6 @@ UNCHECKED_WARNING = ("kp-infer: warning: answers' identity is unchecked: nothing
                      "host redirecting the model, an injected system prompt) would be kept; "
                      "pass --tokenizer DIR (the target's tokenizer, as kp-tokenize takes it) "
                      "to check every answer")
-
-
-def state_path(output: str) -> str | None:
-    """Where a run on OUTPUT keeps its identity state (None for stdout)."""
-    return None if output == "-" else f"{output}.identity.json"
-
-
-def read_state(path: str | None) -> IdentityState:
-    """The identity file at PATH (an empty state when there is none)."""
-    if path is None or not os.path.exists(path):
-        return IdentityState()
-    try:
-        with open(path, "rb") as f:
-            return msgspec.json.decode(f.read(), type=IdentityState)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
-        from ..errors import InputError
-        raise InputError(f"not kp-infer's identity file ({e}); remove it to lift its "
-                         "quarantine", path) from None
 
 
 def write_state(path: str, state: IdentityState) -> None:
@@ -229,7 +211,7 @@ class IdentityJudge:
     """The identity checks of one run: COUNTS (tokenize/counting.py TargetCounts), the run's
     POLICY (its `quarantine` list is this judge's to add to), the ENDPOINTS table (None: not
     read), STRIKES (--identity-strikes), SAY (stderr), STATE_PATH (the identity file, None
-    for stdout) holding STATE (read by prepare), and STOP, called once when a quarantine
+    for stdout) holding STATE (read by infer/resume.py), and STOP, called once when a quarantine
     leaves no allowed provider."""
 
     def __init__(self, counts, policy: Policy, endpoints: list[Endpoint] | None,
@@ -250,7 +232,7 @@ class IdentityJudge:
         self._changed = asyncio.Event()
         self._shared_said: set[tuple[str, int]] = set()
         self.shared: dict[str, dict] = {}  # kind -> the constant the providers share, shown
-        for q in self.state.quarantined:  # (prepare put their slugs in the policy already)
+        for q in self.state.quarantined:  # (resume.py put their slugs in the policy already)
             self.table.quarantine(q.provider)
         self.none_left = False
         self.confirmed = False  # an answer was accepted (admission's probation is over)

@@ -87,7 +87,8 @@ from ..openrouter.routing import Policy, PriceBound, allowed_endpoints, why_excl
 from .availability import WHAT_TO_DO, availability_text, endpoints_left
 from .budget import Budget, request_worst_case
 from .config import RunConfig
-from .prepare import Prepared, endpoint_warnings, requantization_warnings
+from .endpoints import endpoint_warnings, requantization_warnings
+from .prepare import Prepared
 
 PROMPT_BYTES_PER_TOKEN = 4
 PROMPT_TEMPLATE_TOKENS = 16

@@ -87,11 +87,13 @@ from .availability import availability_text, endpoints_left
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .conversations import first_turn, is_conversation
+from .endpoints import endpoint_warnings
 from .identity import OFF, IdentityJudge, check_tokenizer, load_counts
 from .identity import Check as IdentityCheck
+from .inputs import PROMPT_DECODER
 from .preflight_identity import allowed_providers, only, provider_rows, verdicts
 from .preflight_identity import table_text as identity_table_text
-from .prepare import PROMPT_DECODER, Prepared, endpoint_warnings, prepare
+from .prepare import Prepared, prepare
 from .servers import (
     ID_REQUEST,
     Server,

@@ -86,7 +86,8 @@ class ProgressSnapshot:
 
 class RunProgress:
     """The progress line of one run: BAR (the tqdm bar whose description is the line, or a
-    disabled one) and the parts whose state it shows."""
+    disabled one) and the parts whose state it shows (it reads them, and writes nothing of
+    theirs)."""
 
     def __init__(self, bar, config: RunConfig, todo: int, state: RunState, stats: Stats,
                  budget: Budget, limiter: AdaptiveLimiter, money: MoneyInFlight,
@@ -110,7 +111,9 @@ class RunProgress:
         failed = sum(stats.failed.values())
         finished = stats.done + failed
         elapsed = max(1e-6, now - stats.started)
-        total = max(0, self.todo - stats.turns_not_sent)  # requests (each turn counts)
+        conversations = self.conversations
+        # requests (each turn counts; turns of a conversation ended early leave the total)
+        total = max(0, self.todo - (conversations.turns_not_sent if conversations else 0))
         left = max(0, total - finished)
         oldest = next(iter(state.in_progress.values()), None)
         rate_limited = stats.retries[RetryCause.RATE_LIMITED]
@@ -120,9 +123,8 @@ class RunProgress:
             grace_left = max(0.0, self.config.grace - (now - state.stopped_at))
         return ProgressSnapshot(
             finished=finished, total=total, failed=failed,
-            conversations=((stats.conversations_done + stats.conversations_cut,
-                            len(self.conversations.open))
-                           if self.conversations is not None else None),
+            conversations=((conversations.done + conversations.cut, len(conversations.open))
+                           if conversations is not None else None),
             in_flight=self.limiter.in_flight, limit=self.limiter.current,
             concurrency=self.config.concurrency, waiting=state.waiting,
             stopping=state.stop_reason.slug if state.stop_reason else None,
@@ -158,10 +160,6 @@ class RunProgress:
         self.bar.set_description_str(progress_line(self.snapshot(), width), refresh=False)
         if draw and (now or self.terminal):
             self.bar.refresh()
-
-    def show_waiting_for_disk(self, what: str = "disk") -> None:
-        self.state.waiting = what  # (the disk guard's: with the time left, nothing in flight)
-        self.show(now=True)
 
     async def tick(self) -> None:
         """Redraw now and then, not only when a prompt finishes: the ETA, the age of the

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..contracts import MoneyLimit
-from ..kinds import AttemptKind, FailureKind, RefusalKind, RetryCause
+from ..kinds import AttemptKind, FailureKind, RefusalKind, RetryCause, StopReason
 from ..openrouter.attempt import Attempt
 from ..records import Prompt, Refusal
 from . import costs, identity
@@ -51,7 +51,8 @@ from .disk import DiskGuard
 from .inflight import MoneyInFlight
 from .limiter import AdaptiveLimiter
 from .progress import RunProgress
-from .report import Stats, StopReason
+from .report import Stats
+from .servers import Route
 from .state import RunState
 from .systematic import SystematicFailure
 from .total_cost import PUBLISH_INTERVAL
@@ -59,7 +60,9 @@ from .writing import RESCUED, WRITTEN, Output, failure_record
 
 
 class Transport(Protocol):
-    """CompletionClient or WorkerPool (infer/process_pool.py)."""
+    """Where a prompt's attempts go: a CompletionClient or a WorkerPool
+    (infer/process_pool.py), or with --server the Sources or one prompt's Route
+    (infer/servers.py)."""
 
     async def attempt(self, body: bytes, stream: bool) -> Attempt: ...
 
@@ -117,11 +120,12 @@ class PromptWork:
 
     def __init__(self, parts: RunParts, prompt: Prompt, line: bytes, reservation: float,
                  record_bound: int = 0, session_id: str | None = None,
-                 transport: Transport | None = None):
+                 route: Route | None = None):
         self.parts = parts
-        # where its attempts go: the run's transport, or the route chosen at its admission
-        # (infer/servers.py: to the servers, or to OpenRouter)
-        self.transport = transport if transport is not None else parts.transport
+        # where its attempts go: the run's transport, or (with --server) the route chosen at
+        # its admission, to the servers or to OpenRouter (infer/servers.py)
+        self.route = route
+        self.transport: Transport = route if route is not None else parts.transport
         self.prompt = prompt
         self.line = line
         self.reservation = reservation
@@ -157,14 +161,14 @@ class PromptWork:
                 self._fail(FailureKind.STOPPED, Attempt(AttemptKind.PERMANENT, status=200, message=(
                     f"{last.kind}: {last.message}; not sent again: the run stopped")),
                     provider=last.provider, generation_id=last.generation_id)
-            parts.state.in_progress.pop(self.prompt.id, None)
+            parts.state.ended(self.prompt.id)
             parts.budget.release(self.reservation)
             parts.disk.release(self.record_bound)
             if self.holding_money:
                 parts.money.release(self.reservation)
             if self.holding_slot:
                 await parts.limiter.release()
-            parts.state.settled.set()
+            parts.state.settled.set()  # (its reservations released: admission looks again)
             parts.progress.show()
 
     # -- one handler per attempt kind: True sends the prompt again -----------------------
@@ -206,7 +210,7 @@ class PromptWork:
 
     async def _on_retry(self, result: Attempt) -> bool:
         parts = self.parts
-        parts.stats.retries[result.cause] += 1
+        parts.stats.retried(result.cause)
         if result.cause == RetryCause.RATE_LIMITED:
             parts.limiter.rate_limited()
         if self.attempts >= parts.config.max_attempts:
@@ -228,8 +232,8 @@ class PromptWork:
         """The in-flight budget is full: not this prompt's fault, and no attempt of its."""
         parts = self.parts
         self.attempts -= 1
-        parts.stats.retries[result.cause] += 1
-        parts.stats.limit_refusals[result.limit_key()] += 1
+        parts.stats.retried(result.cause)
+        parts.stats.limit_met(result.limit_key())
         parts.money.refused(result.retry_after)
         parts.money.release(self.reservation, finished=False)
         self.holding_money = False
@@ -246,12 +250,9 @@ class PromptWork:
         return True
 
     async def _on_payment(self, result: Attempt) -> bool:
-        stats = self.parts.stats
-        stats.limit_refusals[result.limit_key()] += 1
-        if stats.limit is None:
-            stats.limit = MoneyLimit(**result.limit(),
-                                     balance_left=_rounded(self.parts.money.spendable()),
-                                     worst_case_request=round(self.reservation, 6))
+        self.parts.stats.limit_met(result.limit_key(), MoneyLimit(
+            **result.limit(), balance_left=_rounded(self.parts.money.spendable()),
+            worst_case_request=round(self.reservation, 6)))
         self.parts.stop(StopReason.for_limit(result.limit_source))
         return False
 
@@ -306,13 +307,13 @@ class PromptWork:
                     parts.config.cost_lookup_wait)
             except asyncio.CancelledError:
                 answer.cost = costs.estimate(answer, parts.budget.price, self.reservation)
-                parts.stats.cost_sources[costs.ESTIMATE] += 1
+                parts.stats.cost_settled(costs.ESTIMATE)
                 if refused is None:
                     self._accept(answer, latency, costs.ESTIMATE)
                 else:  # (the failure line is written as the work ends: not sent again)
                     self._book_refusal(answer, *refused, costs.ESTIMATE)
                 raise
-        parts.stats.cost_sources[source] += 1
+        parts.stats.cost_settled(source)
         return source
 
     async def _settle_identity(self, judge, check, answer: Attempt, source: str) -> None:
@@ -333,19 +334,18 @@ class PromptWork:
         """A prompt of the servers (infer/servers.py `Route`) whose servers are all down goes
         to OpenRouter, when the run has it and the prompt's worst case fits the money caps
         now (else it stays, and is sent to the servers again)."""
-        move = getattr(self.transport, "may_move", None)
-        if move is None or not move(result.cause):
+        if self.route is None or not self.route.may_move(result.cause):
             return
         parts = self.parts
         worst = parts.budget.worst_case(prompt_token_bound(self.prompt.messages))
-        if parts.budget.cost_blocker(worst) is not None or not parts.money.fits(worst):
-            parts.budget.pending = 0.0
+        # (cap_left_no_room: admission's claim on the budget is admission's, left alone)
+        if parts.budget.cap_left_no_room(worst) is not None or not parts.money.fits(worst):
             return
         if not await parts.money.acquire(worst):  # (at once: it fits, unless others wait first)
             return
-        parts.budget.reserve(worst)
+        parts.budget.reserve_more(worst)
         self.reservation += worst  # released with the rest when the prompt is done
-        self.transport.move_to_openrouter()
+        self.route.move_to_openrouter()
 
     async def _sleep_unless_stopped(self, delay: float) -> bool:
         """Wait DELAY seconds before sending again; False when the run stops meanwhile."""
@@ -369,12 +369,11 @@ class PromptWork:
         """A refused ANSWER (paid for, its cost settled): booked, and kept for the record
         (OFFSET: its prompt count against kimipipe's, refused for identity)."""
         parts = self.parts
-        parts.stats.prompt_tokens += answer.prompt_tokens
         parts.budget.record(answer.cost, 0)
         self.refused.append(Refusal(kind=kind, provider=answer.provider, cost=answer.cost,
                                     generation_id=answer.generation_id, message=why,
                                     cost_source=source, offset=offset))
-        parts.stats.refusal(answer.provider, kind, answer.cost)
+        parts.stats.refusal(answer, kind)
 
     async def _refuse(self, answer: Attempt, kind: RefusalKind, why: str, source: str,
                       offset: int | None = None) -> bool:
@@ -389,7 +388,7 @@ class PromptWork:
             return False
         if not await self._room_for_next_attempt():
             return False  # not sent again: run()'s end keeps the paid answers (STOPPED)
-        parts.stats.retries[kind] += 1
+        parts.stats.retried(kind)
         self.policy = parts.acceptance.next_policy(self.policy, answer.provider)
         return True
 
@@ -400,8 +399,7 @@ class PromptWork:
         stop (exit 3, resumable), not this prompt's failure."""
         parts = self.parts
         state, budget = parts.state, parts.budget
-        state.waiting_for_room += 1
-        try:
+        with state.waiting_for_room():
             while not state.stopping.is_set():
                 blocker = budget.cap_left_no_room(0.0)
                 if blocker is None:
@@ -410,7 +408,7 @@ class PromptWork:
                 # another run sharing --total-cost may give room back: look now and then
                 poll = (blocker == "total-cost" and total is not None
                         and total.others_may_free_room())
-                if len(state.in_progress) <= state.waiting_for_room and not poll:
+                if state.only_waiting_for_room() and not poll:
                     # nothing in flight but prompts waiting like this one (the stop wakes them)
                     parts.stop(StopReason.MAX_COST if blocker == "max-cost"
                                else StopReason.TOTAL_COST)
@@ -422,8 +420,6 @@ class PromptWork:
                 except TimeoutError:
                     pass
             return False
-        finally:
-            state.waiting_for_room -= 1
 
     def _accept(self, answer: Attempt, latency: float | None, source: str,
                 identity_mark=None) -> None:
@@ -431,14 +427,14 @@ class PromptWork:
         checked against) and book it."""
         parts = self.parts
         cost = answer.cost
-        parts.stats.prompt_tokens += answer.prompt_tokens
         refused, self.refused = self.refused, []
         kept = parts.output.write_response(self.line, answer, self.attempts, refused=refused,
                                            latency=latency, cost=cost, cost_source=source,
                                            identity=identity_mark)
         if kept != WRITTEN:  # paid all the same: in the rescue file, or lost (stdout closed)
             parts.budget.record(cost, 0)  # (the refused answers' cost is recorded already)
-            parts.stats.not_written(cost + sum(r.cost for r in refused), rescued=kept == RESCUED)
+            parts.stats.not_written(answer, cost + sum(r.cost for r in refused),
+                                    rescued=kept == RESCUED)
             self._output_failed()  # no point paying for answers that cannot be kept
             return
         parts.done.add(self.prompt.id)
@@ -467,20 +463,8 @@ class PromptWork:
             parts.stop(StopReason.SYSTEMATIC)
 
     def _output_failed(self) -> None:
-        """A file refused a write: say so once (and where what arrives now is kept), stop."""
-        parts = self.parts
-        output, stats = parts.output, parts.stats
-        if output.error_file == "-":
-            parts.stop(StopReason.CLOSED_PIPE)
-            return
-        if stats.write_error is None:
-            error = output.error
-            stats.write_error = f"{output.error_file}: {error.strerror or error}"
-            rescue = output.rescues.get("failures" if output.error_file == parts.config.failures
-                                        else "output")
-            parts.say(f"kp-infer: cannot write {stats.write_error} (it ends with its last "
-                      "whole record); answers paid for that it cannot take are kept in "
-                      f"{rescue.path} for the next run")
-        stats.rescue_files = {name: r.path for name, r in output.rescues.items() if r.saved}
-        stats.rescue_errors = [r.error for r in output.rescues.values() if r.error]
-        parts.stop(StopReason.DISK if output.disk_full else StopReason.OUTPUT)
+        """A file refused a write: said once (and where what arrives now is kept), a stop."""
+        stop, note = self.parts.output.refusal()
+        if note is not None:
+            self.parts.say(note)
+        self.parts.stop(stop)

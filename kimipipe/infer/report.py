@@ -1,8 +1,8 @@
 """What a kp-infer run tells the user: counts, why it stopped, the summary (the progress
 line is infer/progress.py).
 
-`StopReason` is every reason a run ends before its input is exhausted, each with the one
-exit code and the one message it gives. A run that did what was asked exits 0: everything
+`kinds.StopReason` is every reason a run ends before its input is exhausted, each with the
+one exit code and the one message it gives (make's messages read them too). A run that did what was asked exits 0: everything
 answered, or `--token-budget` reached (the output holds the tokens asked for; the summary
 says `stop_reason: "token-budget"`). Exit 3 is for money (`--max-cost`, `--total-cost`,
 `--min-credits`, and OpenRouter's money limits: the balance ("payment": gone, or below one
@@ -23,7 +23,7 @@ The summary (stderr, and `--summary-json`: `contracts.InferSummary`):
      "providers": {name: share},
      "finish_reasons": {reason: n}, "routing_unverifiable": {provider: n},
      "refused": {kind: {provider: n}},
-     "by_provider": [row, ...] (infer/providers_table.py: answers, tokens, reasoning share,
+     "by_provider": [row, ...] (recorded/providers_table.py: answers, tokens, reasoning share,
      finish reasons, refusals, tokens/s, latency, $ per million output tokens), "elapsed_s", "requests_per_s", "completion_tokens_per_s",
      "concurrency_limit_end",
      "limit": null | {"status", "limit_source", "reason", "scope", "limit_usd", "spend_usd",
@@ -36,7 +36,7 @@ The summary (stderr, and `--summary-json`: `contracts.InferSummary`):
      "logprobs": null | {provider: {"answers", "with_tokens"}} (token logprobs asked: the
               answers kept, and those that carried the sampled tokens),
      "identity": null (no --tokenizer: unchecked) | {"checked": true, "providers": [row, ...]
-              (infer/identity_table.py: checked, refused, offset, completion ratio,
+              (recorded/identity_table.py: checked, refused, offset, completion ratio,
               quarantined), "shared_offsets": [{"prompts", "offset", "providers", "example",
               "rendered"}], "quarantined": [contracts.Quarantined, ...]} (infer/identity.py)}
 """
@@ -49,7 +49,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from enum import Enum
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -68,107 +68,29 @@ from ..contracts import (
     SummaryTokens,
 )
 from ..errors import ExitCode
-from ..kinds import FailureKind
+from ..kinds import FailureKind, StopReason
 from ..openrouter.attempt import Attempt
+from ..recorded.identity_table import identity_text
+from ..recorded.providers_table import ProviderTable, table_text
 from .budget import Budget
 from .config import RunConfig
-from .identity_table import identity_text
-from .providers_table import ProviderTable, table_text
 
-
-class StopReason(Enum):
-    """Why a run stopped admitting work: its name in the summary, exit code and message."""
-
-    MAX_COST = ("max-cost", ExitCode.BUDGET,
-                "stopped: --max-cost reached; raise it and rerun to resume")
-    TOTAL_COST = ("total-cost", ExitCode.BUDGET,
-                  "stopped: --total-cost reached (the spend recorded here and in the --spent-in "
-                  "files, with what the runs sharing --reservations have in flight); raise it "
-                  "and rerun to resume")
-    PAYMENT = ("payment", ExitCode.BUDGET,
-               "stopped: OpenRouter answered 402: the balance cannot pay for one more "
-               "request's worst case; add credits (or lower --max-tokens) and rerun to resume")
-    KEY_LIMIT = ("key-limit", ExitCode.BUDGET,
-                 "stopped: the API key's spending limit is reached (openrouter_key_limit); "
-                 "raise the key's limit (or wait for it to reset) and rerun to resume")
-    WORKSPACE_BUDGET = ("workspace-budget", ExitCode.BUDGET,
-                        "stopped: the workspace's budget is spent (openrouter_workspace_budget); "
-                        "raise it (or wait for it to reset) and rerun to resume")
-    GUARDRAIL_BUDGET = ("guardrail-budget", ExitCode.BUDGET,
-                        "stopped: a guardrail's budget is spent (openrouter_guardrail_budget); "
-                        "raise it (or wait for it to reset) and rerun to resume")
-    MIN_CREDITS = ("min-credits", ExitCode.BUDGET,
-                   "stopped: account balance below --min-credits; add credits and rerun to resume")
-    TOKEN_BUDGET = ("token-budget", ExitCode.OK,
-                    "done: --token-budget reached (the output holds the tokens asked for); "
-                    "raise it and rerun to continue")
-    INTERRUPTED = ("interrupted", ExitCode.INTERRUPTED,
-                   "interrupted; rerun the same command to resume")
-    AUTH = ("auth", ExitCode.USAGE,
-            "stopped: OpenRouter rejected the API key (401); check OPENROUTER_API_KEY")
-    SYSTEMATIC = ("systematic-failure", ExitCode.USAGE,
-                  "stopped: every request failed the same way (the line above names the "
-                  "status and the message): a configuration error; check it with "
-                  "--preflight, then rerun the same command to resume")
-    NO_ROUTE = ("no-route", ExitCode.USAGE,
-                "stopped: OpenRouter can route no request (a 404, or an error.availability that "
-                "is not retryable: the line above names its code, models and providers); check "
-                "--ignore-provider/--only-provider/--quantization, whether the model's authors "
-                "allow distillation and whether it is still served (try --plan); rerun the same "
-                "command to resume")
-    IDENTITY = ("identity", ExitCode.USAGE,
-                "stopped: no provider left that serves the target model (every allowed one is "
-                "quarantined for identity, named above); docs/real-run.md says what to do "
-                "when OpenRouter no longer serves it; rerun the same command to resume")
-    DISK = ("disk", ExitCode.BUDGET,
-            "stopped: no room for the output (a full disk, a quota or a file size limit); "
-            "free some space and rerun the same command to resume")
-    OUTPUT = ("output", ExitCode.ERROR,
-              "stopped: the output cannot be written; fix it and rerun the same command to resume")
-    CLOSED_PIPE = ("closed-pipe", ExitCode.OK,
-                   "stopped: the reader of stdout went away (`| head`); nothing more is sent")
-
-    def __init__(self, slug: str, exit_code: int, message: str):
-        self.slug = slug
-        self.exit_code = exit_code
-        self.message = message
-
-    @classmethod
-    def from_slug(cls, slug: str) -> StopReason:
-        return next(reason for reason in cls if reason.slug == slug)
-
-    @classmethod
-    def for_limit(cls, limit_source: str) -> StopReason:
-        """The stop for a money limit OpenRouter named (`error.metadata.limit_source`)."""
-        return {"openrouter_key_limit": cls.KEY_LIMIT,
-                "openrouter_workspace_budget": cls.WORKSPACE_BUDGET,
-                "openrouter_guardrail_budget": cls.GUARDRAIL_BUDGET}.get(limit_source, cls.PAYMENT)
-
-
-def limit_text(limit: MoneyLimit) -> str:
-    """The figures of a money limit, in one line: what OpenRouter said and what is left."""
-    parts = []
-    if limit.limit_usd is not None:
-        parts.append(f"limit ${limit.limit_usd:g}")
-    if limit.spend_usd is not None:
-        parts.append(f"spent ${limit.spend_usd:g}")
-    if limit.resets_at:
-        parts.append(f"resets at {limit.resets_at}")
-    if limit.balance_left not in (None, msgspec.UNSET) and limit.worst_case_request is not None:
-        parts.append(f"about ${limit.balance_left:.4f} of the balance left against "
-                     f"${limit.worst_case_request:.4f} for one request's worst case")
-    status = limit.status if limit.status is not None else ""
-    said = f"OpenRouter {status}: " + "; ".join(
-        [f"{limit.reason or limit.limit_source or 'no limit named'}"] + parts)
-    if limit.message:
-        said += f" ({limit.message})"
-    return said
+if TYPE_CHECKING:
+    from .writing import Output
 
 
 @dataclass
 class Stats:
+    """The counts of one run, for its summary and its progress line. Each part of the run
+    reports what happened through a method here (an answer written, a retry, a refusal, a
+    money limit met ...); nothing else writes these fields, and the views only read them.
+    What the output refused (infer/writing.py `Output`), the conversations' turns
+    (infer/conversations.py `ConversationQueue`) and the stop (infer/state.py `RunState`)
+    are counted by their own parts."""
+
     todo: int = 0
     skipped: int = 0
+    taken_in: int = 0  # answers an earlier run kept in the rescue file, taken in first
     done: int = 0
     failed: Counter = field(default_factory=Counter)
     retries: Counter = field(default_factory=Counter)
@@ -176,26 +98,18 @@ class Stats:
     refused: Counter = field(default_factory=Counter)  # answers refused, by (provider, kind)
     table: ProviderTable = field(default_factory=ProviderTable)
     finish_reasons: Counter = field(default_factory=Counter)
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # of every answer paid for (kept, refused, or not written)
     completion_tokens: int = 0
     reasoning_tokens: int = 0
-    abandoned: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the provider's prompt cache
+    abandoned: int = 0  # requests cancelled in flight after the grace period
     unwritten: int = 0  # answers paid for that the output could not take
     unwritten_cost: float = 0.0
     rescued: int = 0  # of those, kept in the rescue file for the next run
     failures_unwritten: int = 0  # failure records --failures could not take
     failures_rescued: int = 0
-    write_error: str | None = None  # `PATH: why` of the first write refused
-    rescue_files: dict = field(default_factory=dict)  # {"output"|"failures": path} used
-    rescue_errors: list = field(default_factory=list)  # why a rescue file failed too
-    taken_in: int = 0  # answers an earlier run kept in the rescue file, taken in first
     limit_refusals: Counter = field(default_factory=Counter)  # "402 in_flight_budget_exhausted": n
-    limit: MoneyLimit | None = None  # the money limit that stopped the run
-    cached_tokens: int = 0  # prompt tokens served from the provider's prompt cache
-    turns: Counter = field(default_factory=Counter)  # a conversation's turns answered, by number
-    conversations_done: int = 0  # conversations whose last turn was answered this run
-    conversations_cut: int = 0  # ended by a turn cut by max_tokens (later turns not sent)
-    turns_not_sent: int = 0  # turns of conversations ended early (cut, failed, stopped)
+    limit: MoneyLimit | None = None  # the first money limit met (it stopped the run)
     # answers paid for (kept or refused) by where their cost came from (infer/costs.py):
     # "usage" (usage.cost), "generation" (GET /generation), "estimate" (neither in time)
     cost_sources: Counter = field(default_factory=Counter)
@@ -209,6 +123,7 @@ class Stats:
     def answered(self, answer: Attempt, latency: float | None = None) -> None:
         """An answer written to the output (LATENCY: seconds from sent to complete)."""
         self.done += 1
+        self.prompt_tokens += answer.prompt_tokens
         self.cached_tokens += answer.cached_tokens
         self.completion_tokens += answer.completion_tokens
         self.reasoning_tokens += answer.reasoning_tokens
@@ -222,13 +137,17 @@ class Stats:
         self.table.answer(answer.provider, answer.completion_tokens, answer.reasoning_tokens,
                           answer.finish_reason, answer.cost or 0.0, latency)
 
-    def refusal(self, provider: str | None, kind: str, cost: float = 0.0) -> None:
-        """An answer paid for and not kept (routing_violation, no_reasoning, think_marker)."""
-        self.refused[(provider or "unknown", kind)] += 1
-        self.table.refusal(provider, kind, cost)
+    def refusal(self, answer: Attempt, kind: str) -> None:
+        """An ANSWER paid for and not kept (routing_violation, no_reasoning, think_marker,
+        identity), its cost settled."""
+        self.prompt_tokens += answer.prompt_tokens
+        self.refused[(answer.provider or "unknown", kind)] += 1
+        self.table.refusal(answer.provider, kind, answer.cost)
 
-    def not_written(self, cost: float, rescued: bool) -> None:
-        """An answer paid for that the output did not take (kept in the rescue file, or lost)."""
+    def not_written(self, answer: Attempt, cost: float, rescued: bool) -> None:
+        """An ANSWER paid for that the output did not take (kept in the rescue file, or
+        lost); COST: its own and that of the answers refused before it."""
+        self.prompt_tokens += answer.prompt_tokens
         self.unwritten += 1
         self.unwritten_cost += cost
         self.rescued += rescued
@@ -241,6 +160,26 @@ class Stats:
         """A prompt given up on this run, counted by kind (a permanent error by its status)."""
         self.failed[kind if kind != FailureKind.PERMANENT
                     else f"http_{attempt.status or attempt.cause}"] += 1
+
+    def retried(self, cause: str) -> None:
+        """A prompt sent again: after a retryable failure (kinds.RetryCause), an in-flight
+        402's wait, or a refused answer (its refusal kind)."""
+        self.retries[cause] += 1
+
+    def limit_met(self, key: str, limit: MoneyLimit | None = None) -> None:
+        """A money limit answered (KEY: `402 in_flight_budget_exhausted`, ...); LIMIT: the
+        one that stops the run (the first is kept)."""
+        self.limit_refusals[key] += 1
+        if self.limit is None:
+            self.limit = limit
+
+    def cost_settled(self, source: str) -> None:
+        """An answer's cost known, and where it came from (infer/costs.py)."""
+        self.cost_sources[source] += 1
+
+    def cancelled(self, requests: int) -> None:
+        """REQUESTS still in flight when the grace period ended, cancelled."""
+        self.abandoned += requests
 
 
 def exit_code(stop: StopReason | None, stats: Stats) -> int:
@@ -265,9 +204,13 @@ def refused_by_kind(refused: Counter) -> dict[str, dict[str, int]]:
 
 
 def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: Budget,
-            config: RunConfig, concurrency_end: int,
+            config: RunConfig, concurrency_end: int, output: Output,
             money_in_flight: MoneyInFlightEnd | None = None,
-            identity: dict | None = None) -> InferSummary:
+            identity: dict | None = None,
+            conversations: SummaryConversations | None = None) -> InferSummary:
+    """The summary of a run from what its parts counted: STATS, the BUDGET's money, the
+    OUTPUT's refused writes, the CONVERSATIONS' turns and the IDENTITY judge's rows."""
+    rescue_files = output.rescue_files()
     elapsed = time.monotonic() - stats.started
     total_providers = sum(stats.providers.values())
     return InferSummary(
@@ -284,11 +227,11 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         taken_in_from_rescue=stats.taken_in,
         paid_not_written=PaidNotWritten(
             answers=stats.unwritten, cost=round(stats.unwritten_cost, 10), rescued=stats.rescued,
-            rescue_file=stats.rescue_files.get("output"),
-            error=stats.write_error if stats.unwritten else None),
+            rescue_file=rescue_files.get("output"),
+            error=output.write_error if stats.unwritten else None),
         failures_not_written=FailuresNotWritten(
             records=stats.failures_unwritten, rescued=stats.failures_rescued,
-            rescue_file=stats.rescue_files.get("failures")),
+            rescue_file=rescue_files.get("failures")),
         spend_this_run=round(budget.spent_this_run, 10),
         spend_total=round(budget.spent, 10),
         max_cost=config.max_cost,
@@ -324,10 +267,7 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         logprobs=({name: SummaryLogprobs(answers=n, with_tokens=stats.with_tokens[name])
                    for name, n in stats.providers.most_common()}
                   if config.request.logprobs or config.request.require_logprobs else None),
-        conversations=(SummaryConversations(
-            turns_by_number={str(k): n for k, n in sorted(stats.turns.items())},
-            done=stats.conversations_done, cut=stats.conversations_cut,
-            turns_not_sent=stats.turns_not_sent) if stats.turns or stats.turns_not_sent else None),
+        conversations=conversations,
         identity=None if identity is None else msgspec.convert(identity, SummaryIdentity),
     )
 
@@ -398,7 +338,7 @@ def format_summary(summary: InferSummary) -> str:
     if summary.limit_refusals:
         lines.append("  money limits: " + ", ".join(f"{k}: {v}" for k, v in summary.limit_refusals.items()))
     if summary.limit:
-        lines.append(f"  {limit_text(summary.limit)}")
+        lines.append(f"  {summary.limit.text()}")
     if summary.stop_reason:
         lines.append(f"  {StopReason.from_slug(summary.stop_reason).message}")
     elif failed:
@@ -462,7 +402,7 @@ def _failures_note(failed: int, failures_file: str | None) -> str:
 
 def write_summary_json(path: str, result: InferSummary) -> None:
     """Write the summary whole under a temporary name, then rename it into place (checked
-    writable before the run: see prepare.check_outputs); `-` is stdout (-o is a file then)."""
+    writable before the run: see writing.check_outputs); `-` is stdout (-o is a file then)."""
     if path == "-":
         json.dump(msgspec.to_builtins(result), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -478,14 +418,3 @@ def write_summary_json(path: str, result: InferSummary) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-
-
-def read_summary(path: str, view: type = InferSummary):
-    """A --summary-json file decoded as VIEW (the whole summary, or a view of some of its
-    fields: contracts.SummaryStop); None when there is none (make removes it before each
-    run, and a run killed before its end leaves none)."""
-    try:
-        with open(path, "rb") as f:
-            return msgspec.json.decode(f.read(), type=view)
-    except FileNotFoundError:
-        return None

@@ -2,13 +2,15 @@
 
 Any number of files, each kp-infer's output (response records; token records from
 kp-tokenize read the same), a `--failures` file, or both mixed; `-` is stdin, zstd is read
-by content. Each line is sorted by its fields: a record with `response` is an answer (its
+by content. Each line is read and sorted by its fields as every reader of a build's
+files does (kimipipe/recorded/lines.py): a record with `response` is an answer (its
 `usage`, `finish_reason`, `provider`, `latency_s`, and the answers `refused` before it); a
 line with `kind` and `status` is a failure (its `refused` answers; an older failure line
 without them counts once when its kind is a refusal). A last line without its newline
 (a run still writing) is skipped with a note; any other bad line is `PATH:LINE`, exit 2.
 
-The report (text on stdout; `--json` for this object, stable for scripts):
+The report (text on stdout; `--json` for this object, stable for scripts:
+`contracts.InferReport`):
 
     {"files": [path, ...],
      "answers": int,                      records with a response
@@ -23,7 +25,7 @@ The report (text on stdout; `--json` for this object, stable for scripts):
      "sampling": [{"sampling": {...} | null, "answers": n}, ...]
                                           each distinct `sampling` of the answers
                                           (null: records written before it existed)
-     "by_provider": [row, ...],           infer/providers_table.py (the same rows as the
+     "by_provider": [row, ...],           recorded/providers_table.py (the same rows as the
                                           run's summary)
      "histogram": {"upto": [int, ...],    completion tokens per answer, shared bins
                    "by_provider": {provider: [answers per bin, ...]}},
@@ -44,58 +46,47 @@ The report (text on stdout; `--json` for this object, stable for scripts):
                                           (kp-infer --tokenizer: their `identity`, the
                                           refusals of kind `identity`, the quarantine in each
                                           responses file's OUTPUT.identity.json beside it):
-                                          infer/identity_table.py's rows, as the summary's
+                                          recorded/identity_table.py's rows, as the summary's
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgspec
 
+from ..contracts import (
+    InferReport,
+    ReportHistogram,
+    ReportPromptTokens,
+    ReportSampling,
+    ReportTurns,
+    SummaryLogprobs,
+)
 from ..errors import InputError
-from ..io import describe_decode_error, iter_lines
 from ..kinds import RefusalKind
-from ..records import Identity, Refusal, Resegmented, Usage, record_cost
+from ..recorded.identity_table import IdentityTable, identity_text
+from ..recorded.lines import read_lines
+from ..recorded.providers_table import ProviderTable, table_text
+from ..records import Usage
 from ..tokenize.deltas import DeltaTable
 from ..tokenize.stats import SampledTable
-from .identity import read_state, state_path
-from .identity_table import IdentityTable, identity_text
-from .providers_table import REFUSAL_KINDS, ProviderTable, table_text
 
 
-class _Line(msgspec.Struct):
-    """A response record or a failure line, as far as the report reads it."""
+@dataclass
+class FileReport:
+    """The report (`result`, what --json prints) and the tables the text is drawn from."""
 
-    response: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # left undecoded
-    usage: Usage | None = None
-    finish_reason: str | None = None
-    provider: str | None = None
-    latency_s: float | None = None
-    sampling: dict | None = None
-    refused: list[Refusal] = msgspec.field(default_factory=list)
-    kind: str | None = None
-    status: int | None = None
-    cost: float = 0.0
-    turn: int | None = None  # a conversation's turn (records.Turn)
-    conversation: str | None = None
-    prompt_tokens_delta: int | None = None  # token records (kp-tokenize)
-    completion_tokens_delta: int | None = None
-    output_ids_source: str | None = None  # ... their sampled IDs (tokenize/stats.py)
-    sampled_parts: list[str] | None = None
-    resegmented: Resegmented | None = None
-    sampled_fallback: str | None = None
-    sampled_tokens: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # token logprobs (undecoded)
-    identity: Identity | None = None  # kimipipe's counts it was checked against
+    result: InferReport
+    table: ProviderTable  # the histogram
+    deltas: DeltaTable  # token records: the provider's counts minus kimipipe's
+    sampled: SampledTable  # token records: the sampled IDs against the re-encoding
 
 
-_decoder = msgspec.json.Decoder(_Line)
-
-
-def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
+def read_report(paths: list[str], say: Callable[[str], None]) -> FileReport:
     """The report over PATHS (see the module docstring)."""
     table = ProviderTable()
     deltas = DeltaTable()
@@ -110,15 +101,8 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
     turns: Counter = Counter()
     conversations: set[str] = set()
     for path in paths:
-        for lineno, raw, ended in iter_lines(path):
-            try:
-                line = _decoder.decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                if not ended:
-                    say(f"kp-infer: {path}:{lineno}: skipped an unfinished last line")
-                    continue
-                raise InputError(describe_decode_error(e, ended), path, lineno) from None
-            if line.response is not msgspec.UNSET:
+        for lineno, line in read_lines(path, say):
+            if line.is_response:
                 usage = line.usage or Usage()
                 answers += 1
                 table.answer(line.provider, usage.completion_tokens, usage.reasoning_tokens,
@@ -133,110 +117,86 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> dict:
                                    line.resegmented, line.sampled_fallback)
                 seen = logprobs.setdefault(line.provider or "unknown", [0, 0])
                 seen[0] += 1
-                seen[1] += line.sampled_tokens is not msgspec.UNSET and bytes(line.sampled_tokens) != b"null"
-                add_identity(identity, line.provider, line.identity, usage)
+                seen[1] += line.carried_tokens
+                identity.kept(line.provider, line.identity, usage)
                 key = json.dumps(line.sampling, sort_keys=True)
                 sampling.setdefault(key, [line.sampling, 0])[1] += 1
-            elif line.kind is not None and line.status is not None:
+            elif line.is_failure:
                 failures[line.kind] += 1
-                if not line.refused and line.kind in REFUSAL_KINDS:  # older lines
-                    table.refusal(line.provider, line.kind, line.cost)
-                    refused += 1
             else:
                 raise InputError("neither a response record nor a failure line", path, lineno)
-            for r in line.refused:
+            for r in line.refusals():
                 table.refusal(r.provider, r.kind, r.cost)
                 refused += 1
                 if r.kind == RefusalKind.IDENTITY:
                     identity.checked(r.provider, r.offset, None, refused=True)
-            # what the line cost, as every spend reader counts it (records.record_cost)
-            spend += record_cost(None if line.response is msgspec.UNSET else (line.usage or Usage()).cost,
-                                 (r.cost for r in line.refused), line.cost)
-        take_in_quarantine(identity, path)
+            spend += line.paid  # what the line cost, as every spend reader counts it
+        identity.quarantined_beside(path)  # (the providers its run quarantined)
     edges, counts = table.histogram_bins()
-    return {
-        "files": list(paths),
-        "answers": answers,
-        "failures": dict(failures.most_common()),
-        "refused": refused,
-        "spend": round(spend, 10),
-        "prompt_tokens": {"total": prompt_tokens, "cached": cached,
-                          "cached_share": round(cached / prompt_tokens, 4) if prompt_tokens else 0.0},
-        "turns": {"conversations": len(conversations),
-                  "by_number": {str(k): n for k, n in sorted(turns.items())}},
-        "sampling": [{"sampling": s, "answers": n}
-                     for s, n in sorted(sampling.values(), key=lambda item: -item[1])],
-        "by_provider": table.rows(),
-        "histogram": {"upto": edges, "by_provider": counts},
-        "token_deltas": deltas.rows(),
-        "logprobs": {p: {"answers": n, "with_tokens": k} for p, (n, k) in sorted(logprobs.items())
-                     if any(k for _, k in logprobs.values())},
-        "sampled_ids": sampled.rows(),
-        "identity": identity.rows(),
-        "_table": table,
-        "_deltas": deltas,
-        "_sampled": sampled,
-    }
+    result = InferReport(
+        files=list(paths),
+        answers=answers,
+        failures=dict(failures.most_common()),
+        refused=refused,
+        spend=round(spend, 10),
+        prompt_tokens=ReportPromptTokens(
+            total=prompt_tokens, cached=cached,
+            cached_share=round(cached / prompt_tokens, 4) if prompt_tokens else 0.0),
+        turns=ReportTurns(conversations=len(conversations),
+                          by_number={str(k): n for k, n in sorted(turns.items())}),
+        sampling=[ReportSampling(sampling=s, answers=n)
+                  for s, n in sorted(sampling.values(), key=lambda item: -item[1])],
+        by_provider=table.rows(),
+        histogram=ReportHistogram(upto=edges, by_provider=counts),
+        token_deltas=deltas.rows(),
+        logprobs={p: SummaryLogprobs(answers=n, with_tokens=k) for p, (n, k) in sorted(logprobs.items())
+                  if any(k for _, k in logprobs.values())},
+        sampled_ids=sampled.rows(),
+        identity=identity.rows(),
+    )
+    return FileReport(result, table, deltas, sampled)
 
 
-def add_identity(table: IdentityTable, provider: str | None, identity: Identity | None,
-                 usage: Usage) -> None:
-    """A kept answer's identity check (its record's `identity`), if its run made one."""
-    if identity is None:
-        return
-    ratio = (usage.completion_tokens / identity.completion_tokens
-             if identity.completion_tokens and usage.completion_tokens else None)
-    table.checked(provider, identity.offset, ratio)
-
-
-def take_in_quarantine(table: IdentityTable, path: str) -> None:
-    """The providers quarantined by the run that wrote PATH (its identity file beside it)."""
-    where = state_path(path) if path != "-" else None
-    if where is None or not os.path.exists(where):
-        return
-    for q in read_state(where).quarantined:
-        table.quarantine(q.provider)
-
-
-def format_report(report: dict) -> str:
+def format_report(report: FileReport) -> str:
     """The report for a terminal: totals, the sampling seen, the table, the histogram."""
-    failures = report["failures"]
-    lines = [f"kp-infer report: {len(report['files'])} file(s), {report['answers']:,} answers, "
-             f"{report['refused']:,} refused, {sum(failures.values()):,} failures"
+    result = report.result
+    failures = result.failures
+    lines = [f"kp-infer report: {len(result.files)} file(s), {result.answers:,} answers, "
+             f"{result.refused:,} refused, {sum(failures.values()):,} failures"
              + (f" ({', '.join(f'{k}: {v}' for k, v in failures.items())})" if failures else "")
-             + f"; ${report['spend']:.6f} paid"]
-    tokens = report["prompt_tokens"]
-    if tokens["cached"]:
-        lines.append(f"  prompt tokens: {tokens['total']:,}, of which {tokens['cached']:,} "
-                     f"({tokens['cached_share']:.1%}) served from the prompt cache")
-    if report["turns"]["by_number"]:
-        lines.append(f"  conversations: {report['turns']['conversations']:,}; turns by number: "
-                     + ", ".join(f"#{k} {n:,}" for k, n in report["turns"]["by_number"].items()))
-    for entry in report["sampling"]:
-        shown = (", ".join(f"{k} {json.dumps(v)}" for k, v in entry["sampling"].items())
-                 if entry["sampling"] else "not recorded (older records)")
-        lines.append(f"  sampling: {shown}: {entry['answers']:,} answers")
+             + f"; ${result.spend:.6f} paid"]
+    tokens = result.prompt_tokens
+    if tokens.cached:
+        lines.append(f"  prompt tokens: {tokens.total:,}, of which {tokens.cached:,} "
+                     f"({tokens.cached_share:.1%}) served from the prompt cache")
+    if result.turns.by_number:
+        lines.append(f"  conversations: {result.turns.conversations:,}; turns by number: "
+                     + ", ".join(f"#{k} {n:,}" for k, n in result.turns.by_number.items()))
+    for entry in result.sampling:
+        shown = (", ".join(f"{k} {json.dumps(v)}" for k, v in entry.sampling.items())
+                 if entry.sampling else "not recorded (older records)")
+        lines.append(f"  sampling: {shown}: {entry.answers:,} answers")
     lines.append("")
     lines.append("by provider (refused r/n/t/i: routing violation, no reasoning, think marker, "
                  "identity):")
-    lines.append(table_text(report["by_provider"], indent="  "))
+    lines.append(table_text(result.by_provider, indent="  "))
     lines.append("")
-    lines.append(report["_table"].histogram())
-    if report["identity"]:
+    lines.append(report.table.histogram())
+    if result.identity:
         lines += ["", "identity (answers checked against the target's counts, kp-infer "
                   "--tokenizer: offset = usage.prompt_tokens - kimipipe's count):",
-                  identity_text(report["identity"], indent="  ")]
-    if report["_deltas"]:
-        lines += ["", report["_deltas"].text(indent=""),
-                  *(f"warning: {w}" for w in report["_deltas"].warnings())]
-    if report["logprobs"]:
+                  identity_text(result.identity, indent="  ")]
+    if report.deltas:
+        lines += ["", report.deltas.text(indent=""),
+                  *(f"warning: {w}" for w in report.deltas.warnings())]
+    if result.logprobs:
         lines += ["", "answers carrying the tokens the model sampled (token logprobs): " + ", ".join(
-            f"{p} {c['with_tokens']:,}/{c['answers']:,}" for p, c in report["logprobs"].items())]
-    if report["_sampled"]:
-        lines += ["", *report["_sampled"].lines(""),
-                  *(f"warning: {w}" for w in report["_sampled"].warnings())]
+            f"{p} {c.with_tokens:,}/{c.answers:,}" for p, c in result.logprobs.items())]
+    if report.sampled:
+        lines += ["", *report.sampled.lines(""),
+                  *(f"warning: {w}" for w in report.sampled.warnings())]
     return "\n".join(lines)
 
 
-def report_json(report: dict) -> str:
-    return json.dumps({k: v for k, v in report.items() if not k.startswith("_")}, indent=2)
+def report_json(report: FileReport) -> str:
+    return json.dumps(msgspec.to_builtins(report.result), indent=2)

@@ -43,7 +43,8 @@ from ..io import (
     iter_lines,
     repair_and_report,
 )
-from ..records import IdOnly, record_cost
+from ..records import Failure, IdOnly, Response, record_cost
+from .config import RunConfig
 
 
 def default_rescue_dir() -> str:
@@ -110,6 +111,8 @@ class Rescue:
 
 
 _id_decoder = msgspec.json.Decoder(IdOnly)
+_response_decoder = msgspec.json.Decoder(Response)
+_failure_decoder = msgspec.json.Decoder(Failure)
 
 
 def take_in(target: str, rescue_dir: str | None, decoder: msgspec.json.Decoder, *,
@@ -156,6 +159,21 @@ def take_in(target: str, rescue_dir: str | None, decoder: msgspec.json.Decoder, 
     else:
         say(f"kp-infer: removed {path}: its records are in {target} already")
     return added, cost
+
+
+def take_in_rescued(config: RunConfig, say: Callable[[str], None]) -> int:
+    """Append what earlier runs paid for but could not write (see above) to OUTPUT
+    and the failures file, after repairing their torn tails; the answers taken in."""
+    answers = 0
+    if config.output != "-":
+        repair_and_report(config.output, report=say)
+        answers, _cost = take_in(config.output, config.rescue_dir, _response_decoder, by_id=True,
+                                 say=say, what="answer")
+    if config.failures:
+        repair_and_report(config.failures, report=say)
+        take_in(config.failures, config.rescue_dir, _failure_decoder, by_id=False, say=say,
+                what="failure record")
+    return answers
 
 
 def _cost_of(record) -> float:

@@ -49,8 +49,10 @@ from typing import TYPE_CHECKING
 import click
 
 from ..cli import stderr_is_terminal
+from ..contracts import InferSummary
 from ..errors import ExitCode
 from ..io import iter_records
+from ..kinds import StopReason
 from ..openrouter.account import (
     GUARD_FIX,
     Account,
@@ -60,27 +62,29 @@ from ..openrouter.account import (
     unreadable_balance,
 )
 from ..partition import in_partition
+from ..recorded.identity_table import state_path
 from ..records import Prompt
 from .acceptance import Acceptance
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .conversations import ConversationQueue, TurnWork, is_conversation
 from .disk import DiskGuard
-from .identity import UNCHECKED_WARNING, IdentityJudge, check_tokenizer, load_counts, state_path
+from .identity import UNCHECKED_WARNING, IdentityJudge, check_tokenizer, load_counts
 from .inflight import MoneyInFlight
+from .inputs import PROMPT_DECODER
 from .limiter import AdaptiveLimiter
 from .plan import plan_json, plan_text
-from .prepare import PROMPT_DECODER, Prepared, check_outputs, output_locks, prepare
+from .prepare import Prepared, prepare
 from .process_pool import open_transport
 from .progress import RunProgress
 from .prompt_work import PromptWork, RunParts, Transport, acquire_unless_stopped
-from .report import Stats, StopReason, exit_code, format_summary, summary, write_summary_json
+from .report import Stats, exit_code, format_summary, summary, write_summary_json
 from .servers import Route, Sources
 from .state import RunState, signals_handled
 from .systematic import SystematicFailure
 from .total_cost import PUBLISH_INTERVAL
 from .worker_process import freeze_startup_objects
-from .writing import Output
+from .writing import Output, check_outputs, output_locks
 
 if TYPE_CHECKING:
     from ..cli import Stderr
@@ -115,8 +119,7 @@ class Run:
         self.limiter = AdaptiveLimiter(config.total_concurrency)
         self.money = MoneyInFlight(lambda: budget.spent_this_run)
         # conversations (infer/conversations.py): their next turns go ahead of new prompts
-        self.conversations = ConversationQueue(config.history_reasoning, self.stats,
-                                               prepared.conversations)
+        self.conversations = ConversationQueue(config.history_reasoning, prepared.conversations)
         self.progress = RunProgress(bar, config, prepared.turns_todo, self.state, self.stats,
                                     budget, self.limiter, self.money, stderr_is_terminal(),
                                     self.conversations if prepared.conversations_todo else None)
@@ -125,19 +128,11 @@ class Run:
 
     # -- stopping -------------------------------------------------------------------------
     def stop(self, reason: StopReason) -> None:
-        # A failed write outranks a stop that would exit 0 (a token budget reached): answers
-        # waiting in the rescue file must not look like a finished job.
-        state = self.state
-        if state.stop_reason is None or (reason in (StopReason.DISK, StopReason.OUTPUT)
-                                         and state.stop_reason.exit_code == ExitCode.OK):
-            state.stop_reason = reason
-            state.stopped_at = state.stopped_at or time.monotonic()
+        if self.state.stop(reason):
             self.say(f"kp-infer: {reason.message}"
                      + (f"; waiting up to {self.config.grace:g} s (--grace) for "
                         f"{self.limiter.in_flight} requests in flight"
                         if self.limiter.in_flight else ""))
-        state.stopping.set()
-        state.settled.set()
         self.conversations.changed.set()  # admission waiting for a conversation's next turn
         self.money.close()
 
@@ -192,11 +187,12 @@ class Run:
     def exit_code(self) -> int:
         return exit_code(self.state.stop_reason, self.stats)
 
-    def summary(self) -> dict:
+    def summary(self) -> InferSummary:
         judge = self.acceptance.identity
         return summary(self.stats, self.state.stop_reason, self.prepared.scan.records,
-                       self.budget, self.config, self.limiter.current, self.money.state(),
-                       identity=judge.summary() if judge is not None else None)
+                       self.budget, self.config, self.limiter.current, self.output,
+                       self.money.state(), identity=judge.summary() if judge is not None else None,
+                       conversations=self.conversations.summary())
 
     def _new_work(self) -> Iterator[tuple[Prompt, bytes, TurnWork | None]]:
         """The input's prompts not done, in order: (prompt, line, None) for a single
@@ -267,7 +263,7 @@ class Run:
         try:
             record_bound = self.disk.worst_case(line)
             if not await self.disk.wait_for_room(record_bound, state.stopping, state.settled,
-                                                 self.say, self.progress.show_waiting_for_disk):
+                                                 self.say, self._show_waiting):
                 if self.disk.gave_up:  # --disk-wait with nothing in flight: a full disk's stop
                     self.stop(StopReason.DISK)
                 return False
@@ -284,10 +280,10 @@ class Run:
                 return False
             self.budget.reserve(reservation)
             self.disk.reserve(record_bound)
-            state.in_progress[prompt.id] = time.monotonic()
+            state.admitted(prompt.id)
             task = asyncio.create_task(self._work(
                 PromptWork(parts, prompt, line, reservation, record_bound,
-                           session_id=turn.conversation if turn else None, transport=route),
+                           session_id=turn.conversation if turn else None, route=route),
                 turn, route))
             route = None  # (the work closes it when it ends)
             self.tasks.add(task)
@@ -307,6 +303,11 @@ class Run:
                 route.close()
             if turn is not None:
                 self.conversations.ended(turn, work.kept, self.state.stopping.is_set())
+
+    def _show_waiting(self, what: str) -> None:
+        """Admission waits for WHAT (the disk guard's: with the time left), shown now."""
+        self.state.waiting = what
+        self.progress.show(now=True)
 
     async def _wait_for_budget(self, reservation: float,
                                to_servers: Callable[[], bool] = lambda: False) -> bool | None:
@@ -364,7 +365,7 @@ class Run:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
-        self.stats.abandoned += sum(task.cancelled() for task in tasks)
+        self.stats.cancelled(sum(task.cancelled() for task in tasks))
 
     async def _unless_stopped(self, awaitable) -> None:
         """Await AWAITABLE, or stop waiting for it (and cancel it) as soon as the run stops."""

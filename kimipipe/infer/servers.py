@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import urlsplit
@@ -55,8 +56,9 @@ from ..errors import ExitCode, KPError, redact
 from ..kinds import RetryCause
 from ..openrouter.attempt import Attempt
 from ..openrouter.client import CompletionClient
+from ..recorded.api import api_of
 from ..records import Sampling
-from .api import api_of
+from .config import RunConfig
 
 DEFAULT_SERVER_CONCURRENCY = 64
 COOLDOWN_MIN, COOLDOWN_MAX = 2.0, 60.0
@@ -154,6 +156,19 @@ def discover(arg: str, model: str, timeout: float = DISCOVERY_TIMEOUT) -> Server
     owner = str(served[chosen].get("owned_by") or "").lower()
     kind = ServerKind(owner) if owner in {k.value for k in ServerKind} else ServerKind.OTHER
     return Server(url, chosen, kind)
+
+
+def discover_servers(config: RunConfig, say: Callable[[str], None]) -> list[Server]:
+    """Each --server asked what it serves (`discover`; exit 2 when one
+    cannot say); not for --plan, which sends nothing anywhere."""
+    if config.plan:
+        return []
+    servers = [discover(arg, config.request.model) for arg in config.servers]
+    for server in servers:
+        if server.model != config.request.model:
+            say(f"kp-infer: {server.name} serves {config.request.model} as {server.model!r} "
+                f"({server.kind}); its records name {config.request.model}")
+    return servers
 
 
 def thinking_asked(body: dict) -> bool | None:

@@ -1,19 +1,23 @@
 """What the parts of one kp-infer run share while it runs, in one object passed to each.
 
-The run (infer/run.py) sets the stop and what admission waits for; each prompt's work
-(infer/prompt_work.py) leaves `in_progress` and sets `settled` when it ends; the progress
-line (infer/progress.py) reads all of it. No part reaches into another for these.
+`RunState` owns these and is told what happens: the run stops it (`stop`), admits a
+prompt (`admitted`) and says what admission waits for (`waiting`); each prompt's work
+(infer/prompt_work.py) ends (`ended`, then `settled`: admission looks again) or waits for
+the caps' room after a refused answer (`waiting_for_room`); the progress line
+(infer/progress.py) only reads it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .report import StopReason
+from ..errors import ExitCode
+from ..kinds import StopReason
 
 
 @dataclass
@@ -30,7 +34,40 @@ class RunState:
     # of them, those waiting after a refused answer for the caps' room for their next
     # attempt (prompt_work.py): they free no room, so when they are all that is in flight
     # the cap stops the run
-    waiting_for_room: int = 0
+    room_waiters: int = 0
+
+    def stop(self, reason: StopReason) -> bool:
+        """Admission stops; True when REASON becomes the run's (the first one does, and a
+        failed write outranks a stop that would exit 0, such as a token budget reached:
+        answers waiting in the rescue file must not look like a finished job)."""
+        taken = self.stop_reason is None or (reason in (StopReason.DISK, StopReason.OUTPUT)
+                                             and self.stop_reason.exit_code == ExitCode.OK)
+        if taken:
+            self.stop_reason = reason
+            self.stopped_at = self.stopped_at or time.monotonic()
+        self.stopping.set()
+        self.settled.set()
+        return taken
+
+    def admitted(self, prompt_id: str) -> None:
+        self.in_progress[prompt_id] = time.monotonic()
+
+    def ended(self, prompt_id: str) -> None:
+        """A prompt's work ended (it sets `settled` once its reservations are released)."""
+        self.in_progress.pop(prompt_id, None)
+
+    @contextmanager
+    def waiting_for_room(self) -> Iterator[None]:
+        """A prompt in progress waits for the caps' room for its next attempt."""
+        self.room_waiters += 1
+        try:
+            yield
+        finally:
+            self.room_waiters -= 1
+
+    def only_waiting_for_room(self) -> bool:
+        """Every prompt in progress waits for room: none of them will free any."""
+        return len(self.in_progress) <= self.room_waiters
 
 
 @contextmanager

@@ -3,9 +3,8 @@
 What counts against it: the spend recorded in this run's OUTPUT and `--failures` (as for
 `--max-cost`), the spend recorded in every `--spent-in` file (other datasets' responses
 and failures files: what each line cost by `records.record_cost`, a response's refused
-answers included), read once at start
-(prepare.py: finished lines only, another run may be writing one), and this run's spend
-since. Before a request is sent its worst case is reserved against the cap, as for
+answers included), read once at start (`open_total_cost`: finished lines only, another
+run may be writing one; recorded/spend.py), and this run's spend since. Before a request is sent its worst case is reserved against the cap, as for
 `--max-cost`, so the cap is never exceeded as long as providers bill at most their listed
 prices.
 
@@ -59,6 +58,10 @@ from dataclasses import dataclass
 import msgspec
 
 from ..contracts import ReservationEntry, Reservations
+from ..errors import ExitCode, KPError
+from ..recorded.api import api_of
+from ..recorded.spend import expand_spent_in, recorded_spend
+from .config import RunConfig
 
 PUBLISH_INTERVAL = 0.5  # seconds between publications of a run's spend and claim
 
@@ -287,3 +290,26 @@ class TotalCost:
             self.shared.publish(spent_this_run, 0.0, ended=True)
         finally:
             self.shared.close()
+
+
+def open_total_cost(config: RunConfig, spent: float) -> tuple[TotalCost, list[str], float]:
+    """--total-cost for a run whose OUTPUT and --failures record SPENT: register with
+    --reservations (not for --plan), THEN read the --spent-in files (in this order: see
+    the module docstring). The cap, the files read and the spend they record."""
+    shared = None
+    snapshot = 0.0
+    if config.reservations and not config.plan:
+        shared = ReservationFile(config.reservations, label=config.output)
+        try:
+            snapshot = shared.register()
+        except OSError as e:
+            shared.close()
+            raise KPError(f"--reservations: {e}", ExitCode.USAGE) from None
+    try:
+        files = expand_spent_in(config.spent_in, [config.output, config.failures or ""])
+        elsewhere = sum(recorded_spend(path, api_of(config.base_url)) for path in files)
+    except BaseException:
+        if shared is not None:
+            TotalCost(config.total_cost, 0.0, shared).close(0.0)
+        raise
+    return TotalCost(config.total_cost, spent + elsewhere - snapshot, shared), files, elsewhere

@@ -1,7 +1,17 @@
 """Where a kp-infer run's results go: response records, failure records, the rescue file.
 
+Before anything is read or sent, every file the run will write (`-o`, `--failures`,
+`--summary-json`, the rescue directory) is checked writable (`check_outputs`: exit 2,
+nothing created). `-o` and `--failures` are then locked for the whole run
+(`output_locks`: a lock file beside each, kimipipe/locks.py): a second kp-infer on either
+refuses at once (exit 2) naming who holds it, because two runs on one output would both
+pay for what neither has written yet, and two on one failures file would count each
+other's paid failures and could cut each other's records off after a failed write.
+`--done` files are only read, never locked; the run is prepared (infer/prepare.py) and
+run with the locks held.
+
 A response record is the prompt line as it came (every field passed through, undecoded)
-with kp-infer's own fields, `records.Generation` (`api`: who answered, infer/api.py),
+with kp-infer's own fields, `records.Generation` (`api`: who answered, recorded/api.py),
 written over it; it is written whole and flushed as the answer arrives (`durable`), so
 `kill -9` never loses a written answer nor tears a line of a plain file. A prompt given up on this run goes to `--failures` as a
 `records.Failure` line (its cost set when the failed answer was paid for).
@@ -21,11 +31,15 @@ from __future__ import annotations
 import base64
 import errno
 import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from enum import StrEnum
 
-from ..errors import KPError, redact
-from ..io import OutputWriteError, RecordWriter
+from ..errors import ExitCode, KPError, redact
+from ..io import OutputLock, OutputWriteError, RecordWriter, check_writable, require_distinct
+from ..kinds import StopReason
 from ..openrouter.attempt import Attempt
+from ..recorded.api import api_of
 from ..records import (
     Failure,
     Generation,
@@ -41,9 +55,8 @@ from ..records import (
     encode_line,
     encode_over,
 )
-from .api import api_of
 from .config import RunConfig
-from .rescue import Rescue
+from .rescue import Rescue, check_rescue_dir
 from .servers import server_sampling
 
 
@@ -56,6 +69,41 @@ class Kept(StrEnum):
 
 
 WRITTEN, RESCUED, LOST = Kept.WRITTEN, Kept.RESCUED, Kept.LOST
+
+
+def check_outputs(config: RunConfig) -> None:
+    """Refuse (exit 2, one line, nothing created) an output the run could not write: all
+    of them, before a lock is taken or a request sent (an unwritable --summary-json found
+    after the run would have paid for every answer and then failed)."""
+    require_distinct(config.output, config.input)
+    check_writable(config.output, "-o")
+    if config.failures:
+        require_distinct(config.failures, config.input, config.output)
+        check_writable(config.failures, "--failures")
+    if config.summary_json == "-" and config.output == "-":
+        raise KPError("--summary-json - and -o - both want stdout: give one of them a file",
+                      ExitCode.USAGE)
+    if config.summary_json and config.summary_json != "-":
+        require_distinct(config.summary_json, config.input, config.output,
+                         *([config.failures] if config.failures else []))
+        check_writable(config.summary_json, "--summary-json", in_place=False)
+    if config.output != "-" or config.failures:
+        check_rescue_dir(config.rescue_dir)
+
+
+@contextmanager
+def output_locks(config: RunConfig, say: Callable[[str], None]) -> Iterator[None]:
+    """Hold the locks of -o and --failures (see the module docstring). Not for
+    --plan: it only reads them (no repair, no rescue taken in), and `make plan` may run
+    beside a build that is writing them."""
+    def note(text: str) -> None:
+        say(f"kp-infer: {text}")
+
+    with ExitStack() as stack:
+        for path in () if config.plan else (config.output, config.failures):
+            if path:
+                stack.enter_context(OutputLock(path, "kp-infer", note=note))
+        yield
 
 
 def generation_fields(answer: Attempt, attempts: int, model: str,
@@ -158,7 +206,7 @@ class Output:
         # a --server's answer: what a server was sent (no OpenRouter fields: infer/servers.py)
         self.server_sampling = (server_sampling(config.request.fields(config.policy))
                                 if config.servers else None)
-        # who answers: on every record (infer/api.py); a server's answer names its host
+        # who answers: on every record (recorded/api.py); a server's answer names its host
         self.api = api_of(config.base_url if config.openrouter or not config.servers
                           else config.servers[0])
         self.rescues = {name: Rescue(path, config.rescue_dir)
@@ -169,6 +217,7 @@ class Output:
                          if config.failures else None)
         self.error: OSError | None = None  # the first write either file refused
         self.error_file: str | None = None
+        self._said = False  # the refused write told (once)
 
     def open(self) -> None:
         self.responses.open()
@@ -220,3 +269,34 @@ class Output:
     def disk_full(self) -> bool:
         """The write that failed was refused for room (a full disk, a quota, a size limit)."""
         return self.error is not None and self.error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+    @property
+    def write_error(self) -> str | None:
+        """`PATH: why` of the first write a file refused (None: none did, or stdout was
+        closed: a reader gone is no error of a file)."""
+        if self.error is None or self.error_file == "-":
+            return None
+        return f"{self.error_file}: {self.error.strerror or self.error}"
+
+    def rescue_files(self) -> dict[str, str]:
+        """{"output"|"failures": path} of the rescue files that kept a record, once a file
+        refused a write (for the summary)."""
+        if self.write_error is None:
+            return {}
+        return {name: r.path for name, r in self.rescues.items() if r.saved}
+
+    def refusal(self) -> tuple[StopReason, str | None]:
+        """What a refused write means for the run: the stop it makes (the reader of stdout
+        gone, a full disk, another write error) and, the first time a file refuses one, the
+        line that says so and where the answers still arriving are kept."""
+        if self.error_file == "-":
+            return StopReason.CLOSED_PIPE, None
+        note = None
+        if not self._said:
+            self._said = True
+            rescue = self.rescues.get("failures" if self.error_file == self.config.failures
+                                      else "output")
+            note = (f"kp-infer: cannot write {self.write_error} (it ends with its last whole "
+                    "record); answers paid for that it cannot take are kept in "
+                    f"{rescue.path} for the next run")
+        return (StopReason.DISK if self.disk_full else StopReason.OUTPUT), note

@@ -19,19 +19,18 @@ removed).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from ..cli import parse_quantity
 from ..errors import KPError
-from ..infer.api import api_of
-from .build_plan import build_plan
+from ..recorded.api import api_of
+from .build_plan import build_plan, write_build_plan
 from .check import run_checks
 from .clean import clean
-from .measure import measure
+from .measure import measure, pilot_line, write_pilot
 from .plan_report import budget_suggestion, money, report, wrap
-from .stop import stop_message
+from .stop import StopSettings, stop_message
 
 
 def say(text: str) -> None:
@@ -69,8 +68,7 @@ def cmd_plan(args) -> int:
     plan = _plan(args)
     print(report(plan, "make all: the plan" if args.gate else "make plan"), flush=True)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(plan.to_dict(), f, indent=1)
+        write_build_plan(args.json, plan)
     if not args.gate:
         return 0
     problems = []
@@ -100,18 +98,8 @@ def cmd_plan(args) -> int:
 
 def cmd_pilot(args) -> int:
     figures = measure(args.responses, args.failures)
-    with open(args.output, "w", encoding="utf-8") as f:
-        json.dump(figures, f, indent=1)
-        f.write("\n")
-    c = figures["completion_tokens"]
-    if figures["answers"]:
-        print(f"pilot: {args.output}: {figures['answers']:,} answers, completion tokens mean {c['mean']:,.0f} "
-              f"(sd {c['sd']:,.0f}, p90 {c['p90']:,}), reasoning {figures['reasoning_share']:.0%}, "
-              f"${figures['cost_per_answer']['mean']:.6f} per answer, cut by length "
-              f"{figures['length_cut_share']:.1%}, providers "
-              + ", ".join(f"{k} {v:.0%}" for k, v in figures["providers"].items()), file=sys.stderr)
-    else:
-        print(f"pilot: {args.output}: no answers yet", file=sys.stderr)
+    write_pilot(args.output, figures)
+    print(pilot_line(args.output, figures), file=sys.stderr)
     return 0
 
 
@@ -136,8 +124,8 @@ def cmd_stopped(args) -> int:
         plan = _plan(args, fresh=True)
     except FileNotFoundError:
         plan = None
-    settings = {"total_cost": _money(args.total_cost), "max_cost": _money(args.max_cost),
-                "min_credits": args.min_credits}
+    settings = StopSettings(total_cost=_money(args.total_cost), max_cost=_money(args.max_cost),
+                            min_credits=args.min_credits)
     print(stop_message(args.dataset, work, plan, complete, settings), file=sys.stderr)
     return 0
 

@@ -19,7 +19,7 @@ and failures files already record) and what answers measured (WORK/D.pilot.json 
 
 The build: the spend recorded in every file TOTAL_COST counts (the --spent-in globs, other
 datasets' files included; records another API than BASE_URL's answered, such as the
-stand-in's, count for nothing: kimipipe/infer/api.py) + every dataset's expected to go, with room for one request's
+stand-in's, count for nothing: kimipipe/recorded/api.py) + every dataset's expected to go, with room for one request's
 worst case (kp-infer reserves it before sending the last request), against TOTAL_COST.
 The TOKEN_BUDGET that fits is the largest whole t with each dataset at WEIGHT_D x t (even
 split: every weight 1) whose expected total fits TOTAL_COST, each rounded down to 3
@@ -36,10 +36,18 @@ from dataclasses import asdict, dataclass, field
 
 import msgspec
 
-from ..contracts import InferPlan, PlanPrices, PlanRoute, Recorded
+from ..contracts import (
+    BuildPlanFile,
+    DatasetPlanFile,
+    InferPlan,
+    PilotFigures,
+    PlanPrices,
+    PlanRoute,
+    Recorded,
+)
 from ..errors import InputError
-from ..infer.prepare import expand_spent_in, recorded_spend
-from .measure import measure
+from ..recorded.spend import expand_spent_in, recorded_spend
+from .measure import measure, read_pilot
 
 
 @dataclass
@@ -171,19 +179,24 @@ class BuildPlan:
             return None
         return {d.name: round_down(d.weight * t) for d in self.datasets}
 
-    def to_dict(self) -> dict:
-        return {"datasets": [asdict(d) | {"answers_to_go": d.answers_to_go, "short": d.short,
-                                          "expected_to_go": d.expected_to_go,
-                                          "expected_total": d.expected_total}
-                             for d in self.datasets],
-                "routes": msgspec.to_builtins(self.routes),
-                "prices": msgspec.to_builtins(self.prices) if self.prices is not None else {},
-                "total_cost": self.total_cost,
-                "max_cost": self.max_cost, "recorded": self.recorded,
-                "recorded_elsewhere": self.recorded_elsewhere,
-                "expected_total": self.expected_total,
-                "room_for_last_request": self.room_for_last_request, "fits": self.fits,
-                "fitting_budgets": self.fitting_budgets()}
+    def to_file(self) -> BuildPlanFile:
+        """WORK/build.plan.json's contents (`write_build_plan`)."""
+        return BuildPlanFile(
+            datasets=[DatasetPlanFile(**asdict(d), answers_to_go=d.answers_to_go, short=d.short,
+                                      expected_to_go=d.expected_to_go,
+                                      expected_total=d.expected_total)
+                      for d in self.datasets],
+            routes=self.routes, prices=self.prices, total_cost=self.total_cost,
+            max_cost=self.max_cost, recorded=self.recorded,
+            recorded_elsewhere=self.recorded_elsewhere, expected_total=self.expected_total,
+            room_for_last_request=self.room_for_last_request, fits=self.fits,
+            fitting_budgets=self.fitting_budgets())
+
+
+def write_build_plan(path: str, plan: BuildPlan) -> None:
+    """WORK/build.plan.json (`contracts.BuildPlanFile`, indented by one)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(msgspec.to_builtins(plan.to_file()), f, indent=1)
 
 
 def round_down(tokens: float) -> int:
@@ -196,14 +209,6 @@ def round_down(tokens: float) -> int:
 
 
 # -- reading the inputs --------------------------------------------------------------------
-
-def read_json(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-
 
 _plan_decoder = msgspec.json.Decoder(InferPlan)
 
@@ -239,21 +244,21 @@ def dataset_plan(name: str, work: str, plan: InferPlan, token_budget: int | None
                  answer_tokens_prior: int | None) -> DatasetPlan:
     """D's figures from WORK/D.plan.json (PLAN) and what answers measured."""
     measured = None
-    figures = {"answers": 0}
-    pilot = read_json(os.path.join(work, f"{name}.pilot.json"))
-    if pilot and pilot.get("answers"):
-        figures, measured = pilot, f"pilot: {pilot['answers']:,} answers ({name}.pilot.json)"
+    figures: PilotFigures | None = None
+    pilot = read_pilot(os.path.join(work, f"{name}.pilot.json"))
+    if pilot is not None and pilot.answers:
+        figures, measured = pilot, f"pilot: {pilot.answers:,} answers ({name}.pilot.json)"
     elif plan.prompts.done:
         responses = os.path.join(work, f"{name}.responses.jsonl")
         got = measure(responses)
-        if got["answers"]:
-            figures, measured = got, f"{got['answers']:,} answers in {name}.responses.jsonl"
+        if got.answers:
+            figures, measured = got, f"{got.answers:,} answers in {name}.responses.jsonl"
     per_prompt = plan.prompt_tokens.per_prompt
     mean = plan.prices.allowed_mean or plan.prices.bound
     mean_prompt, mean_completion = (mean.prompt, mean.completion) if mean else (0.0, 0.0)
-    if figures["answers"]:
-        answer_tokens = figures["completion_tokens"]["mean"]
-        cost = figures["cost_per_answer"]["mean"]
+    if figures is not None:
+        answer_tokens = figures.completion_tokens.mean
+        cost = figures.cost_per_answer.mean
     else:
         answer_tokens = answer_tokens_prior if answer_tokens_prior else plan.max_tokens / 2
         cost = (per_prompt * mean_prompt + answer_tokens * mean_completion) / 1e6
@@ -265,7 +270,7 @@ def dataset_plan(name: str, work: str, plan: InferPlan, token_budget: int | None
         answered=plan.prompts.done, prompt_tokens=per_prompt,
         recorded_spend=plan.recorded.spend, recorded_tokens=plan.recorded.completion_tokens,
         answer_tokens=float(answer_tokens), cost_per_answer=float(cost), measured=measured,
-        measured_answers=figures["answers"],
+        measured_answers=figures.answers if figures is not None else 0,
         token_budget=token_budget, weight=weight, worst_case_request=worst,
         max_tokens=plan.max_tokens, notes=list(plan.warnings) + list(plan.notes))
 
@@ -273,13 +278,13 @@ def dataset_plan(name: str, work: str, plan: InferPlan, token_budget: int | None
 def refreshed(plan: InferPlan, work: str, name: str, api: str | None = None) -> InferPlan:
     """PLAN with what D's files record now (a plan made before a run, read after it)."""
     got = measure(os.path.join(work, f"{name}.responses.jsonl"))
-    spend = got["spend"] + recorded_spend(os.path.join(work, f"{name}.failures.jsonl"), api)
-    prompts = msgspec.structs.replace(plan.prompts, done=got["answers"],
-                                      todo=max(0, plan.prompts.input - got["answers"]))
+    spend = got.spend + recorded_spend(os.path.join(work, f"{name}.failures.jsonl"), api)
+    prompts = msgspec.structs.replace(plan.prompts, done=got.answers,
+                                      todo=max(0, plan.prompts.input - got.answers))
     requests = plan.requests and msgspec.structs.replace(
-        plan.requests, todo=max(0, plan.requests.input - got["answers"]))
+        plan.requests, todo=max(0, plan.requests.input - got.answers))
     return msgspec.structs.replace(plan, prompts=prompts, requests=requests, recorded=Recorded(
-        spend=spend, completion_tokens=got["completion_tokens"]["total"]))
+        spend=spend, completion_tokens=got.completion_tokens.total))
 
 
 def build_plan(datasets: list[str], work: str, token_budgets: dict[str, int | None],
@@ -288,7 +293,7 @@ def build_plan(datasets: list[str], work: str, token_budgets: dict[str, int | No
                api: str | None = None) -> BuildPlan:
     """The build's plan from WORK/D.plan.json of every dataset; FRESH: with the spend and
     answers D's files record now (the money-stop message, after the plan was made). The
-    spend of records API did not answer counts for nothing (infer/api.py)."""
+    spend of records API did not answer counts for nothing (recorded/api.py)."""
     plans = {}
     for name in datasets:
         path = os.path.join(work, f"{name}.plan.json")

@@ -6,7 +6,7 @@ WORK/build.*, WORK/total-cost.json and the tokenizer check's memo, then WORK and
 themselves when nothing else is left in them.
 
 Answers paid for are not removed by mistake: when a responses or failures file holds a
-cost that the stand-in did not bill (a generation id without its mark, kimipipe/infer/api.py),
+cost that the stand-in did not bill (a generation id without its mark, kimipipe/recorded/api.py),
 nothing is removed (exit 2) and the message names the file, its answers and their cost;
 `CLEAN_PAID=1` (`--paid`) removes them too. A file a kp-infer is writing (its lock held)
 is never removed (exit 2). Every path is listed before anything goes.
@@ -24,9 +24,9 @@ import msgspec
 
 from ..cli import counted
 from ..errors import ExitCode, KPError
-from ..infer.api import is_standin
 from ..io import iter_lines
 from ..locks import OutputLock, lock_path
+from ..recorded.api import is_standin
 
 BUILD_FILES = ("build.flags", "build.gate", "build.plan.json", "total-cost.json", ".tokenizer-check.json")
 

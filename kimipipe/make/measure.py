@@ -1,7 +1,8 @@
 """What answers measured: the figures `make pilot` records and `make plan` reads.
 
 `measure(responses, failures)` reads a kp-infer responses file (finished lines only:
-kp-infer may be writing it) and returns, as one JSON-able dict:
+kp-infer may be writing it) and returns its figures (`contracts.PilotFigures`; `make pilot`
+writes them to WORK/D.pilot.json, `write_pilot`, and make plan reads them, `read_pilot`):
 
     {"answers", "spend", "completion_tokens": {"total", "mean", "sd", "p50", "p90", "max"},
      "prompt_tokens_mean", "reasoning_share" (reasoning tokens / completion tokens),
@@ -20,13 +21,16 @@ answers of the same dataset under the same flags).
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections import Counter
 
 import msgspec
 
-from ..infer.prepare import finished_records
+from ..contracts import CompletionFigures, CostPerAnswer, PilotFigures
+from ..errors import InputError
+from ..io import finished_records
 from ..records import RecordCost, Usage, record_cost
 
 
@@ -48,6 +52,7 @@ class _Failed(msgspec.Struct):
 _answer = msgspec.json.Decoder(_Answer)
 _failed = msgspec.json.Decoder(_Failed)
 _failure_cost = msgspec.json.Decoder(RecordCost)
+_pilot_decoder = msgspec.json.Decoder(PilotFigures)
 
 
 def _percentile(sorted_values: list[int], q: float) -> int:
@@ -56,7 +61,7 @@ def _percentile(sorted_values: list[int], q: float) -> int:
     return sorted_values[min(len(sorted_values) - 1, math.ceil(q * len(sorted_values)) - 1)]
 
 
-def measure(responses: str, failures: str | None = None) -> dict:
+def measure(responses: str, failures: str | None = None) -> PilotFigures:
     completion: list[int] = []
     costs: list[float] = []
     reasoning = prompt_tokens = 0
@@ -75,24 +80,55 @@ def measure(responses: str, failures: str | None = None) -> dict:
     n = len(completion)
     ordered = sorted(completion)
     total_completion = sum(completion)
-    return {
-        "answers": n,
-        "spend": round(sum(costs) + failed_cost, 10),
-        "completion_tokens": {
-            "total": total_completion,
-            "mean": round(total_completion / n, 2) if n else None,
-            "sd": round(statistics.pstdev(completion), 2) if n else None,
-            "p50": _percentile(ordered, 0.5), "p90": _percentile(ordered, 0.9),
-            "max": ordered[-1] if n else 0,
-        },
-        "prompt_tokens_mean": round(prompt_tokens / n, 2) if n else None,
-        "reasoning_share": round(reasoning / total_completion, 4) if total_completion else None,
+    return PilotFigures(
+        answers=n,
+        spend=round(sum(costs) + failed_cost, 10),
+        completion_tokens=CompletionFigures(
+            total=total_completion,
+            mean=round(total_completion / n, 2) if n else None,
+            sd=round(statistics.pstdev(completion), 2) if n else None,
+            p50=_percentile(ordered, 0.5), p90=_percentile(ordered, 0.9),
+            max=ordered[-1] if n else 0),
+        prompt_tokens_mean=round(prompt_tokens / n, 2) if n else None,
+        reasoning_share=round(reasoning / total_completion, 4) if total_completion else None,
         # (paid failures are part of what an answer costs: they recur in the same share)
-        "cost_per_answer": {"mean": (sum(costs) + failed_cost) / n if n else None,
-                            "sd": statistics.pstdev(costs) if n else None},
-        "cost_per_completion_token": ((sum(costs) + failed_cost) / total_completion
-                                      if total_completion else None),
-        "length_cut_share": round(cut / n, 4) if n else None,
-        "providers": {k: round(v / n, 4) for k, v in providers.most_common()},
-        "failures": dict(failed),
-    }
+        cost_per_answer=CostPerAnswer(mean=(sum(costs) + failed_cost) / n if n else None,
+                                      sd=statistics.pstdev(costs) if n else None),
+        cost_per_completion_token=((sum(costs) + failed_cost) / total_completion
+                                   if total_completion else None),
+        length_cut_share=round(cut / n, 4) if n else None,
+        providers={k: round(v / n, 4) for k, v in providers.most_common()},
+        failures=dict(failed),
+    )
+
+
+def write_pilot(path: str, figures: PilotFigures) -> None:
+    """WORK/D.pilot.json: FIGURES as JSON (indented by one, a newline at the end)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(msgspec.to_builtins(figures), f, indent=1)
+        f.write("\n")
+
+
+def read_pilot(path: str) -> PilotFigures | None:
+    """WORK/D.pilot.json, or None when there is none."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return _pilot_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise InputError(f"not a make pilot file ({e}); remake it (make pilot)", path) from None
+
+
+def pilot_line(path: str, figures: PilotFigures) -> str:
+    """What `make pilot` says of FIGURES, written to PATH."""
+    c = figures.completion_tokens
+    if not figures.answers:
+        return f"pilot: {path}: no answers yet"
+    return (f"pilot: {path}: {figures.answers:,} answers, completion tokens mean {c.mean:,.0f} "
+            f"(sd {c.sd:,.0f}, p90 {c.p90:,}), reasoning {figures.reasoning_share:.0%}, "
+            f"${figures.cost_per_answer.mean:.6f} per answer, cut by length "
+            f"{figures.length_cut_share:.1%}, providers "
+            + ", ".join(f"{k} {v:.0%}" for k, v in figures.providers.items()))

@@ -17,8 +17,10 @@ from __future__ import annotations
 import math
 import os
 
-from ..contracts import SummaryStop
-from ..infer.report import StopReason, limit_text, read_summary
+import msgspec
+
+from ..contracts import SummaryStop, read_summary
+from ..kinds import StopReason
 from .build_plan import BuildPlan
 from .plan_report import money, wrap
 
@@ -40,9 +42,17 @@ def _status(plan: BuildPlan, complete: set[str]) -> str:
     return (f"complete: {' '.join(done) or 'none'}; not complete: {', '.join(rest) or 'none'}")
 
 
+class StopSettings(msgspec.Struct):
+    """The make variables a money stop names: what the build was asked to stay within."""
+
+    total_cost: float | None = None  # TOTAL_COST
+    max_cost: float | None = None  # MAX_COST
+    min_credits: str | None = None  # MIN_CREDITS, as make gave it
+
+
 def stop_message(dataset: str, work: str, plan: BuildPlan | None, complete: set[str],
-                 settings: dict) -> str:
-    """The lines make prints after kp-infer's exit 3 on DATASET."""
+                 settings: StopSettings) -> str:
+    """The lines make prints after kp-infer's exit 3 on DATASET (SETTINGS: the caps)."""
     summary = read_summary(os.path.join(work, f"{dataset}.infer-summary.json"), SummaryStop)
     slug = summary.stop_reason if summary else None
     head = f"make: {dataset} stopped (kp-infer exit 3: money or a full disk)"
@@ -52,7 +62,7 @@ def stop_message(dataset: str, work: str, plan: BuildPlan | None, complete: set[
     spent = f"{money(summary.spend_this_run)} this run, {money(summary.spend_total)} recorded for {dataset}"
     lines = []
     if slug == "total-cost":
-        cap = settings.get("total_cost")
+        cap = settings.total_cost
         lines.append(f"make: {dataset} stopped by TOTAL_COST={cap:g} (the cap on the whole build, kp-infer exit 3)")
         if plan is not None:
             lines.append(f"  {money(plan.recorded)} recorded across the build")
@@ -64,7 +74,7 @@ def stop_message(dataset: str, work: str, plan: BuildPlan | None, complete: set[
         else:
             lines.append(f"  {spent}; raise TOTAL_COST and rerun make to resume")
     elif slug == "max-cost":
-        cap = settings.get("max_cost")
+        cap = settings.max_cost
         lines.append(f"make: {dataset} stopped by MAX_COST={cap:g} (the cap per dataset, kp-infer exit 3): {spent}")
         suggestion = ""
         if plan is not None:
@@ -75,20 +85,20 @@ def stop_message(dataset: str, work: str, plan: BuildPlan | None, complete: set[
         lines.append(f"  raise MAX_COST{suggestion} and rerun make to resume")
     elif slug == "min-credits":
         lines.append(f"make: {dataset} stopped: the account's balance is below MIN_CREDITS="
-                     f"{settings.get('min_credits')} (kp-infer exit 3): {spent}")
+                     f"{settings.min_credits} (kp-infer exit 3): {spent}")
         lines.append("  add credits (make credits shows the balance), or lower MIN_CREDITS=, "
                      "and rerun make to resume")
     elif slug == "payment":
         lines.append(f"make: {dataset} stopped: OpenRouter answered 402, the balance or the key's "
                      f"limit is used up (kp-infer exit 3): {spent}")
         if summary.limit:
-            lines.append(f"  {limit_text(summary.limit)}")
+            lines.append(f"  {summary.limit.text()}")
         lines.append("  add credits or raise the key's limit (make credits shows both), or a smaller "
                      "MAX_TOKENS= (what is left must cover one request's worst case), and rerun make to resume")
     elif slug in LIMITS:
         lines.append(f"make: {dataset} stopped: {LIMITS[slug]} is reached (kp-infer exit 3): {spent}")
         if summary.limit:
-            lines.append(f"  {limit_text(summary.limit)}")
+            lines.append(f"  {summary.limit.text()}")
         lines.append("  raise it on openrouter.ai (or wait until it resets; make credits shows the "
                      "key's limit), and rerun make to resume")
     else:

@@ -20,7 +20,7 @@ So three settings:
   require_parameters, or every endpoint the routing allows lists `logprobs` (an endpoint
   whose `supported_parameters` is null counts as listing it, as the routing check reads
   it); else not asked, and said so. A model without a preset: not asked. Decided once the
-  endpoints table is read (`resolve`, infer/prepare.py); without a table: not asked.
+  endpoints table is read (`resolve`, infer/endpoints.py); without a table: not asked.
 
 `share` estimates what share of the answers would carry them: all of them where logprobs
 are required (only listing endpoints serve); with `--sort price` the cheapest allowed

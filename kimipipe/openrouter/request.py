@@ -65,7 +65,7 @@ class RequestOptions:
     extra_body: dict = field(default_factory=dict)
     # token logprobs (openrouter/logprobs.py): True asks for them (`logprobs: true,
     # top_logprobs: 0`), False not; None: the model preset's default, decided once the
-    # endpoints table is read (infer/prepare.py), not asked until then
+    # endpoints table is read (infer/endpoints.py), not asked until then
     logprobs: bool | None = None
     require_logprobs: bool = False  # asked and made a routing requirement (require_parameters)
 

@@ -1,7 +1,8 @@
 """What the build report shows, read from the files a build leaves: no plotting here.
 
-`read_facts(paths, say)` sorts every line of every file by its fields, as `kp-infer
-report` does (infer/report_files.py), and keeps per dataset what the plots need:
+`read_facts(paths, say)` sorts every line of every file by its fields, through the view
+`kp-infer report` reads them with too (kimipipe/recorded/lines.py), and keeps per dataset
+what the plots need:
 
     a line with `input_ids`/`output_ids`   a token record (kp-tokenize): its lengths and
                                            `prompt_tokens_delta`/`completion_tokens_delta`
@@ -46,12 +47,11 @@ from typing import Any
 import msgspec
 
 from ..errors import InputError
-from ..infer.identity_table import IdentityTable
-from ..infer.providers_table import REFUSAL_KINDS, ProviderTable
-from ..infer.report_files import add_identity, take_in_quarantine
-from ..io import describe_decode_error, iter_lines
 from ..kinds import RefusalKind
-from ..records import Identity, Refusal, Resegmented, Usage
+from ..recorded.identity_table import IdentityTable
+from ..recorded.lines import RecordLine, read_lines
+from ..recorded.providers_table import ProviderTable
+from ..records import Refusal, Usage
 from ..shard.readback import read_lengths, shard_sets
 from ..shard.writer import MANIFEST
 from ..tokenize.stats import SampledTable
@@ -72,44 +72,6 @@ class Settings:
 
     def budget(self, dataset: str) -> int | None:
         return self.token_budgets.get(dataset, self.token_budget)
-
-
-class _Line(msgspec.Struct):
-    """Any line of a build's files, as far as the report reads it (the rest is skipped)."""
-
-    id: str | None = None
-    dataset: str | None = None
-    response: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # left undecoded
-    usage: Usage | None = None
-    finish_reason: str | None = None
-    provider: str | None = None
-    latency_s: float | None = None
-    finished_at: str | None = None
-    refused: list[Refusal] = msgspec.field(default_factory=list)
-    conversation: Any = None
-    turn: int | None = None
-    turns: int | None = None
-    identity: Identity | None = None  # the counts its run checked it against
-    # a token record's
-    input_ids: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-    output_ids: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-    prompt_tokens_delta: int | None = None
-    completion_tokens_delta: int | None = None
-    output_ids_source: str | None = None  # the sampled IDs' outcome (tokenize/stats.py)
-    sampled_parts: list[str] | None = None
-    resegmented: Resegmented | None = None
-    sampled_fallback: str | None = None
-    # a failure's
-    kind: str | None = None
-    status: int | None = None
-    cost: float = 0.0
-    time: str | None = None
-    # a reject's
-    line: int | None = None
-    reason: str | None = None
-
-
-_decoder = msgspec.json.Decoder(_Line)
 
 
 def parse_time(text: str | None) -> float | None:
@@ -322,20 +284,13 @@ class _Reader:
                 self._shards(directory)
             return
         file_dataset = os.path.basename(path).split(".", 1)[0] if path != "-" else "-"
-        for lineno, raw, ended in iter_lines(path):
-            try:
-                line = _decoder.decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                if not ended:
-                    self.say(f"kp-infer: {path}:{lineno}: skipped an unfinished last line")
-                    continue
-                raise InputError(describe_decode_error(e, ended), path, lineno) from None
+        for lineno, line in read_lines(path, self.say):
             self._line(line, path, lineno, file_dataset)
         if file_dataset in self.facts.datasets:  # (its identity file names its providers)
-            take_in_quarantine(self.facts.of(file_dataset).identity, path)
+            self.facts.of(file_dataset).identity.quarantined_beside(path)
 
-    def _line(self, line: _Line, path: str, lineno: int, file_dataset: str) -> None:
-        if line.input_ids is not msgspec.UNSET and line.output_ids is not msgspec.UNSET:
+    def _line(self, line: RecordLine, path: str, lineno: int, file_dataset: str) -> None:
+        if line.is_tokens:
             dataset = self.facts.of(line.dataset or file_dataset)
             provider = line.provider or "unknown"
             dataset.token_rows.add(_count_ids(line.input_ids), _count_ids(line.output_ids))
@@ -346,28 +301,25 @@ class _Reader:
                 self.dataset_of[line.id] = dataset.name
             if line.usage is not None:
                 self.from_tokens.append((dataset.name, line.id, self._answer(line), line.refused))
-        elif line.response is not msgspec.UNSET:
+        elif line.is_response:
             dataset = self.facts.of(line.dataset or file_dataset)
             if line.id is not None:
                 self.answered.add((dataset.name, line.id))
                 self.dataset_of[line.id] = dataset.name
             self._keep(dataset, self._answer(line), line.refused)
-            add_identity(dataset.identity, line.provider, line.identity, line.usage or Usage())
-        elif line.kind is not None and line.status is not None:
+            dataset.identity.kept(line.provider, line.identity, line.usage or Usage())
+        elif line.is_failure:
             dataset = self.facts.of(line.dataset or file_dataset)
             dataset.failures[line.kind] += 1
             at = parse_time(line.time)
-            refused = line.refused
-            if not refused and line.kind in REFUSAL_KINDS:  # older lines: the failure is the refusal
-                refused = [Refusal(line.kind, line.provider, line.cost)]
-            for r in refused:
+            for r in line.refusals():
                 self._refusal(dataset, r, at)
-        elif line.id is not None and line.line is not None and line.reason is not None:
+        elif line.is_reject:
             self.rejects.append((line.id, reject_label(line.reason), file_dataset))
         else:
             raise InputError("not a response, token, failure or reject record", path, lineno)
 
-    def _answer(self, line: _Line) -> Answer:
+    def _answer(self, line: RecordLine) -> Answer:
         usage = line.usage or Usage()
         return Answer(line.provider or "unknown", usage.completion_tokens, usage.reasoning_tokens,
                       usage.prompt_tokens, usage.cost, line.finish_reason or "none", line.latency_s,

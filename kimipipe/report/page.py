@@ -17,7 +17,7 @@ import datetime
 import html
 import re
 
-from ..infer.providers_table import REFUSAL_KINDS
+from ..recorded.providers_table import REFUSAL_KINDS
 from . import plots_build as build_plots
 from . import plots_providers as provider_plots
 from .canvas import Colors, Note, Plot, count_text, money

@@ -9,7 +9,7 @@ from collections import Counter
 
 from matplotlib.patches import Patch
 
-from ..infer.providers_table import REFUSAL_KINDS
+from ..recorded.providers_table import REFUSAL_KINDS
 from .canvas import (
     BUILD_COLOR,
     KIND_NAMES,

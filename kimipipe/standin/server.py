@@ -23,7 +23,7 @@ status and reason (or limit_source, or "moderation").
 
 Every generation id begins `gen-standin-` (OpenRouter's: `gen-<unix time>-<random>`): the
 stand-in's mark on its answers, a plain string id as the schema has it, so that offline
-filler is never taken for a real answer (kimipipe/infer/api.py).
+filler is never taken for a real answer (kimipipe/recorded/api.py).
 
 The ledger (`--ledger`) has one line per charged generation: generation_id, provider (the
 name of the endpoint that served it), endpoint (its tag: one name can cover several), model, prompt/completion/reasoning tokens, cost, finish_reason,
@@ -69,7 +69,7 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from ..infer.api import STANDIN_GENERATION_PREFIX
+from ..recorded.api import STANDIN_GENERATION_PREFIX
 from .answers import (
     SAMPLING_PARAMETERS,
     THINK_OPEN,
@@ -235,7 +235,7 @@ class StandIn(MetadataEndpoints):
 
     def new_generation_id(self, created: int) -> str:
         # The stand-in's mark on every answer (OpenRouter's ids are gen-<time>-<random>): a
-        # record of offline filler says so, whatever wrote it (kimipipe/infer/api.py)
+        # record of offline filler says so, whatever wrote it (kimipipe/recorded/api.py)
         return f"{STANDIN_GENERATION_PREFIX}{created}-{self._ids.getrandbits(80):020x}"
 
     def draw_usage_shown(self) -> str:

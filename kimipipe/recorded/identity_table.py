@@ -20,14 +20,41 @@ output's identity file), JSON-stable:
                                     for its resumes
 
 Rows are sorted by answers checked, then name.
+
+A run that checks identity keeps the providers it quarantined in a file beside its output,
+OUTPUT.identity.json (contracts.IdentityState: `state_path`, `read_state`), which its
+resumes and the reports over that output read.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 
+import msgspec
+
+from ..contracts import IdentityState
+from ..errors import InputError
+from ..records import Identity, Usage
 from .providers_table import percentile
+
+
+def state_path(output: str) -> str | None:
+    """Where a run on OUTPUT keeps its identity state (None for stdout)."""
+    return None if output == "-" else f"{output}.identity.json"
+
+
+def read_state(path: str | None) -> IdentityState:
+    """The identity file at PATH (an empty state when there is none)."""
+    if path is None or not os.path.exists(path):
+        return IdentityState()
+    try:
+        with open(path, "rb") as f:
+            return msgspec.json.decode(f.read(), type=IdentityState)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise InputError(f"not kp-infer's identity file ({e}); remove it to lift its "
+                         "quarantine", path) from None
 
 
 def typical(values: Counter) -> int | None:
@@ -72,8 +99,24 @@ class IdentityTable:
         if ratio is not None:
             row.ratios.append(ratio)
 
+    def kept(self, provider: str | None, identity: Identity | None, usage: Usage) -> None:
+        """A kept answer's check (its record's `identity`, None: its run made none)."""
+        if identity is None:
+            return
+        ratio = (usage.completion_tokens / identity.completion_tokens
+                 if identity.completion_tokens and usage.completion_tokens else None)
+        self.checked(provider, identity.offset, ratio)
+
     def quarantine(self, provider: str) -> None:
         self._of(provider).quarantined = True
+
+    def quarantined_beside(self, path: str) -> None:
+        """The providers quarantined by the run that wrote PATH (its identity file)."""
+        where = state_path(path)
+        if where is None or not os.path.exists(where):
+            return
+        for q in read_state(where).quarantined:
+            self.quarantine(q.provider)
 
     def is_quarantined(self, provider: str | None) -> bool:
         row = self._by.get(provider or "unknown")

@@ -12,7 +12,7 @@
   another host in `-o` or `--failures` name both hosts. Answers of two APIs never mix in one
   file, so a file is either all real or all offline.
 - Spend recorded by another API counts against no cap of this one (`counts_here`):
-  `--spent-in` (hence `--total-cost`) and `make plan` skip such records. A record without
+  `--spent-in` (hence `--total-cost`) and `make plan` skip such records (recorded/spend.py). A record without
   `api` (written before the field) counts: it cannot be told apart, and counting is the
   side that never overspends.
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from ..errors import InputError
-from ..records import CostOnly, RecordCost
 
 STANDIN_GENERATION_PREFIX = "gen-standin-"
 
@@ -46,13 +45,6 @@ def is_standin(generation_id: str | None) -> bool:
     return bool(generation_id) and generation_id.startswith(STANDIN_GENERATION_PREFIX)
 
 
-class Answered(CostOnly):
-    """What resume reads of a finished response record: its cost, and who answered."""
-
-    api: str | None = None
-    generation_id: str | None = None
-
-
 def other_api(path: str, record_api: str, generation_id: str | None, record_id: str,
               api: str) -> InputError:
     """The refusal (exit 2) to resume PATH, whose record RECORD_ID another API answered."""
@@ -62,12 +54,3 @@ def other_api(path: str, record_api: str, generation_id: str | None, record_id: 
         f"{api}: answers of two APIs never mix in one file; write to another -o and --failures "
         f"(under make: another WORK, or `make D.clean` first), or resume with the --base-url of "
         f"{record_api}", path)
-
-
-class Spent(RecordCost):
-    """What a spend reader takes of a responses or failures line: its cost, and who
-    answered (a failure line names its id and generation too, for a refusal to resume)."""
-
-    id: str = ""
-    api: str | None = None
-    generation_id: str | None = None

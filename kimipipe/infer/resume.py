@@ -1,0 +1,143 @@
+"""Previous work: what earlier runs on the same output left, read before anything is sent.
+
+- Answers an earlier run paid for but could not write are taken in from the rescue file
+  first (infer/rescue.py `take_in_rescued`).
+- The IDs already in OUTPUT (after cutting a torn last line a crash left) and in `--done`
+  files are skipped; the spend and completion tokens recorded in OUTPUT (and the cost of
+  paid failures in `--failures`) count against the budgets (`previous_work`). A record
+  another API answered (its `api`, the base URL's host, is not this run's) refuses the
+  run, exit 2, naming both (recorded/api.py): offline answers never pass for real ones.
+- The conversations' turns OUTPUT holds (infer/conversations.py): they were asked under
+  this run's recipe, and no conversation of the input is answered there as a single
+  prompt (`check_no_single_answers`).
+- The providers an earlier run quarantined for identity stay ignored
+  (`take_in_quarantine`).
+
+`--plan` may run beside a build writing OUTPUT: it neither repairs nor takes anything in.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from ..contracts import IdentityState
+from ..errors import ExitCode, InputError, KPError
+from ..io import finished_records, iter_finished, repair_and_report, scan_done
+from ..recorded.api import other_api
+from ..recorded.identity_table import read_state, state_path
+from ..recorded.spend import SPENT_DECODER
+from ..records import CostOnly
+from .config import RunConfig
+from .conversations import OutputConversations, check_recipe, scan_output
+from .inputs import InputScan
+from .rescue import take_in_rescued
+from .servers import server_sampling
+
+
+class Answered(CostOnly):
+    """What resume reads of a finished response record: its cost, and who answered."""
+
+    api: str | None = None
+    generation_id: str | None = None
+
+
+_answered_decoder = msgspec.json.Decoder(Answered)
+
+
+@dataclass
+class PreviousWork:
+    """What the run starts from, of what earlier runs left."""
+
+    done: set[str]  # IDs answered (OUTPUT, its finished conversations, the --done files)
+    spent: float  # USD recorded in OUTPUT and --failures
+    tokens: int  # completion tokens recorded in OUTPUT
+    taken_in: int  # answers taken in from the rescue file
+    conversations: OutputConversations  # the turns OUTPUT holds
+
+
+def read_previous_work(config: RunConfig, scan: InputScan, say: Callable[[str], None]
+                       ) -> PreviousWork:
+    """Everything above, in that order (see the module docstring)."""
+    taken_in = 0 if config.plan else take_in_rescued(config, say)
+    done, spent, tokens = previous_work(config.output, config.failures, say, repair=not config.plan,
+                                        api=config.apis)
+    conversations = scan_output(config.output)
+    check_recipe(conversations.recipes, config.request.model,
+                 config.request.sampling(config.policy), config.history_reasoning,
+                 config.output, config.allow_mixed, say,
+                 server_sampling(config.request.fields(config.policy)) if config.servers else None)
+    check_no_single_answers(scan, done, conversations, config, say)
+    done |= conversations.finished  # a finished conversation is done as a whole
+    for extra in config.done_files:
+        if not os.path.exists(extra):
+            raise InputError("no such file", extra)
+        done |= scan_done(extra, repair=False)
+    return PreviousWork(done, spent, tokens, taken_in, conversations)
+
+
+def previous_work(output: str, failures: str | None, say: Callable[[str], None],
+                  repair: bool = True, api: str | set[str] | None = None
+                  ) -> tuple[set[str], float, int]:
+    """(IDs done, USD, completion tokens) recorded by earlier runs, in one pass over OUTPUT
+    (after repairing a torn last line; without REPAIR, as --plan reads it, a torn last line
+    is left alone) plus the failures file's costs. A record another API than API answered
+    refuses the resume (recorded/api.py); API may be a set (a run with --server: every host
+    it writes answers of)."""
+    apis = {api} if isinstance(api, str) else api
+    shown = None if apis is None else ", ".join(sorted(apis))
+    if repair:
+        repair_and_report(output, report=say)
+    done: set[str] = set()
+    cost = 0.0
+    tokens = 0
+    for rec in (iter_finished if repair else finished_records)(output, _answered_decoder):
+        if apis is not None and rec.api is not None and rec.api not in apis:
+            raise other_api(output, rec.api, rec.generation_id, rec.id, shown)
+        done.add(rec.id)
+        cost += rec.paid  # its own cost, and that of the answers refused before it
+        tokens += rec.usage.completion_tokens
+    if failures and os.path.exists(failures):
+        for rec in (iter_finished if repair else finished_records)(failures, SPENT_DECODER):
+            if apis is not None and rec.api is not None and rec.api not in apis:
+                raise other_api(failures, rec.api, rec.generation_id, rec.id, shown)
+            cost += rec.paid
+    return done, cost, tokens
+
+
+def check_no_single_answers(scan: InputScan, done: set[str], conversations: OutputConversations,
+                            config: RunConfig, say: Callable[[str], None]) -> None:
+    """A conversation of the input (a prompt with follow-ups) that OUTPUT answers as one
+    plain record (written under `kp-prompts --turns last` or `each`: one answer, on the
+    source's own history) would be skipped as done, and its single off-policy answer kept
+    for good: a mixed recipe, a drafter trained on turns the model never answered.
+    Refused (exit 2), unless --allow-mixed."""
+    single = sorted(i for i in scan.turns if i in done and i not in conversations.finished)
+    if not single:
+        return
+    where = "" if config.output == "-" else f"{config.output}: "
+    told = (f"{where}{len(single):,} conversation(s) of {scan.shown} (first: {single[0]!r}) are "
+            "answered there as single prompts (kp-prompts --turns last/each: one answer on the "
+            "source's history), and would be skipped as done")
+    if not config.allow_mixed:
+        raise KPError(f"{told}; write the turns to a new output (make: `make D.clean`, or "
+                      "another WORK), or --allow-mixed to keep those single answers",
+                      ExitCode.USAGE)
+    say(f"kp-infer: warning: {told}; kept (--allow-mixed)")
+
+
+def take_in_quarantine(config: RunConfig, say: Callable[[str], None]) -> IdentityState:
+    """The providers an earlier run on OUTPUT quarantined for identity (infer/identity.py):
+    in provider.ignore again (Policy.quarantine), with or without --tokenizer, and said."""
+    path = state_path(config.output)
+    state = read_state(path)
+    for q in state.quarantined:
+        config.policy.quarantine.extend(s for s in q.slugs if s not in config.policy.quarantine)
+        if not config.plan:  # (the plan's table names them)
+            say(f"kp-infer: {q.provider} stays quarantined ({path}: quarantined {q.at}, its "
+                f"prompt counts typically {'unknown' if q.offset is None else f'{q.offset:+d}'} "
+                "from the target's): in provider.ignore; remove that file to lift it")
+    return state
