@@ -195,9 +195,10 @@ def kp_command(name: str, *, settings: type[S], examples: str, exit_codes: str |
         def callback(**values):
             return f(settings_from(settings, values))
 
-        return cls(name, callback=callback, params=parameters(settings), help=f.__doc__,
-                   examples=examples, exit_codes=exit_codes, sections=sections,
-                   section_of=sections_of(settings), word=" " in name, **attrs)
+        attrs.setdefault("help", f.__doc__)
+        return cls(name, callback=callback, params=parameters(settings), examples=examples,
+                   exit_codes=exit_codes, sections=sections, section_of=sections_of(settings),
+                   word=" " in name, **attrs)
 
     return decorator
 
