@@ -204,11 +204,12 @@ SECTIONS = [SERVER, LIMITS, QUIRKS, WIRE, SELF_HOSTED, BILLING, OTHER]
 class StandInSettings:
     """The stand-in's command line: where it listens, and its Config (`fills=Config`)."""
 
-    port: int = option("--port", type=int, default=0, section=SERVER,
+    port: int = option("--port", type=int, default=0, metavar="PORT", section=SERVER,
                        help="TCP port (default 0: any free port)")
-    port_file: str | None = option("--port-file", section=SERVER,
+    port_file: str | None = option("--port-file", metavar="FILE", section=SERVER,
                                    help="write the bound port number to this file")
-    api_key: str = option("--api-key", default="sk-or-standin", section=SERVER, fills=Config,
+    api_key: str = option("--api-key", default="sk-or-standin", metavar="KEY", section=SERVER,
+                          fills=Config,
                           help="the one accepted bearer token")
     balance: float = option("--balance", type=float, default=100.0, section=SERVER, fills=Config,
                             help="account total_credits in USD")
@@ -238,10 +239,10 @@ class StandInSettings:
                                  fills=Config, help="how long a hang lasts")
     seed: int = option("--seed", type=int, default=0, section=SERVER, fills=Config,
                        help="seed of the fault draws")
-    ledger: str | None = option("--ledger", section=SERVER, fills=Config,
+    ledger: str | None = option("--ledger", metavar="FILE", section=SERVER, fills=Config,
                                 help="append one JSON line per charged generation")
     request_log: str | None = option(
-        "--request-log", section=SERVER, fills=Config,
+        "--request-log", metavar="FILE", section=SERVER, fills=Config,
         help="append every completion request body (after auth), one per line")
     price_scale: float = option("--price-scale", type=float, default=1.0, section=SERVER,
                                 fills=Config, help="multiply every price")
