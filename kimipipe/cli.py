@@ -1,6 +1,6 @@
 """What every kp-* command shares: its settings, error handling, progress, exit codes.
 
-A command module declares its settings type, a dataclass whose fields are its options
+A command module declares its settings type, a Struct whose fields are its options
 (kimipipe/options.py; the shared ones are here: INPUT, OUTPUT, QUIET, DEBUG, PARTITION),
 and its click command with `@kp_command(NAME, settings=TYPE, examples=...)`, which gives
 it `-h`/`--help`, `--version` and a help ending with an Examples block and the exit codes;
@@ -31,7 +31,15 @@ import click
 
 from . import __version__
 from .errors import ExitCode, KPError, keep_secret, redact
-from .options import argument, check_settings, option, parameters, sections_of, settings_from
+from .options import (
+    CommandSettings,
+    argument,
+    check_settings,
+    option,
+    parameters,
+    sections_of,
+    settings_from,
+)
 from .partition import parse_partition
 
 if TYPE_CHECKING:
@@ -107,7 +115,7 @@ class KPCommand(click.Command):
         settings.setdefault("help_option_names", ["-h", "--help"])
         super().__init__(*args, **kwargs)
         self.examples = textwrap.dedent(examples).strip("\n")
-        self.exit_codes = exit_codes if exit_codes is not None else EXIT_CODES.get(self.name, "")
+        self.exit_codes = exit_codes if exit_codes is not None else EXIT_CODES.get(self.name or "", "")
         if not word:  # last of the options, just before -h/--help
             click.version_option(__version__, "--version", prog_name=self.name,
                                  message="%(prog)s %(version)s",
@@ -161,7 +169,7 @@ class KPGroup(click.Group):
     (`kp-infer report --plan` reads the file `report`)."""
 
     def __init__(self, default: KPCommand, words: Iterable[KPCommand]):
-        super().__init__(default.name, commands={w.name.split()[-1]: w for w in words},
+        super().__init__(default.name, commands={(w.name or "").split()[-1]: w for w in words},
                          add_help_option=False, no_args_is_help=False)
         self.default = default
 
@@ -178,7 +186,7 @@ class KPGroup(click.Group):
         return self.default if cmd_name == _DEFAULT else super().get_command(ctx, cmd_name)
 
 
-S = TypeVar("S")
+S = TypeVar("S", bound=CommandSettings)
 
 
 def kp_command(name: str, *, settings: type[S], examples: str, exit_codes: str | None = None,
@@ -186,8 +194,9 @@ def kp_command(name: str, *, settings: type[S], examples: str, exit_codes: str |
                **attrs) -> Callable[[Callable[[S], Any]], KPCommand]:
     """`@click.command` for a kp-* command (see KPCommand) whose options are the fields of
     SETTINGS (kimipipe/options.py), checked here, at import: the decorated function takes
-    one SETTINGS instance. A word of a group is named with its parent (`kp-infer report`)
-    and has no --version."""
+    one SETTINGS instance. A name of several words has no --version: a word of a group,
+    named with its parent (`kp-infer report`: the parent's flag), or a module run with
+    `python -m` (the stand-in, the demo)."""
     check_settings(name, settings, sections)
 
     def decorator(f: Callable[[S], Any]) -> KPCommand:

@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -29,7 +28,7 @@ import msgspec
 
 from .cli import kp_command
 from .infer.report import read_summary
-from .options import option
+from .options import CommandSettings, option
 from .shard.readback import read_manifest
 from .standin.testing import StandIn
 
@@ -123,8 +122,7 @@ def show_row(out: Path, row_id: str | None, tokens: Path | None = None,
 _HELP, _, _EXAMPLES = __doc__.partition("\n\n    python")
 
 
-@dataclass(frozen=True, kw_only=True)
-class DemoSettings:
+class DemoSettings(CommandSettings):
     out: str = option("--out", default="demo-out", help="where the demo writes (replaced)")
     make: str = option("--make", default="make", help="the make command to run")
     venv: str = option("--venv", default=".venv", help="the virtual environment make uses")

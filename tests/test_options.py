@@ -8,10 +8,10 @@ requests to the stand-in)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import click
+import msgspec
 import pytest
 from click.testing import CliRunner
 from conftest import read_jsonl, write_jsonl
@@ -26,7 +26,14 @@ from kimipipe.commands import tokenize as tokenize_command
 from kimipipe.infer.config import RunConfig
 from kimipipe.infer.options import InferOptions, ReportOptions
 from kimipipe.openrouter.request import RequestOptions
-from kimipipe.options import argument, check_settings, fields_for, option, sections_of
+from kimipipe.options import (
+    CommandSettings,
+    argument,
+    check_settings,
+    fields_for,
+    option,
+    sections_of,
+)
 
 COMMANDS = {
     "kp-prompts": (prompts_command.cli, prompts_command.PromptsSettings),
@@ -48,8 +55,8 @@ def test_every_parameter_of_a_command_is_a_field_of_its_settings(name):
     entry point's command is one of these (the words of kp-infer and kp-shard included)."""
     command, settings = COMMANDS[name]
     own = {"version", "help"}  # KPCommand's and click's, in every command
-    assert [p.name for p in command.params if p.name not in own] == [
-        f.name for f in dataclasses.fields(settings)]
+    assert [p.name for p in command.params if p.name not in own] == list(
+        settings.__struct_fields__)
     assert command.name == name
     if command.sections is not None:
         placed = sections_of(settings)
@@ -64,9 +71,9 @@ def test_every_parameter_of_a_command_is_a_field_of_its_settings(name):
 
 
 def _settings(*fields: tuple) -> type:
-    """A settings type of FIELDS, (name, annotation as written, its field), with --plan."""
+    """A settings type of FIELDS, (name, annotation as written, its declaration), with --plan."""
     plan = ("plan", "bool", option("--plan", is_flag=True, section="Money", fills=RunConfig))
-    return dataclasses.make_dataclass("_Settings", [plan, *fields], frozen=True, kw_only=True)
+    return msgspec.defstruct("_Settings", [plan, *fields], bases=(CommandSettings,))
 
 
 @pytest.mark.parametrize("field, sections, problem", [
@@ -76,7 +83,7 @@ def _settings(*fields: tuple) -> type:
      ["Money"], "kp-x --max-cost: no --help section (one of: Money)"),
     (("max_cost", "float | None", option("--max-cost", type=float)),
      None, "kp-x --plan: section 'Money', but kp-x lists its options in one list"),
-    (("max_cost", "float | None", dataclasses.field(default=None)), ["Money"],
+    (("max_cost", "float | None", None), ["Money"],
      "kp-x: _Settings.max_cost is no option (declare it with option(...) or argument(...))"),
     (("max_costs", "float | None", option("--max-cost", section="Money", fills=RunConfig)),
      ["Money"], "kp-x --max-cost: fills RunConfig.max_costs, which RunConfig lacks"),
@@ -100,8 +107,7 @@ def test_a_declaration_without_a_section_or_a_field_is_refused(field, sections, 
 def test_the_command_gets_its_settings_typed():
     """What click parsed reaches the function as the settings type: a repeatable option
     and an argument of several as lists, `convert=` applied, `fills=` by field name."""
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class Settings:
+    class Settings(CommandSettings):
         inputs: list[str] = argument(nargs=-1)
         done_files: list[str] = option("--done", multiple=True, fills=RunConfig, help="Done.")
         max_cost: float | None = option("--max-cost", type=float, default=None, fills=RunConfig,

@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
 
 import click
 
@@ -52,7 +51,7 @@ from ..openrouter.account import (
     unreadable_balance,
 )
 from ..openrouter.proxy import parse_proxy, scrub
-from ..options import option
+from ..options import CommandSettings, option
 
 
 def usd(value: float | None) -> str:
@@ -89,8 +88,7 @@ EXIT_CODES = ("Exit codes: 0 ok; 1 network or API error, or --min with an unknow
               "2 no key, or the key was refused (401); 3 below --min.")
 
 
-@dataclass(frozen=True, kw_only=True)
-class CreditsSettings:
+class CreditsSettings(CommandSettings):
     """kp-credits' command line, one field per option, in --help order."""
 
     as_json: bool = option(
@@ -112,7 +110,7 @@ class CreditsSettings:
         "--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
         help="Seconds to wait for OpenRouter.")
     proxy: str | None = option(
-        "--proxy", default=None, metavar="URL", secret=True,
+        "--proxy", default=None, metavar="URL",
         help="Go through this HTTP proxy (http://[USER:PASSWORD@]HOST:PORT) instead of "
              "HTTPS_PROXY/HTTP_PROXY/NO_PROXY. The password is never printed.")
     quiet: bool = QUIET()

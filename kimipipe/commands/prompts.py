@@ -20,14 +20,13 @@ second writes. Standard input is spooled to a temporary file for the second pass
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
 
 import click
 
 from ..cli import DEBUG, INPUTS, OUTPUT, QUIET, counted, kp_command, run_command, say
 from ..errors import InputError
 from ..io import AtomicOutput, check_writable, spool_stdin
-from ..options import option
+from ..options import CommandSettings, option
 from ..prompts.formats import FORMAT_CHOICES
 from ..prompts.selection import Reading, Selection, candidates, make_prompt, select, write_order
 from ..prompts.turns import TURNS
@@ -40,8 +39,7 @@ EXAMPLES = """
 """
 
 
-@dataclass(frozen=True, kw_only=True)
-class PromptsSettings:
+class PromptsSettings(CommandSettings):
     """kp-prompts' command line, one field per option, in --help order."""
 
     inputs: list[str] = INPUTS()

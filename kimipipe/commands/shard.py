@@ -53,7 +53,6 @@ import os
 import re
 import shlex
 import sys
-from dataclasses import dataclass
 
 import click
 
@@ -74,7 +73,7 @@ from ..cli import (
 from ..contracts import ShardManifest
 from ..errors import ExitCode, InputError, KPError
 from ..io import check_writable_dir
-from ..options import argument, fields_for, option
+from ..options import CommandSettings, argument, fields_for, option
 from ..shard import (
     ShardOptions,
     build_shards,
@@ -121,8 +120,7 @@ DIRS = functools.partial(argument, nargs=-1, required=True, metavar="DIR...",
 CARD = "Dataset card"
 
 
-@dataclass(frozen=True, kw_only=True)
-class ShardSettings:
+class ShardSettings(CommandSettings):
     """kp-shard's command line (the build, and the words as options: --verify, ...)."""
 
     inputs: list[str] = INPUTS()
@@ -267,8 +265,7 @@ def build(o: ShardSettings) -> int:
     return ExitCode.OK
 
 
-@dataclass(frozen=True, kw_only=True)
-class VerifySettings:
+class VerifySettings(CommandSettings):
     dirs: list[str] = DIRS()
     quiet: bool = option("-q", "--quiet", is_flag=True,
                          help="Print the problems only, not the OK lines.")
@@ -287,8 +284,7 @@ def verify_word(o: VerifySettings) -> int:
     return _verify(_sets(o.dirs), o.quiet)
 
 
-@dataclass(frozen=True, kw_only=True)
-class StatsSettings:
+class StatsSettings(CommandSettings):
     dirs: list[str] = DIRS()
     quiet: bool = QUIET(hidden=True)  # (its report is on stdout: nothing to silence)
     debug: bool = DEBUG(hidden=True)
@@ -303,8 +299,7 @@ def stats_word(o: StatsSettings) -> int:
     return _stats(_sets(o.dirs))
 
 
-@dataclass(frozen=True, kw_only=True)
-class CardSettings:
+class CardSettings(CommandSettings):
     dirs: list[str] = DIRS()
     summaries: list[str] = SUMMARIES()
     plans: list[str] = PLANS()

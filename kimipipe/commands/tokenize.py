@@ -58,7 +58,6 @@ import functools
 import itertools
 import os
 from contextlib import closing
-from dataclasses import dataclass
 
 import click
 
@@ -83,7 +82,7 @@ from ..io import (
     require_distinct,
     scan_done,
 )
-from ..options import fields_for, option
+from ..options import CommandSettings, fields_for, option
 from ..partition import in_partition
 from ..records import Rejected, encode_line
 from ..tokenize import fields
@@ -182,8 +181,7 @@ def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
         writer.write_line(b"".join(lines))
 
 
-@dataclass(frozen=True, kw_only=True)
-class TokenizeSettings:
+class TokenizeSettings(CommandSettings):
     """kp-tokenize's command line, one field per option, in --help order."""
 
     input: str = INPUT()

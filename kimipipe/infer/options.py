@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import json
 import operator
-from dataclasses import dataclass
 
 import click
 
@@ -35,7 +34,7 @@ from ..openrouter.models import (
 )
 from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Policy
-from ..options import argument, fields_for, option
+from ..options import CommandSettings, argument, fields_for, option
 from .config import RunConfig
 from .conversations import HISTORY_POLICIES
 from .identity import DEFAULT_STRIKES
@@ -90,8 +89,7 @@ HTML = functools.partial(
          "Needs the `report` extra (matplotlib).")
 
 
-@dataclass(frozen=True, kw_only=True)
-class InferOptions:
+class InferOptions(CommandSettings):
     """kp-infer's command line, one field per option, in --help order."""
 
     input: str = INPUT(fills=RunConfig)
@@ -341,7 +339,7 @@ class InferOptions:
         "--stream/--no-stream", default=True, show_default=True, section=TUNING,
         fills=RequestOptions, help="Stream answers (SSE).")
     proxy: str | None = option(
-        "--proxy", default=None, metavar="URL", section=TUNING, fills=RunConfig, secret=True,
+        "--proxy", default=None, metavar="URL", section=TUNING, fills=RunConfig,
         help="Send every request through this HTTP proxy (http://[USER:PASSWORD@]HOST:PORT), "
              "instead of HTTPS_PROXY/HTTP_PROXY/NO_PROXY. The password is never printed.")
     base_url: str = option(
@@ -361,8 +359,7 @@ class InferOptions:
         return self.use_openrouter or not self.servers
 
 
-@dataclass(frozen=True, kw_only=True)
-class ReportOptions:
+class ReportOptions(CommandSettings):
     """`kp-infer report FILE...`: the files, the caps its page draws, where it goes."""
 
     files: list[str] = argument(nargs=-1, required=True, metavar="FILE...",

@@ -23,14 +23,13 @@ import functools
 import json
 import os
 import sys
-from dataclasses import dataclass
 
 import click
 
 from ..cli import parse_quantity
 from ..errors import KPError
 from ..infer.api import api_of
-from ..options import argument, option, parameters, settings_from
+from ..options import CommandSettings, argument, option, parameters, settings_from
 from .build_plan import build_plan
 from .check import run_checks
 from .clean import clean
@@ -156,8 +155,7 @@ WORK = functools.partial(option, "--work", required=True)
 DATASETS = functools.partial(option, "--datasets", required=True)
 
 
-@dataclass(frozen=True, kw_only=True)
-class PlanArguments:
+class PlanArguments(CommandSettings):
     """What `plan` and `stopped` plan from."""
 
     work: str = WORK()
@@ -172,27 +170,23 @@ class PlanArguments:
     base_url: str | None = option("--base-url")  # the API whose spend counts (infer/api.py)
 
 
-@dataclass(frozen=True, kw_only=True)
 class PlanSettings(PlanArguments):
     gate: bool = option("--gate", is_flag=True)
     allow_short: bool = option("--allow-short", default="", convert=_yes)
     json: str | None = option("--json")
 
 
-@dataclass(frozen=True, kw_only=True)
 class StoppedSettings(PlanArguments):
     dataset: str = option("--dataset", required=True)
 
 
-@dataclass(frozen=True, kw_only=True)
-class PilotSettings:
+class PilotSettings(CommandSettings):
     responses: str = argument()
     failures: str | None = option("--failures")
     output: str = option("-o", "--output", required=True)
 
 
-@dataclass(frozen=True, kw_only=True)
-class CleanSettings:
+class CleanSettings(CommandSettings):
     work: str = WORK()
     shards: str = option("--shards", required=True)
     datasets: str = DATASETS()
@@ -201,8 +195,7 @@ class CleanSettings:
                         help="CLEAN_PAID: also remove answers paid for")
 
 
-@dataclass(frozen=True, kw_only=True)
-class CheckSettings:
+class CheckSettings(CommandSettings):
     source: list[str] = option("--source", multiple=True)
     work: str = WORK()
     shards: str = option("--shards", required=True)

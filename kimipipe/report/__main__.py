@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 
 import click
 
 from ..cli import parse_quantity
 from ..errors import KPError
-from ..options import option, parameters, settings_from
+from ..options import CommandSettings, option, parameters, settings_from
 from ..shard.writer import MANIFEST
 from . import Settings, write_report
 
@@ -51,8 +50,7 @@ def _money(text: str) -> float | None:
     return float(text) if text else None
 
 
-@dataclass(frozen=True, kw_only=True)
-class ReportSettings:
+class ReportSettings(CommandSettings):
     work: str = option("--work", required=True)
     shards: str = option("--shards", required=True)
     datasets: str = option("--datasets", required=True)

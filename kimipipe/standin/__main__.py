@@ -80,14 +80,13 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from aiohttp import web
 
 from ..cli import kp_command
-from ..options import fields_for, option
+from ..options import CommandSettings, fields_for, option
 from .availability import AVAILABILITY
 from .config import (
     CREDITS_MODES,
@@ -102,6 +101,9 @@ from .config import (
 from .providers import known_provider
 from .refusals import LIMIT_RESETS
 from .server import StandIn
+
+if TYPE_CHECKING:
+    from .selfhosted import SelfHosted
 
 
 def parse_provider(text: str) -> str:
@@ -200,8 +202,7 @@ OTHER = "Other options"
 SECTIONS = [SERVER, LIMITS, QUIRKS, WIRE, SELF_HOSTED, BILLING, OTHER]
 
 
-@dataclass(frozen=True, kw_only=True)
-class StandInSettings:
+class StandInSettings(CommandSettings):
     """The stand-in's command line: where it listens, and its Config (`fills=Config`)."""
 
     port: int = option("--port", type=int, default=0, metavar="PORT", section=SERVER,
@@ -392,6 +393,7 @@ class StandInSettings:
 
 
 async def serve(config: Config, port: int, port_file: str | None) -> None:
+    standin: StandIn | SelfHosted
     if config.mode == "openrouter":
         standin = StandIn(config)
     else:
@@ -461,11 +463,9 @@ def command(s: StandInSettings) -> None:
     try:
         import uvloop
     except ImportError:
-        uvloop = None
-    if uvloop is not None:
-        uvloop.run(serve(config, s.port, s.port_file))
-    else:
         asyncio.run(serve(config, s.port, s.port_file))
+    else:
+        uvloop.run(serve(config, s.port, s.port_file))
 
 
 def main(argv: list[str] | None = None) -> None:
