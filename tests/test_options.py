@@ -179,3 +179,23 @@ def test_the_options_reach_the_plan_and_the_requests_as_given(standin, tmp_path)
     assert json.loads(summary.read_text())["max_cost"] == 3
     assert {rec["sampling"]["temperature"] for rec in read_jsonl(out)} == {0.3}
 
+
+
+def test_a_word_is_a_command_of_its_own_and_the_rest_is_the_default_commands(tmp_path):
+    """`kp-shard verify DIR ...` runs the word, whose usage errors name it; any other
+    command line is the default command's, read as the group (`Try 'kp-shard --help'`),
+    and a word followed by an option is an input named like the word."""
+    runner = CliRunner()
+    r = runner.invoke(shard_command.cli, ["verify", str(tmp_path), "--bogus"])
+    assert r.exit_code == 2
+    assert r.output.startswith("Usage: kp-shard verify [OPTIONS] DIR...\n"
+                               "Try 'kp-shard verify --help' for help.\n"), r.output
+    assert "No such option '--bogus'" in r.output
+    r = runner.invoke(infer_command.cli, ["report", str(tmp_path / "r.jsonl"), "--plan"])
+    assert r.exit_code == 2 and r.output.startswith("Usage: kp-infer report [OPTIONS] FILE...\n")
+    r = runner.invoke(shard_command.cli, ["--bogus"])
+    assert r.exit_code == 2
+    assert r.output.startswith("Usage: kp-shard [OPTIONS] [INPUTS]...\n"
+                               "Try 'kp-shard --help' for help.\n"), r.output
+    r = runner.invoke(infer_command.cli, ["report", "--json"])  # INPUT `report`, then --json
+    assert str(r.exception) == "--json goes with --plan, --report or --preflight"
