@@ -74,12 +74,25 @@ from __future__ import annotations
 
 import click
 
-from ..cli import KPCommand, KPGroup, Stderr, kp_command, run_command, sigterm_as_ctrl_c
+from ..cli import (
+    KPCommand,
+    KPGroup,
+    Stderr,
+    kp_command,
+    read_api_key,
+    run_command,
+    sigterm_as_ctrl_c,
+)
 from ..errors import ExitCode, KPError
-from ..infer.options import SECTIONS, InferOptions, ReportOptions, run_config
+from ..infer.config import RunConfig
+from ..infer.options import SECTIONS, InferOptions, ReportOptions
 from ..infer.preflight import DEFAULT_REQUESTS, run_preflight
 from ..infer.report_files import format_report, read_report, report_json
 from ..infer.run import run_infer
+from ..openrouter.models import default_quantizations, history_reasoning_default, served_sampling
+from ..openrouter.request import RequestOptions
+from ..openrouter.routing import Policy
+from ..options import fields_for
 
 EXAMPLES = """
     kp-infer B3.prompts.jsonl --plan --max-cost 95
@@ -162,6 +175,40 @@ def _report(files: list[str], html: str | None, as_json: bool, total_cost: float
     table = read_report(files, say)
     click.echo(report_json(table) if as_json else format_report(table))
     return ExitCode.OK
+
+
+def run_config(o: InferOptions) -> RunConfig:
+    """The run's configuration from the options (`fills=` says which field each goes to)."""
+    # The model's served sampling where the user set none (user flags win), and the
+    # preset's mode said in the body (and so in each record).
+    served = served_sampling(o.model, o.reasoning, o.reasoning_effort)
+    reasoning = True if (served is not None and o.reasoning is None
+                         and o.reasoning_effort is None) else o.reasoning
+    served = served or {}
+    request = RequestOptions(
+        **fields_for(o, RequestOptions), reasoning=reasoning,
+        temperature=o.temperature if o.temperature is not None else served.get("temperature"),
+        top_p=o.top_p if o.top_p is not None else served.get("top_p"))
+    if request.require_logprobs and request.logprobs is False:
+        raise KPError("--require-logprobs and --no-logprobs: one or the other", ExitCode.USAGE)
+    if request.require_logprobs and not request.require_parameters:
+        raise KPError("--require-logprobs sends provider.require_parameters, which holds for "
+                      "every parameter sent, the sampling too: it cannot go with "
+                      "--no-require-parameters", ExitCode.USAGE)
+    # the model's native quantizations unless given (or --any-quantization)
+    policy = Policy(**fields_for(o, Policy), quantizations=default_quantizations(
+        o.model, o.quantization, o.any_quantization))
+    policy.required_parameters = request.enforced_parameters(policy)
+    try:
+        request.sampling(policy)
+    except ValueError as e:
+        raise KPError(str(e), ExitCode.USAGE) from None
+    return RunConfig(
+        **fields_for(o, RunConfig), request=request, policy=policy,
+        history_reasoning=o.history_reasoning or history_reasoning_default(o.model),
+        openrouter=o.openrouter, plan_json=o.as_json and o.plan,
+        # needed unless --plan; none without OpenRouter
+        api_key=read_api_key(o.api_key_file, required=not o.plan) if o.openrouter else "")
 
 
 cli = KPGroup(run, [report])

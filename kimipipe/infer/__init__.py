@@ -2,8 +2,8 @@
 
     config.py          RunConfig: the one configuration of a run (every limit lives here)
     options.py         kp-infer's options, each a typed field of InferOptions (its click
-                       declaration, --help section, the field it fills); `run_config`
-                       builds RunConfig from them
+                       declaration, --help section, the field it fills; commands/infer.py's
+                       `run_config` builds RunConfig from them)
     prepare.py         before anything is sent: input validation, stdin spool, previous work,
                        the partition's counts, the endpoints table, price bound, warnings
     run.py             the run: admission (concurrency, budget, money in flight, disk),

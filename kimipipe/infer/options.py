@@ -5,14 +5,12 @@ A new option is one field of InferOptions: its click declaration, its --help sec
 with `fills=RunConfig` (or RequestOptions, Policy) the field of that name it goes to, as
 it is; when it is a new setting, that field too (its name and type checked against this
 one at import). A value computed from several options (the served sampling preset, the
-quantization default, the API key, ...) is computed in `run_config`; the options no record
+quantization default, the API key, ...) is computed by `run_config` in commands/infer.py,
+which builds the run's RunConfig, its RequestOptions and its Policy; the options no record
 takes choose what the command does (commands/infer.py reads them: --report, --html,
 --preflight, --json). The declarations check themselves at import: an option without a
 section, or filling a field that does not exist or is typed otherwise, fails every
 kp-infer start (and tests/test_options.py).
-
-`run_config(options)` builds the run's RunConfig, its RequestOptions and its Policy;
-commands/infer.py checks the combinations first.
 """
 
 from __future__ import annotations
@@ -23,18 +21,13 @@ import operator
 
 import click
 
-from ..cli import COUNT, DEBUG, INPUT, OUTPUT, PARTITION, QUIET, Quantity, read_api_key
+from ..cli import COUNT, DEBUG, INPUT, OUTPUT, PARTITION, QUIET, Quantity
 from ..errors import ExitCode, KPError
 from ..openrouter import DEFAULT_BASE_URL
-from ..openrouter.models import (
-    QUANTIZATIONS,
-    default_quantizations,
-    history_reasoning_default,
-    served_sampling,
-)
+from ..openrouter.models import QUANTIZATIONS
 from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Policy
-from ..options import CommandSettings, argument, fields_for, option
+from ..options import CommandSettings, argument, option
 from .config import RunConfig
 from .conversations import HISTORY_POLICIES
 from .identity import DEFAULT_STRIKES
@@ -371,37 +364,3 @@ class ReportOptions(CommandSettings):
     as_json: bool = AS_JSON()
     quiet: bool = QUIET()
     debug: bool = DEBUG(hidden=True)
-
-
-def run_config(o: InferOptions) -> RunConfig:
-    """The run's configuration from the options (`fills=` says which field each goes to)."""
-    # The model's served sampling where the user set none (user flags win), and the
-    # preset's mode said in the body (and so in each record).
-    served = served_sampling(o.model, o.reasoning, o.reasoning_effort)
-    reasoning = True if (served is not None and o.reasoning is None
-                         and o.reasoning_effort is None) else o.reasoning
-    served = served or {}
-    request = RequestOptions(
-        **fields_for(o, RequestOptions), reasoning=reasoning,
-        temperature=o.temperature if o.temperature is not None else served.get("temperature"),
-        top_p=o.top_p if o.top_p is not None else served.get("top_p"))
-    if request.require_logprobs and request.logprobs is False:
-        raise KPError("--require-logprobs and --no-logprobs: one or the other", ExitCode.USAGE)
-    if request.require_logprobs and not request.require_parameters:
-        raise KPError("--require-logprobs sends provider.require_parameters, which holds for "
-                      "every parameter sent, the sampling too: it cannot go with "
-                      "--no-require-parameters", ExitCode.USAGE)
-    # the model's native quantizations unless given (or --any-quantization)
-    policy = Policy(**fields_for(o, Policy), quantizations=default_quantizations(
-        o.model, o.quantization, o.any_quantization))
-    policy.required_parameters = request.enforced_parameters(policy)
-    try:
-        request.sampling(policy)
-    except ValueError as e:
-        raise KPError(str(e), ExitCode.USAGE) from None
-    return RunConfig(
-        **fields_for(o, RunConfig), request=request, policy=policy,
-        history_reasoning=o.history_reasoning or history_reasoning_default(o.model),
-        openrouter=o.openrouter, plan_json=o.as_json and o.plan,
-        # needed unless --plan; none without OpenRouter
-        api_key=read_api_key(o.api_key_file, required=not o.plan) if o.openrouter else "")
