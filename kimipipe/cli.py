@@ -1,20 +1,21 @@
-"""What every kp-* command shares: option bundles, error handling, progress, exit codes.
+"""What every kp-* command shares: its settings, error handling, progress, exit codes.
 
-A command module defines its click command with `@kp_command(NAME, examples=...)` (which
-gives it `-h`/`--help`, `--version`, and a help ending with an Examples block and the exit
-codes) and exposes `main = run_command(cli)`; the console_scripts in setup.cfg point at
-`main`. A command with many options declares each of them once, in an `OptionTable`
-(`kp_command(..., options=TABLE)`: its click declaration, the field it fills and its --help
-section), and its function takes the parsed bundle. Summary lines count things with `counted(n, "record")` (`1 record`, `12,345
-records`), so numbers and plurals read the same in every command. `run_command` turns expected failures
-(KPError) into one line on stderr and their exit code, a closed stdout pipe
-(`kp-prompts x | head -1`) into a quiet exit, Ctrl-C into exit 130, and anything else
-into one line and exit 1; `--debug` or `KP_DEBUG=1` shows the traceback instead.
+A command module declares its settings type, a Struct whose fields are its options
+(kimipipe/options.py; the shared ones are here: INPUT, OUTPUT, QUIET, DEBUG, PARTITION),
+and its click command with `@kp_command(NAME, settings=TYPE, examples=...)`, which gives
+it `-h`/`--help`, `--version` and a help ending with an Examples block and the exit codes;
+the function takes one instance of TYPE. A command with words (`kp-shard verify DIR`) is a
+`KPGroup` of its default command and the words. The module exposes `main =
+run_command(cli)`; the console_scripts in setup.cfg point at `main`. Summary lines count
+things with `counted(n, "record")` (`1 record`, `12,345 records`), so numbers and plurals
+read the same in every command. `run_command` turns expected failures (KPError) into one
+line on stderr and their exit code, a closed stdout pipe (`kp-prompts x | head -1`) into a
+quiet exit, Ctrl-C into exit 130, and anything else into one line and exit 1; `--debug` or
+`KP_DEBUG=1` shows the traceback instead.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import re
@@ -24,12 +25,21 @@ import textwrap
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from . import __version__
 from .errors import ExitCode, KPError, keep_secret, redact
+from .options import (
+    CommandSettings,
+    argument,
+    check_settings,
+    option,
+    parameters,
+    sections_of,
+    settings_from,
+)
 from .partition import parse_partition
 
 if TYPE_CHECKING:
@@ -73,26 +83,43 @@ class ClosedOutputPipe(Exception):
     """stdout's reader went away (`kp-... | head -1`): a quiet exit 0, not an error."""
 
 
+class KPContext(click.Context):
+    """A kp-* command's context. A group's default command, run without a word (`kp-shard
+    IN --out DIR`), reads as the group itself: `Usage: kp-shard [OPTIONS] [INPUTS]...`,
+    `Try 'kp-shard -h' for help.`"""
+
+    @property
+    def command_path(self) -> str:
+        if self.parent is not None and not self.info_name:
+            return self.parent.command_path
+        return super().command_path
+
+
 class KPCommand(click.Command):
-    """A kp-* command: `-h` and `--help`, `--version`, and a help that ends with an
-    Examples block (lines kept as written) and the exit codes.
+    """A kp-* command: `-h` and `--help`, `--version` (not on a word: its parent's), and a
+    help that ends with an Examples block (lines kept as written) and the exit codes.
+    SECTIONS: the --help headings its options come under (SECTION_OF: parameter name ->
+    heading; --version and -h close the last), else one list.
 
     A closed stdout pipe leaves the command as ClosedOutputPipe, which run_command turns
     into a quiet exit 0 (click itself would make an EPIPE exit 1, silently).
     """
 
+    context_class = KPContext
+
     def __init__(self, *args, examples: str = "", exit_codes: str | None = None,
-                 options: OptionTable | None = None, **kwargs):
-        self.table = options
+                 sections: list[str] | None = None, section_of: dict[str, str] | None = None,
+                 word: bool = False, **kwargs):
+        self.sections, self.section_of = sections, section_of or {}
         settings = kwargs.setdefault("context_settings", {})
         settings.setdefault("help_option_names", ["-h", "--help"])
         super().__init__(*args, **kwargs)
         self.examples = textwrap.dedent(examples).strip("\n")
-        self.exit_codes = exit_codes if exit_codes is not None else EXIT_CODES.get(self.name, "")
-        # Last of the options, just before -h/--help.
-        click.version_option(__version__, "--version", prog_name=self.name,
-                             message="%(prog)s %(version)s",
-                             help="Show the version and exit.")(self)
+        self.exit_codes = exit_codes if exit_codes is not None else EXIT_CODES.get(self.name or "", "")
+        if not word:  # last of the options, just before -h/--help
+            click.version_option(__version__, "--version", prog_name=self.name,
+                                 message="%(prog)s %(version)s",
+                                 help="Show the version and exit.")(self)
 
     def invoke(self, ctx):
         try:
@@ -101,15 +128,14 @@ class KPCommand(click.Command):
             raise ClosedOutputPipe() from None
 
     def format_options(self, ctx, formatter) -> None:
-        """With an OptionTable: the options under the table's section headings, in its
-        order; the command's own (--version, -h) close the last section."""
-        if self.table is None:
+        """With SECTIONS: the options under their headings, in field order within each."""
+        if self.sections is None:
             return super().format_options(ctx, formatter)
-        sections: dict[str, list] = {title: [] for title in self.table.sections}
+        sections: dict[str, list] = {title: [] for title in self.sections}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
             if record is not None and not isinstance(param, click.Argument):
-                sections[self.table.section_of(param.name) or self.table.sections[-1]].append(record)
+                sections[self.section_of.get(param.name or "", self.sections[-1])].append(record)
         for title, records in sections.items():
             if records:
                 with formatter.section(title):
@@ -128,221 +154,78 @@ class KPCommand(click.Command):
             formatter.write_text(self.exit_codes)
 
 
-def word_help(ctx: click.Context, args: list[str],
-              words: dict[str, KPCommand | Callable[[], KPCommand]]) -> None:
-    """`kp-shard stats -h`, `kp-infer report --help`: a word's own help (usage, options,
-    examples, exit codes), not its parent's. WORDS: the word's help-only commands (or what
-    makes one, when it takes its parent's options)."""
-    if args and args[0] in words and any(a in ("-h", "--help") for a in args[1:]):
-        command = words[args[0]]
-        if not isinstance(command, click.Command):
-            command = command()
-        own = command.context_class(command, info_name=command.name, **command.context_settings)
-        click.echo(command.get_help(own))
-        ctx.exit(0)
+# What a group's parser is given in place of a word: its default command (no word is "").
+_DEFAULT = ""
 
 
-def help_only(name: str, text: str, *, arguments: str, examples: str,
-              options: tuple[tuple[str, str], ...] = (),
-              params: list[click.Parameter] | tuple = ()) -> KPCommand:
-    """A word's help as its own command (`word_help` prints it; the parent parses the word):
-    OPTIONS as (flags, help) flags, PARAMS the parent's own options the word takes."""
-    params = [click.Argument(["arguments"], nargs=-1, metavar=arguments), *params]
-    params += [click.Option(flags.split(", "), is_flag=True, help=what) for flags, what in options]
-    command = KPCommand(name, help=text, params=params, examples=examples)
-    command.params = [p for p in command.params if p.name != "version"]  # the parent's flag
-    return command
+class KPGroup(click.Group):
+    """A kp-* command with words (`kp-shard verify DIR...`, `kp-infer report FILE...`), each
+    a command of its own, and a default command (the build, the run) for everything else.
+
+    The first argument is a word when the word's own arguments follow it (the next one is
+    not an option) or its help is asked for (`kp-shard stats -h`). Otherwise every argument
+    is the default command's, whose help, usage and errors are the group's own
+    (`kp-shard -h`), and a file named like a word is still an input
+    (`kp-infer report --plan` reads the file `report`)."""
+
+    def __init__(self, default: KPCommand, words: Iterable[KPCommand]):
+        super().__init__(default.name, commands={(w.name or "").split()[-1]: w for w in words},
+                         add_help_option=False, no_args_is_help=False)
+        self.default = default
+
+    def is_word(self, args: list[str]) -> bool:
+        if not args or args[0] not in self.commands:
+            return False
+        rest = args[1:]
+        return (bool(rest) and not rest[0].startswith("-")) or any(a in ("-h", "--help") for a in rest)
+
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, list(args) if self.is_word(args) else [_DEFAULT, *args])
+
+    def get_command(self, ctx, cmd_name):
+        return self.default if cmd_name == _DEFAULT else super().get_command(ctx, cmd_name)
 
 
-def kp_command(name: str, *, examples: str, exit_codes: str | None = None,
-               cls: type[KPCommand] = KPCommand, options: OptionTable | None = None, **attrs):
-    """`@click.command` for a kp-* command (see KPCommand). With OPTIONS (an OptionTable),
-    the command's parameters are the table's, and the decorated function takes one
-    argument: the parsed bundle (`Parsed`), not one parameter per option."""
-    if options is None:
-        return click.command(name=name, cls=cls, examples=examples, exit_codes=exit_codes, **attrs)
-    make = click.command(name=name, cls=cls, examples=examples, exit_codes=exit_codes,
-                         options=options, params=options.params(), **attrs)
+S = TypeVar("S", bound=CommandSettings)
 
-    def decorator(f):
+
+def kp_command(name: str, *, settings: type[S], examples: str, exit_codes: str | None = None,
+               sections: list[str] | None = None, cls: type[KPCommand] = KPCommand,
+               **attrs) -> Callable[[Callable[[S], Any]], KPCommand]:
+    """`@click.command` for a kp-* command (see KPCommand) whose options are the fields of
+    SETTINGS (kimipipe/options.py), checked here, at import: the decorated function takes
+    one SETTINGS instance. A name of several words has no --version: a word of a group,
+    named with its parent (`kp-infer report`: the parent's flag), or a module run with
+    `python -m` (the stand-in, the demo)."""
+    check_settings(name, settings, sections)
+
+    def decorator(f: Callable[[S], Any]) -> KPCommand:
         @functools.wraps(f)
         def callback(**values):
-            return f(Parsed(values))
-        return make(callback)
+            return f(settings_from(settings, values))
+
+        attrs.setdefault("help", f.__doc__)
+        return cls(name, callback=callback, params=parameters(settings), examples=examples,
+                   exit_codes=exit_codes, sections=sections, section_of=sections_of(settings),
+                   word=" " in name, **attrs)
 
     return decorator
 
 
-# -- options declared once ------------------------------------------------------------------
+# -- the options every command shares, as fields: `quiet: bool = QUIET()`, `QUIET(section=...)`
 
-@dataclasses.dataclass(frozen=True)
-class Derived:
-    """Where an option's value goes when it is not copied as it is into one field: NAME
-    says what is computed. COMPUTE(bundle) returns RECORD's fields it sets ({field: value});
-    without a RECORD the command reads the options itself (a dispatch between modes, the
-    messages), and there is nothing to compute."""
-
-    name: str
-    record: str | None = None
-    compute: Callable[[Parsed], dict] | None = None
-
-
-class Declared:
-    """One parameter of a command, declared once: DECLS and CLICK as click.option (or, with
-    ARGUMENT, click.argument) takes them; FILLS, the field its value goes to ("config.max_cost":
-    record `config`'s field `max_cost`) or a Derived; SECTION, its --help heading; CONVERT,
-    applied to the value on the way (a repeatable option fills a list without one).
-
-    Used alone (`@output_option(...)`) it is a click decorator; an OptionTable takes it
-    with its FILLS and SECTION (`.at(...)`, for the shared ones declared here)."""
-
-    def __init__(self, *decls: str, fills: str | Derived | None = None, section: str | None = None,
-                 convert: Callable[[Any], Any] | None = None, argument: bool = False, **click):
-        self.decls, self.click, self.argument = decls, click, argument
-        self.fills, self.section, self.convert = fills, section, convert
-        self.name = self.make().name
-        # how messages name it: its long flag (`--done`, not `done_files`), or the argument
-        self.flag = next((d for d in decls if d.startswith("--")), self.name.upper())
-
-    def make(self) -> click.Parameter:
-        return (click.Argument if self.argument else click.Option)(list(self.decls), **self.click)
-
-    def at(self, fills: str | Derived, section: str | None = None,
-           convert: Callable[[Any], Any] | None = None) -> Declared:
-        """This parameter, filling FILLS and listed under SECTION (the shared ones)."""
-        return Declared(*self.decls, fills=fills, section=section, convert=convert,
-                        argument=self.argument, **self.click)
-
-    def value(self, values: dict) -> Any:
-        value = values[self.name]
-        if self.convert is not None:
-            return self.convert(value)
-        return list(value) if isinstance(value, tuple) and self.click.get("multiple") else value
-
-    def __call__(self, f):
-        return (click.argument if self.argument else click.option)(*self.decls, **self.click)(f)
-
-    def __repr__(self) -> str:
-        return f"Declared({self.flag})"
-
-
-class Parsed:
-    """A command's parsed options, one attribute each, named as click names them
-    (`--max-cost` is `.max_cost`, `--done` is `.done_files`): what the command takes."""
-
-    def __init__(self, values: dict):
-        self.__dict__.update(values)
-
-    def __repr__(self) -> str:  # names only: --proxy may hold a password
-        return f"Parsed({', '.join(self.__dict__)})"
-
-
-def _record_fields(cls: type) -> set[str]:
-    if dataclasses.is_dataclass(cls):
-        return {f.name for f in dataclasses.fields(cls)}
-    return set(getattr(cls, "__struct_fields__", ()))  # a msgspec Struct
-
-
-class OptionTable:
-    """Every parameter of one command, each declared once (see Declared), and what follows
-    from it: the click parameters (in the table's order), the --help sections (SECTIONS'
-    order; an option's place within its section is its place in the table) and the fields
-    of the records the command builds (RECORDS: name -> dataclass or Struct).
-
-    The table refuses, when it is made (so at import, before any command runs), an option
-    without a section among SECTIONS, a parameter without FILLS, a FILLS naming a record or
-    field that does not exist, and two parameters filling one field."""
-
-    def __init__(self, command: str, entries: Iterable[Declared], *, sections: Iterable[str],
-                 records: dict[str, type]):
-        self.command = command
-        self.entries = list(entries)
-        self.sections = list(sections)
-        self.records = records
-        self.by_name = {e.name: e for e in self.entries}
-        problems = [f"{command} {e.flag}: declared twice" for e in self.entries
-                    if self.by_name[e.name] is not e]
-        filled: dict[str, str] = {}
-        for e in self.entries:
-            where = f"{command} {e.flag}"
-            if not e.argument and e.section not in self.sections:
-                problems.append(f"{where}: no --help section (one of: {', '.join(self.sections)})")
-            if isinstance(e.fills, Derived):
-                d = e.fills
-                if (d.record is None) != (d.compute is None) or (d.record and d.record not in records):
-                    problems.append(f"{where}: derivation {d.name!r} needs a record of "
-                                    f"{sorted(records)} and a compute, or neither")
-            elif isinstance(e.fills, str) and e.fills.count(".") == 1:
-                record, field = e.fills.split(".")
-                if record not in records or field not in _record_fields(records[record]):
-                    problems.append(f"{where}: fills {e.fills}, which {sorted(records)} lack")
-                elif e.fills in filled:
-                    problems.append(f"{where}: fills {e.fills}, as {filled[e.fills]} does")
-                filled[e.fills] = where
-            else:
-                problems.append(f"{where}: fills nothing (a record's field, or a Derived)")
-        if problems:
-            raise TypeError("; ".join(problems))
-
-    def params(self) -> list[click.Parameter]:
-        return [e.make() for e in self.entries]
-
-    def section_of(self, name: str | None) -> str | None:
-        entry = self.by_name.get(name or "")
-        return entry.section if entry else None
-
-    def derivations(self) -> list[Derived]:
-        seen: list[Derived] = []
-        for e in self.entries:
-            if isinstance(e.fills, Derived) and e.fills not in seen:
-                seen.append(e.fills)
-        return seen
-
-    def fields(self, record: str, bundle: Parsed) -> dict:
-        """RECORD's fields from BUNDLE: the options filling them as they are (converted),
-        then the derivations that set its fields (in table order)."""
-        values = {}
-        for e in self.entries:
-            if isinstance(e.fills, str) and e.fills.split(".")[0] == record:
-                values[e.fills.split(".")[1]] = e.value(bundle.__dict__)
-        for d in self.derivations():
-            if d.record == record and d.compute is not None:
-                computed = d.compute(bundle)
-                if set(computed) & set(values):
-                    raise TypeError(f"{self.command}: derivation {d.name!r} sets "
-                                    f"{sorted(set(computed) & set(values))}, filled by options")
-                values.update(computed)
-        return values
-
-
-def input_argument(multiple: bool = False) -> Declared:
-    """INPUT path(s); `-` (the default) is stdin; zstd is read transparently."""
-    if multiple:
-        return Declared("inputs", nargs=-1, type=click.Path(allow_dash=True), argument=True)
-    return Declared("input", default="-", type=click.Path(allow_dash=True), argument=True)
-
-
-def output_option(help_text: str = "Output file (`-` = stdout; `.zst` compresses).") -> Declared:
-    return Declared("-o", "--output", default="-", show_default=True,
-                    type=click.Path(allow_dash=True), help=help_text)
-
-
-QUIET = Declared("-q", "--quiet", is_flag=True, help="No progress bars, warnings or summaries on stderr.")
-DEBUG = Declared("--debug", is_flag=True, help="Show tracebacks of unexpected errors (or KP_DEBUG=1).")
-# --quiet and --debug in a table: the command's Stderr reads --quiet, run_command --debug
-MESSAGES = Derived("messages: --quiet silences stderr; run_command shows tracebacks with --debug")
-
-
-def quiet_option(f):
-    return QUIET(f)
-
-
-def debug_option(f):
-    return DEBUG(f)
-
-
-def common_options(f):
-    return quiet_option(debug_option(f))
+# INPUT path; `-` (the default) is stdin; zstd is read transparently. INPUTS: several
+# (none: stdin).
+INPUT = functools.partial(argument, default="-", type=click.Path(allow_dash=True))
+INPUTS = functools.partial(argument, nargs=-1, type=click.Path(allow_dash=True))
+OUTPUT = functools.partial(option, "-o", "--output", default="-", show_default=True,
+                           type=click.Path(allow_dash=True),
+                           help="Output file (`-` = stdout; `.zst` compresses).")
+QUIET = functools.partial(option, "-q", "--quiet", is_flag=True,
+                          help="No progress bars, warnings or summaries on stderr.")
+# (run_command reads --debug from the command line itself, for the traceback)
+DEBUG = functools.partial(option, "--debug", is_flag=True,
+                          help="Show tracebacks of unexpected errors (or KP_DEBUG=1).")
 
 
 PROGRESS_INTERVAL_ENV = "KP_PROGRESS_INTERVAL"
@@ -603,8 +486,6 @@ class PartitionType(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-# `--partition K/N`: only the IDs whose hash falls in part K of N (kimipipe/partition.py);
-# `@partition_option`, or `partition_option.at(...)` in a table.
-partition_option = Declared("--partition", type=PartitionType(), default=None,
-                            help="Only the IDs whose hash falls in part K of N (one part per machine).")
-
+# `--partition K/N`: only the IDs whose hash falls in part K of N (kimipipe/partition.py).
+PARTITION = functools.partial(option, "--partition", type=PartitionType(), default=None,
+                              help="Only the IDs whose hash falls in part K of N (one part per machine).")

@@ -17,16 +17,18 @@ and the stand-in is stopped, also when the demo is interrupted.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 import msgspec
 
+from .cli import kp_command
 from .contracts import read_summary
+from .options import CommandSettings, option
 from .shard.readback import read_manifest
 from .standin.testing import StandIn
 
@@ -116,24 +118,35 @@ def show_row(out: Path, row_id: str | None, tokens: Path | None = None,
     ])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m kimipipe.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="demo-out", help="where the demo writes (replaced)")
-    parser.add_argument("--make", default="make", help="the make command to run")
-    parser.add_argument("--venv", default=".venv", help="the virtual environment make uses")
-    parser.add_argument("--row", nargs="?", const="", default=None, metavar="ID",
-                        help="run nothing: show one finished row of an earlier demo, decoded")
-    parser.add_argument("--tokens", metavar="FILE",
-                        help="with --row: a tokens file of your own build instead "
-                             "(WORK/D.tokens.jsonl.zst, or kp-tokenize's -o)")
-    parser.add_argument("--tokenizer", metavar="DIR",
-                        help="with --tokens: the tokenizer that made it (the build's TOKENIZER)")
-    args = parser.parse_args()
+# --help: the module's text, its examples (the indented block) kept as written
+_HELP, _, _EXAMPLES = __doc__.partition("\n\n    python")
+
+
+class DemoSettings(CommandSettings):
+    out: str = option("--out", default="demo-out", help="where the demo writes (replaced)")
+    make: str = option("--make", default="make", help="the make command to run")
+    venv: str = option("--venv", default=".venv", help="the virtual environment make uses")
+    row: str | None = option(
+        "--row", is_flag=False, flag_value="", default=None, metavar="[ID]",
+        help="run nothing: show one finished row of an earlier demo, decoded")
+    tokens: str | None = option(
+        "--tokens", metavar="FILE",
+        help="with --row: a tokens file of your own build instead (WORK/D.tokens.jsonl.zst, "
+             "or kp-tokenize's -o)")
+    tokenizer: str | None = option(
+        "--tokenizer", metavar="DIR",
+        help="with --tokens: the tokenizer that made it (the build's TOKENIZER)")
+
+
+@kp_command("python -m kimipipe.demo", settings=DemoSettings, help=_HELP,
+            examples="    python" + _EXAMPLES, exit_codes="Exit codes: 0 done; 1 the build failed (make's "
+            "exit code in the message); 2 a bad option; 130 interrupted (the stand-in is stopped).")
+def command(args: DemoSettings) -> None:
     if (args.tokens or args.tokenizer) and args.row is None:
-        parser.error("--tokens and --tokenizer go with --row")
+        raise click.UsageError("--tokens and --tokenizer go with --row")
     if bool(args.tokens) != bool(args.tokenizer):  # IDs decoded by another tokenizer read as noise
-        parser.error("--tokens and --tokenizer go together: the tokens file and the TOKENIZER that made it")
+        raise click.UsageError("--tokens and --tokenizer go together: the tokens file and the "
+                               "TOKENIZER that made it")
     if args.row is not None:
         print(show_row(Path(args.out).resolve(), args.row or None,
                        Path(args.tokens) if args.tokens else None,
@@ -167,6 +180,10 @@ def main() -> None:
         ]),
         file=sys.stderr,
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    command.main(args=argv, prog_name="python -m kimipipe.demo")
 
 
 if __name__ == "__main__":

@@ -262,9 +262,13 @@ def test_a_closed_output_pipe_ends_the_command_quietly(command, ctx, tmp_path):
 
 
 def click_command(name: str) -> click.Command:
+    """kp-NAME's click command: with words, the default one (the build, the run)."""
     import importlib
 
-    return importlib.import_module(f"kimipipe.commands.{name}").cli
+    from kimipipe.cli import KPGroup
+
+    cli = importlib.import_module(f"kimipipe.commands.{name}").cli
+    return cli.default if isinstance(cli, KPGroup) else cli
 
 
 @each(COMMANDS, "help")
@@ -326,12 +330,13 @@ def test_version(command):
 def test_infer_help_reads_as_a_paying_user_reads_it():
     """kp-infer's options come in sections, money first, every option in one; `-m` is
     --model; the default --concurrency is set beside the README's 2000."""
-    from kimipipe.infer.options import OPTIONS
+    from kimipipe.infer.options import SECTIONS, InferOptions
+    from kimipipe.options import sections_of
 
     text = kp("infer", "--help").stdout.decode()
     headings = [line[:-1] for line in text.splitlines() if line.endswith(":") and
-                not line.startswith(" ") and line[:-1] in OPTIONS.sections]
-    assert headings == OPTIONS.sections and headings[-1] == "Other options"
+                not line.startswith(" ") and line[:-1] in SECTIONS]
+    assert headings == SECTIONS and headings[-1] == "Other options"
     other = text.split("\nOther options:\n")[1].split("\n\n")[0]
     assert [line.split()[0] for line in other.splitlines()] == ["-q,", "--debug", "--version",
                                                                 "-h,"]
@@ -340,13 +345,13 @@ def test_infer_help_reads_as_a_paying_user_reads_it():
     assert "-m, --model TEXT" in text
     concurrency = " ".join(text.split("--concurrency INTEGER RANGE")[1].split("\n\n")[0].split())
     assert "[default: 64" in concurrency and "use 2000" in concurrency
-    # every option is listed where the table puts it: under its section's heading
-    sections = dict.fromkeys(OPTIONS.sections, "")
+    # every option is listed where its declaration puts it: under its section's heading
+    sections = dict.fromkeys(SECTIONS, "")
     for title, following in zip(headings, [*headings[1:], None], strict=True):
         sections[title] = text.split(f"\n{title}:\n")[1].split(f"\n{following}:\n")[0]
     command = click_command("infer")
+    section_of = sections_of(InferOptions)
     for param in command.params:
-        entry = OPTIONS.by_name.get(param.name)
-        if isinstance(param, click.Option) and entry is not None:
+        if isinstance(param, click.Option) and param.name in section_of:
             flags = param.get_help_record(click.Context(command))[0]  # "-m, --model TEXT"
-            assert f"\n  {flags}" in "\n" + sections[entry.section], param.name
+            assert f"\n  {flags}" in "\n" + sections[section_of[param.name]], param.name

@@ -259,8 +259,8 @@ def test_moderation_fault_rate(standin):
 @pytest.mark.parametrize("args, message", [
     (["--inflight-ratio", "0"], "inflight_ratio must be > 0"),
     (["--settle", "-1"], "settle must be >= 0"),
-    (["--limit-status", "401"], "invalid choice"),
-    (["--limit-reset", "hourly"], "invalid choice"),
+    (["--limit-status", "401"], "is not one of"),
+    (["--limit-reset", "hourly"], "is not one of"),
     (["--workspace-budget", "-2"], "workspace_budget must be >= 0"),
     (["--drop-reasoning", "nobody=0.5"], "unknown provider 'nobody'"),
     (["--drop-reasoning", "together=2"], "rate must be in [0, 1]"),

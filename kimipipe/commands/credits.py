@@ -39,7 +39,7 @@ import sys
 
 import click
 
-from ..cli import common_options, kp_command, read_api_key, run_command, say
+from ..cli import DEBUG, QUIET, kp_command, read_api_key, run_command, say
 from ..errors import ExitCode, KPError
 from ..openrouter import DEFAULT_BASE_URL
 from ..openrouter.account import (
@@ -51,6 +51,7 @@ from ..openrouter.account import (
     unreadable_balance,
 )
 from ..openrouter.proxy import parse_proxy, scrub
+from ..options import CommandSettings, option
 
 
 def usd(value: float | None) -> str:
@@ -87,36 +88,50 @@ EXIT_CODES = ("Exit codes: 0 ok; 1 network or API error, or --min with an unknow
               "2 no key, or the key was refused (401); 3 below --min.")
 
 
-@kp_command("kp-credits", examples=EXAMPLES, exit_codes=EXIT_CODES)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON record (the default "
-              "when stdout is not a terminal).")
-@click.option("--text", "as_text", is_flag=True, help="Print the human-readable form even "
-              "when stdout is not a terminal.")
-@click.option("--min", "minimum", type=float, default=None, metavar="USD",
-              help="Exit 3 when less than USD can still be spent.")
-@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
-              help="Read the API key from this file (else OPENROUTER_API_KEY).")
-@click.option("--base-url", default=None,
-              help=f"API base URL (else OPENROUTER_BASE_URL, else {DEFAULT_BASE_URL}).")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
-              help="Seconds to wait for OpenRouter.")
-@click.option("--proxy", default=None, metavar="URL",
-              help="Go through this HTTP proxy (http://[USER:PASSWORD@]HOST:PORT) instead of "
-                   "HTTPS_PROXY/HTTP_PROXY/NO_PROXY. The password is never printed.")
-@common_options
-def cli(as_json, as_text, minimum, api_key_file, base_url, timeout, proxy, quiet, debug):
+class CreditsSettings(CommandSettings):
+    """kp-credits' command line, one field per option, in --help order."""
+
+    as_json: bool = option(
+        "--json", is_flag=True,
+        help="Print one JSON record (the default when stdout is not a terminal).")
+    as_text: bool = option(
+        "--text", is_flag=True,
+        help="Print the human-readable form even when stdout is not a terminal.")
+    minimum: float | None = option(
+        "--min", type=float, default=None, metavar="USD",
+        help="Exit 3 when less than USD can still be spent.")
+    api_key_file: str | None = option(
+        "--api-key-file", type=click.Path(dir_okay=False), default=None,
+        help="Read the API key from this file (else OPENROUTER_API_KEY).")
+    base_url: str | None = option(
+        "--base-url", default=None,
+        help=f"API base URL (else OPENROUTER_BASE_URL, else {DEFAULT_BASE_URL}).")
+    timeout: float = option(
+        "--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+        help="Seconds to wait for OpenRouter.")
+    proxy: str | None = option(
+        "--proxy", default=None, metavar="URL",
+        help="Go through this HTTP proxy (http://[USER:PASSWORD@]HOST:PORT) instead of "
+             "HTTPS_PROXY/HTTP_PROXY/NO_PROXY. The password is never printed.")
+    quiet: bool = QUIET()
+    debug: bool = DEBUG()
+
+
+@kp_command("kp-credits", settings=CreditsSettings, examples=EXAMPLES, exit_codes=EXIT_CODES)
+def cli(o: CreditsSettings) -> int:
     """Print the OpenRouter account's balance and the key's limit."""
+    as_json, as_text, minimum, proxy, quiet = o.as_json, o.as_text, o.minimum, o.proxy, o.quiet
     if as_json and as_text:
         raise KPError("--json and --text exclude each other", ExitCode.USAGE)
-    key = read_api_key(api_key_file)
-    base = base_url or os.environ.get("OPENROUTER_BASE_URL") or DEFAULT_BASE_URL
+    key = read_api_key(o.api_key_file)
+    base = o.base_url or os.environ.get("OPENROUTER_BASE_URL") or DEFAULT_BASE_URL
     if proxy:
         try:
             parse_proxy(proxy)
         except ValueError as e:
             raise KPError(f"--proxy: {e}", ExitCode.USAGE) from None
     try:
-        balance = fetch_balance(key, base, timeout=timeout, proxy=proxy)
+        balance = fetch_balance(key, base, timeout=o.timeout, proxy=proxy)
     except AuthError as e:
         raise KPError(scrub(str(e), proxy), ExitCode.USAGE) from None
     except AccountError as e:  # NetworkError included: exit 1

@@ -76,19 +76,23 @@ import click
 
 from ..cli import (
     KPCommand,
-    Parsed,
+    KPGroup,
     Stderr,
-    help_only,
     kp_command,
+    read_api_key,
     run_command,
     sigterm_as_ctrl_c,
-    word_help,
 )
 from ..errors import ExitCode, KPError
-from ..infer.options import OPTIONS, run_config
+from ..infer.config import RunConfig
+from ..infer.options import SECTIONS, InferOptions, ReportOptions
 from ..infer.preflight import DEFAULT_REQUESTS, run_preflight
 from ..infer.report_files import format_report, read_report, report_json
 from ..infer.run import run_infer
+from ..openrouter.models import default_quantizations, history_reasoning_default, served_sampling
+from ..openrouter.request import RequestOptions
+from ..openrouter.routing import Policy
+from ..options import fields_for
 
 EXAMPLES = """
     kp-infer B3.prompts.jsonl --plan --max-cost 95
@@ -107,69 +111,29 @@ EXAMPLES = """
 """
 
 
-# The options `kp-infer report FILE...` takes with a value (not a file to read).
-_REPORT_VALUE_OPTIONS = {"--html", "--total-cost", "--max-cost", "--token-budget"}
-
-
-def _report_word() -> KPCommand:
-    """`kp-infer report -h`: the word's own help, with the options it takes (kp-infer's)."""
-    takes = ("max_cost", "token_budget", "total_cost", "html", "as_json", "quiet")  # its order
-    params = {p.name: p for p in cli.params}
-    return help_only(
-        "kp-infer report",
-        "The providers compared, from responses and failures files on disk (= --report FILE "
-        "...): per provider its answers, failures, cost, tokens and latency, and a histogram; "
-        "on stdout. With --html OUT, the build plotted in one HTML page from any of its files "
-        "(docs/report.md). Sends nothing, needs no key.",
-        arguments="FILE...", params=[params[name] for name in takes],
-        examples="kp-infer report B3.responses.jsonl B3.failures.jsonl\n"
-                 "kp-infer report work/*.responses.jsonl --json\n"
-                 "kp-infer report work/B3.* shards/B3 --html B3.html --max-cost 95 --token-budget 10M")
-
-
-WORDS = {"report": _report_word}
-
-
-class _InferCommand(KPCommand):
-    """`kp-infer report FILE...` is spelled as a word too (= --report FILE ...); --help
-    shows the options under infer/options.py's sections."""
+class _Run(KPCommand):
+    """`--preflight` takes an optional N: followed by anything but a number, it is 3."""
 
     def parse_args(self, ctx, args):
-        args = list(args)
-        word_help(ctx, args, WORDS)
-        if len(args) >= 2 and args[0] == "report" and not args[1].startswith("-"):
-            words, args = args[1:], []
-            for i, arg in enumerate(words):  # a file, unless it is an option or its value
-                option = arg.startswith("-") and arg != "-"
-                value = i > 0 and words[i - 1] in _REPORT_VALUE_OPTIONS
-                args += [arg] if option or value else ["--report", arg]
-        # `--preflight` takes an optional N: followed by anything but a number, it is 3
         args = [f"--preflight={DEFAULT_REQUESTS}" if arg == "--preflight"
                 and not (i + 1 < len(args) and args[i + 1].isdigit()) else arg
                 for i, arg in enumerate(args)]
         return super().parse_args(ctx, args)
 
 
-@kp_command("kp-infer", examples=EXAMPLES, cls=_InferCommand, options=OPTIONS, epilog=(
+@kp_command("kp-infer", settings=InferOptions, sections=SECTIONS, examples=EXAMPLES, cls=_Run,
+            epilog=(
     "Also: `kp-infer report FILE...` (= --report FILE ...): the providers compared, from "
     "responses and failures files on disk; the report on stdout (--json for JSON); with "
     "--html OUT, the build plotted in one HTML page from any of its files (docs/report.md)."))
-def cli(o: Parsed):
+def run(o: InferOptions) -> int:
     """Send prompt records (default: stdin) to OpenRouter; write response records."""
     say = Stderr(o.quiet)
     if o.html and not o.report_files:
         raise KPError("--html goes with --report (kp-infer report FILE... --html OUT)", ExitCode.USAGE)
-    if o.report_files and o.html:
-        from ..report import Settings, write_report  # (the shard readers: only here)
-        settings = Settings(total_cost=o.total_cost, max_cost=o.max_cost, token_budget=o.token_budget)
-        write_report(list(o.report_files), settings, o.html, say)
-        if o.html != "-":
-            say(f"kp-infer: the build report is in {o.html}")
-        return ExitCode.OK
     if o.report_files:
-        report = read_report(list(o.report_files), say)
-        click.echo(report_json(report) if o.as_json else format_report(report))
-        return ExitCode.OK
+        return _report(o.report_files, o.html, o.as_json, o.total_cost, o.max_cost,
+                       o.token_budget, say)
     if o.as_json and not (o.plan or o.preflight is not None):
         raise KPError("--json goes with --plan, --report or --preflight", ExitCode.USAGE)
     if o.use_openrouter and not o.servers:
@@ -185,4 +149,67 @@ def cli(o: Parsed):
         return run_infer(config, say)
 
 
+@kp_command("kp-infer report", settings=ReportOptions, examples="""
+    kp-infer report B3.responses.jsonl B3.failures.jsonl
+    kp-infer report work/*.responses.jsonl --json
+    kp-infer report work/B3.* shards/B3 --html B3.html --max-cost 95 --token-budget 10M
+""")
+def report(o: ReportOptions) -> int:
+    """The providers compared, from responses and failures files on disk (= --report FILE
+    ...): per provider its answers, failures, cost, tokens and latency, and a histogram; on
+    stdout. With --html OUT, the build plotted in one HTML page from any of its files
+    (docs/report.md). Sends nothing, needs no key."""
+    return _report(o.files, o.html, o.as_json, o.total_cost, o.max_cost, o.token_budget,
+                   Stderr(o.quiet))
+
+
+def _report(files: list[str], html: str | None, as_json: bool, total_cost: float | None,
+            max_cost: float | None, token_budget: int | None, say: Stderr) -> int:
+    if html:
+        from ..report import Settings, write_report  # (the shard readers: only here)
+        settings = Settings(total_cost=total_cost, max_cost=max_cost, token_budget=token_budget)
+        write_report(files, settings, html, say)
+        if html != "-":
+            say(f"kp-infer: the build report is in {html}")
+        return ExitCode.OK
+    table = read_report(files, say)
+    click.echo(report_json(table) if as_json else format_report(table))
+    return ExitCode.OK
+
+
+def run_config(o: InferOptions) -> RunConfig:
+    """The run's configuration from the options (`fills=` says which field each goes to)."""
+    # The model's served sampling where the user set none (user flags win), and the
+    # preset's mode said in the body (and so in each record).
+    served = served_sampling(o.model, o.reasoning, o.reasoning_effort)
+    reasoning = True if (served is not None and o.reasoning is None
+                         and o.reasoning_effort is None) else o.reasoning
+    served = served or {}
+    request = RequestOptions(
+        **fields_for(o, RequestOptions), reasoning=reasoning,
+        temperature=o.temperature if o.temperature is not None else served.get("temperature"),
+        top_p=o.top_p if o.top_p is not None else served.get("top_p"))
+    if request.require_logprobs and request.logprobs is False:
+        raise KPError("--require-logprobs and --no-logprobs: one or the other", ExitCode.USAGE)
+    if request.require_logprobs and not request.require_parameters:
+        raise KPError("--require-logprobs sends provider.require_parameters, which holds for "
+                      "every parameter sent, the sampling too: it cannot go with "
+                      "--no-require-parameters", ExitCode.USAGE)
+    # the model's native quantizations unless given (or --any-quantization)
+    policy = Policy(**fields_for(o, Policy), quantizations=default_quantizations(
+        o.model, o.quantization, o.any_quantization))
+    policy.required_parameters = request.enforced_parameters(policy)
+    try:
+        request.sampling(policy)
+    except ValueError as e:
+        raise KPError(str(e), ExitCode.USAGE) from None
+    return RunConfig(
+        **fields_for(o, RunConfig), request=request, policy=policy,
+        history_reasoning=o.history_reasoning or history_reasoning_default(o.model),
+        openrouter=o.openrouter, plan_json=o.as_json and o.plan,
+        # needed unless --plan; none without OpenRouter
+        api_key=read_api_key(o.api_key_file, required=not o.plan) if o.openrouter else "")
+
+
+cli = KPGroup(run, [report])
 main = run_command(cli)

@@ -23,17 +23,10 @@ import tempfile
 
 import click
 
-from ..cli import (
-    common_options,
-    counted,
-    input_argument,
-    kp_command,
-    output_option,
-    run_command,
-    say,
-)
+from ..cli import DEBUG, INPUTS, OUTPUT, QUIET, counted, kp_command, run_command, say
 from ..errors import InputError
 from ..io import AtomicOutput, check_writable, spool_stdin
+from ..options import CommandSettings, option
 from ..prompts.formats import FORMAT_CHOICES
 from ..prompts.selection import Reading, Selection, candidates, make_prompt, select, write_order
 from ..prompts.turns import TURNS
@@ -46,34 +39,52 @@ EXAMPLES = """
 """
 
 
-@kp_command("kp-prompts", examples=EXAMPLES)
-@input_argument(multiple=True)
-@output_option("Output file (`-` = stdout; `.zst` compresses). Appears only when complete.")
-@click.option("--dataset", default="", help="Dataset name to tag the records with (e.g. B3).")
-@click.option("--format", "fmt", type=click.Choice(FORMAT_CHOICES), default="auto", show_default=True,
-              help="Source format; `auto` detects it per record; `text` is one prompt per line.")
-@click.option("--id-field", default=None,
-              help="Source field holding a record's own id (else IDs are content hashes). "
-                   "[default: id; MT-Bench: question_id; OpenAssistant: message_id]")
-@click.option("--system", default=None, help="System message to prepend where a conversation has none.")
-@click.option("--turns", type=click.Choice(TURNS), default="all", show_default=True,
-              help="all: one prompt per conversation, its first user turn with the later ones as "
-                   "follow_ups (the source's answers dropped); last: the conversation up to its "
-                   "last user turn; each: one prompt per user turn, with the source's history.")
-@click.option("--strict", is_flag=True,
-              help="A record with a tool turn, a tool declaration or a non-text part is an error "
-                   "(by default it is skipped, and counted).")
-@click.option("--keep-duplicates", is_flag=True, help="Keep prompts whose messages repeat an earlier one.")
-@click.option("--limit", type=click.IntRange(min=0), default=None, help="Write at most N prompts.")
-@click.option("--shuffle", is_flag=True, help="Deterministic shuffle (with --seed) before --limit.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
-@click.option("--max-chars", type=click.IntRange(min=1), default=None,
-              help="Skip prompts whose messages and follow-ups hold more than N characters in all.")
-@common_options
-def cli(inputs, output, dataset, fmt, id_field, system, turns, strict, keep_duplicates, limit,
-        shuffle, seed, max_chars, quiet, debug):
+class PromptsSettings(CommandSettings):
+    """kp-prompts' command line, one field per option, in --help order."""
+
+    inputs: list[str] = INPUTS()
+    output: str = OUTPUT(
+        help="Output file (`-` = stdout; `.zst` compresses). Appears only when complete.")
+    dataset: str = option("--dataset", default="",
+                          help="Dataset name to tag the records with (e.g. B3).")
+    fmt: str = option(
+        "--format", type=click.Choice(FORMAT_CHOICES), default="auto", show_default=True,
+        help="Source format; `auto` detects it per record; `text` is one prompt per line.")
+    id_field: str | None = option(
+        "--id-field", default=None,
+        help="Source field holding a record's own id (else IDs are content hashes). "
+             "[default: id; MT-Bench: question_id; OpenAssistant: message_id]")
+    system: str | None = option(
+        "--system", default=None, help="System message to prepend where a conversation has none.")
+    turns: str = option(
+        "--turns", type=click.Choice(TURNS), default="all", show_default=True,
+        help="all: one prompt per conversation, its first user turn with the later ones as "
+             "follow_ups (the source's answers dropped); last: the conversation up to its "
+             "last user turn; each: one prompt per user turn, with the source's history.")
+    strict: bool = option(
+        "--strict", is_flag=True,
+        help="A record with a tool turn, a tool declaration or a non-text part is an error "
+             "(by default it is skipped, and counted).")
+    keep_duplicates: bool = option(
+        "--keep-duplicates", is_flag=True,
+        help="Keep prompts whose messages repeat an earlier one.")
+    limit: int | None = option(
+        "--limit", type=click.IntRange(min=0), default=None, help="Write at most N prompts.")
+    shuffle: bool = option(
+        "--shuffle", is_flag=True, help="Deterministic shuffle (with --seed) before --limit.")
+    seed: int = option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
+    max_chars: int | None = option(
+        "--max-chars", type=click.IntRange(min=1), default=None,
+        help="Skip prompts whose messages and follow-ups hold more than N characters in all.")
+    quiet: bool = QUIET()
+    debug: bool = DEBUG()
+
+
+@kp_command("kp-prompts", settings=PromptsSettings, examples=EXAMPLES)
+def cli(o: PromptsSettings) -> None:
     """Read prompt sources (default: stdin) and write prompt records, one JSON per line."""
-    inputs = list(inputs) or ["-"]
+    inputs, output, dataset, shuffle, quiet = o.inputs, o.output, o.dataset, o.shuffle, o.quiet
+    inputs = inputs or ["-"]
     if inputs.count("-") > 1:
         raise InputError("stdin (`-`) can be read only once")
     check_writable(output, "-o", in_place=False)
@@ -85,9 +96,9 @@ def cli(inputs, output, dataset, fmt, id_field, system, turns, strict, keep_dupl
             else:
                 sources.append((path, path))
 
-        reading = Reading(sources, fmt, id_field, system, turns, strict)
-        sel = select(reading, dataset, keep_duplicates, max_chars)  # pass one: validate, choose
-        rank = write_order(sel, shuffle, seed, limit)
+        reading = Reading(sources, o.fmt, o.id_field, o.system, o.turns, o.strict)
+        sel = select(reading, dataset, o.keep_duplicates, o.max_chars)  # pass one: validate, choose
+        rank = write_order(sel, shuffle, o.seed, o.limit)
 
         # Pass two: write.
         out = AtomicOutput(output)

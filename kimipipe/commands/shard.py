@@ -48,6 +48,7 @@ stderr.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -58,26 +59,21 @@ import click
 from ..cli import (
     COUNT,
     DEBUG,
-    MESSAGES,
+    INPUTS,
     QUIET,
     SIZE,
-    Declared,
-    Derived,
     KPCommand,
-    OptionTable,
-    Parsed,
+    KPGroup,
     counted,
-    help_only,
-    input_argument,
     kp_command,
     progress,
     run_command,
     say,
-    word_help,
 )
 from ..contracts import ShardManifest
 from ..errors import ExitCode, InputError, KPError
 from ..io import check_writable_dir
+from ..options import CommandSettings, argument, fields_for, option
 from ..shard import (
     ShardOptions,
     build_shards,
@@ -105,153 +101,130 @@ EXAMPLES = """
 """
 
 # The card's inputs: options of a build (its card) and of `kp-shard card DIR`.
-CARD_OPTIONS = [
-    Declared("--summary", "summaries", type=click.Path(dir_okay=False), multiple=True,
-             fills="card.summaries", section="Dataset card",
-             help="kp-infer's --summary-json FILE of the answers' run, for the card "
-                  "(repeatable)."),
-    Declared("--plan", "plans", type=click.Path(dir_okay=False), multiple=True,
-             fills="card.plans", section="Dataset card",
-             help="kp-infer's --plan --json FILE, for the card: the model asked for and each "
-                  "provider's quantization (repeatable)."),
-    Declared("--source", "sources", multiple=True, fills="card.sources", section="Dataset card",
-             help="The prompts' source file, as the card names it (repeatable)."),
-    Declared("--command", "commands", multiple=True, fills="card.commands", section="Dataset card",
-             help="A command that made the token records, shown in the card (repeatable)."),
-]
+SUMMARIES = functools.partial(
+    option, "--summary", type=click.Path(dir_okay=False), multiple=True, fills=CardInputs,
+    help="kp-infer's --summary-json FILE of the answers' run, for the card (repeatable).")
+PLANS = functools.partial(
+    option, "--plan", type=click.Path(dir_okay=False), multiple=True, fills=CardInputs,
+    help="kp-infer's --plan --json FILE, for the card: the model asked for and each "
+         "provider's quantization (repeatable).")
+SOURCES = functools.partial(
+    option, "--source", multiple=True, fills=CardInputs,
+    help="The prompts' source file, as the card names it (repeatable).")
+COMMANDS = functools.partial(
+    option, "--command", multiple=True, fills=CardInputs,
+    help="A command that made the token records, shown in the card (repeatable).")
+# A set or a parent of sets, for verify, stats and card
+DIRS = functools.partial(argument, nargs=-1, required=True, metavar="DIR...",
+                         type=click.Path(file_okay=False))
+CARD = "Dataset card"
 
 
-WORDS = {
-    "verify": help_only(
-        "kp-shard verify",
-        "Check shard sets, trusting nothing: each shard's size and SHA-256 against the "
-        "manifest, every row's format (input_ids and loss_mask of equal length, ...), the "
-        "counts of records and tokens, no id twice, no unlisted *.jsonl.zst in the "
-        "directory. Each DIR is a set or a parent of sets (every subdirectory holding a "
-        "manifest.json). The report goes to stdout: each problem as DIR/FILE[:LINE]: what "
-        "is wrong, and DIR: OK (...) for a good set.",
-        arguments="DIR...", options=(("-q, --quiet", "Print the problems only, not the OK lines."),),
-        examples="kp-shard verify shards/B3 shards/B4\nkp-shard verify shards"),
-    "stats": help_only(
-        "kp-shard stats",
-        "Row lengths of shard sets, on stdout: prompt, output and total tokens per row "
-        "(percentiles), then rows per length bin with the share a trainer's max_length of "
-        "that size keeps whole. Each DIR is a set or a parent of sets.",
-        arguments="DIR...", examples="kp-shard stats shards/B3 | less\nkp-shard stats shards"),
-    "card": lambda: help_only(
-        "kp-shard card",
-        "(Re)write the dataset card, DIR/README.md, in the Hugging Face Hub's format: the "
-        "YAML that datasets.load_dataset(DIR) reads (each split's files, the features), and "
-        "where the rows came from (the manifest's counts; with --summary and --plan, the "
-        "answers' run and the providers' quantizations). A build writes one too, from the "
-        "manifest. A README.md that kp-shard did not write is left alone (exit 2). "
-        "`license` is yours to set: a rewrite keeps it.",
-        arguments="DIR...", params=[e.make() for e in CARD_OPTIONS],
-        examples="kp-shard card shards/B3 --summary work/B3.infer-summary.json "
-                 "--plan work/B3.plan.json\nkp-shard card shards"),
-}
+class ShardSettings(CommandSettings):
+    """kp-shard's command line (the build, and the words as options: --verify, ...)."""
+
+    inputs: list[str] = INPUTS()
+    out_dir: str | None = option(
+        "-o", "--out", type=click.Path(), section="Options",
+        help="Directory for the shards and manifest.json (created if missing).")
+    fmt: str = option(
+        "--format", type=click.Choice(list(FORMATS)), default=DEFAULT, show_default=True,
+        section="Options", fills=ShardOptions,
+        help="; ".join(f"{f.name}: {f.help}" for f in FORMATS.values()) + ".")
+    records_per_shard: int | None = option(
+        "--records-per-shard", type=COUNT, default=None, section="Options",
+        help=f"Rows per shard (default {DEFAULT_RECORDS_PER_SHARD:,} unless "
+             "--tokens-per-shard is given; both may be set: the first limit reached).")
+    tokens_per_shard: int | None = option(
+        "--tokens-per-shard", type=COUNT, default=None, section="Options", fills=ShardOptions,
+        help="At most N tokens (prompt + output) per shard, e.g. 50M; a single longer "
+             "row gets a shard of its own.")
+    compression_level: int = option(
+        "--compression-level", type=click.IntRange(1, 22), default=3, show_default=True,
+        section="Options", fills=ShardOptions, help="zstd level (multi-threaded over all cores).")
+    prefix: str = option(
+        "--name", default="shard", show_default=True, section="Options", fills=ShardOptions,
+        help="Shard file prefix: PREFIX-00000.jsonl.zst, PREFIX-eval-00000.jsonl.zst.")
+    shuffle: bool = option(
+        "--shuffle", is_flag=True, section="Options", fills=ShardOptions,
+        help="Order rows by a seeded hash of their id (bounded memory, deterministic).")
+    seed: int = option(
+        "--seed", type=int, default=0, show_default=True, section="Options", fills=ShardOptions,
+        help="Seed for --shuffle.")
+    shuffle_memory: int = option(
+        "--shuffle-memory", type=SIZE, default="1G", show_default=True, section="Options",
+        fills=ShardOptions,
+        help="Memory for --shuffle's in-memory stage (bigger buckets are split again).")
+    tmp_dir: str | None = option(
+        "--tmp-dir", type=click.Path(), default=None, section="Options", fills=ShardOptions,
+        help="Where --shuffle spills rows (default: inside --out; ~1/4 of the rows' size).")
+    eval_fraction: float = option(
+        "--eval-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.0,
+        show_default=True, section="Options", fills=ShardOptions,
+        help="Share of ids (by a hash of the id, or of a turn's conversation) written to the eval split.")
+    min_output_tokens: int = option(
+        "--min-output-tokens", type=click.IntRange(min=1), default=1, show_default=True,
+        section="Options", fills=ShardOptions,
+        help="Drop rows with fewer output tokens (after --truncate).")
+    max_length: int | None = option(
+        "--max-length", type=click.IntRange(min=1), default=None, section="Options",
+        fills=ShardOptions,
+        help="Drop rows longer than N tokens (prompt + output), or cut them with --truncate.")
+    truncate: bool = option(
+        "--truncate", is_flag=True, section="Options", fills=ShardOptions,
+        help="With --max-length: cut long rows' output instead of dropping them "
+             "(rows whose prompt alone reaches N are still dropped).")
+    on_duplicate: str = option(
+        "--on-duplicate", type=click.Choice(["drop", "error"]), default="drop",
+        show_default=True, section="Options", fills=ShardOptions,
+        help="A repeated id: keep the first row, or stop (exit 2).")
+    show_stats: bool = option(
+        "--stats", is_flag=True, section="Options",
+        help="After the build, print the length histogram to stdout.")
+    verify_dirs: list[str] = option(
+        "--verify", type=click.Path(file_okay=False), multiple=True, section="Options",
+        help="Check the set in DIR (or each set under DIR) against its manifest and the "
+             "format; repeatable; exit 0 or 2.")
+    stats_dirs: list[str] = option(
+        "--stats-of", type=click.Path(file_okay=False), multiple=True, section="Options",
+        help="Print the length histogram of the set in DIR (or each set under DIR) to "
+             "stdout and exit; repeatable.")
+    card_dirs: list[str] = option(
+        "--card", type=click.Path(file_okay=False), multiple=True, section="Options",
+        help="(Re)write the dataset card (README.md) of the set in DIR (or each set "
+             "under DIR) and exit; repeatable.")
+    summaries: list[str] = SUMMARIES(section=CARD)
+    plans: list[str] = PLANS(section=CARD)
+    sources: list[str] = SOURCES(section=CARD)
+    commands: list[str] = COMMANDS(section=CARD)
+    quiet: bool = QUIET(section="Options")
+    debug: bool = DEBUG(section="Options")
 
 
-class _ShardCommand(KPCommand):
-    """`kp-shard verify DIR...` and `kp-shard stats DIR...` are spelled as words too, each
-    with its own -h."""
+class _Build(KPCommand):
+    """Keeps its command line, for the manifest's `command`."""
 
     def parse_args(self, ctx, args):
-        args = list(args)
-        word_help(ctx, args, WORDS)
         ctx.meta["kp_shard_argv"] = list(args)
-        if len(args) >= 2 and args[0] in WORDS and not args[1].startswith("-"):
-            args = [f"--{'stats-of' if args[0] == 'stats' else args[0]}", *args[1:]]
         return super().parse_args(ctx, args)
 
 
-# Each option once: its click declaration, the ShardOptions field it fills (or what reads
-# it) and its --help section (one: "Options"); kimipipe/cli.py: OptionTable.
-SHARD_SIZE = Derived(f"rows per shard: {DEFAULT_RECORDS_PER_SHARD:,} unless a limit is given",
-                     "shard", lambda o: {"records_per_shard": o.records_per_shard if (
-                         o.records_per_shard is not None or o.tokens_per_shard is not None)
-                         else DEFAULT_RECORDS_PER_SHARD})
-RUN = Derived("the run: inputs, --out, --stats, verify and stats (the command reads them)")
-OPTIONS = OptionTable("kp-shard", [
-    input_argument(multiple=True).at(RUN),
-    Declared("-o", "--out", "out_dir", type=click.Path(), fills=RUN, section="Options",
-             help="Directory for the shards and manifest.json (created if missing)."),
-    Declared("--format", "fmt", type=click.Choice(list(FORMATS)), default=DEFAULT,
-             show_default=True, fills="shard.fmt", section="Options",
-             help="; ".join(f"{f.name}: {f.help}" for f in FORMATS.values()) + "."),
-    Declared("--records-per-shard", type=COUNT, default=None, fills=SHARD_SIZE, section="Options",
-             help=f"Rows per shard (default {DEFAULT_RECORDS_PER_SHARD:,} unless "
-                  "--tokens-per-shard is given; both may be set: the first limit reached)."),
-    Declared("--tokens-per-shard", type=COUNT, default=None, fills="shard.tokens_per_shard",
-             section="Options",
-             help="At most N tokens (prompt + output) per shard, e.g. 50M; a single longer "
-                  "row gets a shard of its own."),
-    Declared("--compression-level", type=click.IntRange(1, 22), default=3, show_default=True,
-             fills="shard.compression_level", section="Options",
-             help="zstd level (multi-threaded over all cores)."),
-    Declared("--name", "prefix", default="shard", show_default=True, fills="shard.prefix",
-             section="Options",
-             help="Shard file prefix: PREFIX-00000.jsonl.zst, PREFIX-eval-00000.jsonl.zst."),
-    Declared("--shuffle", is_flag=True, fills="shard.shuffle", section="Options",
-             help="Order rows by a seeded hash of their id (bounded memory, deterministic)."),
-    Declared("--seed", type=int, default=0, show_default=True, fills="shard.seed", section="Options",
-             help="Seed for --shuffle."),
-    Declared("--shuffle-memory", type=SIZE, default="1G", show_default=True,
-             fills="shard.shuffle_memory", section="Options",
-             help="Memory for --shuffle's in-memory stage (bigger buckets are split again)."),
-    Declared("--tmp-dir", type=click.Path(), default=None, fills="shard.tmp_dir", section="Options",
-             help="Where --shuffle spills rows (default: inside --out; ~1/4 of the rows' size)."),
-    Declared("--eval-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.0,
-             show_default=True, fills="shard.eval_fraction", section="Options",
-             help="Share of ids (by a hash of the id, or of a turn's conversation) written to the eval split."),
-    Declared("--min-output-tokens", type=click.IntRange(min=1), default=1, show_default=True,
-             fills="shard.min_output_tokens", section="Options",
-             help="Drop rows with fewer output tokens (after --truncate)."),
-    Declared("--max-length", type=click.IntRange(min=1), default=None, fills="shard.max_length",
-             section="Options",
-             help="Drop rows longer than N tokens (prompt + output), or cut them with --truncate."),
-    Declared("--truncate", is_flag=True, fills="shard.truncate", section="Options",
-             help="With --max-length: cut long rows' output instead of dropping them "
-                  "(rows whose prompt alone reaches N are still dropped)."),
-    Declared("--on-duplicate", type=click.Choice(["drop", "error"]), default="drop",
-             show_default=True, fills="shard.on_duplicate", section="Options",
-             help="A repeated id: keep the first row, or stop (exit 2)."),
-    Declared("--stats", "show_stats", is_flag=True, fills=RUN, section="Options",
-             help="After the build, print the length histogram to stdout."),
-    Declared("--verify", "verify_dirs", type=click.Path(file_okay=False), multiple=True,
-             fills=RUN, section="Options",
-             help="Check the set in DIR (or each set under DIR) against its manifest and the "
-                  "format; repeatable; exit 0 or 2."),
-    Declared("--stats-of", "stats_dirs", type=click.Path(file_okay=False), multiple=True,
-             fills=RUN, section="Options",
-             help="Print the length histogram of the set in DIR (or each set under DIR) to "
-                  "stdout and exit; repeatable."),
-    Declared("--card", "card_dirs", type=click.Path(file_okay=False), multiple=True,
-             fills=RUN, section="Options",
-             help="(Re)write the dataset card (README.md) of the set in DIR (or each set "
-                  "under DIR) and exit; repeatable."),
-    *CARD_OPTIONS,
-    QUIET.at(MESSAGES, "Options"),
-    DEBUG.at(MESSAGES, "Options"),
-], sections=["Options", "Dataset card"], records={"shard": ShardOptions, "card": CardInputs})
-
-
-@kp_command("kp-shard", examples=EXAMPLES, cls=_ShardCommand, options=OPTIONS, epilog=(
+@kp_command("kp-shard", settings=ShardSettings, sections=["Options", CARD], examples=EXAMPLES,
+            cls=_Build, epilog=(
     "Also: `kp-shard verify DIR...` (= --verify DIR), `kp-shard stats DIR...` "
     "(= --stats-of DIR) and `kp-shard card DIR...` (= --card DIR): each DIR a shard set or "
     "a parent of several; verify's and stats' report on stdout."))
-def cli(o: Parsed):
+def build(o: ShardSettings) -> int:
     """Write token records (default: stdin) as training shards in --out DIR."""
-    inputs, out_dir, verify_dirs, stats_dirs, quiet = o.inputs, o.out_dir, o.verify_dirs, o.stats_dirs, o.quiet
-    card = CardInputs(**OPTIONS.fields("card", o))
-    if sum(map(bool, (verify_dirs, stats_dirs, o.card_dirs))) > 1:
+    card = CardInputs(**fields_for(o, CardInputs))
+    if sum(map(bool, (o.verify_dirs, o.stats_dirs, o.card_dirs))) > 1:
         raise InputError("verify, stats and card: one at a time")
-    if verify_dirs or stats_dirs or o.card_dirs:  # (the words' further DIRs arrive as inputs)
-        sets = [d for given in (*verify_dirs, *stats_dirs, *o.card_dirs, *inputs)
-                for d in shard_sets(given)]
+    if o.verify_dirs or o.stats_dirs or o.card_dirs:  # (further DIRs may come as inputs)
+        sets = _sets([*o.verify_dirs, *o.stats_dirs, *o.card_dirs, *o.inputs])
         if o.card_dirs:
-            return _card(sets, card, quiet)
-        return _verify(sets, quiet) if verify_dirs else _stats(sets)
+            return _card(sets, card, o.quiet)
+        return _verify(sets, o.quiet) if o.verify_dirs else _stats(sets)
+    out_dir = o.out_dir
     if out_dir is None:
         raise InputError("--out DIR is required (or use verify DIR / stats DIR / card DIR)")
     if FORMATS[o.fmt].container == PARQUET:
@@ -261,32 +234,97 @@ def cli(o: Parsed):
     check_writable_dir(out_dir, "--out")
     if o.tmp_dir is not None:
         check_writable_dir(o.tmp_dir, "--tmp-dir")
-    inputs = list(inputs) or ["-"]
+    inputs = o.inputs or ["-"]
     if inputs.count("-") > 1:
         raise InputError("stdin (`-`) can be read only once")
     if o.truncate and o.max_length is None:
         raise InputError("--truncate needs --max-length")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", o.prefix):
         raise InputError(f"--name {o.prefix!r}: use letters, digits, `.`, `_` and `-`")
-    opts = ShardOptions(**OPTIONS.fields("shard", o))
+    # rows per shard: DEFAULT_RECORDS_PER_SHARD unless a limit is given
+    given = o.records_per_shard is not None or o.tokens_per_shard is not None
+    opts = ShardOptions(**fields_for(o, ShardOptions),
+                        records_per_shard=o.records_per_shard if given else DEFAULT_RECORDS_PER_SHARD)
     argv = click.get_current_context().meta.get("kp_shard_argv", sys.argv[1:])
     command = shlex.join(["kp-shard", *argv])
-    if quiet:  # (no bar: tqdm is not even imported)
+    if o.quiet:  # (no bar: tqdm is not even imported)
         result = build_shards(inputs, out_dir, opts, command, collect_lengths=o.show_stats,
                               card=card)
     else:
-        with progress(desc="kp-shard", unit="rec", quiet=quiet) as bar:
+        with progress(desc="kp-shard", unit="rec", quiet=o.quiet) as bar:
             result = build_shards(inputs, out_dir, opts, command,
                                   on_record=lambda: bar.update(1), collect_lengths=o.show_stats,
                                   card=card)
-    _summary(result, out_dir, quiet)
+    _summary(result, out_dir, o.quiet)
     if not result.card_written:
         say(f"kp-shard: warning: {os.path.join(out_dir, 'README.md')} is not a kp-shard card: "
             "left as it is, and datasets.load_dataset reads its YAML, not the manifest's "
-            "files (move it away and run kp-shard card DIR)", quiet)
+            "files (move it away and run kp-shard card DIR)", o.quiet)
     if o.show_stats:  # a report asked for: stdout, even with --quiet
         click.echo(render_histogram(result.lengths, _stats_title(out_dir, result.manifest)))
     return ExitCode.OK
+
+
+class VerifySettings(CommandSettings):
+    dirs: list[str] = DIRS()
+    quiet: bool = option("-q", "--quiet", is_flag=True,
+                         help="Print the problems only, not the OK lines.")
+    debug: bool = DEBUG(hidden=True)
+
+
+@kp_command("kp-shard verify", settings=VerifySettings,
+            examples="kp-shard verify shards/B3 shards/B4\nkp-shard verify shards")
+def verify_word(o: VerifySettings) -> int:
+    """Check shard sets, trusting nothing: each shard's size and SHA-256 against the
+    manifest, every row's format (input_ids and loss_mask of equal length, ...), the counts
+    of records and tokens, no id twice, no unlisted *.jsonl.zst in the directory. Each DIR
+    is a set or a parent of sets (every subdirectory holding a manifest.json). The report
+    goes to stdout: each problem as DIR/FILE[:LINE]: what is wrong, and DIR: OK (...) for a
+    good set."""
+    return _verify(_sets(o.dirs), o.quiet)
+
+
+class StatsSettings(CommandSettings):
+    dirs: list[str] = DIRS()
+    quiet: bool = QUIET(hidden=True)  # (its report is on stdout: nothing to silence)
+    debug: bool = DEBUG(hidden=True)
+
+
+@kp_command("kp-shard stats", settings=StatsSettings,
+            examples="kp-shard stats shards/B3 | less\nkp-shard stats shards")
+def stats_word(o: StatsSettings) -> int:
+    """Row lengths of shard sets, on stdout: prompt, output and total tokens per row
+    (percentiles), then rows per length bin with the share a trainer's max_length of that
+    size keeps whole. Each DIR is a set or a parent of sets."""
+    return _stats(_sets(o.dirs))
+
+
+class CardSettings(CommandSettings):
+    dirs: list[str] = DIRS()
+    summaries: list[str] = SUMMARIES()
+    plans: list[str] = PLANS()
+    sources: list[str] = SOURCES()
+    commands: list[str] = COMMANDS()
+    quiet: bool = QUIET(hidden=True)  # (its help, as it was, does not list it)
+    debug: bool = DEBUG(hidden=True)
+
+
+@kp_command("kp-shard card", settings=CardSettings, examples=(
+    "kp-shard card shards/B3 --summary work/B3.infer-summary.json --plan work/B3.plan.json\n"
+    "kp-shard card shards"))
+def card_word(o: CardSettings) -> int:
+    """(Re)write the dataset card, DIR/README.md, in the Hugging Face Hub's format: the YAML
+    that datasets.load_dataset(DIR) reads (each split's files, the features), and where the
+    rows came from (the manifest's counts; with --summary and --plan, the answers' run and
+    the providers' quantizations). A build writes one too, from the manifest. A README.md
+    that kp-shard did not write is left alone (exit 2). `license` is yours to set: a
+    rewrite keeps it."""
+    return _card(_sets(o.dirs), CardInputs(**fields_for(o, CardInputs)), o.quiet)
+
+
+def _sets(given: list[str]) -> list[str]:
+    """Each DIR's shard sets: itself, or every subdirectory holding a manifest.json."""
+    return [d for directory in given for d in shard_sets(directory)]
 
 
 def _summary(result, out_dir: str, quiet: bool) -> None:
@@ -357,4 +395,5 @@ def _verify(sets: list[str], quiet: bool) -> int:
     return ExitCode.OK
 
 
+cli = KPGroup(build, [verify_word, stats_word, card_word])
 main = run_command(cli)

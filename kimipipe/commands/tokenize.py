@@ -58,16 +58,11 @@ import click
 
 from ..cli import (
     DEBUG,
-    MESSAGES,
+    INPUT,
+    OUTPUT,
+    PARTITION,
     QUIET,
-    Declared,
-    Derived,
-    OptionTable,
-    Parsed,
-    input_argument,
     kp_command,
-    output_option,
-    partition_option,
     run_command,
 )
 from ..errors import ExitCode
@@ -75,6 +70,7 @@ from ..io import (
     check_writable,
     require_distinct,
 )
+from ..options import CommandSettings, fields_for, option
 from ..tokenize.engine import Engine, Settings
 from ..tokenize.load import prepare_tokenizer_dir
 from ..tokenize.render import PRESETS
@@ -89,74 +85,84 @@ EXAMPLES = """
 """
 
 
-def _tokenizer(o: Parsed) -> dict:
-    """The chat template's text (--chat-template), then the tokenizer's directory, prepared."""
+
+class TokenizeSettings(CommandSettings):
+    """kp-tokenize's command line, one field per option, in --help order."""
+
+    input: str = INPUT()
+    tokenizer_spec: str = option(
+        "--tokenizer", required=True, metavar="DIR",
+        help="The target model's tokenizer: a local directory, or a model name already in "
+             "the local Hugging Face cache (nothing is downloaded).")
+    output: str = OUTPUT(
+        help="Output file (`-` = stdout; `.zst` compresses). An existing file is resumed.")
+    trust_remote_code: bool = option(
+        "--trust-remote-code", is_flag=True, fills=Settings,
+        help="Run the tokenizer code the directory ships (Kimi K2.5's tokenization_kimi.py).")
+    chat_template: str | None = option(
+        "--chat-template", type=click.Path(exists=True, dir_okay=False), default=None,
+        help="A Jinja chat template file to use instead of the directory's.")
+    preset: str = option(
+        "--preset", type=click.Choice(["auto", *PRESETS]), default="auto", show_default=True,
+        fills=Settings,
+        help="Layout of the generated turn; `auto` picks it from the tokenizer's tokens.")
+    thinking: bool = option(
+        "--thinking/--no-thinking", default=True, show_default=True, fills=Settings,
+        help="How the prompts were rendered: with thinking (prompt ends <think>) or without.")
+    drop_truncated: bool = option(
+        "--drop-truncated", is_flag=True, fills=Settings,
+        help="Leave out turns cut by finish_reason length.")
+    max_length: int | None = option(
+        "--max-length", type=click.IntRange(min=1), default=None, fills=Settings,
+        help="Rows with more IDs in all are flagged (`over_max_length`), or dropped with --drop-long.")
+    drop_long: bool = option(
+        "--drop-long", is_flag=True, fills=Settings,
+        help="With --max-length: leave longer rows out.")
+    drop_text: bool = option(
+        "--drop-text", is_flag=True, fills=Settings,
+        help="Leave `messages` and `response` out of the output.")
+    rejects: str | None = option(
+        "--rejects", type=click.Path(allow_dash=False), default=None,
+        help="Write records that fail verification here, with the reason (JSON lines).")
+    strict: bool = option(
+        "--strict", is_flag=True, fills=Settings,
+        help="Stop at the first record that fails verification (exit 2).")
+    ignore_extra_fields: bool = option(
+        "--ignore-extra-fields", is_flag=True, fills=Settings,
+        help="Render each message's role and content only, leaving out fields the template "
+             "would render (name, tool_calls, tool_call_id, non-text parts, earlier turns' "
+             "reasoning_content) instead of stopping at them.")
+    max_prompt_delta: int | None = option(
+        "--max-prompt-delta", type=click.IntRange(min=0), default=None, metavar="N",
+        fills=Settings,
+        help="Reject rows whose provider-counted usage.prompt_tokens is more than N "
+             "away from len(input_ids) (rows with no provider count pass).")
+    workers: int | None = option(
+        "--workers", type=click.IntRange(min=1), default=None,
+        help="Worker processes (default: all cores).")
+    check: bool = option(
+        "--check", is_flag=True,
+        help="Load the tokenizer and chat template as a run would, say what was loaded "
+             "(stdout), and exit: no input is read, no output written (`make check`).")
+    partition: tuple[int, int] | None = PARTITION()
+    quiet: bool = QUIET()
+    debug: bool = DEBUG(fills=Settings)  # (run_command reads it too: tracebacks)
+
+
+def _settings(o: TokenizeSettings) -> Settings:
+    """The engine's settings: the chat template's text (--chat-template), then the
+    tokenizer's directory, prepared."""
     template_text = None
     if o.chat_template:
         with open(o.chat_template, encoding="utf-8") as f:
             template_text = f.read()
     directory = prepare_tokenizer_dir(o.tokenizer_spec, o.trust_remote_code)
-    return {"chat_template": template_text, "tokenizer_dir": str(directory)}
+    return Settings(**fields_for(o, Settings), chat_template=template_text,
+                    tokenizer_dir=str(directory))
 
 
-# Each option once: its click declaration, the Settings field it fills (or what reads it)
-# and its --help section (one: "Options"); kimipipe/cli.py: OptionTable.
-TOKENIZER = Derived("the tokenizer's directory and chat template, loaded", "settings", _tokenizer)
-RUN = Derived("the run: input, output files, workers, partition, --check (the command reads them)")
-OPTIONS = OptionTable("kp-tokenize", [
-    input_argument().at(RUN),
-    Declared("--tokenizer", "tokenizer_spec", required=True, metavar="DIR", fills=TOKENIZER,
-             section="Options",
-             help="The target model's tokenizer: a local directory, or a model name already in "
-                  "the local Hugging Face cache (nothing is downloaded)."),
-    output_option("Output file (`-` = stdout; `.zst` compresses). An existing file is resumed.").at(
-        RUN, "Options"),
-    Declared("--trust-remote-code", is_flag=True, fills="settings.trust_remote_code", section="Options",
-             help="Run the tokenizer code the directory ships (Kimi K2.5's tokenization_kimi.py)."),
-    Declared("--chat-template", type=click.Path(exists=True, dir_okay=False), default=None,
-             fills=TOKENIZER, section="Options",
-             help="A Jinja chat template file to use instead of the directory's."),
-    Declared("--preset", type=click.Choice(["auto", *PRESETS]), default="auto", show_default=True,
-             fills="settings.preset", section="Options",
-             help="Layout of the generated turn; `auto` picks it from the tokenizer's tokens."),
-    Declared("--thinking/--no-thinking", default=True, show_default=True, fills="settings.thinking",
-             section="Options",
-             help="How the prompts were rendered: with thinking (prompt ends <think>) or without."),
-    Declared("--drop-truncated", is_flag=True, fills="settings.drop_truncated", section="Options",
-             help="Leave out turns cut by finish_reason length."),
-    Declared("--max-length", type=click.IntRange(min=1), default=None, fills="settings.max_length",
-             section="Options",
-             help="Rows with more IDs in all are flagged (`over_max_length`), or dropped with --drop-long."),
-    Declared("--drop-long", is_flag=True, fills="settings.drop_long", section="Options",
-             help="With --max-length: leave longer rows out."),
-    Declared("--drop-text", is_flag=True, fills="settings.drop_text", section="Options",
-             help="Leave `messages` and `response` out of the output."),
-    Declared("--rejects", type=click.Path(allow_dash=False), default=None, fills=RUN, section="Options",
-             help="Write records that fail verification here, with the reason (JSON lines)."),
-    Declared("--strict", is_flag=True, fills="settings.strict", section="Options",
-             help="Stop at the first record that fails verification (exit 2)."),
-    Declared("--ignore-extra-fields", is_flag=True, fills="settings.ignore_extra_fields",
-             section="Options",
-             help="Render each message's role and content only, leaving out fields the template "
-                  "would render (name, tool_calls, tool_call_id, non-text parts, earlier turns' "
-                  "reasoning_content) instead of stopping at them."),
-    Declared("--max-prompt-delta", type=click.IntRange(min=0), default=None, metavar="N",
-             fills="settings.max_prompt_delta", section="Options",
-             help="Reject rows whose provider-counted usage.prompt_tokens is more than N "
-                  "away from len(input_ids) (rows with no provider count pass)."),
-    Declared("--workers", type=click.IntRange(min=1), default=None, fills=RUN, section="Options",
-             help="Worker processes (default: all cores)."),
-    Declared("--check", is_flag=True, fills=RUN, section="Options",
-             help="Load the tokenizer and chat template as a run would, say what was loaded "
-                  "(stdout), and exit: no input is read, no output written (`make check`)."),
-    partition_option.at(RUN, "Options"),
-    QUIET.at(MESSAGES, "Options"),
-    DEBUG.at("settings.debug", "Options"),  # (run_command reads it too: tracebacks)
-], sections=["Options"], records={"settings": Settings})
-
-
-@kp_command("kp-tokenize", examples=EXAMPLES, options=OPTIONS)
-def cli(o: Parsed):
+@kp_command("kp-tokenize", settings=TokenizeSettings, examples=EXAMPLES)
+def cli(o: TokenizeSettings) -> int:
     """Rebuild the token IDs the target model saw and produced, from response records."""
     input, output, rejects, quiet = o.input, o.output, o.rejects, o.quiet
     if o.drop_long and o.max_length is None:
@@ -168,7 +174,7 @@ def cli(o: Parsed):
             require_distinct(rejects, input)
             require_distinct(rejects, output)
             check_writable(rejects, "--rejects")
-    settings = Settings(**OPTIONS.fields("settings", o))
+    settings = _settings(o)
     if o.check:  # what a run would load, loaded and checked the same way; a report: stdout
         click.echo(f"kp-tokenize: {o.tokenizer_spec}: {Engine(settings).describe()}")
         return ExitCode.OK

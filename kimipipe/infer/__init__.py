@@ -1,8 +1,9 @@
 """kp-infer's run, in rooms of one job each (the entry point: `run.run_infer`).
 
     config.py          RunConfig: the one configuration of a run (every limit lives here)
-    options.py         kp-infer's options, each declared once (click declaration, the field
-                       it fills, its --help section); `run_config` builds RunConfig from them
+    options.py         kp-infer's options, each a typed field of InferOptions (its click
+                       declaration, --help section, the field it fills; commands/infer.py's
+                       `run_config` builds RunConfig from them)
     prepare.py         before anything is sent, in order: the input, previous work, the
                        partition's counts, the endpoints, the servers, --total-cost
     inputs.py          the input read whole first (stdin spooled): every line checked, the

@@ -34,7 +34,6 @@ import asyncio
 import itertools
 import os
 import struct
-import sys
 
 import msgspec
 
@@ -42,6 +41,7 @@ from ..kinds import AttemptKind, RetryCause
 from ..openrouter.attempt import Attempt
 from ..openrouter.client import CompletionClient
 from .config import RunConfig
+from .worker_process import WorkerArgs
 
 _HEADER = struct.Struct(">I")
 _request_encoder = msgspec.msgpack.Encoder()
@@ -91,8 +91,7 @@ class WorkerPool:
         if self.proxy:
             env["KP_INFER_PROXY"] = self.proxy
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kimipipe.infer.worker_process", "--base-url", self.base_url,
-            "--idle-timeout", repr(self.idle_timeout),
+            *WorkerArgs(self.base_url, self.idle_timeout).argv(),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
             limit=1 << 26,
         )

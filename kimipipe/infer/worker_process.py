@@ -1,7 +1,8 @@
 """A kp-infer worker process: attempts in on stdin, outcomes out on stdout.
 
 The other end is `WorkerPool` (infer/process_pool.py, which describes the wire format). It
-starts `python -m kimipipe.infer.worker_process --base-url URL --idle-timeout S` with the
+starts `python -m kimipipe.infer.worker_process ARGS`, ARGS one JSON object (`WorkerArgs`:
+only kimipipe writes and reads it, so it is a record, not a command line to parse), with the
 API key in OPENROUTER_API_KEY and kp-infer's `--proxy` URL, if any, in KP_INFER_PROXY (both
 may be secret: never on the command line). Without it the client reads the proxy variables
 (HTTPS_PROXY, NO_PROXY, ...) it inherited. Runs until its stdin closes, then finishes the
@@ -11,7 +12,6 @@ many requests in flight its event loop reads in paced turns (`pace_reads`).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import os
@@ -27,6 +27,18 @@ from ..openrouter.attempt import Attempt
 from ..openrouter.client import CompletionClient
 
 _HEADER = struct.Struct(">I")
+
+
+class WorkerArgs(msgspec.Struct, frozen=True):
+    """What a worker is started with, on its command line (its secrets: in its environment)."""
+
+    base_url: str
+    idle_timeout: float
+
+    def argv(self) -> list[str]:
+        """The worker's command line."""
+        return [sys.executable, "-m", "kimipipe.infer.worker_process",
+                msgspec.json.encode(self).decode()]
 _request_decoder = msgspec.msgpack.Decoder(tuple[int, bool, bytes])
 _result_encoder = msgspec.msgpack.Encoder()
 
@@ -124,10 +136,7 @@ def freeze_startup_objects() -> None:
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     freeze_startup_objects()
-    parser = argparse.ArgumentParser(prog="kimipipe.infer.worker_process")
-    parser.add_argument("--base-url", required=True)
-    parser.add_argument("--idle-timeout", type=float, required=True)
-    args = parser.parse_args()
+    args = msgspec.json.decode(sys.argv[1], type=WorkerArgs)
     api_key = os.environ.get("OPENROUTER_API_KEY", "")
     proxy = os.environ.get("KP_INFER_PROXY") or None
     try:

@@ -2,6 +2,7 @@
 
 The arguments are make's variables, passed as they are (an empty value means unset):
 
+\b
     check    --source D=PATH... --work DIR --shards DIR --bin DIR --tokenizer T
              --tokenize-flags FLAGS --base-url URL [--min-credits USD]
     plan     --work DIR --datasets "D..." [--token-budget D=N]... [--weight D=W]...
@@ -18,12 +19,15 @@ removed).
 
 from __future__ import annotations
 
-import argparse
+import functools
 import os
 import sys
 
+import click
+
 from ..cli import parse_quantity
 from ..errors import KPError
+from ..options import CommandSettings, argument, option, parameters, settings_from
 from ..recorded.api import api_of
 from .build_plan import build_plan, write_build_plan
 from .check import run_checks
@@ -52,7 +56,7 @@ def _money(text: str | None) -> float | None:
     return float(text) if text not in (None, "") else None
 
 
-def _plan(args, fresh: bool = False):
+def _plan(args: PlanArguments, fresh: bool = False):
     datasets = args.datasets.split()
     budgets = {d: parse_quantity(v) if v else None for d, v in _pairs(args.token_budget, "--token-budget").items()}
     weights = {d: float(v) if v else 1.0 for d, v in _pairs(args.weight, "--weight").items()}
@@ -64,7 +68,7 @@ def _plan(args, fresh: bool = False):
                       fresh=fresh, api=api_of(args.base_url) if args.base_url else None)
 
 
-def cmd_plan(args) -> int:
+def cmd_plan(args: PlanSettings) -> int:
     plan = _plan(args)
     print(report(plan, "make all: the plan" if args.gate else "make plan"), flush=True)
     if args.json:
@@ -96,14 +100,14 @@ def cmd_plan(args) -> int:
     return 2
 
 
-def cmd_pilot(args) -> int:
+def cmd_pilot(args: PilotSettings) -> int:
     figures = measure(args.responses, args.failures)
     write_pilot(args.output, figures)
     print(pilot_line(args.output, figures), file=sys.stderr)
     return 0
 
 
-def cmd_check(args) -> int:
+def cmd_check(args: CheckSettings) -> int:
     sources = {d: (path, os.path.join(args.work, f"{d}.prompts.jsonl"))
                for d, path in _pairs(args.source, "--source").items()}
     results = run_checks(sources, args.bin, args.tokenizer, args.tokenize_flags, args.base_url,
@@ -117,7 +121,7 @@ def cmd_check(args) -> int:
     return 0
 
 
-def cmd_stopped(args) -> int:
+def cmd_stopped(args: StoppedSettings) -> int:
     work = args.work
     complete = {d for d in args.datasets.split() if os.path.exists(os.path.join(work, f"{d}.responses.done"))}
     try:
@@ -130,64 +134,99 @@ def cmd_stopped(args) -> int:
     return 0
 
 
+# make's variables, as make passes them: an empty value is unset
+def _yes(value: str) -> bool:
+    return value not in ("", "0", "no", "false")
+
+
+WORK = functools.partial(option, "--work", required=True)
+DATASETS = functools.partial(option, "--datasets", required=True)
+
+
+class PlanArguments(CommandSettings):
+    """What `plan` and `stopped` plan from."""
+
+    work: str = WORK()
+    datasets: str = DATASETS()
+    token_budget: list[str] = option("--token-budget", multiple=True)
+    weight: list[str] = option("--weight", multiple=True)
+    total_cost: str | None = option("--total-cost")
+    max_cost: str | None = option("--max-cost")
+    min_credits: str | None = option("--min-credits")
+    spent_in: list[str] = option("--spent-in", multiple=True)
+    answer_tokens: str | None = option("--answer-tokens")
+    base_url: str | None = option("--base-url")  # the API whose spend counts (infer/api.py)
+
+
+class PlanSettings(PlanArguments):
+    gate: bool = option("--gate", is_flag=True)
+    allow_short: bool = option("--allow-short", default="", convert=_yes)
+    json: str | None = option("--json")
+
+
+class StoppedSettings(PlanArguments):
+    dataset: str = option("--dataset", required=True)
+
+
+class PilotSettings(CommandSettings):
+    responses: str = argument()
+    failures: str | None = option("--failures")
+    output: str = option("-o", "--output", required=True)
+
+
+class CleanSettings(CommandSettings):
+    work: str = WORK()
+    shards: str = option("--shards", required=True)
+    datasets: str = DATASETS()
+    build: bool = option("--build", is_flag=True, help="the build's own files too (make clean)")
+    paid: bool = option("--paid", default="", convert=_yes,
+                        help="CLEAN_PAID: also remove answers paid for")
+
+
+class CheckSettings(CommandSettings):
+    source: list[str] = option("--source", multiple=True)
+    work: str = WORK()
+    shards: str = option("--shards", required=True)
+    bin: str = option("--bin", required=True)
+    tokenizer: str = option("--tokenizer", required=True)
+    tokenize_flags: str = option("--tokenize-flags", default="")
+    base_url: str = option("--base-url", required=True)
+    min_credits: str = option("--min-credits", default="")
+
+
+def cmd_clean(args: CleanSettings) -> int:
+    return clean(args.work, args.shards, args.datasets.split(), args.build, args.paid)
+
+
+class _Helpers(click.Group):
+    """An expected failure (a missing plan, an unreadable file) is one line and exit 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (OSError, KPError, ValueError) as e:
+            print(f"make {ctx.invoked_subcommand}: {e}", file=sys.stderr)
+            return 2
+
+
+def _helper(name: str, run, settings: type) -> click.Command:
+    return click.Command(name, params=parameters(settings),
+                         callback=lambda **values: run(settings_from(settings, values)))
+
+
+HELPERS = _Helpers("python -m kimipipe.make", help=__doc__, commands=[
+    _helper("plan", cmd_plan, PlanSettings), _helper("stopped", cmd_stopped, StoppedSettings),
+    _helper("pilot", cmd_pilot, PilotSettings), _helper("clean", cmd_clean, CleanSettings),
+    _helper("check", cmd_check, CheckSettings)])
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kimipipe.make", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def plan_arguments(p):
-        p.add_argument("--work", required=True)
-        p.add_argument("--datasets", required=True)
-        p.add_argument("--token-budget", action="append", default=[])
-        p.add_argument("--weight", action="append", default=[])
-        p.add_argument("--total-cost")
-        p.add_argument("--max-cost")
-        p.add_argument("--min-credits")
-        p.add_argument("--spent-in", action="append", default=[])
-        p.add_argument("--answer-tokens")
-        p.add_argument("--base-url")  # the API whose spend counts (infer/api.py)
-
-    p = sub.add_parser("plan")
-    plan_arguments(p)
-    p.add_argument("--gate", action="store_true")
-    p.add_argument("--allow-short", default="")
-    p.add_argument("--json")
-    p.set_defaults(run=cmd_plan)
-    p = sub.add_parser("stopped")
-    plan_arguments(p)
-    p.add_argument("--dataset", required=True)
-    p.set_defaults(run=cmd_stopped)
-    p = sub.add_parser("pilot")
-    p.add_argument("responses")
-    p.add_argument("--failures")
-    p.add_argument("-o", "--output", required=True)
-    p.set_defaults(run=cmd_pilot)
-    p = sub.add_parser("clean")
-    p.add_argument("--work", required=True)
-    p.add_argument("--shards", required=True)
-    p.add_argument("--datasets", required=True)
-    p.add_argument("--build", action="store_true", help="the build's own files too (make clean)")
-    p.add_argument("--paid", default="", help="CLEAN_PAID: also remove answers paid for")
-    p.set_defaults(run=lambda args: clean(args.work, args.shards, args.datasets.split(), args.build,
-                                          args.paid not in ("", "0", "no", "false")))
-    p = sub.add_parser("check")
-    p.add_argument("--source", action="append", default=[])
-    p.add_argument("--work", required=True)
-    p.add_argument("--shards", required=True)
-    p.add_argument("--bin", required=True)
-    p.add_argument("--tokenizer", required=True)
-    p.add_argument("--tokenize-flags", default="")
-    p.add_argument("--base-url", required=True)
-    p.add_argument("--min-credits", default="")
-    p.set_defaults(run=cmd_check)
-    args = parser.parse_args(argv)
-    if getattr(args, "allow_short", None) is not None:
-        args.allow_short = args.allow_short not in ("", "0", "no", "false")
     try:
-        return args.run(args)
-    except (OSError, KPError, ValueError) as e:  # a missing plan, an unreadable file: one line
-        print(f"make {args.command}: {e}", file=sys.stderr)
-        return 2
+        return HELPERS.main(args=argv, prog_name="python -m kimipipe.make",
+                            standalone_mode=False) or 0
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """`python -m kimipipe.report`: what `make report` runs (make's variables, as they are).
 
+\b
     python -m kimipipe.report --work DIR --shards DIR --datasets "D..." [--total-cost USD]
         [--max-cost USD] [--token-budget D=N]... -o FILE
 
@@ -11,12 +12,14 @@ empty value means unset. Prints the page's path on stdout.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
+import click
+
 from ..cli import parse_quantity
 from ..errors import KPError
+from ..options import CommandSettings, option, parameters, settings_from
 from ..shard.writer import MANIFEST
 from . import Settings, write_report
 
@@ -34,25 +37,34 @@ def build_files(work: str, shards: str, datasets: list[str]) -> list[str]:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kimipipe.report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", required=True)
-    parser.add_argument("--shards", required=True)
-    parser.add_argument("--datasets", required=True)
-    parser.add_argument("--total-cost", default="")
-    parser.add_argument("--max-cost", default="")
-    parser.add_argument("--token-budget", action="append", default=[], metavar="D=N")
-    parser.add_argument("-o", "--output", required=True)
-    args = parser.parse_args(argv)
-    datasets = args.datasets.split()
-    budgets = {}
-    for item in args.token_budget:
+def _budgets(items: tuple[str, ...]) -> dict[str, int | None]:
+    """`--token-budget D=N`, repeated: each dataset's own TOKEN_BUDGET (empty: none)."""
+    budgets: dict[str, int | None] = {}
+    for item in items:
         name, _, value = item.partition("=")
         budgets[name] = parse_quantity(value) if value.strip() else None
-    settings = Settings(total_cost=float(args.total_cost) if args.total_cost else None,
-                        max_cost=float(args.max_cost) if args.max_cost else None,
-                        token_budgets=budgets)
+    return budgets
+
+
+def _money(text: str) -> float | None:
+    return float(text) if text else None
+
+
+class ReportSettings(CommandSettings):
+    work: str = option("--work", required=True)
+    shards: str = option("--shards", required=True)
+    datasets: str = option("--datasets", required=True)
+    total_cost: float | None = option("--total-cost", default="", convert=_money)
+    max_cost: float | None = option("--max-cost", default="", convert=_money)
+    token_budgets: dict[str, int | None] = option("--token-budget", multiple=True,
+                                                  metavar="D=N", convert=_budgets)
+    output: str = option("-o", "--output", required=True)
+
+
+def report(args: ReportSettings) -> int:
+    datasets = args.datasets.split()
+    settings = Settings(total_cost=args.total_cost, max_cost=args.max_cost,
+                        token_budgets=args.token_budgets)
 
     def say(text: str) -> None:
         print(text, file=sys.stderr)
@@ -64,6 +76,18 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     print(f"make report: the build report is in {args.output}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    command = click.Command("python -m kimipipe.report", help=__doc__,
+                            params=parameters(ReportSettings),
+                            callback=lambda **values: report(settings_from(ReportSettings, values)))
+    try:
+        return command.main(args=argv, prog_name="python -m kimipipe.report",
+                            standalone_mode=False) or 0
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
 
 
 if __name__ == "__main__":
