@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import forked
 import pytest
 
 from kimipipe.standin import testing as _standin_testing
@@ -28,6 +29,8 @@ _standin_testing.PRELOAD_TOKENIZERS = True  # (a tokenizer a stand-in counts wit
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
+# KP_EXEC=1: every kp-* command of `kp` started as its console script (forked.py)
+EXEC_ALWAYS = os.environ.get("KP_EXEC") == "1"
 
 # The environment the suite was started with. Importing kimipipe.tokenize sets
 # HF_HUB_OFFLINE and friends in os.environ (kp-tokenize keeps itself offline that way);
@@ -115,7 +118,8 @@ def pytest_runtest_protocol(item, nextitem):
     def cpu():
         own = resource.getrusage(resource.RUSAGE_SELF)
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+        return (own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+                + forked.SERVER.cpu)  # (the fork server's children: the commands it ran)
 
     cpu0, wall0 = cpu(), time.monotonic()
     yield
@@ -176,14 +180,21 @@ class Result:
 
 
 def kp(command: str, *args, input: bytes | None = None, env: dict | None = None,
-       cwd: str | os.PathLike | None = None, timeout: float = 120) -> Result:
-    """Run `kp-<command> ARGS` as a subprocess; return its exit code, stdout and stderr."""
+       cwd: str | os.PathLike | None = None, timeout: float = 120,
+       start: str = "fork") -> Result:
+    """Run `kp-<command> ARGS` as a subprocess; return its exit code, stdout and stderr.
+    START "fork": a child of the fork server that has the commands imported (forked.py:
+    the process is the command's own, its interpreter start and imports skipped), unless
+    ENV changes what the interpreter sets as it starts, or KP_EXEC=1; "exec": the
+    console script, as a user's shell starts it."""
+    argv = [str(BIN / f"kp-{command}"), *map(str, args)]
     full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run(
-        [str(BIN / f"kp-{command}"), *map(str, args)],
-        input=input if input is not None else b"", capture_output=True, env=full_env,
-        cwd=cwd, timeout=timeout,
-    )
+    data = input if input is not None else b""
+    if start == "fork" and not EXEC_ALWAYS and forked.SERVER.can_run(full_env):
+        code, stdout, stderr = forked.SERVER.run(argv, data, full_env, cwd, timeout)
+        return Result(code, stdout, stderr.decode("utf-8", "replace"))
+    proc = subprocess.run(argv, input=data, capture_output=True, env=full_env, cwd=cwd,
+                          timeout=timeout)
     return Result(proc.returncode, proc.stdout, proc.stderr.decode("utf-8", "replace"))
 
 

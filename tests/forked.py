@@ -1,0 +1,277 @@
+"""The kp-* commands started from a fork of a process that has already imported them.
+
+Each `kp-<command>` a test runs (conftest.py:kp) is a process of its own, as a user's is: its
+own pid, argv, environment, working directory, pipes for stdin, stdout and stderr, signal
+dispositions and exit code, and Python's normal shutdown at the end. What it skips is the
+interpreter's start and the import of the command's code (~0.25 CPU-s for kp-infer, ~0.15
+for kp-shard, of ~0.45 and ~0.2 a typical run costs): a server process, started once per
+test process with the same environment, imports every command's entry point (the
+console_scripts of setup.cfg, through importlib.metadata) and nothing else, and forks a
+child per run. The child becomes the command: its descriptors are the test's pipes (passed
+over a Unix socket), everything else of the server's is closed, and it calls the entry
+point as the `kp-<command>` script does: `sys.exit(main())`. Nothing has run in the server
+but those imports, so each child starts from the state a fresh `kp-<command>` has once
+its imports are done; transformers (kp-tokenize, kp-infer --tokenizer) is imported by the
+child itself, under the child's environment.
+
+What a fork does not redo is what the interpreter decides as it starts: the `PYTHON*`
+variables, the locale and stdio encoding (from LANG and LC_*), and the hash seed, which
+all children of one server share. So a run whose environment differs from the server's in
+any of those is started from the interpreter as before (conftest.kp), and the tests that
+are about the start itself (the console scripts, what a command imports, a sitecustomize)
+run the scripts (`kp(..., start="exec")`, or subprocess with BIN/kp-*). KP_EXEC=1 runs
+every command the old way, to compare.
+
+Run as a script (`python forked.py SOCKET`), this file is the server: it serves until its
+stdin, a pipe from the test process, reaches EOF (the test process has gone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# What a fork cannot change once the interpreter has started (see above)
+_SET_AT_START = ("PYTHON", "LC_", "LANG")
+
+
+def _at_start(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k.startswith(_SET_AT_START)}
+
+
+# --- the test process's side --------------------------------------------------------------
+
+class Server:
+    """The forking server of one test process, started at its first run."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.path = ""
+        self.env: dict = {}
+        self.cpu = 0.0  # CPU seconds of the children this test process has waited for
+        self.runs = 0  # commands run through it
+        self.last_pid: int | None = None
+
+    def _start(self) -> None:
+        directory = tempfile.mkdtemp(prefix="kp-forked-")
+        self.path = os.path.join(directory, "socket")
+        self.env = dict(os.environ)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, self.path], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(directory, "log"), "wb"),
+            env=self.env, cwd=directory, close_fds=True)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self.path + ".ready"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                log = Path(directory, "log").read_text(errors="replace")
+                raise RuntimeError(f"the kp-* fork server did not start: {log[-2000:]}")
+            time.sleep(0.01)
+
+    def can_run(self, env: dict) -> bool:
+        """Whether a child of this server starts as the interpreter would under ENV."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        return _at_start(env) == _at_start(self.env)
+
+    def run(self, argv: list[str], input: bytes, env: dict, cwd: str | None,
+            timeout: float | None) -> tuple[int, bytes, bytes]:
+        """ARGV (BIN/kp-<command>, its arguments) run as a forked child: its exit code,
+        stdout and stderr, as subprocess.run(capture_output=True) gives them."""
+        command = os.path.basename(argv[0])
+        request = json.dumps({"command": command, "argv": argv, "env": env,
+                              "cwd": os.path.abspath(cwd or os.getcwd())}).encode()
+        ends = [os.pipe(), os.pipe(), os.pipe()]  # stdin, stdout, stderr: (read, write)
+        theirs = [ends[0][0], ends[1][1], ends[2][1]]
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.path)
+            socket.send_fds(sock, [struct.pack("!I", len(request)) + request], theirs)
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        stdin, stdout, stderr = ends[0][1], ends[1][0], ends[2][0]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out, err, reply = bytearray(), bytearray(), bytearray()
+        pid = None
+        code = None
+        sel = selectors.DefaultSelector()
+        try:
+            os.set_blocking(stdin, False)
+            pending = memoryview(input)
+            if pending:
+                sel.register(stdin, selectors.EVENT_WRITE, "stdin")
+            else:
+                os.close(stdin)
+                stdin = None
+            sel.register(stdout, selectors.EVENT_READ, out)
+            sel.register(stderr, selectors.EVENT_READ, err)
+            sel.register(sock, selectors.EVENT_READ, reply)
+            while sel.get_map():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    if pid is None:  # (the server names the child first thing: wait for it)
+                        pid = _pid_from(sock, reply)
+                    if pid is not None:
+                        os.kill(pid, signal.SIGKILL)
+                    raise subprocess.TimeoutExpired(argv, timeout, output=bytes(out),
+                                                    stderr=bytes(err))
+                for key, _ in sel.select(left):
+                    if key.data == "stdin":
+                        try:
+                            n = os.write(stdin, pending[:65536])
+                        except BrokenPipeError:
+                            n = len(pending)
+                        pending = pending[n:]
+                        if not pending:
+                            sel.unregister(stdin)
+                            os.close(stdin)
+                            stdin = None
+                        continue
+                    data = key.fileobj.recv(65536) if key.fileobj is sock else \
+                        os.read(key.fd, 65536)
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        continue
+                    key.data.extend(data)
+                    while key.data is reply and b"\n" in reply:
+                        line, _, rest = bytes(reply).partition(b"\n")
+                        reply[:] = rest
+                        message = json.loads(line)
+                        if "pid" in message:
+                            pid = self.last_pid = message["pid"]
+                        else:
+                            code = message["code"]
+                            self.cpu += message["cpu"]
+        finally:
+            sel.close()
+            sock.close()
+            for fd in (stdin, stdout, stderr):
+                if fd is not None:
+                    os.close(fd)
+        if code is None:
+            raise RuntimeError(f"the kp-* fork server went away while {command} ran")
+        self.runs += 1
+        return code, bytes(out), bytes(err)
+
+    def running(self, wait: float = 5.0) -> bool:
+        """Whether the last child started is still alive (a zombie is not), after waiting up
+        to WAIT seconds for it to end."""
+        if self.last_pid is None:
+            return False
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                state = Path(f"/proc/{self.last_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, ProcessLookupError):
+                return False
+            if state in ("Z", "X") or time.monotonic() > deadline:
+                return state not in ("Z", "X")
+            time.sleep(0.02)
+
+
+def _pid_from(sock: socket.socket, reply: bytearray) -> int | None:
+    """The child's pid from the server's first reply line, read for up to 5 seconds."""
+    sock.settimeout(5)
+    try:
+        while b"\n" not in reply:
+            data = sock.recv(65536)
+            if not data:
+                return None
+            reply.extend(data)
+    except OSError:
+        return None
+    return json.loads(bytes(reply).partition(b"\n")[0]).get("pid")
+
+
+SERVER = Server()
+
+
+# --- the server -------------------------------------------------------------------------
+
+def _serve(path: str):
+    """Import every kp-* entry point, then fork a child per request; returns, in the child
+    only, the entry point it is to run."""
+    from importlib.metadata import entry_points
+
+    mains = {ep.name: ep.load() for ep in entry_points(group="console_scripts")
+             if ep.name.startswith("kp-")}
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    Path(path + ".ready").touch()
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "listener")
+    sel.register(0, selectors.EVENT_READ, "parent")  # EOF: the test process has gone
+    running: dict[int, socket.socket] = {}  # pid -> the connection of the test that asked
+    while True:
+        for what in [key.data for key, _ in sel.select()]:
+            if what == "parent":
+                if not os.read(0, 4096):
+                    for pid in running:
+                        os.kill(pid, signal.SIGKILL)
+                    os._exit(0)
+            elif what == "listener":
+                conn, _ = listener.accept()
+                request, fds = _receive(conn)
+                pid = os.fork()
+                if pid == 0:
+                    # the child: none of the server's descriptors, the test's pipes as 0-2
+                    sel.close()
+                    for s in (listener, conn, *running.values()):
+                        os.close(s.detach())
+                    for target, fd in enumerate(fds):
+                        os.dup2(fd, target)
+                    os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # (the pidfds among them)
+                    return mains[request["command"]], request
+                for fd in fds:
+                    os.close(fd)
+                running[pid] = conn
+                sel.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            else:  # child WHAT ended: its exit code and CPU to the test that started it
+                pidfd = next(k.fd for k in sel.get_map().values() if k.data == what)
+                sel.unregister(pidfd)
+                os.close(pidfd)
+                _, status, usage = os.wait4(what, 0)
+                conn = running.pop(what)
+                try:
+                    conn.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status),
+                                             "cpu": usage.ru_utime + usage.ru_stime}).encode()
+                                 + b"\n")
+                except OSError:  # the test gave up on it (a timeout)
+                    pass
+                conn.close()
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    data, fds, _, _ = socket.recv_fds(conn, 65536, 3)
+    (size,) = struct.unpack("!I", data[:4])
+    data = data[4:]
+    while len(data) < size:
+        more = conn.recv(size - len(data))
+        if not more:
+            raise EOFError("request cut short")
+        data += more
+    return json.loads(data), fds
+
+
+if __name__ == "__main__":
+    main, request = _serve(sys.argv[1])
+    # Now the command, as its console script starts it (the script's directory first on
+    # sys.path, in place of this file's)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.argv = list(request["argv"])
+    sys.path[0] = os.path.dirname(sys.argv[0])
+    sys.argv[0] = sys.argv[0].removesuffix(".exe")
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The suite's way of starting kp-* commands (tests/forked.py) against the console scripts.
+
+Most tests run a command through conftest.kp, a child of a fork server that has the
+commands imported. What a test reads of a command (exit code, stdout, stderr, files it
+wrote, the requests it sent) must be what the console script, started by a shell, gives:
+each case here runs both ways and compares them whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import forked
+import pytest
+from conftest import kp
+
+KEY = "sk-or-v1-forked-0123456789-secret"
+
+
+def both(command, *args, **kw):
+    """The command run forked and as its script: both results, the forked one checked to
+    have come from the fork server."""
+    runs0 = forked.SERVER.runs
+    fork = kp(command, *args, start="fork", **kw)
+    assert forked.SERVER.runs == runs0 + 1, "the fork server did not run it"
+    exec_ = kp(command, *args, start="exec", **kw)
+    assert forked.SERVER.runs == runs0 + 1
+    return fork, exec_
+
+
+def same(a, b):
+    assert (a.code, a.stdout, a.stderr) == (b.code, b.stdout, b.stderr)
+
+
+def test_a_filter_reads_stdin_writes_stdout_and_files_in_its_own_cwd(tmp_path):
+    lines = b"".join(json.dumps({"id": f"p{i}", "conversations": [
+        {"from": "human", "value": f"question {i}"}]}).encode() + b"\n" for i in range(5))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    fork = kp("prompts", "-", "--dataset", "B3", "-o", "out.jsonl", input=lines,
+              cwd=tmp_path / "a", start="fork")
+    exec_ = kp("prompts", "-", "--dataset", "B3", "-o", "out.jsonl", input=lines,
+               cwd=tmp_path / "b", start="exec")
+    same(fork, exec_)
+    assert fork.code == 0
+    written = (tmp_path / "a" / "out.jsonl").read_bytes()
+    assert written and written == (tmp_path / "b" / "out.jsonl").read_bytes()
+    # and to stdout, for a pipe
+    fork, exec_ = both("prompts", "-", "--dataset", "B3", input=lines, cwd=tmp_path)
+    same(fork, exec_)
+    assert fork.stdout == written
+
+
+@pytest.mark.parametrize("args", [
+    ("infer", "--concurrency", "0", "p.jsonl"),  # a usage error: click's, exit 2
+    ("shard", "verify", "no-such-dir"),  # a word of a group, its own error
+    ("tokenize", "--help"),
+    ("credits",),  # no key: its message, exit 2
+])
+def test_errors_help_and_exit_codes_are_the_scripts(tmp_path, args):
+    env = {"OPENROUTER_API_KEY": ""}
+    fork, exec_ = both(*args, cwd=tmp_path, env=env)
+    same(fork, exec_)
+
+
+def test_the_environment_is_the_runs_own_and_the_key_stays_out(standin, tmp_path):
+    server = standin()
+    env = {"OPENROUTER_BASE_URL": server.base_url, "OPENROUTER_API_KEY": server.api_key}
+    fork, exec_ = both("credits", "--json", env=env, cwd=tmp_path)
+    same(fork, exec_)
+    assert fork.code == 0 and json.loads(fork.stdout)
+    wrong = {**env, "OPENROUTER_API_KEY": KEY}  # refused (401): the key is not echoed
+    fork, exec_ = both("credits", env=wrong, cwd=tmp_path)
+    same(fork, exec_)
+    assert fork.code != 0 and KEY not in fork.stderr
+
+
+def test_a_run_past_its_timeout_is_killed(tmp_path):
+    fifo = tmp_path / "never"
+    os.mkfifo(fifo)  # opening it for reading blocks: the command never ends by itself
+    with pytest.raises(subprocess.TimeoutExpired):
+        kp("prompts", str(fifo), "--dataset", "B3", timeout=2, start="fork")
+    assert not forked.SERVER.running(), "the timed-out child was left running"
+
+
+def test_an_environment_the_interpreter_reads_at_start_is_started_fresh(tmp_path):
+    """PYTHON* and the locale are read as an interpreter starts: a fork would inherit the
+    server's, so such a run is the script's."""
+    runs0 = forked.SERVER.runs
+    r = kp("prompts", "--help", env={"PYTHONIOENCODING": "latin-1"}, cwd=tmp_path)
+    assert r.code == 0 and forked.SERVER.runs == runs0
