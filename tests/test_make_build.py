@@ -11,12 +11,13 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from conftest import REPO, read_jsonl
-from helpers import billed, smallest_hashes, time_left
+from helpers import billed, smallest_hashes, time_left, wait_for
 from test_make import SOURCE, TOKENIZER, VENV, make_command
 
 from kimipipe.standin.answers import user_text_sha256
@@ -207,8 +208,24 @@ def test_total_cost_caps_the_whole_build_and_raising_it_finishes(standin, tmp_pa
     server = standin(ledger=True, price_scale=200.0, latency=0.3 if jobs == "-j3" else None,
                      tokenizer=TOKENIZER)
     variables = single_turn(write_sources(tmp_path, {"A": 30, "B": 30, "C": 30}))
-    r = run_make(server, tmp_path, jobs, "all", TOTAL_COST=4, ALLOW_SHORT=1, TOKEN_BUDGET="",
-                 CONCURRENCY=4, **variables)
+    first = ("all",)
+    kwargs = dict(TOTAL_COST=4, ALLOW_SHORT=1, TOKEN_BUDGET="", CONCURRENCY=4, **variables)
+    if jobs == "-j1":
+        r = run_make(server, tmp_path, jobs, *first, **kwargs)
+    else:
+        # every answer held until more requests are in flight than one dataset's CONCURRENCY
+        # allows: the datasets provably run at the same time, however slowly each starts
+        server.configure(hold_after=0)
+        done = []
+        make = threading.Thread(target=lambda: done.append(run_make(server, tmp_path, jobs, *first, **kwargs)))
+        make.start()
+        try:
+            wait_for(lambda: server.stats()["held"] > 4, "two datasets' requests in flight at once",
+                     timeout=time_left())
+        finally:
+            server.configure(hold_after=None)
+            make.join()
+        r = done[0]
     assert r.returncode == 2  # make: a recipe failed (its message below)
     assert billed(server) <= 4
     assert "make: " in r.stderr and "stopped by TOTAL_COST=4 (the cap on the whole build" in r.stderr
