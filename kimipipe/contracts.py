@@ -36,6 +36,8 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from .errors import InputError
+
 # -- kp-infer --plan --json -----------------------------------------------------------------
 
 
@@ -354,6 +356,22 @@ class SummaryStop(Struct):
     spend_total: float
     stop_reason: str | None = None
     limit: MoneyLimit | None = None
+
+
+def read_contract(path: str, decoder: msgspec.json.Decoder, remake: str):
+    """The file at PATH decoded by DECODER, or None when there is none; a file that does
+    not decode is PATH and why, and REMAKE ("not a make pilot file; remake it (make
+    pilot)": what it is not, and how to make it again)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        what, _, fix = remake.partition("; ")
+        raise InputError(f"{what} ({e}); {fix}", path) from None
 
 
 def read_summary(path: str, view: type = InferSummary):

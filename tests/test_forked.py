@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 import forked
 import pytest
-from conftest import kp
+from conftest import TOKENIZER_KINDS, kp, response_record, write_jsonl
 
 KEY = "sk-or-v1-forked-0123456789-secret"
 
@@ -91,3 +92,31 @@ def test_an_environment_the_interpreter_reads_at_start_is_started_fresh(tmp_path
     runs0 = forked.SERVER.runs
     r = kp("prompts", "--help", env={"PYTHONIOENCODING": "latin-1"}, cwd=tmp_path)
     assert r.code == 0 and forked.SERVER.runs == runs0
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENIZER_KINDS))
+def test_kp_tokenize_forked_with_transformers_imported_is_the_scripts(tmp_path, kind):
+    """kp-tokenize (and kp-infer --tokenizer) fork from the server that has transformers
+    imported: the same IDs, summary and exit code as the script, with its own environment
+    (the commands' variables) and a rejected record among them."""
+    src = write_jsonl(tmp_path / "r.jsonl", [
+        response_record("a", "What is 2+2?", content="It is 4.", reasoning="Two and two."),
+        response_record("b", "Hi", content="", reasoning="Let me", finish_reason="length"),
+        response_record("c", "Hi", content="", finish_reason="length")])  # (rejected: no text)
+    args = ("--tokenizer", TOKENIZER_KINDS[kind], "--trust-remote-code", "--workers", "2")
+    env = {"KP_UNUSED": "1"}
+    hot = forked.SERVER.hot.runs
+    fork = kp("tokenize", src, *args, "-o", tmp_path / "fork.jsonl", env=env, start="fork")
+    assert forked.SERVER.hot.runs == hot + 1, "not forked from the warm server"
+    exec_ = kp("tokenize", src, *args, "-o", tmp_path / "exec.jsonl", env=env, start="exec")
+    assert fork.code == exec_.code == 4
+    said = [re.sub(r"\[[^\]]*/s\]", "[timing]", r.stderr.replace(name, "OUT"))  # (a bar's rate)
+            for r, name in ((fork, "fork.jsonl"), (exec_, "exec.jsonl"))]
+    assert said[0] == said[1] and "rejected c" in said[0]
+    assert (tmp_path / "fork.jsonl").read_bytes() == (tmp_path / "exec.jsonl").read_bytes()
+    # an environment transformers reads as it is imported: the cold server, which it imports in
+    hot = forked.SERVER.hot.runs
+    r = kp("tokenize", src, *args, "-o", tmp_path / "cold.jsonl", start="fork",
+           env={"HF_HOME": str(tmp_path / "hf")})
+    assert forked.SERVER.hot.runs == hot and r.code == 4
+    assert (tmp_path / "cold.jsonl").read_bytes() == (tmp_path / "exec.jsonl").read_bytes()

@@ -44,8 +44,8 @@ from ..contracts import (
     PlanPrices,
     PlanRoute,
     Recorded,
+    read_contract,
 )
-from ..errors import InputError
 from ..recorded.spend import expand_spent_in, recorded_spend
 from .measure import measure, read_pilot
 
@@ -215,15 +215,7 @@ _plan_decoder = msgspec.json.Decoder(InferPlan)
 
 def read_plan(path: str) -> InferPlan | None:
     """WORK/D.plan.json (`kp-infer --plan --json`), or None when there is none."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return None
-    try:
-        return _plan_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise InputError(f"not a kp-infer plan ({e}); remake it (make plan)", path) from None
+    return read_contract(path, _plan_decoder, "not a kp-infer plan; remake it (make plan)")
 
 
 def stage_complete(work: str, name: str) -> bool:

@@ -28,8 +28,7 @@ from collections import Counter
 
 import msgspec
 
-from ..contracts import CompletionFigures, CostPerAnswer, PilotFigures
-from ..errors import InputError
+from ..contracts import CompletionFigures, CostPerAnswer, PilotFigures, read_contract
 from ..io import finished_records
 from ..records import RecordCost, Usage, record_cost
 
@@ -111,15 +110,7 @@ def write_pilot(path: str, figures: PilotFigures) -> None:
 
 def read_pilot(path: str) -> PilotFigures | None:
     """WORK/D.pilot.json, or None when there is none."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return None
-    try:
-        return _pilot_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise InputError(f"not a make pilot file ({e}); remake it (make pilot)", path) from None
+    return read_contract(path, _pilot_decoder, "not a make pilot file; remake it (make pilot)")
 
 
 def pilot_line(path: str, figures: PilotFigures) -> str:
