@@ -42,6 +42,9 @@ _SET_BY_KIMIPIPE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TE
                     "TRANSFORMERS_VERBOSITY", "TOKENIZERS_PARALLELISM")
 
 
+forked.AS_STARTED.update({name: _STARTED_WITH.get(name) for name in _SET_BY_KIMIPIPE})
+
+
 def _restore_environment() -> None:
     for name in _SET_BY_KIMIPIPE:
         if name in _STARTED_WITH:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import shlex
 import signal
 import socket
 import struct
@@ -42,6 +43,12 @@ from pathlib import Path
 
 # What a fork cannot change once the interpreter has started (see above)
 _SET_AT_START = ("PYTHON", "LC_", "LANG")
+
+
+# Variables the test process's own imports may have set (kimipipe.tokenize makes the
+# environment offline), with the values the suite started with (None: unset), for the
+# servers to start with: conftest.py fills it
+AS_STARTED: dict[str, str | None] = {}
 
 
 def _at_start(env: dict) -> dict:
@@ -60,14 +67,15 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.path = ""
         self.env: dict = {}
-        self.cpu = 0.0  # CPU seconds of the children this test process has waited for
         self.runs = 0  # commands run through it
         self.last_pid: int | None = None
 
     def _start(self) -> None:
         directory = tempfile.mkdtemp(prefix="kp-forked-")
         self.path = os.path.join(directory, "socket")
-        self.env = dict(os.environ)
+        self.env = {**os.environ, **{k: v for k, v in AS_STARTED.items() if v is not None}}
+        for k in [k for k, v in AS_STARTED.items() if v is None]:
+            self.env.pop(k, None)
         self.proc = subprocess.Popen(
             [sys.executable, __file__, self.path, *(["--warm"] if self.warm else [])],
             stdin=subprocess.PIPE,
@@ -154,7 +162,6 @@ class Server:
                             pid = self.last_pid = message["pid"]
                         else:
                             code = message["code"]
-                            self.cpu += message["cpu"]
         finally:
             sel.close()
             sock.close()
@@ -165,6 +172,15 @@ class Server:
             raise RuntimeError(f"the kp-* fork server went away while {command} ran")
         self.runs += 1
         return code, bytes(out), bytes(err)
+
+    @property
+    def cpu(self) -> float:
+        """CPU seconds of every child this server has seen end (this test process's runs,
+        and those of make's shims, `Servers.shim_bin`)."""
+        try:
+            return float(Path(self.path + ".cpu").read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0.0
 
     def running(self, wait: float = 5.0) -> bool:
         """Whether the last child started is still alive (a zombie is not), after waiting up
@@ -197,9 +213,14 @@ def _pid_from(sock: socket.socket, reply: bytearray) -> int | None:
 
 
 # What a warm server's children may differ from its own environment in: the kp-* commands'
-# own variables and pytest's (PYTEST_CURRENT_TEST changes with every test), which
-# transformers does not read
-_NOT_READ_BY_TRANSFORMERS = ("OPENROUTER_", "KP_", "PYTEST_")
+# own variables, pytest's (PYTEST_CURRENT_TEST changes with every test) and make's
+# (MAKEFLAGS, MAKELEVEL, MFLAGS), which transformers does not read
+_NOT_READ_BY_TRANSFORMERS = ("OPENROUTER_", "KP_", "PYTEST_", "MAKE", "MFLAGS")
+
+
+def _same_for_transformers(env: dict, base: dict) -> bool:
+    return all(env.get(k) == base.get(k) for k in set(env) | set(base)
+               if not k.startswith(_NOT_READ_BY_TRANSFORMERS))
 
 
 def _needs_transformers(argv: list[str]) -> bool:
@@ -222,6 +243,8 @@ class Servers:
     def __init__(self) -> None:
         self.cold, self.hot = Server(), Server(warm=True)
         self.last: Server = self.cold
+        self._shims: dict[str, str] = {}
+        self.differs: list[str] = []  # what kept the last run off the warm server
 
     def can_run(self, env: dict) -> bool:
         return self.cold.can_run(env)
@@ -229,9 +252,10 @@ class Servers:
     def _warm_for(self, argv: list[str], env: dict) -> bool:
         if not _needs_transformers(argv) or not self.hot.can_run(env):  # (starts it)
             return False
-        base = self.hot.env
-        return all(env.get(k) == base.get(k) for k in set(env) | set(base)
-                   if not k.startswith(_NOT_READ_BY_TRANSFORMERS))
+        self.differs = sorted(k for k in set(env) | set(self.hot.env)
+                              if env.get(k) != self.hot.env.get(k)
+                              and not k.startswith(_NOT_READ_BY_TRANSFORMERS))
+        return not self.differs
 
     def run(self, argv: list[str], input: bytes, env: dict, cwd: str | None,
             timeout: float | None) -> tuple[int, bytes, bytes]:
@@ -249,6 +273,88 @@ class Servers:
 
     def running(self, wait: float = 5.0) -> bool:
         return self.last.running(wait)
+
+    def shim_bin(self, real_bin: str | os.PathLike) -> str:
+        """A directory for make's BIN: `kp-<command>` shims that have this test process's
+        servers fork the command (`client_main`), and `python`, the venv's. Made once."""
+        real_bin = os.fspath(real_bin)
+        if real_bin in self._shims:
+            return self._shims[real_bin]
+        self.cold.can_run(dict(os.environ))
+        self.hot.can_run(dict(os.environ))
+        directory = tempfile.mkdtemp(prefix="kp-shims-")
+        config = os.path.join(directory, "servers.json")
+        Path(config).write_text(json.dumps({
+            "cold": self.cold.path, "hot": self.hot.path, "real_bin": real_bin,
+            "at_start": _at_start(self.cold.env), "hot_env": self.hot.env}))
+        here = os.path.dirname(os.path.abspath(__file__))
+        for name in os.listdir(real_bin):
+            if name.startswith("kp-"):
+                script = (f"#!{sys.executable} -SE\nimport sys\nsys.path.insert(0, {here!r})\n"
+                          f"import forked\nforked.client_main({config!r}, {name!r})\n")
+            elif name == "python":
+                script = f'#!/bin/sh\nexec {shlex.quote(os.path.join(real_bin, name))} "$@"\n'
+            else:
+                continue
+            Path(directory, name).write_text(script)
+            os.chmod(os.path.join(directory, name), 0o755)
+        self._shims[real_bin] = directory
+        return directory
+
+
+def client_main(config_path: str, command: str) -> None:
+    """A `kp-<command>` shim (Servers.shim_bin), as make starts it: the command forked by a
+    server with this process's argv, environment, cwd and descriptors 0-2; the signals it
+    is sent passed on; its exit code, or the signal that ended it, this process's. Where
+    the environment changes what an interpreter reads at start, the script itself, exec'd.
+    If this process is killed, the server kills the command (its connection closes)."""
+    with open(config_path) as f:
+        config = json.load(f)
+    real = os.path.join(config["real_bin"], command)
+    argv = [real, *sys.argv[1:]]
+    env = dict(os.environ)
+    if _at_start(env) != config["at_start"]:
+        os.execv(real, argv)
+    warm = _needs_transformers(argv) and _same_for_transformers(env, config["hot_env"])
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(config["hot" if warm else "cold"])
+    except OSError:  # (the test process has gone: its servers with it)
+        os.execv(real, argv)
+    request = json.dumps({"command": command, "argv": argv, "env": env,
+                          "cwd": os.getcwd()}).encode()
+    socket.send_fds(sock, [struct.pack("!I", len(request)) + request], [0, 1, 2])
+    child = []
+    pending = []
+
+    def forward(signum, frame):
+        if child:
+            os.kill(child[0], signum)
+        else:
+            pending.append(signum)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                   signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, forward)
+    reply = b""
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            print(f"{command}: the test's fork server went away", file=sys.stderr)
+            os._exit(70)
+        reply += data
+        while b"\n" in reply:
+            line, reply = reply.split(b"\n", 1)
+            message = json.loads(line)
+            if "pid" in message:
+                child.append(message["pid"])
+                for signum in pending:
+                    os.kill(child[0], signum)
+                continue
+            code = message["code"]
+            if code < 0:  # ended by a signal: so does this process
+                signal.signal(-code, signal.SIG_DFL)
+                os.kill(os.getpid(), -code)
+            os._exit(code if code >= 0 else 128 - code)
 
 
 SERVER = Servers()
@@ -276,6 +382,7 @@ def _serve(path: str, warm: bool):
     sel.register(listener, selectors.EVENT_READ, "listener")
     sel.register(0, selectors.EVENT_READ, "parent")  # EOF: the test process has gone
     running: dict[int, socket.socket] = {}  # pid -> the connection of the test that asked
+    cpu = 0.0  # of every child ended, written to PATH.cpu (Servers.cpu reads it)
     while True:
         for what in [key.data for key, _ in sel.select()]:
             if what == "parent":
@@ -288,7 +395,7 @@ def _serve(path: str, warm: bool):
                 request, fds = _receive(conn)
                 pid = os.fork()
                 if pid == 0:
-                    # the child: none of the server's descriptors, the test's pipes as 0-2
+                    # the child: none of the server's descriptors, the asker's 0-2 as its own
                     sel.close()
                     for s in (listener, conn, *running.values()):
                         os.close(s.detach())
@@ -300,18 +407,30 @@ def _serve(path: str, warm: bool):
                     os.close(fd)
                 running[pid] = conn
                 sel.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
+                sel.register(conn, selectors.EVENT_READ, ("asker", pid))
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-            else:  # child WHAT ended: its exit code and CPU to the test that started it
+            elif isinstance(what, tuple):  # the asker hung up (killed: a shim's SIGKILL, a
+                _, pid = what                # test's timeout) before its child ended: so does it
+                sel.unregister(running[pid])
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            else:  # child WHAT ended: its exit code and CPU to the one that asked for it
                 pidfd = next(k.fd for k in sel.get_map().values() if k.data == what)
                 sel.unregister(pidfd)
                 os.close(pidfd)
                 _, status, usage = os.wait4(what, 0)
                 conn = running.pop(what)
+                if conn.fileno() in sel.get_map():
+                    sel.unregister(conn)
+                cpu += usage.ru_utime + usage.ru_stime
+                Path(path + ".cpu").write_text(f"{cpu:.6f}")
                 try:
                     conn.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status),
                                              "cpu": usage.ru_utime + usage.ru_stime}).encode()
                                  + b"\n")
-                except OSError:  # the test gave up on it (a timeout)
+                except OSError:  # it gave up on it (a timeout)
                     pass
                 conn.close()
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
+import time
 
 import forked
 import pytest
-from conftest import TOKENIZER_KINDS, kp, response_record, write_jsonl
+from conftest import BIN, TOKENIZER_KINDS, kp, response_record, write_jsonl
+from helpers import children, wait_for
 
 KEY = "sk-or-v1-forked-0123456789-secret"
 
@@ -107,7 +110,7 @@ def test_kp_tokenize_forked_with_transformers_imported_is_the_scripts(tmp_path, 
     env = {"KP_UNUSED": "1"}
     hot = forked.SERVER.hot.runs
     fork = kp("tokenize", src, *args, "-o", tmp_path / "fork.jsonl", env=env, start="fork")
-    assert forked.SERVER.hot.runs == hot + 1, "not forked from the warm server"
+    assert forked.SERVER.hot.runs == hot + 1, f"not forked from the warm server: {forked.SERVER.differs}"
     exec_ = kp("tokenize", src, *args, "-o", tmp_path / "exec.jsonl", env=env, start="exec")
     assert fork.code == exec_.code == 4
     said = [re.sub(r"\[[^\]]*/s\]", "[timing]", r.stderr.replace(name, "OUT"))  # (a bar's rate)
@@ -120,3 +123,68 @@ def test_kp_tokenize_forked_with_transformers_imported_is_the_scripts(tmp_path, 
            env={"HF_HOME": str(tmp_path / "hf")})
     assert forked.SERVER.hot.runs == hot and r.code == 4
     assert (tmp_path / "cold.jsonl").read_bytes() == (tmp_path / "exec.jsonl").read_bytes()
+
+
+# --- make's shims (Servers.shim_bin) ------------------------------------------------------
+
+def shim(command: str) -> str:
+    return os.path.join(forked.SERVER.shim_bin(BIN), f"kp-{command}")
+
+
+def test_a_shim_runs_the_command_on_its_own_descriptors_with_its_exit_code(tmp_path):
+    """As make starts it: the shim's stdin, stdout and stderr are the command's own (a pipe
+    into the next command, a file), and its exit code is the command's."""
+    lines = b"".join(json.dumps({"id": f"p{i}", "conversations": [
+        {"from": "human", "value": f"question {i}"}]}).encode() + b"\n" for i in range(5))
+    src = tmp_path / "s.jsonl"
+    src.write_bytes(lines)
+    cpu0 = forked.SERVER.cpu
+    with open(src, "rb") as stdin:
+        via = subprocess.run([shim("prompts"), "-", "--dataset", "B3"], stdin=stdin,
+                             capture_output=True, cwd=tmp_path, timeout=60)
+        stdin.seek(0)
+        real = subprocess.run([str(BIN / "kp-prompts"), "-", "--dataset", "B3"], stdin=stdin,
+                              capture_output=True, cwd=tmp_path, timeout=60)
+    assert (via.returncode, via.stdout, via.stderr) == (real.returncode, real.stdout, real.stderr)
+    assert via.returncode == 0 and via.stdout.count(b"\n") == 5
+    assert forked.SERVER.cpu > cpu0  # forked, and its CPU counted
+    bad = subprocess.run([shim("infer"), "--concurrency", "0", "p.jsonl"], capture_output=True,
+                         cwd=tmp_path, timeout=60)
+    real = subprocess.run([str(BIN / "kp-infer"), "--concurrency", "0", "p.jsonl"],
+                          capture_output=True, cwd=tmp_path, timeout=60)
+    assert (bad.returncode, bad.stderr) == (real.returncode, real.stderr) and bad.returncode == 2
+
+
+def _blocked(argv, tmp_path):
+    """ARGV started on a FIFO nobody writes (it blocks opening it), once it is in place."""
+    fifo = tmp_path / f"fifo{len(list(tmp_path.iterdir()))}"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([*argv, str(fifo), "--dataset", "B3"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path)
+    return proc
+
+
+def test_a_shim_passes_a_signal_on_and_ends_as_the_command_did(tmp_path):
+    ends = []
+    for argv in ([shim("prompts")], [str(BIN / "kp-prompts")]):
+        proc = _blocked(argv, tmp_path)
+        time.sleep(1.0)  # (the command is blocked opening the FIFO)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        ends.append((proc.returncode, out, err))
+    assert ends[0] == ends[1] and ends[0][0] != 0
+
+
+def test_a_shim_killed_takes_its_command_with_it(tmp_path):
+    """make's process group killed (SIGKILL): the shims die, and so do their commands."""
+    server = forked.SERVER
+    shim("prompts")  # (the servers started)
+    before = set(children(server.cold.proc.pid))
+    proc = _blocked([shim("prompts")], tmp_path)
+    wait_for(lambda: set(children(server.cold.proc.pid)) - before, "the shim's command",
+             timeout=30)
+    (command,) = set(children(server.cold.proc.pid)) - before
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: command not in children(server.cold.proc.pid),
+             "the command to end with its shim", timeout=30)

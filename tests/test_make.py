@@ -15,8 +15,9 @@ from collections import Counter
 from pathlib import Path
 
 import browser
+import forked as fork_servers
 import pytest
-from conftest import REPO, read_jsonl
+from conftest import EXEC_ALWAYS, REPO, read_jsonl
 from helpers import KP_COMMANDS, time_left, whole_lines
 
 from kimipipe.standin.answers import user_text_sha256
@@ -51,9 +52,15 @@ def seed_tokenizer_check(work: Path, tokenizer, flags: str) -> None:
     (work / ".tokenizer-check.json").write_bytes(_TOKENIZER_CHECKS[key])
 
 
-def make_command(server, tmp_path, *args, seed_check: bool = True,
+def make_command(server, tmp_path, *args, seed_check: bool = True, forked: bool = True,
                  **variables) -> tuple[list[str], dict]:
-    settings = {"DATASETS": "D1", "SOURCE_D1": SOURCE, "WORK": tmp_path / "work",
+    """make ARGS against SERVER, building in TMP_PATH. FORKED: the kp-* commands make runs are
+    forked by this test process's servers, through shims in BIN (tests/forked.py
+    `Servers.shim_bin`: each its own process with make's argv, environment, descriptors
+    and signals, its exit code make's); off, make runs the venv's scripts, for the tests
+    that kill make's process group."""
+    bin_dir = fork_servers.SERVER.shim_bin(VENV / "bin") if forked and not EXEC_ALWAYS else VENV / "bin"
+    settings = {"BIN": bin_dir, "DATASETS": "D1", "SOURCE_D1": SOURCE, "WORK": tmp_path / "work",
                 "SHARDS": tmp_path / "shards", "VENV": VENV, "BASE_URL": server.base_url,
                 "TOKENIZER": TOKENIZER, "CONCURRENCY": 16, "MAX_COST": 1, "TOKEN_BUDGET": "",
                 "MAX_TOKENS": 1024, "MIN_CREDITS": 1, "INFER_FLAGS": "--backoff-base 0.05 --quiet",
@@ -210,7 +217,7 @@ def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     server.configure(hold_after=40)
     # TURNS=last: the ledger keys a request by its last user text, which conversations
     # sharing their first user turn would share under TURNS=all
-    cmd, env = make_command(server, tmp_path, "all", TURNS="last")
+    cmd, env = make_command(server, tmp_path, "all", TURNS="last", forked=False)
     responses = tmp_path / "work" / "D1.responses.jsonl"
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # its own process group: make and below
@@ -280,7 +287,8 @@ def test_ctrl_c_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     done, and the rerun finishes the build with no answer paid twice."""
     server = standin(latency=0.1, ledger=True, tokenizer=TOKENIZER)
     server.configure(hold_after=40)
-    cmd, env = make_command(server, tmp_path, "all", TURNS="last")  # the ledger's key: see kill -9
+    cmd, env = make_command(server, tmp_path, "all", TURNS="last",  # the ledger's key: see kill -9
+                            forked=False)
     responses = tmp_path / "work" / "D1.responses.jsonl"
     # SIGINT as a terminal leaves it (default): a suite started from a script's background
     # job inherits SIGINT ignored, and make then ignores the Ctrl-C it is sent
