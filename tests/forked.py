@@ -11,8 +11,13 @@ child per run. The child becomes the command: its descriptors are the test's pip
 over a Unix socket), everything else of the server's is closed, and it calls the entry
 point as the `kp-<command>` script does: `sys.exit(main())`. Nothing has run in the server
 but those imports, so each child starts from the state a fresh `kp-<command>` has once
-its imports are done; transformers (kp-tokenize, kp-infer --tokenizer) is imported by the
-child itself, under the child's environment.
+its imports are done. A second, warm server has also imported transformers as a
+tokenizer's load does; kp-tokenize and kp-infer --tokenizer fork from it when what
+transformers reads as it is imported is the same for the run (`Servers`), else the child
+imports it itself, under its own environment. make's builds reach the same servers
+through shims in BIN (`Servers.shim_bin`, `client_main`): the command gets make's own
+descriptors, the shim passes signals on, ends as the command did, and a killed shim's
+command is killed.
 
 What a fork does not redo is what the interpreter decides as it starts: the `PYTHON*`
 variables, the locale and stdio encoding (from LANG and LC_*), and the hash seed, which
@@ -22,7 +27,7 @@ are about the start itself (the console scripts, what a command imports, a sitec
 run the scripts (`kp(..., start="exec")`, or subprocess with BIN/kp-*). KP_EXEC=1 runs
 every command the old way, to compare.
 
-Run as a script (`python forked.py SOCKET`), this file is the server: it serves until its
+Run as a script (`python forked.py SOCKET [--warm]`), this file is the server: it serves until its
 stdin, a pipe from the test process, reaches EOF (the test process has gone).
 """
 
@@ -218,9 +223,10 @@ def _pid_from(sock: socket.socket, reply: bytearray) -> int | None:
 _NOT_READ_BY_TRANSFORMERS = ("OPENROUTER_", "KP_", "PYTEST_", "MAKE", "MFLAGS")
 
 
-def _same_for_transformers(env: dict, base: dict) -> bool:
-    return all(env.get(k) == base.get(k) for k in set(env) | set(base)
-               if not k.startswith(_NOT_READ_BY_TRANSFORMERS))
+def _differs_for_transformers(env: dict, base: dict) -> list[str]:
+    """The variables of ENV and BASE that differ, of those transformers may read."""
+    return sorted(k for k in set(env) | set(base)
+                  if env.get(k) != base.get(k) and not k.startswith(_NOT_READ_BY_TRANSFORMERS))
 
 
 def _needs_transformers(argv: list[str]) -> bool:
@@ -252,9 +258,7 @@ class Servers:
     def _warm_for(self, argv: list[str], env: dict) -> bool:
         if not _needs_transformers(argv) or not self.hot.can_run(env):  # (starts it)
             return False
-        self.differs = sorted(k for k in set(env) | set(self.hot.env)
-                              if env.get(k) != self.hot.env.get(k)
-                              and not k.startswith(_NOT_READ_BY_TRANSFORMERS))
+        self.differs = _differs_for_transformers(env, self.hot.env)
         return not self.differs
 
     def run(self, argv: list[str], input: bytes, env: dict, cwd: str | None,
@@ -315,7 +319,7 @@ def client_main(config_path: str, command: str) -> None:
     env = dict(os.environ)
     if _at_start(env) != config["at_start"]:
         os.execv(real, argv)
-    warm = _needs_transformers(argv) and _same_for_transformers(env, config["hot_env"])
+    warm = _needs_transformers(argv) and not _differs_for_transformers(env, config["hot_env"])
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(config["hot" if warm else "cold"])
