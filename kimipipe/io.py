@@ -64,7 +64,9 @@ class _Prefixed(io.RawIOBase):
             b[:n] = self._head[:n]
             self._head = self._head[n:]
             return n
-        data = self._rest.read(len(b))
+        # read1: what has arrived, up to len(b), so that a pipe's records are read as they
+        # come (read(n) would wait for a whole buffer's worth, 1 MiB, or the end)
+        data = self._rest.read1(len(b))
         b[: len(data)] = data
         return len(data)
 
@@ -82,7 +84,7 @@ class _ZstdRaw(io.RawIOBase):
         return True
 
     def readinto(self, b) -> int:
-        data = self._reader.read(len(b))
+        data = self._reader.read1(len(b))  # (what can be decompressed now: see _Prefixed)
         b[: len(data)] = data
         return len(data)
 

@@ -15,9 +15,11 @@ environment the suite was started with (nothing here sets HF_HUB_OFFLINE).
 from __future__ import annotations
 
 import json
+import subprocess
 from functools import cache
 
 import pytest
+import zstandard
 from conftest import (
     BIN,
     TOKENIZER_KINDS,
@@ -28,7 +30,7 @@ from conftest import (
     tokenize_in_process,
     write_jsonl,
 )
-from helpers import children
+from helpers import children, time_left, wait_for, whole_lines
 
 from kimipipe.tokenize.load import load_tokenizer
 
@@ -309,6 +311,31 @@ def test_resume_skips_ids_already_in_output_and_repairs_a_torn_line(tmp_path):
     assert [x["id"] for x in read_jsonl(out)] == [f"r{i}" for i in range(6)]
     fresh = tokenize_in_process(src, *base[:-2])  # what one run of everything writes
     assert [json.dumps(x) for x in read_jsonl(out)] == [json.dumps(x) for x in fresh.records()]
+
+
+def test_a_pipe_is_tokenized_as_its_records_arrive(tmp_path):
+    """`kp-infer ... | kp-tokenize -`: records are written a batch (64) at a time while the
+    pipe stays open, not once a megabyte has arrived or the writer has ended (plain and
+    zstd), so a slow producer's records reach the output as it makes them."""
+    rows = [response_record(f"r{i}", f"Question {i}?", content=f"Answer {i}.") for i in range(64)]
+    data = b"".join(json.dumps(r).encode() + b"\n" for r in rows)  # ~20 KB
+    compressor = zstandard.ZstdCompressor()
+    for name, chunk in (("plain", data), ("zstd", compressor.compress(data))):
+        out = tmp_path / f"{name}.jsonl"
+        proc = subprocess.Popen([str(BIN / "kp-tokenize"), "-", "--tokenizer", KIMI,
+                                 "--trust-remote-code", "--workers", "1", "-o", str(out), "-q"],
+                                stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            proc.stdin.write(chunk)
+            proc.stdin.flush()  # and the pipe stays open
+            wait_for(lambda out=out: out.exists() and len(whole_lines(out)) == 64,
+                     f"the {name} pipe's 64 records in the output while it is open", timeout=60)
+            assert proc.poll() is None
+        finally:
+            proc.stdin.close()  # the end of the input: it ends
+            err = proc.stderr.read()
+            proc.wait(timeout=time_left())
+        assert proc.returncode == 0, err.decode()
 
 
 TEMPLATE_THAT_FAILS_SOMETIMES = """\
