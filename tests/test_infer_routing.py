@@ -5,6 +5,8 @@ policy checks behind them."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import read_jsonl
 from helpers import MODEL, endpoints_table, money_is_exact
@@ -32,9 +34,13 @@ def test_max_cost_holds_when_an_excluded_pricier_endpoint_serves_anyway(standin,
     out, failures, summary = tmp_path / "r.jsonl", tmp_path / "f.jsonl", tmp_path / "s.json"
     flags = ("--any-quantization", "--only-provider", "deepinfra/turbo", "--concurrency", "8",
              "--max-tokens", "60", "--max-cost", "2")
-    r = infer(server, prompts, "-o", out, "--failures", failures, "--summary-json", summary, *flags)
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--summary-json", summary, *flags,
+              env={"KP_PROGRESS_INTERVAL": "0.05"})
     assert r.code == 3, r.stderr
     assert "--max-cost reached" in r.stderr
+    # the prompts the stop left unsent are the stop's, not failures, on the progress line too
+    last = [line for line in r.stderr.splitlines() if re.match(r"kp-infer: \d+/\d+,", line)][-1]
+    assert "stopping (max-cost)" in last and " failed" not in last, last
     billed = server.ledger()
     assert len(billed) > 4 and "deepinfra/turbo" not in {x["endpoint"] for x in billed}
     assert sum(x["cost"] for x in billed) <= 2

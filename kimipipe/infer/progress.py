@@ -26,7 +26,7 @@ seconds when stderr is not a terminal. Its parts, most important first; those th
   recorded in the output), of the cap; without a cap the spend of this run. The slot for
   money in flight (`$0.40 in flight of $2.00`, a ceiling of dollars in flight) comes next
   when the run sets `money_in_flight`.
-- `429s` (rate limits met), prompts failed this run, `ETA`, `oldest` (the age of the
+- `429s` (rate limits met), prompts failed this run (not those a stop left unsent), `ETA`, `oldest` (the age of the
   oldest prompt in flight, retries included: a hung request shows here), `retries` (other
   retryable failures), prompts waiting in back-off before their next attempt, completion
   tokens per second, and what is left of --token-budget.
@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 from ..cli import progress_interval, stderr_width
 from ..kinds import RetryCause
+from .report import permanent_failures
 
 if TYPE_CHECKING:
     from .budget import Budget
@@ -108,8 +109,10 @@ class RunProgress:
         """The run now, for the progress line."""
         now = time.monotonic()
         stats, budget, state = self.stats, self.budget, self.state
-        failed = sum(stats.failed.values())
-        finished = stats.done + failed
+        ended_unanswered = sum(stats.failed.values())
+        finished = stats.done + ended_unanswered
+        # failed: for themselves; a prompt a stop left unsent (STOPPED) is the stop's
+        failed = permanent_failures(stats.failed)
         elapsed = max(1e-6, now - stats.started)
         conversations = self.conversations
         # requests (each turn counts; turns of a conversation ended early leave the total)
