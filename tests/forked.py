@@ -33,10 +33,12 @@ stdin, a pipe from the test process, reaches EOF (the test process has gone).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import selectors
 import shlex
+import shutil
 import signal
 import socket
 import struct
@@ -78,6 +80,7 @@ class Server:
 
     def _start(self) -> None:
         directory = tempfile.mkdtemp(prefix="kp-forked-")
+        _made.append(directory)
         self.path = os.path.join(directory, "socket")
         self.env = {**os.environ, **{k: v for k, v in AS_STARTED.items() if v is not None}}
         for k in [k for k, v in AS_STARTED.items() if v is None]:
@@ -296,6 +299,7 @@ class Servers:
         if not (self.cold.can_run(dict(os.environ)) and self.hot.can_run(dict(os.environ))):
             return real_bin
         directory = tempfile.mkdtemp(prefix="kp-shims-")
+        _made.append(directory)
         config = os.path.join(directory, "servers.json")
         Path(config).write_text(json.dumps({
             "cold": self.cold.path, "hot": self.hot.path, "real_bin": real_bin,
@@ -371,6 +375,20 @@ def client_main(config_path: str, command: str) -> None:
 
 
 SERVER = Servers()
+_made: list[str] = []  # the servers' and shims' directories, removed at exit
+
+
+@atexit.register
+def _clean_up() -> None:
+    for server in (SERVER.cold, SERVER.hot):
+        if server.proc is not None and server.proc.poll() is None:
+            server.proc.stdin.close()  # (the server's EOF: it kills what still runs, and ends)
+            try:
+                server.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.proc.kill()
+    for directory in _made:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 # --- the server -------------------------------------------------------------------------
