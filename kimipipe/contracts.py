@@ -358,10 +358,9 @@ class SummaryStop(Struct):
     limit: MoneyLimit | None = None
 
 
-def read_contract(path: str, decoder: msgspec.json.Decoder, remake: str):
+def read_contract(path: str, decoder: msgspec.json.Decoder, what: str, fix: str):
     """The file at PATH decoded by DECODER, or None when there is none; a file that does
-    not decode is PATH and why, and REMAKE ("not a make pilot file; remake it (make
-    pilot)": what it is not, and how to make it again)."""
+    not decode is PATH and why: "WHAT (the decoder's reason); FIX"."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -370,7 +369,6 @@ def read_contract(path: str, decoder: msgspec.json.Decoder, remake: str):
     try:
         return decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        what, _, fix = remake.partition("; ")
         raise InputError(f"{what} ({e}); {fix}", path) from None
 
 

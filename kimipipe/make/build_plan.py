@@ -215,7 +215,7 @@ _plan_decoder = msgspec.json.Decoder(InferPlan)
 
 def read_plan(path: str) -> InferPlan | None:
     """WORK/D.plan.json (`kp-infer --plan --json`), or None when there is none."""
-    return read_contract(path, _plan_decoder, "not a kp-infer plan; remake it (make plan)")
+    return read_contract(path, _plan_decoder, "not a kp-infer plan", "remake it (make plan)")
 
 
 def stage_complete(work: str, name: str) -> bool:

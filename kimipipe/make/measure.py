@@ -110,7 +110,7 @@ def write_pilot(path: str, figures: PilotFigures) -> None:
 
 def read_pilot(path: str) -> PilotFigures | None:
     """WORK/D.pilot.json, or None when there is none."""
-    return read_contract(path, _pilot_decoder, "not a make pilot file; remake it (make pilot)")
+    return read_contract(path, _pilot_decoder, "not a make pilot file", "remake it (make pilot)")
 
 
 def pilot_line(path: str, figures: PilotFigures) -> str:
