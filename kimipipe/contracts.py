@@ -523,6 +523,9 @@ class ReservationEntry(Struct):
     started: float = 0.0  # time.time() at registration
     # true once another run found it dead (its claim dropped); absent until then
     died: bool | msgspec.UnsetType = msgspec.UNSET
+    # true while all it holds is prompts waiting for room after a refused answer: its claim
+    # frees nothing until it stops, so no other run waits for it (absent: false)
+    stuck: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class Reservations(Struct):

@@ -404,7 +404,9 @@ class Run:
         """Tell the runs sharing --total-cost what this one spent and no longer needs."""
         while True:
             await asyncio.sleep(PUBLISH_INTERVAL)
-            self.budget.total.publish(self.budget.spent_this_run, self.budget.claimed())
+            state = self.state
+            self.budget.total.publish(self.budget.spent_this_run, self.budget.claimed(),
+                                      stuck=bool(state.in_progress) and state.only_waiting_for_room())
 
 async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
                say: Callable[[str], None], counts=None) -> Run:

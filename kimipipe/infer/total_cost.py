@@ -16,7 +16,8 @@ entry in it:
 
     {"token", "pid", "host", "proc_start", "label", "spent": USD this run,
      "claim": USD it may have in flight (>= its reservations), "ended": bool, "started",
-     "died": true once another run found it dead (absent until then)}
+     "died": true once another run found it dead (absent until then),
+     "stuck": true while all it holds waits for room (absent until then)}
 
 At start (`register`), under the lock, a run takes the snapshot S0 = the sum of every
 entry's `spent` and adds its own entry; only THEN does it read the files (F0). Whatever an
@@ -32,7 +33,15 @@ back the claim its settled requests no longer need at most every `PUBLISH_INTERV
 seconds (a stale entry overstates, never understates, what the run may spend: a settled
 request's cost is at most the worst case still claimed for it). A run that cannot fit
 waits while another live run holds a claim (it may give room back), and stops (exit 3)
-when none does.
+when none does. A run whose prompts in progress all wait for room after a refused answer
+(their worst cases still reserved for the next attempt) publishes itself `stuck`: its
+claim frees nothing while it waits, so the others do not wait for it (two such runs
+waiting for each other would wait forever).
+
+What a run may commit without looking at the file again is what the cap last gave it
+under the lock (`TotalCost.room`: its spend + the claim then taken). Publishing never
+raises it: a refused answer's cost is spent while its prompt keeps its worst case for the
+retry, so spend + claim grows past what was checked, and that growth is no room.
 
 Entries of runs that ended keep their spend (other runs' snapshots count on it) and hold
 no claim. A run found dead (its pid gone from this host, or reused: the process start
@@ -157,17 +166,20 @@ class ReservationFile:
         return entry
 
     def _others(self, entries: list[ReservationEntry]) -> tuple[float, float]:
-        """(what the other entries count now: spent + live claims, the live claims alone)."""
-        used = claims = 0.0
+        """(what the other entries count now: spent + live claims, the live claims that
+        may give room back: those of runs not stuck)."""
+        used = frees = 0.0
         for e in entries:
             if e.token == self.token:
                 continue
             used += e.spent
             if _alive(e, self.host):
-                claims += e.claim
+                used += e.claim
+                if e.stuck is not True:
+                    frees += e.claim
             elif not e.ended:
                 e.ended, e.died, e.claim = True, True, 0.0  # found dead: its claim goes
-        return used + claims, claims
+        return used, frees
 
     # -- what a run does ----------------------------------------------------------------------
     def register(self) -> float:
@@ -185,7 +197,8 @@ class ReservationFile:
     def claim(self, base: float, cap: float, spent: float,
               targets: list[float]) -> tuple[float | None, float, float]:
         """Publish SPENT and the first claim of TARGETS (largest first) that fits the cap;
-        (the claim taken or None, the others' spent + live claims, their live claims)."""
+        (the claim taken or None, the others' spent + live claims, their claims that may
+        free room)."""
         with self._locked():
             entries = self._load()
             own = self._own(entries)
@@ -201,12 +214,15 @@ class ReservationFile:
             self._save(entries)
         return taken, used, claims
 
-    def publish(self, spent: float, claim: float, ended: bool = False) -> tuple[float, float]:
-        """Publish this run's spend and claim; (the others' spent + live claims, their claims)."""
+    def publish(self, spent: float, claim: float, ended: bool = False,
+                stuck: bool = False) -> tuple[float, float]:
+        """Publish this run's spend and claim (STUCK: all it holds waits for room); (the
+        others' spent + live claims, their claims that may give room back)."""
         with self._locked():
             entries = self._load()
             own = self._own(entries)
             own.spent, own.claim, own.ended = spent, claim, ended
+            own.stuck = True if stuck else msgspec.UNSET
             others = self._others(entries)
             self._save(entries)
         return others
@@ -242,16 +258,23 @@ class TotalCost:
     shared: ReservationFile | None = None
     claim_held: float = 0.0  # published claim
     spent_published: float = 0.0
+    # what this run may have spent and in flight together, as last checked against the cap
+    # under the lock (its spend + the claim then taken): what `fits` lets through unchecked.
+    # Publishing never raises it: a refused answer's cost is spent while the prompt keeps its
+    # worst case reserved for the retry, so the published spend + claim grows past what was
+    # checked, and that growth is room the cap never gave.
+    room: float = 0.0
     others_used: float = 0.0  # other entries' spent + live claims, when last seen
-    others_claims: float = 0.0  # other live entries' claims, when last seen
+    others_claims: float = 0.0  # other live entries' claims that may free room, when last seen
+    stuck: bool = False  # as last published
     _last_publish: float = 0.0
 
     def fits(self, spent_this_run: float, reserved: float, amount: float) -> bool:
         need = spent_this_run + reserved + amount
         if self.shared is None:
             return self.base + need <= self.cap
-        if self.spent_published + self.claim_held >= need:
-            return True  # covered by what this run has published
+        if self.room >= need:
+            return True  # covered by what the cap last gave this run
         # the claim covers exactly what is in flight (no claim ahead: what one run holds,
         # the others cannot use), or, when the request does not fit, gives back the rest
         taken, self.others_used, self.others_claims = self.shared.claim(
@@ -259,21 +282,28 @@ class TotalCost:
         self.spent_published = spent_this_run
         if taken is not None:
             self.claim_held = taken
+            self.room = spent_this_run + taken
         self._last_publish = time.monotonic()
         return taken is not None and taken >= reserved + amount
 
-    def publish(self, spent_this_run: float, reserved: float, force: bool = False) -> None:
+    def publish(self, spent_this_run: float, reserved: float, force: bool = False,
+                stuck: bool = False) -> None:
         """Give back the claim settled requests no longer need and publish the spend (at
-        most every PUBLISH_INTERVAL seconds unless FORCE)."""
+        most every PUBLISH_INTERVAL seconds unless FORCE); STUCK: every prompt in progress
+        waits for room (see the module docstring)."""
         if self.shared is None:
             return
         now = time.monotonic()
         if not force and now - self._last_publish < PUBLISH_INTERVAL:
             return
-        if not force and (spent_this_run, reserved) == (self.spent_published, self.claim_held):
+        if not force and (spent_this_run, reserved, stuck) == (
+                self.spent_published, self.claim_held, self.stuck):
             return
-        self.others_used, self.others_claims = self.shared.publish(spent_this_run, reserved)
-        self.spent_published, self.claim_held = spent_this_run, reserved
+        self.others_used, self.others_claims = self.shared.publish(spent_this_run, reserved,
+                                                                   stuck=stuck)
+        self.spent_published, self.claim_held, self.stuck = spent_this_run, reserved, stuck
+        # a claim given back is room given back; a spend grown past the room is not room
+        self.room = min(self.room, spent_this_run + reserved)
         self._last_publish = now
 
     def others_may_free_room(self) -> bool:

@@ -570,6 +570,13 @@ class StreamAnswer:
                 self.finish_reason = finish
         return None
 
+    def salvage(self) -> Attempt | None:
+        """The connection broke before `[DONE]`: the answer when its finish and its usage
+        came (all `[DONE]` adds is the end; the answer is whole and billed), else None."""
+        if self.finish_reason is None or self.usage is None:
+            return None
+        return self.end()
+
     def end(self, done: bool = False) -> Attempt:
         if self.finish_reason is None or (not done and self.usage is None):
             # Without a finish_reason the answer is partial; without [DONE] and usage we

@@ -22,8 +22,10 @@ whole, which at 2000 in flight costs less CPU than aiohttp (bench/README.md).
 
 `assembler` is any object with `events(payloads: list[bytes]) -> result | None` (the
 `data:` lines' payloads of one read, stripped, in order; a non-None result decides the
-request, e.g. `[DONE]` or an error chunk) and `end() -> result` (the body ended without a
-decision). `post` returns that result, or
+request, e.g. `[DONE]` or an error chunk), `end() -> result` (the body ended without a
+decision) and `salvage() -> result | None` (the connection broke mid-stream: a result
+when what came is whole, as an answer whose finish and usage came before `[DONE]` is).
+`post` returns that result, or
 one of the outcome objects of `outcomes.py` (CollectedResponse, Stalled, Broken), which
 the caller maps to its own error kinds.
 
@@ -139,6 +141,14 @@ class _Connection(asyncio.Protocol):
                 message += f" ({_describe(exc, '')})"
             self._resolve(Broken(message, cut=False, stale=stale))
         else:
+            if self.collected is None and self.payloads:
+                self._deliver()  # (data_received delivers each read: none are left, as a rule)
+            if not self.decided and self.collected is None and self.status == 200 and (
+                    answer := self.assembler.salvage()) is not None:
+                # cut between the answer's usage and `[DONE]`: whole and billed, so kept
+                # (dropping it would pay for the same prompt again, unrecorded)
+                self._resolve(answer)
+                return
             self._resolve(Broken(_describe(exc, "stream ended early"), cut=self.status == 200))
 
     def eof_received(self):

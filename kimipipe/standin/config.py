@@ -15,7 +15,7 @@ from .providers import known_provider
 from .refusals import LIMIT_RESETS, LIMIT_STATUSES
 
 FAULT_KINDS = ("429", "500", "502", "503", "524", "529", "error200", "empty", "midstream",
-               "cut", "hang", "heartbeat", "misroute", "moderation", "zero")
+               "cut", "usagecut", "hang", "heartbeat", "misroute", "moderation", "zero")
 CREDITS_MODES = ("normal", "forbidden", "zeros")
 MODES = ("openrouter", "vllm", "sglang")  # whose API it answers (selfhosted.py: the servers)
 SERVER_FAULTS = ("500", "502", "503", "cut")  # the faults a self-hosted mode injects

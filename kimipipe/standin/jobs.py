@@ -96,7 +96,8 @@ class Job:
             now - first_token_at, streamed), user_text_sha256(self.body["messages"]),
             # the endpoint by its tag: the answer names only the provider, which can cover
             # several endpoints (deepinfra and deepinfra/turbo are both "DeepInfra")
-            {"endpoint": self.endpoint.tag, **(self.ledger_extra or {})})
+            {"endpoint": self.endpoint.tag, **(self.ledger_extra or {}),
+             **({"fault": "usagecut"} if self.fault == "usagecut" else {})})
         return cost
 
     def _usage(self, cost: float) -> dict | None:
@@ -333,9 +334,12 @@ class Job:
                 + b',"native_finish_reason":' + finish + b',"logprobs":null}]}\n\n'
                 + (b"" if usage is None else b"data: " + encode({
                     **self._head("chat.completion.chunk"), "choices": last_choices,
-                    "usage": usage}) + b"\n\n")
-                + DONE)
-        await resp.write(tail)
+                    "usage": usage}) + b"\n\n"))
+        if fault == "usagecut":  # the answer whole and billed, the stream cut before [DONE]
+            await resp.write(tail)
+            await self._abort()
+            return resp
+        await resp.write(tail + DONE)
         return resp
 
     def _logprob_suffixes(self, entries: list[list[dict]]) -> list[bytes]:

@@ -30,10 +30,10 @@ name of the endpoint that served it), endpoint (its tag: one name can cover seve
 request_user_text_sha256, and, when the request sent temperature or top_p or the provider
 ignores them, `sampling` (the temperature/top_p applied) and `sampling_dropped` (the names
 sent but not applied); `reasoning_dropped: true` / `reasoning_inline: true` when a quirk
-changed the answer.
+changed the answer; `fault: "usagecut"` on an answer whose stream was cut after its usage.
 
 Faults (`--fault KIND=RATE`; one seeded draw per accepted request, rates sum to <= 1;
-a fault never charges, except `misroute`, which serves a real, billed answer):
+a fault never charges, except `misroute` and `usagecut`, which serve a real, billed answer):
     429 500 502 503 524 529  that status with an error body (429: Retry-After header and
                              error.availability {retryable, retry_after})
     error200   HTTP 200, top-level `error`, no `choices` (stream: one such chunk, no [DONE])
@@ -42,6 +42,8 @@ a fault never charges, except `misroute`, which serves a real, billed answer):
                "error", then the stream ends (no [DONE]); plain: like error200
     cut        the connection is aborted mid-body (stream: after half the tokens; plain:
                after half the JSON, whose Content-Length promised all of it)
+    usagecut   stream: the whole answer and its usage, then the connection is aborted
+               before `data: [DONE]` (billed: the answer is whole); plain: no fault
     hang       headers, then no byte at all (no keep-alive either) for --hang-seconds,
                then the connection is aborted
     heartbeat  stream: `: OPENROUTER PROCESSING` comments forever, never data; plain: a hang
