@@ -50,11 +50,11 @@ KINDS = {
 KIND_FLAGS = {"identity": ("--identity-strikes", "100000")}
 
 
-def tagged_prompts(path, n: int):
+def tagged_prompts(path, n: int, start: int = 0):
     """N prompts whose stand-in answers hold a literal think tag where an inline split
     makes it uncertain (a `</think>` in the reasoning, a tag in the content)."""
     rows = []
-    for i in range(100_000):
+    for i in range(start, start + 100_000):
         [row] = read_jsonl(make_prompts(path, 1, start=i))
         want = expected_answer(row["messages"], model=MODEL, seed=None, reasoning=True, max_tokens=1024)
         if "</think>" in want.reasoning or "<think>" in want.content or "</think>" in want.content:
@@ -176,39 +176,50 @@ CAPS = {
 }
 
 
-def mixed_prompts(path, singles: int, conversations: int):
-    """SINGLES one-turn prompts, then CONVERSATIONS of three user turns."""
+def mixed_prompts(path, singles: int, tagged: int, conversations: int):
+    """CONVERSATIONS of three user turns (first: their later turns come before the cap),
+    SINGLES one-turn prompts, TAGGED whose answers hold a literal think tag."""
     from test_infer_conversations import make_conversations
-    rows = read_jsonl(make_prompts(path, singles))
-    rows += read_jsonl(make_conversations(path, conversations, turns=3))
+    rows = read_jsonl(make_conversations(path, conversations, turns=3))
+    rows += read_jsonl(make_prompts(path, singles))
+    rows += read_jsonl(tagged_prompts(path, tagged, start=10_000))
     return write_jsonl(path, rows)
+
+
+PATHS = ("kept", "no_reasoning", "think_marker", "routing_violation", "identity",
+         "failed at --max-attempts", "stopped: no room for the retry", "stream cut after usage",
+         "conversation turn")
 
 
 @pytest.mark.parametrize("cap", list(CAPS))
 def test_each_cap_holds_on_every_path_a_paid_answer_takes(standin, tmp_path, cap):
-    """One run under each cap where a paid answer takes every path at once: kept, refused
-    and sent again, refused at --max-attempts (a failure line carries its cost), a stream
-    cut after its usage (kept: the answer is whole and billed), a conversation's later
-    turn. The bill stays under the cap, the cap stops the run (3), and every answer billed
-    is on a record or a failure line."""
-    server = standin(ledger=True, drop_reasoning={"together": 0.7, "parasail": 0.4},
-                     faults={"usagecut": 0.3})
-    source = mixed_prompts(tmp_path / "p.jsonl", 150, 50)
+    """One run under each cap where paid answers take every path at once: kept; refused for
+    each reason and sent again (Together drops reasoning; Parasail writes it inline, where
+    a literal tag makes the split uncertain, and turns into another model from its 8th
+    answer; misroutes); refused at --max-attempts (a failure line carries the cost);
+    refused with no room left for the retry (a `stopped` line, sent again by a rerun); a
+    stream cut after its usage (kept: the answer is whole and billed); a conversation's
+    later turn. The bill stays under the cap, the cap stops the run (3), and every answer
+    billed is on a record or a failure line."""
+    server = standin(ledger=True, tokenizer=TOKENIZER, drop_reasoning={"together": 0.6},
+                     inline_reasoning=["parasail"], impostors={"parasail": 8},
+                     faults={"usagecut": 0.2, "misroute": 0.15})
+    source = mixed_prompts(tmp_path / "p.jsonl", 100, 60, 40)
     out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
     r = infer(server, source, "-o", out, "--failures", failures, "--max-attempts", "2",
+              "--tokenizer", TOKENIZER, "--identity-strikes", "100000",
               "--concurrency", "50", *FLAGS, *CAPS[cap](tmp_path), timeout=time_left())
     assert billed(server) <= CAP, f"{cap}: billed {billed(server):.4f} under a {CAP} cap"
     assert r.code == 3 and f"--{cap.removesuffix('-shared')} reached" in r.stderr, r.stderr
-    records, failed = read_jsonl(out), read_jsonl(failures)
+    records = read_jsonl(out)
+    failed = read_jsonl(failures) if failures.exists() else []
     cut = {x["generation_id"] for x in server.ledger() if x.get("fault") == "usagecut"}
-    paths = {
-        "kept": len(records),
-        "refused, sent again": sum(len(x["refused"]) for x in records),
-        "failed": sum(1 for f in failed if f["kind"] == "no_reasoning"),
-        "stream cut after usage": sum(1 for x in records if x["generation_id"] in cut),
-        "conversation turn": sum(1 for x in records if x.get("turn", 1) > 1),
-    }
-    assert all(paths.values()), paths
+    seen = {"kept": len(records), **refusals(out, failures),
+            "failed at --max-attempts": sum(1 for f in failed if f["kind"] != "stopped"),
+            "stopped: no room for the retry": sum(1 for f in failed if f["kind"] == "stopped"),
+            "stream cut after usage": sum(1 for x in records if x["generation_id"] in cut),
+            "conversation turn": sum(1 for x in records if x.get("turn", 1) > 1)}
+    assert all(seen.get(path) for path in PATHS), f"paths seen: {seen}"
     money_is_exact(server, records, failed)
 
 
@@ -241,3 +252,24 @@ def test_each_cap_counts_answers_rescued_from_a_full_output(standin, tmp_path, c
     records = read_jsonl(out)
     assert {x["id"] for x in rescued} <= {x["id"] for x in records}  # taken in, not asked again
     money_is_exact(server, records)
+
+
+def test_every_cell_of_docs_money_table_names_a_test_that_exists():
+    """docs/money.md's cap x path table: each test it names is defined (with its parameter
+    where it names one), so a renamed or deleted test leaves no cell held by nothing."""
+    import re
+    from conftest import REPO
+    text = (REPO / "docs" / "money.md").read_text()
+    table = text[text.index("## Every cap on every path"):text.index("## An answer whose usage")]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) >= 12
+    sources = {p.name: p.read_text() for p in (REPO / "tests").glob("test_*.py")}
+    named = set()
+    for row in rows:
+        cells = row.split(" | ")[1:]
+        assert all(c.strip() for c in cells), row  # no empty cell
+        for name in re.findall(r"\b(test_\w+?)(?:\[|`|\.\.\.)", row):
+            named.add(name)
+    assert named
+    for name in named:
+        assert any(re.search(rf"def {name}\w*\(", src) for src in sources.values()), name
