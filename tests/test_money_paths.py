@@ -131,7 +131,7 @@ def test_two_runs_sharing_one_reservations_file_at_once_stay_under_the_cap(stand
         for p in runs:
             p.kill()
         said = {n: (work / f"{n}.stderr").read_text()[-3000:] for n in ("B3", "B4")}
-        raise AssertionError(f"the runs did not end: {said}\n{(work / 'total-cost.json').read_text()}")
+        raise AssertionError(f"the runs did not end: {said}\n{(work / 'total-cost.json').read_text()}") from None
     assert billed(server) <= CAP, f"billed {billed(server):.4f} under a {CAP} cap"
     assert codes == [3, 3], [(work / f"{n}.stderr").read_text() for n in ("B3", "B4")]
     files = sorted(work.glob("*.responses.jsonl")) + sorted(work.glob("*.failures.jsonl"))
@@ -228,8 +228,9 @@ def test_each_cap_counts_answers_rescued_from_a_full_output(standin, tmp_path, c
     """Answers paid for while the output could take no more (a file size limit) are kept in
     the rescue file; the rerun takes them in and counts them against the cap: a cap set
     just above what the first run billed leaves the rerun that much and no more."""
-    import signal
     import resource
+    import signal
+
     from test_infer_disk import rescue_file, run_infer
 
     def limited():
@@ -258,6 +259,7 @@ def test_every_cell_of_docs_money_table_names_a_test_that_exists():
     """docs/money.md's cap x path table: each test it names is defined (with its parameter
     where it names one), so a renamed or deleted test leaves no cell held by nothing."""
     import re
+
     from conftest import REPO
     text = (REPO / "docs" / "money.md").read_text()
     table = text[text.index("## Every cap on every path"):text.index("## An answer whose usage")]
