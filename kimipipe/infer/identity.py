@@ -72,7 +72,7 @@ import msgspec
 from ..contracts import IdentityState, Quarantined
 from ..openrouter.attempt import Attempt
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
-from ..recorded.identity_table import IdentityTable, typical
+from ..recorded.identity_table import VENDOR_BAND, IdentityTable, band_text, typical
 from ..records import Identity
 
 DEFAULT_STRIKES = 3
@@ -142,6 +142,18 @@ def write_state(path: str, state: IdentityState) -> None:
     os.replace(tmp, path)
 
 
+def shown_offsets(seen) -> str:
+    """A few offsets seen (an iterable of ints), in order: "+0, +5, +9..."."""
+    ordered = sorted(seen)
+    return ", ".join(f"{v:+d}" for v in ordered[:4]) + ("..." if len(ordered) > 4 else "")
+
+
+def expected_offsets(accepted: set[int]) -> str:
+    """The offsets accepted, as the messages write them: the band, and a shared constant."""
+    outside = sorted(v for v in accepted if v not in VENDOR_BAND)
+    return "/".join([band_text(), *(f"{v:+d}" for v in outside)])
+
+
 def prompt_kind(messages: Sequence) -> str:
     """The kind of prompt an offset is learned for: a system message first, or none."""
     return SYSTEM_FIRST if messages and messages[0].role == "system" else NO_SYSTEM
@@ -201,6 +213,7 @@ class _Evidence:
     offsets: dict[str, Counter] = field(default_factory=dict)
     answers: int = 0  # measured
     accepted: Counter = field(default_factory=Counter)  # answers at an accepted offset, by kind
+    refused_kinds: Counter = field(default_factory=Counter)  # answers refused, by kind
     strikes: int = 0
     refused_offsets: Counter = field(default_factory=Counter)
     ratios: list[float] = field(default_factory=list)
@@ -358,15 +371,16 @@ class IdentityJudge:
                 if e.offsets.get(kind) and not self.table.is_quarantined(name)}
 
     def accepted_offsets(self, kind: str) -> set[int]:
-        """0, and the constant the providers that agree show, if they do (module's text)."""
+        """The band (VENDOR_BAND), and the constant outside it that the providers that agree
+        show, if they do (module's text)."""
         modes = self._modes(kind)
-        at_zero = sum(1 for v in modes.values() if v == 0)
-        constants = Counter(v for v in modes.values() if v != 0).most_common(2)
+        in_band = sum(1 for v in modes.values() if v in VENDOR_BAND)
+        constants = Counter(v for v in modes.values() if v not in VENDOR_BAND).most_common(2)
         if constants:
             (value, n), runner_up = constants[0], constants[1][1] if len(constants) > 1 else 0
-            if n >= 2 and n > at_zero and n > runner_up:
-                return {0, value}
-        return {0}
+            if n >= 2 and n > in_band and n > runner_up:
+                return {*VENDOR_BAND, value}
+        return set(VENDOR_BAND)
 
     def _unseen(self, kind: str, provider: str) -> int:
         """Allowed providers that have not answered a prompt of KIND yet (besides PROVIDER)."""
@@ -379,36 +393,46 @@ class IdentityJudge:
     def verdict(self, check: Check) -> tuple[str, str]:
         """CHECK's verdict on the evidence now (ACCEPT, OFF with why, or PENDING)."""
         offset, kind, name = check.offset, check.kind, check.provider
-        if offset == 0:  # (always the target's: the prompt as kimipipe renders it)
-            return ACCEPT, ""
+        evidence = self._evidence[name]
+        seen = evidence.offsets[kind]
+        if offset in VENDOR_BAND:
+            # the target's, as the model's owner verifies a vendor: unless this provider's
+            # answers to prompts of this kind were refused already, and its offsets vary:
+            # another tokenizer whose count fell inside the band by chance on this prompt
+            if not evidence.refused_kinds[kind] or len(seen) == 1:
+                return ACCEPT, ""
+            return OFF, (f"prompt_tokens {offset:+d} from kimipipe's count, inside the vendor "
+                         "verifier's tolerance by chance: its other answers were refused and "
+                         f"its offsets vary ({shown_offsets(seen)}): another tokenizer or model")
         accepted = self.accepted_offsets(kind)
         if offset in accepted:
             return ACCEPT, ""
-        if check.far and offset != 0:
+        if check.far:
             return OFF, self.far_why(check)
-        evidence = self._evidence[name]
-        expected = "/".join(f"{v:+d}" for v in sorted(accepted))
+        expected = expected_offsets(accepted)
         if evidence.accepted[kind]:
             return OFF, (f"prompt_tokens {offset:+d} from kimipipe's count, where its earlier "
                          f"answers were at {expected}: it serves another model now")
-        seen = evidence.offsets[kind]
         if len(seen) > 1:
             return OFF, (f"prompt_tokens {offset:+d} from kimipipe's count, and its offsets vary "
-                         f"from prompt to prompt ({', '.join(f'{v:+d}' for v in sorted(seen)[:4])}"
-                         f"{'...' if len(seen) > 4 else ''}): another tokenizer or template")
+                         f"from prompt to prompt ({shown_offsets(seen)}): another tokenizer or "
+                         "template")
         modes = self._modes(kind)
-        at_zero = sum(1 for v in modes.values() if v == 0)
+        in_band = sum(1 for v in modes.values() if v in VENDOR_BAND)
         same = 1 + sum(1 for other, v in modes.items() if v == offset and other != name)
         possible = same + self._unseen(kind, name)
-        if possible >= 2 and possible > at_zero:
+        if possible >= 2 and possible > in_band:
             return PENDING, ""
         if not modes.keys() - {name} and possible < 2:
             why = (f"prompt_tokens {offset:+d} from kimipipe's count on every answer, and no other "
                    "provider is left to tell whether it or the chat template differs")
         else:
-            why = (f"prompt_tokens {offset:+d} from kimipipe's count, where {at_zero} other "
-                   f"provider(s) are at {expected}: it renders prompts otherwise (an injected "
-                   "system prompt, another template) or serves another model")
+            why = (f"prompt_tokens {offset:+d} from kimipipe's count, where {in_band} other "
+                   f"provider(s) are at {expected}: "
+                   + ("an undercount, which the vendor verifier accepts from no host"
+                      if offset < 0 else
+                      "it renders prompts otherwise (an injected system prompt, another "
+                      "template) or serves another model"))
         return OFF, why
 
     @staticmethod
@@ -429,6 +453,7 @@ class IdentityJudge:
             evidence.accepted[check.kind] += 1
             self._note_shared(check)
         elif refused:
+            evidence.refused_kinds[check.kind] += 1
             if check.offset is not None:
                 evidence.refused_offsets[check.offset] += 1
             evidence.example = evidence.example or check.counts()
@@ -447,7 +472,7 @@ class IdentityJudge:
     def _note_shared(self, check: Check) -> None:
         """The first answer accepted at a shared constant: said once, with the prompt."""
         offset = check.offset
-        if not offset or (check.kind, offset) in self._shared_said:
+        if offset is None or offset in VENDOR_BAND or (check.kind, offset) in self._shared_said:
             return
         self._shared_said.add((check.kind, offset))
         agree = sorted(name for name, v in self._modes(check.kind).items() if v == offset)
