@@ -24,7 +24,14 @@ import pytest
 from conftest import TOKENIZER_KINDS, read_jsonl, write_jsonl
 from test_infer import infer, make_prompts
 
-from kimipipe.infer.identity import ACCEPT, OFF, IdentityJudge
+from kimipipe.infer.identity import (
+    ACCEPT,
+    DEFAULT_STRIKES,
+    OFF,
+    PROBATION,
+    TRIAL,
+    IdentityJudge,
+)
 from kimipipe.openrouter.attempt import Attempt
 from kimipipe.openrouter.routing import Policy
 from kimipipe.recorded.identity_table import VENDOR_BAND
@@ -143,6 +150,27 @@ def test_a_shared_constant_outside_the_band_keeps_todays_rule(standin, tmp_path)
     shared = json.loads(summary.read_text())["identity"]["shared_offsets"]
     assert {s["offset"] for s in shared} == {7}
     assert by_provider(summary)["Parasail"]["offset"] == 1
+
+
+def test_a_provider_new_to_the_run_gets_a_small_share_until_trusted(standin, tmp_path):
+    """Fireworks (the cheapest: the largest share of OpenRouter's price-weighted routing)
+    serves another model from its first answer, at --concurrency 200: once some provider is
+    trusted, at most TRIAL requests in flight may reach a provider not trusted yet, so it
+    is paid for at most the probation's, the trial's and its strikes' answers, not its
+    share of 200 in flight; the honest providers answer everything and are all trusted."""
+    server = standin(tokenizer=TOKENIZER, usage_offsets=HONEST, impostors={"fireworks": 1},
+                     latency=0.5, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 600)
+    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
+    r = infer(server, prompts, "-o", out, "--summary-json", summary, "--tokenizer", TOKENIZER,
+              "--concurrency", "200", "--no-stream", *FIVE)
+    assert r.code == 0, r.stderr
+    records = read_jsonl(out)
+    assert len(records) == 600 and {rec["provider"] for rec in records} == {
+        "Moonshot AI", "Together", "DeepInfra", "Parasail"}
+    paid = impostor_answers(server)
+    assert 0 < len(paid) <= PROBATION + TRIAL + DEFAULT_STRIKES
+    assert by_provider(summary)["Fireworks"]["quarantined"]
 
 
 def test_preflight_shows_each_offset_against_the_band(standin, tmp_path):

@@ -80,6 +80,17 @@ DEFAULT_STRIKES = 3
 # target's: a run whose only provider serves another model pays for these, not for all of
 # --concurrency, before the quarantine stops it
 PROBATION = 16
+# Once some provider is trusted (`route`): requests in flight that may still reach a provider
+# not trusted yet (none of its answers accepted, or its last one refused); every other
+# request ignores such providers. A host that redirects from its first answer, or switches
+# mid-run, is then sent this many requests while it is judged, not its share of
+# --concurrency (~500 of 2000 among four providers)
+TRIAL = 8
+# Admission's probation (PROBATION in flight) lasts until a first answer is accepted and,
+# besides, until every allowed provider is trusted or this many answers were judged: the
+# first answers then reach every provider as OpenRouter routes them, rather than the first
+# one trusted taking the whole --concurrency while the others are on trial
+PROBATION_ANSWERS = 4 * PROBATION
 WAIT_SECONDS = 180.0  # how long an unconfirmed constant offset waits for the others
 LONG_ANSWER = 256  # tokens (kimipipe's count) before a completion ratio can be far
 # The completion side is counted on each provider's first COMPLETION_FIRST answers, then on
@@ -249,6 +260,11 @@ class IdentityJudge:
             self.table.quarantine(q.provider)
         self.none_left = False
         self.confirmed = False  # an answer was accepted (admission's probation is over)
+        # providers (lower-case names) whose last answer judged was accepted (`route`)
+        self.trusted: set[str] = set()
+        self.on_trial = 0  # requests in flight that may reach a provider not trusted
+        self._all_trusted = False  # (every allowed provider is: `route` has nothing to do)
+        self.judged = 0  # answers given a final verdict
         self.waiting = 0  # checks waiting for the others' answers (holding no slot)
         self._precounted: dict[str, int | None] = {}  # prompt id -> its count (`precount`)
 
@@ -345,10 +361,21 @@ class IdentityJudge:
                 changed.cancel()
                 stopped.cancel()
 
+    @property
+    def on_probation(self) -> bool:
+        """Whether admission keeps at most PROBATION requests in flight: no answer found the
+        target's yet, or (PROBATION_ANSWERS aside) a provider allowed not trusted yet."""
+        if not self.confirmed:
+            return True
+        if self._all_trusted or self.endpoints is None or self.judged >= PROBATION_ANSWERS:
+            return False
+        self._all_trusted = not self.untrusted(self.policy)
+        return not self._all_trusted
+
     async def probation(self, in_flight: Callable[[], int], stopping: asyncio.Event) -> None:
-        """Hold admission while no answer has been found the target's and PROBATION
-        requests are in flight (IN_FLIGHT: the run's count, checks waiting excluded)."""
-        while (not self.confirmed and not stopping.is_set()
+        """Hold admission while `on_probation` and PROBATION requests are in flight
+        (IN_FLIGHT: the run's count, checks waiting excluded)."""
+        while (self.on_probation and not stopping.is_set()
                and in_flight() - self.waiting >= PROBATION):
             changed = asyncio.ensure_future(self._changed.wait())
             stopped = asyncio.ensure_future(stopping.wait())
@@ -358,6 +385,44 @@ class IdentityJudge:
             finally:
                 changed.cancel()
                 stopped.cancel()
+
+    # -- a small share for a provider not trusted yet ---------------------------------------
+    def untrusted(self, policy: Policy) -> list[Endpoint]:
+        """POLICY's allowed endpoints whose provider is not trusted (nor quarantined)."""
+        return [e for e in allowed_endpoints(policy, self.endpoints or [])
+                if e.provider_name.lower() not in self.trusted]
+
+    def route(self, policy: Policy) -> tuple[Policy, bool]:
+        """The routing of one attempt of a prompt routed by POLICY, and whether it is on
+        trial (it may reach a provider not trusted: `trial_over` when it comes back). Until
+        a first answer is accepted, POLICY itself (admission's probation bounds the run);
+        then at most TRIAL requests in flight may reach the providers not trusted yet, and
+        the others have them in provider.ignore (unless that leaves no route)."""
+        if self._all_trusted or not self.trusted or self.endpoints is None:
+            return policy, False
+        untrusted = self.untrusted(policy)
+        if not untrusted:
+            self._all_trusted = not self.untrusted(self.policy)
+            return policy, False
+        if self.on_trial < TRIAL:
+            self.on_trial += 1
+            return policy, True
+        narrowed = policy.ignoring([e.tag for e in untrusted if e.tag])
+        if not allowed_endpoints(narrowed, self.endpoints):
+            return policy, False
+        return narrowed, False
+
+    def trial_over(self) -> None:
+        """An attempt `route` put on trial came back (its answer is judged next)."""
+        self.on_trial -= 1
+
+    def _trust(self, provider: str, trusted: bool) -> None:
+        name = provider.lower()
+        if trusted:
+            self.trusted.add(name)
+        else:
+            self.trusted.discard(name)
+            self._all_trusted = False
 
     def refusal(self, check: Check) -> str:
         """The refusal's message: why, with the two counts."""
@@ -446,13 +511,16 @@ class IdentityJudge:
             return
         evidence = self._evidence[check.provider]
         refused = check.verdict == OFF
+        self.judged += 1
         self.table.checked(check.provider, check.offset, check.ratio, refused=refused)
         if check.verdict in (ACCEPT, UNCHECKED):
             self.confirmed = True
         if check.verdict == ACCEPT:
             evidence.accepted[check.kind] += 1
+            self._trust(check.provider, True)
             self._note_shared(check)
         elif refused:
+            self._trust(check.provider, False)
             evidence.refused_kinds[check.kind] += 1
             if check.offset is not None:
                 evidence.refused_offsets[check.offset] += 1
@@ -465,7 +533,7 @@ class IdentityJudge:
 
     def _wake(self) -> None:
         """The evidence changed: the checks waiting (and admission on probation) look again."""
-        if self.waiting or not self.confirmed or self._changed._waiters:
+        if self.waiting or self.on_probation or self._changed._waiters:
             self._changed.set()
             self._changed = asyncio.Event()
 

@@ -152,7 +152,7 @@ class PromptWork:
                     self.body = parts.config.request.body(self.prompt, self.policy, self.session_id)
                 self.attempts += 1
                 self.started = time.monotonic()
-                result = await self.transport.attempt(self.body, stream)
+                result = await self._attempt(stream)
                 if not await self.HANDLERS[result.kind](self, result):
                     return
         finally:
@@ -170,6 +170,21 @@ class PromptWork:
                 await parts.limiter.release()
             parts.state.settled.set()  # (its reservations released: admission looks again)
             parts.progress.show()
+
+    async def _attempt(self, stream: bool) -> Attempt:
+        """One attempt of the body; with the identity checked, routed as the judge routes
+        it while a provider is not trusted yet (infer/identity.py `route`: a small share)."""
+        judge = self.parts.acceptance.identity
+        if judge is None or self.route is not None:  # (a --server's route: no OpenRouter)
+            return await self.transport.attempt(self.body, stream)
+        policy, on_trial = judge.route(self.policy)
+        body = self.body if policy is self.policy else self.parts.config.request.body(
+            self.prompt, policy, self.session_id)
+        try:
+            return await self.transport.attempt(body, stream)
+        finally:
+            if on_trial:
+                judge.trial_over()
 
     # -- one handler per attempt kind: True sends the prompt again -----------------------
     async def _on_ok(self, answer: Attempt) -> bool:
