@@ -66,9 +66,9 @@ def one_run(code: str, scenario: str, tmp: Path, prompts: Path, args) -> dict:
                  workdir=run_dir / "standin",
                  **scenario_settings(scenario, args.switch_after)) as server:
         env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
-        cwd = None
-        if code == "before":  # (its workers too: run from there, as bench_infer.py does)
-            env["PYTHONPATH"] = cwd = str(args.before)
+        # each kimipipe from its own directory, its workers too (`python -m` puts the working
+        # directory first), as bench_infer.py's --kp-pythonpath does
+        env["PYTHONPATH"] = cwd = str(args.before if code == "before" else REPO)
         cmd = [str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
                server.base_url, "--concurrency", str(args.concurrency), "--no-stream",
                "--max-tokens", "100", "--quiet", "--idle-timeout", "600",
