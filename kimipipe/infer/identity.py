@@ -13,11 +13,16 @@ checks every answer as it is accepted (infer/acceptance.py, after routing and re
 
     offset = usage.prompt_tokens - kimipipe's count
 
-The expected offset is learned, not assumed, per kind of prompt (with a system message
-first, or without: a default system prompt is added only where a conversation has none):
-0 is always the target's (the prompt as kimipipe renders it, token for token), and a
-constant C is too once the providers that agree show it: at least two, more than those at
-0 (each provider votes with the offset most of its answers show). That is the rendering
+The rule is the model owner's, per kind of prompt (with a system message first, or
+without: a default system prompt is added only where a conversation has none). Moonshot's
+Kimi Vendor Verifier accepts a vendor's usage.prompt_tokens from the expected count to
+three above it (MAX_PROMPT_TOKEN_OVERCOUNT = 3): an offset inside VENDOR_BAND, 0..+3
+(recorded/identity_table.py), is always the target's, each answer on its own (0 is the
+prompt as kimipipe renders it, token for token; +1..+3 an honest stack's overcount), unless
+the provider's answers to that kind were refused already at varying offsets (another
+tokenizer inside the band by chance). Outside the band a constant C is the target's too
+once the providers that agree show it: at least two, more than those inside the band
+(each provider votes with the offset most of its answers show). That is the rendering
 kimipipe was given differing from what every host renders (a default system prompt the
 template omits, another template version): not quarantined, said in the summary with the
 rendered prompt to compare, and the `--chat-template` to fix. An answer at any other
@@ -27,6 +32,7 @@ its prompt sent again with that provider ignored for it:
     a provider whose answers were at an accepted offset and now are not (it switched:
     honest, then redirected) is refused from its first such answer;
     counts whose offset varies from prompt to prompt are another tokenizer;
+    an undercount (below the band) is no host's, unless every provider shares it;
     a constant offset that only this provider shows is refused once the others answering
     cannot make it the shared one (they are at 0, or none is left to answer);
     until then the answer waits, holding no concurrency slot (so the next requests reach
@@ -35,6 +41,14 @@ its prompt sent again with that provider ignored for it:
 Until a first answer is found the target's, a run keeps at most PROBATION requests in
 flight (`probation`): a host that serves another model from the start (the only one left,
 redirecting) costs those answers, not all of --concurrency's, before it is quarantined.
+The probation lasts until every allowed provider is trusted (its last answer judged was
+accepted) or PROBATION_ANSWERS were judged. After it, a provider not trusted (new to the
+run, or its last answer refused: it switched) is reached by at most TRIAL requests in
+flight (`route`, asked by infer/prompt_work.py for each attempt); every other request has
+it in provider.ignore until an answer of it is accepted. The answers a provider that
+switches had in flight when it switched are paid for and refused: they are not cancelled,
+since a cancelled stream stops billing only at some providers (OpenRouter's streaming
+docs) and a plain request is billed whole.
 
 A provider refused this way `--identity-strikes` times is quarantined: its endpoints' tags
 go into `provider.ignore` of every request from then on (Policy.quarantine), it is named on

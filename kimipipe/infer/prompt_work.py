@@ -7,7 +7,8 @@ what each attempt ends in (`kinds.AttemptKind`) has one handler here (`PromptWor
 
     ok         the answer is checked (routing, the reasoning asked for: infer/acceptance.py;
                with --tokenizer its identity, counted once per prompt: infer/identity.py,
-               whose verdict may wait, holding no slot, for the other providers' answers),
+               whose verdict may wait, holding no slot, for the other providers' answers, and
+               which routes each attempt while a provider is not trusted yet: `_attempt`),
                its cost settled when its usage showed none (infer/costs.py: GET /generation,
                else an estimate that cannot fall short), and written; a refused one is paid
                for and sent again at once with its provider ignored while `--max-attempts`,
