@@ -63,7 +63,7 @@ def one_run(code: str, scenario: str, tmp: Path, prompts: Path, args) -> dict:
     run_dir.mkdir()
     out, summary = run_dir / "out.jsonl", run_dir / "summary.json"
     with StandIn(latency=args.latency, tokenizer=args.tokenizer, ledger=True,
-                 workdir=run_dir / "standin",
+                 workdir=run_dir / "standin", start_timeout=120,
                  **scenario_settings(scenario, args.switch_after)) as server:
         env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
         # each kimipipe from its own directory, its workers too (`python -m` puts the working

@@ -33,7 +33,7 @@ from kimipipe.infer.identity import (
     IdentityJudge,
 )
 from kimipipe.openrouter.attempt import Attempt
-from kimipipe.openrouter.routing import Policy
+from kimipipe.openrouter.routing import Endpoint, Policy
 from kimipipe.recorded.identity_table import VENDOR_BAND
 from kimipipe.records import Message
 
@@ -248,3 +248,33 @@ def test_a_bad_usage_offset_is_one_clear_line(spec):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--usage-offset" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_route_gives_a_provider_not_trusted_a_small_share():
+    """Nothing trusted: every attempt routed as the prompt is (the probation bounds the
+    run). Once Together is trusted: TRIAL attempts in flight may reach Parasail, the rest
+    ignore it until a trial comes back; Parasail accepted: all trusted; Together refused
+    (it switched): on trial again."""
+    endpoints = [Endpoint(provider_name="Together", tag="together"),
+                 Endpoint(provider_name="Parasail", tag="parasail")]
+    policy = Policy()
+    judge = IdentityJudge(_Counts(), policy, endpoints, strikes=99, wait=0.0)
+    prompt = [Message(role="user", content="x" * 40)]
+    assert judge.route(policy) == (policy, False) and judge.on_probation
+    assert judge.check("a", prompt, 40, _answer("Together", 41)).verdict == ACCEPT
+    trials = [judge.route(policy) for _ in range(TRIAL)]
+    assert all(routed is policy and on_trial for routed, on_trial in trials)
+    narrowed, on_trial = judge.route(policy)
+    assert not on_trial and narrowed.ignore == ["parasail"]
+    judge.trial_over()
+    assert judge.route(policy) == (policy, True)  # (a trial came back: room for one more)
+    assert judge.on_probation  # (Parasail not trusted yet)
+    assert judge.check("b", prompt, 40, _answer("Parasail", 40)).verdict == ACCEPT
+    assert judge.route(policy) == (policy, False) and not judge.on_probation
+    switched = judge.check("c", prompt, 40, _answer("Together", 40 + 30))
+    assert switched.verdict == OFF and "it serves another model now" in switched.why
+    for _ in range(TRIAL):
+        judge.trial_over()
+    assert judge.route(policy) == (policy, True)
+    assert all(judge.route(policy)[1] for _ in range(TRIAL - 1))
+    assert judge.route(policy)[0].ignore == ["together"]
