@@ -266,15 +266,41 @@ def test_route_gives_a_provider_not_trusted_a_small_share():
     assert all(routed is policy and on_trial for routed, on_trial in trials)
     narrowed, on_trial = judge.route(policy)
     assert not on_trial and narrowed.ignore == ["parasail"]
-    judge.trial_over()
-    assert judge.route(policy) == (policy, True)  # (a trial came back: room for one more)
+    judge.on_trial -= 1  # (as `routed` does when an attempt on trial comes back)
+    assert judge.route(policy) == (policy, True)  # (room for one more)
     assert judge.on_probation  # (Parasail not trusted yet)
     assert judge.check("b", prompt, 40, _answer("Parasail", 40)).verdict == ACCEPT
     assert judge.route(policy) == (policy, False) and not judge.on_probation
     switched = judge.check("c", prompt, 40, _answer("Together", 40 + 30))
     assert switched.verdict == OFF and "it serves another model now" in switched.why
-    for _ in range(TRIAL):
-        judge.trial_over()
+    judge.on_trial = 0
     assert judge.route(policy) == (policy, True)
     assert all(judge.route(policy)[1] for _ in range(TRIAL - 1))
     assert judge.route(policy)[0].ignore == ["together"]
+
+
+def test_routed_counts_a_trial_back_however_its_attempt_ends():
+    """`routed` sends each attempt with `route`'s policy, and an attempt on trial frees its
+    place when it comes back, answered or raising (a cancel)."""
+    endpoints = [Endpoint(provider_name="Together", tag="together"),
+                 Endpoint(provider_name="Parasail", tag="parasail")]
+    policy = Policy()
+    judge = IdentityJudge(_Counts(), policy, endpoints, strikes=99, wait=0.0)
+    judge.check("a", [Message(role="user", content="x")], 1, _answer("Together", 1))
+    sent = []
+
+    async def send(routed):
+        sent.append(routed.ignore)
+        return _answer("Together", 1)
+
+    async def cancelled(routed):
+        raise asyncio.CancelledError
+
+    async def attempts():
+        for _ in range(3 * TRIAL):
+            await judge.routed(policy, send)
+        with pytest.raises(asyncio.CancelledError):
+            await judge.routed(policy, cancelled)
+
+    asyncio.run(attempts())
+    assert sent == [[]] * (3 * TRIAL) and judge.on_trial == 0

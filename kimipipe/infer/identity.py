@@ -78,7 +78,7 @@ import asyncio
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -408,7 +408,7 @@ class IdentityJudge:
 
     def route(self, policy: Policy) -> tuple[Policy, bool]:
         """The routing of one attempt of a prompt routed by POLICY, and whether it is on
-        trial (it may reach a provider not trusted: `trial_over` when it comes back). Until
+        trial (it may reach a provider not trusted: `routed` counts it back). Until
         a first answer is accepted, POLICY itself (admission's probation bounds the run);
         then at most TRIAL requests in flight may reach the providers not trusted yet, and
         the others have them in provider.ignore (unless that leaves no route)."""
@@ -426,9 +426,15 @@ class IdentityJudge:
             return policy, False
         return narrowed, False
 
-    def trial_over(self) -> None:
-        """An attempt `route` put on trial came back (its answer is judged next)."""
-        self.on_trial -= 1
+    async def routed(self, policy: Policy, send: Callable[[Policy], Awaitable[Attempt]]) -> Attempt:
+        """SEND (one attempt) with the routing `route` gives POLICY, its trial counted
+        while it is in flight (its answer is judged next)."""
+        routed, on_trial = self.route(policy)
+        try:
+            return await send(routed)
+        finally:
+            if on_trial:
+                self.on_trial -= 1
 
     def _trust(self, provider: str, trusted: bool) -> None:
         name = provider.lower()

@@ -178,14 +178,13 @@ class PromptWork:
         judge = self.parts.acceptance.identity
         if judge is None or self.route is not None:  # (a --server's route: no OpenRouter)
             return await self.transport.attempt(self.body, stream)
-        policy, on_trial = judge.route(self.policy)
-        body = self.body if policy is self.policy else self.parts.config.request.body(
-            self.prompt, policy, self.session_id)
-        try:
-            return await self.transport.attempt(body, stream)
-        finally:
-            if on_trial:
-                judge.trial_over()
+
+        def send(policy):
+            body = self.body if policy is self.policy else self.parts.config.request.body(
+                self.prompt, policy, self.session_id)
+            return self.transport.attempt(body, stream)
+
+        return await judge.routed(self.policy, send)
 
     # -- one handler per attempt kind: True sends the prompt again -----------------------
     async def _on_ok(self, answer: Attempt) -> bool:
