@@ -13,6 +13,9 @@ each scenario:
   switch  honest for `--switch-after` answers, then another model (a redirect under a
           running job: DeepInfra announced one for K2.5)
   new     another model from its first answer (a host new to the run that redirects)
+  late    the same with `--identity-strikes 40`: it outlives admission's probation (16 in
+          flight until every provider is trusted or 64 answers judged), as a host that
+          first answers after it does; what the small share bounds
   honest  honest too (+0): what the checks cost a run that has only honest providers
 Each scenario runs with this checkout's kp-infer, and with `--before DIR` also with the
 kimipipe exported there (the stand-in is this checkout's either way), one after the other,
@@ -54,7 +57,7 @@ ROUTED = ("--quantization", "int4", "--quantization", "unknown", "--quantization
 def scenario_settings(name: str, switch_after: int) -> dict:
     if name == "honest":
         return {"usage_offsets": {**HONEST, "fireworks": 0}}
-    after = switch_after if name == "switch" else 1
+    after = switch_after if name == "switch" else 1  # (new, late)
     return {"usage_offsets": HONEST, "impostors": {"fireworks": after}}
 
 
@@ -72,7 +75,8 @@ def one_run(code: str, scenario: str, tmp: Path, prompts: Path, args) -> dict:
         cmd = [str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
                server.base_url, "--concurrency", str(args.concurrency), "--no-stream",
                "--max-tokens", "100", "--quiet", "--idle-timeout", "600",
-               "--summary-json", str(summary), "--tokenizer", str(args.tokenizer), *ROUTED]
+               "--summary-json", str(summary), "--tokenizer", str(args.tokenizer), *ROUTED,
+               *(("--identity-strikes", "40") if scenario == "late" else ())]
         measured = run_client(cmd, env, cwd)
         ledger = server.ledger()
     result = json.loads(summary.read_text())
@@ -99,7 +103,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2000)
     parser.add_argument("--latency", type=float, default=8.0)
     parser.add_argument("--switch-after", type=int, default=200)
-    parser.add_argument("--scenario", action="append", choices=["switch", "new", "honest"])
+    parser.add_argument("--scenario", action="append",
+                        choices=["switch", "new", "late", "honest"])
     parser.add_argument("--tokenizer", type=Path, default=MINI)
     parser.add_argument("--before", type=Path, default=None,
                         help="run kp-infer's kimipipe from DIR too (`git archive` of the "
@@ -111,7 +116,7 @@ def main() -> None:
         tmp = Path(tmp)
         prompts = tmp / "prompts.jsonl"
         write_prompts(prompts, args.requests)
-        for scenario in args.scenario or ["switch", "new", "honest"]:
+        for scenario in args.scenario or ["switch", "new", "late", "honest"]:
             rows = {}
             for code in codes:
                 rows[code] = one_run(code, scenario, tmp, prompts, args)

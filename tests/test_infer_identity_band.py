@@ -26,7 +26,6 @@ from test_infer import infer, make_prompts
 
 from kimipipe.infer.identity import (
     ACCEPT,
-    DEFAULT_STRIKES,
     OFF,
     PROBATION,
     TRIAL,
@@ -150,27 +149,41 @@ def test_a_shared_constant_outside_the_band_keeps_todays_rule(standin, tmp_path)
     shared = json.loads(summary.read_text())["identity"]["shared_offsets"]
     assert {s["offset"] for s in shared} == {7}
     assert by_provider(summary)["Parasail"]["offset"] == 1
+    # two at +7 against two inside the band: a tie makes no shared constant (as against
+    # two at 0 today): the two at +7 are refused and quarantined, the band's kept
+    server.configure(usage_offsets={"moonshotai": 7, "together": 7, "deepinfra": 1,
+                                    "parasail": 2})
+    out, summary = tmp_path / "tie.jsonl", tmp_path / "tie.json"
+    r = infer(server, prompts, "-o", out, "--summary-json", summary, "--tokenizer", TOKENIZER,
+              "--concurrency", "8")
+    assert r.code == 0, r.stderr
+    assert {rec["provider"] for rec in read_jsonl(out)} == {"DeepInfra", "Parasail"}
+    rows = by_provider(summary)
+    assert rows["Moonshot AI"]["quarantined"] and rows["Together"]["quarantined"]
+    assert not rows["DeepInfra"]["refused"] and not rows["Parasail"]["refused"]
 
 
 def test_a_provider_new_to_the_run_gets_a_small_share_until_trusted(standin, tmp_path):
     """Fireworks (the cheapest: the largest share of OpenRouter's price-weighted routing)
-    serves another model from its first answer, at --concurrency 200: once some provider is
-    trusted, at most TRIAL requests in flight may reach a provider not trusted yet, so it
-    is paid for at most the probation's, the trial's and its strikes' answers, not its
-    share of 200 in flight; the honest providers answer everything and are all trusted."""
+    serves another model from its first answer, at --concurrency 200, with 40 strikes
+    before a quarantine (so that it outlives the probation's 16 in flight): once the
+    probation is over at most TRIAL requests in flight may reach a provider not trusted
+    yet, so it is paid for at most its strikes' answers and the trial's (the run may end
+    before it reaches its strikes), not its share of 200 in flight (~70, over 100 answers
+    before a quarantine); the honest providers answer everything."""
     server = standin(tokenizer=TOKENIZER, usage_offsets=HONEST, impostors={"fireworks": 1},
                      latency=0.5, ledger=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 600)
     out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
     r = infer(server, prompts, "-o", out, "--summary-json", summary, "--tokenizer", TOKENIZER,
-              "--concurrency", "200", "--no-stream", *FIVE)
+              "--concurrency", "200", "--no-stream", "--identity-strikes", "40", *FIVE)
     assert r.code == 0, r.stderr
     records = read_jsonl(out)
     assert len(records) == 600 and {rec["provider"] for rec in records} == {
         "Moonshot AI", "Together", "DeepInfra", "Parasail"}
     paid = impostor_answers(server)
-    assert 0 < len(paid) <= PROBATION + TRIAL + DEFAULT_STRIKES
-    assert by_provider(summary)["Fireworks"]["quarantined"]
+    assert 0 < len(paid) <= 40 + TRIAL + PROBATION
+    assert by_provider(summary)["Fireworks"]["refused"] == len(paid)
 
 
 def test_preflight_shows_each_offset_against_the_band(standin, tmp_path):
