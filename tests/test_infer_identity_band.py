@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TOKENIZER_KINDS, read_jsonl, write_jsonl
+from conftest import TOKENIZER_KINDS, kp, read_jsonl, write_jsonl
 from test_infer import infer, make_prompts
 
 from kimipipe.infer.identity import (
@@ -85,6 +85,10 @@ def test_honest_providers_inside_the_band_are_never_refused(standin, tmp_path):
     assert rows["Fireworks"]["quarantined"]
     assert r.stderr.count("kp-infer: quarantined provider") == 1
     assert "+2: inside the vendor verifier's tolerance" in r.stderr  # (the summary's table)
+    report = kp("infer", "report", out, "--json")  # (the same from the files)
+    assert report.code == 0, report.stderr
+    shown = {x["provider"]: x["band"] for x in json.loads(report.stdout)["identity"]}
+    assert shown["Parasail"] == "+3: inside the vendor verifier's tolerance"
 
 
 def test_an_undercount_and_another_tokenizer_stay_caught(standin, tmp_path):
