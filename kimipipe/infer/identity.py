@@ -13,11 +13,16 @@ checks every answer as it is accepted (infer/acceptance.py, after routing and re
 
     offset = usage.prompt_tokens - kimipipe's count
 
-The expected offset is learned, not assumed, per kind of prompt (with a system message
-first, or without: a default system prompt is added only where a conversation has none):
-0 is always the target's (the prompt as kimipipe renders it, token for token), and a
-constant C is too once the providers that agree show it: at least two, more than those at
-0 (each provider votes with the offset most of its answers show). That is the rendering
+The rule is the model owner's, per kind of prompt (with a system message first, or
+without: a default system prompt is added only where a conversation has none). Moonshot's
+Kimi Vendor Verifier accepts a vendor's usage.prompt_tokens from the expected count to
+three above it (MAX_PROMPT_TOKEN_OVERCOUNT = 3): an offset inside VENDOR_BAND, 0..+3
+(recorded/identity_table.py), is always the target's, each answer on its own (0 is the
+prompt as kimipipe renders it, token for token; +1..+3 an honest stack's overcount), unless
+the provider's answers to that kind were refused already at varying offsets (another
+tokenizer inside the band by chance). Outside the band a constant C is the target's too
+once the providers that agree show it: at least two, more than those inside the band
+(each provider votes with the offset most of its answers show). That is the rendering
 kimipipe was given differing from what every host renders (a default system prompt the
 template omits, another template version): not quarantined, said in the summary with the
 rendered prompt to compare, and the `--chat-template` to fix. An answer at any other
@@ -27,6 +32,7 @@ its prompt sent again with that provider ignored for it:
     a provider whose answers were at an accepted offset and now are not (it switched:
     honest, then redirected) is refused from its first such answer;
     counts whose offset varies from prompt to prompt are another tokenizer;
+    an undercount (below the band) is no host's, unless every provider shares it;
     a constant offset that only this provider shows is refused once the others answering
     cannot make it the shared one (they are at 0, or none is left to answer);
     until then the answer waits, holding no concurrency slot (so the next requests reach
@@ -35,6 +41,14 @@ its prompt sent again with that provider ignored for it:
 Until a first answer is found the target's, a run keeps at most PROBATION requests in
 flight (`probation`): a host that serves another model from the start (the only one left,
 redirecting) costs those answers, not all of --concurrency's, before it is quarantined.
+The probation lasts until every allowed provider is trusted (its last answer judged was
+accepted) or PROBATION_ANSWERS were judged. After it, a provider not trusted (new to the
+run, or its last answer refused: it switched) is reached by at most TRIAL requests in
+flight (`route`, asked by infer/prompt_work.py for each attempt); every other request has
+it in provider.ignore until an answer of it is accepted. The answers a provider that
+switches had in flight when it switched are paid for and refused: they are not cancelled,
+since a cancelled stream stops billing only at some providers (OpenRouter's streaming
+docs) and a plain request is billed whole.
 
 A provider refused this way `--identity-strikes` times is quarantined: its endpoints' tags
 go into `provider.ignore` of every request from then on (Policy.quarantine), it is named on
@@ -64,7 +78,7 @@ import asyncio
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -72,7 +86,7 @@ import msgspec
 from ..contracts import IdentityState, Quarantined
 from ..openrouter.attempt import Attempt
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
-from ..recorded.identity_table import IdentityTable, typical
+from ..recorded.identity_table import VENDOR_BAND, IdentityTable, band_text, typical
 from ..records import Identity
 
 DEFAULT_STRIKES = 3
@@ -80,6 +94,17 @@ DEFAULT_STRIKES = 3
 # target's: a run whose only provider serves another model pays for these, not for all of
 # --concurrency, before the quarantine stops it
 PROBATION = 16
+# Once some provider is trusted (`route`): requests in flight that may still reach a provider
+# not trusted yet (none of its answers accepted, or its last one refused); every other
+# request ignores such providers. A host that redirects from its first answer, or switches
+# mid-run, is then sent this many requests while it is judged, not its share of
+# --concurrency (~500 of 2000 among four providers)
+TRIAL = 8
+# Admission's probation (PROBATION in flight) lasts until a first answer is accepted and,
+# besides, until every allowed provider is trusted or this many answers were judged: the
+# first answers then reach every provider as OpenRouter routes them, rather than the first
+# one trusted taking the whole --concurrency while the others are on trial
+PROBATION_ANSWERS = 4 * PROBATION
 WAIT_SECONDS = 180.0  # how long an unconfirmed constant offset waits for the others
 LONG_ANSWER = 256  # tokens (kimipipe's count) before a completion ratio can be far
 # The completion side is counted on each provider's first COMPLETION_FIRST answers, then on
@@ -142,6 +167,18 @@ def write_state(path: str, state: IdentityState) -> None:
     os.replace(tmp, path)
 
 
+def shown_offsets(seen) -> str:
+    """A few offsets seen (an iterable of ints), in order: "+0, +5, +9..."."""
+    ordered = sorted(seen)
+    return ", ".join(f"{v:+d}" for v in ordered[:4]) + ("..." if len(ordered) > 4 else "")
+
+
+def expected_offsets(accepted: set[int]) -> str:
+    """The offsets accepted, as the messages write them: the band, and a shared constant."""
+    outside = sorted(v for v in accepted if v not in VENDOR_BAND)
+    return "/".join([band_text(), *(f"{v:+d}" for v in outside)])
+
+
 def prompt_kind(messages: Sequence) -> str:
     """The kind of prompt an offset is learned for: a system message first, or none."""
     return SYSTEM_FIRST if messages and messages[0].role == "system" else NO_SYSTEM
@@ -201,6 +238,7 @@ class _Evidence:
     offsets: dict[str, Counter] = field(default_factory=dict)
     answers: int = 0  # measured
     accepted: Counter = field(default_factory=Counter)  # answers at an accepted offset, by kind
+    refused_kinds: Counter = field(default_factory=Counter)  # answers refused, by kind
     strikes: int = 0
     refused_offsets: Counter = field(default_factory=Counter)
     ratios: list[float] = field(default_factory=list)
@@ -236,6 +274,11 @@ class IdentityJudge:
             self.table.quarantine(q.provider)
         self.none_left = False
         self.confirmed = False  # an answer was accepted (admission's probation is over)
+        # providers (lower-case names) whose last answer judged was accepted (`route`)
+        self.trusted: set[str] = set()
+        self.on_trial = 0  # requests in flight that may reach a provider not trusted
+        self._all_trusted = False  # (every allowed provider is: `route` has nothing to do)
+        self.judged = 0  # answers given a final verdict
         self.waiting = 0  # checks waiting for the others' answers (holding no slot)
         self._precounted: dict[str, int | None] = {}  # prompt id -> its count (`precount`)
 
@@ -332,10 +375,21 @@ class IdentityJudge:
                 changed.cancel()
                 stopped.cancel()
 
+    @property
+    def on_probation(self) -> bool:
+        """Whether admission keeps at most PROBATION requests in flight: no answer found the
+        target's yet, or (PROBATION_ANSWERS aside) a provider allowed not trusted yet."""
+        if not self.confirmed:
+            return True
+        if self._all_trusted or self.endpoints is None or self.judged >= PROBATION_ANSWERS:
+            return False
+        self._all_trusted = not self.untrusted(self.policy)
+        return not self._all_trusted
+
     async def probation(self, in_flight: Callable[[], int], stopping: asyncio.Event) -> None:
-        """Hold admission while no answer has been found the target's and PROBATION
-        requests are in flight (IN_FLIGHT: the run's count, checks waiting excluded)."""
-        while (not self.confirmed and not stopping.is_set()
+        """Hold admission while `on_probation` and PROBATION requests are in flight
+        (IN_FLIGHT: the run's count, checks waiting excluded)."""
+        while (self.on_probation and not stopping.is_set()
                and in_flight() - self.waiting >= PROBATION):
             changed = asyncio.ensure_future(self._changed.wait())
             stopped = asyncio.ensure_future(stopping.wait())
@@ -345,6 +399,50 @@ class IdentityJudge:
             finally:
                 changed.cancel()
                 stopped.cancel()
+
+    # -- a small share for a provider not trusted yet ---------------------------------------
+    def untrusted(self, policy: Policy) -> list[Endpoint]:
+        """POLICY's allowed endpoints whose provider is not trusted (nor quarantined)."""
+        return [e for e in allowed_endpoints(policy, self.endpoints or [])
+                if e.provider_name.lower() not in self.trusted]
+
+    def route(self, policy: Policy) -> tuple[Policy, bool]:
+        """The routing of one attempt of a prompt routed by POLICY, and whether it is on
+        trial (it may reach a provider not trusted: `routed` counts it back). Until
+        a first answer is accepted, POLICY itself (admission's probation bounds the run);
+        then at most TRIAL requests in flight may reach the providers not trusted yet, and
+        the others have them in provider.ignore (unless that leaves no route)."""
+        if self._all_trusted or not self.trusted or self.endpoints is None:
+            return policy, False
+        untrusted = self.untrusted(policy)
+        if not untrusted:
+            self._all_trusted = not self.untrusted(self.policy)
+            return policy, False
+        if self.on_trial < TRIAL:
+            self.on_trial += 1
+            return policy, True
+        narrowed = policy.ignoring([e.tag for e in untrusted if e.tag])
+        if not allowed_endpoints(narrowed, self.endpoints):
+            return policy, False
+        return narrowed, False
+
+    async def routed(self, policy: Policy, send: Callable[[Policy], Awaitable[Attempt]]) -> Attempt:
+        """SEND (one attempt) with the routing `route` gives POLICY, its trial counted
+        while it is in flight (its answer is judged next)."""
+        routed, on_trial = self.route(policy)
+        try:
+            return await send(routed)
+        finally:
+            if on_trial:
+                self.on_trial -= 1
+
+    def _trust(self, provider: str, trusted: bool) -> None:
+        name = provider.lower()
+        if trusted:
+            self.trusted.add(name)
+        else:
+            self.trusted.discard(name)
+            self._all_trusted = False
 
     def refusal(self, check: Check) -> str:
         """The refusal's message: why, with the two counts."""
@@ -358,15 +456,16 @@ class IdentityJudge:
                 if e.offsets.get(kind) and not self.table.is_quarantined(name)}
 
     def accepted_offsets(self, kind: str) -> set[int]:
-        """0, and the constant the providers that agree show, if they do (module's text)."""
+        """The band (VENDOR_BAND), and the constant outside it that the providers that agree
+        show, if they do (module's text)."""
         modes = self._modes(kind)
-        at_zero = sum(1 for v in modes.values() if v == 0)
-        constants = Counter(v for v in modes.values() if v != 0).most_common(2)
+        in_band = sum(1 for v in modes.values() if v in VENDOR_BAND)
+        constants = Counter(v for v in modes.values() if v not in VENDOR_BAND).most_common(2)
         if constants:
             (value, n), runner_up = constants[0], constants[1][1] if len(constants) > 1 else 0
-            if n >= 2 and n > at_zero and n > runner_up:
-                return {0, value}
-        return {0}
+            if n >= 2 and n > in_band and n > runner_up:
+                return {*VENDOR_BAND, value}
+        return set(VENDOR_BAND)
 
     def _unseen(self, kind: str, provider: str) -> int:
         """Allowed providers that have not answered a prompt of KIND yet (besides PROVIDER)."""
@@ -379,36 +478,46 @@ class IdentityJudge:
     def verdict(self, check: Check) -> tuple[str, str]:
         """CHECK's verdict on the evidence now (ACCEPT, OFF with why, or PENDING)."""
         offset, kind, name = check.offset, check.kind, check.provider
-        if offset == 0:  # (always the target's: the prompt as kimipipe renders it)
-            return ACCEPT, ""
+        evidence = self._evidence[name]
+        seen = evidence.offsets[kind]
+        if offset in VENDOR_BAND:
+            # the target's, as the model's owner verifies a vendor: unless this provider's
+            # answers to prompts of this kind were refused already, and its offsets vary:
+            # another tokenizer whose count fell inside the band by chance on this prompt
+            if not evidence.refused_kinds[kind] or len(seen) == 1:
+                return ACCEPT, ""
+            return OFF, (f"prompt_tokens {offset:+d} from kimipipe's count, inside the vendor "
+                         "verifier's tolerance by chance: its other answers were refused and "
+                         f"its offsets vary ({shown_offsets(seen)}): another tokenizer or model")
         accepted = self.accepted_offsets(kind)
         if offset in accepted:
             return ACCEPT, ""
-        if check.far and offset != 0:
+        if check.far:
             return OFF, self.far_why(check)
-        evidence = self._evidence[name]
-        expected = "/".join(f"{v:+d}" for v in sorted(accepted))
+        expected = expected_offsets(accepted)
         if evidence.accepted[kind]:
             return OFF, (f"prompt_tokens {offset:+d} from kimipipe's count, where its earlier "
                          f"answers were at {expected}: it serves another model now")
-        seen = evidence.offsets[kind]
         if len(seen) > 1:
             return OFF, (f"prompt_tokens {offset:+d} from kimipipe's count, and its offsets vary "
-                         f"from prompt to prompt ({', '.join(f'{v:+d}' for v in sorted(seen)[:4])}"
-                         f"{'...' if len(seen) > 4 else ''}): another tokenizer or template")
+                         f"from prompt to prompt ({shown_offsets(seen)}): another tokenizer or "
+                         "template")
         modes = self._modes(kind)
-        at_zero = sum(1 for v in modes.values() if v == 0)
+        in_band = sum(1 for v in modes.values() if v in VENDOR_BAND)
         same = 1 + sum(1 for other, v in modes.items() if v == offset and other != name)
         possible = same + self._unseen(kind, name)
-        if possible >= 2 and possible > at_zero:
+        if possible >= 2 and possible > in_band:
             return PENDING, ""
         if not modes.keys() - {name} and possible < 2:
             why = (f"prompt_tokens {offset:+d} from kimipipe's count on every answer, and no other "
                    "provider is left to tell whether it or the chat template differs")
         else:
-            why = (f"prompt_tokens {offset:+d} from kimipipe's count, where {at_zero} other "
-                   f"provider(s) are at {expected}: it renders prompts otherwise (an injected "
-                   "system prompt, another template) or serves another model")
+            why = (f"prompt_tokens {offset:+d} from kimipipe's count, where {in_band} other "
+                   f"provider(s) are at {expected}: "
+                   + ("an undercount, which the vendor verifier accepts from no host"
+                      if offset < 0 else
+                      "it renders prompts otherwise (an injected system prompt, another "
+                      "template) or serves another model"))
         return OFF, why
 
     @staticmethod
@@ -422,13 +531,17 @@ class IdentityJudge:
             return
         evidence = self._evidence[check.provider]
         refused = check.verdict == OFF
+        self.judged += 1
         self.table.checked(check.provider, check.offset, check.ratio, refused=refused)
         if check.verdict in (ACCEPT, UNCHECKED):
             self.confirmed = True
         if check.verdict == ACCEPT:
             evidence.accepted[check.kind] += 1
+            self._trust(check.provider, True)
             self._note_shared(check)
         elif refused:
+            self._trust(check.provider, False)
+            evidence.refused_kinds[check.kind] += 1
             if check.offset is not None:
                 evidence.refused_offsets[check.offset] += 1
             evidence.example = evidence.example or check.counts()
@@ -440,14 +553,14 @@ class IdentityJudge:
 
     def _wake(self) -> None:
         """The evidence changed: the checks waiting (and admission on probation) look again."""
-        if self.waiting or not self.confirmed or self._changed._waiters:
+        if self.waiting or self.on_probation or self._changed._waiters:
             self._changed.set()
             self._changed = asyncio.Event()
 
     def _note_shared(self, check: Check) -> None:
         """The first answer accepted at a shared constant: said once, with the prompt."""
         offset = check.offset
-        if not offset or (check.kind, offset) in self._shared_said:
+        if offset is None or offset in VENDOR_BAND or (check.kind, offset) in self._shared_said:
             return
         self._shared_said.add((check.kind, offset))
         agree = sorted(name for name, v in self._modes(check.kind).items() if v == offset)

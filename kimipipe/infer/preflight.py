@@ -80,6 +80,7 @@ from ..openrouter.attempt import Attempt
 from ..openrouter.probe import Probe, send_probe
 from ..openrouter.routing import allowed_endpoints, serving_endpoints
 from ..partition import in_partition
+from ..recorded.identity_table import band_text
 from ..records import Prompt, Refusal
 from . import costs
 from .acceptance import Acceptance, reasoning_refusal
@@ -290,7 +291,7 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
         allowed = [name for name, _tags in allowed_providers(config.policy, prepared.endpoints)]
         identity_rows = provider_rows(judge, list(identities.values()), allowed, unanswered)
         for row in identity_rows:
-            verdict = ("pass" if row["verdict"] == "same model and template" else
+            verdict = ("pass" if row.get("in_band") else
                        "fail" if row["verdict"] in ("different", "no answer") else "warn")
             checks.append(Check(f"identity {row['provider']}", verdict,
                                 f"{row['verdict']}: {row['detail']}"))
@@ -598,8 +599,8 @@ def format_preflight(report: dict) -> str:
         lines.append(f"  {c['check']:<{width}}{c['verdict']:<9}{c['detail']}")
     if report.get("identity"):
         lines.append("identity per provider (usage.prompt_tokens minus kimipipe's count of the "
-                     "prompt; completion ratio: usage.completion_tokens over the answer "
-                     "re-encoded):")
+                     f"prompt, the target's inside the vendor verifier's tolerance, {band_text()}; "
+                     "completion ratio: usage.completion_tokens over the answer re-encoded):")
         lines.append(identity_table_text(report["identity"]))
     failed = sum(c["verdict"] == "fail" for c in checks)
     warned = sum(c["verdict"] == "warn" for c in checks)

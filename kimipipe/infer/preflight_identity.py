@@ -5,14 +5,17 @@ provider the routing flags allow (`provider.only` naming its allowed endpoints' 
 that OpenRouter routes it there and nowhere else), each the next prompt still to do,
 asked as the run asks it and kept as the run keeps it. Every answer (the N and these) is
 checked as the run checks it (infer/identity.py), with all of them in hand: nothing
-waits, an offset is accepted when it is 0 or the constant the providers that agree share.
+waits, an offset is accepted when it lies inside the vendor verifier's tolerance (0..+3,
+recorded/identity_table.py VENDOR_BAND) or is the constant the providers that agree share.
 One row per provider:
 
     provider | prompt-token offset | completion ratio | verdict
-    verdict: "same model and template" (offset 0), "offset +C" (a constant the providers
-    share: kimipipe's template differs from theirs; pass `--chat-template`), "different"
-    (another model, tokenizer or template: the run would refuse its answers and quarantine
-    it), "no answer"
+    verdict: "same model and template" (offset 0), "+2: inside the vendor verifier's
+    tolerance" (an overcount Moonshot accepts of an honest host), "offset +C" (a constant
+    outside it that the providers share: kimipipe's template differs from theirs; pass
+    `--chat-template`), "different" (another model, tokenizer or template: the run would
+    refuse its answers and quarantine it), "no answer"
+    and `band` (JSON): each offset seen against the tolerance, as `band_verdict` says it
 
 The preflight also says how many endpoints are left (infer/availability.py).
 Without `--tokenizer` one check says that identity is unchecked and which option turns it
@@ -24,6 +27,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints
+from ..recorded.identity_table import VENDOR_BAND, band_verdict
 from .identity import OFF, PENDING, UNCHECKED, Check, IdentityJudge
 
 
@@ -74,15 +78,21 @@ def provider_rows(judge: IdentityJudge, checks: list[Check], probed: list[str],
             verdict, detail = "unchecked", "no usage.prompt_tokens to compare"
         elif offsets == [0]:
             verdict, detail = "same model and template", "its prompt counts are kimipipe's"
+        elif all(o in VENDOR_BAND for o in offsets):
+            verdict = "; ".join(band_verdict(o) for o in offsets)
+            detail = ("an overcount the model's owner accepts of an honest host (Moonshot's "
+                      "Kimi Vendor Verifier: MAX_PROMPT_TOKEN_OVERCOUNT = 3): the same model")
         else:
-            shared = [o for o in offsets if o]
-            verdict = f"offset {shared[0]:+d}"
+            shared = [o for o in offsets if o not in VENDOR_BAND]
+            verdict = f"offset {shared[0]:+d} ({band_verdict(shared[0])}, shared)"
             detail = ("a constant the providers that agree share: the chat template kimipipe "
                       "renders with differs from theirs (a default system prompt it omits?): "
                       "pass the right one with --chat-template")
         rows.append({"provider": name,
                      "offset": offsets[0] if len(offsets) == 1 else offsets,
                      "completion_ratio": round(ratios[len(ratios) // 2], 3) if ratios else None,
+                     "band": [band_verdict(o) for o in offsets],
+                     "in_band": not off and all(o in VENDOR_BAND for o in offsets),
                      "verdict": verdict, "detail": detail,
                      "answers": [c.prompt_id for c in mine]})
     return rows

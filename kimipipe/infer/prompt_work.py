@@ -7,7 +7,8 @@ what each attempt ends in (`kinds.AttemptKind`) has one handler here (`PromptWor
 
     ok         the answer is checked (routing, the reasoning asked for: infer/acceptance.py;
                with --tokenizer its identity, counted once per prompt: infer/identity.py,
-               whose verdict may wait, holding no slot, for the other providers' answers),
+               whose verdict may wait, holding no slot, for the other providers' answers, and
+               which routes each attempt while a provider is not trusted yet: `_attempt`),
                its cost settled when its usage showed none (infer/costs.py: GET /generation,
                else an estimate that cannot fall short), and written; a refused one is paid
                for and sent again at once with its provider ignored while `--max-attempts`,
@@ -152,7 +153,7 @@ class PromptWork:
                     self.body = parts.config.request.body(self.prompt, self.policy, self.session_id)
                 self.attempts += 1
                 self.started = time.monotonic()
-                result = await self.transport.attempt(self.body, stream)
+                result = await self._attempt(stream)
                 if not await self.HANDLERS[result.kind](self, result):
                     return
         finally:
@@ -170,6 +171,20 @@ class PromptWork:
                 await parts.limiter.release()
             parts.state.settled.set()  # (its reservations released: admission looks again)
             parts.progress.show()
+
+    async def _attempt(self, stream: bool) -> Attempt:
+        """One attempt of the body; with the identity checked, routed as the judge routes
+        it while a provider is not trusted yet (infer/identity.py `route`: a small share)."""
+        judge = self.parts.acceptance.identity
+        if judge is None or self.route is not None:  # (a --server's route: no OpenRouter)
+            return await self.transport.attempt(self.body, stream)
+
+        def send(policy):
+            body = self.body if policy is self.policy else self.parts.config.request.body(
+                self.prompt, policy, self.session_id)
+            return self.transport.attempt(body, stream)
+
+        return await judge.routed(self.policy, send)
 
     # -- one handler per attempt kind: True sends the prompt again -----------------------
     async def _on_ok(self, answer: Attempt) -> bool:

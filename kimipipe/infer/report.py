@@ -70,7 +70,7 @@ from ..contracts import (
 from ..errors import ExitCode
 from ..kinds import FailureKind, StopReason
 from ..openrouter.attempt import Attempt
-from ..recorded.identity_table import identity_text
+from ..recorded.identity_table import band_text, identity_text
 from ..recorded.providers_table import ProviderTable, table_text
 from .budget import Budget
 from .config import RunConfig
@@ -351,7 +351,8 @@ def _identity_lines(identity: SummaryIdentity | None) -> list[str]:
     if identity is None or not (identity.providers or identity.quarantined):
         return []
     lines = ["  identity (usage.prompt_tokens minus kimipipe's count of the prompt as the "
-             "target's template renders it; completion ratio: usage.completion_tokens over "
+             "target's template renders it; the target's when inside the vendor verifier's "
+             f"tolerance, {band_text()}; completion ratio: usage.completion_tokens over "
              "the answer re-encoded):", identity_text(identity.providers, indent="    ")]
     for shared in identity.shared_offsets:
         lines.append(f"  shared offset {shared.offset:+d} on prompts {shared.prompts}"

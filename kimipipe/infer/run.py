@@ -273,7 +273,7 @@ class Run:
                 return False
             state.waiting = None
             judge = self.acceptance.identity
-            if judge is not None and not judge.confirmed:  # (infer/identity.py: probation)
+            if judge is not None and judge.on_probation:  # (infer/identity.py: probation)
                 await judge.probation(lambda: len(state.in_progress), state.stopping)
             if not await acquire_unless_stopped(self.limiter, state.stopping):
                 self.money.release(reservation)

@@ -13,6 +13,9 @@ output's identity file), JSON-stable:
                                     (0: the prompt as kimipipe renders it, token for token)
      "offsets": {"+0": n, ...},     the five most common offsets
      "refused_offset": int | null,  the typical offset of its answers refused
+     "band": str | null,            where the typical offset lies against the vendor
+                                    verifier's tolerance (VENDOR_BAND): "+2: inside the
+                                    vendor verifier's tolerance", or outside
      "completion_ratio": float|null usage.completion_tokens / kimipipe's count of the
                                     answer (its text re-encoded, plus the structural
                                     tokens), the median: ~1.0 for the target's tokenizer
@@ -38,6 +41,28 @@ from ..contracts import IdentityState
 from ..errors import InputError
 from ..records import Identity, Usage
 from .providers_table import percentile
+
+# The overcount honest serving stacks of the same model show, as the model's owner accepts
+# it: Moonshot's Kimi Vendor Verifier (tests/prompt_tokens/test_prompt_tokens.py,
+# MAX_PROMPT_TOKEN_OVERCOUNT = 3, "prompt tokens fix gap", 2026-08-03) accepts a vendor's
+# usage.prompt_tokens "between the expected value and three tokens above it, inclusive",
+# and no undercount. kp-infer's judge (infer/identity.py) takes an offset from kimipipe's
+# count inside it as the target's.
+VENDOR_BAND = range(0, 3 + 1)
+
+
+def band_text() -> str:
+    """The band as messages write it: "0..+3"."""
+    return f"{VENDOR_BAND.start}..{VENDOR_BAND.stop - 1:+d}"
+
+
+def band_verdict(offset: int | None) -> str | None:
+    """Where OFFSET lies against the vendor verifier's tolerance: "+2: inside the vendor
+    verifier's tolerance" (`--preflight`, the summary, `kp-infer report`); None for none."""
+    if offset is None:
+        return None
+    return (f"{offset:+d}: {'inside' if offset in VENDOR_BAND else 'outside'} the vendor "
+            "verifier's tolerance")
 
 
 def state_path(output: str) -> str | None:
@@ -142,9 +167,10 @@ class IdentityTable:
         for name, r in self._by.items():
             ratios = sorted(r.ratios)
             ratio = percentile(ratios, 0.5)
+            offset = typical(r.offsets)
             out.append({
                 "provider": name, "checked": r.checked, "refused": r.refused,
-                "unchecked": r.unchecked, "offset": typical(r.offsets),
+                "unchecked": r.unchecked, "offset": offset, "band": band_verdict(offset),
                 "offsets": {f"{k:+d}": n for k, n in r.offsets.most_common(5)},
                 "refused_offset": typical(r.refused_offsets),
                 "completion_ratio": None if ratio is None else round(ratio, 3),
@@ -164,6 +190,8 @@ def identity_text(rows: list[dict], indent: str = "") -> str:
         offset = "-" if r["offset"] is None else f"{r['offset']:+d}"
         ratio = "-" if r["completion_ratio"] is None else f"{r['completion_ratio']:.3f}"
         seen = ", ".join(f"{k} x{n:,}" for k, n in r["offsets"].items())
+        if r.get("band"):  # (rows of older runs have none)
+            seen = f"{r['band']}; {seen}"
         if r["refused"] and r.get("refused_offset") is not None:
             seen += f"; refused at {r['refused_offset']:+d} typically"
         if r["unchecked"]:

@@ -43,6 +43,9 @@ Provider quirks (PROVIDER: a tag or provider name, as provider.only takes it):
                                     by HOW: words (default), system=TEXT (an injected
                                     system prompt), tokenizer=DIR, template=FILE
                                     (standin/impostors.py: the facts each rests on)
+    --usage-offset PROVIDER=N       that provider is honest but counts each prompt N
+                                    tokens more (N < 0: fewer) and bills them (the Kimi
+                                    Vendor Verifier accepts 0..+3)
     --not-distillable               the models' authors do not allow distillation
                                     (is_trainable_text false; enforce_distillable_text
                                     requests get the no-route 404)

@@ -69,6 +69,9 @@ class Config:
     # providers that serve another model from their N-th answer (impostors.py): slug ->
     # (N, how its usage is counted: words | system=TEXT | tokenizer=DIR | template=FILE)
     impostors: dict[str, tuple] = field(default_factory=dict)
+    # providers whose honest stack counts each prompt N tokens more (fewer: N < 0) than the
+    # tokenizer does: slug -> N (the overcount the Kimi Vendor Verifier tolerates: 0..+3)
+    usage_offsets: dict[str, int] = field(default_factory=dict)
     # -- the wire's documented variants (streaming, errors, endpoints table) --
     stream_usage: str = "own-chunk"   # STREAM_USAGES
     midstream_code: str = "502"       # MIDSTREAM_CODES
@@ -157,7 +160,7 @@ class Config:
         for after, how in self.impostors.values():
             check_impostor(int(after), str(how))
         for slug in [*self.drop_reasoning, *self.inline_reasoning, *self.unopened_reasoning,
-                     *self.ignore_sampling, *self.logprobs, *self.impostors,
+                     *self.ignore_sampling, *self.logprobs, *self.impostors, *self.usage_offsets,
                      *self.price_overrides, *self.discounts]:
             if not known_provider(slug):
                 raise ValueError(f"unknown provider {slug!r} (a tag or provider name of the "
@@ -198,6 +201,7 @@ LIVE_SETTINGS = {
     "noncanonical_rate": _nullable(float), "system_prompt": _nullable(str),
     "logprobs": lambda v: {str(k): str(r) for k, r in dict(v).items()},
     "impostors": lambda v: {str(k): (int(n), str(how)) for k, (n, how) in dict(v).items()},
+    "usage_offsets": lambda v: {str(k): int(n) for k, n in dict(v).items()},
 }
 
 

@@ -85,6 +85,17 @@ def parse_impostor(text: str) -> tuple[str, tuple[int, str]]:
     return parse_provider(slug), value
 
 
+def parse_usage_offset(text: str) -> tuple[str, int]:
+    slug, sep, tokens = text.rpartition("=")
+    try:
+        value = int(tokens)
+    except ValueError:
+        value = None
+    if not sep or value is None:
+        raise ValueError(f"expected PROVIDER=N (N an integer), got {text!r}")
+    return parse_provider(slug), value
+
+
 def parse_price_override(text: str) -> tuple[str, tuple[float, int | None]]:
     slug, sep, rest = text.rpartition("=")
     factor, _, min_prompt = rest.partition(":")
@@ -242,6 +253,12 @@ class StandInSettings(CommandSettings):
              "tokenizer), system=TEXT (an injected system prompt), tokenizer=DIR, "
              "template=FILE (the --tokenizer under another chat template); see "
              "standin/impostors.py")
+    usage_offsets: dict[str, int] = option(
+        "--usage-offset", multiple=True, type=Spelled(parse_usage_offset), convert=dict,
+        metavar="PROVIDER=N", section=QUIRKS, fills=Config,
+        help="that provider serves the model honestly, but its stack counts every prompt N "
+             "tokens more (N < 0: fewer) in usage.prompt_tokens, and bills them: Moonshot's "
+             "Kimi Vendor Verifier accepts 0..+3 of a vendor")
     not_distillable: bool = option(
         "--not-distillable", is_flag=True, section=QUIRKS, fills=Config,
         help="the models' authors do not allow distillation: is_trainable_text false in "

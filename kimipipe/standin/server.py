@@ -17,7 +17,7 @@ one request's worst case against what it may reserve (402 weight_exceeds_budget,
 key limit's 402) -> in-flight budget (402 in_flight_budget_exhausted + Retry-After; else
 the worst case is reserved until the request ends + --settle) -> fault draw -> the
 provider's quirks (dropped/inline reasoning, ignored sampling, an impostor serving another
-model: impostors.py) -> its token logprobs (logprobs.py, `--logprobs`) -> answer (with
+model: impostors.py, an honest stack's prompt overcount: --usage-offset) -> its token logprobs (logprobs.py, `--logprobs`) -> answer (with
 latency and token rate) -> charge -> last chunk. Every 402/403 is counted in stats `refusals` by
 status and reason (or limit_source, or "moderation").
 
@@ -545,6 +545,9 @@ class StandIn(MetadataEndpoints):
             drop_reasoning=drop, inline_reasoning=inline, unopened_reasoning=unopened,
             counter=self.counter if impostor is None else self.impostors.counter(impostor, self.counter))
         extra: dict = {}
+        overcount = next((n for slug, n in cfg.usage_offsets.items() if endpoint.matches(slug)), 0)
+        if overcount:  # (its stack's own count, billed as counted)
+            answer = replace(answer, prompt_tokens=max(1, answer.prompt_tokens + overcount))
         if impostor is not None:
             extra["impostor"] = True
             self.quirks["impostor"] += 1

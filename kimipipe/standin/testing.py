@@ -178,7 +178,7 @@ class StandIn:
                  moderation_marker: str | None = None, drop_reasoning: dict | None = None,
                  inline_reasoning: list | tuple = (), ignore_sampling: list | tuple = (),
                  unopened_reasoning: list | tuple = (), logprobs: dict | None = None,
-                 impostors: dict | None = None,
+                 impostors: dict | None = None, usage_offsets: dict | None = None,
                  not_distillable: bool = False,
                  stream_usage: str | None = None, midstream_code: str | None = None,
                  unavailable: str | None = None, endpoint_nulls: bool = False,
@@ -241,6 +241,8 @@ class StandIn:
         for provider, spec in (impostors or {}).items():  # N, or (N, how)
             after, how = spec if isinstance(spec, (tuple, list)) else (spec, "words")
             args += ["--impostor", f"{provider}={after}:{how}"]
+        for provider, tokens in (usage_offsets or {}).items():
+            args += ["--usage-offset", f"{provider}={tokens}"]
         if not_distillable:
             args.append("--not-distillable")
         for flag, value in (("--stream-usage", stream_usage), ("--midstream-code", midstream_code),
