@@ -217,3 +217,52 @@ def test_a_request_found_to_fit_keeps_its_room_until_it_is_reserved(tmp_path):
     entries = json.loads(open(path).read())["entries"]
     assert {e["label"]: (e["spent"], e["claim"]) for e in entries} == {"a": (0.25, 0.0), "b": (0.0, 1.0)}
     assert not b.cost_fits(1.3)  # 0.25 + 1.3 > 1.5
+
+
+def _two_budgets(tmp_path, cap: float):
+    from kimipipe.infer.budget import Budget
+    from kimipipe.infer.config import RunConfig
+    from kimipipe.infer.total_cost import ReservationFile, TotalCost
+    from kimipipe.openrouter.routing import PriceBound
+
+    path = str(tmp_path / "total-cost.json")
+    runs = []
+    for label in ("a", "b"):
+        shared = ReservationFile(path, label)
+        snapshot = shared.register()
+        runs.append(Budget(RunConfig(total_cost=cap), PriceBound(1e-6, 1e-6, "test"),
+                           total=TotalCost(cap, -snapshot, shared)))
+    return runs
+
+
+def test_a_refused_answers_cost_published_is_no_room_for_its_retry(tmp_path):
+    """A refused answer is paid while its prompt keeps its worst case for the retry: the
+    run's spend + claim grows past what the cap gave. Published as it is (the run's
+    publisher writes its state every PUBLISH_INTERVAL), that growth must not become room:
+    the retry fits only where the cap has it. (It once did: $0.23-0.66 under $0.08.)"""
+    a, _b = _two_budgets(tmp_path, 1.0)
+    assert a.cost_fits(0.9)
+    a.reserve(0.9)
+    a.record(0.3, 0)  # refused, paid; its 0.9 stays reserved for the retry: 1.2 committed
+    a.total.publish(a.spent_this_run, a.claimed(), force=True)
+    assert a.cap_left_no_room(0.0) == "total-cost"  # the retry: 0.3 + 0.9 > 1.0
+    a.release(0.9)  # the prompt gives up its retry's reservation: 0.3 committed
+    a.total.publish(a.spent_this_run, a.claimed(), force=True)
+    assert a.cost_fits(0.7) and not a.cost_fits(0.71)
+
+
+def test_a_run_whose_prompts_all_wait_for_room_is_not_waited_for(tmp_path):
+    """Two runs whose every prompt in progress waits for room (their claims free nothing
+    while they wait) would wait for each other forever: a run publishes itself `stuck`,
+    and the other sees no claim that may free room."""
+    a, b = _two_budgets(tmp_path, 1.0)
+    assert b.cost_fits(0.4)
+    b.reserve(0.4)
+    b.total.publish(b.spent_this_run, b.claimed(), force=True)
+    a.total.publish(0.0, 0.0, force=True)  # a looks at the file
+    assert a.total.others_may_free_room()
+    b.total.publish(b.spent_this_run, b.claimed(), force=True, stuck=True)
+    a.total.publish(0.0, 0.0, force=True)
+    assert not a.total.others_may_free_room()
+    entries = read_reservations(tmp_path / "total-cost.json")["entries"]
+    assert [e.get("stuck") for e in entries] == [None, True]
