@@ -280,7 +280,8 @@ def test_max_cost_holds_when_a_pricing_override_bills_four_times_the_base(standi
     assert "completion $11.2/M by together pricing.overrides[0]" in plan.stdout.decode()
 
 
-def test_a_cost_cap_that_leaves_no_room_for_a_refused_answers_retry_fails_no_prompt(standin, tmp_path):
+@pytest.mark.parametrize("cap", ["max-cost", "total-cost", "total-cost-shared"])
+def test_a_cost_cap_that_leaves_no_room_for_a_refused_answers_retry_fails_no_prompt(standin, tmp_path, cap):
     """Parasail, the cheaper of the two allowed (so --sort price asks it first), drops every
     answer's reasoning: each answer refused (paid for) and the prompt sent to Together. With
     --max-cost 1.5 request worst cases and answers cut at --max-tokens (billed near their
@@ -294,16 +295,19 @@ def test_a_cost_cap_that_leaves_no_room_for_a_refused_answers_retry_fails_no_pro
              "--max-tokens", "40", "--concurrency", "1", "--failures", failures)
     plan = infer(server, prompts, "--plan", "--json", *flags)
     assert plan.code == 0, plan.stderr
-    cap = 1.5 * json.loads(plan.stdout)["cost"]["worst_case_request"]
-    r = infer(server, prompts, "-o", out, "--max-cost", f"{cap:.8f}", "--summary-json", summary, *flags)
-    assert r.code == 3 and "--max-cost reached" in r.stderr, r.stderr
+    usd = 1.5 * json.loads(plan.stdout)["cost"]["worst_case_request"]
+    option = "--" + cap.removesuffix("-shared")
+    limit = (option, f"{usd:.8f}", *(("--reservations", tmp_path / "total-cost.json")
+                                      if cap.endswith("-shared") else ()))
+    r = infer(server, prompts, "-o", out, *limit, "--summary-json", summary, *flags)
+    assert r.code == 3 and f"{option} reached" in r.stderr, r.stderr
     [line] = read_jsonl(failures)
     assert line["kind"] == "stopped" and line["message"].startswith("no_reasoning: "), line
     assert [x["provider"] for x in line["refused"]] == ["Parasail"]
     s = json.loads(summary.read_text())
-    assert s["failed"] == {"stopped": 1} and s["stop_reason"] == "max-cost"
+    assert s["failed"] == {"stopped": 1} and s["stop_reason"] == option[2:]
     assert "permanent failure" not in r.stderr and "1 not sent again" in r.stderr
-    assert billed(server) <= cap
+    assert billed(server) <= usd
     assert _recorded(out, failures) == pytest.approx(billed(server))
     # a rerun with room sends it again (the failures file is no "done"), and fails none
     r = infer(server, prompts, "-o", out, "--max-cost", "1", *flags)
