@@ -156,7 +156,7 @@ help:
 	@echo "  PROMPT_FLAGS INFER_FLAGS TOKENIZE_FLAGS SHARD_FLAGS: anything else, per stage"
 	@echo "start with: export OPENROUTER_API_KEY=sk-or-...; make plan"
 
-all: $(foreach d,$(DATASETS),$(SHARDS)/$(d)/manifest.json)
+all: $(foreach d,$(DATASETS),$(SHARDS)/$(d)/kp-shard.manifest)
 	@echo "make all: shards for $(DATASETS) are in $(SHARDS)/"
 
 venv: $(VENV)/.installed
@@ -322,7 +322,7 @@ card_args = $(foreach f,$(wildcard $(WORK)/$(1).infer-summary.json),--summary $(
   --command $(call shquote,kp-prompts $(call source,$(1)) --dataset $(1) --turns $(TURNS) $(PROMPT_FLAGS)) \
   --command $(call shquote,kp-infer $(WORK)/$(1).prompts.jsonl $(strip $(call content_args,$(1)) $(server_args)) --base-url $(BASE_URL)) \
   --command $(call shquote,kp-tokenize $(WORK)/$(1).responses.jsonl --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS))
-$(SHARDS)/%/manifest.json: $(WORK)/%.tokens.done $(WORK)/%.shard-flags | venv $(SHARDS)
+$(SHARDS)/%/kp-shard.manifest: $(WORK)/%.tokens.done $(WORK)/%.shard-flags | venv $(SHARDS)
 	$(BIN)/kp-shard $(WORK)/$*.tokens.jsonl.zst --out $(SHARDS)/$* --name $* $(call card_args,$*) $(SHARD_FLAGS)
 	$(BIN)/kp-shard verify $(SHARDS)/$*
 
@@ -334,7 +334,7 @@ $(SHARDS)/%/manifest.json: $(WORK)/%.tokens.done $(WORK)/%.shard-flags | venv $(
 %.tokens: FORCE
 	rm -f $(WORK)/$*.tokens.done $(WORK)/$*.tokens.jsonl.zst && $(MAKE) $(WORK)/$*.tokens.done
 %.shards: FORCE
-	rm -f $(SHARDS)/$*/manifest.json && $(MAKE) $(SHARDS)/$*/manifest.json
+	rm -f $(SHARDS)/$*/kp-shard.manifest $(SHARDS)/$*/manifest.json && $(MAKE) $(SHARDS)/$*/kp-shard.manifest
 
 # make clean: the files of every dataset of DATASETS (WORK/D.*, SHARDS/D/) and the build's
 # own (WORK/build.*, total-cost.json); make B3.clean: one dataset's. Each lists what it

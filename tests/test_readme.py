@@ -133,7 +133,7 @@ def test_the_try_your_own_file_walkthrough_runs_as_written(tmp_path):
     assert len(out.split("kp-shard stats")[0].splitlines()) >= 2  # the two prompt records
     first = json.loads(out.splitlines()[0])
     assert first["dataset"] == "mine" and first["messages"]
-    manifest = json.loads((tmp_path / "offline/shards/mine/manifest.json").read_text())
+    manifest = json.loads((tmp_path / "offline/shards/mine/kp-shard.manifest").read_text())
     # a record per request: a conversation asks each of its user turns (docs/conversations.md)
     rows = sum(1 + len(p.get("follow_ups", []))
                for p in read_jsonl(tmp_path / "offline/work/mine.prompts.jsonl"))
