@@ -127,13 +127,14 @@ PROMPTS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).prompts.jsonl)
 INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
 
 .DEFAULT_GOAL := help
-.PHONY: help all plan preflight pilot check test test-soak lint docs venv demo credits report clean clean-venv FORCE
+.PHONY: help all plan preflight pilot check test test-soak test-trainers lint docs venv demo credits report clean clean-venv FORCE
 .SECONDARY:
 
 help:
 	@echo "kimipipe: make TARGET [VARIABLE=value ...]  (\`make\` alone builds nothing)"
 	@echo "  make demo      the whole pipeline offline, on the bundled sample (stand-in)"
 	@echo "  make test      the suite (test-soak: 10 runs, one core busy)  lint, docs too"
+	@echo "  make test-trainers  SpecForge and speculators on the demo's shards (installs them)"
 	@echo "  make plan      the money, per dataset: prompts, routes and prices, expected"
 	@echo "                 cost at TOKEN_BUDGET, the TOKEN_BUDGET that fits (sends none)"
 	@echo "  make preflight PAID: PREFLIGHT requests per dataset (kept), answers checked"
@@ -189,6 +190,13 @@ SOAK_RUNS ?= 10
 SOAK_LOAD ?= 1
 test-soak: venv
 	$(BIN)/python tests/soak.py --runs $(SOAK_RUNS) --load $(SOAK_LOAD) --jobs $(PYTEST_JOBS) -- $(PYTEST_ARGS)
+
+# The real trainers' own code on kimipipe's output (tests/trainers/run.py): SpecForge 0.2.0
+# and speculators 0.9.0, installed the first time (~15 minutes, ~3 GB) into venvs kept in
+# KP_TRAINERS_CACHE (default ~/.cache/kimipipe/trainers), outside the checkout; not part
+# of `make test` or CI.
+test-trainers: venv
+	$(BIN)/python tests/trainers/run.py
 
 lint: venv
 	$(BIN)/ruff check kimipipe tests bench

@@ -17,7 +17,7 @@ from pathlib import Path
 import browser
 import forked as fork_servers
 import pytest
-from conftest import EXEC_ALWAYS, REPO, read_jsonl
+from conftest import BIN, EXEC_ALWAYS, REPO, read_jsonl
 from helpers import KP_COMMANDS, time_left, whole_lines
 
 from kimipipe.standin.answers import user_text_sha256
@@ -421,16 +421,18 @@ def test_one_stage_reruns_from_saved_files(standin, built, tmp_path):
 
     remade()  # the shards of the new tokens (`make D1.tokens` stops at the tokens)
     assert remade() == set()  # and then nothing: every stamp is as it was
-    # SHARD_FLAGS remakes the shards only (and then the README's eval-split lines work)
+    # SHARD_FLAGS remakes the shards only (and then training.md's export lines work)
     changed = remade(SHARD_FLAGS="--eval-fraction 0.2")
     assert only(changed, "shards/D1/", "work/D1.shard-flags") and "shards/D1/kp-shard.manifest" in changed
     snippet = (REPO / "docs" / "training.md").read_text().split("<!-- eval-split -->\n```\n", 1)[1].split("```", 1)[0].splitlines()[:2]
-    script = "\n".join(line.replace("shards/B3/B3", str(tmp_path / "shards/D1/D1")) for line in snippet)
-    subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, check=True)
+    script = "\n".join(line.replace("shards/B3", "shards/D1").replace("kp-shard ", f"{BIN}/kp-shard ")
+                       for line in snippet)
+    subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, check=True, capture_output=True)
     splits = json.loads((tmp_path / "shards/D1/kp-shard.manifest").read_text())["splits"]
     for split in ("train", "eval"):
-        rows = (tmp_path / f"B3.{split}.jsonl").read_text().splitlines()
-        assert len(rows) == splits[split]["records"] > 0, split
+        for out in ("train/B3", "train/all"):  # one set, and every set under shards/
+            rows = (tmp_path / out / f"{split}.jsonl").read_text().splitlines()
+            assert len(rows) == splits[split]["records"] > 0, (out, split)
     assert remade(SHARD_FLAGS="--eval-fraction 0.2 --quiet") == set()  # --quiet changes no byte
     # another tokenizer, the same one changed, other TOKENIZE_FLAGS: tokens and shards again
     copy = tmp_path / "tokenizer"

@@ -133,7 +133,7 @@ class ShardSettings(CommandSettings):
     inputs: list[str] = INPUTS()
     out_dir: str | None = option(
         "-o", "--out", type=click.Path(), section="Options",
-        help="Directory for the shards and kp-shard.manifest (created if missing).")
+        help="Directory for the shards, kp-shard.manifest and the card (created if missing).")
     fmt: str = option(
         "--format", type=click.Choice(list(FORMATS)), default=DEFAULT, show_default=True,
         section="Options", fills=ShardOptions,
