@@ -50,6 +50,12 @@ def test_specforge_export_is_the_rows_as_plain_jsonl_and_a_config_naming_them(tm
     assert r.stdout == b""
     assert sorted(os.listdir(out)) == ["eval.jsonl", "specforge.yaml", "train.jsonl",
                                        "vocab_mapping.py"]
+    (out / "vocab_mapping.pt").write_bytes(b"what vocab_mapping.py made of these rows")
+    assert kp("shard", "export", shards, "--for", "specforge", "--out", out, "--target", target,
+              "--draft-vocab-size", "77", "-q").code == 0
+    # (SpecForge would reuse it as it is for rows that may have changed: it goes)
+    assert sorted(os.listdir(out)) == ["eval.jsonl", "specforge.yaml", "train.jsonl",
+                                       "vocab_mapping.py"]
     assert (out / "train.jsonl").read_bytes() == split_bytes(shards, "train")
     assert (out / "eval.jsonl").read_bytes() == split_bytes(shards, "eval")
     m = manifest_of(shards)
@@ -100,7 +106,8 @@ def test_speculators_export_and_a_rerun_without_eval_removes_the_old_eval_file(t
                  "total_seq_len": longest_row(out / "train.jsonl")},
         "draft": {"draft_vocab_size": 32000}}}
     assert (f"speculators prepare-data --model moonshotai/Kimi-K2.5 --trust-remote-code "
-            f"--data {out / 'train.jsonl'} --output {out / 'prepared'}") in (
+            f"--data {out / 'train.jsonl'} --output {out / 'prepared'} --seq-length "
+            f"{longest_row(out / 'train.jsonl')} --no-skip-token-freq --overwrite") in (
         out / "speculators.yaml").read_text()
 
 

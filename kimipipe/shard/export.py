@@ -17,10 +17,13 @@ calls everything else an "Unsupported dataset". So export writes, into --out DIR
         with SpecForge's own `generate_vocab_mapping_file`, run in SpecForge's environment
         (it needs torch, which kimipipe does not);
     speculators.yaml (--for speculators): `speculators train --config` for the rows
-        `prepare-data --data DIR/train.jsonl --output DIR/prepared` makes (each row's own
-        mask is kept: "Speculator-format rows"); `data.total_seq_len` is the longest row.
+        `prepare-data --data DIR/train.jsonl --output DIR/prepared --overwrite` makes (each
+        row's own mask is kept: "Speculator-format rows"; without --overwrite it skips an
+        output directory that holds data, an earlier export's); `data.total_seq_len` is
+        the longest row.
 
-Each YAML starts with the commands to run next, as comments. Several sets (DIR..., or a
+Each YAML starts with the commands to run next, as comments. An earlier export's
+vocab_mapping.pt is removed (SpecForge would reuse it for the new rows). Several sets (DIR..., or a
 parent of sets) are exported into one train.jsonl. Nothing is trusted: each shard's
 SHA-256, rows and token counts are checked against the manifest as they are copied, and a
 mismatch stops the export with the file named (run `kp-shard verify`), leaving --out as
@@ -119,8 +122,15 @@ def export_sets(sets: list[str], opts: ExportOptions) -> ExportResult:
     for final, tmp in written.items():
         os.replace(tmp, final)
         result.files.append(final)
-    if not result.rows.get(EVAL) and os.path.exists(os.path.join(out, "eval.jsonl")):
-        os.unlink(os.path.join(out, "eval.jsonl"))  # an earlier export's: not these sets'
+    # An earlier export's files made from other rows: its eval.jsonl, and what the
+    # trainers derive from train.jsonl and would reuse as it is (SpecForge's
+    # generate_vocab_mapping_file returns an existing vocab_mapping.pt untouched).
+    stale = [trainer.derived for trainer in TRAINERS.values() if trainer.derived]
+    if not result.rows.get(EVAL):
+        stale.append("eval.jsonl")
+    for name in stale:
+        if os.path.isfile(os.path.join(out, name)):
+            os.unlink(os.path.join(out, name))
     result.next_steps = trainer.next_steps(opts, result)
     return result
 
@@ -311,7 +321,7 @@ def _speculators_steps(opts: ExportOptions, result: ExportResult) -> list[str]:
     out = os.path.abspath(opts.out_dir)
     return [f"speculators prepare-data --model {_target(opts)} --trust-remote-code "
             f"--data {os.path.join(out, 'train.jsonl')} --output {os.path.join(out, 'prepared')} "
-            f"--seq-length {result.longest} --no-skip-token-freq",
+            f"--seq-length {result.longest} --no-skip-token-freq --overwrite",
             f"speculators train --config {os.path.join(out, 'speculators.yaml')} "
             "--vllm-endpoint http://HOST:PORT/v1"]
 
@@ -322,11 +332,12 @@ class Trainer:
     help: str
     write: Callable[[ExportOptions, ExportResult], dict[str, str]]  # file name -> text
     next_steps: Callable[[ExportOptions, ExportResult], list[str]]
+    derived: str | None = None  # a file its next steps make from train.jsonl, in --out
 
 
 TRAINERS: dict[str, Trainer] = {t.name: t for t in (
     Trainer("specforge", "SpecForge 0.2.0: train.jsonl (data.prompts_path), specforge.yaml, "
-            "vocab_mapping.py", _specforge_files, _specforge_steps),
+            "vocab_mapping.py", _specforge_files, _specforge_steps, "vocab_mapping.pt"),
     Trainer("speculators", "speculators 0.9.0: train.jsonl (prepare-data --data), "
             "speculators.yaml", _speculators_files, _speculators_steps),
 )}

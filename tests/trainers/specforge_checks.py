@@ -102,7 +102,7 @@ def main() -> None:
         assert d2t.dtype == torch.int64 and tuple(d2t.shape) == (32000,), (d2t.dtype, d2t.shape)
         assert t2d.dtype == torch.bool and tuple(t2d.shape) == (163840,), (t2d.dtype, t2d.shape)
         assert int(t2d.sum()) == 32000
-        output_ids = {i for r in train for i, m in zip(r["input_ids"], r["loss_mask"]) if m}
+        output_ids = {i for r in train for i, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m}
         assert all(t2d[i] for i in output_ids), "an output token is not in the draft vocab"
         return (f"d2t int64 [32000], t2d bool [163840]; all {len(output_ids)} distinct output "
                 "tokens in the draft vocab")
@@ -112,7 +112,7 @@ def main() -> None:
 
         blocks = doc_configs(Path(paths["docs"]), "specforge-config")
         assert blocks, "no <!-- specforge-config --> yaml block in docs/training.md"
-        for k, block in enumerate(blocks):
+        for block in blocks:
             with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
                 f.write(block)
             load_config(f.name)
