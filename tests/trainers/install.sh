@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The real trainers' virtual environments for `make test-trainers`, built once and kept
 # OUTSIDE the checkout (KP_TRAINERS_CACHE, default ~/.cache/kimipipe/trainers): each takes
-# ~5-10 minutes and ~1-2 GB on two cores, so it is rebuilt only when it is missing or was
-# left half-built (the `.complete` stamp is written last).
+# ~5-10 minutes and ~1.5-2.5 GB on two cores, so it is rebuilt only when it is missing,
+# was left half-built or was made by another recipe (the `.complete` stamp, written last,
+# holds the recipe).
 #
 #   tests/trainers/install.sh specforge|speculators   -> prints the venv's path on stdout
 #
@@ -12,13 +13,21 @@
 #   --no-deps, then its pure-Python requirements, triton (specforge/core/loss.py imports
 #   it) and tiktoken (Kimi's tokenizer).
 # - speculators 0.9.0 pulls CUDA torchvision/torchaudio, which fail to import beside CPU
-#   torch; speculators imports neither, so they are removed after.
+#   torch; speculators imports neither, so they are removed after. zstandard: the
+#   `datasets` it runs reads a zstd JSONL set (`--data hf:DIR`) through it (fsspec).
 set -euo pipefail
 which=${1:?usage: install.sh specforge|speculators}
 cache=${KP_TRAINERS_CACHE:-$HOME/.cache/kimipipe/trainers}
 venv=$cache/$which
 python=${PYTHON:-python3}
-if [ -f "$venv/.complete" ]; then echo "$venv"; exit 0; fi
+# What each environment is made of: a change to its line rebuilds it (the stamp holds it).
+case $which in
+  specforge) recipe="torch==2.13.0; --no-deps specforge==0.2.0; transformers==5.8.1 datasets accelerate huggingface-hub numpy openai-harmony pydantic psutil pyyaml safetensors requests tqdm typing-extensions triton tiktoken" ;;
+  # zstandard: datasets reads a zstd JSONL set (`prepare-data --data hf:DIR`) through it
+  speculators) recipe="torch==2.13.0 torchvision==0.28.0 speculators==0.9.0 tiktoken zstandard; -torchvision -torchaudio -torchcodec" ;;
+  *) echo "install.sh: no trainer called $which" >&2; exit 2 ;;
+esac
+if [ -f "$venv/.complete" ] && [ "$(cat "$venv/.complete")" = "$recipe" ]; then echo "$venv"; exit 0; fi
 rm -rf "$venv"
 mkdir -p "$cache"
 log=$cache/$which.install.log
@@ -36,12 +45,11 @@ echo "install.sh: building $venv (log: $log)" >&2
         triton tiktoken
       ;;
     speculators)
-      "${pip[@]}" torch==2.13.0 torchvision==0.28.0 speculators==0.9.0 tiktoken
+      "${pip[@]}" torch==2.13.0 torchvision==0.28.0 speculators==0.9.0 tiktoken zstandard
       "$venv/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec
       ;;
-    *) echo "install.sh: no trainer called $which" >&2; exit 2 ;;
   esac
   "$venv/bin/python" -m pip list --format=freeze > "$venv/versions.txt"
 } >"$log" 2>&1 || { echo "install.sh: $which failed; the end of $log:" >&2; tail -20 "$log" >&2; exit 1; }
-touch "$venv/.complete"
+echo "$recipe" > "$venv/.complete"
 echo "$venv"
