@@ -61,7 +61,6 @@ DEFAULT_DRAFT_VOCAB = 32_000
 TRAIN, EVAL = "train", "eval"
 
 _lengths = msgspec.json.Decoder(EagleLengths)
-_encode = msgspec.json.Encoder().encode
 
 
 @dataclass
@@ -92,7 +91,7 @@ def export_sets(sets: list[str], opts: ExportOptions) -> ExportResult:
     result = ExportResult()
     written: dict[str, str] = {}  # final path -> its temporary path
     try:
-        # eval.jsonl only where the sets hold eval rows; then each split's rows, set by set
+        # each split's rows, set by set; a split none of the sets has leaves no file
         for split in (TRAIN, EVAL):
             final = os.path.join(out, f"{split}.jsonl")
             tmp = os.path.join(out, temp_name(f"{split}.jsonl"))
