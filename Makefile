@@ -192,7 +192,7 @@ test-soak: venv
 	$(BIN)/python tests/soak.py --runs $(SOAK_RUNS) --load $(SOAK_LOAD) --jobs $(PYTEST_JOBS) -- $(PYTEST_ARGS)
 
 # The real trainers' own code on kimipipe's output (tests/trainers/run.py): SpecForge 0.2.0
-# and speculators 0.9.0, installed the first time (~15 minutes, ~3 GB) into venvs kept in
+# and speculators 0.9.0, installed the first time (~15 minutes, ~4 GB) into venvs kept in
 # KP_TRAINERS_CACHE (default ~/.cache/kimipipe/trainers), outside the checkout; not part
 # of `make test` or CI.
 test-trainers: venv

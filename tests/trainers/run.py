@@ -1,7 +1,7 @@
 """`make test-trainers`: the real trainers' own code on kimipipe's output.
 
 Not part of `make test` or .ci/run: it installs SpecForge 0.2.0 and speculators 0.9.0
-(~15 minutes and ~3 GB the first time, on two cores) into virtual environments kept
+(~15 minutes and ~4 GB the first time, on two cores) into virtual environments kept
 outside the checkout (tests/trainers/install.sh; KP_TRAINERS_CACHE, default
 ~/.cache/kimipipe/trainers), rebuilt only when missing. No file here is named test_*.py,
 so the main suite never collects it.
