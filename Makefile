@@ -133,8 +133,7 @@ INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
 help:
 	@echo "kimipipe: make TARGET [VARIABLE=value ...]  (\`make\` alone builds nothing)"
 	@echo "  make demo      the whole pipeline offline, on the bundled sample (stand-in)"
-	@echo "  make test      the suite (test-soak: 10 runs, one core busy)  lint, docs too"
-	@echo "  make test-trainers  SpecForge and speculators on the demo's shards (installs them)"
+	@echo "  make test      the suite (test-soak: 10 runs; test-trainers: real trainers)"
 	@echo "  make plan      the money, per dataset: prompts, routes and prices, expected"
 	@echo "                 cost at TOKEN_BUDGET, the TOKEN_BUDGET that fits (sends none)"
 	@echo "  make preflight PAID: PREFLIGHT requests per dataset (kept), answers checked"
