@@ -127,13 +127,13 @@ PROMPTS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).prompts.jsonl)
 INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
 
 .DEFAULT_GOAL := help
-.PHONY: help all plan preflight pilot check test test-soak lint docs venv demo credits report clean clean-venv FORCE
+.PHONY: help all plan preflight pilot check test test-soak test-trainers lint docs venv demo credits report clean clean-venv FORCE
 .SECONDARY:
 
 help:
 	@echo "kimipipe: make TARGET [VARIABLE=value ...]  (\`make\` alone builds nothing)"
 	@echo "  make demo      the whole pipeline offline, on the bundled sample (stand-in)"
-	@echo "  make test      the suite (test-soak: 10 runs, one core busy)  lint, docs too"
+	@echo "  make test      the suite (test-soak: 10 runs; test-trainers: real trainers)"
 	@echo "  make plan      the money, per dataset: prompts, routes and prices, expected"
 	@echo "                 cost at TOKEN_BUDGET, the TOKEN_BUDGET that fits (sends none)"
 	@echo "  make preflight PAID: PREFLIGHT requests per dataset (kept), answers checked"
@@ -156,7 +156,7 @@ help:
 	@echo "  PROMPT_FLAGS INFER_FLAGS TOKENIZE_FLAGS SHARD_FLAGS: anything else, per stage"
 	@echo "start with: export OPENROUTER_API_KEY=sk-or-...; make plan"
 
-all: $(foreach d,$(DATASETS),$(SHARDS)/$(d)/manifest.json)
+all: $(foreach d,$(DATASETS),$(SHARDS)/$(d)/kp-shard.manifest)
 	@echo "make all: shards for $(DATASETS) are in $(SHARDS)/"
 
 venv: $(VENV)/.installed
@@ -189,6 +189,13 @@ SOAK_RUNS ?= 10
 SOAK_LOAD ?= 1
 test-soak: venv
 	$(BIN)/python tests/soak.py --runs $(SOAK_RUNS) --load $(SOAK_LOAD) --jobs $(PYTEST_JOBS) -- $(PYTEST_ARGS)
+
+# The real trainers' own code on kimipipe's output (tests/trainers/run.py): SpecForge 0.2.0
+# and speculators 0.9.0, installed the first time (~15 minutes, ~4 GB) into venvs kept in
+# KP_TRAINERS_CACHE (default ~/.cache/kimipipe/trainers), outside the checkout; not part
+# of `make test` or CI.
+test-trainers: venv
+	$(BIN)/python tests/trainers/run.py
 
 lint: venv
 	$(BIN)/ruff check kimipipe tests bench
@@ -322,7 +329,7 @@ card_args = $(foreach f,$(wildcard $(WORK)/$(1).infer-summary.json),--summary $(
   --command $(call shquote,kp-prompts $(call source,$(1)) --dataset $(1) --turns $(TURNS) $(PROMPT_FLAGS)) \
   --command $(call shquote,kp-infer $(WORK)/$(1).prompts.jsonl $(strip $(call content_args,$(1)) $(server_args)) --base-url $(BASE_URL)) \
   --command $(call shquote,kp-tokenize $(WORK)/$(1).responses.jsonl --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS))
-$(SHARDS)/%/manifest.json: $(WORK)/%.tokens.done $(WORK)/%.shard-flags | venv $(SHARDS)
+$(SHARDS)/%/kp-shard.manifest: $(WORK)/%.tokens.done $(WORK)/%.shard-flags | venv $(SHARDS)
 	$(BIN)/kp-shard $(WORK)/$*.tokens.jsonl.zst --out $(SHARDS)/$* --name $* $(call card_args,$*) $(SHARD_FLAGS)
 	$(BIN)/kp-shard verify $(SHARDS)/$*
 
@@ -334,7 +341,7 @@ $(SHARDS)/%/manifest.json: $(WORK)/%.tokens.done $(WORK)/%.shard-flags | venv $(
 %.tokens: FORCE
 	rm -f $(WORK)/$*.tokens.done $(WORK)/$*.tokens.jsonl.zst && $(MAKE) $(WORK)/$*.tokens.done
 %.shards: FORCE
-	rm -f $(SHARDS)/$*/manifest.json && $(MAKE) $(SHARDS)/$*/manifest.json
+	rm -f $(SHARDS)/$*/kp-shard.manifest $(SHARDS)/$*/manifest.json && $(MAKE) $(SHARDS)/$*/kp-shard.manifest
 
 # make clean: the files of every dataset of DATASETS (WORK/D.*, SHARDS/D/) and the build's
 # own (WORK/build.*, total-cost.json); make B3.clean: one dataset's. Each lists what it

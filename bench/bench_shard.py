@@ -135,7 +135,7 @@ def parquet_bench(tokens: Path, work: Path, repeat: int) -> None:
         runs["verify jsonl"].append(timed([kp, "verify", str(jdir), "-q"]))
         runs["verify parquet"].append(timed([kp, "verify", str(pdir), "-q"]))
     assert read_jsonl_arrow(jdir) == read_parquet_arrow(pdir)
-    manifest = msgspec.json.decode((jdir / "manifest.json").read_bytes())
+    manifest = msgspec.json.decode((jdir / "kp-shard.manifest").read_bytes())
     rows_mb = manifest["totals"]["uncompressed_bytes"] / 1e6
     sizes = {k: sum(p.stat().st_size for p in d.glob(g)) for k, d, g in (
         ("jsonl", jdir, "*.jsonl.zst"), ("parquet", pdir, "*.parquet"))}

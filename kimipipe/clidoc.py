@@ -22,6 +22,7 @@ COMMANDS: list[tuple[str, list[str]]] = [
     ("kp-shard", ["kp-shard"]),
     ("kp-shard verify", ["kp-shard", "verify"]),
     ("kp-shard stats", ["kp-shard", "stats"]),
+    ("kp-shard export", ["kp-shard", "export"]),
     ("kp-credits", ["kp-credits"]),
     ("python -m kimipipe.standin", ["-m", "kimipipe.standin"]),
     ("python -m kimipipe.demo", ["-m", "kimipipe.demo"]),

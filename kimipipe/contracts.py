@@ -20,7 +20,7 @@ decoding it (a reader never walks a dict), so the schema is declared here once:
     (BuildPlanFile)
     .NAME.lock beside an output       every resumable stage           the next run on it
     (LockHolder)                      (locks.py)
-    DIR/manifest.json                 kp-shard (shard/build.py)       kp-shard verify/stats,
+    DIR/kp-shard.manifest             kp-shard (shard/build.py)       kp-shard verify/stats,
     (ShardManifest)                                                   card, trainers, make
     OUTPUT.identity.json              kp-infer --tokenizer            its resumes (resume.py),
     (IdentityState)                   (infer/identity.py)             kp-infer report

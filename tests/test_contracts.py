@@ -46,7 +46,7 @@ def test_a_held_lock_and_a_shard_manifest_decode_into_their_structs(tmp_path):
     out = tmp_path / "shards"
     r = kp("shard", src, "--out", out, "--eval-fraction", "0.3", "-q")
     assert r.code == 0, r.stderr
-    manifest = (out / "manifest.json").read_bytes()
+    manifest = (out / "kp-shard.manifest").read_bytes()
     same_json_again(manifest, ShardManifest, indent=1)
     assert msgspec.json.decode(manifest, type=ShardManifest).totals.records == 8
 

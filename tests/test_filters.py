@@ -237,7 +237,7 @@ def test_a_bad_line_is_path_line_and_exit_2(command, ctx, tmp_path):
     assert last.startswith(f"kp-{command.name}: {src}:2: "), r.stderr
     assert ctx["server"].stats()["completions_started"] == sent  # nothing paid for
     if out is not None:  # (the rows before it were read; nothing that looks finished)
-        assert not (out / "manifest.json").exists() and not list(out.glob("*.jsonl.zst"))
+        assert not (out / "kp-shard.manifest").exists() and not list(out.glob("*.jsonl.zst"))
 
 
 @each(FILTERS, "head")

@@ -390,7 +390,7 @@ def test_make_all_with_turns_all_builds_shards_of_whole_conversations(standin, t
     turns = [x for x in responses if "conversation" in x]
     assert turns and any(x["turn"] > 1 for x in turns)  # the sample's conversations, turn by turn
     assert len(server.ledger()) == len(responses)
-    manifest = json.loads((tmp_path / "shards" / "D1" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "shards" / "D1" / "kp-shard.manifest").read_text())
     assert manifest["records_read"] == len(responses)  # one token row per turn record
     assert set(manifest["splits"]) == {"train", "eval"}
     side = {}

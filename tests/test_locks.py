@@ -212,7 +212,7 @@ def test_a_second_make_all_stops_at_the_locked_output(standin, tmp_path):
     assert first.returncode == 0, err.decode()
     ids = [x["id"] for x in read_jsonl(responses)]
     assert len(ids) == len(set(ids)) == 260
-    manifest = json.loads((tmp_path / "shards" / "D1" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "shards" / "D1" / "kp-shard.manifest").read_text())
     assert manifest["totals"]["records"] == 260
     paid_once_each(server, tmp_path / "work" / "D1.prompts.jsonl")
     assert not [p for p in (tmp_path / "work").iterdir() if p.name.endswith(".lock")]

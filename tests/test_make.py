@@ -17,7 +17,7 @@ from pathlib import Path
 import browser
 import forked as fork_servers
 import pytest
-from conftest import EXEC_ALWAYS, REPO, read_jsonl
+from conftest import BIN, EXEC_ALWAYS, REPO, read_jsonl
 from helpers import KP_COMMANDS, time_left, whole_lines
 
 from kimipipe.standin.answers import user_text_sha256
@@ -91,7 +91,7 @@ def stage_files(tmp_path) -> dict[str, tuple[int, int]]:
                    if p.is_file() and not p.name.startswith("."))
     assert {"D1.prompts.jsonl", "D1.responses.jsonl", "D1.infer-summary.json",
             "D1.responses.done", "D1.tokens.jsonl.zst", "D1.tokens.done",
-            "manifest.json"} <= {p.name for p in files}
+            "kp-shard.manifest"} <= {p.name for p in files}
     return {str(p.relative_to(tmp_path)): (p.stat().st_ino, p.stat().st_mtime_ns) for p in files}
 
 
@@ -110,7 +110,7 @@ def built(tmp_path_factory):
         r = make(server, root, "all")
         assert r.returncode == 0, r.stderr + r.stdout
         requests = requests_of(root / "work" / "D1.prompts.jsonl")  # a record each
-        manifest = json.loads((root / "shards" / "D1" / "manifest.json").read_text())
+        manifest = json.loads((root / "shards" / "D1" / "kp-shard.manifest").read_text())
         assert manifest["totals"]["records"] == requests
         assert len(server.ledger()) == requests
         assert server.stats()["faults"]  # retried faults were part of the build
@@ -195,7 +195,7 @@ def test_make_all_writes_each_datasets_card_from_its_run(built):
 
     shards = built / "shards" / "D1"
     meta, body = card_of(shards)
-    manifest = json.loads((shards / "manifest.json").read_text())
+    manifest = json.loads((shards / "kp-shard.manifest").read_text())
     summary = json.loads((built / "work" / "D1.infer-summary.json").read_text())
     assert {s["name"]: s["num_examples"] for s in meta["dataset_info"]["splits"]} == \
         {k: v["records"] for k, v in manifest["splits"].items()}
@@ -239,7 +239,7 @@ def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     assert r.returncode == 0, r.stderr + r.stdout
     ids = [x["id"] for x in read_jsonl(responses)]
     assert len(ids) == len(set(ids)) == 260
-    assert json.loads((tmp_path / "shards" / "D1" / "manifest.json").read_text())["totals"]["records"] == 260
+    assert json.loads((tmp_path / "shards" / "D1" / "kp-shard.manifest").read_text())["totals"]["records"] == 260
     paid = Counter(x["request_user_text_sha256"] for x in server.ledger())
     assert all(paid[user_text_sha256(x["messages"])] == 1 for x in written)  # none paid twice
     assert sum(paid.values()) <= 260 + 16  # at most the requests in flight at the crash
@@ -275,7 +275,7 @@ def test_exit_4_of_kp_infer_and_of_kp_tokenize_finishes_their_stage(standin, tmp
     assert r.returncode == 0, r.stderr[-2000:]
     assert (work / "D1.tokens.done").exists()
     assert [x["id"] for x in read_jsonl(work / "D1.rejects.jsonl")] == [cut["id"]]
-    manifest = json.loads((tmp_path / "shards" / "D1" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "shards" / "D1" / "kp-shard.manifest").read_text())
     assert manifest["totals"]["records"] == len(prompts) - len(moderated) - 1
 
 
@@ -380,7 +380,7 @@ def test_token_budget_finishes_a_dataset_and_raising_it_continues(standin, tmp_p
     assert r.returncode == 0, r.stderr
     first = len(read_jsonl(tmp_path / "work" / "D1.responses.jsonl"))
     assert 0 < first < 260
-    manifest = json.loads((tmp_path / "shards" / "D1" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "shards" / "D1" / "kp-shard.manifest").read_text())
     assert manifest["totals"]["records"] == first
     # a new budget: that stage resumes (the stand-in counts with the mini tokenizer, several
     # tokens a word, and 16 answers in flight overshoot the first budget by as many answers)
@@ -388,7 +388,7 @@ def test_token_budget_finishes_a_dataset_and_raising_it_continues(standin, tmp_p
     assert r.returncode == 0, r.stderr
     second = len(read_jsonl(tmp_path / "work" / "D1.responses.jsonl"))
     assert second > first
-    manifest = json.loads((tmp_path / "shards" / "D1" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "shards" / "D1" / "kp-shard.manifest").read_text())
     assert manifest["totals"]["records"] == second
 
 
@@ -421,16 +421,18 @@ def test_one_stage_reruns_from_saved_files(standin, built, tmp_path):
 
     remade()  # the shards of the new tokens (`make D1.tokens` stops at the tokens)
     assert remade() == set()  # and then nothing: every stamp is as it was
-    # SHARD_FLAGS remakes the shards only (and then the README's eval-split lines work)
+    # SHARD_FLAGS remakes the shards only (and then training.md's export lines work)
     changed = remade(SHARD_FLAGS="--eval-fraction 0.2")
-    assert only(changed, "shards/D1/", "work/D1.shard-flags") and "shards/D1/manifest.json" in changed
+    assert only(changed, "shards/D1/", "work/D1.shard-flags") and "shards/D1/kp-shard.manifest" in changed
     snippet = (REPO / "docs" / "training.md").read_text().split("<!-- eval-split -->\n```\n", 1)[1].split("```", 1)[0].splitlines()[:2]
-    script = "\n".join(line.replace("shards/B3/B3", str(tmp_path / "shards/D1/D1")) for line in snippet)
-    subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, check=True)
-    splits = json.loads((tmp_path / "shards/D1/manifest.json").read_text())["splits"]
+    script = "\n".join(line.replace("shards/B3", "shards/D1").replace("kp-shard ", f"{BIN}/kp-shard ")
+                       for line in snippet)
+    subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, check=True, capture_output=True)
+    splits = json.loads((tmp_path / "shards/D1/kp-shard.manifest").read_text())["splits"]
     for split in ("train", "eval"):
-        rows = (tmp_path / f"B3.{split}.jsonl").read_text().splitlines()
-        assert len(rows) == splits[split]["records"] > 0, split
+        for out in ("train/B3", "train/all"):  # one set, and every set under shards/
+            rows = (tmp_path / out / f"{split}.jsonl").read_text().splitlines()
+            assert len(rows) == splits[split]["records"] > 0, (out, split)
     assert remade(SHARD_FLAGS="--eval-fraction 0.2 --quiet") == set()  # --quiet changes no byte
     # another tokenizer, the same one changed, other TOKENIZE_FLAGS: tokens and shards again
     copy = tmp_path / "tokenizer"
@@ -443,7 +445,7 @@ def test_one_stage_reruns_from_saved_files(standin, built, tmp_path):
             os.utime(copy / name, ns=(os.stat(copy / name).st_atime_ns, os.stat(copy / name).st_mtime_ns + 10**9))
         changed = remade(SHARD_FLAGS="--eval-fraction 0.2", **variables)
         assert only(changed, *tokens_and_shards) and "work/D1.tokens.jsonl.zst" in changed, variables
-        assert "shards/D1/manifest.json" in changed
+        assert "shards/D1/kp-shard.manifest" in changed
     assert server.ledger() == []
 
 
@@ -481,7 +483,7 @@ def test_make_demo_runs_the_whole_pipeline_offline(tmp_path):
     assert len(billed) == requests + retries["routing_violation"]  # the refused ones paid too
     assert "next: look at a row:  .venv/bin/python -m kimipipe.demo --row" in r.stderr
     assert "counts usage with the bundled mini tokenizer" in r.stderr  # and kp-infer checked it
-    manifest = json.loads((out / "shards" / "demo" / "manifest.json").read_text())
+    manifest = json.loads((out / "shards" / "demo" / "kp-shard.manifest").read_text())
     assert manifest["totals"]["records"] == requests
     # the first "next" step, as the README gives it: one row, its IDs decoded
     row = subprocess.run([sys.executable, "-m", "kimipipe.demo", "--row", "demo-0021", "--out",

@@ -242,7 +242,7 @@ def test_total_cost_caps_the_whole_build_and_raising_it_finishes(standin, tmp_pa
     assert r.returncode == 0, r.stderr[-3000:]
     assert billed(server) <= float(target)
     for n in "ABC":
-        assert json.loads((tmp_path / "shards" / n / "manifest.json").read_text())["totals"]["records"] == 30
+        assert json.loads((tmp_path / "shards" / n / "kp-shard.manifest").read_text())["totals"]["records"] == 30
     paid = Counter(x["request_user_text_sha256"] for x in server.ledger())
     assert len(paid) == 90 and set(paid.values()) == {1}
     # all bought: a TOTAL_COST below what was spent refuses nothing, and buys nothing
@@ -370,7 +370,7 @@ def test_prompts_are_remade_when_their_source_changes_and_the_stage_command_is_s
 
 
 def test_build_outputs_are_ignored_by_git():
-    names = ["work/B3.responses.jsonl", "shards/B3/manifest.json", "demo-out/work/x", "offline/work/x",
+    names = ["work/B3.responses.jsonl", "shards/B3/kp-shard.manifest", "demo-out/work/x", "offline/work/x",
              "standin.port"]
     r = subprocess.run(["git", "check-ignore", *names], cwd=REPO, capture_output=True, text=True)
     assert r.stdout.split() == names

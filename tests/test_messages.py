@@ -44,11 +44,11 @@ def test_verify_checks_every_directory_given(sets):
     assert kp("shard", "--verify", b3, "--verify", b4).stdout == r.stdout
     assert kp("shard", "verify", b3, b4, "-q").stdout == b""
     # A problem in the second set is found (only the first was checked before).
-    (b4 / "manifest.json").write_text(json.dumps({**json.loads((b4 / "manifest.json").read_text()),
+    (b4 / "kp-shard.manifest").write_text(json.dumps({**json.loads((b4 / "kp-shard.manifest").read_text()),
                                                   "totals": {}}))
     r = kp("shard", "verify", b3, b4)
     assert r.code == 2
-    assert f"{b4}/manifest.json: totals.records is None" in r.stdout.decode()
+    assert f"{b4}/kp-shard.manifest: totals.records is None" in r.stdout.decode()
     assert r.stderr == f"kp-shard: verify: 1 of 2 sets with problems: {b4}\n"
 
 
@@ -65,7 +65,7 @@ def test_verify_and_stats_accept_a_parent_of_several_sets(sets):
     empty = sets.parent / "empty"
     empty.mkdir()
     r = kp("shard", "verify", empty)
-    assert r.code == 2 and b"no manifest.json" in r.stdout
+    assert r.code == 2 and b"no kp-shard.manifest" in r.stdout
 
 
 def test_stats_report_is_on_stdout_and_survives_head(sets):

@@ -150,7 +150,7 @@ def test_clean_removes_nothing_while_a_file_holds_paid_answers(tmp_path):
 
     work, shards = tmp_path / "work", tmp_path / "shards"
     (shards / "A").mkdir(parents=True)
-    (shards / "A" / "manifest.json").write_text("{}")
+    (shards / "A" / "kp-shard.manifest").write_text("{}")
     work.mkdir()
     answer = {"id": "a", "usage": {"cost": 0.25}, "generation_id": "gen-standin-1-a", "api": "127.0.0.1"}
     write_jsonl(work / "A.responses.jsonl", [answer])

@@ -18,7 +18,12 @@ README = (REPO / "README.md").read_text()
 DOC_PAGES = sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "cli.md")
 DOCS = README + "".join(p.read_text() for p in DOC_PAGES)
 # Options of other programs the README shows (zstd, the Hugging Face CLI, make, ...).
-FOREIGN = {"--local-dir", "--help", "--fault", "--port-file", "--balance", "--latency"}
+FOREIGN = {"--local-dir", "--help", "--fault", "--port-file", "--balance", "--latency",
+           # the trainers' (docs/training.md; speculators' CLI, checked by make test-trainers)
+           "--config", "--data", "--seq-length", "--no-skip-token-freq", "--overwrite",
+           "--total-seq-len", "--render-endpoint", "--preprocessed-data", "--endpoint"}
+# Commands' words with options of their own (`kp-shard export --for`): their own --help.
+WORDS = {"shard": ("export",)}
 
 
 def help_text(argv: list[str]) -> str:
@@ -36,6 +41,8 @@ def options_of(text: str) -> set[str]:
 @functools.cache
 def helps() -> dict[str, dict[str, str]]:
     return {"kp": {name: help_text([str(BIN / f"kp-{name}")]) for name in KP_COMMANDS},
+            "words": {f"{name} {word}": help_text([str(BIN / f"kp-{name}"), word])
+                      for name, words in WORDS.items() for word in words},
             "other": {"standin": help_text([sys.executable, "-m", "kimipipe.standin"]),
                       "demo": help_text([sys.executable, "-m", "kimipipe.demo"])},
             "bench": {script.name: help_text([sys.executable, str(script)])
@@ -61,7 +68,9 @@ def test_every_example_invocation_uses_options_its_command_has():
     seen = 0
     for command, args in invocations():
         seen += 1
-        unknown = options_of(args) - options_of(helps()["kp"][command])
+        word = f"{command} {args.split()[0]}" if args.split() else ""
+        own = helps()["words"].get(word) or helps()["kp"][command]
+        unknown = options_of(args) - options_of(own)
         assert not unknown, f"kp-{command} has no {sorted(unknown)} (README: kp-{command}{args})"
     assert seen >= 8
 
@@ -133,7 +142,7 @@ def test_the_try_your_own_file_walkthrough_runs_as_written(tmp_path):
     assert len(out.split("kp-shard stats")[0].splitlines()) >= 2  # the two prompt records
     first = json.loads(out.splitlines()[0])
     assert first["dataset"] == "mine" and first["messages"]
-    manifest = json.loads((tmp_path / "offline/shards/mine/manifest.json").read_text())
+    manifest = json.loads((tmp_path / "offline/shards/mine/kp-shard.manifest").read_text())
     # a record per request: a conversation asks each of its user turns (docs/conversations.md)
     rows = sum(1 + len(p.get("follow_ups", []))
                for p in read_jsonl(tmp_path / "offline/work/mine.prompts.jsonl"))

@@ -104,7 +104,7 @@ def test_each_stage_output_decodes_with_the_next_stage_struct(standin, tmp_path)
     r = kp("shard", tokens, "--out", shards)
     assert r.code == 0, r.stderr
     assert kp("shard", "verify", shards).code == 0
-    assert json.loads((shards / "manifest.json").read_text())["totals"]["records"] == len(answered)
+    assert json.loads((shards / "kp-shard.manifest").read_text())["totals"]["records"] == len(answered)
 
 
 def test_kp_shard_fast_path_reads_the_names_records_declares():

@@ -36,7 +36,7 @@ def records(n: int, prefix: str = "r", **kw) -> list[dict]:
 
 
 def shard_rows(directory) -> list[dict]:
-    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest = manifest_of(directory)
     rows = []
     for shard in manifest["shards"]:
         rows += read_jsonl(directory / shard["file"])
@@ -55,7 +55,9 @@ def shard_bytes(directory) -> bytes:
 
 
 def manifest_of(directory) -> dict:
-    return json.loads((directory / "manifest.json").read_text())
+    """The set's manifest (an older kimipipe's set: its manifest.json)."""
+    path = directory / "kp-shard.manifest"
+    return json.loads((path if path.exists() else directory / "manifest.json").read_text())
 
 
 def visible_files(directory) -> list[str]:
@@ -88,7 +90,7 @@ def test_eagle_rows_are_prompt_plus_output_with_mask_and_manifest_matches(tmp_pa
     r = kp("shard", src, "--out", out)
     assert r.code == 0, r.stderr
     assert r.stdout == b""
-    assert visible_files(out) == ["README.md", "manifest.json", "shard-train-00000.jsonl.zst"]
+    assert visible_files(out) == ["README.md", "kp-shard.manifest", "shard-train-00000.jsonl.zst"]
     raw = zstandard.ZstdDecompressor().stream_reader(
         (out / "shard-train-00000.jsonl.zst").read_bytes(), read_across_frames=True).read()
     lines = raw.splitlines()
@@ -184,13 +186,13 @@ def test_a_manifest_naming_an_unknown_row_format_is_refused_by_verify_and_stats(
     assert kp("shard", src, "--out", out, "--format", "raw").code == 0
     m = manifest_of(out)
     m["format"] = "raw2"  # raw rows, under a name a newer kp-shard might write
-    (out / "manifest.json").write_text(json.dumps(m))
+    (out / "kp-shard.manifest").write_text(json.dumps(m))
     known = "unknown row format 'raw2' (kp-shard knows eagle, raw, parquet)"
     s = kp("shard", "stats", out)
     assert s.code == 2 and s.stdout == b""
-    assert f"{out / 'manifest.json'}: {known}" in s.stderr
+    assert f"{out / 'kp-shard.manifest'}: {known}" in s.stderr
     v = kp("shard", "verify", out)
-    assert v.code == 2 and v.stdout.decode().splitlines() == [f"{out / 'manifest.json'}: {known}"]
+    assert v.code == 2 and v.stdout.decode().splitlines() == [f"{out / 'kp-shard.manifest'}: {known}"]
 
 
 def test_a_row_format_is_one_entry_in_the_table(tmp_path, monkeypatch):
@@ -240,7 +242,7 @@ def test_records_per_shard_and_name(tmp_path):
     out = tmp_path / "shards"
     assert kp("shard", src, "--out", out, "--records-per-shard", "3", "--name", "b3").code == 0
     assert visible_files(out) == ["README.md", "b3-train-00000.jsonl.zst", "b3-train-00001.jsonl.zst",
-                                  "b3-train-00002.jsonl.zst", "manifest.json"]
+                                  "b3-train-00002.jsonl.zst", "kp-shard.manifest"]
     assert [s["records"] for s in manifest_of(out)["shards"]] == [3, 3, 1]
     assert kp("shard", src, "--out", out, "--name", "../x").code == 2
 
@@ -277,7 +279,7 @@ def test_compression_level_changes_the_bytes_not_the_rows(tmp_path):
     for bad in ("0", "23"):
         r = kp("shard", src, "--out", tmp_path / "bad", "--compression-level", bad)
         assert r.code == 2 and "--compression-level" in r.stderr
-        assert not (tmp_path / "bad" / "manifest.json").exists()
+        assert not (tmp_path / "bad" / "kp-shard.manifest").exists()
 
 
 # --- eval split -----------------------------------------------------------------------------
@@ -407,7 +409,7 @@ def test_duplicate_ids_keep_the_first_row_or_stop(tmp_path):
         r = kp("shard", first, again, "--out", tmp_path / "e", "--on-duplicate", "error", *extra)
         assert r.code == 2
         assert f"{again}:1: duplicate id 'y'" in r.stderr
-        assert not (tmp_path / "e" / "manifest.json").exists()
+        assert not (tmp_path / "e" / "kp-shard.manifest").exists()
 
 
 # --- bad input --------------------------------------------------------------------------------
@@ -436,7 +438,7 @@ def test_bad_input_names_path_and_line_and_keeps_the_old_set(tmp_path, line, mes
     assert r.code == 2
     assert f"\nkp-shard: {src}:2: " in r.stderr and message in r.stderr, r.stderr
     assert manifest_of(out) == before
-    assert visible_files(out) == ["README.md", "manifest.json", "shard-train-00000.jsonl.zst"]
+    assert visible_files(out) == ["README.md", "kp-shard.manifest", "shard-train-00000.jsonl.zst"]
     assert not [n for n in os.listdir(out) if ".tmp-" in n]
 
 
@@ -468,7 +470,7 @@ def rewrite_shard(out, name: str, lines: list[bytes], fix_manifest: bool = True)
             if s["file"] == name:
                 s["bytes"] = len(data)
                 s["sha256"] = hashlib.sha256(data).hexdigest()
-        (out / "manifest.json").write_text(json.dumps(m))
+        (out / "kp-shard.manifest").write_text(json.dumps(m))
 
 
 def test_verify_passes_a_good_set_both_spellings(built):
@@ -492,7 +494,7 @@ def test_verify_detects_a_flipped_byte(built):
 def test_verify_detects_a_wrong_count(built):
     m = manifest_of(built)
     m["shards"][0]["records"] += 1
-    (built / "manifest.json").write_text(json.dumps(m))
+    (built / "kp-shard.manifest").write_text(json.dumps(m))
     r = kp("shard", "verify", built)
     assert r.code == 2
     assert b"shard-train-00000.jsonl.zst: holds 10 records, the manifest says 11" in r.stdout
@@ -524,7 +526,7 @@ def test_verify_detects_a_missing_shard_and_a_stray_one(built):
 
 def test_verify_without_a_manifest(tmp_path):
     r = kp("shard", "verify", tmp_path)
-    assert r.code == 2 and b"no manifest.json" in r.stdout
+    assert r.code == 2 and b"no kp-shard.manifest" in r.stdout
 
 
 # --- stats ----------------------------------------------------------------------------------
@@ -547,7 +549,7 @@ def test_stats_prints_a_length_histogram_to_stdout(tmp_path):
 # --- crash safety and reruns ------------------------------------------------------------------
 
 def looks_finished(name: str) -> bool:
-    return name.endswith((".jsonl.zst", ".parquet")) or name in ("manifest.json", "README.md")
+    return name.endswith((".jsonl.zst", ".parquet")) or name in ("kp-shard.manifest", "README.md")
 
 
 def test_rerun_replaces_the_set_and_removes_only_stale_shards(tmp_path):
@@ -559,10 +561,10 @@ def test_rerun_replaces_the_set_and_removes_only_stale_shards(tmp_path):
     assert kp("shard", src, "--out", out, "--records-per-shard", "2").code == 0
     assert len(manifest_of(out)["shards"]) == 5
     assert kp("shard", src, "--out", out, "--records-per-shard", "4").code == 0
-    assert visible_files(out) == ["README.md", "manifest.json", "notes.txt", "shard-train-00000.jsonl.zst",
+    assert visible_files(out) == ["README.md", "kp-shard.manifest", "notes.txt", "shard-train-00000.jsonl.zst",
                                   "shard-train-00001.jsonl.zst", "shard-train-00002.jsonl.zst"]
     assert kp("shard", src, "--out", out, "--name", "other").code == 0
-    assert visible_files(out) == ["README.md", "manifest.json", "notes.txt", "other-train-00000.jsonl.zst"]
+    assert visible_files(out) == ["README.md", "kp-shard.manifest", "notes.txt", "other-train-00000.jsonl.zst"]
     assert (out / ".editor.tmp-1").exists()
     assert kp("shard", "verify", out).code == 0
 
@@ -628,7 +630,7 @@ def test_a_kill_9_at_each_step_of_the_swap_leaves_a_consistent_directory(tmp_pat
             assert any(found == {x["file"]: x["sha256"] for x in m["shards"]}
                        for m in (old, new)), step
         if expected is None:
-            assert not (out / "manifest.json").exists(), step
+            assert not (out / "kp-shard.manifest").exists(), step
         else:
             manifest = manifest_of(out)
             want = old if expected == "old" else new
@@ -641,7 +643,7 @@ def test_a_kill_9_at_each_step_of_the_swap_leaves_a_consistent_directory(tmp_pat
         assert r.code == 0, (step, r.stderr)
         assert manifest_of(out)["shards"] == new["shards"], step
         assert kp("shard", "verify", out).code == 0, step
-        assert visible_files(out) == sorted(["README.md", "manifest.json", *(x["file"] for x in new["shards"])])
+        assert visible_files(out) == sorted(["README.md", "kp-shard.manifest", *(x["file"] for x in new["shards"])])
         assert not [n for n in os.listdir(out) if ".tmp-" in n], step
         assert not (out / ".kp-shard-stale").exists(), step
 
@@ -687,7 +689,7 @@ def test_kill_9_mid_run_leaves_nothing_that_looks_finished(tmp_path, with_old_se
     assert r.code == 0, r.stderr
     assert not [n for n in os.listdir(out) if ".tmp-" in n]
     assert manifest_of(out)["totals"]["records"] == 400
-    assert visible_files(out) == ["README.md", "manifest.json"] + [f"shard-train-{i:05d}.jsonl.zst" for i in range(8)]
+    assert visible_files(out) == ["README.md", "kp-shard.manifest"] + [f"shard-train-{i:05d}.jsonl.zst" for i in range(8)]
     assert kp("shard", "verify", out).code == 0
 
 
@@ -759,7 +761,7 @@ def test_everything_dropped_gives_an_empty_set_and_a_warning(tmp_path):
     assert "every record was dropped" in r.stderr
     m = manifest_of(out)
     assert m["shards"] == [] and m["totals"]["records"] == 0 and m["dropped"]["empty_output"] == 2
-    assert visible_files(out) == ["README.md", "manifest.json"]
+    assert visible_files(out) == ["README.md", "kp-shard.manifest"]
     assert kp("shard", "verify", out).code == 0
 
 

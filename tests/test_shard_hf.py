@@ -185,7 +185,7 @@ def test_parquet_shards_hold_the_jsonl_rows_with_the_same_manifest(sets):
                                                   "list<element: int8>"]
     assert pm["provenance"] == jm["provenance"]
     assert visible_files(sets["parquet"]) == sorted(
-        ["README.md", "manifest.json", *(s["file"] for s in pm["shards"])])
+        ["README.md", "kp-shard.manifest", *(s["file"] for s in pm["shards"])])
     for name in ("jsonl", "parquet", "shuffled"):
         r = kp("shard", "verify", sets[name])
         assert r.code == 0, r.stdout
@@ -251,7 +251,7 @@ def test_verify_names_a_damaged_parquet_file_and_a_bad_row(sets, tmp_path):
     entry["sha256"] = file_sha256(bad / entry["file"])
     entry["bytes"] = (bad / entry["file"]).stat().st_size
     m["totals"]["bytes"] = sum(s["bytes"] for s in m["shards"])
-    (bad / "manifest.json").write_text(json.dumps(m))
+    (bad / "kp-shard.manifest").write_text(json.dumps(m))
     out = kp("shard", "verify", bad).stdout.decode()
     assert f"{bad / entry['file']} row 3: loss_mask has no 1" in out
     assert f"{bad / entry['file']} row 5: input_ids has " in out
@@ -417,9 +417,10 @@ def test_a_readme_that_is_not_a_card_is_left_alone_and_a_stale_card_fails_verify
 
 
 def test_a_set_of_older_kimipipe_verifies_gets_a_card_and_is_replaced(sets, tmp_path):
-    """A set older kp-shard wrote (train shards `<name>-00000.jsonl.zst`, no card, no
-    provenance): verify passes, `kp-shard card` makes load_dataset read it right, a
-    rebuild in its directory replaces its files."""
+    """A set older kp-shard wrote (train shards `<name>-00000.jsonl.zst`, its manifest
+    `manifest.json`, no card, no provenance): verify passes, `kp-shard card` makes
+    load_dataset read it right, export reads it, a rebuild in its directory replaces its
+    files and its manifest.json with kp-shard.manifest."""
     import shutil
 
     old = tmp_path / "old"
@@ -433,8 +434,13 @@ def test_a_set_of_older_kimipipe_verifies_gets_a_card_and_is_replaced(sets, tmp_
             new = s["file"].replace("-train-", "-")
             (old / s["file"]).rename(old / new)
             s["file"] = new
+    (old / "kp-shard.manifest").unlink()
     (old / "manifest.json").write_text(json.dumps(m, indent=1))
     assert kp("shard", "verify", old).code == 0
+    assert kp("shard", "verify", tmp_path).stdout.decode().startswith(f"{old}: OK")  # found as a set
+    r = kp("shard", "export", old, "--for", "speculators", "--out", tmp_path / "ex", "-q")
+    assert r.code == 0, r.stderr
+    assert len(read_jsonl(tmp_path / "ex" / "train.jsonl")) == m["splits"]["train"]["records"]
     r = kp("shard", "card", old)
     assert r.code == 0, r.stderr
     _, body = card_of(old)
@@ -445,6 +451,7 @@ def test_a_set_of_older_kimipipe_verifies_gets_a_card_and_is_replaced(sets, tmp_
     olds = [s["file"] for s in m["shards"]]
     assert kp("shard", sets["src"], "--out", old, "--name", "B3", "-q").code == 0
     assert not [f for f in olds if (old / f).exists() and "-eval-" not in f]
+    assert not (old / "manifest.json").exists() and (old / "kp-shard.manifest").is_file()
     assert kp("shard", "verify", old).code == 0
 
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 import subprocess
 from functools import cache
+from pathlib import Path
 
 import pytest
 import zstandard
 from conftest import (
     BIN,
+    REAL_TOKENIZER,
     TOKENIZER_KINDS,
     is_tiktoken,
     kp,
@@ -629,3 +631,26 @@ def test_nothing_is_downloaded_with_no_offline_variable_set(tmp_path):
         assert outputs([["unshare", "-n", *c] for c in commands]) == trapped
     finally:
         trap.close()
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused_naming_where_the_template_comes_from(tmp_path):
+    """Kimi K2.5's real tokenizer files hold no chat template: the refusal says which file
+    of the model's repository holds it and the `hf download` line that fetches it into the
+    tokenizer's directory (docs/kp-tokenize.md), before any record is read."""
+    if not (REAL_TOKENIZER / "tiktoken.model").is_file():
+        pytest.skip(f"Kimi K2.5's real tokenizer files are not in {REAL_TOKENIZER}")
+    bare = tmp_path / "kimi-k2.5"
+    bare.mkdir()
+    for f in REAL_TOKENIZER.iterdir():
+        if f.is_file() and f.name != "chat_template.jinja":
+            (bare / f.name).symlink_to(f.resolve())
+    src = write_jsonl(tmp_path / "r.jsonl", [response_record("a", "Hi", content="ok")])
+    r = tokenize_in_process(src, "--tokenizer", bare, "--trust-remote-code", "--workers", "1")
+    assert r.code == 2 and r.stdout == b""
+    assert (f"has no chat template: the model's is its repository's chat_template.jinja "
+            f"(Kimi K2.5: `hf download moonshotai/Kimi-K2.5 chat_template.jinja --local-dir "
+            f"{bare}`, docs/kp-tokenize.md); download it there, or pass --chat-template FILE"
+            in r.stderr), r.stderr
+    assert "Traceback" not in r.stderr
+    docs = (Path(__file__).parent.parent / "docs" / "kp-tokenize.md").read_text()
+    assert "hf download moonshotai/Kimi-K2.5" in docs and "chat_template.jinja" in docs

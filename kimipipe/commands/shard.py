@@ -8,6 +8,7 @@ Usage:
     kp-shard verify shards/B3 shards/B4 # or: kp-shard --verify DIR; a parent of sets: verify shards
     kp-shard stats shards/all           # length histogram on stdout (or --stats on a build)
     kp-shard card shards/B3 --summary work/B3.infer-summary.json --plan work/B3.plan.json
+    kp-shard export shards/B3 --for specforge --out train/B3 --target ./Kimi-K2.5
 
 Schema (one compact JSON object per line, in DIR/<name>-train-00000.jsonl.zst ...):
     --format eagle (default), what speculators and SpecForge (`data.prompts_path`) read:
@@ -18,7 +19,7 @@ Schema (one compact JSON object per line, in DIR/<name>-train-00000.jsonl.zst ..
         fields), compacted; with --truncate, output_ids cut.
     --format parquet: eagle's rows in DIR/<name>-train-00000.parquet ... (pyarrow, the
         `parquet` extra; shard/parquet.py).
-    DIR/manifest.json: per shard its file, split, records, input_tokens (mask 0),
+    DIR/kp-shard.manifest (JSON; older sets: manifest.json): per shard its file, split, records, input_tokens (mask 0),
         output_tokens (mask 1), bytes, uncompressed_bytes, sha256; per-split and overall
         totals; the command line, the format, the options, the drop counts, and
         `provenance`: what the token records say of the rows kept (shard/provenance.py).
@@ -39,8 +40,13 @@ temporary name and the whole set is swapped in when complete, so an interrupted 
 leaves the previous set (or no manifest) and never a file that looks finished. Rerunning
 replaces the set; shards of the old set are removed only after the new manifest is in place.
 
-verify, stats and card take any number of directories, each a set or a parent of sets
-(every subdirectory holding a manifest.json). Their report goes to stdout: verify prints each
+export writes a set as the files one trainer reads (shard/export.py): train.jsonl (and
+eval.jsonl), plus a config that trainer's own validator accepts (SpecForge's
+specforge.yaml and vocab_mapping.py, speculators' speculators.yaml), checking each shard
+against the manifest as it copies it.
+
+verify, stats, card and export take any number of directories, each a set or a parent of sets
+(every subdirectory holding a manifest). Their report goes to stdout: verify prints each
 problem as DIR/FILE[:LINE]: what is wrong, and DIR: OK (...) for a good set (not with -q);
 exit 2 if any set has a problem. Everything else (progress, the build's summary) is on
 stderr.
@@ -84,6 +90,7 @@ from ..shard import (
 )
 from ..shard.build import write_card
 from ..shard.card import CardInputs
+from ..shard.export import DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET, TRAINERS, ExportOptions, export_sets
 from ..shard.formats import DEFAULT, FORMATS, PARQUET
 from ..shard.readback import read_manifest
 
@@ -126,7 +133,7 @@ class ShardSettings(CommandSettings):
     inputs: list[str] = INPUTS()
     out_dir: str | None = option(
         "-o", "--out", type=click.Path(), section="Options",
-        help="Directory for the shards and manifest.json (created if missing).")
+        help="Directory for the shards, kp-shard.manifest and the card (created if missing).")
     fmt: str = option(
         "--format", type=click.Choice(list(FORMATS)), default=DEFAULT, show_default=True,
         section="Options", fills=ShardOptions,
@@ -278,7 +285,7 @@ def verify_word(o: VerifySettings) -> int:
     """Check shard sets, trusting nothing: each shard's size and SHA-256 against the
     manifest, every row's format (input_ids and loss_mask of equal length, ...), the counts
     of records and tokens, no id twice, no unlisted *.jsonl.zst in the directory. Each DIR
-    is a set or a parent of sets (every subdirectory holding a manifest.json). The report
+    is a set or a parent of sets (every subdirectory holding a manifest). The report
     goes to stdout: each problem as DIR/FILE[:LINE]: what is wrong, and DIR: OK (...) for a
     good set."""
     return _verify(_sets(o.dirs), o.quiet)
@@ -322,8 +329,52 @@ def card_word(o: CardSettings) -> int:
     return _card(_sets(o.dirs), CardInputs(**fields_for(o, CardInputs)), o.quiet)
 
 
+class ExportSettings(CommandSettings):
+    dirs: list[str] = DIRS()
+    trainer: str = option(
+        "--for", type=click.Choice(list(TRAINERS)), required=True, fills=ExportOptions,
+        help="The trainer: " + "; ".join(f"{t.name}: {t.help}" for t in TRAINERS.values()) + ".")
+    out_dir: str = option(
+        "-o", "--out", type=click.Path(file_okay=False), required=True, fills=ExportOptions,
+        help="Directory for the trainer's files (created if missing; those files replaced).")
+    target: str = option(
+        "--target", default=DEFAULT_TARGET, show_default=True, metavar="MODEL",
+        fills=ExportOptions,
+        help="The target model the configs name: a local directory (made absolute; its "
+             "config.json gives the vocabulary size) or a Hugging Face id.")
+    draft_vocab_size: int = option(
+        "--draft-vocab-size", type=click.IntRange(min=1), default=DEFAULT_DRAFT_VOCAB,
+        show_default=True, fills=ExportOptions,
+        help="The drafter's vocabulary, for the vocab mapping (d2t/t2d) the configs ask for.")
+    quiet: bool = QUIET()
+    debug: bool = DEBUG(hidden=True)
+
+
+@kp_command("kp-shard export", settings=ExportSettings, examples=(
+    "kp-shard export shards/B3 --for specforge --out train/B3 --target ./Kimi-K2.5\n"
+    "kp-shard export shards --for speculators --out train/all"))
+def export_word(o: ExportSettings) -> int:
+    """Write shard sets as the files one trainer reads, in --out DIR: train.jsonl (and
+    eval.jsonl when the sets have an eval split), one {"id", "input_ids", "loss_mask"} row
+    a line, as one plain file (neither trainer reads zstd or Parquet shards); and the
+    trainer's config: specforge.yaml (SpecForge 0.2.0's load_config accepts it) with
+    vocab_mapping.py, which makes its vocab mapping with SpecForge's own function; or
+    speculators.yaml (speculators 0.9.0 train --config). Sequence lengths are the longest
+    row's. Each shard is checked against the manifest as it is copied (a mismatch: exit 2,
+    --out left as it was). The next commands go to stderr and head each config."""
+    check_writable_dir(o.out_dir, "--out")
+    result = export_sets(_sets(o.dirs), ExportOptions(**fields_for(o, ExportOptions)))
+    splits = "; ".join(f"{split} {counted(n, 'row')}, {counted(result.tokens[split], 'token')}"
+                       for split, n in result.rows.items() if n)
+    say(f"kp-shard: exported {splits} (longest row {result.longest:,} tokens) to "
+        + ", ".join(result.files), o.quiet)
+    for step in result.next_steps:
+        say(f"  next: {step}", o.quiet)
+    return ExitCode.OK
+
+
 def _sets(given: list[str]) -> list[str]:
-    """Each DIR's shard sets: itself, or every subdirectory holding a manifest.json."""
+    """Each DIR's shard sets: itself, or every subdirectory holding a manifest."""
     return [d for directory in given for d in shard_sets(directory)]
 
 
@@ -395,5 +446,5 @@ def _verify(sets: list[str], quiet: bool) -> int:
     return ExitCode.OK
 
 
-cli = KPGroup(build, [verify_word, stats_word, card_word])
+cli = KPGroup(build, [verify_word, stats_word, card_word, export_word])
 main = run_command(cli)

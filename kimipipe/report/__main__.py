@@ -20,7 +20,7 @@ import click
 from ..cli import parse_quantity
 from ..errors import KPError
 from ..options import CommandSettings, option, parameters, settings_from
-from ..shard.writer import MANIFEST
+from ..shard.readback import has_manifest
 from . import Settings, write_report
 
 STAGE_FILES = ("responses.jsonl", "failures.jsonl", "rejects.jsonl", "tokens.jsonl.zst")
@@ -32,7 +32,7 @@ def build_files(work: str, shards: str, datasets: list[str]) -> list[str]:
     for d in datasets:
         found += [p for p in (os.path.join(work, f"{d}.{suffix}") for suffix in STAGE_FILES)
                   if os.path.isfile(p)]
-        if os.path.isfile(os.path.join(shards, d, MANIFEST)):
+        if has_manifest(os.path.join(shards, d)):
             found.append(os.path.join(shards, d))
     return found
 

@@ -20,7 +20,7 @@ what the plots need:
     a line with `kind` and `status`        a failure (--failures): its kind, its refused
                                            answers and their cost, its `time`
     a line with `line` and `reason`        a reject (kp-tokenize --rejects)
-    a directory, or a manifest.json        a shard set (kp-shard; a parent of several sets
+    a directory, or a kp-shard.manifest    a shard set (kp-shard; a parent of several sets
                                            is each of them): the rows' lengths
 
 A record's dataset is its `dataset` field; a reject's is that of the record with its id,
@@ -53,7 +53,7 @@ from ..recorded.lines import RecordLine, read_lines
 from ..recorded.providers_table import ProviderTable
 from ..records import Refusal, Usage
 from ..shard.readback import read_lengths, shard_sets
-from ..shard.writer import MANIFEST
+from ..shard.writer import LEGACY_MANIFEST, MANIFEST
 from ..tokenize.stats import SampledTable
 
 # The trainer `max_length`s the rows are measured against (tokens).
@@ -279,7 +279,7 @@ class _Reader:
 
     def read(self, path: str) -> None:
         self.facts.paths.append(path)
-        if path != "-" and (os.path.isdir(path) or os.path.basename(path) == MANIFEST):
+        if path != "-" and (os.path.isdir(path) or os.path.basename(path) in (MANIFEST, LEGACY_MANIFEST)):
             for directory in shard_sets(path if os.path.isdir(path) else os.path.dirname(path) or "."):
                 self._shards(directory)
             return

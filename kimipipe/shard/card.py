@@ -206,7 +206,7 @@ def render(manifest: ShardManifest, inputs: CardInputs | None = None,
     prov = manifest.provenance
     lines = ["---", yaml.safe_dump(metadata(manifest, license), sort_keys=False,
                                    allow_unicode=True, width=100).rstrip("\n"), "---",
-             f"{MARKER} written by kp-shard from manifest.json and the files named under "
+             f"{MARKER} written by kp-shard from kp-shard.manifest and the files named under "
              "'How it was made'; `kp-shard card DIR` rewrites it. Set `license` above: it is "
              "kept when the card is rewritten; other edits are not. -->", "", f"# {name}", ""]
     models = ", ".join(f"`{m}`" for m in (prov.models if prov else {})) or "a model"
@@ -227,7 +227,7 @@ def render(manifest: ShardManifest, inputs: CardInputs | None = None,
                   "answer's), `loss_mask` (int8: 0 per prompt token, 1 per answer token). "
                   f"Files: {'Parquet' if fmt.container == 'parquet' else 'zstd JSON lines'} "
                   f"(kp-shard `--format {manifest.format}`); `kp-shard verify` checks them "
-                  "against manifest.json (sizes, SHA-256, rows, tokens).", ""]
+                  "against kp-shard.manifest (sizes, SHA-256, rows, tokens).", ""]
     else:
         lines += [f"Rows: the token records as kp-tokenize wrote them (`--format "
                   f"{manifest.format}`).", ""]

@@ -30,6 +30,8 @@ import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import msgspec
+
 from ..errors import ExitCode, KPError
 
 ROW_GROUP_ROWS = 1_000
@@ -258,3 +260,12 @@ def row_lengths(path: str) -> Iterator[tuple[int, int]]:
         lengths = np.diff(off)
         ones = ones_before[off[1:]] - ones_before[off[:-1]]
         yield from zip((lengths - ones).tolist(), ones.tolist(), strict=True)
+
+
+def eagle_lines(path: str) -> Iterator[bytes]:
+    """The rows of the Parquet shard at PATH as eagle JSON lines ({"id", "input_ids",
+    "loss_mask"}, newline included), what a JSONL set holds; a row group at a time."""
+    encode = msgspec.json.Encoder().encode
+    for table in _batches(_open(path)):
+        for row in table.to_pylist():
+            yield encode(row) + b"\n"

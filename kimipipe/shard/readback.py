@@ -35,23 +35,29 @@ from ..io import zstd_reader
 from . import card as cards
 from .formats import DEFAULT, FORMATS, PARQUET, RowFormat, row_format, unknown_format
 from .rows import id_fingerprint
-from .writer import CARD, MANIFEST, SHARD_SUFFIXES
+from .writer import CARD, LEGACY_MANIFEST, MANIFEST, SHARD_SUFFIXES, manifest_path
 
 MAX_ROW_PROBLEMS = 10
 
 
 _manifest_decoder = msgspec.json.Decoder(ShardManifest)
+NO_MANIFEST = f"no {MANIFEST}: not a kp-shard directory, or its run did not finish"
+
+
+def has_manifest(directory: str) -> bool:
+    """Whether DIRECTORY holds a shard set's manifest (ours, or an older set's)."""
+    return any(os.path.isfile(os.path.join(directory, name))
+               for name in (MANIFEST, LEGACY_MANIFEST))
 
 
 def read_manifest(directory: str) -> ShardManifest:
     """DIRECTORY's manifest, decoded (`contracts.ShardManifest`)."""
-    path = os.path.join(directory, MANIFEST)
+    path = manifest_path(directory)
     try:
         with open(path, "rb") as f:
             return _manifest_decoder.decode(f.read())
     except FileNotFoundError:
-        raise InputError("no manifest.json: not a kp-shard directory, or its run did not finish",
-                         directory) from None
+        raise InputError(NO_MANIFEST, directory) from None
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
         raise InputError(f"unreadable manifest: {e}", path) from None
 
@@ -60,13 +66,12 @@ def load_manifest(directory: str) -> dict:
     """DIRECTORY's manifest as plain JSON, for `verify` alone: it checks a manifest that
     may have been damaged or edited, so it reads one field at a time and reports each
     that is wrong (a decode would stop at the first)."""
-    path = os.path.join(directory, MANIFEST)
+    path = manifest_path(directory)
     try:
         with open(path) as f:
             manifest = json.load(f)
     except FileNotFoundError:
-        raise InputError("no manifest.json: not a kp-shard directory, or its run did not finish",
-                         directory) from None
+        raise InputError(NO_MANIFEST, directory) from None
     except (OSError, ValueError) as e:
         raise InputError(f"unreadable manifest: {e}", path) from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
@@ -78,10 +83,10 @@ def shard_sets(directory: str) -> list[str]:
     """DIRECTORY if it holds a set; else its subdirectories that do (a parent of several
     sets, e.g. shards/ with shards/B3, shards/B4); else DIRECTORY (whose check then says
     what is missing)."""
-    if os.path.isfile(os.path.join(directory, MANIFEST)) or not os.path.isdir(directory):
+    if has_manifest(directory) or not os.path.isdir(directory):
         return [directory]
     subsets = sorted(os.path.join(directory, name) for name in os.listdir(directory)
-                     if os.path.isfile(os.path.join(directory, name, MANIFEST)))
+                     if has_manifest(os.path.join(directory, name)))
     return subsets or [directory]
 
 
@@ -168,9 +173,10 @@ def _check_row(fmt: RowFormat, line: bytes, decoder) -> tuple[str, int, int] | s
 def verify(directory: str) -> VerifyReport:
     report = VerifyReport()
     manifest = load_manifest(directory)
+    mname = os.path.basename(manifest_path(directory))  # (an older set's: manifest.json)
     fmt = FORMATS.get(manifest.get("format", DEFAULT))  # (.get: a damaged one may hold a list)
     if fmt is None:
-        report.problem(f"{MANIFEST}: {unknown_format(manifest.get('format'))}")
+        report.problem(f"{mname}: {unknown_format(manifest.get('format'))}")
         return report
     if fmt.container == PARQUET:
         from .parquet import require
@@ -182,7 +188,7 @@ def verify(directory: str) -> VerifyReport:
     for entry in manifest["shards"]:
         name = entry.get("file") if isinstance(entry, dict) else None
         if not isinstance(name, str) or os.path.basename(name) != name or not name:
-            report.problem(f"{MANIFEST}: bad shard entry {entry!r}")
+            report.problem(f"{mname}: bad shard entry {entry!r}")
             continue
         listed.add(name)
         report.shards += 1
@@ -237,10 +243,10 @@ def verify(directory: str) -> VerifyReport:
     if isinstance(totals, dict):
         for key, value in sums.items():
             if totals.get(key) != value:
-                report.problem(f"{MANIFEST}: totals.{key} is {totals.get(key)}, "
+                report.problem(f"{mname}: totals.{key} is {totals.get(key)}, "
                                f"the shards add up to {value}")
     else:
-        report.problem(f"{MANIFEST}: no totals")
+        report.problem(f"{mname}: no totals")
     for name in sorted(os.listdir(directory)):
         if name.endswith(SHARD_SUFFIXES) and name not in listed:
             suffix = next(x for x in SHARD_SUFFIXES if name.endswith(x))
@@ -289,7 +295,7 @@ class Lengths:
 def read_lengths(directory: str) -> tuple[ShardManifest, Lengths]:
     """The manifest and the prompt/output lengths of every row of the set in DIRECTORY."""
     manifest = read_manifest(directory)
-    fmt = row_format(manifest.format, os.path.join(directory, MANIFEST))
+    fmt = row_format(manifest.format, manifest_path(directory))
     if fmt.container == PARQUET:
         from .parquet import require
 

@@ -1,7 +1,7 @@
 """Shard files and the shard set: temporary names, rolling, checksums, and the swap.
 
 Every file is written under a hidden temporary name that never ends in `.jsonl.zst`,
-`.parquet`, `manifest.json` or `README.md` (`.<name>.tmp-<pid>`), fsynced, and renamed
+`.parquet`, `kp-shard.manifest` or `README.md` (`.<name>.tmp-<pid>`), fsynced, and renamed
 only when the whole set is complete. The swap from an old set to a new one
 (`ShardSet.commit`):
 
@@ -12,7 +12,8 @@ only when the whole set is complete. The swap from an old set to a new one
 3. the new shards are renamed to their names, then the dataset card to `README.md`
    (card.py: a Hugging Face loader reads its file lists, which name only files that now
    exist);
-4. the new manifest is renamed to `manifest.json`;
+4. the new manifest is renamed to `kp-shard.manifest` (and a set of older kimipipe loses
+   its `manifest.json` right after: until then both exist and readers take the new one);
 5. only then are the old set's shards that the new set does not reuse deleted. Their names
    are written to `DIR/.kp-shard-stale` before step 4, and the list is removed once they
    are gone: after a crash in between, the next run deletes those the current manifest
@@ -55,14 +56,19 @@ from ..errors import KPError
 from .formats import JSONL, PARQUET, SUFFIXES
 from .rows import Row
 
-MANIFEST = "manifest.json"
+# The manifest's name ends in neither .json nor .jsonl: speculators' `prepare-data --data
+# DIR` (and any trainer that globs a directory for JSON files) would read it as a row.
+MANIFEST = "kp-shard.manifest"
+# Sets of older kimipipe hold `manifest.json`: still read, verified and loaded; a rebuild
+# replaces it with MANIFEST.
+LEGACY_MANIFEST = "manifest.json"
 CARD = "README.md"  # the dataset card (card.py), where the Hugging Face Hub looks for it
 LOCK = ".kp-shard.lock"
 STALE = ".kp-shard-stale"  # the old set's shards a swap has yet to delete (JSON list)
 SHARD_SUFFIX = SUFFIXES[JSONL]
 SHARD_SUFFIXES = tuple(SUFFIXES.values())  # every container's (str.endswith takes a tuple)
 _SUFFIX_RE = "|".join(re.escape(x) for x in SHARD_SUFFIXES)
-_TEMP = re.compile(rf"^\..+(?:{_SUFFIX_RE})\.tmp-\d+$|^\.manifest\.json\.tmp-\d+$"
+_TEMP = re.compile(rf"^\..+(?:{_SUFFIX_RE})\.tmp-\d+$|^\.{re.escape(MANIFEST)}\.tmp-\d+$"
                    r"|^\.README\.md\.tmp-\d+$"
                    r"|^\.kp-shard-spill-\d+$")  # our temporary names, and only those
 _SYNC_EVERY = 16 << 20  # compressed bytes between background syncs of a shard
@@ -73,6 +79,14 @@ def _pause_at(step: str) -> None:
     """The crash tests' hook (see the module docstring): one environment lookup a step."""
     if os.environ.get("KP_TEST_PAUSE_AT") == step:
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def manifest_path(directory: str) -> str:
+    """The path of DIRECTORY's manifest: MANIFEST, or an older set's LEGACY_MANIFEST when
+    only that exists (MANIFEST's path when neither does)."""
+    path = os.path.join(directory, MANIFEST)
+    legacy = os.path.join(directory, LEGACY_MANIFEST)
+    return legacy if not os.path.exists(path) and os.path.exists(legacy) else path
 
 
 def temp_name(final: str) -> str:
@@ -360,9 +374,9 @@ class ShardSet:
             f.flush()
             os.fsync(f.fileno())
         _pause_at("manifest-written")
-        manifest_path = os.path.join(d, MANIFEST)
-        if any(os.path.exists(os.path.join(d, n)) for n in new_names) and os.path.exists(manifest_path):
-            os.unlink(manifest_path)
+        current = manifest_path(d)  # (an older set's manifest.json, or ours)
+        if any(os.path.exists(os.path.join(d, n)) for n in new_names) and os.path.exists(current):
+            os.unlink(current)
             if card_tmp is not None and os.path.exists(os.path.join(d, CARD)):
                 os.unlink(os.path.join(d, CARD))  # it names those files too
             fsync_dir(d)
@@ -382,7 +396,10 @@ class ShardSet:
                 os.fsync(f.fileno())
         fsync_dir(d)
         _pause_at("shards-renamed")
-        os.replace(manifest_tmp, manifest_path)
+        os.replace(manifest_tmp, os.path.join(d, MANIFEST))
+        legacy = os.path.join(d, LEGACY_MANIFEST)
+        if os.path.exists(legacy):  # an older set's, now replaced (a crash before: both,
+            os.unlink(legacy)       # and readers take MANIFEST)
         fsync_dir(d)
         _pause_at("manifest-swapped")
         mine = shard_pattern(self.prefix)
@@ -411,7 +428,7 @@ def write_synced(path: str, text: str) -> None:
 def read_manifest_files(directory: str) -> set[str]:
     """The shard file names the current manifest in DIRECTORY lists (none if unreadable)."""
     try:
-        with open(os.path.join(directory, MANIFEST), "rb") as f:
+        with open(manifest_path(directory), "rb") as f:
             listed = _files_decoder.decode(f.read())
         return {s.file for s in listed.shards}
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):

@@ -177,6 +177,11 @@ def load_tokenizer(directory: Path, *, trust_remote_code: bool = False,
     if chat_template is not None:
         tok.chat_template = chat_template
     if not getattr(tok, "chat_template", None):
+        # (Kimi K2.5's tokenizer_config.json has none: the model's template is a file of
+        # its own in the model's repository, which transformers reads from the directory)
         raise TokenizerLoadError(
-            f"the tokenizer in {directory} has no chat template; pass --chat-template FILE")
+            f"the tokenizer in {directory} has no chat template: the model's is its "
+            "repository's chat_template.jinja (Kimi K2.5: `hf download moonshotai/Kimi-K2.5 "
+            f"chat_template.jinja --local-dir {directory}`, docs/kp-tokenize.md); "
+            "download it there, or pass --chat-template FILE")
     return tok
