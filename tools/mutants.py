@@ -206,7 +206,7 @@ def run_pytest(tree: Path, env: dict, tests: list[str], jobs: int, timeout: floa
     cmd = [python(), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *tests]
     if stop_first:
         cmd.append("-x")
-    if jobs > 1:
+    if jobs > 1 and not (len(tests) == 1 and "::" in tests[0]):  # (one test: no workers to start)
         cmd += ["-n", str(jobs)]
     # (a session of its own: a run past TIMEOUT is ended with its workers and stand-ins)
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE,
