@@ -111,7 +111,8 @@ def test_preflight_calls_a_constant_offset_only_one_provider_shows_different(sta
 
 def test_a_shared_offset_needs_more_providers_than_those_at_0(tmp_path):
     """A constant shown by as many providers as count like kimipipe (2 and 2) is not
-    accepted: those answers are refused; a third provider at it makes it the shared one."""
+    accepted: those answers are refused; a third provider at it makes it the shared one.
+    A provider alone at a constant, none at 0, is not a majority of one."""
     from kimipipe.infer.identity import ACCEPT, OFF, IdentityJudge
     from kimipipe.openrouter.attempt import Attempt, AttemptKind
     from kimipipe.openrouter.routing import Policy
@@ -137,3 +138,6 @@ def test_a_shared_offset_needs_more_providers_than_those_at_0(tmp_path):
     assert answer("E", 18, 5) == ACCEPT  # 3 against 2: the hosts' shared constant
     assert judge.accepted_offsets("without a system message") == {0, 18}
     assert answer("C", 18, 6) == ACCEPT
+    # and one provider alone at a constant is never the shared one (at least two)
+    judge = IdentityJudge(counts, Policy(), endpoints=None, strikes=100)
+    assert answer("Z", 18, 7) == OFF and judge.accepted_offsets("without a system message") == {0}

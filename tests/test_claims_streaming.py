@@ -12,8 +12,17 @@ from __future__ import annotations
 
 import asyncio
 
-from test_http11 import (DONE, FINISH, KEY, SSE_HEAD, USAGE, ScriptedServer, check_answer,
-                         chunked, delta_event)
+from test_http11 import (
+    DONE,
+    FINISH,
+    KEY,
+    SSE_HEAD,
+    USAGE,
+    ScriptedServer,
+    check_answer,
+    chunked,
+    delta_event,
+)
 
 from kimipipe.openrouter.client import CompletionClient
 

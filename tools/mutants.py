@@ -217,6 +217,9 @@ def run_pytest(tree: Path, env: dict, tests: list[str], jobs: int, timeout: floa
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         return False, "timeout", output[-2000:]
+    except BaseException:  # (Ctrl-C, SIGTERM: the run ends with this one)
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     if proc.returncode == 0:
         return True, "", output[-2000:]
     failed = _FAILED.findall(output)
@@ -242,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, metavar="OUT", help="the outcomes as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the scratch copy (its path is said)")
     args = ap.parse_args(argv)
+    # a SIGTERM unwinds as an exit does: the mutated file restored, the scratch copy removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     lists = args.lists or sorted(LISTS.glob("*.toml"))
     mutants = read_lists(lists)

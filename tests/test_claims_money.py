@@ -1,0 +1,45 @@
+"""Money claims (docs/servers.md, docs/money.md) that a broken copy of the code once passed the
+suite with (issue 51's mutation sample): each test here fails when its claim is broken.
+
+Against two stand-ins, one a vLLM server (`mode="vllm"`, its `hold_after` gate holding the
+prompts it was given) and one OpenRouter (its ledger: what was billed), with kp-infer run as
+a user runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from conftest import BIN, read_jsonl
+from helpers import stderr_after, wait_for
+from test_servers import write_prompts
+
+
+def test_a_server_prompt_moves_to_openrouter_only_when_its_worst_case_fits_the_caps(
+        standin, tmp_path):
+    """The only server dies holding both prompts, and --max-cost is below one request's
+    worst case: neither moves to OpenRouter (nothing billed there, the cap kept); they are
+    sent to the server again until --max-attempts, and written as failures for a rerun."""
+    server = standin(mode="vllm")
+    openrouter = standin(ledger=True)
+    server.configure(hold_after=0)
+    prompts = write_prompts(tmp_path / "p.jsonl", 2)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    proc = subprocess.Popen(
+        [str(BIN / "kp-infer"), prompts, "-o", out, "--failures", failures,
+         "--server", server.base_url, "--server-concurrency", "2", "--openrouter",
+         "--concurrency", "2", "--backoff-base", "0.05", "--max-attempts", "3",
+         "--max-tokens", "256", "--max-cost", "0.000001"],
+        env={**os.environ, **openrouter.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def kill_the_server_holding_two():
+        wait_for(lambda: server.stats()["held"] >= 2, "two prompts held by the server", 60)
+        server.proc.kill()
+        server.proc.wait()
+
+    stderr = stderr_after(proc, kill_the_server_holding_two).decode()
+    assert openrouter.ledger() == [] and openrouter.stats()["requests"] == 0, stderr
+    assert not out.exists() or read_jsonl(out) == []
+    assert sorted(f["id"] for f in read_jsonl(failures)) == ["q0", "q1"], stderr
+    assert proc.returncode == 4, stderr
