@@ -127,7 +127,7 @@ PROMPTS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).prompts.jsonl)
 INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
 
 .DEFAULT_GOAL := help
-.PHONY: help all plan preflight pilot check test test-soak lint docs venv demo credits report clean clean-venv FORCE
+.PHONY: help all plan preflight pilot check test test-soak mutants lint docs venv demo credits report clean clean-venv FORCE
 .SECONDARY:
 
 help:
@@ -190,8 +190,15 @@ SOAK_LOAD ?= 1
 test-soak: venv
 	$(BIN)/python tests/soak.py --runs $(SOAK_RUNS) --load $(SOAK_LOAD) --jobs $(PYTEST_JOBS) -- $(PYTEST_ARGS)
 
+# Mutation sampling: each listed mutant applied alone on a scratch copy of the tree, the
+# tests that should catch it run; caught or survived (tools/mutants.py, tests/mutations/)
+MUTANTS ?= $(wildcard tests/mutations/*.toml)
+MUTANTS_ARGS ?=
+mutants: venv
+	$(BIN)/python tools/mutants.py $(MUTANTS) $(MUTANTS_ARGS)
+
 lint: venv
-	$(BIN)/ruff check kimipipe tests bench
+	$(BIN)/ruff check kimipipe tests bench tools
 
 # docs/cli.md: every command's --help (tests/test_readme.py fails when it is stale)
 docs: venv

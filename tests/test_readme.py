@@ -37,7 +37,8 @@ def options_of(text: str) -> set[str]:
 def helps() -> dict[str, dict[str, str]]:
     return {"kp": {name: help_text([str(BIN / f"kp-{name}")]) for name in KP_COMMANDS},
             "other": {"standin": help_text([sys.executable, "-m", "kimipipe.standin"]),
-                      "demo": help_text([sys.executable, "-m", "kimipipe.demo"])},
+                      "demo": help_text([sys.executable, "-m", "kimipipe.demo"]),
+                      "mutants": help_text([sys.executable, str(REPO / "tools" / "mutants.py")])},
             "bench": {script.name: help_text([sys.executable, str(script)])
                       for script in sorted((REPO / "bench").glob("bench_*.py"))}}
 
