@@ -64,8 +64,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-LISTS = REPO / "tests" / "mutations"
+REPO = Path(__file__).resolve().parent.parent  # the default --root
 _FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+?)(?: - .*)?$", re.M)
 
 
@@ -135,10 +134,14 @@ def check_anchors(mutants: list[Mutant], root: Path) -> list[str]:
     return problems
 
 
+def module_of(file: str) -> str:
+    return file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
 def tests_naming(file: str, root: Path) -> list[str]:
-    """The test files that name FILE: its dotted module or its path."""
-    module = file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-    rel = file.split("/", 1)[1] if file.startswith("kimipipe/") else file
+    """The test files that name FILE: its dotted module or its path (below the package)."""
+    module = module_of(file)
+    rel = file.split("/", 1)[1] if "/" in file else file
     needles = (module, rel)
     found = []
     for path in sorted((root / "tests").glob("test_*.py")):
@@ -148,28 +151,28 @@ def tests_naming(file: str, root: Path) -> list[str]:
     return found
 
 
-def changed_files(spec: str) -> set[str]:
-    out = subprocess.run(["git", "diff", "--name-only", spec], cwd=REPO, capture_output=True,
+def changed_files(spec: str, root: Path) -> set[str]:
+    out = subprocess.run(["git", "diff", "--name-only", spec], cwd=root, capture_output=True,
                          text=True, check=True).stdout
     return set(out.split())
 
 
-def make_scratch(base: Path) -> Path:
-    """The tree (git ls-files: tracked and untracked, not ignored) copied under BASE."""
-    tree = base / REPO.name
+def make_scratch(base: Path, root: Path) -> Path:
+    """ROOT's tree (git ls-files: tracked and untracked, not ignored) copied under BASE."""
+    tree = base / root.name
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+                           cwd=root, capture_output=True, check=True).stdout.split(b"\0")
     for name in filter(None, (f.decode() for f in files)):
-        src = REPO / name
+        src = root / name
         if not src.is_file() or src.is_symlink() and not src.exists():
             continue  # (deleted in the work tree, not yet in the index)
         dst = tree / name
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dst)
-    if (REPO / ".venv").exists():
-        (tree / ".venv").symlink_to(REPO / ".venv")
-    if (REPO.parent / "shared").exists():
-        (base / "shared").symlink_to(REPO.parent / "shared")
+    if (root / ".venv").exists():
+        (tree / ".venv").symlink_to(root / ".venv")
+    if (root.parent / "shared").exists():
+        (base / "shared").symlink_to(root.parent / "shared")
     return tree
 
 
@@ -184,13 +187,13 @@ def python() -> str:
     return str(venv) if venv.exists() else sys.executable
 
 
-def check_imported_from(tree: Path, env: dict) -> None:
-    """Stop unless a command's interpreter imports kimipipe from the scratch copy."""
-    code = "import kimipipe.commands.infer as m; print(m.__file__)"
+def check_imported_from(tree: Path, env: dict, module: str) -> None:
+    """Stop unless a fresh interpreter (as a command starts) imports MODULE from the copy."""
+    code = f"import {module} as m; print(m.__file__)"
     out = subprocess.run([python(), "-c", code], cwd="/", env=env, capture_output=True,
                          text=True).stdout.strip()
     if not out.startswith(str(tree) + os.sep):
-        raise SystemExit(f"mutants: kimipipe is imported from {out or '(nowhere)'}, not from the "
+        raise SystemExit(f"mutants: {module} is imported from {out or '(nowhere)'}, not from the "
                          f"scratch copy {tree}: the mutants would not be the code that runs")
 
 
@@ -244,11 +247,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="check the anchors and list, run nothing")
     ap.add_argument("--json", type=Path, metavar="OUT", help="the outcomes as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the scratch copy (its path is said)")
+    ap.add_argument("--root", type=Path, default=REPO,
+                    help="the repository the lists' paths are relative to (default: this one)")
     args = ap.parse_args(argv)
     # a SIGTERM unwinds as an exit does: the mutated file restored, the scratch copy removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    lists = args.lists or sorted(LISTS.glob("*.toml"))
+    root = args.root.resolve()
+    lists = args.lists or sorted((root / "tests" / "mutations").glob("*.toml"))
     mutants = read_lists(lists)
     if args.only:
         unknown = set(args.only) - {m.id for m in mutants}
@@ -257,16 +263,16 @@ def main(argv: list[str] | None = None) -> int:
         mutants = [m for m in mutants if m.id in args.only]
     wanted = set(args.files)
     if args.range:
-        wanted |= changed_files(args.range)
+        wanted |= changed_files(args.range, root)
     if args.files or args.range:
         mutants = [m for m in mutants if m.file in wanted]
-    problems = check_anchors(mutants, REPO)
+    problems = check_anchors(mutants, root)
     if problems:
         print("\n".join(problems), file=sys.stderr)
         print(f"mutants: {len(problems)} of the list do not apply to this tree: update the list",
               file=sys.stderr)
         return 2
-    plans = {m.id: stages(m, REPO) for m in mutants}
+    plans = {m.id: stages(m, root) for m in mutants}
     if args.list:
         for m in mutants:
             first, naming = plans[m.id]
@@ -280,9 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="kp-mutants-"))
     outcomes: list[Outcome] = []
     try:
-        tree = make_scratch(base)
+        tree = make_scratch(base, root)
         env = environment(tree)
-        check_imported_from(tree, env)
+        for package in sorted({m.file.split("/")[0] for m in mutants if "/" in m.file}):
+            if (tree / package / "__init__.py").exists():
+                check_imported_from(tree, env, package)
         print(f"mutants: {len(mutants)} from {', '.join(str(p) for p in lists)}; scratch copy "
               f"{tree}", file=sys.stderr, flush=True)
         baseline = Baseline(tree, env, args)

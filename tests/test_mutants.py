@@ -1,0 +1,88 @@
+"""tools/mutants.py, the mutation sampler (docs/development.md "Mutation sampling"), run as a
+developer runs it on a small repository made here: a package, its test, a mutation list.
+
+One mutant the test catches (named with the test that failed), one it cannot (an
+equivalent edit: survived, exit 1), the working tree left as it was and the scratch copy
+gone; a list whose anchor the code no longer holds stops the run before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+TOOL = REPO / "tools" / "mutants.py"
+CALC = '''def add(a, b):
+    return a + b
+
+
+def label():
+    return "sum"
+'''
+LIST = '''
+[[mutant]]
+id = "add-sign"
+file = "pkg/calc.py"
+anchor = "return a + b"
+replace = "return a - b"
+claim = "add adds"
+tests = ["tests/test_calc.py"]
+
+[[mutant]]
+id = "label-case"
+file = "pkg/calc.py"
+anchor = 'return "sum"'
+replace = 'return "SUM"'
+claim = "nothing reads the label"
+tests = ["tests/test_calc.py"]
+'''
+
+
+def small_repository(root):
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "calc.py").write_text(CALC)
+    (root / "tests" / "mutations").mkdir(parents=True)
+    (root / "tests" / "test_calc.py").write_text(
+        "from pkg.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+    (root / "tests" / "mutations" / "calc.toml").write_text(LIST)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    return root
+
+
+def mutants(root, *args):
+    return subprocess.run([sys.executable, str(TOOL), "--root", str(root), "--jobs", "1", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_caught_mutant_names_its_test_and_a_survivor_fails_the_run(tmp_path):
+    root = small_repository(tmp_path / "repo")
+    r = mutants(root, "--json", str(tmp_path / "out.json"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert any(x.startswith("CAUGHT   add-sign  pkg/calc.py:2  -> tests/test_calc.py::test_add")
+               for x in lines), r.stdout
+    assert any(x.startswith("SURVIVED label-case  pkg/calc.py:6  claim: nothing reads the label")
+               for x in lines), r.stdout
+    assert lines[-1] == "mutants: 1 of 2 caught, 1 survived"
+    outcomes = {o["id"]: o for o in json.loads((tmp_path / "out.json").read_text())}
+    assert outcomes["add-sign"]["by"] == "tests/test_calc.py::test_add"
+    assert outcomes["label-case"]["verdict"] == "survived"
+    assert (root / "pkg" / "calc.py").read_text() == CALC  # the working tree untouched
+    scratch = next(x for x in r.stderr.splitlines() if "scratch copy" in x).rsplit(" ", 1)[1]
+    assert scratch.endswith("/repo") and not Path(scratch).exists()  # (removed)
+    only = mutants(root, "--only", "add-sign")
+    assert only.returncode == 0 and only.stdout.splitlines()[-1] == "mutants: 1 of 1 caught"
+
+
+def test_a_list_the_code_no_longer_matches_stops_before_anything_runs(tmp_path):
+    root = small_repository(tmp_path / "repo")
+    (root / "pkg" / "calc.py").write_text(CALC.replace("a + b", "b + a"))
+    r = mutants(root, "--list")
+    assert r.returncode == 2
+    assert "add-sign: anchor found 0 times in pkg/calc.py (must be once)" in r.stderr
+    assert "update the list" in r.stderr
