@@ -80,9 +80,21 @@ def test_a_caught_mutant_names_its_test_and_a_survivor_fails_the_run(tmp_path):
 
 
 def test_a_list_the_code_no_longer_matches_stops_before_anything_runs(tmp_path):
+    """An anchor gone, or found twice (which one is meant?): exit 2, nothing run; a test
+    that fails on the unmutated copy stops the run too (it would catch every mutant)."""
     root = small_repository(tmp_path / "repo")
     (root / "pkg" / "calc.py").write_text(CALC.replace("a + b", "b + a"))
+    with open(root / "tests" / "mutations" / "calc.toml", "a") as f:
+        f.write('[[mutant]]\nid = "twice"\nfile = "pkg/calc.py"\nanchor = "return"\n'
+                'replace = "yield"\nclaim = "-"\n')
     r = mutants(root, "--list")
     assert r.returncode == 2
     assert "add-sign: anchor found 0 times in pkg/calc.py (must be once)" in r.stderr
-    assert "update the list" in r.stderr
+    assert "twice: anchor found 2 times in pkg/calc.py (must be once)" in r.stderr
+    assert "label-case" not in r.stderr and "3 of the list do not apply" not in r.stderr
+    assert "2 of the list do not apply to this tree: update the list" in r.stderr
+    broken = small_repository(tmp_path / "broken")
+    (broken / "tests" / "test_calc.py").write_text("def test_add():\n    assert False\n")
+    r = mutants(broken)
+    assert r.returncode == 2 and "CAUGHT" not in r.stdout
+    assert "tests/test_calc.py::test_add fails on the unmutated copy: fix it first" in r.stderr
