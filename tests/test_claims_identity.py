@@ -64,7 +64,8 @@ def test_chat_template_reaches_the_run_and_a_prompt_it_cannot_render_is_kept_unc
     """The only provider renders with a default system prompt the bundled template omits:
     given that template (--chat-template), kimipipe counts as the host does (offset 0,
     nothing refused, nothing quarantined); a prompt the given template cannot render is
-    answered and kept, its identity unchecked (no offset), not refused."""
+    answered and kept, its identity unchecked (no offset), not refused: a prompt counted
+    ahead in a batch, and a conversation's later turn, counted at its answer."""
     hosts = tmp_path / "hosts"
     hosts.mkdir()
     for f in TOKENIZER.iterdir():
@@ -74,19 +75,25 @@ def test_chat_template_reaches_the_run_and_a_prompt_it_cannot_render_is_kept_unc
     given.write_text(hosts_template(tmp_path, raising=True))
     server = standin(tokenizer=hosts)
     prompts = plain_prompts(tmp_path / "p.jsonl", 12)
-    rows = read_jsonl(prompts) + [{"id": "odd", "dataset": "B3", "messages": [
-        {"role": "user", "content": f"Say {UNRENDERABLE} back."}]}]
+    rows = read_jsonl(prompts) + [
+        {"id": "odd", "dataset": "B3", "messages": [
+            {"role": "user", "content": f"Say {UNRENDERABLE} back."}]},
+        # a conversation's later turn is counted at its answer, not ahead in a batch
+        {"id": "conv", "dataset": "B3", "messages": [{"role": "user", "content": "Hi there?"}],
+         "follow_ups": [f"Now say {UNRENDERABLE}."]}]
     write_jsonl(prompts, rows)
     out = tmp_path / "r.jsonl"
     r = infer(server, prompts, "-o", out, "--tokenizer", TOKENIZER, "--chat-template", given,
               "--only-provider", "together", "--concurrency", "4")
     assert r.code == 0, r.stderr
     records = {rec["id"]: rec for rec in read_jsonl(out)}
-    assert set(records) == {row["id"] for row in rows}
+    assert set(records) == {"odd", "conv#1", "conv#2", *(f"q{i:03d}" for i in range(12))}
     assert not any(rec["refused"] for rec in records.values())
     assert "quarantined provider" not in r.stderr
     assert {records[f"q{i:03d}"]["identity"]["offset"] for i in range(12)} == {0}
-    assert records["odd"]["identity"].get("offset") is None  # kept, unchecked
+    assert records["conv#1"]["identity"]["offset"] == 0
+    for kept_unchecked in ("odd", "conv#2"):
+        assert records[kept_unchecked]["identity"].get("offset") is None
 
 
 def test_preflight_calls_a_constant_offset_only_one_provider_shows_different(standin, tmp_path):

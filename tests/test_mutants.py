@@ -3,12 +3,15 @@ developer runs it on a small repository made here: a package, its test, a mutati
 
 One mutant the test catches (named with the test that failed), one it cannot (an
 equivalent edit: survived, exit 1), the working tree left as it was and the scratch copy
-gone; a list whose anchor the code no longer holds stops the run before anything runs.
+gone, a test that failed once on the unmutated copy left out as flaky; a list whose anchor
+the code no longer holds stops the run before anything runs, as a test failing twice on
+the unmutated copy does.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +33,7 @@ file = "pkg/calc.py"
 anchor = "return a + b"
 replace = "return a - b"
 claim = "add adds"
-tests = ["tests/test_calc.py"]
+tests = ["tests/test_calc.py", "tests/test_flaky.py"]
 
 [[mutant]]
 id = "label-case"
@@ -41,6 +44,18 @@ claim = "nothing reads the label"
 tests = ["tests/test_calc.py"]
 '''
 
+# fails the first time it runs (no mark yet), passes after
+FLAKY = '''import os
+import pathlib
+
+
+def test_flaky():
+    mark = pathlib.Path(os.environ["KP_TEST_FLAKY_MARK"])
+    if not mark.exists():
+        mark.write_text("failed once")
+        raise AssertionError("flaky")
+'''
+
 
 def small_repository(root):
     (root / "pkg").mkdir(parents=True)
@@ -49,14 +64,16 @@ def small_repository(root):
     (root / "tests" / "mutations").mkdir(parents=True)
     (root / "tests" / "test_calc.py").write_text(
         "from pkg.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+    (root / "tests" / "test_flaky.py").write_text(FLAKY)
     (root / "tests" / "mutations" / "calc.toml").write_text(LIST)
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     return root
 
 
 def mutants(root, *args):
+    env = {**os.environ, "KP_TEST_FLAKY_MARK": str(root.parent / f"{root.name}.flaky-mark")}
     return subprocess.run([sys.executable, str(TOOL), "--root", str(root), "--jobs", "1", *args],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_a_caught_mutant_names_its_test_and_a_survivor_fails_the_run(tmp_path):
@@ -69,6 +86,8 @@ def test_a_caught_mutant_names_its_test_and_a_survivor_fails_the_run(tmp_path):
     assert any(x.startswith("SURVIVED label-case  pkg/calc.py:6  claim: nothing reads the label")
                for x in lines), r.stdout
     assert lines[-1] == "mutants: 1 of 2 caught, 1 survived"
+    assert ("tests/test_flaky.py::test_flaky failed on the unmutated copy, then passed: flaky, "
+            "it judges no mutant") in r.stderr
     outcomes = {o["id"]: o for o in json.loads((tmp_path / "out.json").read_text())}
     assert outcomes["add-sign"]["by"] == "tests/test_calc.py::test_add"
     assert outcomes["label-case"]["verdict"] == "survived"

@@ -33,7 +33,8 @@ tests/test_*.py that names FILE (its dotted module, `kimipipe.infer.identity`, o
 not run yet; 3. with `--full`, the whole suite (what CI runs; on a busy two-core machine,
 leave it to an idle one). Before a test file judges its first mutant it runs once on the
 unmutated copy (the baseline; `--no-baseline` skips it): a test that fails there would
-count every mutant as caught, so the run stops instead.
+count every mutant as caught, so the run stops instead, unless it passes when run again
+alone (flaky: said, and left out of every later run, as it can judge no mutant).
 
 How the copy stays the one that runs: the scratch tree is `git ls-files` (tracked and
 untracked, not ignored) copied under a temporary directory, with `.venv` a link to the
@@ -204,9 +205,12 @@ def drop_bytecode(path: Path) -> None:
 
 
 def run_pytest(tree: Path, env: dict, tests: list[str], jobs: int, timeout: float,
-               stop_first: bool = True) -> tuple[bool, str, str]:
-    """(passed, the first failing test or "timeout", pytest's output tail)."""
-    cmd = [python(), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *tests]
+               stop_first: bool = True, deselect: frozenset[str] = frozenset()
+               ) -> tuple[bool, str, str]:
+    """(passed, the first failing test or "timeout", pytest's output tail); DESELECT: tests
+    not run (those found flaky)."""
+    cmd = [python(), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *tests,
+           *(f"--deselect={t}" for t in sorted(deselect))]
     if stop_first:
         cmd.append("-x")
     if jobs > 1 and not (len(tests) == 1 and "::" in tests[0]):  # (one test: no workers to start)
@@ -333,21 +337,32 @@ class BaselineFails(Exception):
 
 
 class Baseline:
-    """The test files that passed on the unmutated copy (each run once, when first needed)."""
+    """The test files that passed on the unmutated copy (each run once, when first needed),
+    and the tests found flaky there: failed, then passed alone. A flaky test cannot tell a
+    mutant from chance, so it judges none (`flaky`: deselected from every run after)."""
 
     def __init__(self, tree: Path, env: dict, args):
         self.tree, self.env, self.args = tree, env, args
         self.passed: set[str] = set()
+        self.flaky: set[str] = set()
 
     def check(self, tests: list[str]) -> None:
         if self.args.no_baseline:
             return
         todo = [t for t in tests if t not in self.passed]
-        if not todo:
-            return
-        ok, first, tail = run_pytest(self.tree, self.env, todo, self.args.jobs, self.args.timeout)
-        if not ok:
-            raise BaselineFails(first, tail)
+        while todo:
+            ok, first, tail = run_pytest(self.tree, self.env, todo, self.args.jobs,
+                                         self.args.timeout, deselect=frozenset(self.flaky))
+            if ok:
+                break
+            if "::" not in first or first in self.flaky:
+                raise BaselineFails(first, tail)
+            again, _, _ = run_pytest(self.tree, self.env, [first], 1, self.args.timeout)
+            if not again:
+                raise BaselineFails(first, tail)
+            self.flaky.add(first)
+            print(f"mutants: {first} failed on the unmutated copy, then passed: flaky, it "
+                  "judges no mutant", file=sys.stderr, flush=True)
         self.passed.update(todo)
 
 
@@ -366,7 +381,8 @@ def run_one(m: Mutant, plan: tuple[list[str], list[str]], tree: Path, env: dict,
             drop_bytecode(path)
             try:
                 out.ran += tests or ["(the whole suite)"]
-                ok, first, _ = run_pytest(tree, env, tests, args.jobs, args.timeout)
+                ok, first, _ = run_pytest(tree, env, tests, args.jobs, args.timeout,
+                                          deselect=frozenset(baseline.flaky))
             finally:
                 path.write_text(original, encoding="utf-8")
                 drop_bytecode(path)
