@@ -267,7 +267,8 @@ def test_the_default_bodies_require_parameters_and_distillation_and_conform(tmp_
     """kp-infer's default run for Kimi K2.5, as the stand-in received it: the preset's served
     sampling with provider.require_parameters, distillation enforced
     (enforce_distillable_text), and --max-price-* as the strings the SDK's MaxPrice wants
-    (a number would make the SDK drop the whole provider object: `conforms` says so)."""
+    (a number would make the SDK drop the whole provider object: `conforms` says so). And
+    `conforms` names a key the schema does not know in such a body."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(
         {"id": f"d{i}", "dataset": "B3", "messages": [{"role": "user", "content": f"Default {i}"}]})
@@ -284,6 +285,15 @@ def test_the_default_bodies_require_parameters_and_distillation_and_conform(tmp_
         assert parsed.provider.require_parameters is True
         assert parsed.provider.enforce_distillable_text is True
         assert parsed.provider.max_price.prompt == "1.5"
+    # the check itself: a key the schema lacks, in a body kp-infer sent (--extra-body), is named
+    with StandIn(workdir=tmp_path / "standin-extra", request_log=True) as server:
+        r = kp("infer", prompts, "-o", tmp_path / "x.jsonl", "--base-url", server.base_url,
+               "--extra-body", '{"provider": {"prefer": ["together"]}}',
+               env={"OPENROUTER_API_KEY": server.api_key})
+        bodies = server.requests()
+    assert bodies, r.stderr
+    with pytest.raises(AssertionError, match=r"\$\.provider\.prefer"):
+        conforms(orc.ChatRequest, bodies[0], REQUEST_DIALECT)
 
 
 def test_every_402_of_the_credit_limits_conforms(limits_server):
