@@ -44,16 +44,16 @@ claim = "nothing reads the label"
 tests = ["tests/test_calc.py"]
 '''
 
-# fails the first time it runs (no mark yet), passes after
+# fails every other time it runs (the first time too)
 FLAKY = '''import os
 import pathlib
 
 
 def test_flaky():
     mark = pathlib.Path(os.environ["KP_TEST_FLAKY_MARK"])
-    if not mark.exists():
-        mark.write_text("failed once")
-        raise AssertionError("flaky")
+    runs = int(mark.read_text()) + 1 if mark.exists() else 1
+    mark.write_text(str(runs))
+    assert runs % 2 == 0, "flaky"
 '''
 
 
