@@ -116,27 +116,53 @@ def test_preflight_calls_a_constant_offset_only_one_provider_shows_different(sta
     assert r.code == 4, r.stderr
 
 
-def test_a_shared_offset_needs_more_providers_than_those_at_0(tmp_path):
-    """A constant shown by as many providers as count like kimipipe (2 and 2) is not
-    accepted: those answers are refused; a third provider at it makes it the shared one.
-    A provider alone at a constant, none at 0, is not a majority of one."""
-    from kimipipe.infer.identity import ACCEPT, OFF, IdentityJudge
+def judge_and_answer(strikes: int = 100):
+    """An IdentityJudge counting with the bundled tokenizer, and ANSWER(provider, offset, k):
+    the check of that provider's answer to prompt k, counted OFFSET from kimipipe's count."""
+    from kimipipe.infer.identity import IdentityJudge
     from kimipipe.openrouter.attempt import Attempt, AttemptKind
     from kimipipe.openrouter.routing import Policy
     from kimipipe.records import Message
     from kimipipe.tokenize.counting import TargetCounts
     from kimipipe.tokenize.engine import Settings
 
-    counts = TargetCounts(Settings(tokenizer_dir=str(TOKENIZER)))
-    judge = IdentityJudge(counts, Policy(), endpoints=None, strikes=100)
+    judge = IdentityJudge(TargetCounts(Settings(tokenizer_dir=str(TOKENIZER))), Policy(),
+                          endpoints=None, strikes=strikes)
 
-    def answer(provider: str, offset: int, k: int) -> str:
+    def answer(provider: str, offset: int, k: int):
         messages = [Message(role="user", content=f"Question {k}: why?")]
         count = judge.count(messages)
         attempt = Attempt(AttemptKind.OK, content="Because.", reasoning="Think.",
                           finish_reason="stop", provider=provider, prompt_tokens=count + offset,
                           completion_tokens=4)
-        return judge.check(f"p{k}", messages, count, attempt).verdict
+        return judge.check(f"p{k}", messages, count, attempt)
+
+    return judge, answer
+
+
+def test_a_provider_that_switches_is_refused_as_serving_another_model_now():
+    """Answers at 0, then one at +18 (honest, then redirected): refused from that answer,
+    and said as what it is, not as a tokenizer whose offsets vary."""
+    from kimipipe.infer.identity import ACCEPT, OFF
+
+    _judge, answer = judge_and_answer()
+    assert answer("A", 0, 1).verdict == ACCEPT and answer("B", 0, 2).verdict == ACCEPT
+    assert answer("A", 0, 3).verdict == ACCEPT
+    switched = answer("A", 18, 4)
+    assert switched.verdict == OFF
+    assert "where its earlier answers were at +0: it serves another model now" in switched.why
+
+
+def test_a_shared_offset_needs_more_providers_than_those_at_0(tmp_path):
+    """A constant shown by as many providers as count like kimipipe (2 and 2) is not
+    accepted: those answers are refused; a third provider at it makes it the shared one.
+    A provider alone at a constant, none at 0, is not a majority of one."""
+    from kimipipe.infer.identity import ACCEPT, OFF
+
+    judge, check = judge_and_answer()
+
+    def answer(provider: str, offset: int, k: int) -> str:
+        return check(provider, offset, k).verdict
 
     assert answer("A", 0, 1) == ACCEPT and answer("B", 0, 2) == ACCEPT
     assert answer("C", 18, 3) == OFF
@@ -146,5 +172,5 @@ def test_a_shared_offset_needs_more_providers_than_those_at_0(tmp_path):
     assert judge.accepted_offsets("without a system message") == {0, 18}
     assert answer("C", 18, 6) == ACCEPT
     # and one provider alone at a constant is never the shared one (at least two)
-    judge = IdentityJudge(counts, Policy(), endpoints=None, strikes=100)
+    judge, check = judge_and_answer()
     assert answer("Z", 18, 7) == OFF and judge.accepted_offsets("without a system message") == {0}
