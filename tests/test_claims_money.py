@@ -8,10 +8,11 @@ a user runs it.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
-from conftest import BIN, read_jsonl
+from conftest import BIN, kp, read_jsonl
 from helpers import stderr_after, wait_for
 from test_servers import write_prompts
 
@@ -43,3 +44,42 @@ def test_a_server_prompt_moves_to_openrouter_only_when_its_worst_case_fits_the_c
     assert not out.exists() or read_jsonl(out) == []
     assert sorted(f["id"] for f in read_jsonl(failures)) == ["q0", "q1"], stderr
     assert proc.returncode == 4, stderr
+
+
+def test_a_server_prompt_that_moves_reserves_its_worst_case(standin, tmp_path):
+    """--max-cost holds one request's worst case and a half: of the two prompts a dead server
+    held, the first to move reserves its worst case, so the second finds no room while the
+    first is in flight (OpenRouter holds it here) and stays with the servers, failing at
+    --max-attempts; the first is then answered. One billed, one failure line."""
+    server = standin(mode="vllm")
+    openrouter = standin(ledger=True)
+    prompts = write_prompts(tmp_path / "p.jsonl", 2)
+    plan = kp("infer", prompts, "--plan", "--json", "--max-tokens", "256",
+              "--base-url", openrouter.base_url, env=openrouter.env)
+    assert plan.code == 0, plan.stderr
+    worst = json.loads(plan.stdout)["cost"]["worst_case_request"]
+    server.configure(hold_after=0)
+    openrouter.configure(hold_after=0)
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    proc = subprocess.Popen(
+        [str(BIN / "kp-infer"), prompts, "-o", out, "--failures", failures,
+         "--server", server.base_url, "--server-concurrency", "2", "--openrouter",
+         "--concurrency", "2", "--backoff-base", "0.05", "--max-attempts", "3",
+         "--max-tokens", "256", "--max-cost", f"{1.5 * worst:.10f}"],
+        env={**os.environ, **openrouter.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def kill_the_server_then_release_the_moved_one():
+        wait_for(lambda: server.stats()["held"] >= 2, "two prompts held by the server", 60)
+        server.proc.kill()
+        server.proc.wait()
+        wait_for(lambda: failures.exists() and len(read_jsonl(failures)) == 1,
+                 "the prompt with no room to fail at --max-attempts", 60)
+        assert openrouter.stats()["held"] == 1
+        openrouter.configure(hold_after=None)
+
+    stderr = stderr_after(proc, kill_the_server_then_release_the_moved_one).decode()
+    assert proc.returncode == 4, stderr
+    [answered], [failed] = read_jsonl(out), read_jsonl(failures)
+    assert {answered["id"], failed["id"]} == {"q0", "q1"}
+    assert len(openrouter.ledger()) == 1
+    assert sum(line["cost"] for line in openrouter.ledger()) <= 1.5 * worst
