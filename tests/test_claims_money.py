@@ -83,3 +83,30 @@ def test_a_server_prompt_that_moves_reserves_its_worst_case(standin, tmp_path):
     assert {answered["id"], failed["id"]} == {"q0", "q1"}
     assert len(openrouter.ledger()) == 1
     assert sum(line["cost"] for line in openrouter.ledger()) <= 1.5 * worst
+
+
+def test_a_server_prompt_stays_with_the_servers_while_one_is_up(standin, tmp_path):
+    """Two servers, OpenRouter beside them with ample money: the server holding a prompt dies,
+    the other is up, so the prompt is sent to that one, not moved to OpenRouter (billed)."""
+    dying, alive = standin(mode="vllm"), standin(mode="vllm")
+    openrouter = standin(ledger=True)
+    dying.configure(hold_after=0)
+    prompts = write_prompts(tmp_path / "p.jsonl", 2)
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen(
+        [str(BIN / "kp-infer"), prompts, "-o", out, "--server", dying.base_url,
+         "--server", alive.base_url, "--server-concurrency", "1", "--openrouter",
+         "--concurrency", "2", "--backoff-base", "0.05", "--max-cost", "5"],
+        env={**os.environ, **openrouter.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def kill_the_server_holding_one():
+        wait_for(lambda: dying.stats()["held"] >= 1, "a prompt held by the dying server", 60)
+        dying.proc.kill()
+        dying.proc.wait()
+
+    stderr = stderr_after(proc, kill_the_server_holding_one).decode()
+    assert proc.returncode == 0, stderr
+    records = read_jsonl(out)
+    assert sorted(rec["id"] for rec in records) == ["q0", "q1"]
+    assert {rec["provider"] for rec in records} == {f"127.0.0.1:{alive.port}"}
+    assert openrouter.ledger() == [] and openrouter.stats()["requests"] == 0
