@@ -1,7 +1,7 @@
 """Streaming claims (openrouter/http11.py, "the answer is decided as the bytes arrive") that a
 broken copy of the code once passed the suite with (issue 51's mutation sample): each read's
 `data:` payloads reach the answer in that read, so an answer is decided at `[DONE]` while the
-body stays open, and data arriving resets the stall clock.
+body stays open, and data arriving resets the stall clock (heartbeats do not).
 
 Real sockets: test_http11.py's scripted server on 127.0.0.1, and one here that paces its
 events. The pacing is far inside the stall limit (an event every 0.05 s against 0.4 s), and
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from test_http11 import (
+    COMMENT,
     DONE,
     FINISH,
     KEY,
@@ -84,3 +85,18 @@ def test_data_arriving_resets_the_stall_clock():
     attempt = asyncio.run(go())
     assert attempt.kind == "ok", attempt
     assert attempt.content == "".join(f"w{i} " for i in range(24))
+
+
+def test_heartbeats_alone_do_not_reset_the_stall_clock():
+    """A stream that sends nothing but heartbeats (`: OPENROUTER PROCESSING`), every 0.05 s
+    for far longer than the 0.4 s stall limit, stalls out: only data resets the clock."""
+    pieces = [SSE_HEAD] + [chunked([COMMENT])[:-len(_BODY_END)]] * 400
+
+    async def go():
+        async with PacedServer(pieces, pause=0.05) as server:
+            async with CompletionClient(server.base_url, KEY, idle_timeout=0.4) as client:
+                # (the deadline only guards against a hang: the stall comes at 0.4 s)
+                return await asyncio.wait_for(client.attempt(b'{"stream": true}', True), 10)
+
+    attempt = asyncio.run(go())
+    assert (attempt.kind, attempt.cause) == ("retry", "timeout")

@@ -230,7 +230,10 @@ def run_pytest(tree: Path, env: dict, tests: list[str], jobs: int, timeout: floa
     if proc.returncode == 0:
         return True, "", output[-2000:]
     failed = _FAILED.findall(output)
-    return False, failed[0] if failed else f"pytest exit {proc.returncode}", output[-4000:]
+    if failed:
+        return False, failed[0], output[-4000:]
+    last = next((x for x in reversed(output.splitlines()) if x.strip(" =!")), "")
+    return False, f"pytest exit {proc.returncode}: {last.strip(' =!')[:200]}", output[-4000:]
 
 
 def main(argv: list[str] | None = None) -> int:
