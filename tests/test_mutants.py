@@ -41,7 +41,7 @@ file = "pkg/calc.py"
 anchor = 'return "sum"'
 replace = 'return "SUM"'
 claim = "nothing reads the label"
-tests = ["tests/test_calc.py"]
+tests = ["tests/test_calc.py", "tests/test_flaky.py"]
 '''
 
 # fails every other time it runs (the first time too)

@@ -204,13 +204,35 @@ def drop_bytecode(path: Path) -> None:
         pyc.unlink(missing_ok=True)
 
 
+def junit_failures(path: Path) -> list[str]:
+    """The failed tests a pytest --junitxml report names, as node IDs."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        cases = ET.parse(path).getroot().iter("testcase")
+    except (ET.ParseError, OSError):
+        return []
+    found = []
+    for case in cases:
+        if case.find("failure") is None and case.find("error") is None:
+            continue
+        parts = case.get("classname", "").split(".")
+        # tests.test_x.TestY -> tests/test_x.py::TestY
+        at = next((k for k, p in enumerate(parts) if p.startswith("test_")), len(parts) - 1)
+        node = "/".join(parts[:at + 1]) + ".py::" + "::".join([*parts[at + 1:], case.get("name", "")])
+        found.append(node)
+    return found
+
+
 def run_pytest(tree: Path, env: dict, tests: list[str], jobs: int, timeout: float,
                stop_first: bool = True, deselect: frozenset[str] = frozenset()
                ) -> tuple[bool, str, str]:
     """(passed, the first failing test or "timeout", pytest's output tail); DESELECT: tests
     not run (those found flaky)."""
+    # (the junit report names the failed test where xdist's -x cuts the summary short)
+    junit = Path(tempfile.mkstemp(prefix="kp-mutants-", suffix=".xml")[1])
     cmd = [python(), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *tests,
-           *(f"--deselect={t}" for t in sorted(deselect))]
+           *(f"--deselect={t}" for t in sorted(deselect)), f"--junitxml={junit}"]
     if stop_first:
         cmd.append("-x")
     if jobs > 1 and not (len(tests) == 1 and "::" in tests[0]):  # (one test: no workers to start)
@@ -227,9 +249,12 @@ def run_pytest(tree: Path, env: dict, tests: list[str], jobs: int, timeout: floa
     except BaseException:  # (Ctrl-C, SIGTERM: the run ends with this one)
         os.killpg(proc.pid, signal.SIGKILL)
         raise
+    finally:
+        failed_in_junit = junit_failures(junit)
+        junit.unlink(missing_ok=True)
     if proc.returncode == 0:
         return True, "", output[-2000:]
-    failed = _FAILED.findall(output)
+    failed = _FAILED.findall(output) or failed_in_junit
     if failed:
         return False, failed[0], output[-4000:]
     last = next((x for x in reversed(output.splitlines()) if x.strip(" =!")), "")
