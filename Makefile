@@ -127,7 +127,7 @@ PROMPTS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).prompts.jsonl)
 INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
 
 .DEFAULT_GOAL := help
-.PHONY: help all plan preflight pilot check test test-soak test-trainers lint docs venv demo credits report clean clean-venv FORCE
+.PHONY: help all plan preflight pilot check test test-soak test-trainers mutants lint docs venv demo credits report clean clean-venv FORCE
 .SECONDARY:
 
 help:
@@ -197,8 +197,15 @@ test-soak: venv
 test-trainers: venv
 	$(BIN)/python tests/trainers/run.py
 
+# Mutation sampling: each listed mutant applied alone on a scratch copy of the tree, the
+# tests that should catch it run; caught or survived (tools/mutants.py, tests/mutations/)
+MUTANTS ?= $(wildcard tests/mutations/*.toml)
+MUTANTS_ARGS ?=
+mutants: venv
+	$(BIN)/python tools/mutants.py $(MUTANTS) $(MUTANTS_ARGS)
+
 lint: venv
-	$(BIN)/ruff check kimipipe tests bench
+	$(BIN)/ruff check kimipipe tests bench tools
 
 # docs/cli.md: every command's --help (tests/test_readme.py fails when it is stale)
 docs: venv

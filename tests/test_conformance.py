@@ -19,7 +19,7 @@ import openrouter.operations as orop
 import pytest
 from conftest import kp
 from helpers import MODEL
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from kimipipe.standin.testing import StandIn
 
@@ -86,23 +86,6 @@ def kimipipe_request(text: str, **extra) -> dict:
                      "max_price": {"prompt": "1", "completion": "4"}},
         **extra,
     }
-
-
-def test_numeric_max_price_makes_the_sdk_drop_the_whole_provider_object():
-    """A pitfall worth a test: the SDK's MaxPrice wants strings; numbers fail validation and
-    the optional `provider` silently becomes unset. The stand-in accepts both forms."""
-    request = kimipipe_request("numbers", provider={"ignore": ["fireworks"],
-                                                    "max_price": {"prompt": 1}})
-    with pytest.raises(AssertionError, match=r"\$\.provider \(dropped"):
-        conforms(orc.ChatRequest, request, REQUEST_DIALECT)
-
-
-def test_unknown_keys_are_caught():
-    with pytest.raises(AssertionError, match=r"\$\.provider\.prefer"):
-        conforms(orc.ChatRequest, kimipipe_request("x", provider={"prefer": ["together"]}),
-                 REQUEST_DIALECT)
-    with pytest.raises(ValidationError):
-        orc.ChatRequest.model_validate({"model": MODEL, "messages": "not a list"})
 
 
 @pytest.mark.parametrize("extra", [{}, {"max_tokens": 10}, {"max_tokens": 150},
@@ -280,13 +263,37 @@ def limits_request(text: str, max_tokens: int, **provider) -> dict:
                                       **provider})
 
 
-def test_the_request_with_require_parameters_and_distillation_conforms():
-    request = kimipipe_request("strict", top_p=0.95,
-                               provider={"ignore": ["fireworks"], "require_parameters": True,
-                                         "enforce_distillable_text": True})
-    parsed = conforms(orc.ChatRequest, request, REQUEST_DIALECT)
-    assert parsed.provider.require_parameters is True
-    assert parsed.provider.enforce_distillable_text is True
+def test_the_default_bodies_require_parameters_and_distillation_and_conform(tmp_path):
+    """kp-infer's default run for Kimi K2.5, as the stand-in received it: the preset's served
+    sampling with provider.require_parameters, distillation enforced
+    (enforce_distillable_text), and --max-price-* as the strings the SDK's MaxPrice wants
+    (a number would make the SDK drop the whole provider object: `conforms` says so). And
+    `conforms` names a key the schema does not know in such a body."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(
+        {"id": f"d{i}", "dataset": "B3", "messages": [{"role": "user", "content": f"Default {i}"}]})
+        + "\n" for i in range(2)))
+    with StandIn(workdir=tmp_path / "standin", request_log=True) as server:
+        r = kp("infer", prompts, "-o", tmp_path / "r.jsonl", "--base-url", server.base_url,
+               "--max-price-prompt", "1.5", env={"OPENROUTER_API_KEY": server.api_key})
+        bodies = server.requests()
+    assert r.code == 0, r.stderr
+    assert len(bodies) == 2
+    for body in bodies:
+        parsed = conforms(orc.ChatRequest, body, REQUEST_DIALECT)
+        assert parsed.temperature is not None and parsed.top_p is not None  # the preset's
+        assert parsed.provider.require_parameters is True
+        assert parsed.provider.enforce_distillable_text is True
+        assert parsed.provider.max_price.prompt == "1.5"
+    # the check itself: a key the schema lacks, in a body kp-infer sent (--extra-body), is named
+    with StandIn(workdir=tmp_path / "standin-extra", request_log=True) as server:
+        r = kp("infer", prompts, "-o", tmp_path / "x.jsonl", "--base-url", server.base_url,
+               "--extra-body", '{"provider": {"prefer": ["together"]}}',
+               env={"OPENROUTER_API_KEY": server.api_key})
+        bodies = server.requests()
+    assert bodies, r.stderr
+    with pytest.raises(AssertionError, match=r"\$\.provider\.prefer"):
+        conforms(orc.ChatRequest, bodies[0], REQUEST_DIALECT)
 
 
 def test_every_402_of_the_credit_limits_conforms(limits_server):

@@ -44,7 +44,8 @@ def helps() -> dict[str, dict[str, str]]:
             "words": {f"{name} {word}": help_text([str(BIN / f"kp-{name}"), word])
                       for name, words in WORDS.items() for word in words},
             "other": {"standin": help_text([sys.executable, "-m", "kimipipe.standin"]),
-                      "demo": help_text([sys.executable, "-m", "kimipipe.demo"])},
+                      "demo": help_text([sys.executable, "-m", "kimipipe.demo"]),
+                      "mutants": help_text([sys.executable, str(REPO / "tools" / "mutants.py")])},
             "bench": {script.name: help_text([sys.executable, str(script)])
                       for script in sorted((REPO / "bench").glob("bench_*.py"))}}
 

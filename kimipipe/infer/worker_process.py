@@ -5,9 +5,12 @@ starts `python -m kimipipe.infer.worker_process ARGS`, ARGS one JSON object (`Wo
 only kimipipe writes and reads it, so it is a record, not a command line to parse), with the
 API key in OPENROUTER_API_KEY and kp-infer's `--proxy` URL, if any, in KP_INFER_PROXY (both
 may be secret: never on the command line). Without it the client reads the proxy variables
-(HTTPS_PROXY, NO_PROXY, ...) it inherited. Runs until its stdin closes, then finishes the
-attempts it holds and exits. Ignores SIGINT: the parent decides when work stops. With
-many requests in flight its event loop reads in paced turns (`pace_reads`).
+(HTTPS_PROXY, NO_PROXY, ...) it inherited. Runs until its stdin closes, then cancels the
+attempts it still holds and exits: the parent closes the pipe only when nothing is in
+flight, or by dying, and then nobody would record those answers (a cancelled stream stops
+being generated; tests/test_claims_worker.py). Ignores SIGINT: the parent decides when
+work stops. With many requests in flight its event loop reads in paced turns
+(`pace_reads`).
 """
 
 from __future__ import annotations
