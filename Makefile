@@ -307,8 +307,12 @@ $(WORK)/%.responses.done: $(WORK)/%.prompts.jsonl $(WORK)/%.infer-flags | venv $
 
 # Stage 3: tokens (kp-tokenize resumes from a partial file; the stamp marks it finished).
 # Exit 4: finished, some records failed verification (WORK/<D>.rejects.jsonl); kept out.
+# Only the answers to the current prompts are tokenized (--prompts): a changed source's
+# old answers stay in the responses file (paid for, counted in TOTAL_COST, reused if the
+# source comes back) and its old rows leave the tokens file (--prune), then the shards.
 $(WORK)/%.tokens.done: $(WORK)/%.responses.done $(WORK)/%.tokenize-flags | venv
-	@set +e; $(BIN)/kp-tokenize $(WORK)/$*.responses.jsonl --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS) \
+	@set +e; $(BIN)/kp-tokenize $(WORK)/$*.responses.jsonl --prompts $(WORK)/$*.prompts.jsonl --prune \
+	  --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS) \
 	  -o $(WORK)/$*.tokens.jsonl.zst --rejects $(WORK)/$*.rejects.jsonl; code=$$?; \
 	if [ $$code -eq 0 ] || [ $$code -eq 4 ]; then touch $@; else exit $$code; fi
 
@@ -321,7 +325,7 @@ card_args = $(foreach f,$(wildcard $(WORK)/$(1).infer-summary.json),--summary $(
   $(foreach f,$(wildcard $(WORK)/$(1).plan.json),--plan $(f)) --source $(call shquote,$(call source,$(1))) \
   --command $(call shquote,kp-prompts $(call source,$(1)) --dataset $(1) --turns $(TURNS) $(PROMPT_FLAGS)) \
   --command $(call shquote,kp-infer $(WORK)/$(1).prompts.jsonl $(strip $(call content_args,$(1)) $(server_args)) --base-url $(BASE_URL)) \
-  --command $(call shquote,kp-tokenize $(WORK)/$(1).responses.jsonl --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS))
+  --command $(call shquote,kp-tokenize $(WORK)/$(1).responses.jsonl --prompts $(WORK)/$(1).prompts.jsonl --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS))
 $(SHARDS)/%/manifest.json: $(WORK)/%.tokens.done $(WORK)/%.shard-flags | venv $(SHARDS)
 	$(BIN)/kp-shard $(WORK)/$*.tokens.jsonl.zst --out $(SHARDS)/$* --name $* $(call card_args,$*) $(SHARD_FLAGS)
 	$(BIN)/kp-shard verify $(SHARDS)/$*
