@@ -539,6 +539,22 @@ def test_quiet_means_nothing_on_stderr_even_for_a_stop(standin, tmp_path, stop, 
     assert 0 < len(ids_of(out)) < 30
 
 
+def test_answers_to_prompts_the_input_no_longer_holds_are_kept_and_said(standin, tmp_path):
+    """A source changed under one output: kp-infer answers the new prompts into it, keeps the
+    old answers (paid for) and says how many there are and how kp-tokenize leaves them out."""
+    server = standin()
+    out = tmp_path / "r.jsonl"
+    assert infer(server, make_prompts(tmp_path / "old.jsonl", 4), "-o", out, "-q").code == 0
+    new = make_prompts(tmp_path / "new.jsonl", 4, start=2)  # p00002..p00005
+    r = infer(server, new, "-o", out)
+    assert r.code == 0, r.stderr
+    said = " ".join(r.stderr.split())
+    assert (f"kp-infer: {out} holds 2 answer(s) to prompts {new} does not hold (first: 'p00000'; "
+            "an earlier source's?): kept there and counted in the spend, not sent again; "
+            f"`kp-tokenize --prompts {new}` leaves them out of the training data") in said
+    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(6)]
+
+
 def test_zstd_output_is_resumed_too(standin, tmp_path):
     server = standin()
     prompts = make_prompts(tmp_path / "p.jsonl", 30)
