@@ -555,6 +555,28 @@ def test_answers_to_prompts_the_input_no_longer_holds_are_kept_and_said(standin,
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(6)]
 
 
+@pytest.mark.parametrize("output", ["r.jsonl", "r.jsonl.zst"])
+def test_quiet_never_hides_a_fatal_stop_and_a_failed_start_leaves_no_empty_output(standin, tmp_path,
+                                                                                  output):
+    """A wrong key under --quiet: exit 2 with the stop's one line (the only line), and no
+    output or failures file left empty behind it; an output that held answers stays."""
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 3)
+    out, failures = tmp_path / output, tmp_path / "f.jsonl"
+    r = kp("infer", prompts, "-o", out, "--failures", failures, "--base-url", server.base_url,
+           "--quiet", env={"OPENROUTER_API_KEY": server.api_key + "-wrong"})
+    assert r.code == 2
+    assert r.stderr.splitlines() == ["kp-infer: stopped: OpenRouter rejected the API key (401); "
+                                     "check OPENROUTER_API_KEY"]
+    assert not out.exists() and not failures.exists()
+    assert infer(server, prompts, "-o", out, "--failures", failures, "--quiet").code == 0
+    kept = read_jsonl(out)
+    assert len(kept) == 3
+    r = kp("infer", make_prompts(tmp_path / "more.jsonl", 5), "-o", out, "--base-url",
+           server.base_url, "--quiet", env={"OPENROUTER_API_KEY": server.api_key + "-wrong"})
+    assert r.code == 2 and read_jsonl(out) == kept
+
+
 def test_zstd_output_is_resumed_too(standin, tmp_path):
     server = standin()
     prompts = make_prompts(tmp_path / "p.jsonl", 30)

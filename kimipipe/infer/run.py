@@ -483,5 +483,9 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
     if config.summary_json:
         write_summary_json(config.summary_json, result)
     say(format_summary(result))
-    return run.exit_code()
+    code = run.exit_code()
+    if say.quiet and code in (ExitCode.ERROR, ExitCode.USAGE) and result.stop_reason:
+        # a fatal stop's reason survives --quiet (a money stop's exit 3 says it all)
+        click.echo(f"kp-infer: {StopReason.from_slug(result.stop_reason).message}", err=True)
+    return code
 
