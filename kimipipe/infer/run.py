@@ -50,7 +50,7 @@ import click
 
 from ..cli import stderr_is_terminal
 from ..contracts import InferSummary
-from ..errors import ExitCode
+from ..errors import ExitCode, KPError
 from ..io import iter_records
 from ..kinds import StopReason
 from ..openrouter.account import (
@@ -65,7 +65,7 @@ from ..partition import in_partition
 from ..recorded.identity_table import state_path
 from ..records import Prompt
 from .acceptance import Acceptance
-from .budget import Budget, prompt_token_bound
+from .budget import Budget, cap_below_one_request, prompt_token_bound
 from .config import RunConfig
 from .conversations import ConversationQueue, TurnWork, is_conversation
 from .disk import DiskGuard
@@ -464,6 +464,12 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
         prepared = prepare(config, tmpdir, say)
         budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
                         total=prepared.total)
+        too_small = cap_below_one_request(budget, prepared.scan.largest_prompt_bound,
+                                          prepared.turns_todo)
+        if too_small and not config.plan:  # (--plan warns the same)
+            if budget.total is not None:
+                budget.total.close(0.0)  # (its entry in --reservations: ended)
+            raise KPError(too_small, ExitCode.USAGE)
         if config.plan:  # a report: stdout
             balance = _balance_for_plan(config, say) if config.openrouter else None
             click.echo(plan_json(config, prepared, budget, balance) if config.plan_json
