@@ -59,7 +59,7 @@ TOKENIZER ?= ./kimi-k2.5
 # An exported OPENROUTER_BASE_URL (e.g. the stand-in's) is honoured.
 BASE_URL ?= $(or $(OPENROUTER_BASE_URL),https://openrouter.ai/api/v1)
 # kp-prompts --turns: all (each conversation's user turns, answered turn by turn on the
-# model's own answers), last or each (one turn, on the source's answers): docs/prompts.md
+# model's own answers), last or each (one turn, on the source's answers): docs/kp-prompts.md
 TURNS ?= all
 PROMPT_FLAGS ?=
 INFER_FLAGS ?=

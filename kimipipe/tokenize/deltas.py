@@ -1,4 +1,4 @@
-"""The provider's own token counts as a second opinion on every row (docs/tokenize.md).
+"""The provider's own token counts as a second opinion on every row (docs/kp-tokenize.md).
 
 Each response record carries `usage.prompt_tokens` and `usage.completion_tokens`, counted
 by the serving provider with the model's native tokenizer. kp-tokenize writes, per token
