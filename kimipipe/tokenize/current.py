@@ -69,7 +69,7 @@ class Prompts:
         if asked[:len(prompt)] != list(prompt):
             return False
         # a later turn's history: the prompt, then each earlier answer and the next user turn
-        later_users = [d for m, d in zip(messages[len(prompt):], asked[len(prompt):])
+        later_users = [d for m, d in zip(messages[len(prompt):], asked[len(prompt):], strict=True)
                        if m.role == "user"]
         return later_users == list(follow_ups[:len(later_users)])
 
