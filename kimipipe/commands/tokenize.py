@@ -71,9 +71,11 @@ from ..cli import (
 from ..errors import ExitCode
 from ..io import (
     check_writable,
+    iter_records,
     require_distinct,
 )
 from ..options import CommandSettings, fields_for, option
+from ..tokenize import fields
 from ..tokenize.engine import Engine, Settings
 from ..tokenize.load import prepare_tokenizer_dir
 from ..tokenize.render import PRESETS
@@ -187,6 +189,10 @@ def cli(o: TokenizeSettings) -> int:
             require_distinct(rejects, input)
             require_distinct(rejects, output)
             check_writable(rejects, "--rejects")
+    if not o.check and input != "-":
+        # another stage's file (a prompts file) is named before the tokenizer loads, which
+        # takes ~20 s for Kimi K2.5's (a pipe's first record is read by the run)
+        next(iter_records(input, fields.DECODER, expect="response"))
     settings = _settings(o)
     if o.check:  # what a run would load, loaded and checked the same way; a report: stdout
         click.echo(f"kp-tokenize: {o.tokenizer_spec}: {Engine(settings).describe()}")
