@@ -203,8 +203,9 @@ DEMO_OUT ?= demo-out
 demo: venv
 	$(BIN)/python -m kimipipe.demo --out $(DEMO_OUT) --make "$(MAKE)" --venv $(VENV)
 
+# (--text: make's output is read by a person, even piped to a log; kp-credits --json is jq's)
 credits: venv
-	$(BIN)/kp-credits --base-url $(BASE_URL)
+	$(BIN)/kp-credits --text --base-url $(BASE_URL)
 
 # The build report: one self-contained HTML page of plots over what the build has made so
 # far (docs/report.md); the same page as `kp-infer report FILE... --html OUT`.

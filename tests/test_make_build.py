@@ -330,7 +330,9 @@ def test_make_honours_an_exported_openrouter_base_url(standin, tmp_path):
     env.pop("BASE_URL", None)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert f"--base-url {server.base_url}" in r.stdout and '"remaining": 0.5' in r.stdout
+    assert f"--base-url {server.base_url}" in r.stdout
+    # a person reads it, even from a pipe (here): the text form, never raw JSON
+    assert "  remaining      $0.5000\n" in r.stdout and "{" not in r.stdout
 
 
 def test_bare_make_prints_help_and_starts_nothing(tmp_path):
