@@ -138,6 +138,10 @@ def test_make_plan_for_three_datasets_by_hand(standin, tmp_path):
     assert "does NOT fit" in r.stdout
     assert f"TOKEN_BUDGET={three_digits(t) / 1000:g}k" in r.stdout
     assert "assumed (prior) for A B C: answers of half of MAX_TOKENS (512 tokens)" in " ".join(r.stdout.split())
+    # a note every dataset shares (the routing's, the model's) is said once, naming them all
+    said = " ".join(r.stdout.split())
+    for note in ("token logprobs not asked", "names an allowed endpoint"):
+        assert said.count(note) == 1 and re.search(rf"A, B, C: [^:]*{note}", said), note
     # weights: B gets twice the tokens of A and C
     r = run_make(server, tmp_path, "plan", TOKEN_BUDGET="5k", TOTAL_COST=3, WEIGHT_B=2, TURNS="last", **variables)
     assert r.returncode == 0, r.stderr

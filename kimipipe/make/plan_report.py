@@ -96,9 +96,13 @@ def report(plan: BuildPlan, title: str = "make plan") -> str:
     out += _table(rows, {1, 2, 3, 4, 5})
     for line in shorts:
         out += wrap(f"  too few prompts, {line}")
+    # a note the datasets share (the routing's, the model's) said once, naming them all
+    noted: dict[str, list[str]] = {}
     for d in plan.datasets:
         for note in d.notes:
-            out += wrap(f"  {d.name}: {note}")
+            noted.setdefault(note, []).append(d.name)
+    for note, names in noted.items():
+        out += wrap(f"  {', '.join(names)}: {note}")
     out.append("")
     out += wrap(f"build: {money(plan.recorded)} recorded"
                 + (f" ({money(plan.recorded_elsewhere)} outside these datasets)" if plan.recorded_elsewhere else "")
