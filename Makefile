@@ -45,7 +45,8 @@ ALLOW_SHORT ?=
 weight = $(or $(WEIGHT_$(1)),1)
 # The answer length the plan assumes without a pilot (default: half of MAX_TOKENS).
 ANSWER_TOKENS ?=
-# Prompts per dataset `make pilot` answers (the same ones every time; kept in the data).
+# Prompts per dataset `make pilot` answers (the same ones every time; kept in the data; a
+# conversation's turns each make a request, so PILOT=50 conversations may send 55).
 PILOT ?= 200
 MIN_CREDITS ?= 5
 
@@ -137,7 +138,7 @@ help:
 	@echo "  make plan      the money, per dataset: prompts, routes and prices, expected"
 	@echo "                 cost at TOKEN_BUDGET, the TOKEN_BUDGET that fits (sends none)"
 	@echo "  make preflight PAID: PREFLIGHT requests per dataset (kept), answers checked"
-	@echo "  make pilot     PAID: PILOT answers per dataset (kept), measured for make plan"
+	@echo "  make pilot     PAID: PILOT prompts per dataset (kept), measured for make plan"
 	@echo "  make check     what would fail later: sources, tokenizer, key, outputs"
 	@echo "  make all       PAID: every dataset, prompts -> responses -> tokens -> shards;"
 	@echo "                 checks and plans first, refuses what TOTAL_COST cannot pay"

@@ -158,6 +158,28 @@ def test_make_plan_for_three_datasets_by_hand(standin, tmp_path):
     assert server.stats()["completions_started"] == 0
 
 
+def test_make_plan_counts_requests_and_answers_in_one_unit(standin, tmp_path):
+    """Conversations (TURNS=all): after a pilot, make plan's `requests` are every turn, and
+    its `answered` the answers recorded, not the conversations done (54 against 62 once)."""
+    server = standin(tokenizer=TOKENIZER)
+    source = tmp_path / "A.json"  # 20 conversations of two user turns each
+    source.write_text(json.dumps([{"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"Question {i}?"}, {"from": "gpt", "value": "(dropped)"},
+        {"from": "human", "value": f"And then {i}?"}]} for i in range(20)]))
+    variables = {"DATASETS": "A", "SOURCE_A": source}
+    assert run_make(server, tmp_path, "pilot", PILOT=8, **variables).returncode == 0
+    recorded = len(read_jsonl(tmp_path / "work" / "A.responses.jsonl"))
+    requests = sum(1 + len(p.get("follow_ups", [])) for p in prompts_of(tmp_path, "A"))
+    assert (requests, recorded) == (40, 16)  # every turn a request, one answer each
+    r = run_make(server, tmp_path, "plan", **variables)
+    assert r.returncode == 0, r.stderr
+    [d] = json.loads((tmp_path / "work" / "build.plan.json").read_text())["datasets"]
+    assert (d["prompts"], d["answered"]) == (requests, recorded)
+    header = next(line for line in r.stdout.splitlines() if line.split()[:2] == ["dataset", "requests"])
+    row = r.stdout.splitlines()[r.stdout.splitlines().index(header) + 1].split()
+    assert row[:3] == ["A", str(requests), str(recorded)]
+
+
 def test_make_pilot_then_make_all_pays_for_no_pilot_answer_twice(standin, tmp_path):
     server = standin(ledger=True, tokenizer=TOKENIZER)
     # TURNS=last: the ledger keys a request by its last user text (see single_turn)

@@ -71,7 +71,8 @@ def report(plan: BuildPlan, title: str = "make plan") -> str:
     else:
         out.append("no route allowed: see kp-infer --plan")
     out.append("")
-    rows = [["dataset", "prompts", "answered", "prompt tok", "answer tok", "$/answer"]]
+    # requests: a conversation's turns each count (one answer each), as kp-infer counts them
+    rows = [["dataset", "requests", "answered", "prompt tok", "answer tok", "$/answer"]]
     for d in plan.datasets:
         how = "meas" if d.measured else "like" if d.like else "prior"
         rows.append([d.name, f"{d.prompts:,}", f"{d.answered:,}", f"{d.prompt_tokens:,.0f} est",
