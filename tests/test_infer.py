@@ -544,15 +544,20 @@ def test_answers_to_prompts_the_input_no_longer_holds_are_kept_and_said(standin,
     old answers (paid for) and says how many there are and how kp-tokenize leaves them out."""
     server = standin()
     out = tmp_path / "r.jsonl"
-    assert infer(server, make_prompts(tmp_path / "old.jsonl", 4), "-o", out, "-q").code == 0
+    conversation = {"id": "c", "dataset": "B3", "messages": [{"role": "user", "content": "Hi?"}],
+                    "follow_ups": ["And?"]}  # in both: its turns (c#1, c#2) are the input's
+    old = make_prompts(tmp_path / "old.jsonl", 4)
+    write_jsonl(old, read_jsonl(old) + [conversation])
+    assert infer(server, old, "-o", out, "-q").code == 0
     new = make_prompts(tmp_path / "new.jsonl", 4, start=2)  # p00002..p00005
+    write_jsonl(new, read_jsonl(new) + [conversation])
     r = infer(server, new, "-o", out)
     assert r.code == 0, r.stderr
     said = " ".join(r.stderr.split())
     assert (f"kp-infer: {out} holds 2 answer(s) to prompts {new} does not hold (first: 'p00000'; "
             "an earlier source's?): kept there and counted in the spend, not sent again; "
             f"`kp-tokenize --prompts {new}` leaves them out of the training data") in said
-    assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(6)]
+    assert sorted(ids_of(out)) == ["c#1", "c#2"] + [f"p{i:05d}" for i in range(6)]
 
 
 @pytest.mark.parametrize("output", ["r.jsonl", "r.jsonl.zst"])

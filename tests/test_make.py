@@ -509,7 +509,9 @@ def test_make_demo_runs_the_whole_pipeline_offline(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "demo: done, offline" in r.stderr
     requests = requests_of(out / "work" / "demo.prompts.jsonl")  # each turn of a conversation
-    assert f"responses      {requests} (failed: 0)" in r.stderr
+    conversations = len(read_jsonl(out / "work" / "demo.prompts.jsonl"))
+    assert f"prompts        {conversations} conversations, {requests} requests (one per user turn)" in r.stderr
+    assert f"answers        {requests} of the requests (failed: 0)" in r.stderr
     assert "(verified)" in r.stderr
     # the retries are real: every fault the stand-in was started with was met and survived
     # (a misroute as a routing violation, paid and refused), the 429s shrank the adaptive
