@@ -93,7 +93,9 @@ class DeltaTable:
         rows = self.rows()
         width = max(len(r["provider"]) for r in rows)
         lines = [f"{indent}provider token counts minus kimipipe's (prompt_tokens_delta | "
-                 "completion_tokens_delta):"]
+                 "completion_tokens_delta; completion: +2 expected on a finished thinking turn, "
+                 "+1 on one cut or without thinking: the provider counts the </think> and "
+                 "end-of-turn tokens it sampled, kimipipe's count leaves them out):"]
         for r in rows:
             lines.append(f"{indent}  {r['provider']:<{width}}  prompt {cell(r['prompt'], r['rows'])}"
                          f" | completion {cell(r['completion'], r['rows'])}")
