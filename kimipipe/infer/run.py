@@ -460,7 +460,7 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
     check_outputs(config)  # before anything is created, locked or sent
     if config.tokenizer and not config.plan:
         check_tokenizer(config)  # (a missing directory: exit 2 before anything is read)
-    with output_locks(config, say), tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
+    with output_locks(config, say) as start, tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
         prepared = prepare(config, tmpdir, say)
         budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
                         total=prepared.total)
@@ -485,6 +485,7 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
         finally:
             if budget.total is not None:  # this run's entry in --reservations: ended
                 budget.total.close(budget.spent_this_run)
+        start.fatal = run.exit_code() in (ExitCode.ERROR, ExitCode.USAGE)
     result = run.summary()
     if config.summary_json:
         write_summary_json(config.summary_json, result)
