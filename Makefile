@@ -45,7 +45,8 @@ ALLOW_SHORT ?=
 weight = $(or $(WEIGHT_$(1)),1)
 # The answer length the plan assumes without a pilot (default: half of MAX_TOKENS).
 ANSWER_TOKENS ?=
-# Prompts per dataset `make pilot` answers (the same ones every time; kept in the data).
+# Prompts per dataset `make pilot` answers (the same ones every time; kept in the data; a
+# conversation's turns each make a request, so PILOT=50 conversations may send 55).
 PILOT ?= 200
 MIN_CREDITS ?= 5
 
@@ -59,7 +60,7 @@ TOKENIZER ?= ./kimi-k2.5
 # An exported OPENROUTER_BASE_URL (e.g. the stand-in's) is honoured.
 BASE_URL ?= $(or $(OPENROUTER_BASE_URL),https://openrouter.ai/api/v1)
 # kp-prompts --turns: all (each conversation's user turns, answered turn by turn on the
-# model's own answers), last or each (one turn, on the source's answers): docs/prompts.md
+# model's own answers), last or each (one turn, on the source's answers): docs/kp-prompts.md
 TURNS ?= all
 PROMPT_FLAGS ?=
 INFER_FLAGS ?=
@@ -137,7 +138,7 @@ help:
 	@echo "  make plan      the money, per dataset: prompts, routes and prices, expected"
 	@echo "                 cost at TOKEN_BUDGET, the TOKEN_BUDGET that fits (sends none)"
 	@echo "  make preflight PAID: PREFLIGHT requests per dataset (kept), answers checked"
-	@echo "  make pilot     PAID: PILOT answers per dataset (kept), measured for make plan"
+	@echo "  make pilot     PAID: PILOT prompts per dataset (kept), measured for make plan"
 	@echo "  make check     what would fail later: sources, tokenizer, key, outputs"
 	@echo "  make all       PAID: every dataset, prompts -> responses -> tokens -> shards;"
 	@echo "                 checks and plans first, refuses what TOTAL_COST cannot pay"
@@ -217,8 +218,9 @@ DEMO_OUT ?= demo-out
 demo: venv
 	$(BIN)/python -m kimipipe.demo --out $(DEMO_OUT) --make "$(MAKE)" --venv $(VENV)
 
+# (--text: make's output is read by a person, even piped to a log; kp-credits --json is jq's)
 credits: venv
-	$(BIN)/kp-credits --base-url $(BASE_URL)
+	$(BIN)/kp-credits --text --base-url $(BASE_URL)
 
 # The build report: one self-contained HTML page of plots over what the build has made so
 # far (docs/report.md); the same page as `kp-infer report FILE... --html OUT`.
@@ -321,8 +323,12 @@ $(WORK)/%.responses.done: $(WORK)/%.prompts.jsonl $(WORK)/%.infer-flags | venv $
 
 # Stage 3: tokens (kp-tokenize resumes from a partial file; the stamp marks it finished).
 # Exit 4: finished, some records failed verification (WORK/<D>.rejects.jsonl); kept out.
+# Only the answers to the current prompts are tokenized (--prompts): a changed source's
+# old answers stay in the responses file (paid for, counted in TOTAL_COST, reused if the
+# source comes back) and its old rows leave the tokens file (--prune), then the shards.
 $(WORK)/%.tokens.done: $(WORK)/%.responses.done $(WORK)/%.tokenize-flags | venv
-	@set +e; $(BIN)/kp-tokenize $(WORK)/$*.responses.jsonl --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS) \
+	@set +e; $(BIN)/kp-tokenize $(WORK)/$*.responses.jsonl --prompts $(WORK)/$*.prompts.jsonl --prune \
+	  --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS) \
 	  -o $(WORK)/$*.tokens.jsonl.zst --rejects $(WORK)/$*.rejects.jsonl; code=$$?; \
 	if [ $$code -eq 0 ] || [ $$code -eq 4 ]; then touch $@; else exit $$code; fi
 
@@ -335,7 +341,7 @@ card_args = $(foreach f,$(wildcard $(WORK)/$(1).infer-summary.json),--summary $(
   $(foreach f,$(wildcard $(WORK)/$(1).plan.json),--plan $(f)) --source $(call shquote,$(call source,$(1))) \
   --command $(call shquote,kp-prompts $(call source,$(1)) --dataset $(1) --turns $(TURNS) $(PROMPT_FLAGS)) \
   --command $(call shquote,kp-infer $(WORK)/$(1).prompts.jsonl $(strip $(call content_args,$(1)) $(server_args)) --base-url $(BASE_URL)) \
-  --command $(call shquote,kp-tokenize $(WORK)/$(1).responses.jsonl --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS))
+  --command $(call shquote,kp-tokenize $(WORK)/$(1).responses.jsonl --prompts $(WORK)/$(1).prompts.jsonl --tokenizer $(TOKENIZER) $(TOKENIZE_FLAGS))
 $(SHARDS)/%/kp-shard.manifest: $(WORK)/%.tokens.done $(WORK)/%.shard-flags | venv $(SHARDS)
 	$(BIN)/kp-shard $(WORK)/$*.tokens.jsonl.zst --out $(SHARDS)/$* --name $* $(call card_args,$*) $(SHARD_FLAGS)
 	$(BIN)/kp-shard verify $(SHARDS)/$*

@@ -28,7 +28,9 @@ import msgspec
 
 from .cli import kp_command
 from .contracts import read_summary
+from .io import iter_records
 from .options import CommandSettings, option
+from .records import Prompt
 from .shard.readback import read_manifest
 from .standin.testing import StandIn
 
@@ -70,6 +72,9 @@ def run_demo(out: Path, make: str = "make", venv: str = ".venv", quiet_make: boo
     totals = manifest.totals
     report = {
         "prompts": infer.input_records,
+        # a conversation asks each of its user turns: one request, one answer each
+        "requests": sum(1 + len(p.follow_ups) for _n, p, _l in iter_records(
+            str(work / "demo.prompts.jsonl"), msgspec.json.Decoder(Prompt))),
         "responses": infer.done,
         "failed": infer.failed,
         "retries_survived": infer.retries,
@@ -162,8 +167,10 @@ def command(args: DemoSettings) -> None:
         "\n".join([
             "",
             "demo: done, offline, against the OpenRouter stand-in",
-            f"  prompts        {report['prompts']}",
-            f"  responses      {report['responses']} (failed: {sum(report['failed'].values())})",
+            f"  prompts        {report['prompts']} conversations, {report['requests']} requests "
+            "(one per user turn)",
+            f"  answers        {report['responses']} of the requests (failed: "
+            f"{sum(report['failed'].values())})",
             f"  retries        {retries}",
             f"  spend          ${report['spend_billed_by_standin_usd']:.6f} billed by the stand-in, "
             f"${report['spend_recorded_usd']:.6f} recorded by kp-infer",

@@ -140,6 +140,9 @@ def describe_decode_error(err: Exception, ended: bool) -> str:
     text = str(err)
     if not ended and "truncated" in text:
         return "truncated final line (no newline at the end: the file was cut or is still being written)"
+    if "truncated" in text:  # (msgspec's "Input data was truncated", inside the file)
+        return ("not a whole JSON record: the line ends before the record does (a record "
+                "broken over two lines, or a line cut short)")
     if text.startswith("Invalid UTF-8"):
         return "invalid UTF-8"
     return text.replace(" - at `", " at `")

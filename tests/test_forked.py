@@ -8,6 +8,7 @@ each case here runs both ways and compares them whole.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -167,15 +168,38 @@ def _blocked(argv, tmp_path):
     return proc
 
 
+def _writer_once_read(fifo, proc, timeout: float = 120):
+    """The FIFO's write end, opened once the command has opened it to read: from then on
+    the command is blocked reading it, past its start (imports, signal handling). Opening
+    the write end without blocking fails (ENXIO) until a reader is there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+        assert proc.poll() is None and time.monotonic() < deadline, "the command never read its input"
+        time.sleep(0.02)
+
+
 def test_a_shim_passes_a_signal_on_and_ends_as_the_command_did(tmp_path):
+    """SIGINT to a command blocked reading its input: the shim passes it on and ends as the
+    command run directly does (exit 130, its one line). The signal goes once the command
+    reads (a fixed sleep sent it, on a loaded machine, to an interpreter still importing:
+    a KeyboardInterrupt traceback, -2)."""
     ends = []
     for argv in ([shim("prompts")], [str(BIN / "kp-prompts")]):
         proc = _blocked(argv, tmp_path)
-        time.sleep(1.0)  # (the command is blocked opening the FIFO)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        writer = _writer_once_read(tmp_path / f"fifo{len(ends)}", proc)
+        try:
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            os.close(writer)
         ends.append((proc.returncode, out, err))
-    assert ends[0] == ends[1] and ends[0][0] != 0
+    assert ends[0] == ends[1]
+    assert ends[0][0] == 130 and ends[0][2].split(b"\n")[-2].startswith(b"kp-prompts: interrupted")
 
 
 def test_a_shim_killed_takes_its_command_with_it(tmp_path):

@@ -539,6 +539,49 @@ def test_quiet_means_nothing_on_stderr_even_for_a_stop(standin, tmp_path, stop, 
     assert 0 < len(ids_of(out)) < 30
 
 
+def test_answers_to_prompts_the_input_no_longer_holds_are_kept_and_said(standin, tmp_path):
+    """A source changed under one output: kp-infer answers the new prompts into it, keeps the
+    old answers (paid for) and says how many there are and how kp-tokenize leaves them out."""
+    server = standin()
+    out = tmp_path / "r.jsonl"
+    conversation = {"id": "c", "dataset": "B3", "messages": [{"role": "user", "content": "Hi?"}],
+                    "follow_ups": ["And?"]}  # in both: its turns (c#1, c#2) are the input's
+    old = make_prompts(tmp_path / "old.jsonl", 4)
+    write_jsonl(old, read_jsonl(old) + [conversation])
+    assert infer(server, old, "-o", out, "-q").code == 0
+    new = make_prompts(tmp_path / "new.jsonl", 4, start=2)  # p00002..p00005
+    write_jsonl(new, read_jsonl(new) + [conversation])
+    r = infer(server, new, "-o", out)
+    assert r.code == 0, r.stderr
+    said = " ".join(r.stderr.split())
+    assert (f"kp-infer: {out} holds 2 answer(s) to prompts {new} does not hold (first: 'p00000'; "
+            "an earlier source's?): kept there and counted in the spend, not sent again; "
+            f"`kp-tokenize --prompts {new}` leaves them out of the training data") in said
+    assert sorted(ids_of(out)) == ["c#1", "c#2"] + [f"p{i:05d}" for i in range(6)]
+
+
+@pytest.mark.parametrize("output", ["r.jsonl", "r.jsonl.zst"])
+def test_quiet_never_hides_a_fatal_stop_and_a_failed_start_leaves_no_empty_output(standin, tmp_path,
+                                                                                  output):
+    """A wrong key under --quiet: exit 2 with the stop's one line (the only line), and no
+    output or failures file left empty behind it; an output that held answers stays."""
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 3)
+    out, failures = tmp_path / output, tmp_path / "f.jsonl"
+    r = kp("infer", prompts, "-o", out, "--failures", failures, "--base-url", server.base_url,
+           "--quiet", env={"OPENROUTER_API_KEY": server.api_key + "-wrong"})
+    assert r.code == 2
+    assert r.stderr.splitlines() == ["kp-infer: stopped: OpenRouter rejected the API key (401); "
+                                     "check OPENROUTER_API_KEY"]
+    assert not out.exists() and not failures.exists()
+    assert infer(server, prompts, "-o", out, "--failures", failures, "--quiet").code == 0
+    kept = read_jsonl(out)
+    assert len(kept) == 3
+    r = kp("infer", make_prompts(tmp_path / "more.jsonl", 5), "-o", out, "--base-url",
+           server.base_url, "--quiet", env={"OPENROUTER_API_KEY": server.api_key + "-wrong"})
+    assert r.code == 2 and read_jsonl(out) == kept
+
+
 def test_zstd_output_is_resumed_too(standin, tmp_path):
     server = standin()
     prompts = make_prompts(tmp_path / "p.jsonl", 30)

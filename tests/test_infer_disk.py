@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import subprocess
 import threading
 import time
@@ -47,16 +48,25 @@ def run_infer(server, *args, tmpdir, preexec=None, timeout=None, env=None):
     return proc.returncode, proc.stderr.decode()
 
 
-def records_left(out, limit: int | None) -> list[dict]:
+def records_left(out, limit: int | None, full_disk: bool = False) -> list[dict]:
     """The output's records: whole lines only, and a .zst file's every frame ended, except
-    where even the 3 bytes that end a frame went past a size LIMIT (RecordWriter leaves the
-    frame open after whole lines then; the next run closes it)."""
+    where even the 3 bytes that end a frame did not fit (RecordWriter leaves the frame open
+    after whole lines then; the next run closes it, check_resumed_run): past a size LIMIT,
+    or on a FULL_DISK where they needed a block none was left for. (On a tmpfs filled
+    mid-run the cut-back output ends within 3 bytes of a page's end in a fair share of
+    runs: a test that counted it a failure failed now and then on a loaded machine.)"""
     try:
         return whole_records(out)
     except AssertionError as e:
-        if "frame does not end" not in str(e) or limit is None:
+        if "frame does not end" not in str(e) or (limit is None and not full_disk):
             raise
-        assert out.stat().st_size + 3 > limit
+        size = out.stat().st_size
+        if limit is not None:
+            assert size + 3 > limit
+        else:
+            st = os.statvfs(out.parent)
+            assert st.f_bavail == 0 and (size % st.f_bsize == 0 or size % st.f_bsize > st.f_bsize - 3), \
+                (size, st.f_bavail, st.f_bsize)
     text = zstandard.ZstdDecompressor().decompressobj().decompress(out.read_bytes())
     assert text.endswith(b"\n"), f"torn last line: {text[-80:]!r}"
     return [json.loads(line) for line in text.splitlines()]
@@ -70,7 +80,7 @@ def check_stopped_run(code, err, out, summary, server, tmpdir, *, why, limit=Non
     assert err.rstrip().endswith("stopped: no room for the output (a full disk, a quota or a "
                                  "file size limit); free some space and rerun the same command "
                                  "to resume")
-    written = records_left(out, limit)  # whole lines only
+    written = records_left(out, limit, full_disk=why == "No space left on device")  # whole lines only
     ledger = server.ledger()
     s = json.loads(summary.read_text())
     lost = s["paid_not_written"]
@@ -399,3 +409,41 @@ def test_free_space_is_what_an_unprivileged_writer_may_use(tmp_path, monkeypatch
     assert not guard.fits(guard.worst_case(b"{}"))
     with pytest.raises(KPError, match=r"no room for the output .*: 1(\.0)? MiB free"):
         guard.check_room_at_start()
+
+
+def test_a_zstd_frame_a_full_disk_left_open_is_closed_by_the_resume(tmp_path, tmpfs):
+    """On a full tmpfs the 3 bytes that end a frame need a page of their own whenever the
+    cut-back output ends within 3 bytes of a page's end: RecordWriter leaves the frame open
+    after whole lines (writers.py), as documented. What must hold is the resume: its tail
+    repair closes that frame, keeping every whole line, and the run appends after it."""
+    from kimipipe.io import OutputWriteError, repair_and_report
+    from kimipipe.writers import RecordWriter
+
+    mnt = tmpfs("256k")
+    out = mnt / "r.jsonl.zst"
+    rng = random.Random(1)
+    for _attempt in range(200):  # (the seed finds one in its first few)
+        for name in os.listdir(mnt):
+            os.unlink(mnt / name)
+        fill(mnt / "filler", leave=rng.randrange(8192, 60000))
+        writer = RecordWriter(str(out), append=True, durable=True)
+        lines = []
+        try:
+            while True:
+                line = json.dumps({"id": f"r{len(lines)}", "pad": "x" * rng.randrange(10, 3000)}).encode() + b"\n"
+                writer.write_line(line)
+                lines.append(line)
+        except OutputWriteError:
+            pass
+        frame = zstandard.ZstdDecompressor().decompressobj()
+        text = frame.decompress(out.read_bytes())
+        if not frame.eof:
+            break
+    else:
+        pytest.fail("no run left its frame open")
+    assert text == b"".join(lines)  # open, after whole lines
+    os.unlink(mnt / "filler")
+    repair_and_report(str(out), report=lambda _said: None)  # what a resume does first
+    with RecordWriter(str(out), append=True) as writer:
+        writer.write_line(b'{"id": "after"}\n')
+    assert [r["id"] for r in whole_records(out)] == [f"r{i}" for i in range(len(lines))] + ["after"]

@@ -165,3 +165,37 @@ def test_plan_figures_are_the_documented_estimate_and_worst_case(standin, tmp_pa
     assert shown_worst == pytest.approx(capped, abs=0.006)
     assert server.stats()["completions_started"] == 0
 
+
+
+@pytest.mark.parametrize("cap", ["--max-cost", "--total-cost"])
+def test_a_cap_below_one_requests_worst_case_is_refused_before_anything_is_sent(standin, tmp_path, cap):
+    """A cap below the largest prompt's worst case could never send it: refused at the start
+    (exit 2, one line naming the worst case, the cap that fits and the --max-tokens that
+    fits), not run into a "cap reached" stop; --plan warns the same. Each way out it names
+    then passes the check."""
+    server = standin()
+    prompts = make_prompts(tmp_path / "p.jsonl", 3)
+    out = tmp_path / "r.jsonl"
+    r = infer(server, prompts, "-o", out, cap, "0.0001", "--quiet")
+    assert r.code == 2
+    [line] = r.stderr.splitlines()
+    m = re.fullmatch(
+        rf"kp-infer: {cap} \$0\.0001 is less than one request's worst case, \$([\d.]+) \(the "
+        r"input's largest prompt, at most (\d+) tokens, at \$[\d.]+/M, and --max-tokens 16,384 "
+        r"at \$[\d.]+/M\): that request could never be sent; raise "
+        rf"{cap} to \$([\d.]+) or more, or lower --max-tokens to (\d+) or less", line)
+    assert m, line
+    worst, need, fits = float(m[1]), float(m[3]), int(m[4])
+    assert worst > 0.0001 and need >= worst and 1 <= fits < 16384
+    assert server.stats()["completions_started"] == 0 and not out.exists()
+    plan = infer(server, prompts, "-o", out, cap, "0.0001", "--plan")
+    text = plan.stdout.decode()
+    assert plan.code == 0 and f"warning: {line.removeprefix('kp-infer: ')}" in text
+    assert "not one request fits under it" in text
+    # what it names fits: the cap it asks for, or the --max-tokens it names under this cap
+    for way_out in ([cap, str(need), "--max-tokens", "16384"], [cap, "0.0001", "--max-tokens", str(fits)]):
+        plan = infer(server, prompts, "-o", out, *way_out, "--plan")
+        assert plan.code == 0 and b"not one request fits" not in plan.stdout, way_out
+        assert b"could never be sent" not in plan.stdout
+    r = infer(server, prompts, "-o", out, cap, "0.0001", "--max-tokens", str(fits), "--quiet")
+    assert r.code in (0, 3) and server.stats()["completions_started"] >= 1

@@ -20,7 +20,7 @@ import subprocess
 import termios
 import time
 
-from conftest import BIN, read_jsonl
+from conftest import BIN, read_jsonl, write_jsonl
 from helpers import paid_once_each
 from test_infer import ids_of, infer, make_prompts
 
@@ -106,6 +106,26 @@ def test_plain_progress_lines_when_stderr_is_not_a_terminal(standin, tmp_path):
     quiet = infer(server, prompts, "-o", tmp_path / "q.jsonl", "--workers", "0", "--quiet",
                   env={"KP_PROGRESS_INTERVAL": "0.05"})
     assert quiet.code == 0 and quiet.stderr == ""
+
+
+def test_the_progress_line_shows_the_cap_that_binds(standin, tmp_path):
+    """--max-cost 95 (make's MAX_COST default) with --total-cost 5 binding: the line shows the
+    build's spend (another dataset's file counted) of $5 total, not this output's of $95."""
+    server = standin(latency=0.2)
+    prompts = make_prompts(tmp_path / "p.jsonl", 6)
+    other = write_jsonl(tmp_path / "B4.responses.jsonl", [
+        {"id": "x", "dataset": "B4", "api": "127.0.0.1", "generation_id": "gen-standin-x",
+         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "cost": 1.25}}])
+    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--concurrency", "2", "--workers", "0",
+              "--max-cost", "95", "--total-cost", "5", "--spent-in", other,
+              env={"KP_PROGRESS_INTERVAL": "0.2"})
+    assert r.code == 0, r.stderr
+    last = [x for x in r.stderr.splitlines() if x.startswith("kp-infer: 6/6")][-1]
+    spent = sum(x["usage"]["cost"] for x in read_jsonl(tmp_path / "r.jsonl")) + 1.25
+    assert f", ${spent:.2f} of $5 total" in last and "of $95" not in r.stderr, last
+    r = infer(server, prompts, "-o", tmp_path / "s.jsonl", "--workers", "0", "--max-cost", "3",
+              "--total-cost", "50", "--spent-in", other, env={"KP_PROGRESS_INTERVAL": "0.2"})
+    assert r.code == 0 and ", $" in r.stderr and " of $3," in r.stderr and "total" not in r.stderr
 
 
 def test_progress_line_reads_right_and_fits_any_width():

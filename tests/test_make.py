@@ -207,6 +207,50 @@ def test_make_all_writes_each_datasets_card_from_its_run(built):
         assert f"\n{stage}" in body, stage
 
 
+def request_ids(prompts_file) -> set[str]:
+    """The IDs of the records a prompts file's answers get: a conversation's turns are
+    `<id>#<turn>` (docs/conversations.md), a single prompt keeps its id."""
+    return {f"{p['id']}#{t}" if p.get("follow_ups") else p["id"]
+            for p in read_jsonl(prompts_file) for t in range(1, 2 + len(p.get("follow_ups", [])))}
+
+
+def test_a_changed_source_never_mixes_into_the_shards(standin, tmp_path):
+    """README's walkthrough twice on one dataset name with two files (the second shares two
+    conversations with the first): the shards, their manifest and their card hold the second
+    file's rows only; the first's answers stay in the responses file (paid for, counted in
+    the spend recorded there) and the two it shares are not paid twice."""
+    from test_shard import card_of
+
+    conversations = json.loads(SOURCE.read_text())
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(conversations[:6]))
+    second.write_text(json.dumps(conversations[4:10]))
+    server = standin(ledger=True, tokenizer=TOKENIZER)
+    work, shards = tmp_path / "work", tmp_path / "shards" / "D1"
+    r = make(server, tmp_path, "all", SOURCE_D1=first)
+    assert r.returncode == 0, r.stderr + r.stdout
+    first_ids = request_ids(work / "D1.prompts.jsonl")
+    r = make(server, tmp_path, "all", SOURCE_D1=second)
+    assert r.returncode == 0, r.stderr + r.stdout
+    second_ids = request_ids(work / "D1.prompts.jsonl")
+    assert first_ids - second_ids and first_ids & second_ids  # (the files as meant)
+    rows = [row for f in sorted(shards.glob("D1-*.jsonl.zst")) for row in read_jsonl(f)]
+    assert sorted(row["id"] for row in rows) == sorted(second_ids)
+    assert {t["id"] for t in read_jsonl(work / "D1.tokens.jsonl.zst")} == second_ids
+    manifest = json.loads((shards / "manifest.json").read_text())
+    assert manifest["totals"]["records"] == len(second_ids)
+    meta, body = card_of(shards)
+    assert sum(s["num_examples"] for s in meta["dataset_info"]["splits"]) == len(second_ids)
+    assert f"Source files: `{second}`." in body and str(first) not in body
+    assert f"Rows by dataset: D1 {len(second_ids)}" in body
+    # paid answers are never deleted: the first file's stay, and count in the spend
+    answers = read_jsonl(work / "D1.responses.jsonl")
+    assert {a["id"] for a in answers} == first_ids | second_ids
+    assert len(server.ledger()) == len(first_ids | second_ids)  # none paid twice
+    summary = json.loads((work / "D1.infer-summary.json").read_text())
+    assert summary["spend_total"] == pytest.approx(sum(a["usage"]["cost"] for a in answers))
+
+
 def test_kill_9_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, tmp_path):
     """README: rerun `make all` after a crash. make and kp-infer (and its workers) are
     killed with SIGKILL mid-stage; the rerun finishes the build, and no answer that was
@@ -467,7 +511,9 @@ def test_make_demo_runs_the_whole_pipeline_offline(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "demo: done, offline" in r.stderr
     requests = requests_of(out / "work" / "demo.prompts.jsonl")  # each turn of a conversation
-    assert f"responses      {requests} (failed: 0)" in r.stderr
+    conversations = len(read_jsonl(out / "work" / "demo.prompts.jsonl"))
+    assert f"prompts        {conversations} conversations, {requests} requests (one per user turn)" in r.stderr
+    assert f"answers        {requests} of the requests (failed: 0)" in r.stderr
     assert "(verified)" in r.stderr
     # the retries are real: every fault the stand-in was started with was met and survived
     # (a misroute as a routing violation, paid and refused), the 429s shrank the adaptive

@@ -138,6 +138,10 @@ def test_make_plan_for_three_datasets_by_hand(standin, tmp_path):
     assert "does NOT fit" in r.stdout
     assert f"TOKEN_BUDGET={three_digits(t) / 1000:g}k" in r.stdout
     assert "assumed (prior) for A B C: answers of half of MAX_TOKENS (512 tokens)" in " ".join(r.stdout.split())
+    # a note every dataset shares (the routing's, the model's) is said once, naming them all
+    said = " ".join(r.stdout.split())
+    for note in ("token logprobs not asked", "names an allowed endpoint"):
+        assert said.count(note) == 1 and re.search(rf"A, B, C: [^:]*{note}", said), note
     # weights: B gets twice the tokens of A and C
     r = run_make(server, tmp_path, "plan", TOKEN_BUDGET="5k", TOTAL_COST=3, WEIGHT_B=2, TURNS="last", **variables)
     assert r.returncode == 0, r.stderr
@@ -152,6 +156,28 @@ def test_make_plan_for_three_datasets_by_hand(standin, tmp_path):
     assert plan["fits"] and all(d["short"] for d in plan["datasets"])
     assert "too few prompts, A: 30 prompts to do reach ~15.36k tokens of 1M" in " ".join(r.stdout.split())
     assert server.stats()["completions_started"] == 0
+
+
+def test_make_plan_counts_requests_and_answers_in_one_unit(standin, tmp_path):
+    """Conversations (TURNS=all): after a pilot, make plan's `requests` are every turn, and
+    its `answered` the answers recorded, not the conversations done (54 against 62 once)."""
+    server = standin(tokenizer=TOKENIZER)
+    source = tmp_path / "A.json"  # 20 conversations of two user turns each
+    source.write_text(json.dumps([{"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"Question {i}?"}, {"from": "gpt", "value": "(dropped)"},
+        {"from": "human", "value": f"And then {i}?"}]} for i in range(20)]))
+    variables = {"DATASETS": "A", "SOURCE_A": source}
+    assert run_make(server, tmp_path, "pilot", PILOT=8, **variables).returncode == 0
+    recorded = len(read_jsonl(tmp_path / "work" / "A.responses.jsonl"))
+    requests = sum(1 + len(p.get("follow_ups", [])) for p in prompts_of(tmp_path, "A"))
+    assert (requests, recorded) == (40, 16)  # every turn a request, one answer each
+    r = run_make(server, tmp_path, "plan", **variables)
+    assert r.returncode == 0, r.stderr
+    [d] = json.loads((tmp_path / "work" / "build.plan.json").read_text())["datasets"]
+    assert (d["prompts"], d["answered"]) == (requests, recorded)
+    header = next(line for line in r.stdout.splitlines() if line.split()[:2] == ["dataset", "requests"])
+    row = r.stdout.splitlines()[r.stdout.splitlines().index(header) + 1].split()
+    assert row[:3] == ["A", str(requests), str(recorded)]
 
 
 def test_make_pilot_then_make_all_pays_for_no_pilot_answer_twice(standin, tmp_path):
@@ -330,7 +356,9 @@ def test_make_honours_an_exported_openrouter_base_url(standin, tmp_path):
     env.pop("BASE_URL", None)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert f"--base-url {server.base_url}" in r.stdout and '"remaining": 0.5' in r.stdout
+    assert f"--base-url {server.base_url}" in r.stdout
+    # a person reads it, even from a pipe (here): the text form, never raw JSON
+    assert "  remaining      $0.5000\n" in r.stdout and "{" not in r.stdout
 
 
 def test_bare_make_prints_help_and_starts_nothing(tmp_path):

@@ -93,6 +93,18 @@ def test_records_of_an_earlier_stage_given_to_kp_shard_name_what_to_run(tmp_path
     assert not (tmp_path / "s").exists()
 
 
+def test_kp_tokenize_names_a_prompts_file_before_it_loads_the_tokenizer(tmp_path):
+    """The stage hint comes first: here the tokenizer does not even exist, and the one line
+    is still the stage's (Kimi K2.5's takes ~20 s to load before a user learned it)."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [
+        {"id": "p", "dataset": "B3", "messages": [{"role": "user", "content": "Hi"}]}])
+    r = kp("tokenize", prompts, "--tokenizer", tmp_path / "no-such-tokenizer", "-o", tmp_path / "t.jsonl")
+    assert r.code == 2
+    assert r.stderr.strip() == (f"kp-tokenize: {prompts}:1: a prompt record (it has no `response`): "
+                                "kp-tokenize reads response records; run kp-infer on this file first")
+    assert not (tmp_path / "t.jsonl").exists()
+
+
 def test_plain_text_given_to_kp_prompts_hints_format_text(tmp_path):
     src = tmp_path / "questions.txt"
     src.write_text("Why is the sky blue?\nName three primes.\n")

@@ -197,9 +197,15 @@ def test_error_invalid_utf8(tmp_path):
 
 def test_error_missing_field(tmp_path):
     check_error(tmp_path, GOOD + b'{"question": "x"}\n',
-                "2: cannot tell the format: expected a `conversations`, `messages`, `instruction`, "
+                "2: cannot tell the format: the record has `question`; expected a `conversations`, `messages`, `instruction`, "
                 "`replies`, `message_tree_id`, `prompt`, `text` or `turns` field (or force one with "
                 "--format) at `$`")
+
+
+def test_error_a_record_broken_over_two_lines(tmp_path):
+    check_error(tmp_path, GOOD + b'{"prompt": "a\n' + b'b"}\n' + GOOD,
+                "2: not a whole JSON record: the line ends before the record does (a record "
+                "broken over two lines, or a line cut short)")
 
 
 def test_error_wrong_type_names_json_path(tmp_path):

@@ -22,13 +22,17 @@ from dataclasses import dataclass
 import pytest
 from conftest import PUBLIC_SOURCES, kp, public_source
 
+
 # The summary's clauses are "skipped N with <what> (<first records>)", "N conversations
 # ended early, before a turn that is not plain text (first: ...)", "N tool declarations
 # left out" and "skipped N duplicates (dropped: X repeats Y)" (docs/kp-prompts.md). `{f}`
 # stands for the file's name below.
-CANNOT_TELL = ("cannot tell the format: expected a `conversations`, `messages`, `instruction`, "
-               "`replies`, `message_tree_id`, `prompt`, `text` or `turns` field (or force one "
-               "with --format) at `$`")
+def cannot_tell(*fields: str) -> str:
+    """kp-prompts' refusal of a record of no layout it reads, naming the fields it has."""
+    return ("cannot tell the format: the record has " + ", ".join(f"`{f}`" for f in fields)
+            + "; expected a `conversations`, `messages`, `instruction`, `replies`, "
+            "`message_tree_id`, `prompt`, `text` or `turns` field (or force one with --format) "
+            "at `$`")
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,8 @@ SOURCES: dict[str, Source] = {
     "llamafactory_v1_dpo_demo.jsonl": Source(
         "`chosen_messages`/`rejected_messages`: no layout kp-prompts reads (a preference pair "
         "is two answers, not a prompt source): an error at line 1.",
-        error("{f}:1: " + CANNOT_TELL), error("{f}:1: " + CANNOT_TELL)),
+        error("{f}:1: " + cannot_tell("chosen_messages", "rejected_messages")),
+        error("{f}:1: " + cannot_tell("chosen_messages", "rejected_messages"))),
     "llamafactory_wiki_demo.txt": Source(
         "Plain text, one passage per line (4 lines, distinct), read with `--format text`: "
         "one prompt each.",
@@ -182,7 +187,8 @@ SOURCES: dict[str, Source] = {
     "fastchat_mt_bench_reference_answer_gpt4.jsonl": Source(
         "Reference answers (`choices[].turns` under `question_id`, no question): no prompt "
         "source, an error at line 1.",
-        error("{f}:1: " + CANNOT_TELL), error("{f}:1: " + CANNOT_TELL)),
+        error("{f}:1: " + cannot_tell("question_id", "answer_id", "model_id", "choices", "tstamp")),
+        error("{f}:1: " + cannot_tell("question_id", "answer_id", "model_id", "choices", "tstamp"))),
     # --- Arena-Hard (lmarena/arena-hard-auto) ---
     "arena_hard_v0.1_question_turns.jsonl": Source(
         "Arena-Hard v0.1: MT-Bench's layout with each turn an object `{\"content\"}`; one turn "
@@ -210,7 +216,8 @@ SOURCES: dict[str, Source] = {
         wrote(1), wrote(1)),
     "speculators_gsm8k.jsonl": Source(
         "GSM8K's `question`/`answer`: no field kp-prompts reads, an error at line 1.",
-        error("{f}:1: " + CANNOT_TELL), error("{f}:1: " + CANNOT_TELL)),
+        error("{f}:1: " + cannot_tell("question", "answer")),
+        error("{f}:1: " + cannot_tell("question", "answer"))),
     "speculators_hermes_function_calling.jsonl": Source(
         "Hermes function calling: `tools`, and a system prompt listing them in `<tools>` XML, "
         "then a human turn, a `<tool_call>` answer and a `tool` turn. Both are declarations: "
@@ -262,7 +269,8 @@ SOURCES: dict[str, Source] = {
         error("{f}:1: expected a JSON object, got string at `$`")),
     "ultrachat_ultra_eval.json": Source(
         "`{\"class\", \"data\"}`: no field kp-prompts reads, an error at the first element.",
-        error("{f}:2: element 1: " + CANNOT_TELL), error("{f}:2: element 1: " + CANNOT_TELL)),
+        error("{f}:2: element 1: " + cannot_tell("class", "data")),
+        error("{f}:2: element 1: " + cannot_tell("class", "data"))),
 }
 
 

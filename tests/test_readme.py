@@ -215,3 +215,28 @@ def test_the_promise_map_names_only_tests_that_exist():
             if not found:
                 missing.append(f"{current}::{name}")
     assert named >= 50 and not missing, missing
+
+
+def test_the_pages_and_sections_the_code_and_makefile_cite_exist():
+    """A message or comment that sends the reader to docs/PAGE.md (and to a section of it:
+    `docs/PAGE.md, 'Section'`, or a `PAGE.md#anchor` link in docs/) names a page and a
+    section that exist: the Makefile once cited docs/prompts.md, and the docs a README
+    section "Getting the tokenizer" that never was."""
+    import glob
+    texts = {"Makefile": (REPO / "Makefile").read_text()}
+    for path in glob.glob(str(REPO / "kimipipe" / "**" / "*.py"), recursive=True):
+        texts[path] = Path(path).read_text()
+    cited = 0
+    for where, text in texts.items():
+        for page, section in re.findall(r"docs/([\w-]+\.md)(?:, '([^']+)')?", text):
+            cited += 1
+            assert (REPO / "docs" / page).exists(), f"{where}: docs/{page}"
+            if section:
+                assert re.search(rf"^#+ {re.escape(section)}$", (REPO / "docs" / page).read_text(),
+                                 flags=re.M), f"{where}: docs/{page}, {section!r}"
+    for page in (REPO / "docs").glob("*.md"):
+        for target, anchor in re.findall(r"\]\(([\w-]+\.md)#([\w-]+)\)", page.read_text()):
+            headings = re.findall(r"^#+ (.+)$", (REPO / "docs" / target).read_text(), flags=re.M)
+            slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+            assert anchor in slugs, f"{page.name}: {target}#{anchor}"
+    assert cited >= 10

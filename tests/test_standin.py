@@ -124,6 +124,46 @@ def test_server_cli_port_file_and_clean_stop(tmp_path, sig):
     assert not list(tmp_path.glob("port.tmp*"))
 
 
+def test_cli_host_and_a_tokenizer_without_a_template(tmp_path):
+    """--host binds another address (here IPv6 loopback, in the URL it prints); a tokenizer
+    directory without a chat template is one line and exit 2 (as kp-tokenize says it), and
+    --chat-template FILE supplies one: prompts are counted with it."""
+    import shutil
+
+    bundled = Path(__file__).resolve().parent.parent / "kimipipe/data/tokenizers/kimi-k2.5-mini-fast"
+    bare = tmp_path / "bare"
+    shutil.copytree(bundled, bare)
+    (bare / "chat_template.jinja").unlink()
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "kimipipe.standin", "--tokenizer", str(bare)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"standin: the tokenizer in {bare} has no chat template; "
+                                        "pass --chat-template FILE"]
+    template = tmp_path / "template.jinja"
+    template.write_text((bundled / "chat_template.jinja").read_text().replace(
+        "<|im_user|>", "<|im_user|><|im_user|><|im_user|>"))  # 2 more tokens per user turn
+    counts = {}
+    for name, args in (("own", ["--tokenizer", str(bundled)]),
+                       ("given", ["--tokenizer", str(bare), "--chat-template", str(template)])):
+        proc = subprocess.Popen([sys.executable, "-m", "kimipipe.standin", "--host", "::1", *args],
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            line = proc.stderr.readline().strip()
+            assert line.startswith("listening on http://[::1]:"), line
+            base = line.removeprefix("listening on ") + "/api/v1"
+            r = httpx.post(f"{base}/chat/completions", json=body("Hi"),
+                           headers={"Authorization": "Bearer sk-or-standin"}, timeout=60)
+            assert r.status_code == 200, r.text
+            counts[name] = r.json()["usage"]["prompt_tokens"]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+    assert counts["given"] == counts["own"] + 2
+
+
 @pytest.mark.parametrize("args, message", [
     (["--fault", "teapot=0.5"], "unknown fault kind 'teapot'"),
     (["--fault", "429=1.5"], "must be in [0, 1]"),

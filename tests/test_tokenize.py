@@ -315,6 +315,55 @@ def test_resume_skips_ids_already_in_output_and_repairs_a_torn_line(tmp_path):
     assert [json.dumps(x) for x in read_jsonl(out)] == [json.dumps(x) for x in fresh.records()]
 
 
+def test_an_output_holding_rows_the_input_no_longer_gives_is_refused_or_pruned(tmp_path):
+    """A source changed under one output: `--prompts` tokenizes only the answers to the
+    current prompts (by ID, and by the messages and user turns they were asked with: a
+    prompt fixed under its old ID, a conversation's changed follow-up), and rows of the
+    output its input no longer gives are refused (exit 2, one line) or, with --prune,
+    removed; the responses file is never touched."""
+    def turn(conv, n, follow_ups):
+        messages = [{"role": "user", "content": f"{conv}?"}]
+        for j in range(n - 1):
+            messages += [{"role": "assistant", "content": f"{conv} answer {j}"},
+                         {"role": "user", "content": follow_ups[j]}]
+        return response_record(f"{conv}#{n}", messages, content=f"{conv} turn {n}.") | {
+            "conversation": conv, "turn": n, "turns": 2, "history_reasoning": "drop"}
+
+    old = [response_record(f"a{i}", f"Old {i}?", content=f"Answer {i}.") for i in range(3)]
+    base = ("--tokenizer", KIMI, "--trust-remote-code", "--workers", "1")
+    out = tmp_path / "tokens.jsonl.zst"
+    assert tokenize_in_process(write_jsonl(tmp_path / "old.jsonl", old), *base, "-o", out).code == 0
+    new = [response_record("b0", "New 0?", content="New answer."), turn("c1", 1, []),
+           turn("c1", 2, ["More?"]), turn("c2", 1, []), turn("c2", 2, ["Old follow-up?"])]
+    responses = write_jsonl(tmp_path / "responses.jsonl", old + new)  # kp-infer resumed: both
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [
+        {"id": "a0", "dataset": "T", "messages": [{"role": "user", "content": "Old 0, fixed?"}]},
+        {"id": "b0", "dataset": "T", "messages": [{"role": "user", "content": "New 0?"}]},
+        {"id": "c1", "dataset": "T", "messages": [{"role": "user", "content": "c1?"}],
+         "follow_ups": ["More?"]},
+        {"id": "c2", "dataset": "T", "messages": [{"role": "user", "content": "c2?"}],
+         "follow_ups": ["New follow-up?"]}])
+    answers = responses.read_bytes()
+    r = tokenize_in_process(responses, *base, "-o", out, "--prompts", prompts)
+    assert r.code == 2
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"kp-tokenize: {out} holds 3 rows that {prompts}'s answers in {responses} does not give "
+        f"(first: 'a0'): an earlier input's, never to be trained on beside this one's; rerun "
+        f"with --prune to remove them from {out}, or write to a new output")
+    r = tokenize(responses, *base, "-o", out, "--prompts", prompts, "--prune")
+    assert r.code == 0, r.stderr
+    assert "left out 4 answers to prompts --prompts does not hold" in r.stderr
+    assert "removed 3 rows of an earlier input (--prune)" in r.stderr
+    assert sorted(x["id"] for x in read_jsonl(out)) == ["b0", "c1#1", "c1#2", "c2#1"]
+    assert out.read_bytes()[:4] == b"\x28\xb5\x2f\xfd"  # still zstd
+    assert responses.read_bytes() == answers  # the paid answers, untouched
+    # without --prompts, the input's own IDs are what an output may hold
+    plain = tmp_path / "plain.jsonl"
+    assert tokenize_in_process(responses, *base, "-o", plain).code == 0
+    r = tokenize_in_process(write_jsonl(tmp_path / "new.jsonl", new), *base, "-o", plain)
+    assert r.code == 2 and f"{plain} holds 3 rows that {tmp_path / 'new.jsonl'} does not give" in r.stderr
+
+
 def test_a_pipe_is_tokenized_as_its_records_arrive(tmp_path):
     """`kp-infer ... | kp-tokenize -`: records are written a batch (64) at a time while the
     pipe stays open, not once a megabyte has arrived or the writer has ended (plain and

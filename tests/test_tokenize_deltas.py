@@ -57,6 +57,10 @@ def test_counts_agree_with_a_server_counting_on_the_same_tokenizer(bought, real_
         assert row["completion_tokens_delta"] == structural, row["id"]
         assert structural == (2 if row["finish_reason"] == "stop" else int(bool(rec["response"]["content"])))
     assert "warning" not in r.stderr
+    # and the summary says why the completion's delta is +2, not 0
+    assert ("completion: +2 expected on a finished thinking turn, +1 on one cut or without "
+            "thinking: the provider counts the </think> and end-of-turn tokens it sampled, "
+            "kimipipe's count leaves them out):") in r.stderr
     providers = sorted({x["provider"] for x in rows})
     for name in providers:
         n = sum(x["provider"] == name for x in rows)

@@ -43,7 +43,10 @@ Every row is verified (decode(input_ids + output_ids) == rendered prompt + rende
 and no control token inside the model's text); failures go to --rejects and make the exit
 code 4 (--strict: stop at the first one, exit 2). Streaming, bounded memory; --workers
 processes keep the input order. With -o FILE, records whose id is already in FILE are
-skipped and new ones appended (a torn last line is repaired first); FILE is locked for the
+skipped and new ones appended (a torn last line is repaired first); rows of FILE the input
+does not give (an earlier input's, e.g. a changed source's) refuse the run at its end,
+exit 2, or are removed with --prune; --prompts P tokenizes only the answers to the prompts
+of P (make passes the dataset's). FILE is locked for the
 run (a second kp-tokenize on it exits 2), and a write the disk refuses leaves FILE ending
 with its last whole record (exit 3: free space, rerun). A bad input line stops the command
 with PATH:LINE (records before it are already written; rerun resumes).
@@ -68,9 +71,11 @@ from ..cli import (
 from ..errors import ExitCode
 from ..io import (
     check_writable,
+    iter_records,
     require_distinct,
 )
 from ..options import CommandSettings, fields_for, option
+from ..tokenize import fields
 from ..tokenize.engine import Engine, Settings
 from ..tokenize.load import prepare_tokenizer_dir
 from ..tokenize.render import PRESETS
@@ -121,6 +126,16 @@ class TokenizeSettings(CommandSettings):
     drop_text: bool = option(
         "--drop-text", is_flag=True, fills=Settings,
         help="Leave `messages` and `response` out of the output.")
+    prompts: str | None = option(
+        "--prompts", type=click.Path(exists=True, dir_okay=False, allow_dash=False), default=None,
+        metavar="FILE",
+        help="Tokenize only the answers to FILE's prompts (the current kp-prompts output): "
+             "answers to prompts it no longer holds, or holds changed (an earlier source's), "
+             "are left out and counted; the input keeps them (paid for).")
+    prune: bool = option(
+        "--prune", is_flag=True,
+        help="Remove from -o FILE the rows this input (with --prompts, as filtered) does not "
+             "give, left by an earlier input; without it such an output is refused (exit 2).")
     rejects: str | None = option(
         "--rejects", type=click.Path(allow_dash=False), default=None,
         help="Write records that fail verification here, with the reason (JSON lines).")
@@ -174,12 +189,16 @@ def cli(o: TokenizeSettings) -> int:
             require_distinct(rejects, input)
             require_distinct(rejects, output)
             check_writable(rejects, "--rejects")
+    if not o.check and input != "-":
+        # another stage's file (a prompts file) is named before the tokenizer loads, which
+        # takes ~20 s for Kimi K2.5's (a pipe's first record is read by the run)
+        next(iter_records(input, fields.DECODER, expect="response"))
     settings = _settings(o)
     if o.check:  # what a run would load, loaded and checked the same way; a report: stdout
         click.echo(f"kp-tokenize: {o.tokenizer_spec}: {Engine(settings).describe()}")
         return ExitCode.OK
     return run_tokenize(settings, input, output, rejects, workers=o.workers,
-                        partition=o.partition, quiet=quiet)
+                        partition=o.partition, quiet=quiet, prompts=o.prompts, prune=o.prune)
 
 
 main = run_command(cli)

@@ -16,6 +16,9 @@ A request is admitted only when its reservation fits; when it does not fit but r
 are in flight, admission waits for them to settle; when nothing is in flight, the run
 stops (exit 3). `--total-cost` (infer/total_cost.py) is a second cap checked the same way,
 on the spend of several outputs together, shared with other runs through a locked file.
+A cap below the largest prompt's worst case could never send that prompt, spent or not:
+the run is refused before anything is sent (exit 2), and --plan warns, naming the worst
+case and what would fit (`cap_below_one_request`).
 
 The token budget caps recorded completion tokens. It is enforced on expectations, not
 worst cases (a worst-case reservation of max_tokens each would leave most of a 10M budget
@@ -26,6 +29,7 @@ under the budget. The overshoot is bounded by the work in flight: at most
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..openrouter.routing import PriceBound
@@ -153,3 +157,32 @@ class Budget:
         if self.total is not None:
             left.append(self.total.remaining(self.spent_this_run))
         return min(left) if left else None
+
+
+
+def cap_below_one_request(budget: Budget, largest_prompt_tokens: int, todo: int) -> str | None:
+    """Why a money cap can never pay for one request, or None: --max-cost (or --total-cost)
+    is below the worst case of the input's largest prompt, so that request could never be
+    sent, even with nothing spent (the run would stop, once or at once, "reached" with the
+    money unspent). The message names that worst case and what would fit: the cap it needs,
+    and the largest --max-tokens the cap pays for (none when the prompt alone does not).
+    A cap that pays for one request but not for what is still to do stops the run, exit 3."""
+    price = budget.price
+    if price is None or not todo or not largest_prompt_tokens or budget.config.servers:
+        return None  # (with --server, the servers answer what OpenRouter's share cannot)
+    worst = budget.worst_case(largest_prompt_tokens)
+    caps = [(flag, cap) for flag, cap in (("--max-cost", budget.max_cost),
+                                          ("--total-cost", budget.total and budget.total.cap))
+            if cap is not None and worst > cap]
+    if not caps:
+        return None
+    flag, cap = caps[0]
+    prompt_part = largest_prompt_tokens * price.prompt
+    fits = math.floor((cap - prompt_part) / price.completion) if price.completion > 0 else 0
+    lower = (f"lower --max-tokens to {fits:,} or less" if fits >= 1 else
+             "no --max-tokens fits (the prompt alone costs more)")
+    need = math.ceil(worst * 10_000) / 10_000
+    return (f"{flag} ${cap:g} is less than one request's worst case, ${worst:.4f} (the input's "
+            f"largest prompt, at most {largest_prompt_tokens:,} tokens, at ${price.prompt * 1e6:g}/M, "
+            f"and --max-tokens {budget.max_tokens:,} at ${price.completion * 1e6:g}/M): that "
+            f"request could never be sent; raise {flag} to ${need:g} or more, or {lower}")

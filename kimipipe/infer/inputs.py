@@ -44,6 +44,7 @@ class InputScan:
     request_bytes: int = 0
     request_token_bound: int = 0
     history_answers: int = 0
+    largest_prompt_bound: int = 0  # the largest prompt's token bound (a cap's floor)
 
     def turns_of(self, prompt_id: str) -> int:
         return self.turns.get(prompt_id, 1)
@@ -83,6 +84,7 @@ def validate_input(path: str, shown: str) -> InputScan:
     requests = _Requests()
     prompt_bytes = 0
     token_bound = 0
+    largest = 0
     records = 0
     for lineno, prompt, _line in iter_records(path, PROMPT_DECODER, expect="prompt", shown=shown):
         if prompt.id in first_line:
@@ -98,12 +100,15 @@ def validate_input(path: str, shown: str) -> InputScan:
         first_line[prompt.id] = lineno
         records += 1
         prompt_bytes += sum(len(m.content.encode()) for m in prompt.messages)
-        token_bound += prompt_token_bound(prompt.messages)
+        bound = prompt_token_bound(prompt.messages)
+        token_bound += bound
+        largest = max(largest, bound)
         requests.add(prompt)
         if prompt.follow_ups:
             turns[prompt.id] = turn_count(prompt)
     return InputScan(path, shown, set(first_line), records, prompt_bytes, token_bound, turns,
-                     requests.n, requests.bytes, requests.token_bound, requests.answers)
+                     requests.n, requests.bytes, requests.token_bound, requests.answers,
+                     largest)
 
 
 def stable_sample(ids: set[str], n: int) -> set[str]:

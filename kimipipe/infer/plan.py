@@ -85,7 +85,7 @@ from ..openrouter.models import served_sampling, thinking
 from ..openrouter.request import SAMPLING_PARAMETERS, RequestOptions
 from ..openrouter.routing import Policy, PriceBound, allowed_endpoints, why_excluded
 from .availability import WHAT_TO_DO, availability_text, endpoints_left
-from .budget import Budget, request_worst_case
+from .budget import Budget, cap_below_one_request, request_worst_case
 from .config import RunConfig
 from .endpoints import endpoint_warnings, requantization_warnings
 from .prepare import Prepared
@@ -178,6 +178,9 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
                                     verdict=verdict, allowed=verdict == "allowed"))
     warnings = requantization_warnings(request.model, policy, endpoints)
     warnings += endpoint_warnings(policy, endpoints)
+    too_small = cap_below_one_request(budget, scan.largest_prompt_bound, prepared.turns_todo)
+    if too_small:
+        warnings.append(too_small)
     if endpoints is not None and not allowed:
         warnings.append("no provider is allowed: requests would fail with 404 constraint_filtered; "
                         + WHAT_TO_DO)
@@ -347,13 +350,18 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget,
                    f"answers at {data.answer_tokens.assumed}); worst case ${cost.worst_case:,.2f}")
         if config.max_cost is not None:
             out.append(f"--max-cost ${config.max_cost:g}: ${budget.spent:.4f} already recorded; "
-                       f"the run stops before exceeding it")
+                       + ("not one request fits under it (the warning above)"
+                          if any(w.startswith("--max-cost") for w in data.warnings)
+                          else "the run stops before exceeding it"))
     elif todo:
         out.append("no price bound: cost cannot be estimated")
     total = data.total_cost
     if total is not None:
         out.append(f"--total-cost ${total.cap:g}: ${total.recorded:.4f} already recorded here and in "
-                   f"{len(total.spent_in)} --spent-in file(s); the runs stop before exceeding it")
+                   f"{len(total.spent_in)} --spent-in file(s); "
+                   + ("not one request fits under it (the warning above)"
+                      if any(w.startswith("--total-cost") for w in data.warnings)
+                      else "the runs stop before exceeding it"))
     if data.prices.bound is not None and todo:
         out.extend(in_flight_lines(data.in_flight))
     return "\n".join(out)

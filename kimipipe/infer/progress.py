@@ -22,8 +22,10 @@ seconds when stderr is not a terminal. Its parts, most important first; those th
   `waiting for --total-cost room`, `waiting for --token-budget room`, `all sent` once the
   input is exhausted; after a stop, `stopping (interrupted), 41s grace left`: the
   requests in flight get at most that long (--grace) before they are cancelled.
-- `$1.23 of $10`: the spend counted against --max-cost (this run and the earlier ones
-  recorded in the output), of the cap; without a cap the spend of this run. The slot for
+- `$1.23 of $10`: the spend counted against the cap that binds (the one with less room
+  left), of that cap: --max-cost (this run and the earlier ones recorded in the output), or
+  --total-cost, then `$4.56 of $20 total` (the build's spend, every --spent-in file
+  included); without a cap the spend of this run. The slot for
   money in flight (`$0.40 in flight of $2.00`, a ceiling of dollars in flight) comes next
   when the run sets `money_in_flight`.
 - `429s` (rate limits met), prompts failed this run (not those a stop left unsent), `ETA`, `oldest` (the age of the
@@ -73,7 +75,8 @@ class ProgressSnapshot:
     stopping: str | None = None  # why the run stopped admitting, once it did
     grace_left: float | None = None  # seconds the requests in flight may still take
     spent: float = 0.0  # counted against the cap (this run, and earlier runs if capped)
-    cap: float | None = None  # --max-cost
+    cap: float | None = None  # the cap that binds: the one with less room left
+    cap_is_total: bool = False  # that cap is --total-cost (the build's), not --max-cost
     # (dollars in flight, their ceiling): shown when set, e.g. by an in-flight money limit
     money_in_flight: tuple[float, float] | None = None
     rate_limited: int = 0  # 429s met
@@ -132,8 +135,7 @@ class RunProgress:
             concurrency=self.config.concurrency, waiting=state.waiting,
             stopping=state.stop_reason.slug if state.stop_reason else None,
             grace_left=grace_left,
-            spent=budget.spent if budget.max_cost is not None else budget.spent_this_run,
-            cap=budget.max_cost,
+            **binding_cap(budget),
             rate_limited=rate_limited, retries=sum(stats.retries.values()) - rate_limited,
             eta=(left * elapsed / finished if finished and left and not state.stopping.is_set()
                  else None),
@@ -173,6 +175,22 @@ class RunProgress:
             self.show(now=True)
 
 
+def binding_cap(budget) -> dict:
+    """The money part of the line: the cap with less room left, and the spend counted
+    against it (--max-cost: this output's; --total-cost: the build's, every --spent-in file
+    and the other runs' included), or this run's spend when there is no cap."""
+    caps = []
+    if budget.max_cost is not None:
+        caps.append((budget.max_cost - budget.spent, budget.spent, budget.max_cost, False))
+    if budget.total is not None:
+        left = budget.total.remaining(budget.spent_this_run)
+        caps.append((left, budget.total.cap - left, budget.total.cap, True))
+    if not caps:
+        return {"spent": budget.spent_this_run, "cap": None}
+    _left, spent, cap, is_total = min(caps, key=lambda c: c[0])
+    return {"spent": spent, "cap": cap, "cap_is_total": is_total}
+
+
 def progress_line(snap: ProgressSnapshot, width: int | None = None, name: str = "kp-infer") -> str:
     """The line for SNAP in at most WIDTH columns (None: no limit, and no bar). NAME leads
     it when everything fits; when not, it goes first, then the parts from the last."""
@@ -199,8 +217,8 @@ def progress_line(snap: ProgressSnapshot, width: int | None = None, name: str = 
 
 def _parts(snap: ProgressSnapshot) -> list[str]:
     parts = [_in_flight(snap),
-             f"{money(snap.spent)} of {money(snap.cap)}" if snap.cap is not None
-             else f"{money(snap.spent)} spent"]
+             f"{money(snap.spent)} of {money(snap.cap)}" + (" total" if snap.cap_is_total else "")
+             if snap.cap is not None else f"{money(snap.spent)} spent"]
     if snap.money_in_flight is not None:
         in_flight, ceiling = snap.money_in_flight
         parts.append(f"{money(in_flight)} in flight of {money(ceiling)}")

@@ -10,6 +10,9 @@
 - The conversations' turns OUTPUT holds (infer/conversations.py): they were asked under
   this run's recipe, and no conversation of the input is answered there as a single
   prompt (`check_no_single_answers`).
+- Answers OUTPUT holds to prompts the input does not (a changed source's) are kept, as
+  paid work, and said (`note_answers_to_other_prompts`): kp-tokenize --prompts leaves them
+  out of the training data.
 - The providers an earlier run quarantined for identity stay ignored
   (`take_in_quarantine`).
 
@@ -71,6 +74,7 @@ def read_previous_work(config: RunConfig, scan: InputScan, say: Callable[[str], 
                  config.output, config.allow_mixed, say,
                  server_sampling(config.request.fields(config.policy)) if config.servers else None)
     check_no_single_answers(scan, done, conversations, config, say)
+    note_answers_to_other_prompts(scan, done, config, say)
     done |= conversations.finished  # a finished conversation is done as a whole
     for extra in config.done_files:
         if not os.path.exists(extra):
@@ -127,6 +131,20 @@ def check_no_single_answers(scan: InputScan, done: set[str], conversations: Outp
                       "another WORK), or --allow-mixed to keep those single answers",
                       ExitCode.USAGE)
     say(f"kp-infer: warning: {told}; kept (--allow-mixed)")
+
+
+def note_answers_to_other_prompts(scan: InputScan, done: set[str], config: RunConfig,
+                                  say: Callable[[str], None]) -> None:
+    """Answers in OUTPUT to prompts the input no longer holds (a source changed or replaced
+    under the same output): kept, as they were paid for, and said, with how to keep them
+    out of the training data (kp-tokenize --prompts, which make passes)."""
+    other = sorted(i for i in done if i not in scan.ids and i.rsplit("#", 1)[0] not in scan.ids)
+    if not other or config.output == "-":
+        return
+    say(f"kp-infer: {config.output} holds {len(other):,} answer(s) to prompts {scan.shown} does "
+        f"not hold (first: {other[0]!r}; an earlier source's?): kept there and counted in the "
+        f"spend, not sent again; `kp-tokenize --prompts {scan.shown}` leaves them out of the "
+        "training data (make does)")
 
 
 def take_in_quarantine(config: RunConfig, say: Callable[[str], None]) -> IdentityState:

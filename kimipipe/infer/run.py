@@ -50,7 +50,7 @@ import click
 
 from ..cli import stderr_is_terminal
 from ..contracts import InferSummary
-from ..errors import ExitCode
+from ..errors import ExitCode, KPError
 from ..io import iter_records
 from ..kinds import StopReason
 from ..openrouter.account import (
@@ -65,7 +65,7 @@ from ..partition import in_partition
 from ..recorded.identity_table import state_path
 from ..records import Prompt
 from .acceptance import Acceptance
-from .budget import Budget, prompt_token_bound
+from .budget import Budget, cap_below_one_request, prompt_token_bound
 from .config import RunConfig
 from .conversations import ConversationQueue, TurnWork, is_conversation
 from .disk import DiskGuard
@@ -462,10 +462,16 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
     check_outputs(config)  # before anything is created, locked or sent
     if config.tokenizer and not config.plan:
         check_tokenizer(config)  # (a missing directory: exit 2 before anything is read)
-    with output_locks(config, say), tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
+    with output_locks(config, say) as start, tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
         prepared = prepare(config, tmpdir, say)
         budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
                         total=prepared.total)
+        too_small = cap_below_one_request(budget, prepared.scan.largest_prompt_bound,
+                                          prepared.turns_todo)
+        if too_small and not config.plan:  # (--plan warns the same)
+            if budget.total is not None:
+                budget.total.close(0.0)  # (its entry in --reservations: ended)
+            raise KPError(too_small, ExitCode.USAGE)
         if config.plan:  # a report: stdout
             balance = _balance_for_plan(config, say) if config.openrouter else None
             click.echo(plan_json(config, prepared, budget, balance) if config.plan_json
@@ -481,9 +487,14 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
         finally:
             if budget.total is not None:  # this run's entry in --reservations: ended
                 budget.total.close(budget.spent_this_run)
+        start.fatal = run.exit_code() in (ExitCode.ERROR, ExitCode.USAGE)
     result = run.summary()
     if config.summary_json:
         write_summary_json(config.summary_json, result)
     say(format_summary(result))
-    return run.exit_code()
+    code = run.exit_code()
+    if say.quiet and code in (ExitCode.ERROR, ExitCode.USAGE) and result.stop_reason:
+        # a fatal stop's reason survives --quiet (a money stop's exit 3 says it all)
+        click.echo(f"kp-infer: {StopReason.from_slug(result.stop_reason).message}", err=True)
+    return code
 

@@ -8,7 +8,8 @@ refuses at once (exit 2) naming who holds it, because two runs on one output wou
 pay for what neither has written yet, and two on one failures file would count each
 other's paid failures and could cut each other's records off after a failed write.
 `--done` files are only read, never locked; the run is prepared (infer/prepare.py) and
-run with the locks held.
+run with the locks held. An output or failures file the run created and wrote no record to
+after a fatal stop (exit 1 or 2: a wrong key, no route) is removed as the locks are let go.
 
 A response record is the prompt line as it came (every field passed through, undecoded)
 with kp-infer's own fields, `records.Generation` (`api`: who answered, recorded/api.py),
@@ -30,13 +31,21 @@ from __future__ import annotations
 
 import base64
 import errno
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from enum import StrEnum
 
 from ..errors import ExitCode, KPError, redact
-from ..io import OutputLock, OutputWriteError, RecordWriter, check_writable, require_distinct
+from ..io import (
+    OutputLock,
+    OutputWriteError,
+    RecordWriter,
+    check_writable,
+    iter_lines,
+    require_distinct,
+)
 from ..kinds import StopReason
 from ..openrouter.attempt import Attempt
 from ..recorded.api import api_of
@@ -92,18 +101,45 @@ def check_outputs(config: RunConfig) -> None:
 
 
 @contextmanager
-def output_locks(config: RunConfig, say: Callable[[str], None]) -> Iterator[None]:
+def output_locks(config: RunConfig, say: Callable[[str], None]) -> Iterator[RunStart]:
     """Hold the locks of -o and --failures (see the module docstring). Not for
     --plan: it only reads them (no repair, no rescue taken in), and `make plan` may run
     beside a build that is writing them."""
     def note(text: str) -> None:
         say(f"kp-infer: {text}")
 
+    paths = [] if config.plan else [p for p in (config.output, config.failures) if p and p != "-"]
+    new = [p for p in paths if not os.path.exists(p)]
+    start = RunStart()
     with ExitStack() as stack:
-        for path in () if config.plan else (config.output, config.failures):
-            if path:
-                stack.enter_context(OutputLock(path, "kp-infer", note=note))
-        yield
+        for path in paths:
+            stack.enter_context(OutputLock(path, "kp-infer", note=note))
+        try:
+            yield start
+        except KPError:
+            _remove_if_empty(new)  # (the locks still held)
+            raise
+        if start.fatal:
+            _remove_if_empty(new)
+
+
+class RunStart:
+    """What output_locks is told of how the run ended: `fatal` (exit 1 or 2: a wrong key, no
+    route), after which a file the run created and wrote no record to is removed."""
+
+    fatal: bool = False
+
+
+def _remove_if_empty(created: list[str]) -> None:
+    """A file this run created and wrote no record to, after a fatal stop, is removed: an
+    empty output left behind reads as a run that answered nothing. (A run that finished,
+    was interrupted or stopped for money keeps it, empty or not.)"""
+    for path in created:
+        try:
+            if os.path.getsize(path) == 0 or not any(True for _ in iter_lines(path)):
+                os.unlink(path)
+        except (OSError, KPError):
+            pass  # unreadable: not ours to judge; left as it is
 
 
 def generation_fields(answer: Attempt, attempts: int, model: str,

@@ -259,7 +259,10 @@ def dataset_plan(name: str, work: str, plan: InferPlan, token_budget: int | None
         # an answer is one request's: a conversation's turns each count (older plans: prompts)
         complete=stage_complete(work, name), name=name,
         prompts=(plan.requests or plan.prompts).input, todo=(plan.requests or plan.prompts).todo,
-        answered=plan.prompts.done, prompt_tokens=per_prompt,
+        # in the same unit: the requests answered (a conversation answered in part counts
+        # its answered turns), not the prompts done
+        answered=(plan.requests.input - plan.requests.todo if plan.requests else plan.prompts.done),
+        prompt_tokens=per_prompt,
         recorded_spend=plan.recorded.spend, recorded_tokens=plan.recorded.completion_tokens,
         answer_tokens=float(answer_tokens), cost_per_answer=float(cost), measured=measured,
         measured_answers=figures.answers if figures is not None else 0,

@@ -71,7 +71,8 @@ def report(plan: BuildPlan, title: str = "make plan") -> str:
     else:
         out.append("no route allowed: see kp-infer --plan")
     out.append("")
-    rows = [["dataset", "prompts", "answered", "prompt tok", "answer tok", "$/answer"]]
+    # requests: a conversation's turns each count (one answer each), as kp-infer counts them
+    rows = [["dataset", "requests", "answered", "prompt tok", "answer tok", "$/answer"]]
     for d in plan.datasets:
         how = "meas" if d.measured else "like" if d.like else "prior"
         rows.append([d.name, f"{d.prompts:,}", f"{d.answered:,}", f"{d.prompt_tokens:,.0f} est",
@@ -96,9 +97,13 @@ def report(plan: BuildPlan, title: str = "make plan") -> str:
     out += _table(rows, {1, 2, 3, 4, 5})
     for line in shorts:
         out += wrap(f"  too few prompts, {line}")
+    # a note the datasets share (the routing's, the model's) said once, naming them all
+    noted: dict[str, list[str]] = {}
     for d in plan.datasets:
         for note in d.notes:
-            out += wrap(f"  {d.name}: {note}")
+            noted.setdefault(note, []).append(d.name)
+    for note, names in noted.items():
+        out += wrap(f"  {', '.join(names)}: {note}")
     out.append("")
     out += wrap(f"build: {money(plan.recorded)} recorded"
                 + (f" ({money(plan.recorded_elsewhere)} outside these datasets)" if plan.recorded_elsewhere else "")

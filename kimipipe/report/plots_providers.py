@@ -231,7 +231,10 @@ def token_deltas(d: DatasetFacts, colors: Colors, key: str = "deltas") -> Plot |
     return canvas.plot(title, "Boxes: quartiles and median; whiskers: 1st to 99th percentile; a "
                               "diamond: every row at one value. Zero: the "
                               "provider counts the tokens kp-tokenize wrote; a steady offset for one "
-                              "provider: it renders the prompt differently.")
+                              "provider: it renders the prompt differently. The completion's +2 "
+                              "(+1 on a turn cut short or without thinking) is expected: the "
+                              "provider counts the </think> and end-of-turn tokens it sampled, "
+                              "which kimipipe's side leaves out.")
 
 
 def sampled_ids(d: DatasetFacts, colors: Colors, key: str = "sampled-ids") -> Plot | Note:

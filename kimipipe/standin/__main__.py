@@ -1,10 +1,10 @@
-"""python -m kimipipe.standin: run the OpenRouter stand-in on 127.0.0.1.
+"""python -m kimipipe.standin: run the OpenRouter stand-in on 127.0.0.1 (or --host ADDR).
 
 Usage:
     python -m kimipipe.standin --port-file /tmp/port --balance 5 --fault 429=0.1 --latency 2
     OPENROUTER_BASE_URL=http://127.0.0.1:$(cat /tmp/port)/api/v1 OPENROUTER_API_KEY=sk-or-standin ...
 
-Prints `listening on http://127.0.0.1:PORT` to stderr once bound; `--port-file` gets the
+Prints `listening on http://HOST:PORT` to stderr once bound; `--port-file` gets the
 port number (written to a temporary name, then renamed). SIGTERM/SIGINT stop it cleanly.
 Test-only control endpoints: GET /_standin/stats, POST /_standin/config (JSON).
 
@@ -87,6 +87,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from ..cli import kp_command
+from ..errors import KPError
 from ..options import fields_for
 from .config import Config
 from .options import SECTIONS, StandInSettings
@@ -96,17 +97,25 @@ if TYPE_CHECKING:
     from .selfhosted import SelfHosted
 
 
-async def serve(config: Config, port: int, port_file: str | None) -> None:
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def serve(config: Config, port: int, port_file: str | None, host: str = "127.0.0.1") -> None:
     standin: StandIn | SelfHosted
-    if config.mode == "openrouter":
-        standin = StandIn(config)
-    else:
-        from .selfhosted import SelfHosted
-        standin = SelfHosted(config)
+    try:
+        if config.mode == "openrouter":
+            standin = StandIn(config)
+        else:
+            from .selfhosted import SelfHosted
+            standin = SelfHosted(config)
+    except KPError as e:  # a tokenizer it cannot load (no chat template): one line
+        print(f"standin: {e.message}", file=sys.stderr)
+        raise SystemExit(2) from None
     runner = web.AppRunner(standin.app(), access_log=None, handler_cancellation=True,
                            shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096, reuse_address=True,
+    site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True,
                        shutdown_timeout=1.0)
     try:
         await site.start()
@@ -115,8 +124,9 @@ async def serve(config: Config, port: int, port_file: str | None) -> None:
         standin.close()
         why = "the port is taken (something else listens there)" if e.errno == errno.EADDRINUSE \
             else e.strerror or str(e)
-        print(f"standin: cannot listen on 127.0.0.1:{port}: {why}; pick another --port, "
-              "or --port 0 (any free port) with --port-file FILE", file=sys.stderr)
+        print(f"standin: cannot listen on {_url_host(host)}:{port}: {why}; pick another --port, "
+              "or --port 0 (any free port) with --port-file FILE"
+              + ("" if e.errno == errno.EADDRINUSE else ", or another --host"), file=sys.stderr)
         raise SystemExit(2) from None
     bound = runner.addresses[0][1]
     if port_file:
@@ -124,7 +134,7 @@ async def serve(config: Config, port: int, port_file: str | None) -> None:
         with open(tmp, "w") as f:
             f.write(f"{bound}\n")
         os.replace(tmp, port_file)
-    print(f"listening on http://127.0.0.1:{bound}", file=sys.stderr, flush=True)
+    print(f"listening on http://{_url_host(host)}:{bound}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -167,9 +177,9 @@ def command(s: StandInSettings) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(config, s.port, s.port_file))
+        asyncio.run(serve(config, s.port, s.port_file, s.host))
     else:
-        uvloop.run(serve(config, s.port, s.port_file))
+        uvloop.run(serve(config, s.port, s.port_file, s.host))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -64,6 +64,7 @@ class Config:
     ignore_sampling: list[str] = field(default_factory=list)
     not_distillable: bool = False
     tokenizer: str | None = None  # count usage with this tokenizer directory (token_counts.py)
+    chat_template: str | None = None  # a template file instead of the tokenizer directory's
     # token logprobs (logprobs.py): provider slug -> variant (what its logprobs cover)
     logprobs: dict[str, str] = field(default_factory=dict)
     # providers that serve another model from their N-th answer (impostors.py): slug ->

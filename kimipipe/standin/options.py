@@ -138,6 +138,10 @@ SECTIONS = [SERVER, LIMITS, QUIRKS, WIRE, SELF_HOSTED, BILLING, OTHER]
 class StandInSettings(CommandSettings):
     """The stand-in's command line: where it listens, and its Config (`fills=Config`)."""
 
+    host: str = option("--host", default="127.0.0.1", metavar="ADDR", section=SERVER,
+                       help="address to listen on (default 127.0.0.1, this machine only; "
+                            "0.0.0.0 or :: for every interface, e.g. a rehearsal from another "
+                            "machine: the stand-in has no real authentication)")
     port: int = option("--port", type=int, default=0, metavar="PORT", section=SERVER,
                        help="TCP port (default 0: any free port)")
     port_file: str | None = option("--port-file", metavar="FILE", section=SERVER,
@@ -188,6 +192,11 @@ class StandInSettings(CommandSettings):
         "--tokenizer", default=None, metavar="DIR", section=SERVER, fills=Config,
         help="count usage with this tokenizer directory (its chat template; loaded with "
              "trust_remote_code), as a server does; default: words")
+    chat_template: str | None = option(
+        "--chat-template", default=None, metavar="FILE", section=SERVER, fills=Config,
+        type=click.Path(exists=True, dir_okay=False),
+        help="a Jinja chat template file to render prompts with instead of the tokenizer "
+             "directory's (as kp-tokenize --chat-template)")
     # -- credit limits
     inflight_ratio: float | None = option(
         "--inflight-ratio", type=float, default=None, metavar="R", section=LIMITS, fills=Config,

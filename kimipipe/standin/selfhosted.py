@@ -145,10 +145,10 @@ class SampledTurn:
 class Sampler:
     """The tokenizer's side: prompt IDs by its chat template, generated IDs by its encoder."""
 
-    def __init__(self, directory: str | Path):
-        from .token_counts import TokenCounter
+    def __init__(self, directory: str | Path, chat_template: str | None = None):
+        from .token_counts import TokenCounter, template_text
 
-        self.counter = TokenCounter(directory)
+        self.counter = TokenCounter(directory, template_text(chat_template))
         self.tok = self.counter.tok
         self.think_close = self.tok.convert_tokens_to_ids(THINK_CLOSE)
         self.end_of_turn = self.tok.convert_tokens_to_ids(END_OF_TURN)
@@ -215,7 +215,7 @@ class SelfHosted:
         self.mode = config.mode
         # where the reasoning goes: vLLM's field since v0.11.2, SGLang's (and older vLLM's)
         self._reasoning_field = "reasoning" if config.mode == "vllm" else "reasoning_content"
-        self.sampler = Sampler(config.tokenizer or DEFAULT_TOKENIZER)
+        self.sampler = Sampler(config.tokenizer or DEFAULT_TOKENIZER, config.chat_template)
         self.requests = 0
         self.completions_started = 0
         self.completed = 0

@@ -169,8 +169,8 @@ class StandIn(MetadataEndpoints):
         self.token_source = None  # token logprobs' tokenizer (logprobs.py), loaded when first asked
         self.counter = None
         if config.tokenizer:
-            from .token_counts import counter_for
-            self.counter = counter_for(config.tokenizer)
+            from .token_counts import counter_for, template_text
+            self.counter = counter_for(config.tokenizer, template_text(config.chat_template))
         self.impostors = Impostors(config.tokenizer)  # providers serving another model
 
     def close(self) -> None:

@@ -29,9 +29,18 @@ from .answers import Answer, message_text
 _LOADED: dict[tuple[str, str | None], TokenCounter] = {}
 
 
+def template_text(path: str | None) -> str | None:
+    """The text of a `--chat-template FILE` (None: the tokenizer directory's own)."""
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 def counter_for(directory: str | Path, chat_template: str | None = None) -> TokenCounter:
-    """DIRECTORY's counter, loaded once per process: a stand-in forked from a process that
-    loaded it already (testing.py, `PRELOAD`) starts with it."""
+    """DIRECTORY's counter (CHAT_TEMPLATE: a template's text), loaded once per process: a
+    stand-in forked from a process that loaded it already (testing.py, `PRELOAD`) starts
+    with it."""
     key = (str(Path(directory).resolve()), chat_template)
     if key not in _LOADED:
         _LOADED[key] = TokenCounter(directory, chat_template)

@@ -1,4 +1,4 @@
-"""The provider's own token counts as a second opinion on every row (docs/tokenize.md).
+"""The provider's own token counts as a second opinion on every row (docs/kp-tokenize.md).
 
 Each response record carries `usage.prompt_tokens` and `usage.completion_tokens`, counted
 by the serving provider with the model's native tokenizer. kp-tokenize writes, per token
@@ -93,7 +93,9 @@ class DeltaTable:
         rows = self.rows()
         width = max(len(r["provider"]) for r in rows)
         lines = [f"{indent}provider token counts minus kimipipe's (prompt_tokens_delta | "
-                 "completion_tokens_delta):"]
+                 "completion_tokens_delta; completion: +2 expected on a finished thinking turn, "
+                 "+1 on one cut or without thinking: the provider counts the </think> and "
+                 "end-of-turn tokens it sampled, kimipipe's count leaves them out):"]
         for r in rows:
             lines.append(f"{indent}  {r['provider']:<{width}}  prompt {cell(r['prompt'], r['rows'])}"
                          f" | completion {cell(r['completion'], r['rows'])}")

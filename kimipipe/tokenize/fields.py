@@ -77,6 +77,7 @@ class TokenizeInput(Struct):
     reasoning_source: str | None = None
     sampled_ids: SampledIds | None = None  # a self-hosted server's own IDs (docs/servers.md)
     sampled_tokens: SampledTokens | None = None  # token logprobs' tokens (tokenize/resegment.py)
+    conversation: str | None = None  # a conversation's turn: its prompt's id (records.Turn)
 
 
 DECODER = msgspec.json.Decoder(TokenizeInput)

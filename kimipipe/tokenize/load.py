@@ -52,7 +52,7 @@ def resolve_tokenizer_dir(spec: str) -> Path:
             pass
     raise TokenizerLoadError(
         f"--tokenizer {spec}: no such directory, and no model of that name in the local Hugging "
-        f"Face cache (nothing is downloaded; see README, kp-tokenize: getting the tokenizer)")
+        "Face cache (nothing is downloaded; docs/kp-tokenize.md, 'Getting the tokenizer (offline)')")
 
 
 def prepare_tokenizer_dir(spec: str, trust_remote_code: bool) -> Path:

@@ -10,7 +10,9 @@ keep the input order (tokenize/pool.py). Each batch's records are written in one
 rejects logged to `--rejects` (the first three said; `--strict` stops at the first, exit
 2). A bad input line stops the run with PATH:LINE once the records before it are written.
 The summary (tokenize/stats.py) goes to stderr; the exit code is 4 when a record was
-rejected.
+rejected. `--prompts FILE` tokenizes only the answers to FILE's prompts; an output that
+holds rows the input did not give (an earlier input's) is refused at the end of the run,
+exit 2, or pruned (`--prune`): tokenize/current.py.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..io import OutputLock, RecordWriter, iter_records, scan_done
 from ..partition import in_partition
 from ..records import Rejected, encode_line
 from . import fields
+from .current import Prompts, prune_output, stale_rows
 from .engine import Engine, Settings, spawned_worker
 from .stats import Summary
 
@@ -34,8 +37,11 @@ BATCH_BYTES = 1 << 20
 
 
 def _batches(path: str, done: set[str], summary: Summary, partition=None,
-             ignore_extra_fields: bool = False):
-    """(line number, raw line) batches of the records still to do, validated as responses."""
+             ignore_extra_fields: bool = False, prompts: Prompts | None = None,
+             given: set[str] | None = None):
+    """(line number, raw line) batches of the records still to do, validated as responses.
+    PROMPTS: only the answers to them (tokenize/current.py); GIVEN collects the IDs of the
+    records the input gives, done or not, for the output's check at the end."""
     batch: list[tuple[int, bytes]] = []
     size = 0
     try:
@@ -44,6 +50,11 @@ def _batches(path: str, done: set[str], summary: Summary, partition=None,
                        else fields.unrenderable_field(rec.messages))
             if refusal:
                 raise InputError(refusal, path, lineno)
+            if prompts is not None and not prompts.holds(rec.id, rec.conversation, rec.messages):
+                summary.not_current += 1
+                continue
+            if given is not None:
+                given.add(rec.id)
             if rec.id in done:
                 summary.skipped_done += 1
                 continue
@@ -111,9 +122,11 @@ def _write_outcomes(outcomes, summary: Summary, writer: RecordWriter,
 
 
 def run_tokenize(settings: Settings, input: str, output: str, rejects: str | None, *,
-                 workers: int | None = None, partition=None, quiet: bool = False) -> int:
+                 workers: int | None = None, partition=None, quiet: bool = False,
+                 prompts: str | None = None, prune: bool = False) -> int:
     """The run (see the module docstring); its exit code. WORKERS: processes (None: one
-    per core)."""
+    per core). PROMPTS: a prompts file, only whose answers are tokenized; PRUNE: rows of
+    OUTPUT the input does not give are removed instead of refused (tokenize/current.py)."""
     workers = workers or os.cpu_count() or 1
     if workers > 1:
         # One process per core does the work; the tokenizers library's own threads would only
@@ -121,12 +134,24 @@ def run_tokenize(settings: Settings, input: str, output: str, rejects: str | Non
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     summary = Summary()
     with OutputLock(output, "kp-tokenize", note=lambda text: say(f"kp-tokenize: {text}", quiet)):
+        current = Prompts(prompts) if prompts else None  # (a bad line: before the tokenizer's load)
         engine = Engine(settings)  # loads and checks everything before any output is touched
         say(f"kp-tokenize: {engine.describe()}, {counted(workers, 'worker')}", quiet)
         done = scan_done(output, quiet=quiet) if output != "-" else set()
+        given: set[str] = set()
         _run(engine, workers, _batches(input, done, summary, partition,
-                                       settings.ignore_extra_fields),
+                                       settings.ignore_extra_fields, current, given),
              summary, output, rejects, settings.strict, quiet, input)
+        stale = stale_rows(done, given)
+        if stale and not prune:
+            of = f"{prompts}'s answers in {input}" if prompts else input
+            raise KPError(
+                f"{output} holds {counted(len(stale), 'row')} that {of} does not give "
+                f"(first: {stale[0]!r}): an earlier input's, never to be trained on beside "
+                f"this one's; rerun with --prune to remove them from {output}, or write to "
+                "a new output", exit_code=ExitCode.USAGE)
+        if stale:
+            summary.pruned = prune_output(output, set(stale))
     say(summary.report(output, rejects), quiet)
     for line in summary.deltas_report():
         say(line, quiet)

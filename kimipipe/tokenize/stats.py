@@ -191,6 +191,8 @@ class Summary:
     dropped_truncated: int = 0
     dropped_long: int = 0
     skipped_done: int = 0
+    not_current: int = 0  # answers to prompts --prompts does not hold (tokenize/current.py)
+    pruned: int = 0  # output rows of an earlier input removed (--prune)
     longest: int = 0
     longest_id: str = ""
     deltas: DeltaTable = field(default_factory=DeltaTable)
@@ -237,6 +239,11 @@ class Summary:
             parts.append("dropped " + ", ".join(dropped))
         if self.skipped_done:
             parts.append(f"skipped {self.skipped_done:,} already in the output")
+        if self.not_current:
+            parts.append(f"left out {counted(self.not_current, 'answer')} to prompts --prompts "
+                         "does not hold (an earlier source's: kept in the input, paid for)")
+        if self.pruned:
+            parts.append(f"removed {counted(self.pruned, 'row')} of an earlier input (--prune)")
         return "; ".join(parts)
 
     def deltas_report(self) -> list[str]:

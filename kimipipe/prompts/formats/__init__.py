@@ -47,7 +47,9 @@ def detect_format(obj: Any) -> str:
             return name
     fields = [key for fmt in FORMATS.values() for key in fmt.detect]
     listed = ", ".join(f"`{k}`" for k in fields[:-1]) + f" or `{fields[-1]}`"
-    raise FormatError(f"cannot tell the format: expected a {listed} field (or force one with --format)")
+    has = ", ".join(f"`{k}`" for k in list(obj)[:8]) + (", ..." if len(obj) > 8 else "")
+    raise FormatError(f"cannot tell the format: the record has {has or 'no field'}; expected a "
+                      f"{listed} field (or force one with --format)")
 
 
 def read_record(obj: Any, fmt: str, id_field: str | None) -> tuple[Conversation, str | None]:
