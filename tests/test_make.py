@@ -237,7 +237,7 @@ def test_a_changed_source_never_mixes_into_the_shards(standin, tmp_path):
     rows = [row for f in sorted(shards.glob("D1-*.jsonl.zst")) for row in read_jsonl(f)]
     assert sorted(row["id"] for row in rows) == sorted(second_ids)
     assert {t["id"] for t in read_jsonl(work / "D1.tokens.jsonl.zst")} == second_ids
-    manifest = json.loads((shards / "manifest.json").read_text())
+    manifest = json.loads((shards / "kp-shard.manifest").read_text())
     assert manifest["totals"]["records"] == len(second_ids)
     meta, body = card_of(shards)
     assert sum(s["num_examples"] for s in meta["dataset_info"]["splits"]) == len(second_ids)
