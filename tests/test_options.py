@@ -44,6 +44,7 @@ COMMANDS = {
     "kp-shard verify": (shard_command.verify_word, shard_command.VerifySettings),
     "kp-shard stats": (shard_command.stats_word, shard_command.StatsSettings),
     "kp-shard card": (shard_command.card_word, shard_command.CardSettings),
+    "kp-shard export": (shard_command.export_word, shard_command.ExportSettings),
     "kp-credits": (credits_command.cli, credits_command.CreditsSettings),
 }
 
