@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import urllib.error
 import urllib.request
 
 import pytest
 from conftest import BIN, TOKENIZERS, kp, read_jsonl, tokenize_in_process
-from helpers import stderr_after, wait_for
+from helpers import stderr_after, wait_for, whole_lines
 
 FAST = TOKENIZERS / "kimi-k2.5-mini-fast"
 MODEL = "moonshotai/kimi-k2.5"
@@ -561,3 +562,39 @@ def test_hybrid_prompts_of_a_dead_server_move_to_openrouter(standin, tmp_path):
     assert all(rec["provider"] != host_port(server) and rec["usage"]["cost"] > 0
                and rec.get("sampled_ids") is None for rec in records)
     assert len(openrouter.ledger()) == 6  # each prompt answered once, by OpenRouter
+
+
+# -- what a real vLLM showed (issue 46): each finding, taught to the stand-in ---------------
+
+def test_servers_only_resume_after_kill_9_continues_each_conversation(standin, tmp_path):
+    """A servers-only run killed (-9) mid-conversations, then resumed: every turn is asked
+    once, each unfinished conversation goes on from the turn it reached (not turn 1), and
+    the progress total is the turns left (it read `N/0` when the servers-only preparation
+    forgot the output's conversations)."""
+    from test_infer_conversations import make_conversations
+
+    server = standin(mode="vllm", request_log=True)
+    server.configure(hold_after=10)
+    prompts = make_conversations(tmp_path / "p.jsonl", 8, turns=3)  # 24 turns
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--server",
+                             server.base_url, "--server-concurrency", "4", "--quiet"],
+                            env=no_openrouter_env())
+    try:
+        wait_for(lambda: len(whole_lines(out)) == 10 and server.stats()["held"] == 4
+                 or proc.poll() is not None, "10 turns written and the next 4 held", 60)
+        assert proc.poll() is None, "the run ended before the gate"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    first = read_jsonl(out)
+    assert len(first) == 10 and any(x["turn"] > 1 for x in first)
+    sent_first = len(server.requests())
+    server.configure(hold_after=None)
+    r = kp("infer", prompts, "-o", out, "--server", server.base_url, "--server-concurrency", "4",
+           env=no_openrouter_env())
+    assert r.code == 0, r.stderr
+    ids = [x["id"] for x in read_jsonl(out)]
+    assert len(ids) == len(set(ids)) == 24
+    assert len(server.requests()) - sent_first == 24 - 10  # each turn not kept, once
+    assert "kp-infer: 14/14, conversations 8 done" in r.stderr, r.stderr
