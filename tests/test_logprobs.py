@@ -465,9 +465,13 @@ def test_a_turn_the_template_cannot_lay_out_is_rejected_not_reencoded(engine):
                             + engine.codec.encode_text(["B"])[0] + [end]}
     twice_tokens = line_with("u", reasoning + [b"</think>", b"A", b"</think>", b"B", b"<|im_end|>"],
                              content="A</think>B")
+    # vLLM's kimi_k2 parser drops a second `</think>` from the content; the tokens keep it
+    dropped = line_with("d", reasoning + [b"</think>", b"A", b"</think>", b"B", b"<|im_end|>"],
+                        content="AB")
     outcomes = engine.process(list(enumerate(
-        [ended, by_ids, (json.dumps(twice) + "\n").encode(), twice_tokens], start=1)))
-    assert [o.kind for o in outcomes] == ["reject"] * 4, [o.reason for o in outcomes]
+        [ended, by_ids, (json.dumps(twice) + "\n").encode(), twice_tokens, dropped], start=1)))
+    assert [o.kind for o in outcomes] == ["reject"] * 5, [o.reason for o in outcomes]
+    assert outcomes[4].reason.startswith(CONTROL_ORDER)
     assert outcomes[0].reason.startswith(CONTROL_ORDER) and "<|im_end|> where the layout has </think>" in outcomes[0].reason
     assert outcomes[1].reason.startswith(CONTROL_ORDER)
     assert outcomes[2].reason.startswith(CONTROL_ORDER)

