@@ -476,3 +476,25 @@ def test_a_turn_the_template_cannot_lay_out_is_rejected_not_reencoded(engine):
     assert outcomes[1].reason.startswith(CONTROL_ORDER)
     assert outcomes[2].reason.startswith(CONTROL_ORDER)
     assert outcomes[3].reason.startswith(CONTROL_IN_TEXT)
+
+
+def test_a_split_character_two_cuts_fit_is_not_guessed(real_tokenizer):
+    """Kimi K2.5's vocabulary holds `丰` as e4 + b8b0 and as e4b8 + b0: from vLLM's
+    `bytes []` then `丰`, which two tokens were sampled cannot be told, so the row falls
+    back (counted by that reason); as three tokens (every byte) it is rebuilt."""
+    from kimipipe.tokenize.engine import Engine, Settings
+    from kimipipe.tokenize.resegment import SPLIT_CHARACTER
+
+    engine = Engine(Settings(str(real_tokenizer), trust_remote_code=True))
+    think, end = layout_ids(engine)
+    reasoning = pieces_of(engine, "Let me think.")
+    char = "丰".encode()
+    content = pieces_of(engine, "The answer: ")
+    ambiguous = line_with("a", reasoning + content + [b"", char], reasoning="Let me think.",
+                          content="The answer: 丰")
+    three = line_with("b", reasoning + content + [b"", b"", char], reasoning="Let me think.",
+                      content="The answer: 丰")
+    rows, _ = run(engine, ambiguous, three)
+    assert rows[0]["sampled_fallback"] == SPLIT_CHARACTER and "output_ids_source" not in rows[0]
+    assert rows[1].get("output_ids_source") == "sampled", rows[1].get("sampled_fallback")
+    assert rows[1]["output_ids"][-4:] == ids_of(engine, [char[:1], char[1:2], char[2:]]) + [end]
