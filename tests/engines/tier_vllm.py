@@ -345,7 +345,7 @@ def test_the_context_is_read_and_each_overflow_said(servers, tmp_path):
            f"{records['near'].get('cut_by')} ({records['near']['usage']}), over: "
            f"{failed['kind']} {failed['message'][:90]!r}")
     assert failed["id"] == "over"
-    if records["near"]["usage"]["completion_tokens"] < 300:
+    if records["near"]["finish_reason"] == "length":  # (it may end on its own first)
         assert records["near"]["cut_by"] == "context"
     assert records["fits"].get("cut_by") is None
 

@@ -10,10 +10,14 @@ Random weights sample near-uniformly over the 163,840 IDs, so answers are mostly
 non-canonical segmentations of their text, and `</think>` and `<|im_end|>` would almost
 never come. A constant bias sets their rate: every embedding has its first dimension at a
 constant (the final norm keeps it about constant), and only the lm_head rows of those two
-IDs read it. THINK_BIAS and END_BIAS below give `</think>` about 1 token in 300 and
-`<|im_end|>` about 1 in 150, so answers of a few hundred tokens end every way the tier
-needs (stop after `</think>`, stop inside the reasoning, cut by max_tokens, a second
-`</think>`).
+IDs read it strongly. Every request of the tier has the same `seed`, so the same random
+draws: with near-uniform logits every answer would be the same tokens, its `</think>` and
+`<|im_end|>` at the same places (a first tier run: 22 of 22 answers 33 tokens, all ending
+in the reasoning). So the weights are not small (EMB_STD, HEAD_STD: the logits vary by
+several units with the context) and the two rows keep part of their random weights (their
+rate varies with the context). THINK_BIAS and END_BIAS aim at about 1 token in 200 and 1
+in 150 on average (set by sampling this model in torch, as vLLM samples, offline; the
+shares of each ending are the tier's to report).
 """
 
 import sys
@@ -23,8 +27,11 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 VOCAB = 163_840  # Kimi K2.5's (tiktoken.model's 163,584 ranks and the added tokens)
 CONSTANT = 8.0  # the first dimension of every embedding
-THINK_BIAS = 0.79  # x CONSTANT = logit ~6.3: e^6.3 / 163,840 ~ 1/300
-END_BIAS = 0.875  # ~7.0: ~1/150
+EMB_STD = 1.0  # the other dimensions of the embeddings
+HEAD_STD = 0.5  # the lm_head: logits' spread ~2.7 (context-dependent sampling)
+BIAS_ROW_SCALE = 0.6  # what the two biased rows keep of their random weights
+THINK_BIAS = 1.56
+END_BIAS = 1.61
 
 
 def main(out: str, think_close: int, end_of_turn: int) -> None:
@@ -36,11 +43,14 @@ def main(out: str, think_close: int, end_of_turn: int) -> None:
                          torch_dtype="float32")
     model = LlamaForCausalLM(config)
     with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0, EMB_STD)
         model.model.embed_tokens.weight[:, 0] = CONSTANT
         head = model.lm_head.weight
+        head.normal_(0, HEAD_STD)
         head[:, 0] = 0.0
-        head[think_close, 0] = THINK_BIAS
-        head[end_of_turn, 0] = END_BIAS
+        for row, bias in ((think_close, THINK_BIAS), (end_of_turn, END_BIAS)):
+            head[row, 1:] *= BIAS_ROW_SCALE
+            head[row, 0] = bias
     model.save_pretrained(out, safe_serialization=True)
     # the end of turn stops generation (finish_reason stop), as Kimi's own config says
     GenerationConfig(eos_token_id=[end_of_turn]).save_pretrained(out)
