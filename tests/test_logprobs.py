@@ -498,3 +498,25 @@ def test_a_split_character_two_cuts_fit_is_not_guessed(real_tokenizer):
     assert rows[0]["sampled_fallback"] == SPLIT_CHARACTER and "output_ids_source" not in rows[0]
     assert rows[1].get("output_ids_source") == "sampled", rows[1].get("sampled_fallback")
     assert rows[1]["output_ids"][-4:] == ids_of(engine, [char[:1], char[1:2], char[2:]]) + [end]
+
+
+def test_vllm_split_logprobs_through_kp_infer_are_the_sampled_ids(standin, tmp_path):
+    """The stand-in's `vllm-split` provider gives a token ending inside a character `token
+    ""`, `bytes []` and the completing one the whole character, as vLLM does: kp-infer keeps
+    them as they came, kp-tokenize rebuilds them, and the rows are what was sampled."""
+    server = standin(ledger=True, logprobs={"together": "vllm-split"}, noncanonical=0.0)
+    out = tmp_path / "r.jsonl"
+    r = kp("infer", write_prompts(tmp_path / "p.jsonl", range(6)), "-o", out, "--logprobs",
+           "--only-provider", "together", "--base-url", server.base_url, env=server.env)
+    assert r.code == 0, r.stderr
+    records = read_jsonl(out)
+    assert any(0 in x["sampled_tokens"]["lengths"] for x in records)  # empty tokens came
+    t = kp("tokenize", out, "--tokenizer", TOKENIZER_KINDS["fast"], "-o", tmp_path / "t.jsonl",
+           "--workers", "1")
+    assert t.code == 0, t.stderr
+    ledger = {x["generation_id"]: x["sampled"] for x in server.ledger()}
+    think, end = 1181, 1160  # the fast fixture's </think> and <|im_end|>
+    for row in read_jsonl(tmp_path / "t.jsonl"):
+        sampled = ledger[row["generation_id"]]
+        assert row.get("output_ids_source") == "sampled", row.get("sampled_fallback")
+        assert row["output_ids"] == sampled["reasoning"] + [think] + sampled["content"] + [end]

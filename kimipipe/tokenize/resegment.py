@@ -117,7 +117,7 @@ def rebuild_split_characters(tokens: list[bytes], codec) -> tuple[list[bytes], i
             out.append(tokens[i])
             i += 1
             continue
-        if j == n or not tokens[j] or tokens[j][0] < 0x80:
+        if j == n or not tokens[j] or max(tokens[j]) < 0x80:  # (" \xe6" + ... ends inside one)
             out.extend(tokens[i:j])  # not a character's run (a control token's empty place)
             i = j
             continue
