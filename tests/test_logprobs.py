@@ -520,3 +520,4 @@ def test_vllm_split_logprobs_through_kp_infer_are_the_sampled_ids(standin, tmp_p
         sampled = ledger[row["generation_id"]]
         assert row.get("output_ids_source") == "sampled", row.get("sampled_fallback")
         assert row["output_ids"] == sampled["reasoning"] + [think] + sampled["content"] + [end]
+

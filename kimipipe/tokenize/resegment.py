@@ -147,7 +147,7 @@ def align(tokens: list[bytes], segments: list[tuple[bool, str]], layout_ids: dic
         laid = sum(is_token for is_token, _ in segments)
         if held > laid:
             return _failed(CONTROL_ORDER, f"{held} control tokens sampled, the layout has {laid}")
-    if found.problem and unresolved:
+    if found.problem and found.problem not in UNRENDERABLE and unresolved:
         return _failed(SPLIT_CHARACTER, f"{unresolved:,} such character(s)")
     return found
 
