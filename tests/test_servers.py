@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import urllib.error
 import urllib.request
 
 import pytest
-from conftest import BIN, TOKENIZERS, kp, read_jsonl, tokenize_in_process
-from helpers import stderr_after, wait_for
+from conftest import BIN, TOKENIZER_KINDS, TOKENIZERS, kp, read_jsonl, tokenize_in_process
+from helpers import stderr_after, wait_for, whole_lines
 
 FAST = TOKENIZERS / "kimi-k2.5-mini-fast"
 MODEL = "moonshotai/kimi-k2.5"
@@ -561,3 +562,130 @@ def test_hybrid_prompts_of_a_dead_server_move_to_openrouter(standin, tmp_path):
     assert all(rec["provider"] != host_port(server) and rec["usage"]["cost"] > 0
                and rec.get("sampled_ids") is None for rec in records)
     assert len(openrouter.ledger()) == 6  # each prompt answered once, by OpenRouter
+
+
+# -- what a real vLLM showed (issue 46): each finding, taught to the stand-in ---------------
+
+def test_servers_only_resume_after_kill_9_continues_each_conversation(standin, tmp_path):
+    """A servers-only run killed (-9) mid-conversations, then resumed: every turn is asked
+    once, each unfinished conversation goes on from the turn it reached (not turn 1), and
+    the progress total is the turns left (it read `N/0` when the servers-only preparation
+    forgot the output's conversations)."""
+    from test_infer_conversations import make_conversations
+
+    server = standin(mode="vllm", request_log=True)
+    server.configure(hold_after=10)
+    prompts = make_conversations(tmp_path / "p.jsonl", 8, turns=3)  # 24 turns
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--server",
+                             server.base_url, "--server-concurrency", "4", "--quiet"],
+                            env=no_openrouter_env())
+    try:
+        wait_for(lambda: len(whole_lines(out)) == 10 and server.stats()["held"] == 4
+                 or proc.poll() is not None, "10 turns written and the next 4 held", 60)
+        assert proc.poll() is None, "the run ended before the gate"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    first = read_jsonl(out)
+    assert len(first) == 10 and any(x["turn"] > 1 for x in first)
+    sent_first = len(server.requests())
+    server.configure(hold_after=None)
+    r = kp("infer", prompts, "-o", out, "--server", server.base_url, "--server-concurrency", "4",
+           env=no_openrouter_env())
+    assert r.code == 0, r.stderr
+    ids = [x["id"] for x in read_jsonl(out)]
+    assert len(ids) == len(set(ids)) == 24
+    assert len(server.requests()) - sent_first == 24 - 10  # each turn not kept, once
+    # (a conversation the first run finished is not counted again)
+    assert "kp-infer: 14/14, conversations " in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
+def test_server_text_is_the_decode_of_its_ids_with_a_slow_tokenizer(standin, tmp_path, stream):
+    """vLLM's `spaces_between_special_tokens` defaults to true, and with a slow tokenizer
+    (Kimi's remote-code one) its text then has a space after the prompt's `<think>` and
+    around `</think>` that no ID holds: every row's sampled IDs were rejected. kimipipe asks
+    for false; the stand-in's vLLM mode does what vLLM does by default."""
+    slow = TOKENIZER_KINDS["tiktoken"]
+    server = standin(mode="vllm", tokenizer=slow, noncanonical=0.5, request_log=True)
+    from kimipipe.tokenize.load import load_tokenizer
+    tok = load_tokenizer(slow, trust_remote_code=True)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello 東京"}],
+            "return_token_ids": True, "chat_template_kwargs": {"thinking": True}}
+    plain = json.loads(post(server.base_url + "/chat/completions", body))
+    message, ids = plain["choices"][0]["message"], plain["choices"][0]["token_ids"]
+    assert message["reasoning"].startswith(" ") and message["content"].startswith(" ")
+    assert tok.decode(ids, skip_special_tokens=False) == (
+        message["reasoning"].strip() + "</think>" + message["content"].strip() + "<|im_end|>")
+    exact = json.loads(post(server.base_url + "/chat/completions",
+                            {**body, "spaces_between_special_tokens": False}))
+    message = exact["choices"][0]["message"]
+    assert tok.decode(ids, skip_special_tokens=False) == (
+        message["reasoning"] + "</think>" + message["content"] + "<|im_end|>")
+
+    prompts = write_prompts(tmp_path / "p.jsonl", 6)
+    responses = tmp_path / "r.jsonl"
+    r = kp("infer", prompts, "-o", responses, "--server", server.base_url, stream,
+           env=no_openrouter_env())
+    assert r.code == 0, r.stderr
+    assert all(b["spaces_between_special_tokens"] is False for b in server.requests()[2:])
+    t = tokenize_in_process(responses, "--tokenizer", slow, "--trust-remote-code",
+                            "-o", tmp_path / "t.jsonl", "--workers", "1")
+    assert t.code == 0, t.stderr
+    rows = read_jsonl(tmp_path / "t.jsonl")
+    by_id = {rec["id"]: rec for rec in read_jsonl(responses)}
+    assert len(rows) == 6
+    for row in rows:
+        assert row["output_ids_source"] == "sampled", row.get("sampled_fallback")
+        assert row["output_ids"] == by_id[row["id"]]["sampled_ids"]["output"]
+
+
+def test_a_servers_context_is_read_at_discovery_and_each_overflow_said(standin, tmp_path):
+    """vLLM reports its context (`max_model_len`) in GET /v1/models, refuses max_tokens
+    above it and a prompt past it (400), and answers a prompt that fits with what room is
+    left (200, `length`). kp-infer reads it before sending: --max-tokens above it is exit 2
+    naming both numbers and the option, nothing sent; a prompt that cannot fit is one
+    permanent failure; a cut the context caused is marked `cut_by: context`."""
+    server = standin(mode="vllm", request_log=True)
+    long_text = "question 1: " + "explain the word tokenizer again " * 40
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "dataset": "D", "messages": [
+        {"role": "user", "content": text}]}) + "\n" for i, text in enumerate(
+        ["question 0: explain 東京", long_text, "word " * 3000])))
+
+    def usage(text):
+        answer = json.loads(post(server.base_url + "/chat/completions", {
+            "model": MODEL, "messages": [{"role": "user", "content": text}],
+            "chat_template_kwargs": {"thinking": True}}))
+        return answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"]
+
+    (p0, c0), (p1, c1) = usage("question 0: explain 東京"), usage(long_text)
+    context = p1 + c1 - 10  # the long prompt's answer is cut by 10 tokens; the short one fits
+    assert p0 + c0 <= context < p1 + c1 and p1 < context
+    server.configure(max_model_len=context, latency=0.3)
+    models = json.loads(urllib.request.urlopen(server.base_url + "/models", timeout=10).read())
+    assert models["data"][0]["max_model_len"] == context
+    sent = len(server.requests())
+
+    r = kp("infer", prompts, "-o", tmp_path / "r.jsonl", "--server", server.base_url,
+           env=no_openrouter_env())  # --max-tokens 16384, the default
+    assert r.code == 2, r.stderr
+    assert (f"--max-tokens 16,384 is more than 127.0.0.1:{server.port} can generate: its "
+            f"context (max_model_len) is {context:,} tokens") in r.stderr
+    assert len(server.requests()) == sent and not (tmp_path / "r.jsonl").exists()
+
+    out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
+    r = kp("infer", prompts, "-o", out, "--failures", failures, "--server", server.base_url,
+           "--max-tokens", str(context), "--server-concurrency", "2",
+           env={**no_openrouter_env(), "KP_PROGRESS_INTERVAL": "0.2"})
+    assert r.code == 4, r.stderr
+    records = {rec["id"]: rec for rec in read_jsonl(out)}
+    assert records["q0"]["finish_reason"] == "stop" and records["q0"]["cut_by"] is None
+    assert records["q1"]["finish_reason"] == "length" and records["q1"]["cut_by"] == "context"
+    assert records["q1"]["usage"]["completion_tokens"] == context - p1
+    [failed] = read_jsonl(failures)
+    assert failed["id"] == "q2" and "maximum context length" in failed["message"]
+    assert len(server.requests()) - sent == 3  # the prompt past the context: asked once
+    # the progress lines: the servers' slots are the run's limit, and no 429 was met
+    assert "in flight (max 2)" in r.stderr and "after 429s" not in r.stderr, r.stderr

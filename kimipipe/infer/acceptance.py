@@ -42,6 +42,7 @@ from dataclasses import replace
 
 from ..kinds import RefusalKind
 from ..openrouter.attempt import Attempt
+from ..openrouter.client import spelled_by, tokens_joined
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
 from ..openrouter.routing import routing_violation as policy_violation
 from ..think_tags import INLINE, THINK_CLOSE, THINK_OPEN, split_lone_think_close
@@ -55,8 +56,12 @@ def recover_lone_think_close(answer: Attempt) -> None:
     the prompt closed the block itself, and a `</think>` in the content is text."""
     split = split_lone_think_close(answer.content, answer.reasoning)
     if split is not None:
+        joined = tokens_joined(answer)  # (spelled by the text as it came, before the split)
         answer.content, answer.reasoning = split
         answer.reasoning_source = INLINE if split[1] else ""
+        if joined is not None:  # which text the tokens spell is said of the text kept
+            answer.token_data, answer.token_spells = spelled_by(joined, answer.reasoning,
+                                                                answer.content)
 
 
 def reasoning_refusal(answer: Attempt) -> tuple[RefusalKind, str] | None:

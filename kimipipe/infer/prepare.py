@@ -85,17 +85,21 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     in_part = [i for i in scan.ids if in_partition(i, config.partition) and (sample is None or i in sample)]
     skipped = sum(1 for i in in_part if i in done)
     todo_ids = [i for i in in_part if i not in done]
+    # what is left of each conversation: the turns OUTPUT holds are not asked again
+    turns_todo = sum(scan.turns_of(i) - (conversations.open[i].turn if i in conversations.open
+                                         else 0) for i in todo_ids)
+    conversations_todo = sum(1 for i in todo_ids if i in scan.turns)
     if not config.openrouter:  # servers only: no endpoints table, no prices, no model entry
-        return _servers_only(config, scan, previous, in_part, skipped, sample, say)
+        prepared = _servers_only(config, scan, previous, in_part, skipped, sample, say)
+        prepared.turns_todo, prepared.conversations_todo = turns_todo, conversations_todo
+        return prepared
     identity = take_in_quarantine(config, say)
     routing = read_routing(config, identity, say)
     prepared = Prepared(
         scan, done, previous.spent, previous.tokens, len(in_part) - skipped, skipped,
         routing.endpoints, routing.price, taken_in=previous.taken_in,
         model_info=routing.model_info, sample=sample, conversations=conversations,
-        turns_todo=sum(scan.turns_of(i) - (conversations.open[i].turn if i in conversations.open
-                                           else 0) for i in todo_ids),
-        conversations_todo=sum(1 for i in todo_ids if i in scan.turns),
+        turns_todo=turns_todo, conversations_todo=conversations_todo,
         servers=discover_servers(config, say), identity=identity)
     if routing.logprobs_note:
         prepared.notes.append(routing.logprobs_note)
@@ -119,6 +123,7 @@ def _servers_only(config: RunConfig, scan: InputScan, previous, in_part: list[st
     prepared = Prepared(scan, previous.done, previous.spent, previous.tokens,
                         len(in_part) - skipped, skipped, None, None, taken_in=previous.taken_in,
                         model_info="servers only", sample=sample,
+                        conversations=previous.conversations,
                         servers=discover_servers(config, say))
     prepared.notes.append(f"servers only ({', '.join(config.servers)}): no OpenRouter "
                           "routing, prices or balance; the answers cost nothing")

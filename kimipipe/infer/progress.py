@@ -132,7 +132,7 @@ class RunProgress:
             conversations=((conversations.done + conversations.cut, len(conversations.open))
                            if conversations is not None else None),
             in_flight=self.limiter.in_flight, limit=self.limiter.current,
-            concurrency=self.config.concurrency, waiting=state.waiting,
+            concurrency=self.config.total_concurrency, waiting=state.waiting,
             stopping=state.stop_reason.slug if state.stop_reason else None,
             grace_left=grace_left,
             **binding_cap(budget),

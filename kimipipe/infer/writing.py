@@ -170,6 +170,7 @@ def generation_fields(answer: Attempt, attempts: int, model: str,
         sampled_ids=(None if answer.output_ids is None
                      else SampledIds(output=answer.output_ids, prompt=answer.prompt_ids)),
         sampled_tokens=sampled_tokens_of(answer),
+        cut_by=answer.cut_by or None,
     )
 
 

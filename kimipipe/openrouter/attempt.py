@@ -94,6 +94,7 @@ class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
     token_data: bytes | None = None
     token_spells: str = ""
     token_nulls: int = 0
+    cut_by: str = ""  # "context": a server's `length` answer cut by its context (infer/servers.py)
 
     def limit_key(self) -> str:
         """How the summary counts a credit-limit refusal: status, then reason or source."""

@@ -46,7 +46,8 @@ from .http11 import Http11Pool
 from .outcomes import Broken, CollectedResponse, Stalled
 from .proxy import ProxyError
 
-__all__ = ["Attempt", "CompletionClient", "StreamAnswer", "split_inline_think"]
+__all__ = ["Attempt", "CompletionClient", "StreamAnswer", "split_inline_think", "spelled_by",
+           "tokens_joined"]
 
 
 # Typed views of what we read from the wire; msgspec skips every other field fast.
@@ -235,15 +236,32 @@ def sampled_tokens(tokens: list[_TokenLogprob], reasoning: str | None, content: 
         pieces = [_token_bytes(t) for t in tokens]
         joined = b"".join(pieces)
         lengths = list(map(len, pieces))
-    content_bytes = content.encode("utf-8")
-    answer = (reasoning or "").encode("utf-8") + content_bytes
+    answer = ((reasoning or "") + content).encode("utf-8")
     if len(joined) > TOKENS_MAX_RATIO * len(answer) + TOKENS_MAX_SLACK:
         return None
-    if joined == answer:
-        return lengths, None, "answer", nulls
+    return (lengths, *spelled_by(joined, reasoning, content), nulls)
+
+
+def spelled_by(joined: bytes, reasoning: str | None, content: str) -> tuple[bytes | None, str]:
+    """(the tokens' bytes JOINED, or None where they are exactly a text of the answer;
+    which text: "answer", "content", or "" for none)."""
+    content_bytes = content.encode("utf-8")
+    if joined == (reasoning or "").encode("utf-8") + content_bytes:
+        return None, "answer"
     if joined == content_bytes:
-        return lengths, None, "content", nulls
-    return lengths, joined, "", nulls
+        return None, "content"
+    return joined, ""
+
+
+def tokens_joined(answer: Attempt) -> bytes | None:
+    """ANSWER's sampled tokens' bytes, joined (None: it has none)."""
+    if answer.token_lengths is None:
+        return None
+    if answer.token_spells == "answer":
+        return ((answer.reasoning or "") + answer.content).encode("utf-8")
+    if answer.token_spells == "content":
+        return answer.content.encode("utf-8")
+    return answer.token_data
 
 
 def _finish(body_id, provider, model, content, reasoning: tuple[str | None, str], finish_reason,

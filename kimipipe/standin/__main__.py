@@ -36,8 +36,8 @@ Provider quirks (PROVIDER: a tag or provider name, as provider.only takes it):
                                     provider.require_parameters routes around it
     --logprobs PROVIDER[=VARIANT]   that provider lists and returns token logprobs (real
                                     tokens, a share --noncanonical cut otherwise; VARIANT:
-                                    all, content, null-bytes, specials, gap, bad-bytes:
-                                    standin/logprobs.py)
+                                    all, content, null-bytes, specials, vllm-split, gap,
+                                    bad-bytes: standin/logprobs.py)
     --impostor PROVIDER=N[:HOW]     from its N-th answer that provider serves another model
                                     under the target's name: other text, usage counted
                                     by HOW: words (default), system=TEXT (an injected
@@ -73,6 +73,9 @@ A self-hosted server instead (standin/selfhosted.py):
     --system-prompt TEXT            the server's template adds this system message
     --served-model-name NAME        serve moonshotai/kimi-k2.5 under NAME only (vLLM's
                                     --served-model-name; GET /v1/models lists NAME)
+    --max-model-len N               the context (default 262144): max_tokens above it or a
+                                    prompt past it is vLLM's 400, prompt + max_tokens past
+                                    it is cut short (finish_reason length)
 """
 
 from __future__ import annotations

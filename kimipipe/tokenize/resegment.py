@@ -42,6 +42,13 @@ CONTROL_IN_TEXT = "a control token inside the text"
 DECODES_OTHERWISE = "the IDs decode to other text"
 BAD_FIELD = "sampled_tokens unreadable (lengths do not add up)"
 NOTHING_COVERED = "the tokens cover no part of the turn"
+SPLIT_CHARACTER = "a character split over tokens came as empty bytes, and its tokens cannot be told"
+CONTROL_ORDER = "the model's control tokens are not where the layout puts them"
+# What the model sampled, the chat template cannot lay out (its reasoning ended at the
+# end-of-turn token, no `</think>`; a second `</think>`; a control token inside the text):
+# re-encoding would train on a control token it never sampled, or lose one it did, so
+# such a row is rejected (kp-tokenize's rejects, counted by reason), never re-encoded.
+UNRENDERABLE = (CONTROL_IN_TEXT, CONTROL_ORDER)
 
 
 @dataclass
@@ -67,14 +74,96 @@ def _spelling_run(tokens: list[bytes], start: int, target: bytes) -> tuple[int |
     return (j if pos == len(target) else None), pos
 
 
+def _pieces_of_character(whole: bytes, n: int, codec) -> list[list[bytes]]:
+    """Every way WHOLE can be N tokens of the vocabulary, each but the last ending inside a
+    UTF-8 character (what made vLLM give it empty bytes)."""
+    found = []
+    for cuts in itertools.combinations(range(1, len(whole)), n - 1):
+        pieces = [whole[a:b] for a, b in itertools.pairwise((0, *cuts, len(whole)))]
+        if any(_complete(whole[:b]) for b in cuts):
+            continue
+        if None not in codec.text_token_ids(pieces):
+            found.append(pieces)
+    return found
+
+
+def _complete(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def rebuild_split_characters(tokens: list[bytes], codec) -> tuple[list[bytes], int]:
+    """TOKENS with vLLM's split characters rebuilt (its logprobs give a token that ends
+    inside a UTF-8 character `bytes []`, and the token completing it the whole character:
+    the run's bytes all at its end): each run of empty tokens and the one after it, cut
+    into as many tokens of the vocabulary as the run has, where exactly one cut is possible
+    (each piece but the last ending inside a character). How many runs were left as they
+    came (none fits, or several do: which tokens were sampled cannot be told) is returned
+    too. An empty token before one that does not end a multi-byte character (a control
+    token's place) is left alone."""
+    if b"" not in tokens:
+        return tokens, 0
+    out: list[bytes] = []
+    left = 0
+    i, n = 0, len(tokens)
+    while i < n:
+        j = i
+        while j < n and tokens[j] == b"":
+            j += 1
+        if j == i:
+            out.append(tokens[i])
+            i += 1
+            continue
+        if j == n or not tokens[j] or max(tokens[j]) < 0x80:  # (" \xe6" + ... ends inside one)
+            out.extend(tokens[i:j])  # not a character's run (a control token's empty place)
+            i = j
+            continue
+        ways = _pieces_of_character(tokens[j], j - i + 1, codec)
+        if len(ways) == 1:
+            out.extend(ways[0])
+        else:
+            out.extend(tokens[i:j + 1])
+            left += 1
+        i = j + 1
+    return out, left
+
+
 def align(tokens: list[bytes], segments: list[tuple[bool, str]], layout_ids: dict[str, int],
           codec) -> Alignment:
-    """TOKENS laid on SEGMENTS (see the module text); LAYOUT_IDS: control token -> ID."""
+    """TOKENS laid on SEGMENTS (see the module text); LAYOUT_IDS: control token -> ID.
+    vLLM's split characters are rebuilt first (`rebuild_split_characters`); where one
+    cannot be and the tokens do not prove out, the reason says so (SPLIT_CHARACTER)."""
+    tokens, unresolved = rebuild_split_characters(tokens, codec)
+    found = _align(tokens, segments, layout_ids, codec)
+    if found.problem == NOT_SPELLED:
+        # more control tokens sampled than the layout has (a reasoning parser drops a
+        # second `</think>` from the text, vLLM's kimi_k2 does): what the model sampled,
+        # the template cannot lay out (UNRENDERABLE)
+        controls = {t.encode("utf-8") for t in layout_ids}
+        held = sum(t in controls for t in tokens)
+        laid = sum(is_token for is_token, _ in segments)
+        if held > laid:
+            return _failed(CONTROL_ORDER, f"{held} control tokens sampled, the layout has {laid}")
+    if found.problem and found.problem not in UNRENDERABLE and unresolved:
+        return _failed(SPLIT_CHARACTER, f"{unresolved:,} such character(s)")
+    return found
+
+
+def _align(tokens: list[bytes], segments: list[tuple[bool, str]], layout_ids: dict[str, int],
+           codec) -> Alignment:
     out = Alignment()
     i, n = 0, len(tokens)
     parted = ""  # where the tokens began a text segment and parted from it
+    controls = {t.encode("utf-8") for t in layout_ids}
     for is_token, text in segments:
         if is_token:
+            if i < n and tokens[i] in controls and tokens[i] != text.encode("utf-8"):
+                # another control token where the layout has this one: the model ended
+                # its reasoning with the end of turn, say; the layout would insert TEXT
+                return _failed(CONTROL_ORDER, f"{tokens[i].decode()} where the layout has {text}")
             if i < n and (tokens[i] == text.encode("utf-8") or tokens[i] == b""):
                 i += 1
             out.ids.append(None)
@@ -90,6 +179,8 @@ def align(tokens: list[bytes], segments: list[tuple[bool, str]], layout_ids: dic
             out.tokens.append(None)
             continue
         run = tokens[i:end]
+        if not controls.isdisjoint(run):  # one token spelling a control token is that token
+            return _failed(CONTROL_IN_TEXT, "")
         ids = codec.text_token_ids(run)
         if any(t is None for t in ids):
             bad = next(t for t, tid in zip(run, ids, strict=True) if tid is None)
