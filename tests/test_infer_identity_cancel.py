@@ -95,7 +95,7 @@ def test_cancelling_pays_for_fewer_answers_of_the_other_model(standin, tmp_path)
     provider does not bill a cancel (the ledger counts them)."""
     plain = quarantine_run(standin, tmp_path, "plain", "--no-stream")
     streamed = quarantine_run(standin, tmp_path, "stream")
-    for server, records, failures, _, r in (plain, streamed):
+    for _server, records, failures, _, r in (plain, streamed):
         assert r.code == 0, r.stderr
         assert len(records) == PROMPTS and not failures
     before, after = paid_after_first_wrong(plain[0]), paid_after_first_wrong(streamed[0])
