@@ -96,7 +96,9 @@ def one_run(code: str, scenario: str, tmp: Path, prompts: Path, args) -> dict:
     impostor = [x for x in ledger if x.get("impostor")]
     impostor_ids = {x["generation_id"] for x in impostor}
     refused = [r for rec in records for r in rec["refused"]]
-    honest_refused = [r for r in refused if r["generation_id"] not in impostor_ids]
+    # (a cancelled stream the provider did not bill is in no ledger line: not an honest one)
+    honest_refused = [r for r in refused if r["generation_id"] not in impostor_ids
+                      and not r["message"].startswith("stream closed after")]
     return {"code": code, "scenario": scenario, "requests": args.requests,
             "concurrency": args.concurrency,
             "impostor_paid_refused": len(impostor),
