@@ -19,7 +19,9 @@ in its whole answer, so nothing of it can be cancelled (what every run did befor
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 from conftest import TOKENIZER_KINDS, read_jsonl
@@ -119,3 +121,46 @@ def test_max_cost_holds_with_cancelled_streams_billed(standin, tmp_path):
     assert cancelled_refusals(records, failures)  # (the cap met with cancels among them)
     money_is_exact(server, records, failures)
     assert summary["spend_this_run"] == pytest.approx(billed, rel=1e-9)
+
+
+def _cancel_through_the_client(server, wait_before_cancel: float):
+    """One streamed attempt routed to Fireworks, and `cancel_streams_of("Fireworks")`
+    after WAIT_BEFORE_CANCEL s: (how many it closed at once, the attempt's outcome)."""
+    from kimipipe.openrouter.client import CompletionClient
+
+    body = json.dumps({"model": "moonshotai/kimi-k2.5", "max_tokens": 1024, "stream": True,
+                       "messages": [{"role": "user", "content": "Tell me about rivers."}],
+                       "provider": {"only": ["fireworks"]}}).encode()
+
+    async def go():
+        async with CompletionClient(server.base_url, server.api_key) as client:
+            task = asyncio.ensure_future(client.attempt(body, True))
+            await asyncio.sleep(wait_before_cancel)
+            closed = client.cancel_streams_of("Fireworks")
+            return closed, await asyncio.wait_for(task, 30)
+
+    return asyncio.run(go())
+
+
+def test_a_stream_is_closed_at_the_quarantine_or_at_its_first_chunk_after_it(standin):
+    """The client's part, on the stand-in: a stream already past its first chunk is closed
+    at once; one whose first chunk comes after the quarantine is closed at that chunk.
+    Either ends as CANCELLED with its generation id (for GET /generation), and its
+    connection is closed, which is what cancels it upstream (the stand-in counts it
+    abandoned, and bills nothing of it)."""
+    from kimipipe.kinds import AttemptKind
+
+    live = standin(latency=0.05, tokens_per_second=10, ledger=True)
+    closed, outcome = _cancel_through_the_client(live, 1.5)
+    assert closed == 1 and outcome.kind == AttemptKind.CANCELLED, outcome
+    assert outcome.provider == "Fireworks" and outcome.generation_id and outcome.chunks > 0
+    late = standin(latency=1.5, tokens_per_second=10, ledger=True)
+    closed, outcome = _cancel_through_the_client(late, 0.5)
+    assert closed == 0 and outcome.kind == AttemptKind.CANCELLED, outcome
+    assert outcome.provider == "Fireworks" and outcome.chunks == 1
+    for server in (live, late):
+        for _ in range(50):  # (the stand-in sees the close at its next write)
+            if server.stats()["abandoned"]:
+                break
+            time.sleep(0.1)
+        assert server.stats()["abandoned"] == 1 and not server.ledger()
