@@ -15,6 +15,9 @@ worst case a cap reserves). Both billing behaviours: `bill_cancelled` (the stand
 generation whose client went away) and not (GET /generation shows it cancelled at $0).
 The baseline is the same run with `--no-stream`: a plain request names its provider only
 in its whole answer, so nothing of it can be cancelled (what every run did before).
+The client's own part (a stream closed at once, or at its first chunk after the
+quarantine, its connection closed while the client runs on) is driven through
+`CompletionClient` against the stand-in.
 """
 
 from __future__ import annotations
