@@ -5,7 +5,10 @@
     .venv/bin/python bench/bench_identity_quarantine.py --before /tmp/kp-before
 
 kp-infer --tokenizer at `--concurrency 2000` (`--no-stream`: the stand-in holds each answer
-`--latency` seconds, so that the requests are in flight as long as a real run's), against
+`--latency` seconds, so that the requests are in flight as long as a real run's; with
+`--stream`, streamed at `--tokens-per-second`: what a quarantine can cancel, each stream
+of the quarantined provider closed, `--bill-cancelled` when the provider bills it all the
+same), against
 the stand-in counting usage with the same tokenizer (the bundled mini one by default:
 `--tokenizer DIR` for another) and five providers, four honest ones that overcount by
 +0, +1, +2, +3 as the Kimi Vendor Verifier allows (`--usage-offset`) and Fireworks, in
@@ -25,6 +28,8 @@ and kp-infer's records:
                          answer, all refused: the waste a quarantine cannot avoid once
                          they are in flight), and their USD
   honest_refused         honest answers refused (the band: none)
+  cancelled              streams closed at the quarantine (refused for identity, paid for
+                         at GET /generation's figure: $0 where the provider stops billing)
   quarantined            the providers kp-infer quarantined
   usd_paid, wall_s       the whole run's bill and wall time
 and per scenario the ratios this / before. The figures are in bench/README.md.
@@ -65,7 +70,10 @@ def one_run(code: str, scenario: str, tmp: Path, prompts: Path, args) -> dict:
     run_dir = tmp / f"{code}-{scenario}"
     run_dir.mkdir()
     out, summary = run_dir / "out.jsonl", run_dir / "summary.json"
-    with StandIn(latency=args.latency, tokenizer=args.tokenizer, ledger=True,
+    streaming = {"latency": 0.2, "tokens_per_second": args.tokens_per_second} if args.stream \
+        else {"latency": args.latency}
+    with StandIn(tokenizer=args.tokenizer, ledger=True, bill_cancelled=args.bill_cancelled,
+                 **streaming,
                  workdir=run_dir / "standin", start_timeout=120,
                  **scenario_settings(scenario, args.switch_after)) as server:
         env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
@@ -73,7 +81,8 @@ def one_run(code: str, scenario: str, tmp: Path, prompts: Path, args) -> dict:
         # directory first), as bench_infer.py's --kp-pythonpath does
         env["PYTHONPATH"] = cwd = str(args.before if code == "before" else REPO)
         cmd = [str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
-               server.base_url, "--concurrency", str(args.concurrency), "--no-stream",
+               server.base_url, "--concurrency", str(args.concurrency),
+               *(() if args.stream else ("--no-stream",)),
                "--max-tokens", "100", "--quiet", "--idle-timeout", "600",
                "--summary-json", str(summary), "--tokenizer", str(args.tokenizer), *ROUTED,
                *(("--identity-strikes", "40") if scenario == "late" else ())]
@@ -82,15 +91,21 @@ def one_run(code: str, scenario: str, tmp: Path, prompts: Path, args) -> dict:
     result = json.loads(summary.read_text())
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == args.requests, (len(records), result)
+    cancelled = [r for rec in records for r in rec["refused"]
+                 if r["message"].startswith("stream closed after")]
     impostor = [x for x in ledger if x.get("impostor")]
     impostor_ids = {x["generation_id"] for x in impostor}
     refused = [r for rec in records for r in rec["refused"]]
-    honest_refused = [r for r in refused if r["generation_id"] not in impostor_ids]
+    # (a cancelled stream the provider did not bill is in no ledger line: not an honest one)
+    honest_refused = [r for r in refused if r["generation_id"] not in impostor_ids
+                      and not r["message"].startswith("stream closed after")]
     return {"code": code, "scenario": scenario, "requests": args.requests,
             "concurrency": args.concurrency,
             "impostor_paid_refused": len(impostor),
             "impostor_usd": round(sum(x["cost"] for x in impostor), 6),
             "honest_refused": len(honest_refused),
+            "cancelled": len(cancelled), "stream": args.stream,
+            "bill_cancelled": args.bill_cancelled,
             "quarantined": [q["provider"] for q in result["identity"]["quarantined"]],
             "usd_paid": round(sum(x["cost"] for x in ledger), 6),
             "wall_s": round(measured["wall_s"], 2)}
@@ -103,6 +118,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2000)
     parser.add_argument("--latency", type=float, default=8.0)
     parser.add_argument("--switch-after", type=int, default=200)
+    parser.add_argument("--stream", action="store_true",
+                        help="streamed requests (what a quarantine can cancel), each lasting "
+                             "its answer's tokens at --tokens-per-second")
+    parser.add_argument("--tokens-per-second", type=float, default=60.0)
+    parser.add_argument("--bill-cancelled", action="store_true",
+                        help="the stand-in bills a generation whose stream was closed")
     parser.add_argument("--scenario", action="append",
                         choices=["switch", "new", "late", "honest"])
     parser.add_argument("--tokenizer", type=Path, default=MINI)

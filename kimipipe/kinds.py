@@ -36,6 +36,9 @@ class AttemptKind(StrEnum):
     AUTH = "auth"  # 401: stop the run
     NO_ROUTE = "no_route"  # 404: no provider left for the routing: stop the run
     PERMANENT = "permanent"  # the request's own fault (400/403/413/422, ...): fail it
+    # a stream kimipipe closed because its provider was quarantined (infer/identity.py):
+    # maybe billed all the same, so its cost is settled and it is booked as refused
+    CANCELLED = "cancelled"
 
 
 class RetryCause(StrEnum):

@@ -45,10 +45,19 @@ The probation lasts until every allowed provider is trusted (its last answer jud
 accepted) or PROBATION_ANSWERS were judged. After it, a provider not trusted (new to the
 run, or its last answer refused: it switched) is reached by at most TRIAL requests in
 flight (`route`, asked by infer/prompt_work.py for each attempt); every other request has
-it in provider.ignore until an answer of it is accepted. The answers a provider that
-switches had in flight when it switched are paid for and refused: they are not cancelled,
-since a cancelled stream stops billing only at some providers (OpenRouter's streaming
-docs) and a plain request is billed whole.
+it in provider.ignore until an answer of it is accepted.
+
+The answers a provider that switches had in flight when it is quarantined are cancelled
+where the API allows (`cancel_streams`, the transport's: openrouter/client.py): a stream
+names its provider in its first chunk, so each stream of that provider is closed then (or
+as soon as its first chunk comes, if later), and ends as `AttemptKind.CANCELLED`. A
+cancelled generation may be billed all the same (OpenRouter's streaming docs list the
+providers that stop billing on a cancel: DeepInfra, Together and Fireworks among them;
+Moonshot AI, Parasail and BaseTen are not listed), so infer/prompt_work.py settles its cost
+as a missing one (GET /generation, else its worst case), books it as refused
+(RefusalKind.IDENTITY) and sends the prompt again elsewhere. A plain (non-streamed)
+request names its provider only in its whole answer: it cannot be told apart before it
+ends, so it runs on, is paid for and refused.
 
 A provider refused this way `--identity-strikes` times is quarantined: its endpoints' tags
 go into `provider.ignore` of every request from then on (Policy.quarantine), it is named on
@@ -281,6 +290,9 @@ class IdentityJudge:
         self.judged = 0  # answers given a final verdict
         self.waiting = 0  # checks waiting for the others' answers (holding no slot)
         self._precounted: dict[str, int | None] = {}  # prompt id -> its count (`precount`)
+        # the transport's: close a quarantined provider's streams in flight (None: not
+        # possible, e.g. a --server run's; set by infer/run.py once the transport is open)
+        self.cancel_streams: Callable[[str], object] | None = None
 
     # -- counting (once per prompt: infer/prompt_work.py keeps it) -------------------------
     def count(self, messages: Sequence, prompt_id: str | None = None) -> int | None:
@@ -585,6 +597,8 @@ class IdentityJudge:
         self.table.quarantine(name)
         slugs = slugs_of(name, self.endpoints)
         self.policy.quarantine.extend(s for s in slugs if s not in self.policy.quarantine)
+        if self.cancel_streams is not None:  # its answers in flight are refused anyway
+            self.cancel_streams(name)
         ratios = sorted(evidence.ratios)
         entry = Quarantined(
             provider=name, slugs=slugs, refused=sum(evidence.refused_offsets.values()) or evidence.strikes,

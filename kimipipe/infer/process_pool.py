@@ -20,7 +20,12 @@ take ~0.4 of a core for streaming, ~0.6 in all.
 Wire format between parent and worker, over the worker's stdin/stdout pipes: frames of a
 4-byte big-endian length and a msgpack body.
     parent -> worker: [request_id, stream, body_bytes]
+                      [CANCEL_PROVIDER, false, provider_name]: close that provider's
+                      streams (`cancel_streams_of`); no answer of its own
     worker -> parent: [request_id, Attempt]
+A worker's streams are its own (their first chunk, which names the provider, is read
+there), so a quarantine is told to every worker and each closes its own; the closed
+streams come back as their requests' Attempts (`AttemptKind.CANCELLED`), as any other.
 The API key, and the `--proxy` URL (it may hold a password), reach workers through
 their environment (OPENROUTER_API_KEY, KP_INFER_PROXY), never their command line.
 
@@ -41,7 +46,7 @@ from ..kinds import AttemptKind, RetryCause
 from ..openrouter.attempt import Attempt
 from ..openrouter.client import CompletionClient
 from .config import RunConfig
-from .worker_process import WorkerArgs
+from .worker_process import CANCEL_PROVIDER, WorkerArgs
 
 _HEADER = struct.Struct(">I")
 _request_encoder = msgspec.msgpack.Encoder()
@@ -79,6 +84,7 @@ class WorkerPool:
         self._replacing: set[asyncio.Task] = set()
         self._ids = itertools.count()
         self._closing = False
+        self._stopped: list[str] = []  # providers whose streams are cancelled (a new worker too)
 
     async def __aenter__(self) -> WorkerPool:
         for _ in range(self.n):
@@ -97,6 +103,8 @@ class WorkerPool:
         )
         worker = _Worker(proc)
         worker.reader_task = asyncio.create_task(self._read_results(worker))
+        for provider in self._stopped:  # (a worker started in a dead one's place)
+            self._tell_cancel(worker, provider)
         return worker
 
     async def _read_results(self, worker: _Worker) -> None:
@@ -180,6 +188,21 @@ class WorkerPool:
         except asyncio.CancelledError:
             worker.pending.pop(request_id, None)
             raise
+
+    def cancel_streams_of(self, provider: str) -> None:
+        """Every live worker closes PROVIDER's streams (CompletionClient.cancel_streams_of)."""
+        self._stopped.append(provider)
+        for worker in self._workers:
+            if worker.alive:
+                self._tell_cancel(worker, provider)
+
+    @staticmethod
+    def _tell_cancel(worker: _Worker, provider: str) -> None:
+        payload = _request_encoder.encode((CANCEL_PROVIDER, False, provider.encode()))
+        try:
+            worker.proc.stdin.write(_HEADER.pack(len(payload)) + payload)
+        except (ConnectionError, RuntimeError):
+            pass  # (a dead worker's attempts come back as retries: _worker_ended)
 
     async def __aexit__(self, *exc) -> None:
         self._closing = True

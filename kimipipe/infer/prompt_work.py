@@ -26,6 +26,9 @@ what each attempt ends in (`kinds.AttemptKind`) has one handler here (`PromptWor
                answers) left no route: then it is the prompt's failure
     permanent  the prompt fails; 50 identical ones in a row with no answer between them
                stop the run (infer/systematic.py: a configuration error)
+    cancelled  a stream closed because its provider was quarantined (infer/identity.py):
+               maybe billed, so refused like an answer (RefusalKind.IDENTITY), its cost
+               settled as a missing one, and the prompt sent again elsewhere
 
 The record or failure is written whole (infer/writing.py), and what a failing output cannot
 take is kept in the rescue file. Admission, stops and draining stay in the run.
@@ -223,6 +226,21 @@ class PromptWork:
             self.holding_slot = True
         return True
 
+    async def _on_cancelled(self, answer: Attempt) -> bool:
+        """A stream closed because its provider was quarantined (infer/identity.py): it may
+        be billed all the same, so it is an answer refused for identity, its cost settled
+        as a missing one (GET /generation, else the reservation: never $0), and the prompt
+        is sent again elsewhere as after any refusal."""
+        parts = self.parts
+        why = answer.message
+        source = await self._settle_cost(answer, (RefusalKind.IDENTITY, why),
+                                         time.monotonic() - self.started)
+        if not await self._refuse(answer, RefusalKind.IDENTITY, why, source):
+            return False
+        self.body = parts.config.request.body(self.prompt, self.policy, self.session_id)
+        self._quarantined = len(self.policy.quarantine)
+        return True
+
     async def _on_retry(self, result: Attempt) -> bool:
         parts = self.parts
         parts.stats.retried(result.cause)
@@ -299,6 +317,7 @@ class PromptWork:
         AttemptKind.AUTH: _on_auth,
         AttemptKind.NO_ROUTE: _on_no_route,
         AttemptKind.PERMANENT: _on_permanent,
+        AttemptKind.CANCELLED: _on_cancelled,
     }
     assert set(HANDLERS) == set(AttemptKind), "every attempt kind has its handler"
 

@@ -157,6 +157,8 @@ class Run:
     async def run(self, transport: Transport) -> int:
         """The run, sending through TRANSPORT (`attempt(body, stream)`); its exit code."""
         state = self.state
+        if self.acceptance.identity is not None:  # a quarantine closes that provider's streams
+            self.acceptance.identity.cancel_streams = getattr(transport, "cancel_streams_of", None)
         parts = RunParts(
             config=self.config, transport=transport, limiter=self.limiter, money=self.money,
             budget=self.budget, disk=self.disk, acceptance=self.acceptance, output=self.output,

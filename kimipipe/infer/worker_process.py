@@ -43,6 +43,7 @@ class WorkerArgs(msgspec.Struct, frozen=True):
         return [sys.executable, "-m", "kimipipe.infer.worker_process",
                 msgspec.json.encode(self).decode()]
 _request_decoder = msgspec.msgpack.Decoder(tuple[int, bool, bytes])
+CANCEL_PROVIDER = -1  # a request id that is a command: close the streams of the provider named
 _result_encoder = msgspec.msgpack.Encoder()
 
 
@@ -74,6 +75,9 @@ async def serve(base_url: str, api_key: str, idle_timeout: float, proxy: str | N
                 request_id, stream, body = _request_decoder.decode(await reader.readexactly(size))
             except asyncio.IncompleteReadError:
                 break
+            if request_id == CANCEL_PROVIDER:
+                client.cancel_streams_of(body.decode())
+                continue
             task = asyncio.create_task(run_one(request_id, stream, body))
             tasks.add(task)
             task.add_done_callback(tasks.discard)

@@ -321,6 +321,7 @@ class CompletionClient:
         self._pool = Http11Pool(self.url, headers, idle_timeout=idle_timeout,
                                 connect_timeout=connect_timeout, proxy=proxy)
         self._entered = False
+        self._stopped: set[str] = set()  # providers whose streams are cancelled (lower-case)
 
     async def __aenter__(self) -> CompletionClient:
         await self._pool.__aenter__()
@@ -334,10 +335,21 @@ class CompletionClient:
     def in_flight(self) -> int:
         return self._pool.in_flight
 
+    def cancel_streams_of(self, provider: str) -> int:
+        """Close the streams in flight whose first chunk named PROVIDER, and every later one
+        as soon as its first chunk does: each ends as an `AttemptKind.CANCELLED` Attempt.
+        A plain (non-streamed) request names its provider only in its whole answer, so it
+        cannot be told apart before it ends: it runs on. How many were closed now."""
+        name = provider.lower()
+        self._stopped.add(name)
+        return self._pool.abandon(
+            lambda a: a.cancel() if isinstance(a, StreamAnswer) and a.provider is not None
+            and a.provider.lower() == name else None)
+
     async def attempt(self, body: bytes, stream: bool) -> Attempt:
         assert self._entered, "use `async with CompletionClient(...)`"
         try:
-            outcome = await self._pool.post(body, StreamAnswer() if stream else None)
+            outcome = await self._pool.post(body, StreamAnswer(self._stopped) if stream else None)
         except TimeoutError:
             return Attempt(AttemptKind.RETRY, cause=RetryCause.TIMEOUT, message=f"no connection within {self._connect_timeout:g} s")
         except ProxyError as e:  # its message names the proxy, never its credentials
@@ -485,9 +497,13 @@ class StreamAnswer:
 
     __slots__ = ("content", "reasoning", "details", "gen_id", "provider", "model",
                  "finish_reason", "usage", "chunks", "prompt_ids", "output_ids", "tokens",
-                 "tokens_lost")
+                 "tokens_lost", "stopped", "abandon")
 
-    def __init__(self) -> None:
+    def __init__(self, stopped: set[str] | frozenset[str] = frozenset()) -> None:
+        # providers (lower-case) whose streams are closed as soon as they are known: the
+        # client's set, shared by every stream (`CompletionClient.cancel_streams_of`)
+        self.stopped = stopped
+        self.abandon = False  # decided by `cancel`: the connection is closed (http11.py)
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.details: list[_ReasoningDetail] = []
@@ -549,6 +565,8 @@ class StreamAnswer:
             except msgspec.ValidationError:
                 return _not_json()
             self.gen_id, self.provider, self.model = head.id, head.provider, head.model
+            if self.stopped and (self.provider or "").lower() in self.stopped:
+                return self.cancel()  # (sent before its provider was quarantined)
         if chunk.usage is not None:
             self.usage = chunk.usage
         if chunk.prompt_token_ids is not None:
@@ -587,6 +605,21 @@ class StreamAnswer:
             if finish is not None:
                 self.finish_reason = finish
         return None
+
+    def cancel(self) -> Attempt | None:
+        """Give up this stream (its provider was quarantined): the Attempt that says so,
+        with the generation's id for its cost (GET /generation: a cancelled generation may
+        be billed), and `abandon` set so that the connection is closed, which is what
+        stops the generation at the providers that honour a cancel. None when the answer
+        is whole already (its finish and usage came): it ends as usual, its cost known."""
+        if self.finish_reason is not None and self.usage is not None:
+            return None
+        self.abandon = True
+        return Attempt(AttemptKind.CANCELLED, status=200, provider=self.provider,
+                       model=self.model, generation_id=self.gen_id, chunks=self.chunks,
+                       usage_seen=False, message=(
+                           f"stream closed after {self.chunks} chunks: its provider "
+                           f"{self.provider} was quarantined for identity"))
 
     def salvage(self) -> Attempt | None:
         """The connection broke before `[DONE]`: the answer when its finish and its usage

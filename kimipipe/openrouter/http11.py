@@ -25,6 +25,10 @@ whole, which at 2000 in flight costs less CPU than aiohttp (bench/README.md).
 request, e.g. `[DONE]` or an error chunk), `end() -> result` (the body ended without a
 decision) and `salvage() -> result | None` (the connection broke mid-stream: a result
 when what came is whole, as an answer whose finish and usage came before `[DONE]` is).
+An assembler whose `abandon` is true once it decided has its connection closed rather
+than read to its end, and `pool.abandon(decide)` does the same to the streams in flight
+that `decide(assembler)` gives an outcome for: closing the connection is how a client
+cancels a generation (kimipipe: a quarantined provider's streams, openrouter/client.py).
 `post` returns that result, or
 one of the outcome objects of `outcomes.py` (CollectedResponse, Stalled, Broken), which
 the caller maps to its own error kinds.
@@ -335,6 +339,8 @@ class _Connection(asyncio.Protocol):
         outcome = self.assembler.events(payloads)
         if outcome is not None:
             self._resolve(outcome)
+            if getattr(self.assembler, "abandon", False):
+                self.abort()  # the rest is not wanted: closing is what cancels it upstream
 
     def on_message_complete(self) -> None:
         if self.informational:
@@ -417,6 +423,21 @@ class Http11Pool:
     def in_flight(self) -> int:
         """Requests out on this pool's connections now (sent, their response not yet read)."""
         return len(self._active)
+
+    def abandon(self, decide) -> int:
+        """Close the streams in flight that DECIDE (called with each one's assembler)
+        gives an outcome for: the outcome is their request's, and their connection is
+        closed (not read to its end). How many were closed."""
+        closed = 0
+        for conn in list(self._active):
+            if conn.decided or conn.assembler is None or conn.collected is not None:
+                continue
+            outcome = decide(conn.assembler)
+            if outcome is not None:
+                conn._resolve(outcome)
+                conn.abort()
+                closed += 1
+        return closed
 
     async def post(self, body: bytes, assembler=None):
         """One request, one outcome: never sent again here (see outcomes.Broken.stale)."""

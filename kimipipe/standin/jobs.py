@@ -187,6 +187,13 @@ class Job:
             self.server.abandoned += 1
             if self.config.bill_cancelled:
                 self._charge(time.monotonic(), streamed)
+            elif self.gen_id not in self.server.generations:
+                # not billed, yet known: GET /generation shows it cancelled at $0, as
+                # OpenRouter's `cancelled` field does (never in the ledger)
+                self.server.generations[self.gen_id] = Generation(
+                    self.gen_id, self.endpoint.provider_name, self.model, 0, 0, 0, 0.0,
+                    "cancelled", self.created, 0.0, 0.0, streamed, cancelled=True)
+                self.server.generation_ended[self.gen_id] = time.monotonic()
 
     async def _plain(self) -> web.StreamResponse:
         fault = self.fault

@@ -74,7 +74,7 @@ class MetadataEndpoints:
             "id": g.id, "model": g.model, "provider_name": g.provider, "api_type": "completions",
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(g.created)),
             "total_cost": g.cost, "usage": g.cost, "upstream_inference_cost": g.cost,
-            "cache_discount": None, "is_byok": False, "cancelled": False,
+            "cache_discount": None, "is_byok": False, "cancelled": g.cancelled,
             "finish_reason": g.finish_reason, "native_finish_reason": g.finish_reason,
             "tokens_prompt": g.prompt_tokens, "tokens_completion": g.completion_tokens,
             "native_tokens_prompt": g.prompt_tokens,

@@ -25,6 +25,7 @@ class Generation:
     latency: float
     generation_time: float
     streamed: bool
+    cancelled: bool = False  # its client went away; not billed (GET /generation: $0)
 
 
 def error_body(status: int, message: str, metadata: dict | None = None,
