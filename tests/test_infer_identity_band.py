@@ -107,12 +107,15 @@ def test_an_undercount_and_another_tokenizer_stay_caught(standin, tmp_path):
     assert {rec["provider"] for rec in records} == {"Moonshot AI", "DeepInfra"}
     rows = by_provider(summary)
     assert rows["Parasail"]["quarantined"] and rows["Parasail"]["refused_offset"] == -1
-    assert rows["Together"]["quarantined"] and len(rows["Together"]["offsets"]) > 1
+    # (its offsets vary with the prompt; the few answers judged before its quarantine,
+    # its streams in flight then cancelled, may happen to share one: seen, -20 three times)
+    assert rows["Together"]["quarantined"] and rows["Together"]["offsets"]
     assert not rows["Moonshot AI"]["quarantined"] and rows["Moonshot AI"]["refused"] == 0
     messages = [x["message"] for rec in records for x in rec["refused"] if x["provider"] == "Parasail"]
     assert messages and "an undercount, which the vendor verifier accepts from no host" in messages[0]
     varied = [x for rec in records for x in rec["refused"] if x["provider"] == "Together"]
-    assert len({x["offset"] for x in varied}) > 1 and {x["kind"] for x in varied} == {"identity"}
+    assert varied and {x["kind"] for x in varied} == {"identity"}
+    assert not {x.get("offset") for x in varied} & set(range(4))  # (a cancelled one has none)
 
 
 def test_an_injected_system_prompt_is_18_tokens_outside_the_band(standin, tmp_path, real_tokenizer):
