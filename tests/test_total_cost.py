@@ -266,3 +266,29 @@ def test_a_run_whose_prompts_all_wait_for_room_is_not_waited_for(tmp_path):
     assert not a.total.others_may_free_room()
     entries = read_reservations(tmp_path / "total-cost.json")["entries"]
     assert [e.get("stuck") for e in entries] == [None, True]
+
+
+def test_two_runs_at_the_cap_give_back_stale_claims_and_do_not_wait_for_each_other(tmp_path):
+    """Two runs near the cap whose requests settled after their last publication (each
+    polls the file every PUBLISH_INTERVAL, which keeps its publisher quiet): a look that
+    finds no room still brings the run's claim down to what it has in flight, so the other
+    sees no claim that may free room and stops, instead of both waiting forever on the
+    other's stale claim (the two-runs test once hung 279 s so)."""
+    a, b = _two_budgets(tmp_path, 1.2)
+    for run in (a, b):  # each: 0.3 spent, a request of worst case 0.4 in flight, published
+        assert run.cost_fits(0.4)
+        run.reserve(0.4)
+        run.record(0.3, 10)
+        run.total.publish(run.spent_this_run, run.claimed(), force=True)
+    for run in (a, b):  # the request settles at 0.25; nothing published yet
+        run.record(0.25, 10)
+        run.release(0.4)
+    # a looks for room: none, even for nothing (0.55 + b's 0.3 spent + b's 0.4 claim > 1.2)
+    assert a.cost_blocker(0.4) == "total-cost"
+    # b looks: a's claim came down to what a has in flight (nothing): no room for a request,
+    # and no claim elsewhere that may free any
+    assert b.cost_blocker(0.4) == "total-cost" and not b.total.others_may_free_room()
+    assert a.cost_blocker(0.4) == "total-cost" and not a.total.others_may_free_room()
+    entries = read_reservations(tmp_path / "total-cost.json")["entries"]
+    assert [e["claim"] for e in entries] == [0.0, 0.0]
+    assert sum(e["spent"] for e in entries) == pytest.approx(1.1)  # under the cap

@@ -209,8 +209,10 @@ class ReservationFile:
                     taken = target
                     break
             own.spent = spent
-            if taken is not None:
-                own.claim = taken
+            # nothing fits: the claim still comes down to what is in flight (the last
+            # target). Left as it was, a stale claim of two runs at the cap, each polling
+            # here (which keeps its publisher quiet), held each other waiting forever.
+            own.claim = taken if taken is not None else min(own.claim, targets[-1])
             self._save(entries)
         return taken, used, claims
 
@@ -283,6 +285,9 @@ class TotalCost:
         if taken is not None:
             self.claim_held = taken
             self.room = spent_this_run + taken
+        else:  # (the file's claim came down to what is in flight: ReservationFile.claim)
+            self.claim_held = min(self.claim_held, reserved)
+            self.room = min(self.room, spent_this_run + reserved)
         self._last_publish = time.monotonic()
         return taken is not None and taken >= reserved + amount
 
