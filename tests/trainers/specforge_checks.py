@@ -19,32 +19,11 @@ Each check prints `ok NAME: what held` or `FAIL NAME: why`:
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 
-FAILED = False
-
-
-def check(name: str, fn) -> None:
-    global FAILED
-    try:
-        print(f"ok {name}: {fn()}", flush=True)
-    except Exception as e:  # a check's failure is a line, and the next check still runs
-        FAILED = True
-        where = traceback.format_exc().strip().splitlines()[-3:]
-        print(f"FAIL {name}: {type(e).__name__}: {e} | {' / '.join(where)}", flush=True)
-
-
-def rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def doc_configs(docs: Path, marker: str) -> list[str]:
-    """The ```yaml blocks right after MARKER in DOCS."""
-    return re.findall(rf"<!-- {marker} -->\s*```yaml\n(.*?)```", docs.read_text(), re.S)
+from checks_common import check, doc_configs, finish, rows  # (beside this file)
 
 
 def main() -> None:
@@ -127,4 +106,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    sys.exit(1 if FAILED else 0)
+    finish()

@@ -19,29 +19,13 @@ Each check prints `ok NAME: what held` or `FAIL NAME: why`:
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
-import traceback
 import warnings
 from collections import Counter
 from pathlib import Path
 
-FAILED = False
-
-
-def check(name: str, fn) -> None:
-    global FAILED
-    try:
-        print(f"ok {name}: {fn()}", flush=True)
-    except Exception as e:  # a check's failure is a line, and the next check still runs
-        FAILED = True
-        where = traceback.format_exc().strip().splitlines()[-3:]
-        print(f"FAIL {name}: {type(e).__name__}: {e} | {' / '.join(where)}", flush=True)
-
-
-def rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from checks_common import check, doc_configs, finish, rows  # (beside this file)
 
 
 def pairs(items) -> Counter:
@@ -106,8 +90,7 @@ def main() -> None:
     def docs():
         import tempfile
 
-        text = Path(paths["docs"]).read_text()
-        blocks = re.findall(r"<!-- speculators-config -->\s*```yaml\n(.*?)```", text, re.S)
+        blocks = doc_configs(Path(paths["docs"]), "speculators-config")
         assert blocks, "no <!-- speculators-config --> yaml block in docs/training.md"
         for block in blocks:
             with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
@@ -124,4 +107,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    sys.exit(1 if FAILED else 0)
+    finish()
