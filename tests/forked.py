@@ -333,14 +333,6 @@ def client_main(config_path: str, command: str) -> None:
     if _at_start(env) != config["at_start"]:
         os.execv(real, argv)
     warm = _needs_transformers(argv) and not _differs_for_transformers(env, config["hot_env"])
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(config["hot" if warm else "cold"])
-    except OSError:  # (the test process has gone: its servers with it)
-        os.execv(real, argv)
-    request = json.dumps({"command": command, "argv": argv, "env": env,
-                          "cwd": os.getcwd()}).encode()
-    socket.send_fds(sock, [struct.pack("!I", len(request)) + request], [0, 1, 2])
     child = []
     pending = []
 
@@ -349,9 +341,25 @@ def client_main(config_path: str, command: str) -> None:
             os.kill(child[0], signum)
         else:
             pending.append(signum)
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
-                   signal.SIGUSR1, signal.SIGUSR2):
+    # Before the request goes: from then on the command may be reading its input, and a
+    # signal sent to this process must reach it (not end this one with a traceback)
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                 signal.SIGUSR1, signal.SIGUSR2)
+    for signum in forwarded:
         signal.signal(signum, forward)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(config["hot" if warm else "cold"])
+    except OSError:  # (the test process has gone: its servers with it)
+        for signum in forwarded:
+            signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT
+                          else signal.default_int_handler)
+        if pending:
+            os.kill(os.getpid(), pending[0])
+        os.execv(real, argv)
+    request = json.dumps({"command": command, "argv": argv, "env": env,
+                          "cwd": os.getcwd()}).encode()
+    socket.send_fds(sock, [struct.pack("!I", len(request)) + request], [0, 1, 2])
     reply = b""
     while True:
         data = sock.recv(65536)
@@ -424,7 +432,13 @@ def _serve(path: str, warm: bool):
                     os._exit(0)
             elif what == "listener":
                 conn, _ = listener.accept()
-                request, fds = _receive(conn)
+                try:  # (an asker that dies before its request is whole must not hang
+                    conn.settimeout(10)  # the server, and every run after it, on a recv)
+                    request, fds = _receive(conn)
+                    conn.settimeout(None)
+                except (OSError, EOFError, struct.error, ValueError):
+                    conn.close()
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     # the child: none of the server's descriptors, the asker's 0-2 as its own
