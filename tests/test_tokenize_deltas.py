@@ -37,6 +37,15 @@ def bought(real_tokenizer, tmp_path_factory):
     return tmp, out, records
 
 
+def test_no_answer_is_counted_or_billed_past_max_tokens(bought):
+    """A server stops at max_tokens of its own tokens: a cut answer's count is at most
+    150 and only a word short of it (the stand-in cut in words, and counted 669 under 160)."""
+    _, _, records = bought
+    cut = [x["usage"]["completion_tokens"] for x in records if x["finish_reason"] == "length"]
+    assert cut and max(x["usage"]["completion_tokens"] for x in records) <= 150
+    assert min(cut) > 150 - 16, cut  # (the longest word of the stand-in's is under 16 tokens)
+
+
 def tokenize(src, tokenizer, *args):
     """kp-tokenize run in this process: the counts are the engine's (conftest.tokenize_in_process)."""
     return tokenize_in_process(src, "--tokenizer", tokenizer, "--trust-remote-code", "--workers",

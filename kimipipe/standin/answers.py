@@ -42,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 # The models the stand-in serves; the value says whether reasoning is on by default.
@@ -283,15 +283,49 @@ def answer_for_request(body: dict, *, honours_sampling: bool = True,
         max_tokens = body.get("max_completion_tokens")
     applied, _ = applied_sampling(body, honours_sampling=honours_sampling)
     reasoning = wants_reasoning(body, model)
-    answer = expected_answer(body.get("messages") or [], model=model, seed=body.get("seed"),
-                             reasoning=reasoning, max_tokens=max_tokens,
-                             exclude_reasoning=exclude, drop_reasoning=drop_reasoning,
+    messages = body.get("messages") or []
+    # With a counter, max_tokens cuts in the counter's tokens (a server never generates,
+    # nor bills, more than max_tokens), so the words are cut after counting
+    answer = expected_answer(messages, model=model, seed=body.get("seed"),
+                             reasoning=reasoning, max_tokens=None if counter else max_tokens,
+                             exclude_reasoning=exclude and counter is None,
+                             drop_reasoning=drop_reasoning,
                              temperature=applied.get("temperature"), top_p=applied.get("top_p"))
     if counter is not None:
-        answer = counter.recount(body.get("messages") or [], answer, reasoning)
+        answer = _counted_within(counter, messages, answer, reasoning, max_tokens)
+        if exclude:  # (its tokens, counted above, stay billed)
+            answer = replace(answer, reasoning=None, reasoning_pieces=())
     if inline_reasoning or unopened_reasoning:
         answer = with_inline_reasoning(answer, opened=not unopened_reasoning)
     return answer
+
+
+def _counted_within(counter, messages: list[dict], answer: Answer, thinking: bool,
+                    max_tokens: int | None) -> Answer:
+    """ANSWER recounted by COUNTER and, past MAX_TOKENS of it, cut to the longest run of
+    its pieces (the reasoning's first) whose count fits: `finish_reason: "length"`."""
+    counted = counter.recount(messages, answer, thinking)
+    if max_tokens is None or counted.completion_tokens <= max_tokens:
+        return counted
+    pieces = answer.reasoning_pieces + answer.content_pieces
+    n_thought = len(answer.reasoning_pieces)
+
+    def cut(keep: int) -> Answer:
+        thought, content = pieces[:min(keep, n_thought)], pieces[n_thought:keep]
+        return counter.recount(messages, replace(
+            answer, reasoning="".join(thought) if answer.reasoning is not None else None,
+            content="".join(content), finish_reason="length", reasoning_pieces=thought,
+            content_pieces=content, completion_tokens=keep,  # (in words, for a counter
+            reasoning_tokens=len(thought)), thinking)        # that counts words)
+
+    low, high = 0, len(pieces) - 1  # (the longest prefix that fits: a bisection)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if cut(mid).completion_tokens <= max_tokens:
+            low = mid
+        else:
+            high = mid - 1
+    return cut(low)
 
 
 def with_inline_reasoning(answer: Answer, opened: bool = True) -> Answer:

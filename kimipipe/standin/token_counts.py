@@ -14,8 +14,8 @@ reports:
                        (`<|im_end|>`), which a server counts as generated
     reasoning_tokens   the reasoning's tokens
 
-The words still decide where `max_tokens` cuts an answer (answers.py), so a cut answer's
-count can exceed `max_tokens`; the texts are the same either way.
+`max_tokens` cuts the answer in these tokens (answers.py `_counted_within`: the longest
+run of its words whose count fits), so no answer is counted, nor billed, past it.
 """
 
 from __future__ import annotations
