@@ -618,3 +618,36 @@ def test_make_test_creates_the_venv_when_it_is_missing(tmp_path):
     again = subprocess.run(["make", "-C", str(copy), "venv"], capture_output=True, text=True,
                            env=env, timeout=120)
     assert again.returncode == 0 and "pip install" not in again.stdout  # made once
+
+
+def test_a_prompt_fixed_under_its_id_is_asked_again_and_only_its_new_answer_trained_on(
+        standin, tmp_path):
+    """A source fixed under the same IDs (one user turn corrected): make all asks that prompt
+    again, once; its old answer stays in the responses file (paid for, in the spend) and
+    its new answer's row replaces the old one's in the tokens file and the shards."""
+    conversations = json.loads(SOURCE.read_text())[:8]
+    source = tmp_path / "s.json"
+    source.write_text(json.dumps(conversations))
+    server = standin(ledger=True, tokenizer=TOKENIZER)
+    work, shards = tmp_path / "work", tmp_path / "shards" / "D1"
+    r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS="last")
+    assert r.returncode == 0, r.stderr + r.stdout
+    fixed = conversations[3]["id"]
+    conversations[3]["conversations"][0]["value"] += " (fixed: in two sentences)"
+    source.write_text(json.dumps(conversations))
+    r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS="last")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert len(server.ledger()) == 9  # the fixed prompt paid again, no other
+    answers = read_jsonl(work / "D1.responses.jsonl")
+    twice = [a for a in answers if a["id"] == fixed]
+    assert len(answers) == 9 and len(twice) == 2
+    assert twice[1]["messages"][-1]["content"].endswith("(fixed: in two sentences)")
+    summary = json.loads((work / "D1.infer-summary.json").read_text())
+    assert summary["spend_total"] == pytest.approx(sum(a["usage"]["cost"] for a in answers))
+    tokens = read_jsonl(work / "D1.tokens.jsonl.zst")
+    assert sorted(t["id"] for t in tokens) == sorted(c["id"] for c in conversations)
+    new = next(t for t in tokens if t["id"] == fixed)
+    assert new["generation_id"] == twice[1]["generation_id"]
+    rows = {row["id"]: row for f in sorted(shards.glob("D1-*.jsonl.zst")) for row in read_jsonl(f)}
+    assert sorted(rows) == sorted(c["id"] for c in conversations)
+    assert rows[fixed]["input_ids"] == new["input_ids"] + new["output_ids"]
