@@ -368,6 +368,37 @@ def test_ctrl_c_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     assert sum(paid.values()) == 260 and set(paid.values()) == {1}  # nothing paid twice
 
 
+def test_kp_infer_interrupted_alone_fails_the_stage(standin, tmp_path):
+    """A SIGINT to kp-infer alone (not a Ctrl-C to make's group): the recipe fails (make's
+    `Error 130`), the stage is not stamped and no later stage runs; the rerun hint is said."""
+    from helpers import children
+
+    server = standin(latency=0.1, tokenizer=TOKENIZER)
+    server.configure(hold_after=10)
+    cmd, env = make_command(server, tmp_path, "all", TURNS="last", forked=False)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not server.stats()["held"]:
+            assert proc.poll() is None and time.monotonic() < deadline, "no request held"
+            time.sleep(0.02)
+        infer = [pid for shell in children(proc.pid) for pid in children(shell, b"kp-infer")]
+        assert len(infer) == 1, infer
+        os.kill(infer[0], signal.SIGINT)
+        server.configure(hold_after=None)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 2, err[-2000:]
+    assert "make: interrupted; rerun make to resume" in err
+    assert err.splitlines()[-1].endswith("D1.responses.done] Error 130"), err[-2000:]
+    assert not (tmp_path / "work" / "D1.responses.done").exists()
+    assert not (tmp_path / "work" / "D1.tokens.jsonl.zst").exists()  # nothing ran after it
+
+
 @pytest.mark.parametrize("workers", ["1", "2"], ids=["1worker", "2workers"])
 def test_money_stop_halts_the_build_and_raising_the_cap_resumes(standin, tmp_path, workers):
     """A money stop (kp-infer exit 3) is never stamped done, and make names the limit and
