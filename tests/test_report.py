@@ -336,6 +336,16 @@ def test_the_report_draws_a_runs_retries_says_which_api_answered_and_verifies_th
     assert f"OFFLINE: {answers:,} answers are the kimipipe stand-in's" in banner
     assert f"127.0.0.1: the stand-in ({len(records):,} records)" in banner
 
+    # kp-infer report says the same in text and JSON
+    r = kp("infer", "report", out, *([failures] if failures.exists() else []), "--json")
+    counted = json.loads(r.stdout)
+    assert counted["retries"] == on_records and counted["standin_answers"] == answers
+    assert counted["apis"] == {"127.0.0.1": len(records)}
+    said = kp("infer", "report", out, *([failures] if failures.exists() else [])).stdout.decode()
+    assert (f"  answered by: 127.0.0.1 ({len(records):,} records); OFFLINE: {answers:,} answers are "
+            "the kimipipe stand-in's") in said
+    assert f"  retries: {total:,} attempts sent again (" in said and f"429: {on_records['429']:,}" in said
+
     # records of the real API (and older ones without `api`): named, not marked offline
     work, _ = build
     real = [dict(json.loads(x), api="openrouter.ai") for x in (work / "B2.responses.jsonl").read_text().splitlines()]
@@ -350,6 +360,8 @@ def test_the_report_draws_a_runs_retries_says_which_api_answered_and_verifies_th
     assert re.search(r'id="api">Answered by: (not recorded \(10 records\), openrouter.ai \(6 records\)|'
                      r'openrouter.ai \(6 records\), not recorded \(10 records\))\.', text), text[:3000]
     assert "note-retries" in notes(text)
+    said = kp("infer", "report", tmp_path / "B2.responses.jsonl").stdout.decode()
+    assert "  answered by: openrouter.ai (6 records)\n" in said and "OFFLINE" not in said
     page = _Page()
     page.feed(text)
     assert next(row for row in page.rows if row and row[0] == "B1")[12] == "OK"
