@@ -36,9 +36,9 @@ from ..contracts import IdentityState
 from ..errors import ExitCode, InputError, KPError
 from ..io import finished_records, iter_finished, repair_and_report, scan_done
 from ..recorded.api import other_api
+from ..recorded.asked import prompt_digest
 from ..recorded.identity_table import read_state, state_path
 from ..recorded.spend import SPENT_DECODER
-from ..recorded.asked import prompt_digest
 from ..records import CostOnly, Message
 from .config import RunConfig
 from .conversations import OutputConversations, check_recipe, scan_output

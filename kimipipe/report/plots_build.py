@@ -7,6 +7,7 @@ from collections import Counter
 
 from matplotlib.ticker import FuncFormatter
 
+from ..kinds import RetryCause
 from .canvas import (
     BUILD_COLOR,
     FINISH_COLORS,
@@ -21,7 +22,6 @@ from .canvas import (
     log_edges,
     money,
 )
-from ..kinds import RetryCause
 from .facts import MAX_LENGTHS, DatasetFacts, conversations
 
 MAX_STEPS = 2000  # points of a spend curve
