@@ -115,12 +115,19 @@ CHECK_ARGS = $(foreach d,$(DATASETS),--source $(d)=$(call source,$(d))) --work $
 
 # $(call run_infer,D,extra flags,what): run kp-infer for D, showing the command; exit 0
 # and 4 finish (then `what` runs), exit 3 is a money stop (resumable, never stamped done).
+# A Ctrl-C reaches make, this shell and kp-infer at once. The trap keeps the shell alive
+# while kp-infer stops (its grace) and notes the Ctrl-C; the shell then says how to resume
+# and exits 0: make, dying of its own SIGINT, has then no failed recipe to name, and the
+# rerun hint is the last line (else make's "*** [...] Interrupt"). The stage is not stamped,
+# and make runs nothing after it. A kp-infer interrupted alone (exit 130, no Ctrl-C to the
+# shell) still fails the recipe.
 define run_infer
 @echo "$(call infer,$(1),$(2))"
-@rm -f $(WORK)/$(1).infer-summary.json; set +e; $(call infer,$(1),$(2)); code=$$?; \
-	if [ $$code -eq 0 ] || [ $$code -eq 4 ]; then $(3); \
+@rm -f $(WORK)/$(1).infer-summary.json; set +e; trap 'ctrl_c=1' INT; $(call infer,$(1),$(2)); \
+	code=$$?; if [ $$code -eq 0 ] || [ $$code -eq 4 ]; then $(3); \
 	elif [ $$code -eq 3 ]; then $(KP_MAKE) stopped --dataset $(1) $(PLAN_ARGS); exit 3; \
-	elif [ $$code -eq 130 ]; then echo "make: interrupted; rerun make to resume" >&2; exit 130; \
+	elif [ $$code -eq 130 ]; then echo "make: interrupted; rerun make to resume" >&2; \
+	  if [ -n "$$ctrl_c" ]; then exit 0; fi; exit 130; \
 	else exit $$code; fi
 endef
 

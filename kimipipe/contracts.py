@@ -425,6 +425,9 @@ class InferReport(Struct):
     logprobs: dict[str, SummaryLogprobs]  # {} when no answer carried the sampled tokens
     sampled_ids: list[dict[str, Any]]  # tokenize/stats.py SampledTable's rows
     identity: list[dict[str, Any]]  # recorded/identity_table.py's rows
+    retries: dict[str, int] = {}  # attempts sent again, by cause (records' `retried`)
+    apis: dict[str, int] = {}  # answers and failures by the host that answered (`api`)
+    standin_answers: int = 0  # answers of the kimipipe stand-in (offline: not the model's)
 
 
 # -- make pilot: WORK/D.pilot.json (make/measure.py) -----------------------------------------

@@ -219,6 +219,10 @@ class Generation(Struct):
     # "context": a `length` answer a server stopped at the end of its context (prompt +
     # answer = its max_model_len) before max_tokens; None: any other ending (docs/servers.md)
     cut_by: str | None = None
+    # the attempts sent again after a retryable failure before this answer, by cause
+    # (kinds.RetryCause: "429" a rate limit, "timeout", "502", ...); None: none, or a record
+    # written before the field (the build report draws them over time)
+    retried: dict[str, int] | None = None
 
 
 class Turn(Struct):
@@ -275,6 +279,8 @@ class Failure(Struct, omit_defaults=True):
     api: str | None = None  # the base URL's host (recorded/api.py)
     # the last error's `metadata.error_type`, as OpenRouter typed it (provider_overloaded, ...)
     error_type: str | None = None
+    # as Generation.retried: the attempts sent again after a retryable failure, by cause
+    retried: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class Resegmented(Struct, omit_defaults=True):

@@ -227,3 +227,25 @@ def test_sigterm_during_the_preflight_exits_130_at_once(standin, tmp_path):
     _, err = proc.communicate(timeout=30)  # not the 60 s the answers take
     assert proc.returncode == 130, err
     assert b"interrupted" in err and b"Traceback" not in err
+
+
+def test_the_progress_total_never_moves_when_conversations_end_early(standin, tmp_path):
+    """20 conversations of 3 turns (60 requests planned), most cut by --max-tokens before
+    their last turn: every line says /60, and the turns that will not be sent are said
+    apart, as the summary counts them."""
+    from test_infer_conversations import make_conversations
+
+    server = standin(latency=0.05)
+    prompts = make_conversations(tmp_path / "p.jsonl", 20, turns=3)
+    summary = tmp_path / "s.json"
+    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--max-tokens", "120", "--workers", "0",
+              "--concurrency", "4", "--summary-json", summary, env={"KP_PROGRESS_INTERVAL": "0.05"})
+    assert r.code == 0, r.stderr
+    lines = [x for x in r.stderr.splitlines() if PROGRESS.match(x)]
+    assert len(lines) >= 3, r.stderr
+    assert {re.match(r"kp-infer: \d+/(\d+)", x).group(1) for x in lines} == {"60"}, lines
+    not_sent = json.loads(summary.read_text())["conversations"]["turns_not_sent"]
+    answered = len(read_jsonl(tmp_path / "r.jsonl"))
+    assert not_sent > 0 and answered + not_sent == 60
+    assert lines[-1].startswith(f"kp-infer: {answered}/60, conversations 20 done, 0 in progress, "
+                                f"{not_sent} later turns not sent"), lines[-1]

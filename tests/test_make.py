@@ -352,10 +352,11 @@ def test_ctrl_c_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    # make stops the way a Ctrl-C'd make does: it names the target it interrupted and ends
-    # by the signal itself (a shell shows 130)
+    # make ends by the signal itself (a shell shows 130), its last line the rerun hint, not
+    # make's own "*** [...] Interrupt" (the recipe's trap: Makefile, run_infer)
     assert proc.returncode == -signal.SIGINT, err[-2000:]
-    assert "D1.responses.done] Interrupt" in err, err[-2000:]
+    assert err.splitlines()[-1] == "make: interrupted; rerun make to resume", err[-2000:]
+    assert "Interrupt" not in err and "Error" not in err, err[-2000:]
     assert not (tmp_path / "work" / "D1.responses.done").exists()  # never taken as finished
     written = read_jsonl(responses)  # whole lines only: kp-infer stopped cleanly
     assert 40 <= len(written) < 260
@@ -365,6 +366,37 @@ def test_ctrl_c_mid_stage_then_make_all_resumes_and_pays_nothing_twice(standin, 
     assert len(ids) == len(set(ids)) == 260
     paid = Counter(x["request_user_text_sha256"] for x in server.ledger())
     assert sum(paid.values()) == 260 and set(paid.values()) == {1}  # nothing paid twice
+
+
+def test_kp_infer_interrupted_alone_fails_the_stage(standin, tmp_path):
+    """A SIGINT to kp-infer alone (not a Ctrl-C to make's group): the recipe fails (make's
+    `Error 130`), the stage is not stamped and no later stage runs; the rerun hint is said."""
+    from helpers import children
+
+    server = standin(latency=0.1, tokenizer=TOKENIZER)
+    server.configure(hold_after=10)
+    cmd, env = make_command(server, tmp_path, "all", TURNS="last", forked=False)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not server.stats()["held"]:
+            assert proc.poll() is None and time.monotonic() < deadline, "no request held"
+            time.sleep(0.02)
+        infer = [pid for shell in children(proc.pid) for pid in children(shell, b"kp-infer")]
+        assert len(infer) == 1, infer
+        os.kill(infer[0], signal.SIGINT)
+        server.configure(hold_after=None)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 2, err[-2000:]
+    assert "make: interrupted; rerun make to resume" in err
+    assert err.splitlines()[-1].endswith("D1.responses.done] Error 130"), err[-2000:]
+    assert not (tmp_path / "work" / "D1.responses.done").exists()
+    assert not (tmp_path / "work" / "D1.tokens.jsonl.zst").exists()  # nothing ran after it
 
 
 @pytest.mark.parametrize("workers", ["1", "2"], ids=["1worker", "2workers"])
@@ -618,3 +650,36 @@ def test_make_test_creates_the_venv_when_it_is_missing(tmp_path):
     again = subprocess.run(["make", "-C", str(copy), "venv"], capture_output=True, text=True,
                            env=env, timeout=120)
     assert again.returncode == 0 and "pip install" not in again.stdout  # made once
+
+
+def test_a_prompt_fixed_under_its_id_is_asked_again_and_only_its_new_answer_trained_on(
+        standin, tmp_path):
+    """A source fixed under the same IDs (one user turn corrected): make all asks that prompt
+    again, once; its old answer stays in the responses file (paid for, in the spend) and
+    its new answer's row replaces the old one's in the tokens file and the shards."""
+    conversations = json.loads(SOURCE.read_text())[:8]
+    source = tmp_path / "s.json"
+    source.write_text(json.dumps(conversations))
+    server = standin(ledger=True, tokenizer=TOKENIZER)
+    work, shards = tmp_path / "work", tmp_path / "shards" / "D1"
+    r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS="last")
+    assert r.returncode == 0, r.stderr + r.stdout
+    fixed = conversations[3]["id"]
+    conversations[3]["conversations"][0]["value"] += " (fixed: in two sentences)"
+    source.write_text(json.dumps(conversations))
+    r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS="last")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert len(server.ledger()) == 9  # the fixed prompt paid again, no other
+    answers = read_jsonl(work / "D1.responses.jsonl")
+    twice = [a for a in answers if a["id"] == fixed]
+    assert len(answers) == 9 and len(twice) == 2
+    assert twice[1]["messages"][-1]["content"].endswith("(fixed: in two sentences)")
+    summary = json.loads((work / "D1.infer-summary.json").read_text())
+    assert summary["spend_total"] == pytest.approx(sum(a["usage"]["cost"] for a in answers))
+    tokens = read_jsonl(work / "D1.tokens.jsonl.zst")
+    assert sorted(t["id"] for t in tokens) == sorted(c["id"] for c in conversations)
+    new = next(t for t in tokens if t["id"] == fixed)
+    assert new["generation_id"] == twice[1]["generation_id"]
+    rows = {row["id"]: row for f in sorted(shards.glob("D1-*.jsonl.zst")) for row in read_jsonl(f)}
+    assert sorted(rows) == sorted(c["id"] for c in conversations)
+    assert rows[fixed]["input_ids"] == new["input_ids"] + new["output_ids"]

@@ -330,7 +330,8 @@ def test_turns_all_is_the_default_one_record_per_conversation(tmp_path):
          "follow_ups": ["And 3+3?"]},
         {"id": "conv-2", "dataset": "B3", "messages": [{"role": "system", "content": "Be terse."},
                                                         {"role": "user", "content": "Hello"}]}]
-    assert r.stderr == "kp-prompts: wrote 2 prompts; skipped 1 without a user turn\n"
+    # the plan's unit beside the records': a conversation asks one request per user turn
+    assert r.stderr == "kp-prompts: wrote 2 prompts (3 requests, one per user turn); skipped 1 without a user turn\n"
     assert kp("prompts", src, "--dataset", "B3", "--turns", "all").stdout == r.stdout
 
 
@@ -389,7 +390,8 @@ def test_turns_all_ends_a_conversation_before_its_first_tool_turn(tmp_path):
     # an assistant turn with tool_calls and content "" is a tool turn, never an empty answer
     assert "follow_ups" not in recs["t2"] and recs["t2"]["messages"] == [{"role": "user", "content": "Hi"}]
     assert sorted(recs) == ["t1", "t2", "t4"]  # t3's only user turn holds an image
-    assert r.stderr == (f"kp-prompts: wrote 3 prompts; skipped 1 with a non-text part ({src}:3); "
+    assert r.stderr == (f"kp-prompts: wrote 3 prompts (4 requests, one per user turn); "
+                        f"skipped 1 with a non-text part ({src}:3); "
                         f"2 conversations ended early, before a turn that is not plain text "
                         f"(first: {src}:1, {src}:2)\n")
 

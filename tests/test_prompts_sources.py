@@ -44,7 +44,10 @@ class Gives:
 
 
 def wrote(prompts: int, follow_ups: int = 0, more: str = "") -> Gives:
-    said = f"wrote {prompts} prompt{'' if prompts == 1 else 's'}" + (f"; {more}" if more else "")
+    # a conversation's later turns are requests too: said beside the prompts (make plan's unit)
+    requests = f" ({prompts + follow_ups} requests, one per user turn)" if follow_ups else ""
+    said = (f"wrote {prompts} prompt{'' if prompts == 1 else 's'}{requests}"
+            + (f"; {more}" if more else ""))
     return Gives(prompts, follow_ups, said)
 
 

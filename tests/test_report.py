@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -294,3 +295,83 @@ def test_html_without_matplotlib_says_which_extra_to_install(build, tmp_path):
     assert r.returncode == 2
     assert "--html needs matplotlib" in r.stderr and "pip install 'kimipipe[report]'" in r.stderr
     assert not (tmp_path / "r.html").exists()
+
+
+def test_the_report_draws_a_runs_retries_says_which_api_answered_and_verifies_the_shards(
+        standin, build, tmp_path):
+    """A run against the stand-in with 429s and 502s: the page counts the retries its records
+    carry (the run's own summary's), draws them over time, marks the build as offline; a
+    real API's records are not so marked; each shard set gets kp-shard verify's verdict,
+    and a damaged one its first problem, not a stop."""
+    from test_infer import infer, make_prompts
+
+    server = standin(faults={"429": 0.3, "502": 0.15}, retry_after=0.05, seed=5, ledger=True)
+    prompts = make_prompts(tmp_path / "p.jsonl", 24)
+    out, failures = tmp_path / "B3.responses.jsonl", tmp_path / "B3.failures.jsonl"
+    r = infer(server, prompts, "-o", out, "--failures", failures, "--max-attempts", "2",
+              "--max-cost", "5", "--workers", "0")
+    assert r.code in (0, 4), r.stderr  # (4: a prompt ran out of attempts)
+    said = dict(re.findall(r"(\d+|[a-z]+): (\d+)", re.search(r"  retries: (.*)", r.stderr).group(1)))
+    records = [json.loads(x) for f in (out, failures) if f.exists() for x in f.read_text().splitlines()]
+    on_records: dict[str, int] = {}
+    for rec in records:
+        for cause, n in (rec.get("retried") or {}).items():
+            on_records[cause] = on_records.get(cause, 0) + n
+    assert on_records == {k: int(v) for k, v in said.items()} and on_records.get("429"), (on_records, said)
+    assert all(rec.get("retried") for rec in records if "response" not in rec)  # a failure's too
+    html_out = tmp_path / "r.html"
+    r = kp("infer", "report", out, *([failures] if failures.exists() else []), "--html", html_out)
+    assert r.code == 0, r.stderr
+    text = html_out.read_text()
+    page = _Page()
+    page.feed(text)
+    row = next(row for row in page.rows if row and row[0] == "B3")
+    total = sum(on_records.values())
+    assert row[11] == f"{total:,} ({on_records['429']:,})"  # retries (429s)
+    assert row[12] == "-"  # no shard set given
+    assert "plot-retries" in figures(text) and f"429 {on_records['429']:,}" in text
+    assert_every_panel_has_data({"plot-retries": figures(text)["plot-retries"]})
+    banner = re.search(r'<p class="offline" id="api">(.*?)</p>', text, re.S).group(1)
+    answers = sum(1 for rec in records if "response" in rec)
+    assert f"OFFLINE: {answers:,} answers are the kimipipe stand-in's" in banner
+    assert f"127.0.0.1: the stand-in ({len(records):,} records)" in banner
+
+    # kp-infer report says the same in text and JSON
+    r = kp("infer", "report", out, *([failures] if failures.exists() else []), "--json")
+    counted = json.loads(r.stdout)
+    assert counted["retries"] == on_records and counted["standin_answers"] == answers
+    assert counted["apis"] == {"127.0.0.1": len(records)}
+    said = kp("infer", "report", out, *([failures] if failures.exists() else [])).stdout.decode()
+    assert (f"  answered by: 127.0.0.1 ({len(records):,} records); OFFLINE: {answers:,} answers are "
+            "the kimipipe stand-in's") in said
+    assert f"  retries: {total:,} attempts sent again (" in said and f"429: {on_records['429']:,}" in said
+
+    # records of the real API (and older ones without `api`): named, not marked offline
+    work, _ = build
+    real = [dict(json.loads(x), api="openrouter.ai") for x in (work / "B2.responses.jsonl").read_text().splitlines()]
+    write_jsonl(tmp_path / "B2.responses.jsonl", real)
+    shards = tmp_path / "shards"
+    shutil.copytree(work.parent / "shards" / "B1", shards / "B1")
+    r = kp("infer", "report", tmp_path / "B2.responses.jsonl", work / "B1.responses.jsonl", shards,
+           "--html", html_out)
+    assert r.code == 0, r.stderr
+    text = html_out.read_text()
+    assert 'class="offline"' not in text and "OFFLINE" not in text
+    assert re.search(r'id="api">Answered by: (not recorded \(10 records\), openrouter.ai \(6 records\)|'
+                     r'openrouter.ai \(6 records\), not recorded \(10 records\))\.', text), text[:3000]
+    assert "note-retries" in notes(text)
+    said = kp("infer", "report", tmp_path / "B2.responses.jsonl").stdout.decode()
+    assert "  answered by: openrouter.ai (6 records)\n" in said and "OFFLINE" not in said
+    page = _Page()
+    page.feed(text)
+    assert next(row for row in page.rows if row and row[0] == "B1")[12] == "OK"
+    shard = next((shards / "B1").glob("*.jsonl.zst"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    r = kp("infer", "report", work / "B1.responses.jsonl", shards, "--html", html_out)
+    assert r.code == 0, r.stderr
+    page = _Page()
+    page.feed(html_out.read_text())
+    verdict = next(row for row in page.rows if row and row[0] == "B1")[12]
+    assert re.match(r"\d+ problem\(s\)", verdict) and "does not match the manifest" in verdict, verdict

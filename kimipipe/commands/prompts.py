@@ -102,13 +102,16 @@ def cli(o: PromptsSettings) -> None:
 
         # Pass two: write.
         out = AtomicOutput(output)
+        requests = 0  # one per user turn: what make plan and kp-infer count
         try:
             buffered: list[bytes | None] = [None] * len(rank) if shuffle else []
             for c in candidates(reading, Selection()):
                 i = rank.get(c.position)
                 if i is None:
                     continue
-                line_bytes = encode_line(make_prompt(sel.kept[c.position], dataset, c))
+                prompt = make_prompt(sel.kept[c.position], dataset, c)
+                requests += 1 + len(prompt.follow_ups)
+                line_bytes = encode_line(prompt)
                 if shuffle:
                     buffered[i] = line_bytes
                 else:
@@ -121,7 +124,10 @@ def cli(o: PromptsSettings) -> None:
             raise
     skipped, shortened = sel.summary(), sel.shortened()
     where = "" if output == "-" else f" to {output}"
-    say(f"kp-prompts: wrote {counted(len(rank), 'prompt')}{where}"
+    # a conversation is one prompt and one request per user turn: both said, or a user
+    # reads "1 prompt" here and "3 requests" in the plan
+    turns = f" ({counted(requests, 'request')}, one per user turn)" if requests != len(rank) else ""
+    say(f"kp-prompts: wrote {counted(len(rank), 'prompt')}{turns}{where}"
         + (f"; skipped {', '.join(skipped)}" if skipped else "")
         + (f"; {'; '.join(shortened)}" if shortened else ""), quiet)
 

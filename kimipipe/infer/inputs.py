@@ -4,7 +4,9 @@
 time, as it sends), then checks every line (`validate_input`): its format, duplicate IDs,
 empty messages, no user turn, an empty follow-up. A bad line stops the command (`PATH:LINE`,
 exit 2) before any money is spent. The pass keeps only the IDs, the turns of each
-conversation and a few sums (bytes and a token bound, for `--plan`): `InputScan`.
+conversation, a digest of each prompt's messages (a prompt fixed under its id is
+asked again: infer/resume.py) and a few sums (bytes and a token bound, for `--plan`):
+`InputScan`.
 `--sample N` keeps the N prompts whose SHA-256 of id is smallest (`stable_sample`: the same
 prompts in every run, so a pilot's answers are part of the final data).
 """
@@ -19,6 +21,7 @@ import msgspec
 from ..errors import InputError
 from ..ids import sample_key
 from ..io import iter_records, spool_stdin
+from ..recorded.asked import prompt_digest
 from ..records import Prompt
 from .budget import MESSAGE_OVERHEAD_TOKENS, prompt_token_bound
 from .conversations import turn_count
@@ -45,6 +48,9 @@ class InputScan:
     request_token_bound: int = 0
     history_answers: int = 0
     largest_prompt_bound: int = 0  # the largest prompt's token bound (a cap's floor)
+    # a prompt's id -> its messages' digest (recorded/asked.py): an answer in the output to
+    # the same id asked otherwise (a source fixed under its ids) is not its answer
+    asked: dict[str, bytes] = field(default_factory=dict)
 
     def turns_of(self, prompt_id: str) -> int:
         return self.turns.get(prompt_id, 1)
@@ -81,6 +87,7 @@ def validate_input(path: str, shown: str) -> InputScan:
     """Check every line before any money is spent: format, duplicate IDs, empty messages."""
     first_line: dict[str, int] = {}
     turns: dict[str, int] = {}
+    asked: dict[str, bytes] = {}
     requests = _Requests()
     prompt_bytes = 0
     token_bound = 0
@@ -106,9 +113,10 @@ def validate_input(path: str, shown: str) -> InputScan:
         requests.add(prompt)
         if prompt.follow_ups:
             turns[prompt.id] = turn_count(prompt)
+        asked[prompt.id] = prompt_digest(prompt.messages)
     return InputScan(path, shown, set(first_line), records, prompt_bytes, token_bound, turns,
                      requests.n, requests.bytes, requests.token_bound, requests.answers,
-                     largest)
+                     largest, asked)
 
 
 def stable_sample(ids: set[str], n: int) -> set[str]:

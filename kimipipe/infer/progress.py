@@ -10,11 +10,13 @@ seconds when stderr is not a terminal. Its parts, most important first; those th
     kp-infer: 120/400, 64 in flight (max 64), $1.23 of $10, 429s 12, 2 failed, ETA 4m10s,
     oldest 41s, retries 3, 5 in back-off, 850 tok/s, 1.2M tok left
 
-- `120/400`: requests finished this run (answered or failed) of those to do (a
-  conversation's turns each count; turns of a conversation ended early leave the total);
-  `kp-infer: ` leads only when the whole line fits. A run with conversations then shows
-  `conversations 30 done, 64 in progress` (done: every turn answered, or cut by
-  max_tokens).
+- `120/400`: requests finished this run (answered or failed) of those planned as it
+  started (a conversation's turns each count); the total never moves. `kp-infer: ` leads
+  only when the whole line fits. A run with conversations then shows `conversations 30
+  done, 64 in progress` (done: every turn answered, or cut by max_tokens), and `, 2 later
+  turns not sent` once a conversation ended before its last turn (a turn cut by
+  max_tokens, a failed turn, a stop): those requests are planned and will not be sent, so
+  a run that ends with them shows e.g. `123/125, ... 2 later turns not sent`.
 - in flight, and what limits it: `(max 64)` is --concurrency; `(limit 48 after 429s)` when
   the adaptive limit shrank (a count above it is the requests sent before it shrank, still
   finishing); then what holds admission back if anything but a free slot does:
@@ -65,8 +67,9 @@ class ProgressSnapshot:
     """A kp-infer run at one moment, as the progress line shows it."""
 
     finished: int  # answered or failed this run
-    total: int  # requests to send this run (each turn of a conversation is one)
+    total: int  # requests planned as the run started (each turn of a conversation is one)
     conversations: tuple[int, int] | None = None  # (ended this run, in progress), if any
+    not_sent: int = 0  # planned turns of conversations that ended early: never sent
     failed: int = 0
     in_flight: int = 0  # requests sent and not finished (holding a concurrency slot)
     limit: int = 0  # the adaptive concurrency limit now
@@ -118,9 +121,11 @@ class RunProgress:
         failed = permanent_failures(stats.failed)
         elapsed = max(1e-6, now - stats.started)
         conversations = self.conversations
-        # requests (each turn counts; turns of a conversation ended early leave the total)
-        total = max(0, self.todo - (conversations.turns_not_sent if conversations else 0))
-        left = max(0, total - finished)
+        # requests planned (each turn counts): a stable total; the turns of conversations
+        # ended early are said apart, not taken off it (the count would move under the user)
+        total = self.todo
+        not_sent = conversations.turns_not_sent if conversations else 0
+        left = max(0, total - finished - not_sent)
         oldest = next(iter(state.in_progress.values()), None)
         rate_limited = stats.retries[RetryCause.RATE_LIMITED]
         ceiling = self.money.ceiling()
@@ -128,7 +133,7 @@ class RunProgress:
         if state.stopped_at is not None:
             grace_left = max(0.0, self.config.grace - (now - state.stopped_at))
         return ProgressSnapshot(
-            finished=finished, total=total, failed=failed,
+            finished=finished, total=total, failed=failed, not_sent=not_sent,
             conversations=((conversations.done + conversations.cut, len(conversations.open))
                            if conversations is not None else None),
             in_flight=self.limiter.in_flight, limit=self.limiter.current,
@@ -198,14 +203,15 @@ def progress_line(snap: ProgressSnapshot, width: int | None = None, name: str = 
     parts = [head, *_parts(snap)]
     if snap.conversations is not None:
         ended, going = snap.conversations
-        parts.insert(1, f"conversations {ended:,} done, {going:,} in progress")
+        parts.insert(1, f"conversations {ended:,} done, {going:,} in progress"
+                     + (f", {snap.not_sent:,} later turns not sent" if snap.not_sent else ""))
     line = f"{name}: {SEPARATOR.join(parts)}"
     if width is None:
         return line
     if len(line) <= width and width >= 100 and snap.total:
         room = min(30, width - len(line) - 3)
         if room >= 10:
-            filled = room * min(snap.finished, snap.total) // snap.total
+            filled = room * min(snap.finished + snap.not_sent, snap.total) // snap.total
             parts[0] = f"{head} [{'#' * filled}{'.' * (room - filled)}]"
         return f"{name}: {SEPARATOR.join(parts)}"[:width]
     if len(line) <= width:

@@ -139,6 +139,7 @@ class PromptWork:
         self.body = parts.config.request.body(prompt, self.policy, session_id)
         self.kept: Attempt | None = None  # the answer written (a conversation's next turn is built on it)
         self.attempts = 0
+        self.retried: dict[str, int] = {}  # attempts sent again, by cause (on its record)
         self.started = 0.0  # when the attempt now in flight was sent
         self.holding_slot = self.holding_money = True
         self.refused: list[Refusal] = []  # answers refused (paid for), not yet on a record
@@ -244,6 +245,7 @@ class PromptWork:
     async def _on_retry(self, result: Attempt) -> bool:
         parts = self.parts
         parts.stats.retried(result.cause)
+        self.retried[result.cause] = self.retried.get(result.cause, 0) + 1
         if result.cause == RetryCause.RATE_LIMITED:
             parts.limiter.rate_limited()
         if self.attempts >= parts.config.max_attempts:
@@ -464,7 +466,7 @@ class PromptWork:
         refused, self.refused = self.refused, []
         kept = parts.output.write_response(self.line, answer, self.attempts, refused=refused,
                                            latency=latency, cost=cost, cost_source=source,
-                                           identity=identity_mark)
+                                           identity=identity_mark, retried=self.retried)
         if kept != WRITTEN:  # paid all the same: in the rescue file, or lost (stdout closed)
             parts.budget.record(cost, 0)  # (the refused answers' cost is recorded already)
             parts.stats.not_written(answer, cost + sum(r.cost for r in refused),
@@ -486,7 +488,8 @@ class PromptWork:
         parts.stats.failure(kind, attempt)
         kept = parts.output.write_failure(failure_record(
             self.prompt, kind, attempt, self.attempts, provider=provider,
-            generation_id=generation_id, cost=sum(r.cost for r in refused), refused=refused))
+            generation_id=generation_id, cost=sum(r.cost for r in refused), refused=refused,
+            retried=self.retried))
         parts.progress.finished_one()
         if kept != WRITTEN:
             parts.stats.failure_not_written(rescued=kept == RESCUED)

@@ -42,6 +42,13 @@ The report (text on stdout; `--json` for this object, stable for scripts:
                                           tokens_differing, tokens_differing_share, net,
                                           parts, fallbacks, patterns; the same as
                                           kp-tokenize's summary),
+     "retries": {cause: n},               attempts sent again before the answers and
+                                          failures, by cause ("429": rate limits; their
+                                          `retried`)
+     "apis": {host: n},                   answers and failures by the host that answered
+                                          (`api`; "not recorded" for older records)
+     "standin_answers": int,              answers of the kimipipe stand-in (generation ids
+                                          `gen-standin-`): an offline build, not the model's
      "identity": [row, ...]}              answers a run checked against the target's counts
                                           (kp-infer --tokenizer: their `identity`, the
                                           refusals of kind `identity`, the quarantine in each
@@ -68,6 +75,7 @@ from ..contracts import (
 )
 from ..errors import InputError
 from ..kinds import RefusalKind
+from ..recorded.api import is_standin
 from ..recorded.identity_table import IdentityTable, identity_text
 from ..recorded.lines import read_lines
 from ..recorded.providers_table import ProviderTable, table_text
@@ -100,8 +108,14 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> FileReport:
     prompt_tokens = cached = 0
     turns: Counter = Counter()
     conversations: set[str] = set()
+    retries: Counter = Counter()
+    apis: Counter = Counter()
+    standin = 0
     for path in paths:
         for lineno, line in read_lines(path, say):
+            retries.update(line.retried or {})
+            apis[line.api or "not recorded"] += 1
+            standin += line.is_response and is_standin(line.generation_id)
             if line.is_response:
                 usage = line.usage or Usage()
                 answers += 1
@@ -153,6 +167,9 @@ def read_report(paths: list[str], say: Callable[[str], None]) -> FileReport:
                   if any(k for _, k in logprobs.values())},
         sampled_ids=sampled.rows(),
         identity=identity.rows(),
+        retries=dict(retries.most_common()),
+        apis=dict(apis.most_common()),
+        standin_answers=standin,
     )
     return FileReport(result, table, deltas, sampled)
 
@@ -165,6 +182,13 @@ def format_report(report: FileReport) -> str:
              f"{result.refused:,} refused, {sum(failures.values()):,} failures"
              + (f" ({', '.join(f'{k}: {v}' for k, v in failures.items())})" if failures else "")
              + f"; ${result.spend:.6f} paid"]
+    if result.apis:
+        lines.append("  answered by: " + ", ".join(f"{k} ({v:,} records)" for k, v in result.apis.items())
+                     + (f"; OFFLINE: {result.standin_answers:,} answers are the kimipipe stand-in's "
+                        "(filler, not the model's: train on none)" if result.standin_answers else ""))
+    if result.retries:
+        lines.append(f"  retries: {sum(result.retries.values()):,} attempts sent again ("
+                     + ", ".join(f"{k}: {v:,}" for k, v in result.retries.items()) + ")")
     tokens = result.prompt_tokens
     if tokens.cached:
         lines.append(f"  prompt tokens: {tokens.total:,}, of which {tokens.cached:,} "

@@ -13,6 +13,11 @@
 - Answers OUTPUT holds to prompts the input does not (a changed source's) are kept, as
   paid work, and said (`note_answers_to_other_prompts`): kp-tokenize --prompts leaves them
   out of the training data.
+- A single prompt fixed under its old ID (its messages are not those its answers in OUTPUT
+  were asked with: recorded/asked.py) is not done: it is asked again, its new answer
+  written beside the old one, which stays, paid for and counted in the spend, and is left
+  out of the training data by kp-tokenize --prompts (`changed_prompts`). A conversation's
+  turns are resumed, never replaced: one fixed under its ID is said, not asked again.
 - The providers an earlier run quarantined for identity stay ignored
   (`take_in_quarantine`).
 
@@ -31,9 +36,10 @@ from ..contracts import IdentityState
 from ..errors import ExitCode, InputError, KPError
 from ..io import finished_records, iter_finished, repair_and_report, scan_done
 from ..recorded.api import other_api
+from ..recorded.asked import prompt_digest
 from ..recorded.identity_table import read_state, state_path
 from ..recorded.spend import SPENT_DECODER
-from ..records import CostOnly
+from ..records import CostOnly, Message
 from .config import RunConfig
 from .conversations import OutputConversations, check_recipe, scan_output
 from .inputs import InputScan
@@ -75,6 +81,7 @@ def read_previous_work(config: RunConfig, scan: InputScan, say: Callable[[str], 
                  server_sampling(config.request.fields(config.policy)) if config.servers else None)
     check_no_single_answers(scan, done, conversations, config, say)
     note_answers_to_other_prompts(scan, done, config, say)
+    done -= changed_prompts(scan, done, config, say)
     done |= conversations.finished  # a finished conversation is done as a whole
     for extra in config.done_files:
         if not os.path.exists(extra):
@@ -145,6 +152,56 @@ def note_answers_to_other_prompts(scan: InputScan, done: set[str], config: RunCo
         f"not hold (first: {other[0]!r}; an earlier source's?): kept there and counted in the "
         f"spend, not sent again; `kp-tokenize --prompts {scan.shown}` leaves them out of the "
         "training data (make does)")
+
+
+class _Asked(msgspec.Struct):
+    """What `changed_prompts` reads of a response record: what it was asked with."""
+
+    id: str
+    messages: list[Message]
+    conversation: str | None = None
+    turn: int | None = None
+
+
+_asked_decoder = msgspec.json.Decoder(_Asked)
+
+
+def changed_prompts(scan: InputScan, done: set[str], config: RunConfig,
+                    say: Callable[[str], None]) -> set[str]:
+    """The single prompts of the input that OUTPUT answers only as they were asked before
+    (a source fixed under the same IDs): to be asked again; said, with what stays."""
+    if config.output == "-" or not done or not os.path.exists(config.output):
+        return set()
+    matched: set[str] = set()
+    seen: set[str] = set()
+    conversations: set[str] = set()
+    for rec in finished_records(config.output, _asked_decoder):
+        if rec.conversation is not None:  # its first turn asks the prompt's messages
+            opening = scan.asked.get(rec.conversation)
+            if (opening is not None and rec.conversation in scan.turns and rec.turn == 1
+                    and prompt_digest(rec.messages) != opening):
+                conversations.add(rec.conversation)
+            continue
+        digest = scan.asked.get(rec.id)
+        if digest is None or rec.id in scan.turns:  # (a conversation answered as a single
+            continue                                # prompt: check_no_single_answers' case)
+        seen.add(rec.id)
+        if prompt_digest(rec.messages) == digest:
+            matched.add(rec.id)
+    changed = sorted(seen - matched)
+    if changed:
+        say(f"kp-infer: {config.output} answers {len(changed):,} prompt(s) of {scan.shown} as they "
+            f"were asked before (first: {changed[0]!r}; fixed under the same id?): asked again; "
+            "the old answers stay there, paid for and counted in the spend, and `kp-tokenize "
+            f"--prompts {scan.shown}` leaves them out of the training data (make does)")
+    if conversations:
+        first = sorted(conversations)[0]
+        say(f"kp-infer: warning: {config.output} holds {len(conversations):,} conversation(s) of "
+            f"{scan.shown} asked with other opening messages (first: {first!r}): a "
+            "conversation's turns are resumed, never replaced, so they are not asked again; "
+            "`kp-tokenize --prompts` leaves their turns out of the training data; to ask them "
+            "as they are now, write to another output")
+    return set(changed)
 
 
 def take_in_quarantine(config: RunConfig, say: Callable[[str], None]) -> IdentityState:

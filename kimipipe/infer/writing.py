@@ -187,7 +187,8 @@ def sampled_tokens_of(answer: Attempt) -> SampledTokens | None:
 def failure_record(prompt: Prompt, kind: str, attempt: Attempt, attempts: int, *,
                    provider: str | None = None, cost: float = 0.0,
                    generation_id: str | None = None,
-                   refused: list[Refusal] | None = None) -> Failure:
+                   refused: list[Refusal] | None = None,
+                   retried: dict[str, int] | None = None) -> Failure:
     """A failure line; COST is what was paid for this prompt this run (its REFUSED answers)."""
     return Failure(
         id=prompt.id, dataset=prompt.dataset, kind=kind, status=attempt.status,
@@ -195,6 +196,7 @@ def failure_record(prompt: Prompt, kind: str, attempt: Attempt, attempts: int, *
         time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         provider=provider or None, generation_id=generation_id or None, cost=cost,
         refused=list(refused or ()), error_type=attempt.error_type or None,
+        retried=dict(retried or {}),
     )
 
 
@@ -269,7 +271,8 @@ class Output:
     def write_response(self, prompt_line: bytes, answer: Attempt, attempts: int, *,
                        refused: list[Refusal] | None = None, latency: float | None = None,
                        cost: float | None = None, cost_source: str = "usage",
-                       identity: Identity | None = None) -> Kept:
+                       identity: Identity | None = None,
+                       retried: dict[str, int] | None = None) -> Kept:
         """Write the response record of PROMPT_LINE: WRITTEN, RESCUED or LOST (COST and
         COST_SOURCE: as settled by infer/costs.py when the answer's usage showed none;
         IDENTITY: kimipipe's counts it was checked against, infer/identity.py)."""
@@ -283,6 +286,7 @@ class Output:
         fields.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
         fields.api = answer.api or self.api  # a server's answer: its host
         fields.identity = identity
+        fields.retried = dict(retried) if retried else None
         if not server and answer.provider in self.config.policy.unverifiable_names:
             # its name covers an excluded variant too (openrouter/routing.py: mixed_names):
             # kept, but not verifiable; counted in the summary (report.py)

@@ -11,6 +11,8 @@ stand-in), so that none of them reaches into another's package:
                        build report)
     identity_table.py  identity per provider (kp-infer --tokenizer), the same way, and the
                        identity file a run leaves beside its output (its quarantines)
+    asked.py           what a prompt asks, as a digest: an answer to a prompt as it is now
+                       told from one to the same ID before its source was fixed
     lines.py           any line of a build's record files (response, token, failure,
                        reject) through one view, sorted by its fields: what `kp-infer
                        report` and the build report read

@@ -48,6 +48,10 @@ class RecordLine(msgspec.Struct):
     turns: int | None = None
     sampled_tokens: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # token logprobs (undecoded)
     identity: Identity | None = None  # the counts its run checked it against (--tokenizer)
+    # a response's or a failure's
+    api: str | None = None  # the host that answered (recorded/api.py)
+    generation_id: str | None = None  # the stand-in's begin `gen-standin-`
+    retried: dict[str, int] | None = None  # attempts sent again, by cause
     # a token record's (kp-tokenize)
     input_ids: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     output_ids: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET

@@ -19,9 +19,14 @@ what the plots need:
                                            a responses file)
     a line with `kind` and `status`        a failure (--failures): its kind, its refused
                                            answers and their cost, its `time`
+    an answer's or a failure's             `retried` (the attempts sent again, by cause,
+                                           at its `finished_at` or `time`) and `api` (the
+                                           host that answered; the stand-in's answers are
+                                           told by their `gen-standin-` generation ids)
     a line with `line` and `reason`        a reject (kp-tokenize --rejects)
     a directory, or a kp-shard.manifest    a shard set (kp-shard; a parent of several sets
-                                           is each of them): the rows' lengths
+                                           is each of them): the rows' lengths, and
+                                           `kp-shard verify`'s verdict on it, checked now
 
 A record's dataset is its `dataset` field; a reject's is that of the record with its id,
 else the file name's first part (`B3.rejects.jsonl`); a shard set's is the manifest's
@@ -48,11 +53,12 @@ import msgspec
 
 from ..errors import InputError
 from ..kinds import RefusalKind
+from ..recorded.api import is_standin
 from ..recorded.identity_table import IdentityTable
 from ..recorded.lines import RecordLine, read_lines
 from ..recorded.providers_table import ProviderTable
 from ..records import Refusal, Usage
-from ..shard.readback import read_lengths, shard_sets
+from ..shard.readback import read_lengths, shard_sets, verify
 from ..shard.writer import LEGACY_MANIFEST, MANIFEST
 from ..tokenize.stats import SampledTable
 
@@ -115,6 +121,26 @@ class RefusedAnswer:
     cost: float
 
 
+@dataclass(slots=True)
+class Retried:
+    """Attempts sent again after a retryable failure: N of CAUSE (kinds.RetryCause: "429"
+    a rate limit), on the record written AT (the answer's or the failure's time)."""
+
+    at: float | None
+    cause: str
+    n: int
+
+
+@dataclass
+class Verdict:
+    """`kp-shard verify` on a shard set, run when the report was made (shard/readback.py)."""
+
+    directory: str
+    problems: list[str]
+    shards: int = 0
+    rows: int = 0
+
+
 @dataclass
 class TokenDeltas:
     """Per provider: provider's count minus kimipipe's, per token record that has them."""
@@ -172,6 +198,17 @@ class DatasetFacts:
     token_rows: Rows = field(default_factory=lambda: Rows("token records"))
     shard_sets: list[str] = field(default_factory=list)
     identity: IdentityTable = field(default_factory=IdentityTable)  # kp-infer --tokenizer
+    retried: list[Retried] = field(default_factory=list)
+    # (the host that answered, whether the stand-in did) -> answers and failures
+    apis: Counter = field(default_factory=Counter)
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    def retries(self) -> Counter:
+        """{cause: attempts sent again}."""
+        out: Counter = Counter()
+        for r in self.retried:
+            out[r.cause] += r.n
+        return out
 
     @property
     def spend(self) -> float:
@@ -219,6 +256,9 @@ class BuildFacts:
             every.rows.dropped.update(rows.dropped)
             every.shard_sets += d.shard_sets
             every.identity.merge(d.identity)
+            every.retried += d.retried
+            every.apis.update(d.apis)
+            every.verdicts += d.verdicts
         every.rows.source = " + ".join(sorted({d.training_rows().source for d in self.datasets.values()
                                                if len(d.training_rows())}))
         return every
@@ -273,7 +313,8 @@ class _Reader:
         self.say = say
         self.order = 0
         self.answered: set[tuple[str, str]] = set()  # (dataset, id) of the response records
-        self.from_tokens: list[tuple[str, str | None, Answer, list[Refusal]]] = []
+        # (dataset, id, answer, refused, what _sent reads) of the token records' answers
+        self.from_tokens: list[tuple[str, str | None, Answer, list[Refusal], RecordLine]] = []
         self.dataset_of: dict[str, str] = {}  # id -> dataset, for the rejects
         self.rejects: list[tuple[str, str, str]] = []  # (id, reason, dataset from the file name)
 
@@ -300,20 +341,24 @@ class _Reader:
             if line.id is not None:
                 self.dataset_of[line.id] = dataset.name
             if line.usage is not None:
-                self.from_tokens.append((dataset.name, line.id, self._answer(line), line.refused))
+                sent = RecordLine(api=line.api, generation_id=line.generation_id, retried=line.retried)
+                self.from_tokens.append((dataset.name, line.id, self._answer(line), line.refused, sent))
         elif line.is_response:
             dataset = self.facts.of(line.dataset or file_dataset)
             if line.id is not None:
                 self.answered.add((dataset.name, line.id))
                 self.dataset_of[line.id] = dataset.name
-            self._keep(dataset, self._answer(line), line.refused)
+            answer = self._answer(line)
+            self._keep(dataset, answer, line.refused)
             dataset.identity.kept(line.provider, line.identity, line.usage or Usage())
+            self._sent(dataset, line, answer.at)
         elif line.is_failure:
             dataset = self.facts.of(line.dataset or file_dataset)
             dataset.failures[line.kind] += 1
             at = parse_time(line.time)
             for r in line.refusals():
                 self._refusal(dataset, r, at)
+            self._sent(dataset, line, at)
         elif line.is_reject:
             self.rejects.append((line.id, reject_label(line.reason), file_dataset))
         else:
@@ -324,6 +369,13 @@ class _Reader:
         return Answer(line.provider or "unknown", usage.completion_tokens, usage.reasoning_tokens,
                       usage.prompt_tokens, usage.cost, line.finish_reason or "none", line.latency_s,
                       parse_time(line.finished_at), line.conversation, line.turn, line.turns)
+
+    @staticmethod
+    def _sent(dataset: DatasetFacts, line: RecordLine, at: float | None) -> None:
+        """Where an answer or a failure was asked (its API) and what it took (its retries)."""
+        dataset.apis[(line.api or "not recorded", is_standin(line.generation_id))] += 1
+        for cause, n in (line.retried or {}).items():
+            dataset.retried.append(Retried(at, cause, n))
 
     def _keep(self, dataset: DatasetFacts, answer: Answer, refused: list[Refusal]) -> None:
         dataset.answers.append(answer)
@@ -344,19 +396,30 @@ class _Reader:
             self.facts.timed = False
 
     def _shards(self, directory: str) -> None:
-        manifest, lengths = read_lengths(directory)
+        checked = verify(directory)
+        try:
+            manifest, lengths = read_lengths(directory)
+        except InputError:
+            if not checked.problems:
+                raise
+            # a set verify finds broken: its verdict is shown, its rows cannot be counted
+            name = os.path.basename(os.path.abspath(directory))
+            self.facts.of(name).verdicts.append(Verdict(directory, checked.problems))
+            return
         name = manifest.options.name or os.path.basename(os.path.abspath(directory))
         dataset = self.facts.of(name)
         dataset.shard_sets.append(directory)
+        dataset.verdicts.append(Verdict(directory, checked.problems, checked.shards, checked.records))
         dataset.rows.source = "shards"
         dataset.rows.prompt.extend(lengths.prompt)
         dataset.rows.output.extend(lengths.output)
         dataset.rows.dropped.update({k: v for k, v in manifest.dropped.items() if v})
 
     def finish(self) -> BuildFacts:
-        for name, rid, answer, refused in self.from_tokens:
+        for name, rid, answer, refused, sent in self.from_tokens:
             if (name, rid) not in self.answered:
                 self._keep(self.facts.of(name), answer, refused)
+                self._sent(self.facts.of(name), sent, answer.at)
         for rid, label, file_dataset in self.rejects:
             self.facts.of(self.dataset_of.get(rid, file_dataset)).rejects[label] += 1
         if not any(d.paid for d in self.facts.datasets.values()):

@@ -5,8 +5,10 @@ The page needs nothing but itself: no script, no font, no image, no stylesheet f
 anywhere, and its Content-Security-Policy (`default-src 'none'`, inline styles only) has
 the browser refuse any request it might make. It opens offline, from a file or a mail.
 
-Layout: the build at a glance (one row per dataset and one for the whole build), then the
-sections the plots answer (money, tokens, providers, the rows, multi-turn, kp-tokenize),
+Layout: which API answered (an offline build's stand-in answers in red), the build at a
+glance (one row per dataset and one for the whole build: retries, `kp-shard verify`'s
+verdict), then the sections the plots answer (money, retries, tokens, providers, the rows,
+multi-turn, kp-tokenize),
 plotted for the whole build with one series or bar per dataset; then, when the build has
 more than one dataset, each dataset's own providers, finish reasons and rows.
 """
@@ -17,6 +19,7 @@ import datetime
 import html
 import re
 
+from ..kinds import RetryCause
 from ..recorded.providers_table import REFUSAL_KINDS
 from . import plots_build as build_plots
 from . import plots_providers as provider_plots
@@ -42,6 +45,7 @@ figure svg { width: 100%; height: auto; display: block; }
 figcaption { font-size: 12.5px; color: #444; margin-bottom: 4px; } figcaption b { color: #222; font-size: 13.5px; }
 figure.note p { color: #666; font-style: italic; margin: 6px 0; }
 .over { color: #b22; font-weight: 600; }
+.offline { background: #fde8e8; border: 2px solid #b22; padding: 6px 10px; color: #b22; font-weight: 600; }
 details { margin: 10px 0; } summary { cursor: pointer; font-weight: 600; font-size: 15px; }
 details.meta summary { font-size: 12px; font-weight: normal; }
 .scroll { overflow-x: auto; }
@@ -91,7 +95,8 @@ def _of(value: float, cap: float | None, fmt) -> str:
 
 def _overview(facts: BuildFacts, settings: Settings) -> str:
     head = ["dataset", "answers", "failures", "refused", "spend", "refused cost", "completion tokens",
-            "reasoning", "cut by length", "rows", "kept whole at 16k", "rejects"]
+            "reasoning", "cut by length", "rows", "kept whole at 16k", "retries (429s)", "kp-shard verify",
+            "rejects"]
     rows, classes = [], []
     datasets = list(facts.datasets.values())
     for d in datasets + ([facts.merged()] if len(datasets) > 1 else []):
@@ -111,7 +116,8 @@ def _overview(facts: BuildFacts, settings: Settings) -> str:
             _of(completion, budget, count_text), _pct(reasoning / completion if completion else None),
             _pct(length / len(d.answers) if d.answers else None),
             f"{len(training):,}" + (f" ({_e(training.source)})" if len(training) else ""),
-            _pct(training.kept_whole()[16384] if len(training) else None), f"{sum(d.rejects.values()):,}"])
+            _pct(training.kept_whole()[16384] if len(training) else None), _retries(d), _verdict(d),
+            f"{sum(d.rejects.values()):,}"])
         classes.append("all" if whole else "")
     caps = []
     if settings.total_cost is not None:
@@ -125,6 +131,48 @@ def _overview(facts: BuildFacts, settings: Settings) -> str:
     note = (f'<p class="meta">Against: {_e("; ".join(caps))}.</p>' if caps
             else '<p class="meta">No cap given (TOTAL_COST, MAX_COST, TOKEN_BUDGET).</p>')
     return _table(head, rows, classes) + note
+
+
+def _retries(d: DatasetFacts) -> str:
+    causes = d.retries()
+    if not causes:
+        return "0"
+    return f"{sum(causes.values()):,} ({causes.get(RetryCause.RATE_LIMITED, 0):,})"
+
+
+def _verdict(d: DatasetFacts) -> str:
+    """`kp-shard verify` on the dataset's shard sets, run for this page: OK, or the problems."""
+    if not d.verdicts:
+        return "-"
+    bad = [v for v in d.verdicts if v.problems]
+    if not bad:
+        return "OK" + (f" ({len(d.verdicts)} sets)" if len(d.verdicts) > 1 else "")
+    first = bad[0]
+    more = sum(len(v.problems) for v in bad) - 1
+    return (f'<span class="over">{len(first.problems) + more:,} problem(s)</span><br><span class="meta">'
+            f"{_e(first.directory)}: {_e(first.problems[0])}{f' (and {more:,} more)' if more else ''}</span>")
+
+
+def answered_by(facts: BuildFacts) -> str:
+    """Which API answered: a line; an offline build (the stand-in's answers) in red."""
+    seen: dict[str, list[int]] = {}  # api -> [records, the stand-in's]
+    for d in facts.datasets.values():
+        for (api, standin), n in d.apis.items():
+            counts = seen.setdefault(api, [0, 0])
+            counts[0] += n
+            counts[1] += n if standin else 0
+    if not seen:
+        return '<p class="meta" id="api">Answered by: no answer or failure record was given.</p>'
+    # a host that gave one stand-in answer is the stand-in: its failure lines, which carry
+    # no generation id, are its too
+    parts = [f"{_e(api)}{': the stand-in' if k else ''} ({n:,} records)"
+             for api, (n, k) in sorted(seen.items(), key=lambda item: -item[1][0])]
+    offline = sum(k for _, k in seen.values())
+    if offline:
+        return (f'<p class="offline" id="api">OFFLINE: {offline:,} answers are the kimipipe '
+                "stand-in's (generation ids <code>gen-standin-</code>): filler text, not Kimi K2.5's; "
+                f"train on none of them. Answered by: {', '.join(parts)}.</p>")
+    return f'<p class="meta" id="api">Answered by: {", ".join(parts)}.</p>'
 
 
 def _provider_table(rows: list[dict]) -> str:
@@ -190,12 +238,14 @@ def render(facts: BuildFacts, settings: Settings, now: datetime.datetime | None 
         f"<h1>{_e(settings.title)}</h1>",
         f'<p class="meta">{len(datasets)} dataset(s): {_e(", ".join(d.name for d in datasets) or "none")}; '
         f"written {now.strftime('%Y-%m-%d %H:%M UTC')} from {len(facts.paths)} file(s).</p>",
+        answered_by(facts),
         '<details class="meta" id="files"><summary>files read</summary>'
         + "<br>".join(f"<code>{_e(p)}</code>" for p in facts.paths) + "</details>",
         '<h2 id="overview">The build at a glance</h2>', _overview(facts, settings),
         '<h2 id="money">Money</h2>',
         _grid([build_plots.spend_over_time(datasets, facts.timed, colors, settings.max_cost, settings.total_cost),
                provider_plots.usd_per_million(rows, colors), provider_plots.refused_cost(build, colors)]),
+        '<h2 id="retries">Retries and rate limits</h2>', _grid([build_plots.retries_over_time(datasets, facts.timed)]),
         '<h2 id="tokens">Tokens</h2>',
         _grid([build_plots.completion_vs_budget(datasets, {d.name: settings.budget(d.name) for d in datasets}, colors),
                provider_plots.reasoning_share(rows, build, colors),

@@ -7,6 +7,7 @@ from collections import Counter
 
 from matplotlib.ticker import FuncFormatter
 
+from ..kinds import RetryCause
 from .canvas import (
     BUILD_COLOR,
     FINISH_COLORS,
@@ -86,6 +87,57 @@ def spend_over_time(datasets: list[DatasetFacts], timed: bool, colors: Colors, m
                   "existed): the spend is drawn in file order, not in time."))
     return canvas.plot(title, caption)
 
+
+
+RETRY_BINS = 40  # time bins of the retries plot
+
+
+def retries_over_time(datasets: list[DatasetFacts], timed: bool, key: str = "retries") -> Plot | Note:
+    """The attempts sent again, per time bin: rate limits (429) apart from the other causes."""
+    title = "Retries and rate limits over time"
+    retried = [r for d in datasets for r in d.retried]
+    if not retried:
+        return Note(key, title, "No attempt was sent again: no record has `retried` (a rate limit "
+                                "or another retryable failure, by cause; records written before "
+                                "the field have none).")
+    totals: Counter = Counter()
+    for r in retried:
+        totals[r.cause] += r.n
+    rate_limited = totals.get(RetryCause.RATE_LIMITED, 0)
+    timed = timed and all(r.at is not None for r in retried)
+    canvas = Canvas(key, height=2.8)
+    ax = canvas.axes[0][0]
+    times = [p.at for d in datasets for p in d.paid if p.at is not None] + [r.at for r in retried if r.at]
+    start = min(times, default=0.0)
+    span = max(times, default=0.0) - start
+    unit, scale = ("h", 3600.0) if span > 3 * 3600 else ("min", 60.0) if span > 180 else ("s", 1.0)
+    if timed:
+        width = max(span, 1.0) / RETRY_BINS
+        bins = [0] * (RETRY_BINS + 1)
+        limits = [0] * (RETRY_BINS + 1)
+        for r in retried:
+            b = min(RETRY_BINS, int((r.at - start) / width))
+            (limits if r.cause == RetryCause.RATE_LIMITED else bins)[b] += r.n
+        xs = [(b + 0.5) * width / scale for b in range(RETRY_BINS + 1)]
+        w = 0.9 * width / scale
+        ax.set_xlabel(f"{unit} since the first answer (each retry at its record's time)")
+    else:  # no times: one bar per record, in file order
+        bins = [0 if r.cause == RetryCause.RATE_LIMITED else r.n for r in retried]
+        limits = [r.n if r.cause == RetryCause.RATE_LIMITED else 0 for r in retried]
+        xs, w = list(range(1, len(retried) + 1)), 0.9
+        ax.set_xlabel("records with retries, in file order")
+    if any(limits):
+        canvas.data(ax.bar(xs, limits, width=w, color="#c44e52", label=f"rate limited (429) {rate_limited:,}"))
+    if any(bins):
+        canvas.data(ax.bar(xs, bins, width=w, bottom=limits, color="#8172b3",
+                           label=f"other causes {sum(totals.values()) - rate_limited:,}"))
+    ax.set_ylabel("attempts sent again")
+    ax.set_xlim(left=0)
+    legend_above(ax, ncols=2)
+    caption = ("By cause: " + ", ".join(f"{c} {n:,}" for c, n in totals.most_common())
+               + ". Counted on the answer or failure they led to, at its time; refused answers "
+               "are the refusals' plots, not here.")
+    return canvas.plot(title, caption)
 
 
 def completion_vs_budget(datasets: list[DatasetFacts], budgets: dict[str, int | None], colors: Colors,

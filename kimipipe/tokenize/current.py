@@ -11,9 +11,14 @@ reused, unpaid, if the old prompts come back. They must not be trained on.
   start with that prompt's messages and user turns; a source fixed under the same IDs
   changes them). The others are counted and said, never written. make passes the dataset's
   prompts file.
+- A row is an answer's: kp-tokenize tells rows and answers by (id, generation_id), not by
+  id alone (`scan_rows`), since a prompt fixed under its id is answered again (kp-infer
+  asks it again: recorded/asked.py) and its old answer stays in the responses file under
+  the same id. The new answer's row is made; the old answer's is then a row the input does
+  not give.
 - An output kp-tokenize resumes may hold rows its input no longer gives (an earlier input's,
   or an answer --prompts now leaves out). They are found at the end of the run (`stale_rows`:
-  the output's IDs minus the IDs the input gave, which is all the run keeps in memory) and
+  the output's rows minus those the input gave, which is all the run keeps in memory) and
   refused, exit 2, unless `--prune`, which rewrites the output without them
   (`prune_output`): token rows are made from the answers again at will, so dropping them
   loses nothing paid for. kp-shard rebuilds its whole set from its input, so its output
@@ -22,29 +27,41 @@ reused, unpaid, if the old prompts come back. They must not be trained on.
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import msgspec
 
-from ..io import iter_lines, iter_records
+from ..io import iter_finished, iter_lines, iter_records, repair_and_report
+from ..recorded.asked import message_digest
 from ..records import Prompt
 from ..writers import AtomicOutput
 
 _PROMPT_DECODER = msgspec.json.Decoder(Prompt)
-_encoder = msgspec.json.Encoder(order="deterministic")
 
 
-class _IdOnly(msgspec.Struct):
+class _RowOf(msgspec.Struct):
+    """Which answer a row (or a response record) is: its id and generation id."""
+
     id: str
+    generation_id: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        return self.id, self.generation_id
 
 
-_ID_DECODER = msgspec.json.Decoder(_IdOnly)
+_ROW_DECODER = msgspec.json.Decoder(_RowOf)
+
+Row = tuple[str, str | None]  # (id, generation_id)
 
 
-def _digest(role: str, content) -> bytes:
-    # role and content only: what kp-infer sent of the prompt's messages (records.Message)
-    return hashlib.blake2b(_encoder.encode([role, content]), digest_size=8).digest()
+def scan_rows(path: str, quiet: bool = False) -> set[Row]:
+    """The answers OUTPUT holds rows of (empty if it does not exist), a torn last line
+    repaired first (its answer is redone)."""
+    if path == "-" or not os.path.exists(path):
+        return set()
+    repair_and_report(path, quiet=quiet)
+    return {row.key for row in iter_finished(path, _ROW_DECODER)}
 
 
 class Prompts:
@@ -55,8 +72,8 @@ class Prompts:
         self.path = path
         self._by_id: dict[str, tuple[tuple[bytes, ...], tuple[bytes, ...]]] = {}
         for _lineno, prompt, _line in iter_records(path, _PROMPT_DECODER, expect="prompt"):
-            self._by_id[prompt.id] = (tuple(_digest(m.role, m.content) for m in prompt.messages),
-                                      tuple(_digest("user", f) for f in prompt.follow_ups))
+            self._by_id[prompt.id] = (tuple(message_digest(m.role, m.content) for m in prompt.messages),
+                                      tuple(message_digest("user", f) for f in prompt.follow_ups))
 
     def holds(self, record_id: str, conversation: str | None, messages) -> bool:
         """Whether an answer (its id, its `conversation` on a conversation's turn, and the
@@ -65,7 +82,7 @@ class Prompts:
         if known is None:
             return False
         prompt, follow_ups = known
-        asked = [_digest(m.role, msgspec.to_builtins(m.content)) for m in messages]
+        asked = [message_digest(m.role, msgspec.to_builtins(m.content)) for m in messages]
         if asked[:len(prompt)] != list(prompt):
             return False
         # a later turn's history: the prompt, then each earlier answer and the next user turn
@@ -74,20 +91,20 @@ class Prompts:
         return later_users == list(follow_ups[:len(later_users)])
 
 
-def stale_rows(done: set[str], given: set[str]) -> list[str]:
-    """The IDs an output held before the run that the input (as filtered) did not give."""
-    return sorted(done - given)
+def stale_rows(done: set[Row], given: set[Row]) -> list[Row]:
+    """The rows an output held before the run that the input (as filtered) did not give."""
+    return sorted(done - given, key=lambda row: (row[0], row[1] or ""))
 
 
-def prune_output(path: str, drop: set[str]) -> int:
-    """Rewrite output PATH (plain or `.zst`) without the rows whose id is in DROP, whole or
-    not at all (a temporary file, then a rename); the rows removed. The caller holds the
-    output's lock."""
+def prune_output(path: str, drop: set[Row]) -> int:
+    """Rewrite output PATH (plain or `.zst`) without the rows DROP names, whole or not at
+    all (a temporary file, then a rename); the rows removed. The caller holds the output's
+    lock."""
     out = AtomicOutput(path)
     removed = 0
     try:
         for _lineno, line, _ended in iter_lines(path):
-            if _ID_DECODER.decode(line).id in drop:
+            if _ROW_DECODER.decode(line).key in drop:
                 removed += 1
                 continue
             out.writer.write_line(line + b"\n")

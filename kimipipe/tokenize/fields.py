@@ -78,6 +78,9 @@ class TokenizeInput(Struct):
     sampled_ids: SampledIds | None = None  # a self-hosted server's own IDs (docs/servers.md)
     sampled_tokens: SampledTokens | None = None  # token logprobs' tokens (tokenize/resegment.py)
     conversation: str | None = None  # a conversation's turn: its prompt's id (records.Turn)
+    # with the id, which answer a row was made from: a prompt fixed under its id is answered
+    # again, and its new answer's row replaces the old one's (tokenize/current.py)
+    generation_id: str | None = None
 
 
 DECODER = msgspec.json.Decoder(TokenizeInput)

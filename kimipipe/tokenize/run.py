@@ -3,8 +3,8 @@
 `run_tokenize(settings, input, output, rejects, ...)` is what commands/tokenize.py calls,
 once its options are checked. It locks OUTPUT for the run (a second kp-tokenize on it exits
 2), loads the engine (tokenize/engine.py: the tokenizer and template, checked before any
-output is touched), skips the records whose id OUTPUT holds already (a torn last line
-repaired first), and streams the rest in batches (`BATCH_RECORDS` records or
+output is touched), skips the answers OUTPUT holds rows of already (by id and generation
+id; a torn last line repaired first), and streams the rest in batches (`BATCH_RECORDS` records or
 `BATCH_BYTES` bytes) through the engine: in this process, or in `--workers` processes that
 keep the input order (tokenize/pool.py). Each batch's records are written in one go, its
 rejects logged to `--rejects` (the first three said; `--strict` stops at the first, exit
@@ -24,11 +24,11 @@ from contextlib import closing
 
 from ..cli import counted, progress, say
 from ..errors import ExitCode, InputError, KPError
-from ..io import OutputLock, RecordWriter, iter_records, scan_done
+from ..io import OutputLock, RecordWriter, iter_records
 from ..partition import in_partition
 from ..records import Rejected, encode_line
 from . import fields
-from .current import Prompts, prune_output, stale_rows
+from .current import Prompts, Row, prune_output, scan_rows, stale_rows
 from .engine import Engine, Settings, spawned_worker
 from .stats import Summary
 
@@ -36,12 +36,13 @@ BATCH_RECORDS = 64
 BATCH_BYTES = 1 << 20
 
 
-def _batches(path: str, done: set[str], summary: Summary, partition=None,
+def _batches(path: str, done: set[Row], summary: Summary, partition=None,
              ignore_extra_fields: bool = False, prompts: Prompts | None = None,
-             given: set[str] | None = None):
-    """(line number, raw line) batches of the records still to do, validated as responses.
-    PROMPTS: only the answers to them (tokenize/current.py); GIVEN collects the IDs of the
-    records the input gives, done or not, for the output's check at the end."""
+             given: set[Row] | None = None):
+    """(line number, raw line) batches of the records still to do (DONE: the answers the
+    output has rows of, by id and generation id), validated as responses. PROMPTS: only the
+    answers to them (tokenize/current.py); GIVEN collects the answers the input gives, done
+    or not, for the output's check at the end."""
     batch: list[tuple[int, bytes]] = []
     size = 0
     try:
@@ -53,9 +54,10 @@ def _batches(path: str, done: set[str], summary: Summary, partition=None,
             if prompts is not None and not prompts.holds(rec.id, rec.conversation, rec.messages):
                 summary.not_current += 1
                 continue
+            row = (rec.id, rec.generation_id)
             if given is not None:
-                given.add(rec.id)
-            if rec.id in done:
+                given.add(row)
+            if row in done:
                 summary.skipped_done += 1
                 continue
             if not in_partition(rec.id, partition):
@@ -137,8 +139,8 @@ def run_tokenize(settings: Settings, input: str, output: str, rejects: str | Non
         current = Prompts(prompts) if prompts else None  # (a bad line: before the tokenizer's load)
         engine = Engine(settings)  # loads and checks everything before any output is touched
         say(f"kp-tokenize: {engine.describe()}, {counted(workers, 'worker')}", quiet)
-        done = scan_done(output, quiet=quiet) if output != "-" else set()
-        given: set[str] = set()
+        done = scan_rows(output, quiet=quiet)
+        given: set[Row] = set()
         _run(engine, workers, _batches(input, done, summary, partition,
                                        settings.ignore_extra_fields, current, given),
              summary, output, rejects, settings.strict, quiet, input)
@@ -147,7 +149,7 @@ def run_tokenize(settings: Settings, input: str, output: str, rejects: str | Non
             of = f"{prompts}'s answers in {input}" if prompts else input
             raise KPError(
                 f"{output} holds {counted(len(stale), 'row')} that {of} does not give "
-                f"(first: {stale[0]!r}): an earlier input's, never to be trained on beside "
+                f"(first: {stale[0][0]!r}): an earlier input's, never to be trained on beside "
                 f"this one's; rerun with --prune to remove them from {output}, or write to "
                 "a new output", exit_code=ExitCode.USAGE)
         if stale:
