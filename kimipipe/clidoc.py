@@ -1,14 +1,18 @@
-"""docs/cli.md: every command's `--help`, as a user sees it, in one page.
+"""docs/cli.md: every command's `--help`, as a user sees it, in one page; and the docs'
+lists that a registry holds (kp-prompts' formats, from FORMATS).
 
-`python -m kimipipe.clidoc > docs/cli.md` (or `make docs`) writes it; `--check` exits 1
-when docs/cli.md differs from what the commands print now (tests/test_readme.py runs it,
-so a changed option cannot leave the reference stale). Each help is taken from the
-installed command in a subprocess, at a fixed width, so the page is what `--help` prints.
+`python -m kimipipe.clidoc > docs/cli.md` writes the page; `--blocks` rewrites the marked
+blocks (`<!-- NAME -->` ... `<!-- /NAME -->`) of README.md and docs/*.md in place (`make
+docs` does both); `--check` exits 1 when either differs from what the code gives now
+(tests/test_readme.py runs it, so a changed option or a new format cannot leave the docs
+stale). Each help is taken from the installed command in a subprocess, at a fixed width,
+so the page is what `--help` prints.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +32,27 @@ COMMANDS: list[tuple[str, list[str]]] = [
     ("python -m kimipipe.demo", ["-m", "kimipipe.demo"]),
 ]
 WIDTH = "100"
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+REPO = Path(__file__).resolve().parent.parent
+PAGE = REPO / "docs" / "cli.md"
+# (file, block name): the text between its markers comes from the code.
+BLOCKS = [("README.md", "formats"), ("docs/kp-prompts.md", "format-table")]
+
+
+def block_text(name: str) -> str:
+    from .prompts.formats import format_labels, format_table
+    return {"formats": format_labels, "format-table": lambda: "\n" + format_table()}[name]()
+
+
+def with_blocks(path: Path) -> str:
+    """The file's text with each of its marked blocks as the code gives it now."""
+    text = path.read_text()
+    for file, name in BLOCKS:
+        if REPO / file == path:
+            marked = re.compile(rf"(<!-- {name} -->)(.*?)(<!-- /{name} -->)", re.S)
+            if not marked.search(text):
+                raise SystemExit(f"clidoc: {file} has no <!-- {name} --> block")
+            text = marked.sub(lambda m: m[1] + block_text(name) + m[3], text)
+    return text
 
 
 def help_of(argv: list[str]) -> str:
@@ -55,17 +79,22 @@ def page() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    text = page()
-    if args == ["--check"]:
-        if not PAGE.exists() or PAGE.read_text() != text:
-            print(f"clidoc: {PAGE} is stale: run `make docs` (python -m kimipipe.clidoc > "
-                  "docs/cli.md)", file=sys.stderr)
-            return 1
+    files = sorted({REPO / file for file, _ in BLOCKS})
+    if args == ["--blocks"]:
+        for path in files:
+            path.write_text(with_blocks(path))
         return 0
+    if args == ["--check"]:
+        stale = [path for path in files if path.read_text() != with_blocks(path)]
+        if not PAGE.exists() or PAGE.read_text() != page():
+            stale.append(PAGE)
+        for path in stale:
+            print(f"clidoc: {path.relative_to(REPO)} is stale: run `make docs`", file=sys.stderr)
+        return 1 if stale else 0
     if args:
-        print("usage: python -m kimipipe.clidoc [--check]", file=sys.stderr)
+        print("usage: python -m kimipipe.clidoc [--check | --blocks]", file=sys.stderr)
         return 2
-    sys.stdout.write(text)
+    sys.stdout.write(page())
     return 0
 
 

@@ -24,6 +24,15 @@ from ..conversation import (
     text_of,
 )
 
+# How docs/kp-prompts.md and README.md name and describe it (`make docs` writes them).
+LABEL = 'Alpaca'
+RECORD = '`{"instruction", "input"?, "system"?, "history"?}`'
+NOTES = (
+    '`history`: earlier `[instruction, answer]` pairs; the input joined after a blank '
+    'line. Stanford Alpaca\'s seed tasks (`"instances": [{"input", "output"}]`): the one '
+    'instance read as `input`/`output`; several instances are an error (one record gives '
+    'one conversation; give each its own)'
+)
 DETECT = ("instruction",)
 
 

@@ -17,6 +17,14 @@ from ..conversation import (
     record_context,
 )
 
+# How docs/kp-prompts.md and README.md name and describe it (`make docs` writes them).
+LABEL = 'MT-Bench'
+RECORD = '`{"question_id", "turns": [str, ...]}`'
+NOTES = (
+    "FastChat's MT-Bench and Vicuna-bench `question.jsonl`, Arena-Hard v0.1 (turns "
+    '`{"content": str}`): user turns only, read with `--turns all`; the id is '
+    '`question_id`'
+)
 DETECT = ("turns",)
 ID_FIELD = "question_id"
 

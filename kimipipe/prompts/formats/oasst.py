@@ -14,6 +14,15 @@ from __future__ import annotations
 
 from ..conversation import Conversation, FormatError, Turn, json_type, text_of
 
+# How docs/kp-prompts.md and README.md name and describe it (`make docs` writes them).
+LABEL = 'OpenAssistant trees'
+RECORD = 'OpenAssistant: `{"message_id", "text", "role", "replies": [...]}`, or a tree `{"message_tree_id", "prompt": message}`'
+NOTES = (
+    'one thread: from the root, the best reply at each step (lowest `rank`, unranked '
+    'after ranked, the first among equals; `deleted` replies and those with '
+    '`review_result: false` left out). Other branches are alternative answers and the '
+    "replies to them: not read. The id is the root's `message_id`"
+)
 DETECT = ("replies", "message_tree_id")
 ID_FIELD = ("message_id", "message_tree_id")
 ROLES = {"prompter": "user", "assistant": "assistant"}

@@ -13,6 +13,12 @@ from ..conversation import (
     record_context,
 )
 
+# How docs/kp-prompts.md and README.md name and describe it (`make docs` writes them).
+LABEL = '`prompt`/`text` objects'
+RECORD = '`{"prompt"}` or `{"text"}`'
+NOTES = (
+    'one user turn'
+)
 DETECT = ("prompt", "text")
 
 
