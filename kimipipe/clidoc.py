@@ -51,7 +51,7 @@ def with_blocks(path: Path) -> str:
             marked = re.compile(rf"(<!-- {name} -->)(.*?)(<!-- /{name} -->)", re.S)
             if not marked.search(text):
                 raise SystemExit(f"clidoc: {file} has no <!-- {name} --> block")
-            text = marked.sub(lambda m: m[1] + block_text(name) + m[3], text)
+            text = marked.sub(lambda m, new=block_text(name): m[1] + new + m[3], text)
     return text
 
 

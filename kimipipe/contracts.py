@@ -594,7 +594,7 @@ class ShardEntry(Struct):
     sha256: str
 
 
-class ShardSettings(Struct):
+class ManifestOptions(Struct):
     """The options the set was made with (the manifest's `options`)."""
 
     name: str
@@ -664,7 +664,7 @@ class ShardManifest(Struct):
     command: str
     format: str  # the row format: a name in shard/formats.py (eagle, raw)
     row_schema: dict[str, str] | str
-    options: ShardSettings
+    options: ManifestOptions
     inputs: list[str]
     records_read: int
     dropped: dict[str, int]  # by reason

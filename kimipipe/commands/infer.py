@@ -166,8 +166,8 @@ def report(o: ReportOptions) -> int:
 def _report(files: list[str], html: str | None, as_json: bool, total_cost: float | None,
             max_cost: float | None, token_budget: int | None, say: Stderr) -> int:
     if html:
-        from ..report import Settings, write_report  # (the shard readers: only here)
-        settings = Settings(total_cost=total_cost, max_cost=max_cost, token_budget=token_budget)
+        from ..report import BuildLimits, write_report  # (the shard readers: only here)
+        settings = BuildLimits(total_cost=total_cost, max_cost=max_cost, token_budget=token_budget)
         write_report(files, settings, html, say)
         if html != "-":
             say(f"kp-infer: the build report is in {html}")

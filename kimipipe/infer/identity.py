@@ -198,7 +198,7 @@ def _shown(text: str) -> str:
 
 
 @dataclass
-class Check:
+class CountCheck:
     """One answer's counts against kimipipe's, and the verdict on them."""
 
     prompt_id: str
@@ -318,7 +318,7 @@ class IdentityJudge:
 
     # -- the check --------------------------------------------------------------------------
     def measure(self, prompt_id: str, messages: Sequence, count: int | None,
-                answer: Attempt) -> Check:
+                answer: Attempt) -> CountCheck:
         """ANSWER's counts against kimipipe's (COUNT: its prompt's), recorded as evidence of
         its provider; no verdict yet."""
         provider = answer.provider or "unknown"
@@ -330,7 +330,7 @@ class IdentityJudge:
                 or evidence.answers % COMPLETION_EVERY == 0):
             completion = self.counts.completion_tokens(answer.reasoning, answer.content,
                                                        answer.finish_reason == "length")
-        check = Check(prompt_id, provider, prompt_kind(messages), count or 0, reported,
+        check = CountCheck(prompt_id, provider, prompt_kind(messages), count or 0, reported,
                       completion, answer.completion_tokens if answer.usage_seen else 0, messages)
         if check.ratio is not None:
             evidence.ratios.append(check.ratio)
@@ -338,7 +338,7 @@ class IdentityJudge:
             evidence.offsets.setdefault(check.kind, Counter())[check.offset] += 1
         return check
 
-    def check(self, prompt_id: str, messages: Sequence, count: int | None, answer: Attempt) -> Check:
+    def check(self, prompt_id: str, messages: Sequence, count: int | None, answer: Attempt) -> CountCheck:
         """ANSWER to the prompt PROMPT_ID (its MESSAGES, counted COUNT): measured, and its
         verdict (ACCEPT, OFF, PENDING: `settle` waits for it, UNCHECKED) booked."""
         check = self.measure(prompt_id, messages, count, answer)
@@ -351,7 +351,7 @@ class IdentityJudge:
             self._wake()
         return check
 
-    async def settle(self, check: Check, stopping: asyncio.Event) -> Check:
+    async def settle(self, check: CountCheck, stopping: asyncio.Event) -> CountCheck:
         """A PENDING CHECK's verdict, waiting for the others' answers (see the module's
         text); a stop meanwhile refuses it without a strike (it was not shown wrong)."""
         deadline = time.monotonic() + self.wait
@@ -362,7 +362,7 @@ class IdentityJudge:
             self.waiting -= 1
         return check
 
-    async def _settle(self, check: Check, stopping: asyncio.Event, deadline: float) -> None:
+    async def _settle(self, check: CountCheck, stopping: asyncio.Event, deadline: float) -> None:
         while check.verdict == PENDING:
             verdict, why = self.verdict(check)
             if verdict != PENDING:
@@ -456,7 +456,7 @@ class IdentityJudge:
             self.trusted.discard(name)
             self._all_trusted = False
 
-    def refusal(self, check: Check) -> str:
+    def refusal(self, check: CountCheck) -> str:
         """The refusal's message: why, with the two counts."""
         return f"not the target model's counts: {check.why} ({check.counts()})"
 
@@ -487,7 +487,7 @@ class IdentityJudge:
         seen = {name.lower() for name, e in self._evidence.items() if e.offsets.get(kind)}
         return len(names - seen - {provider.lower()})
 
-    def verdict(self, check: Check) -> tuple[str, str]:
+    def verdict(self, check: CountCheck) -> tuple[str, str]:
         """CHECK's verdict on the evidence now (ACCEPT, OFF with why, or PENDING)."""
         offset, kind, name = check.offset, check.kind, check.provider
         evidence = self._evidence[name]
@@ -533,11 +533,11 @@ class IdentityJudge:
         return OFF, why
 
     @staticmethod
-    def far_why(check: Check) -> str:
+    def far_why(check: CountCheck) -> str:
         return (f"completion_tokens {check.completion_reported:,} for {check.completion_count:,} "
                 f"tokens of text (ratio {check.ratio:.2f}): another tokenizer")
 
-    def _conclude(self, check: Check, count_strike: bool) -> None:
+    def _conclude(self, check: CountCheck, count_strike: bool) -> None:
         """Book a final verdict (PENDING books nothing yet) and wake the waiting checks."""
         if check.verdict == PENDING:
             return
@@ -569,7 +569,7 @@ class IdentityJudge:
             self._changed.set()
             self._changed = asyncio.Event()
 
-    def _note_shared(self, check: Check) -> None:
+    def _note_shared(self, check: CountCheck) -> None:
         """The first answer accepted at a shared constant: said once, with the prompt."""
         offset = check.offset
         if offset is None or offset in VENDOR_BAND or (check.kind, offset) in self._shared_said:

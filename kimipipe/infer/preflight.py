@@ -90,7 +90,7 @@ from .config import RunConfig
 from .conversations import first_turn, is_conversation
 from .endpoints import endpoint_warnings
 from .identity import OFF, IdentityJudge, check_tokenizer, load_counts
-from .identity import Check as IdentityCheck
+from .identity import CountCheck as IdentityCheck
 from .inputs import PROMPT_DECODER
 from .preflight_identity import allowed_providers, only, provider_rows, verdicts
 from .preflight_identity import table_text as identity_table_text

@@ -162,7 +162,7 @@ class _HashingFile:
         os.fsync(self.f.fileno())
 
 
-class ShardFile:
+class OpenShard:
     """One shard being written: rows in, zstd out, under a temporary name."""
 
     def __init__(self, directory: str, name: str, split: str, cctx: zstandard.ZstdCompressor,
@@ -210,7 +210,7 @@ class ShardFile:
 
 
 class ParquetShardFile:
-    """One Parquet shard being written (parquet.py), with ShardFile's attributes and calls:
+    """One Parquet shard being written (parquet.py), with OpenShard's attributes and calls:
     the row's `data` is its `input_ids` body (formats.ids_body)."""
 
     def __init__(self, directory: str, name: str, split: str, cctx: None, level: int = 3):
@@ -244,7 +244,7 @@ class ParquetShardFile:
         self._shard.abandon()
 
 
-_FILES = {JSONL: ShardFile, PARQUET: ParquetShardFile}
+_FILES = {JSONL: OpenShard, PARQUET: ParquetShardFile}
 
 
 class ShardSequence:
@@ -267,7 +267,7 @@ class ShardSequence:
         else:
             self.cctxs = [None, None]
         self.closing: list[Future | None] = [None, None]
-        self.open: ShardFile | None = None
+        self.open: OpenShard | None = None
         self.index = 0
 
     def add(self, row: Row) -> None:
@@ -286,12 +286,12 @@ class ShardSequence:
                                                 self.cctxs[turn], self.owner.level)
         shard.add(row)
 
-    def _finish(self, shard: ShardFile) -> None:
+    def _finish(self, shard: OpenShard) -> None:
         future = self.owner.closer.submit(shard.close)
         self.closing[(self.index - 1) % 2] = future
         self.owner.closing.append(future)
 
-    def _full_with(self, shard: ShardFile, row: Row) -> bool:
+    def _full_with(self, shard: OpenShard, row: Row) -> bool:
         limit_records = self.owner.records_per_shard
         limit_tokens = self.owner.tokens_per_shard
         if limit_records is not None and shard.records >= limit_records:

@@ -16,12 +16,12 @@ from aiohttp import web
 
 from .answers import Answer, user_text_sha256
 from .billing import billed_prices
-from .providers import Endpoint
+from .providers import StandinEndpoint
 from .sessions import CACHE_READ_FACTOR
-from .wire import Generation, encode, json_response
+from .wire import GenerationStats, encode, json_response
 
 if TYPE_CHECKING:
-    from .server import StandIn
+    from .server import StandinState
 
 COMMENT = b": OPENROUTER PROCESSING\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -43,8 +43,8 @@ MIDSTREAM_ERRORS = {
 class Job:
     """One accepted completion: serves it plain or streamed, with its fault if any."""
 
-    def __init__(self, server: StandIn, request: web.Request, body: dict, answer: Answer,
-                 endpoint: Endpoint, fault: str | None, created: int, gen_id: str,
+    def __init__(self, server: StandinState, request: web.Request, body: dict, answer: Answer,
+                 endpoint: StandinEndpoint, fault: str | None, created: int, gen_id: str,
                  started: float, ledger_extra: dict | None = None, cached_tokens: int = 0,
                  logprobs: tuple[list, list] | None = None):
         self.server = server
@@ -89,7 +89,7 @@ class Job:
         self.shown = self.server.draw_usage_shown()
         now = time.monotonic()
         cost = self._cost()
-        self.server.charge(Generation(
+        self.server.charge(GenerationStats(
             self.gen_id, self.endpoint.provider_name, self.model, self.answer.prompt_tokens,
             self.answer.completion_tokens, self.answer.reasoning_tokens, cost,
             self.answer.finish_reason, self.created, first_token_at - self.started,
@@ -128,7 +128,7 @@ class Job:
         """A zero-completion answer (the `zero` fault): remembered for /generation at $0,
         never charged (OpenRouter's zero-completion insurance, billing.py)."""
         a = self.answer
-        self.server.remember_unbilled(Generation(
+        self.server.remember_unbilled(GenerationStats(
             self.gen_id, self.endpoint.provider_name, self.model, a.prompt_tokens, 0, 0, 0.0,
             None, self.created, 0.0, 0.0, bool(self.body.get("stream"))))
         return {"prompt_tokens": a.prompt_tokens, "completion_tokens": 0,
@@ -190,7 +190,7 @@ class Job:
             elif self.gen_id not in self.server.generations:
                 # not billed, yet known: GET /generation shows it cancelled at $0, as
                 # OpenRouter's `cancelled` field does (never in the ledger)
-                self.server.generations[self.gen_id] = Generation(
+                self.server.generations[self.gen_id] = GenerationStats(
                     self.gen_id, self.endpoint.provider_name, self.model, 0, 0, 0, 0.0,
                     "cancelled", self.created, 0.0, 0.0, streamed, cancelled=True)
                 self.server.generation_ended[self.gen_id] = time.monotonic()

@@ -2,7 +2,7 @@
 `/generation`, `/models`, `/models/{author}/{slug}/endpoints` (no `/model/{slug}`: OpenRouter
 has none).
 
-A mixin of `server.StandIn`: it reads the server's config, usage, budget layers and
+A mixin of `server.StandinState`: it reads the server's config, usage, budget layers and
 remembered generations, and changes nothing but the request counters.
 """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..conversation import (
     Conversation,
     FormatError,
-    Turn,
+    SourceTurn,
     content_of,
     json_type,
     record_blocker,
@@ -42,5 +42,5 @@ def conversation(obj: dict) -> Conversation:
         elif not isinstance(turn, str):
             raise FormatError(f'expected a string or {{"content": str}}, got {json_type(turn)}', where)
         text, blocker = content_of(turn, where, context)
-        out.append(Turn("user", "", *blocker) if blocker else Turn("user", text, None, where))
+        out.append(SourceTurn("user", "", *blocker) if blocker else SourceTurn("user", text, None, where))
     return Conversation(out, record_blocker(obj, context), has_answers=False)

@@ -12,7 +12,7 @@ tree's `message_tree_id`)."""
 
 from __future__ import annotations
 
-from ..conversation import Conversation, FormatError, Turn, json_type, text_of
+from ..conversation import Conversation, FormatError, SourceTurn, json_type, text_of
 
 # How docs/kp-prompts.md and README.md name and describe it (`make docs` writes them).
 LABEL = 'OpenAssistant trees'
@@ -37,7 +37,7 @@ def conversation(obj: dict) -> Conversation:
         role = message.get("role")
         if role not in ROLES:
             raise FormatError(f"unknown role {role!r} (accepted: {', '.join(ROLES)})", f"{where}.role")
-        turns.append(Turn(ROLES[role], text_of(message.get("text"), f"{where}.text"), None, where))
+        turns.append(SourceTurn(ROLES[role], text_of(message.get("text"), f"{where}.text"), None, where))
         replies = message.get("replies") or []
         if not isinstance(replies, list):
             raise FormatError(f"expected an array, got {json_type(replies)}", f"{where}.replies")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..conversation import (
     Conversation,
     FormatError,
-    Turn,
+    SourceTurn,
     content_of,
     record_blocker,
     record_context,
@@ -28,5 +28,5 @@ def conversation(obj: dict) -> Conversation:
         raise FormatError("missing field `prompt` (or `text`)")
     context = record_context(obj)
     text, blocker = content_of(obj[key], f"$.{key}", context)
-    turn = Turn("user", "", *blocker) if blocker else Turn("user", text, None, f"$.{key}")
+    turn = SourceTurn("user", "", *blocker) if blocker else SourceTurn("user", text, None, f"$.{key}")
     return Conversation([turn], record_blocker(obj, context))
