@@ -254,6 +254,15 @@ class StandinState(MetadataEndpoints):
         self.generations[gen.id] = gen
         self.generation_ended[gen.id] = time.monotonic()
 
+    def count_abandoned(self) -> None:
+        self.abandoned += 1
+
+    def abandoned_unbilled(self, gen: GenerationStats) -> None:
+        """A cancelled generation not billed, yet known unless it already is: GET /generation
+        shows it cancelled at $0, as OpenRouter's `cancelled` field does (never in the ledger)."""
+        if gen.id not in self.generations:
+            self.remember_unbilled(gen)
+
     def charge(self, gen: GenerationStats, user_sha: str, extra: dict | None = None) -> None:
         self.usage += gen.cost
         self.charged += 1
