@@ -89,8 +89,3 @@ def pricing_document(endpoint: StandinEndpoint, config) -> dict:
     if overrides:
         pricing["overrides"] = overrides
     return pricing
-
-
-def zero_completion(completion_tokens: int, finish_reason: str | None) -> bool:
-    """OpenRouter's zero-completion insurance: such an answer is not billed."""
-    return finish_reason == "error" or (completion_tokens == 0 and not finish_reason)
