@@ -76,7 +76,6 @@ from ..cli import (
     run_command,
     say,
 )
-from ..contracts import ShardManifest
 from ..errors import ExitCode, InputError, KPError
 from ..io import check_writable_dir
 from ..options import CommandSettings, argument, fields_for, option
@@ -92,6 +91,7 @@ from ..shard.build import write_card
 from ..shard.card import CardInputs
 from ..shard.export import DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET, TRAINERS, ExportOptions, export_sets
 from ..shard.formats import DEFAULT, FORMATS, PARQUET
+from ..shard.manifest import ShardManifest
 from ..shard.readback import read_manifest
 
 DEFAULT_RECORDS_PER_SHARD = 10_000

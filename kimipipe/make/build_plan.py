@@ -36,7 +36,8 @@ from dataclasses import asdict, dataclass, field
 
 import msgspec
 
-from ..contracts import (
+from ..contracts import read_contract
+from ..plans import (
     BuildPlanFile,
     DatasetPlanFile,
     InferPlan,
@@ -44,7 +45,6 @@ from ..contracts import (
     PlanPrices,
     PlanRoute,
     Recorded,
-    read_contract,
 )
 from ..recorded.spend import expand_spent_in, recorded_spend
 from .measure import measure, read_pilot
@@ -194,7 +194,7 @@ class BuildPlan:
 
 
 def write_build_plan(path: str, plan: BuildPlan) -> None:
-    """WORK/build.plan.json (`contracts.BuildPlanFile`, indented by one)."""
+    """WORK/build.plan.json (`plans.BuildPlanFile`, indented by one)."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(msgspec.to_builtins(plan.to_file()), f, indent=1)
 

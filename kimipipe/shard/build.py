@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .. import __version__
-from ..contracts import ManifestOptions, ShardManifest, ShardTotals
 from ..errors import InputError, display_path
 from ..io import iter_records
 from . import card as cards
 from .formats import DEFAULT, FORMATS
+from .manifest import ManifestOptions, ShardManifest, ShardTotals
 from .provenance import Provenance
 from .readback import Lengths
 from .rows import TOKEN_RECORD_DECODER, Drops, Row, RowBuilder, eval_point, id_fingerprint

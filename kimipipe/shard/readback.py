@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 import msgspec
 import zstandard
 
-from ..contracts import ShardManifest
 from ..errors import InputError
 from ..io import zstd_reader
 from . import card as cards
@@ -42,6 +41,7 @@ from .formats import (
     row_format,
     unknown_format,
 )
+from .manifest import ShardManifest
 from .rows import id_fingerprint
 from .writer import CARD, LEGACY_MANIFEST, MANIFEST, SHARD_SUFFIXES, manifest_path
 
@@ -59,7 +59,7 @@ def has_manifest(directory: str) -> bool:
 
 
 def read_manifest(directory: str) -> ShardManifest:
-    """DIRECTORY's manifest, decoded (`contracts.ShardManifest`)."""
+    """DIRECTORY's manifest, decoded (`shard/manifest.py` ShardManifest)."""
     path = manifest_path(directory)
     try:
         with open(path, "rb") as f:

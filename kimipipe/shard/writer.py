@@ -51,9 +51,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import msgspec
 import zstandard
 
-from ..contracts import ShardEntry, ShardFiles, ShardManifest
 from ..errors import KPError
 from .formats import JSONL, PARQUET, SUFFIXES
+from .manifest import ShardEntry, ShardFiles, ShardManifest
 from .rows import Row
 
 # The manifest's name ends in neither .json nor .jsonl: speculators' `prepare-data --data
@@ -106,7 +106,7 @@ def shard_pattern(prefix: str) -> re.Pattern:
     return re.compile(rf"^{re.escape(prefix)}-(?:(?:train|eval)-)?\d{{5,}}(?:{_SUFFIX_RE})$")
 
 
-ShardInfo = ShardEntry  # a finished shard as the manifest lists it (contracts.py)
+ShardInfo = ShardEntry  # a finished shard as the manifest lists it (manifest.py)
 _files_decoder = msgspec.json.Decoder(ShardFiles)
 
 
