@@ -23,14 +23,15 @@ import tempfile
 
 import click
 
-from ..cli import DEBUG, INPUTS, OUTPUT, QUIET, counted, kp_command, run_command, say
+from ..cli import kp_command, run_command
 from ..errors import InputError
 from ..io import AtomicOutput, check_writable, spool_stdin
-from ..options import CommandSettings, option
+from ..options import DEBUG, INPUTS, OUTPUT, QUIET, CommandSettings, option
 from ..prompts.formats import FORMAT_CHOICES, format_labels
 from ..prompts.selection import Reading, Selection, candidates, make_prompt, select, write_order
 from ..prompts.turns import TURNS
 from ..records import encode_line
+from ..terminal import counted, say
 
 EXAMPLES = """
     kp-prompts sharegpt.json --dataset B3 -o B3.prompts.jsonl

@@ -25,9 +25,8 @@ import sys
 
 import click
 
-from ..cli import parse_quantity
 from ..errors import KPError
-from ..options import CommandSettings, argument, option, parameters, settings_from
+from ..options import CommandSettings, argument, option, parameters, parse_quantity, settings_from
 from ..recorded.api import api_of
 from .build_plan import build_plan, write_build_plan
 from .check import run_checks

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..cli import counted
 from ..errors import ExitCode, KPError
 from ..io import iter_lines
 from ..locks import OutputLock, lock_path
 from ..recorded.api import is_standin
+from ..terminal import counted
 
 BUILD_FILES = ("build.flags", "build.gate", "build.plan.json", "total-cost.json", ".tokenizer-check.json")
 

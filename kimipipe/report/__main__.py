@@ -17,9 +17,8 @@ import sys
 
 import click
 
-from ..cli import parse_quantity
 from ..errors import KPError
-from ..options import CommandSettings, option, parameters, settings_from
+from ..options import CommandSettings, option, parameters, parse_quantity, settings_from
 from ..shard.readback import has_manifest
 from . import BuildLimits, write_report
 
