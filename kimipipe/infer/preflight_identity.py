@@ -28,7 +28,8 @@ from dataclasses import replace
 
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints
 from ..recorded.identity_table import VENDOR_BAND, band_verdict
-from .identity import OFF, PENDING, UNCHECKED, CountCheck, IdentityJudge
+from .identity import IdentityJudge
+from .identity_votes import OFF, PENDING, CountCheck
 
 
 def allowed_providers(policy: Policy, endpoints: list[Endpoint] | None) -> list[tuple[str, list[str]]]:
@@ -49,10 +50,7 @@ def only(policy: Policy, tags: list[str]) -> Policy:
 def verdicts(judge: IdentityJudge, checks: list[CountCheck]) -> None:
     """Each check's verdict with every answer's evidence in hand (recorded by `measure`)."""
     for check in checks:
-        if check.offset is None:
-            check.verdict, check.why = (OFF, judge.far_why(check)) if check.far else (UNCHECKED, "")
-            continue
-        check.verdict, check.why = judge.verdict(check)
+        check.verdict, check.why = judge.votes.first_verdict(check)
         if check.verdict == PENDING:
             check.verdict = OFF
             check.why = (f"prompt_tokens {check.offset:+d} from kimipipe's count, which no other "
