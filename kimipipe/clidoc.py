@@ -43,16 +43,22 @@ def block_text(name: str) -> str:
     return {"formats": format_labels, "format-table": lambda: "\n" + format_table()}[name]()
 
 
-def with_blocks(path: Path) -> str:
-    """The file's text with each of its marked blocks as the code gives it now."""
-    text = path.read_text()
-    for file, name in BLOCKS:
-        if REPO / file == path:
+def with_blocks(file: str, text: str) -> str:
+    """TEXT (of FILE, as BLOCKS names it) with each of its marked blocks as the code gives
+    it now."""
+    for block_file, name in BLOCKS:
+        if block_file == file:
             marked = re.compile(rf"(<!-- {name} -->)(.*?)(<!-- /{name} -->)", re.S)
             if not marked.search(text):
                 raise SystemExit(f"clidoc: {file} has no <!-- {name} --> block")
             text = marked.sub(lambda m, new=block_text(name): m[1] + new + m[3], text)
     return text
+
+
+def stale_blocks(root: Path = REPO) -> list[str]:
+    """The files under ROOT (a checkout) whose marked blocks differ from the code's."""
+    files = sorted({file for file, _ in BLOCKS})
+    return [f for f in files if (root / f).read_text() != with_blocks(f, (root / f).read_text())]
 
 
 def help_of(argv: list[str]) -> str:
@@ -79,17 +85,16 @@ def page() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    files = sorted({REPO / file for file, _ in BLOCKS})
     if args == ["--blocks"]:
-        for path in files:
-            path.write_text(with_blocks(path))
+        for file in stale_blocks():
+            (REPO / file).write_text(with_blocks(file, (REPO / file).read_text()))
         return 0
     if args == ["--check"]:
-        stale = [path for path in files if path.read_text() != with_blocks(path)]
+        stale = stale_blocks()
         if not PAGE.exists() or PAGE.read_text() != page():
-            stale.append(PAGE)
-        for path in stale:
-            print(f"clidoc: {path.relative_to(REPO)} is stale: run `make docs`", file=sys.stderr)
+            stale.append("docs/cli.md")
+        for file in stale:
+            print(f"clidoc: {file} is stale: run `make docs`", file=sys.stderr)
         return 1 if stale else 0
     if args:
         print("usage: python -m kimipipe.clidoc [--check | --blocks]", file=sys.stderr)
