@@ -49,11 +49,7 @@ The completion side is a second signal: usage.completion_tokens against the answ
 re-encoded plus its structural tokens (`completion_ratio`, ~1.0 for the target's
 tokenizer), counted on a sample of each provider's answers (COMPLETION_FIRST, then one in
 COMPLETION_EVERY; every answer whose prompt side cannot judge). It is reported always
-(per provider, the sample's median); it refuses an answer only where it is unambiguous: an
-answer of at least LONG_ANSWER tokens whose ratio is outside FAR (another tokenizer
-family, or counting words) and whose prompt side says nothing (no prompt count). A far
-ratio beside a prompt count that matches is reasoning the provider bills but does not
-return in full, not another model.
+(per provider, the sample's median); where it refuses an answer: infer/identity_votes.py.
 
 Answers of a self-hosted `--server` are not checked here (their usage is the server's,
 and kp-tokenize compares its token IDs); an answer without usage.prompt_tokens is kept,

@@ -28,9 +28,12 @@ its prompt sent again with that provider ignored for it:
     the other providers), for up to WAIT_SECONDS (the judge's); unconfirmed by then, it is
     refused.
 
-An answer whose prompt side says nothing (no usage.prompt_tokens) is judged on its
-completion side alone (`first_verdict`): refused only when its ratio is FAR from the
-target's on a LONG_ANSWER, else kept unchecked.
+The completion side (`CountCheck.ratio`: usage.completion_tokens over kimipipe's count of
+the answer) refuses an answer only where it is unambiguous: an answer of at least
+LONG_ANSWER tokens whose ratio is outside FAR (another tokenizer family, or counting words)
+and whose prompt side says nothing (no usage.prompt_tokens: `first_verdict`). A far ratio
+beside a prompt count that matches is reasoning the provider bills but does not return in
+full, not another model.
 """
 
 from __future__ import annotations
