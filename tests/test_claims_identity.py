@@ -177,3 +177,29 @@ def test_a_shared_offset_needs_more_providers_than_those_at_0(tmp_path):
     # and one provider alone at a constant is never the shared one (at least two)
     judge, check = judge_and_answer()
     assert answer("Z", 18, 7) == OFF and judge.votes.accepted_offsets("without a system message") == band
+
+
+def test_without_a_prompt_count_only_a_far_completion_ratio_on_a_long_answer_refuses():
+    """An answer whose prompt side says nothing (the template cannot render its prompt: no
+    count) is judged on its completion side alone: a long answer counted three times over
+    is another tokenizer (refused); counted as kimipipe counts it, or short, it is kept
+    unchecked (infer/identity_votes.py)."""
+    from kimipipe.infer.identity_votes import LONG_ANSWER, OFF, UNCHECKED
+    from kimipipe.openrouter.attempt import Attempt, AttemptKind
+    from kimipipe.records import Message
+
+    judge, _answer = judge_and_answer()
+    messages = [Message(role="user", content="Tell me a long story.")]
+
+    def answered(content: str, factor: float, k: int):
+        own = judge.counts.completion_tokens("", content, False)
+        attempt = Attempt(AttemptKind.OK, content=content, finish_reason="stop", provider="A",
+                          prompt_tokens=50, completion_tokens=round(own * factor))
+        return own, judge.check(f"p{k}", messages, None, attempt)
+
+    own, far = answered("once upon a time " * 200, 3.0, 1)
+    assert own >= LONG_ANSWER and far.offset is None
+    assert far.verdict == OFF and "another tokenizer" in far.why
+    assert answered("once upon a time " * 200, 1.0, 2)[1].verdict == UNCHECKED
+    own, short = answered("once upon a time", 3.0, 3)
+    assert own < LONG_ANSWER and short.verdict == UNCHECKED
