@@ -196,8 +196,9 @@ class PilotFigures(Struct):
 # -- make plan --json: WORK/build.plan.json (make/build_plan.py) ---------------------------
 
 
-class DatasetPlanFile(Struct):
-    """One dataset of the build plan (make/build_plan.py's docstring: L, c, to go)."""
+class DatasetFigures(Struct):
+    """One dataset's figures in the build plan (make/build_plan.py's docstring: L, c, to go):
+    make/build_plan.py's DatasetPlan computes the rest from them."""
 
     name: str
     prompts: int  # requests of the input (a conversation's turns each count)
@@ -209,14 +210,19 @@ class DatasetPlanFile(Struct):
     answer_tokens: float  # L
     cost_per_answer: float  # c
     measured: str | None  # what L and c were measured on (None: assumed)
-    measured_answers: int
+    measured_answers: int  # how many answers (0: assumed)
     token_budget: int | None
     weight: float
     worst_case_request: float
     max_tokens: int
-    notes: list[str]
-    like: str | None  # measured on other datasets' answers (no answers of its own yet)
-    complete: bool  # its responses stage is stamped done
+    notes: list[str] = msgspec.field(default_factory=list)
+    like: str | None = None  # measured on other datasets' answers (no answers of its own yet)
+    complete: bool = False  # its responses stage is stamped done, and make will not rerun it
+
+
+class DatasetPlanFile(DatasetFigures, kw_only=True):
+    """One dataset as WORK/build.plan.json has it: its figures, then what they give."""
+
     answers_to_go: int
     short: bool  # too few prompts to reach its TOKEN_BUDGET
     expected_to_go: float
