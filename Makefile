@@ -224,9 +224,11 @@ test-engines: venv
 lint: venv
 	$(BIN)/ruff check kimipipe tests bench tools
 
-# docs/cli.md: every command's --help (tests/test_readme.py fails when it is stale)
+# docs/cli.md: every command's --help; the format lists of README.md and docs/kp-prompts.md
+# (tests/test_readme.py fails when either is stale)
 docs: venv
 	$(BIN)/python -m kimipipe.clidoc > docs/cli.md.tmp && mv docs/cli.md.tmp docs/cli.md
+	$(BIN)/python -m kimipipe.clidoc --blocks
 
 # The offline demo: the stand-in on a free port, the bundled prompts and tokenizer, and
 # this very Makefile's `all` target against them (see kimipipe/demo.py).

@@ -1,24 +1,22 @@
-"""What every kp-* command shares: its settings, error handling, progress, exit codes.
+"""What every kp-* command shares: how it is declared, its help and exit codes, how it runs.
 
 A command module declares its settings type, a Struct whose fields are its options
-(kimipipe/options.py; the shared ones are here: INPUT, OUTPUT, QUIET, DEBUG, PARTITION),
+(kimipipe/options.py, with the shared ones: INPUT, OUTPUT, QUIET, DEBUG, PARTITION),
 and its click command with `@kp_command(NAME, settings=TYPE, examples=...)`, which gives
 it `-h`/`--help`, `--version` and a help ending with an Examples block and the exit codes;
 the function takes one instance of TYPE. A command with words (`kp-shard verify DIR`) is a
 `KPGroup` of its default command and the words. The module exposes `main =
-run_command(cli)`; the console_scripts in setup.cfg point at `main`. Summary lines count
-things with `counted(n, "record")` (`1 record`, `12,345 records`), so numbers and plurals
-read the same in every command. `run_command` turns expected failures (KPError) into one
-line on stderr and their exit code, a closed stdout pipe (`kp-prompts x | head -1`) into a
-quiet exit, Ctrl-C into exit 130, and anything else into one line and exit 1; `--debug` or
-`KP_DEBUG=1` shows the traceback instead.
+run_command(cli)`; the console_scripts in setup.cfg point at `main`. `run_command` turns
+expected failures (KPError) into one line on stderr and their exit code, a closed stdout
+pipe (`kp-prompts x | head -1`) into a quiet exit, Ctrl-C into exit 130, and anything else
+into one line and exit 1; `--debug` or `KP_DEBUG=1` shows the traceback instead. What a
+command writes on stderr (progress, messages, counts): kimipipe/terminal.py.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import re
 import signal
 import sys
 import textwrap
@@ -30,20 +28,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from . import __version__
-from .errors import ExitCode, KPError, keep_secret, redact
+from .errors import ExitCode, KPError, redact
 from .options import (
     CommandSettings,
-    argument,
     check_settings,
-    option,
     parameters,
     sections_of,
     settings_from,
 )
-from .partition import parse_partition
 
 if TYPE_CHECKING:
-    from tqdm import tqdm
+    pass
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success (for kp-infer also: --token-budget reached); 1 unexpected error; "
@@ -72,11 +67,6 @@ EXIT_CODES = {
     "kp-infer report": "Exit codes: 0 success; 1 unexpected error; 2 a file missing or not "
                        "responses or failures records.",
 }
-
-
-def counted(n: int, singular: str, plural: str | None = None) -> str:
-    """`1 record`, `2 records`, `12,345 records`: how every summary line counts."""
-    return f"{n:,} {singular if n == 1 else plural or singular + 's'}"
 
 
 class ClosedOutputPipe(Exception):
@@ -212,125 +202,6 @@ def kp_command(name: str, *, settings: type[S], examples: str, exit_codes: str |
     return decorator
 
 
-# -- the options every command shares, as fields: `quiet: bool = QUIET()`, `QUIET(section=...)`
-
-# INPUT path; `-` (the default) is stdin; zstd is read transparently. INPUTS: several
-# (none: stdin).
-INPUT = functools.partial(argument, default="-", type=click.Path(allow_dash=True))
-INPUTS = functools.partial(argument, nargs=-1, type=click.Path(allow_dash=True))
-OUTPUT = functools.partial(option, "-o", "--output", default="-", show_default=True,
-                           type=click.Path(allow_dash=True),
-                           help="Output file (`-` = stdout; `.zst` compresses).")
-QUIET = functools.partial(option, "-q", "--quiet", is_flag=True,
-                          help="No progress bars, warnings or summaries on stderr.")
-# (run_command reads --debug from the command line itself, for the traceback)
-DEBUG = functools.partial(option, "--debug", is_flag=True,
-                          help="Show tracebacks of unexpected errors (or KP_DEBUG=1).")
-
-
-PROGRESS_INTERVAL_ENV = "KP_PROGRESS_INTERVAL"
-# Without the bar graphics: at 80 columns tqdm's bar squeezes to one character and the
-# counts after it are cut off.
-NARROW_FORMAT = "{desc}: {n_fmt}/{total_fmt} {percentage:.0f}% [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
-
-
-def progress_interval() -> float:
-    """Seconds between plain progress lines when stderr is not a terminal: 10, or
-    KP_PROGRESS_INTERVAL (tests shorten it)."""
-    try:
-        return max(0.05, float(os.environ.get(PROGRESS_INTERVAL_ENV) or 10))
-    except ValueError:
-        return 10.0
-
-
-def stderr_is_terminal() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-def stderr_width() -> int:
-    """The terminal's columns on stderr (80 when it cannot be told)."""
-    try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns or 80
-    except (AttributeError, OSError, ValueError):
-        return 80
-
-
-class PlainLines:
-    """A file for tqdm when stderr is not a terminal (make, a log): each frame a line of
-    its own, no carriage returns and no padding."""
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.encoding = getattr(stream, "encoding", None) or "utf-8"
-
-    def write(self, text: str) -> None:
-        line = text.replace("\r", "").rstrip()
-        if line:
-            self.stream.write(line + "\n")
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-
-def progress(total: int | None = None, desc: str = "", unit: str = "rec", quiet: bool = False,
-             **kwargs) -> tqdm:
-    """A progress bar on stderr (never stdout), silenced by --quiet.
-
-    On a terminal: tqdm's frames, redrawn in place, without the bar graphics when the
-    terminal is under 100 columns. Otherwise plain lines, one every KP_PROGRESS_INTERVAL
-    seconds (default 10; see `progress_interval`)."""
-    from tqdm import tqdm  # here, not at the top: ~30 ms of start-up (tqdm.version)
-
-    if stderr_is_terminal():
-        options = {"file": sys.stderr, "dynamic_ncols": True, "mininterval": 0.5}
-        if total and stderr_width() < 100:
-            options["bar_format"] = NARROW_FORMAT
-    else:
-        options = {"file": PlainLines(sys.stderr), "mininterval": progress_interval()}
-        if total:
-            options["bar_format"] = NARROW_FORMAT
-    options.update(kwargs)
-    return tqdm(total=total, desc=desc, unit=unit, disable=quiet, **options)
-
-
-class Stderr:
-    """A command's messages (warnings, notes, the summary) on stderr: redacted, written
-    between redraws of its progress bar, and silenced, all of them, by --quiet.
-
-        say = Stderr(quiet)
-        say("kp-x: warning: ...")
-        with say.progress(total=n, desc="kp-x", unit="req") as bar: ...
-    """
-
-    def __init__(self, quiet: bool = False):
-        self.quiet = quiet
-        self._bar: tqdm | None = None
-
-    def __call__(self, message: str) -> None:
-        if self.quiet:
-            return
-        message = redact(message)
-        if self._bar is not None:
-            self._bar.write(message, file=sys.stderr)
-        else:
-            click.echo(message, err=True)
-
-    @contextmanager
-    def progress(self, total: int | None = None, desc: str = "", unit: str = "rec",
-                 **kwargs) -> Iterator[tqdm]:
-        """A progress bar (see `progress`) that messages are written around while it is open."""
-        bar = progress(total=total, desc=desc, unit=unit, quiet=self.quiet, **kwargs)
-        self._bar = bar
-        try:
-            yield bar
-        finally:
-            self._bar = None
-            bar.close()
-
-
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -344,42 +215,6 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def say(message: str, quiet: bool = False) -> None:
-    """One warning or summary line on stderr (see `Stderr`)."""
-    Stderr(quiet)(message)
-
-
-def read_api_key(api_key_file: str | None, required: bool = True) -> str:
-    """The OpenRouter key from --api-key-file or OPENROUTER_API_KEY (exit 2 when missing,
-    or when it holds whitespace or a control character: sent in a header, a line break
-    would end the header early, and HTTP libraries quote the bad value in their errors)."""
-    key = _read_api_key(api_key_file, required)
-    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in key):
-        where = f"--api-key-file {api_key_file}" if api_key_file else "OPENROUTER_API_KEY"
-        raise KPError(f"the API key in {where} holds whitespace or a control character "
-                      "(two lines?)", ExitCode.USAGE)
-    return key
-
-
-def _read_api_key(api_key_file: str | None, required: bool) -> str:
-    if api_key_file:
-        try:
-            with open(api_key_file, encoding="utf-8") as f:
-                key = f.read().strip()
-        except OSError as e:
-            raise KPError(f"cannot read --api-key-file {api_key_file}: {e.strerror}",
-                          ExitCode.USAGE) from None
-        if not key and required:
-            raise KPError(f"--api-key-file {api_key_file} is empty", ExitCode.USAGE)
-        keep_secret(key)  # no message may show it, wherever it came from
-        return key
-    key = os.environ.get("OPENROUTER_API_KEY", "").strip()
-    if not key and required:
-        raise KPError("no API key: set OPENROUTER_API_KEY or pass --api-key-file",
-                      ExitCode.USAGE)
-    return key
 
 
 def _debug_wanted(argv: list[str]) -> bool:
@@ -435,57 +270,3 @@ def run_command(command: click.Command) -> Callable[[], None]:
         sys.exit(code if isinstance(code, int) else ExitCode.OK)
 
     return main
-
-
-_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*$")
-
-
-def parse_quantity(text: str, base: int = 1000) -> int:
-    """`10M`, `500k`, `2.5m`, `1_000_000`, `1G` (base 1024 for sizes: `1GiB`) -> an integer."""
-    m = _QUANTITY.match(str(text).replace("_", "").replace(",", ""))
-    if not m:
-        raise ValueError(f"{text!r} is not a number (suffixes K, M, G, T allowed)")
-    power = " KMGT".index(m.group(2).upper() or " ")
-    return int(round(float(m.group(1)) * base**power))
-
-
-class Quantity(click.ParamType):
-    """An integer option with an optional K/M/G/T suffix (decimal for counts, binary for bytes)."""
-
-    def __init__(self, name: str, base: int, minimum: int = 1):
-        self.name = name
-        self.base = base
-        self.minimum = minimum
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            number = value
-        else:
-            try:
-                number = parse_quantity(value, self.base)
-            except ValueError as e:
-                self.fail(str(e), param, ctx)
-        if number < self.minimum:
-            self.fail(f"{value!r} is below {self.minimum}", param, ctx)
-        return number
-
-
-COUNT = Quantity("count", 1000)
-SIZE = Quantity("size", 1024)
-
-
-class PartitionType(click.ParamType):
-    name = "K/N"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        try:
-            return parse_partition(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
-
-
-# `--partition K/N`: only the IDs whose hash falls in part K of N (kimipipe/partition.py).
-PARTITION = functools.partial(option, "--partition", type=PartitionType(), default=None,
-                              help="Only the IDs whose hash falls in part K of N (one part per machine).")

@@ -1,14 +1,18 @@
-"""docs/cli.md: every command's `--help`, as a user sees it, in one page.
+"""docs/cli.md: every command's `--help`, as a user sees it, in one page; and the docs'
+lists that a registry holds (kp-prompts' formats, from FORMATS).
 
-`python -m kimipipe.clidoc > docs/cli.md` (or `make docs`) writes it; `--check` exits 1
-when docs/cli.md differs from what the commands print now (tests/test_readme.py runs it,
-so a changed option cannot leave the reference stale). Each help is taken from the
-installed command in a subprocess, at a fixed width, so the page is what `--help` prints.
+`python -m kimipipe.clidoc > docs/cli.md` writes the page; `--blocks` rewrites the marked
+blocks (`<!-- NAME -->` ... `<!-- /NAME -->`) of README.md and docs/*.md in place (`make
+docs` does both); `--check` exits 1 when either differs from what the code gives now
+(tests/test_readme.py runs it, so a changed option or a new format cannot leave the docs
+stale). Each help is taken from the installed command in a subprocess, at a fixed width,
+so the page is what `--help` prints.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +32,33 @@ COMMANDS: list[tuple[str, list[str]]] = [
     ("python -m kimipipe.demo", ["-m", "kimipipe.demo"]),
 ]
 WIDTH = "100"
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+REPO = Path(__file__).resolve().parent.parent
+PAGE = REPO / "docs" / "cli.md"
+# (file, block name): the text between its markers comes from the code.
+BLOCKS = [("README.md", "formats"), ("docs/kp-prompts.md", "format-table")]
+
+
+def block_text(name: str) -> str:
+    from .prompts.formats import format_labels, format_table
+    return {"formats": format_labels, "format-table": lambda: "\n" + format_table()}[name]()
+
+
+def with_blocks(file: str, text: str) -> str:
+    """TEXT (of FILE, as BLOCKS names it) with each of its marked blocks as the code gives
+    it now."""
+    for block_file, name in BLOCKS:
+        if block_file == file:
+            marked = re.compile(rf"(<!-- {name} -->)(.*?)(<!-- /{name} -->)", re.S)
+            if not marked.search(text):
+                raise SystemExit(f"clidoc: {file} has no <!-- {name} --> block")
+            text = marked.sub(lambda m, new=block_text(name): m[1] + new + m[3], text)
+    return text
+
+
+def stale_blocks(root: Path = REPO) -> list[str]:
+    """The files under ROOT (a checkout) whose marked blocks differ from the code's."""
+    files = sorted({file for file, _ in BLOCKS})
+    return [f for f in files if (root / f).read_text() != with_blocks(f, (root / f).read_text())]
 
 
 def help_of(argv: list[str]) -> str:
@@ -55,17 +85,21 @@ def page() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    text = page()
-    if args == ["--check"]:
-        if not PAGE.exists() or PAGE.read_text() != text:
-            print(f"clidoc: {PAGE} is stale: run `make docs` (python -m kimipipe.clidoc > "
-                  "docs/cli.md)", file=sys.stderr)
-            return 1
+    if args == ["--blocks"]:
+        for file in stale_blocks():
+            (REPO / file).write_text(with_blocks(file, (REPO / file).read_text()))
         return 0
+    if args == ["--check"]:
+        stale = stale_blocks()
+        if not PAGE.exists() or PAGE.read_text() != page():
+            stale.append("docs/cli.md")
+        for file in stale:
+            print(f"clidoc: {file} is stale: run `make docs`", file=sys.stderr)
+        return 1 if stale else 0
     if args:
-        print("usage: python -m kimipipe.clidoc [--check]", file=sys.stderr)
+        print("usage: python -m kimipipe.clidoc [--check | --blocks]", file=sys.stderr)
         return 2
-    sys.stdout.write(text)
+    sys.stdout.write(page())
     return 0
 
 

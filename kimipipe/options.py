@@ -37,12 +37,16 @@ dataclass's (no generated code to compile).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import click
 import msgspec
+
+from .partition import parse_partition
 
 
 class CommandSettings(msgspec.Struct):
@@ -199,3 +203,73 @@ def check_settings(command: str, settings: type[CommandSettings], sections: Iter
                                 f"{fields[name]} in {record.__name__}.{name}")
     if problems:
         raise TypeError("; ".join(problems))
+
+
+# -- the options every command shares, as fields: `quiet: bool = QUIET()`, `QUIET(section=...)`
+
+# INPUT path; `-` (the default) is stdin; zstd is read transparently. INPUTS: several
+# (none: stdin).
+INPUT = functools.partial(argument, default="-", type=click.Path(allow_dash=True))
+INPUTS = functools.partial(argument, nargs=-1, type=click.Path(allow_dash=True))
+OUTPUT = functools.partial(option, "-o", "--output", default="-", show_default=True,
+                           type=click.Path(allow_dash=True),
+                           help="Output file (`-` = stdout; `.zst` compresses).")
+QUIET = functools.partial(option, "-q", "--quiet", is_flag=True,
+                          help="No progress bars, warnings or summaries on stderr.")
+# (run_command reads --debug from the command line itself, for the traceback)
+DEBUG = functools.partial(option, "--debug", is_flag=True,
+                          help="Show tracebacks of unexpected errors (or KP_DEBUG=1).")
+
+
+_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*$")
+
+
+def parse_quantity(text: str, base: int = 1000) -> int:
+    """`10M`, `500k`, `2.5m`, `1_000_000`, `1G` (base 1024 for sizes: `1GiB`) -> an integer."""
+    m = _QUANTITY.match(str(text).replace("_", "").replace(",", ""))
+    if not m:
+        raise ValueError(f"{text!r} is not a number (suffixes K, M, G, T allowed)")
+    power = " KMGT".index(m.group(2).upper() or " ")
+    return int(round(float(m.group(1)) * base**power))
+
+
+class Quantity(click.ParamType):
+    """An integer option with an optional K/M/G/T suffix (decimal for counts, binary for bytes)."""
+
+    def __init__(self, name: str, base: int, minimum: int = 1):
+        self.name = name
+        self.base = base
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            number = value
+        else:
+            try:
+                number = parse_quantity(value, self.base)
+            except ValueError as e:
+                self.fail(str(e), param, ctx)
+        if number < self.minimum:
+            self.fail(f"{value!r} is below {self.minimum}", param, ctx)
+        return number
+
+
+COUNT = Quantity("count", 1000)
+SIZE = Quantity("size", 1024)
+
+
+class PartitionType(click.ParamType):
+    name = "K/N"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_partition(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+# `--partition K/N`: only the IDs whose hash falls in part K of N (kimipipe/partition.py).
+PARTITION = functools.partial(option, "--partition", type=PartitionType(), default=None,
+                              help="Only the IDs whose hash falls in part K of N (one part per machine).")

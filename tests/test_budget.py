@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from kimipipe.cli import parse_quantity
 from kimipipe.infer.budget import Budget
 from kimipipe.infer.config import RunConfig
 from kimipipe.openrouter.request import RequestOptions
@@ -16,6 +15,7 @@ from kimipipe.openrouter.routing import (
     Pricing,
     price_bound,
 )
+from kimipipe.options import parse_quantity
 
 ENDPOINTS = [
     Endpoint("Moonshot AI", "moonshotai", "unknown", Pricing("0.0000006", "0.0000025")),

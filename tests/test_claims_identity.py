@@ -143,7 +143,7 @@ def judge_and_answer(strikes: int = 100):
 def test_a_provider_that_switches_is_refused_as_serving_another_model_now():
     """Answers at 0, then one at +18 (honest, then redirected): refused from that answer,
     and said as what it is, not as a tokenizer whose offsets vary."""
-    from kimipipe.infer.identity import ACCEPT, OFF
+    from kimipipe.infer.identity_votes import ACCEPT, OFF
 
     _judge, answer = judge_and_answer()
     assert answer("A", 0, 1).verdict == ACCEPT and answer("B", 0, 2).verdict == ACCEPT
@@ -158,7 +158,7 @@ def test_a_shared_offset_needs_more_providers_than_those_at_0(tmp_path):
     accepted: those answers are refused; a third provider at it makes it the shared one.
     A provider alone at a constant, none at 0, is not a majority of one. (Those "at 0" are
     those inside the vendor verifier's band, 0..+3, since the band came.)"""
-    from kimipipe.infer.identity import ACCEPT, OFF
+    from kimipipe.infer.identity_votes import ACCEPT, OFF
     from kimipipe.recorded.identity_table import VENDOR_BAND
 
     judge, check = judge_and_answer()
@@ -170,10 +170,36 @@ def test_a_shared_offset_needs_more_providers_than_those_at_0(tmp_path):
     assert answer("C", 18, 3) == OFF
     assert answer("D", 18, 4) == OFF  # 2 at +18, 2 at 0: a tie is not enough
     band = set(VENDOR_BAND)  # 0..+3: always the target's (the vendor verifier's tolerance)
-    assert judge.accepted_offsets("without a system message") == band
+    assert judge.votes.accepted_offsets("without a system message") == band
     assert answer("E", 18, 5) == ACCEPT  # 3 against 2: the hosts' shared constant
-    assert judge.accepted_offsets("without a system message") == band | {18}
+    assert judge.votes.accepted_offsets("without a system message") == band | {18}
     assert answer("C", 18, 6) == ACCEPT
     # and one provider alone at a constant is never the shared one (at least two)
     judge, check = judge_and_answer()
-    assert answer("Z", 18, 7) == OFF and judge.accepted_offsets("without a system message") == band
+    assert answer("Z", 18, 7) == OFF and judge.votes.accepted_offsets("without a system message") == band
+
+
+def test_without_a_prompt_count_only_a_far_completion_ratio_on_a_long_answer_refuses():
+    """An answer whose prompt side says nothing (the template cannot render its prompt: no
+    count) is judged on its completion side alone: a long answer counted three times over
+    is another tokenizer (refused); counted as kimipipe counts it, or short, it is kept
+    unchecked (infer/identity_votes.py)."""
+    from kimipipe.infer.identity_votes import LONG_ANSWER, OFF, UNCHECKED
+    from kimipipe.openrouter.attempt import Attempt, AttemptKind
+    from kimipipe.records import Message
+
+    judge, _answer = judge_and_answer()
+    messages = [Message(role="user", content="Tell me a long story.")]
+
+    def answered(content: str, factor: float, k: int):
+        own = judge.counts.completion_tokens("", content, False)
+        attempt = Attempt(AttemptKind.OK, content=content, finish_reason="stop", provider="A",
+                          prompt_tokens=50, completion_tokens=round(own * factor))
+        return own, judge.check(f"p{k}", messages, None, attempt)
+
+    own, far = answered("once upon a time " * 200, 3.0, 1)
+    assert own >= LONG_ANSWER and far.offset is None
+    assert far.verdict == OFF and "another tokenizer" in far.why
+    assert answered("once upon a time " * 200, 1.0, 2)[1].verdict == UNCHECKED
+    own, short = answered("once upon a time", 3.0, 3)
+    assert own < LONG_ANSWER and short.verdict == UNCHECKED

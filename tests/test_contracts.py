@@ -12,8 +12,10 @@ from conftest import kp, write_jsonl
 from test_infer import infer, make_prompts
 from test_shard import records
 
-from kimipipe.contracts import InferPlan, InferSummary, LockHolder, Reservations, ShardManifest
+from kimipipe.contracts import InferSummary, LockHolder, Reservations
 from kimipipe.locks import OutputLock
+from kimipipe.plans import InferPlan
+from kimipipe.shard.manifest import ShardManifest
 
 
 def same_json_again(data: bytes, struct_type, indent: int | None = None) -> None:

@@ -24,13 +24,8 @@ import pytest
 from conftest import TOKENIZER_KINDS, kp, read_jsonl, write_jsonl
 from test_infer import infer, make_prompts
 
-from kimipipe.infer.identity import (
-    ACCEPT,
-    OFF,
-    PROBATION,
-    TRIAL,
-    IdentityJudge,
-)
+from kimipipe.infer.identity import PROBATION, TRIAL, IdentityJudge
+from kimipipe.infer.identity_votes import ACCEPT, OFF
 from kimipipe.openrouter.attempt import Attempt
 from kimipipe.openrouter.routing import Endpoint, Policy
 from kimipipe.recorded.identity_table import VENDOR_BAND

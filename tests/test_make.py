@@ -33,19 +33,19 @@ _TOKENIZER_CHECKS: dict[tuple[str, str], bytes] = {}
 def seed_tokenizer_check(work: Path, tokenizer, flags: str) -> None:
     """A new WORK gets the memo `make check` writes once TOKENIZER has loaded with FLAGS
     (WORK/.tokenizer-check.json: kimipipe/make/check.py), made by the product's own
-    check_tokenizer once per test process: what a user's second `make all` finds. Each
+    check_tokenizer_runs once per test process: what a user's second `make all` finds. Each
     make-driven test otherwise reloaded the same unchanged tokenizer in its first
     `make check` (a kp-tokenize start, ~1-2 CPU-s). The memo is the product's to trust: it
     holds the tokenizer's path, files, sizes and mtimes, the flags and the versions, and a
     test whose TOKENIZER or TOKENIZE_FLAGS differ is checked for real. The check itself,
     loading and not reloading, is test_make_build.py's test_make_check_...'s (unseeded)."""
-    from kimipipe.make.check import check_tokenizer
+    from kimipipe.make.check import check_tokenizer_runs
 
     key = (str(tokenizer), flags)
     if key not in _TOKENIZER_CHECKS:
         with tempfile.TemporaryDirectory() as d:
             memo = Path(d) / ".tokenizer-check.json"
-            ok, line = check_tokenizer(str(VENV / "bin"), str(tokenizer), flags, memo=str(memo))
+            ok, line = check_tokenizer_runs(str(VENV / "bin"), str(tokenizer), flags, memo=str(memo))
             assert ok, line
             _TOKENIZER_CHECKS[key] = memo.read_bytes()
     work.mkdir(parents=True)

@@ -17,7 +17,7 @@ import pytest
 from conftest import kp, response_record, write_jsonl
 from test_infer import ids_of, infer, make_prompts
 
-from kimipipe.cli import counted
+from kimipipe.terminal import counted
 
 
 def tokens(n, start=0):

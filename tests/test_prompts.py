@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -196,10 +197,18 @@ def test_error_invalid_utf8(tmp_path):
 
 
 def test_error_missing_field(tmp_path):
-    check_error(tmp_path, GOOD + b'{"question": "x"}\n',
-                "2: cannot tell the format: the record has `question`; expected a `conversations`, `messages`, `instruction`, "
-                "`replies`, `message_tree_id`, `prompt`, `text` or `turns` field (or force one with "
-                "--format) at `$`")
+    """The refusal names the record's fields and the fields each format is detected by (its
+    shape is checked, not today's list: a new format must not break this test)."""
+    src = tmp_path / "bad.jsonl"
+    src.write_bytes(GOOD + b'{"question": "x"}\n')
+    r = kp("prompts", src, "-o", tmp_path / "out.jsonl")
+    assert r.code == 2 and r.stdout == b"", r.stderr
+    said = re.fullmatch(rf"kp-prompts: {re.escape(str(src))}:2: cannot tell the format: the "
+                        r"record has `question`; expected a ((?:`\w+`, )*`\w+`) or `(\w+)` field "
+                        r"\(or force one with --format\) at `\$`", r.stderr.strip())
+    assert said, r.stderr
+    named = re.findall(r"`(\w+)`", said[1]) + [said[2]]
+    assert {"conversations", "messages", "prompt"} <= set(named) and "question" not in named
 
 
 def test_error_a_record_broken_over_two_lines(tmp_path):

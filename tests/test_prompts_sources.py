@@ -22,17 +22,20 @@ from dataclasses import dataclass
 import pytest
 from conftest import PUBLIC_SOURCES, kp, public_source
 
+from kimipipe.prompts.formats import FORMATS
+
 
 # The summary's clauses are "skipped N with <what> (<first records>)", "N conversations
 # ended early, before a turn that is not plain text (first: ...)", "N tool declarations
 # left out" and "skipped N duplicates (dropped: X repeats Y)" (docs/kp-prompts.md). `{f}`
 # stands for the file's name below.
 def cannot_tell(*fields: str) -> str:
-    """kp-prompts' refusal of a record of no layout it reads, naming the fields it has."""
+    """kp-prompts' refusal of a record of no layout it reads, naming the fields it has and
+    every field a format is detected by (from FORMATS, so a new format changes no test)."""
+    detected = [f"`{key}`" for fmt in FORMATS.values() for key in fmt.detect]
     return ("cannot tell the format: the record has " + ", ".join(f"`{f}`" for f in fields)
-            + "; expected a `conversations`, `messages`, `instruction`, `replies`, "
-            "`message_tree_id`, `prompt`, `text` or `turns` field (or force one with --format) "
-            "at `$`")
+            + f"; expected a {', '.join(detected[:-1])} or {detected[-1]} field (or force one "
+            "with --format) at `$`")
 
 
 @dataclass(frozen=True)

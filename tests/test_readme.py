@@ -186,6 +186,28 @@ def test_the_cli_reference_is_what_help_prints():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_the_format_lists_are_the_registrys(tmp_path):
+    """README.md's list of kp-prompts' formats and docs/kp-prompts.md's table are FORMATS'
+    (make docs writes them); a format added to FORMATS makes them stale until it runs."""
+    from kimipipe.clidoc import BLOCKS, stale_blocks
+    from kimipipe.prompts import formats
+
+    assert f"<!-- formats -->{formats.format_labels()}<!-- /formats -->" in (
+        REPO / "README.md").read_text()
+    table = (REPO / "docs" / "kp-prompts.md").read_text()
+    assert f"<!-- format-table -->\n{formats.format_table()}<!-- /format-table -->" in table
+    assert all(f"| `{name}` |" in table for name in formats.FORMATS)
+    for file in {file for file, _ in BLOCKS}:
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / file).write_text((REPO / file).read_text())
+    assert stale_blocks(tmp_path) == []
+    new = formats.SourceFormat(("question",), formats.FORMATS["prompt"].conversation, "id",
+                               "Q&A pairs", "`{\"question\"}`", "one user turn")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(formats.FORMATS, "qa", new)
+        assert stale_blocks(tmp_path) == ["README.md", "docs/kp-prompts.md"]
+
+
 def test_the_promise_map_names_only_tests_that_exist():
     """tests/README.md maps each promise to its tests by name (`test_x.py::test_y`, and
     `::test_z` for another test of the same file, `test_y_*` for a family). A renamed or

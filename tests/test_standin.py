@@ -642,7 +642,9 @@ def test_a_client_that_leaves_is_billed_only_with_bill_cancelled(srv, bill, stre
         wait_for(lambda: srv.stats()["completions_started"] == before["completions_started"] + 1)
     wait_for(lambda: srv.stats()["in_flight"] == before["in_flight"])
     srv.configure(bill_cancelled=False)
-    assert srv.stats()["charged"] == before["charged"] + bill
+    after = srv.stats()
+    assert after["charged"] == before["charged"] + bill
+    assert after["abandoned"] == before["abandoned"] + 1  # billed or not, it was abandoned
 
 
 def test_misroute_serves_from_an_excluded_provider_and_bills(srv):

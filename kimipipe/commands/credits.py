@@ -39,7 +39,7 @@ import sys
 
 import click
 
-from ..cli import DEBUG, QUIET, kp_command, read_api_key, run_command, say
+from ..cli import kp_command, run_command
 from ..errors import ExitCode, KPError
 from ..openrouter import DEFAULT_BASE_URL
 from ..openrouter.account import (
@@ -50,8 +50,10 @@ from ..openrouter.account import (
     fetch_balance,
     unreadable_balance,
 )
+from ..openrouter.api_key import read_api_key
 from ..openrouter.proxy import parse_proxy, scrub
-from ..options import CommandSettings, option
+from ..options import DEBUG, QUIET, CommandSettings, option
+from ..terminal import say
 
 
 def usd(value: float | None) -> str:

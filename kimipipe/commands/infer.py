@@ -74,25 +74,19 @@ from __future__ import annotations
 
 import click
 
-from ..cli import (
-    KPCommand,
-    KPGroup,
-    Stderr,
-    kp_command,
-    read_api_key,
-    run_command,
-    sigterm_as_ctrl_c,
-)
+from ..cli import KPCommand, KPGroup, kp_command, run_command, sigterm_as_ctrl_c
 from ..errors import ExitCode, KPError
 from ..infer.config import RunConfig
 from ..infer.options import SECTIONS, InferOptions, ReportOptions
 from ..infer.preflight import DEFAULT_REQUESTS, run_preflight
 from ..infer.report_files import format_report, read_report, report_json
 from ..infer.run import run_infer
+from ..openrouter.api_key import read_api_key
 from ..openrouter.models import default_quantizations, history_reasoning_default, served_sampling
 from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Policy
 from ..options import fields_for
+from ..terminal import Stderr
 
 EXAMPLES = """
     kp-infer B3.prompts.jsonl --plan --max-cost 95
@@ -166,8 +160,8 @@ def report(o: ReportOptions) -> int:
 def _report(files: list[str], html: str | None, as_json: bool, total_cost: float | None,
             max_cost: float | None, token_budget: int | None, say: Stderr) -> int:
     if html:
-        from ..report import Settings, write_report  # (the shard readers: only here)
-        settings = Settings(total_cost=total_cost, max_cost=max_cost, token_budget=token_budget)
+        from ..report import BuildLimits, write_report  # (the shard readers: only here)
+        settings = BuildLimits(total_cost=total_cost, max_cost=max_cost, token_budget=token_budget)
         write_report(files, settings, html, say)
         if html != "-":
             say(f"kp-infer: the build report is in {html}")

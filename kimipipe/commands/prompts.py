@@ -1,6 +1,6 @@
-"""kp-prompts: prompt sources (ShareGPT, OpenAI messages, Alpaca, OpenAssistant trees,
-MT-Bench, prompt/text, plain text) in, prompt records out. The formats, `--turns` and what
-is skipped: docs/kp-prompts.md; the parts: kimipipe/prompts/.
+"""kp-prompts: prompt sources (the formats of FORMATS, kimipipe/prompts/formats/) in, prompt
+records out. The formats, `--turns` and what is skipped: docs/kp-prompts.md; the parts:
+kimipipe/prompts/.
 
 Usage:
     kp-prompts sharegpt.json --dataset B3 > B3.prompts.jsonl
@@ -23,14 +23,15 @@ import tempfile
 
 import click
 
-from ..cli import DEBUG, INPUTS, OUTPUT, QUIET, counted, kp_command, run_command, say
+from ..cli import kp_command, run_command
 from ..errors import InputError
 from ..io import AtomicOutput, check_writable, spool_stdin
-from ..options import CommandSettings, option
-from ..prompts.formats import FORMAT_CHOICES
+from ..options import DEBUG, INPUTS, OUTPUT, QUIET, CommandSettings, option
+from ..prompts.formats import FORMAT_CHOICES, format_labels
 from ..prompts.selection import Reading, Selection, candidates, make_prompt, select, write_order
 from ..prompts.turns import TURNS
 from ..records import encode_line
+from ..terminal import counted, say
 
 EXAMPLES = """
     kp-prompts sharegpt.json --dataset B3 -o B3.prompts.jsonl
@@ -49,7 +50,8 @@ class PromptsSettings(CommandSettings):
                           help="Dataset name to tag the records with (e.g. B3).")
     fmt: str = option(
         "--format", type=click.Choice(FORMAT_CHOICES), default="auto", show_default=True,
-        help="Source format; `auto` detects it per record; `text` is one prompt per line.")
+        help=f"Source format ({format_labels()}); `auto` detects it per record; `text` is one "
+             "prompt per line.")
     id_field: str | None = option(
         "--id-field", default=None,
         help="Source field holding a record's own id (else IDs are content hashes). "

@@ -62,24 +62,20 @@ import sys
 
 import click
 
-from ..cli import (
+from ..cli import KPCommand, KPGroup, kp_command, run_command
+from ..errors import ExitCode, InputError, KPError
+from ..io import check_writable_dir
+from ..options import (
     COUNT,
     DEBUG,
     INPUTS,
     QUIET,
     SIZE,
-    KPCommand,
-    KPGroup,
-    counted,
-    kp_command,
-    progress,
-    run_command,
-    say,
+    CommandSettings,
+    argument,
+    fields_for,
+    option,
 )
-from ..contracts import ShardManifest
-from ..errors import ExitCode, InputError, KPError
-from ..io import check_writable_dir
-from ..options import CommandSettings, argument, fields_for, option
 from ..shard import (
     ShardOptions,
     build_shards,
@@ -92,7 +88,9 @@ from ..shard.build import write_card
 from ..shard.card import CardInputs
 from ..shard.export import DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET, TRAINERS, ExportOptions, export_sets
 from ..shard.formats import DEFAULT, FORMATS, PARQUET
+from ..shard.manifest import ShardManifest
 from ..shard.readback import read_manifest
+from ..terminal import counted, progress, say
 
 DEFAULT_RECORDS_PER_SHARD = 10_000
 

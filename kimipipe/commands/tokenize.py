@@ -59,22 +59,14 @@ from __future__ import annotations
 
 import click
 
-from ..cli import (
-    DEBUG,
-    INPUT,
-    OUTPUT,
-    PARTITION,
-    QUIET,
-    kp_command,
-    run_command,
-)
+from ..cli import kp_command, run_command
 from ..errors import ExitCode
 from ..io import (
     check_writable,
     iter_records,
     require_distinct,
 )
-from ..options import CommandSettings, fields_for, option
+from ..options import DEBUG, INPUT, OUTPUT, PARTITION, QUIET, CommandSettings, fields_for, option
 from ..tokenize import fields
 from ..tokenize.engine import Engine, Settings
 from ..tokenize.load import prepare_tokenizer_dir

@@ -30,6 +30,7 @@
     identity.py        --tokenizer: whether each answer is the target model's (its token
                        counts against the target's), the offset learned, quarantines
                        (its rows per provider: kimipipe/recorded/identity_table.py);
+                       identity_votes.py the verdict the providers' evidence gives;
                        preflight_identity.py the preflight's request to each provider
     availability.py    how many endpoints are left (--plan, --preflight)
     writing.py         the outputs checked writable and locked; response and failure

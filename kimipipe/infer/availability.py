@@ -10,8 +10,8 @@ the model (own servers: docs/servers.md; a successor model is another target).
 
 from __future__ import annotations
 
-from ..contracts import PlanAvailability
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints
+from ..plans import PlanAvailability
 
 WHAT_TO_DO = "docs/real-run.md says what to do when OpenRouter no longer serves the model"
 

@@ -13,30 +13,9 @@ checks every answer as it is accepted (infer/acceptance.py, after routing and re
 
     offset = usage.prompt_tokens - kimipipe's count
 
-The rule is the model owner's, per kind of prompt (with a system message first, or
-without: a default system prompt is added only where a conversation has none). Moonshot's
-Kimi Vendor Verifier accepts a vendor's usage.prompt_tokens from the expected count to
-three above it (MAX_PROMPT_TOKEN_OVERCOUNT = 3): an offset inside VENDOR_BAND, 0..+3
-(recorded/identity_table.py), is always the target's, each answer on its own (0 is the
-prompt as kimipipe renders it, token for token; +1..+3 an honest stack's overcount), unless
-the provider's answers to that kind were refused already at varying offsets (another
-tokenizer inside the band by chance). Outside the band a constant C is the target's too
-once the providers that agree show it: at least two, more than those inside the band
-(each provider votes with the offset most of its answers show). That is the rendering
-kimipipe was given differing from what every host renders (a default system prompt the
-template omits, another template version): not quarantined, said in the summary with the
-rendered prompt to compare, and the `--chat-template` to fix. An answer at any other
-offset is refused (`RefusalKind.IDENTITY`, its cost counted like every refused answer) and
-its prompt sent again with that provider ignored for it:
-
-    a provider whose answers were at an accepted offset and now are not (it switched:
-    honest, then redirected) is refused from its first such answer;
-    counts whose offset varies from prompt to prompt are another tokenizer;
-    an undercount (below the band) is no host's, unless every provider shares it;
-    a constant offset that only this provider shows is refused once the others answering
-    cannot make it the shared one (they are at 0, or none is left to answer);
-    until then the answer waits, holding no concurrency slot (so the next requests reach
-    the other providers), for up to WAIT_SECONDS; unconfirmed by then, it is refused.
+Which offsets are the target's and which refuse an answer (the model owner's band, the
+constant the providers share, the rules that refuse): infer/identity_votes.py, the
+arithmetic this judge books, waits and quarantines on.
 
 Until a first answer is found the target's, a run keeps at most PROBATION requests in
 flight (`probation`): a host that serves another model from the start (the only one left,
@@ -70,11 +49,7 @@ The completion side is a second signal: usage.completion_tokens against the answ
 re-encoded plus its structural tokens (`completion_ratio`, ~1.0 for the target's
 tokenizer), counted on a sample of each provider's answers (COMPLETION_FIRST, then one in
 COMPLETION_EVERY; every answer whose prompt side cannot judge). It is reported always
-(per provider, the sample's median); it refuses an answer only where it is unambiguous: an
-answer of at least LONG_ANSWER tokens whose ratio is outside FAR (another tokenizer
-family, or counting words) and whose prompt side says nothing (no prompt count). A far
-ratio beside a prompt count that matches is reasoning the provider bills but does not
-return in full, not another model.
+(per provider, the sample's median); where it refuses an answer: infer/identity_votes.py.
 
 Answers of a self-hosted `--server` are not checked here (their usage is the server's,
 and kp-tokenize compares its token IDs); an answer without usage.prompt_tokens is kept,
@@ -88,15 +63,23 @@ import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
 import msgspec
 
 from ..contracts import IdentityState, Quarantined
 from ..openrouter.attempt import Attempt
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
-from ..recorded.identity_table import VENDOR_BAND, IdentityTable, band_text, typical
-from ..records import Identity
+from ..recorded.identity_table import VENDOR_BAND, IdentityTable, typical
+from .identity_votes import (
+    ACCEPT,
+    OFF,
+    PENDING,
+    UNCHECKED,
+    CountCheck,
+    Evidence,
+    Votes,
+    prompt_kind,
+)
 
 DEFAULT_STRIKES = 3
 # Requests in flight (their verdict not waited for) until a first answer is found the
@@ -115,16 +98,12 @@ TRIAL = 8
 # one trusted taking the whole --concurrency while the others are on trial
 PROBATION_ANSWERS = 4 * PROBATION
 WAIT_SECONDS = 180.0  # how long an unconfirmed constant offset waits for the others
-LONG_ANSWER = 256  # tokens (kimipipe's count) before a completion ratio can be far
 # The completion side is counted on each provider's first COMPLETION_FIRST answers, then on
 # one in COMPLETION_EVERY (and always where the prompt side cannot judge): re-encoding an
 # answer costs as much as counting its prompt, and a ratio's median needs no more
 COMPLETION_FIRST, COMPLETION_EVERY = 32, 8
-FAR = (0.5, 2.0)  # completion ratios outside this: not the target's tokenizer
 _SHOWN = 600  # characters of a rendered prompt a message shows
 
-ACCEPT, OFF, PENDING, UNCHECKED = "accept", "off", "pending", "unchecked"
-SYSTEM_FIRST, NO_SYSTEM = "with a system message first", "without a system message"
 
 
 def tokenizer_settings(config):
@@ -176,82 +155,8 @@ def write_state(path: str, state: IdentityState) -> None:
     os.replace(tmp, path)
 
 
-def shown_offsets(seen) -> str:
-    """A few offsets seen (an iterable of ints), in order: "+0, +5, +9..."."""
-    ordered = sorted(seen)
-    return ", ".join(f"{v:+d}" for v in ordered[:4]) + ("..." if len(ordered) > 4 else "")
-
-
-def expected_offsets(accepted: set[int]) -> str:
-    """The offsets accepted, as the messages write them: the band, and a shared constant."""
-    outside = sorted(v for v in accepted if v not in VENDOR_BAND)
-    return "/".join([band_text(), *(f"{v:+d}" for v in outside)])
-
-
-def prompt_kind(messages: Sequence) -> str:
-    """The kind of prompt an offset is learned for: a system message first, or none."""
-    return SYSTEM_FIRST if messages and messages[0].role == "system" else NO_SYSTEM
-
-
 def _shown(text: str) -> str:
     return repr(text if len(text) <= _SHOWN else text[:_SHOWN] + "...")
-
-
-@dataclass
-class Check:
-    """One answer's counts against kimipipe's, and the verdict on them."""
-
-    prompt_id: str
-    provider: str
-    kind: str  # prompt_kind
-    count: int  # kimipipe's count of the prompt
-    reported: int  # usage.prompt_tokens (0: not reported)
-    completion_count: int | None  # kimipipe's count of the answer (None: not sampled)
-    completion_reported: int
-    messages: Sequence = field(repr=False, default=())
-    verdict: str = ""
-    why: str = ""
-
-    @property
-    def offset(self) -> int | None:
-        return self.reported - self.count if self.reported else None
-
-    @property
-    def ratio(self) -> float | None:
-        if not self.completion_count or not self.completion_reported:
-            return None
-        return self.completion_reported / self.completion_count
-
-    @property
-    def far(self) -> bool:
-        ratio = self.ratio
-        return (ratio is not None and (self.completion_count or 0) >= LONG_ANSWER
-                and not FAR[0] <= ratio <= FAR[1])
-
-    def mark(self) -> Identity:
-        """What the answer's record says it was checked against."""
-        return Identity(prompt_tokens=self.count, completion_tokens=self.completion_count,
-                        offset=self.offset)
-
-    def counts(self) -> str:
-        return (f"{self.prompt_id}: {self.provider} counted {self.reported:,} prompt tokens, "
-                f"kimipipe {self.count:,} ({self.offset:+d})" if self.offset is not None else
-                f"{self.prompt_id}: {self.provider} counted {self.completion_reported:,} "
-                f"completion tokens, kimipipe {self.completion_count:,}")
-
-
-@dataclass
-class _Evidence:
-    """What one provider's answers showed, per kind of prompt."""
-
-    offsets: dict[str, Counter] = field(default_factory=dict)
-    answers: int = 0  # measured
-    accepted: Counter = field(default_factory=Counter)  # answers at an accepted offset, by kind
-    refused_kinds: Counter = field(default_factory=Counter)  # answers refused, by kind
-    strikes: int = 0
-    refused_offsets: Counter = field(default_factory=Counter)
-    ratios: list[float] = field(default_factory=list)
-    example: str = ""  # its first refused answer's counts
 
 
 class IdentityJudge:
@@ -275,7 +180,7 @@ class IdentityJudge:
         self.stop = stop
         self.wait = wait
         self.table = IdentityTable()
-        self._evidence: dict[str, _Evidence] = {}
+        self.votes = Votes(self.table, policy, endpoints)  # the evidence, and its verdicts
         self._changed = asyncio.Event()
         self._shared_said: set[tuple[str, int]] = set()
         self.shared: dict[str, dict] = {}  # kind -> the constant the providers share, shown
@@ -318,11 +223,11 @@ class IdentityJudge:
 
     # -- the check --------------------------------------------------------------------------
     def measure(self, prompt_id: str, messages: Sequence, count: int | None,
-                answer: Attempt) -> Check:
+                answer: Attempt) -> CountCheck:
         """ANSWER's counts against kimipipe's (COUNT: its prompt's), recorded as evidence of
         its provider; no verdict yet."""
         provider = answer.provider or "unknown"
-        evidence = self._evidence.setdefault(provider, _Evidence())
+        evidence = self.votes.evidence.setdefault(provider, Evidence())
         evidence.answers += 1
         reported = answer.prompt_tokens if count is not None and answer.usage_seen else 0
         completion = None
@@ -330,7 +235,7 @@ class IdentityJudge:
                 or evidence.answers % COMPLETION_EVERY == 0):
             completion = self.counts.completion_tokens(answer.reasoning, answer.content,
                                                        answer.finish_reason == "length")
-        check = Check(prompt_id, provider, prompt_kind(messages), count or 0, reported,
+        check = CountCheck(prompt_id, provider, prompt_kind(messages), count or 0, reported,
                       completion, answer.completion_tokens if answer.usage_seen else 0, messages)
         if check.ratio is not None:
             evidence.ratios.append(check.ratio)
@@ -338,20 +243,17 @@ class IdentityJudge:
             evidence.offsets.setdefault(check.kind, Counter())[check.offset] += 1
         return check
 
-    def check(self, prompt_id: str, messages: Sequence, count: int | None, answer: Attempt) -> Check:
+    def check(self, prompt_id: str, messages: Sequence, count: int | None, answer: Attempt) -> CountCheck:
         """ANSWER to the prompt PROMPT_ID (its MESSAGES, counted COUNT): measured, and its
         verdict (ACCEPT, OFF, PENDING: `settle` waits for it, UNCHECKED) booked."""
         check = self.measure(prompt_id, messages, count, answer)
-        if check.offset is None:
-            check.verdict, check.why = (OFF, self.far_why(check)) if check.far else (UNCHECKED, "")
-        else:
-            check.verdict, check.why = self.verdict(check)
+        check.verdict, check.why = self.votes.first_verdict(check)
         self._conclude(check, count_strike=True)
         if check.verdict == PENDING:  # (its evidence may settle another waiting check)
             self._wake()
         return check
 
-    async def settle(self, check: Check, stopping: asyncio.Event) -> Check:
+    async def settle(self, check: CountCheck, stopping: asyncio.Event) -> CountCheck:
         """A PENDING CHECK's verdict, waiting for the others' answers (see the module's
         text); a stop meanwhile refuses it without a strike (it was not shown wrong)."""
         deadline = time.monotonic() + self.wait
@@ -362,9 +264,9 @@ class IdentityJudge:
             self.waiting -= 1
         return check
 
-    async def _settle(self, check: Check, stopping: asyncio.Event, deadline: float) -> None:
+    async def _settle(self, check: CountCheck, stopping: asyncio.Event, deadline: float) -> None:
         while check.verdict == PENDING:
-            verdict, why = self.verdict(check)
+            verdict, why = self.votes.verdict(check)
             if verdict != PENDING:
                 check.verdict, check.why = verdict, why
                 self._conclude(check, count_strike=True)
@@ -456,92 +358,15 @@ class IdentityJudge:
             self.trusted.discard(name)
             self._all_trusted = False
 
-    def refusal(self, check: Check) -> str:
+    def refusal(self, check: CountCheck) -> str:
         """The refusal's message: why, with the two counts."""
         return f"not the target model's counts: {check.why} ({check.counts()})"
 
-    # -- verdicts ---------------------------------------------------------------------------
-    def _modes(self, kind: str) -> dict[str, int]:
-        """Each provider's offset (the one most of its answers show) for prompts of KIND;
-        quarantined providers have no vote."""
-        return {name: typical(e.offsets[kind]) for name, e in self._evidence.items()
-                if e.offsets.get(kind) and not self.table.is_quarantined(name)}
-
-    def accepted_offsets(self, kind: str) -> set[int]:
-        """The band (VENDOR_BAND), and the constant outside it that the providers that agree
-        show, if they do (module's text)."""
-        modes = self._modes(kind)
-        in_band = sum(1 for v in modes.values() if v in VENDOR_BAND)
-        constants = Counter(v for v in modes.values() if v not in VENDOR_BAND).most_common(2)
-        if constants:
-            (value, n), runner_up = constants[0], constants[1][1] if len(constants) > 1 else 0
-            if n >= 2 and n > in_band and n > runner_up:
-                return {*VENDOR_BAND, value}
-        return set(VENDOR_BAND)
-
-    def _unseen(self, kind: str, provider: str) -> int:
-        """Allowed providers that have not answered a prompt of KIND yet (besides PROVIDER)."""
-        if self.endpoints is None:
-            return 0
-        names = {e.provider_name.lower() for e in allowed_endpoints(self.policy, self.endpoints)}
-        seen = {name.lower() for name, e in self._evidence.items() if e.offsets.get(kind)}
-        return len(names - seen - {provider.lower()})
-
-    def verdict(self, check: Check) -> tuple[str, str]:
-        """CHECK's verdict on the evidence now (ACCEPT, OFF with why, or PENDING)."""
-        offset, kind, name = check.offset, check.kind, check.provider
-        evidence = self._evidence[name]
-        seen = evidence.offsets[kind]
-        if offset in VENDOR_BAND:
-            # the target's, as the model's owner verifies a vendor: unless this provider's
-            # answers to prompts of this kind were refused already, and its offsets vary:
-            # another tokenizer whose count fell inside the band by chance on this prompt
-            if not evidence.refused_kinds[kind] or len(seen) == 1:
-                return ACCEPT, ""
-            return OFF, (f"prompt_tokens {offset:+d} from kimipipe's count, inside the vendor "
-                         "verifier's tolerance by chance: its other answers were refused and "
-                         f"its offsets vary ({shown_offsets(seen)}): another tokenizer or model")
-        accepted = self.accepted_offsets(kind)
-        if offset in accepted:
-            return ACCEPT, ""
-        if check.far:
-            return OFF, self.far_why(check)
-        expected = expected_offsets(accepted)
-        if evidence.accepted[kind]:
-            return OFF, (f"prompt_tokens {offset:+d} from kimipipe's count, where its earlier "
-                         f"answers were at {expected}: it serves another model now")
-        if len(seen) > 1:
-            return OFF, (f"prompt_tokens {offset:+d} from kimipipe's count, and its offsets vary "
-                         f"from prompt to prompt ({shown_offsets(seen)}): another tokenizer or "
-                         "template")
-        modes = self._modes(kind)
-        in_band = sum(1 for v in modes.values() if v in VENDOR_BAND)
-        same = 1 + sum(1 for other, v in modes.items() if v == offset and other != name)
-        possible = same + self._unseen(kind, name)
-        if possible >= 2 and possible > in_band:
-            return PENDING, ""
-        if not modes.keys() - {name} and possible < 2:
-            why = (f"prompt_tokens {offset:+d} from kimipipe's count on every answer, and no other "
-                   "provider is left to tell whether it or the chat template differs")
-        else:
-            why = (f"prompt_tokens {offset:+d} from kimipipe's count, where {in_band} other "
-                   f"provider(s) are at {expected}: "
-                   + ("an undercount, which the vendor verifier accepts from no host"
-                      if offset < 0 else
-                      "it renders prompts otherwise (an injected system prompt, another "
-                      "template) or serves another model"))
-        return OFF, why
-
-    @staticmethod
-    def far_why(check: Check) -> str:
-        return (f"completion_tokens {check.completion_reported:,} for {check.completion_count:,} "
-                f"tokens of text (ratio {check.ratio:.2f}): another tokenizer")
-
-    def _conclude(self, check: Check, count_strike: bool) -> None:
+    def _conclude(self, check: CountCheck, count_strike: bool) -> None:
         """Book a final verdict (PENDING books nothing yet) and wake the waiting checks."""
         if check.verdict == PENDING:
             return
-        evidence = self._evidence[check.provider]
+        evidence = self.votes.evidence[check.provider]
         refused = check.verdict == OFF
         self.judged += 1
         self.table.checked(check.provider, check.offset, check.ratio, refused=refused)
@@ -569,13 +394,13 @@ class IdentityJudge:
             self._changed.set()
             self._changed = asyncio.Event()
 
-    def _note_shared(self, check: Check) -> None:
+    def _note_shared(self, check: CountCheck) -> None:
         """The first answer accepted at a shared constant: said once, with the prompt."""
         offset = check.offset
         if offset is None or offset in VENDOR_BAND or (check.kind, offset) in self._shared_said:
             return
         self._shared_said.add((check.kind, offset))
-        agree = sorted(name for name, v in self._modes(check.kind).items() if v == offset)
+        agree = sorted(name for name, v in self.votes.modes(check.kind).items() if v == offset)
         try:
             rendered = self.counts.rendered(check.messages)
         except Exception:
@@ -591,7 +416,7 @@ class IdentityJudge:
                  f"its rendering of {check.prompt_id}, {_shown(rendered)}, with the model's "
                  "own, and give the right one (--chat-template) to kp-infer and kp-tokenize")
 
-    def _quarantine(self, name: str, evidence: _Evidence) -> None:
+    def _quarantine(self, name: str, evidence: Evidence) -> None:
         if self.table.is_quarantined(name) or name == "unknown":
             return
         self.table.quarantine(name)
@@ -634,7 +459,7 @@ class IdentityJudge:
     # -- what the summary shows ---------------------------------------------------------------
     def summary(self) -> dict:
         for kind, shown in self.shared.items():  # (all that agree by the end)
-            shown["providers"] = sorted(name for name, v in self._modes(kind).items()
+            shown["providers"] = sorted(name for name, v in self.votes.modes(kind).items()
                                         if v == shown["offset"])
         return {"checked": True, "providers": self.table.rows(),
                 "shared_offsets": [{"prompts": kind, **shown} for kind, shown in self.shared.items()],

@@ -21,13 +21,23 @@ import operator
 
 import click
 
-from ..cli import COUNT, DEBUG, INPUT, OUTPUT, PARTITION, QUIET, Quantity
 from ..errors import ExitCode, KPError
 from ..openrouter import DEFAULT_BASE_URL
 from ..openrouter.models import QUANTIZATIONS
 from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Policy
-from ..options import CommandSettings, argument, option
+from ..options import (
+    COUNT,
+    DEBUG,
+    INPUT,
+    OUTPUT,
+    PARTITION,
+    QUIET,
+    CommandSettings,
+    Quantity,
+    argument,
+    option,
+)
 from .config import RunConfig
 from .conversations import HISTORY_POLICIES
 from .identity import DEFAULT_STRIKES

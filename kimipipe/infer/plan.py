@@ -19,7 +19,7 @@ highest price that can bill, a `pricing.overrides[]` entry's included; `override
 entry when one sets it, else null). The expected cost takes each endpoint's `discount`
 off its prices; the bound never does.
 
-The JSON object (`contracts.InferPlan`; prices in USD per million tokens, money in USD):
+The JSON object (`plans.InferPlan`; prices in USD per million tokens, money in USD):
 
     {"model", "input", "prompts": {"input", "todo", "done", "sample"},
      "requests": {"input", "todo", "conversations", "conversations_todo", "history_reasoning",
@@ -63,7 +63,12 @@ import json
 
 import msgspec
 
-from ..contracts import (
+from ..openrouter import logprobs
+from ..openrouter.account import Balance, ModelInfo
+from ..openrouter.models import served_sampling, thinking
+from ..openrouter.request import SAMPLING_PARAMETERS, RequestOptions
+from ..openrouter.routing import Policy, PriceBound, allowed_endpoints, why_excluded
+from ..plans import (
     InferPlan,
     PlanAnswerTokens,
     PlanCost,
@@ -79,11 +84,6 @@ from ..contracts import (
     PricePair,
     Recorded,
 )
-from ..openrouter import logprobs
-from ..openrouter.account import Balance, ModelInfo
-from ..openrouter.models import served_sampling, thinking
-from ..openrouter.request import SAMPLING_PARAMETERS, RequestOptions
-from ..openrouter.routing import Policy, PriceBound, allowed_endpoints, why_excluded
 from .availability import WHAT_TO_DO, availability_text, endpoints_left
 from .budget import Budget, cap_below_one_request, request_worst_case
 from .config import RunConfig

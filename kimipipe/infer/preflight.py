@@ -89,8 +89,9 @@ from .budget import Budget, prompt_token_bound
 from .config import RunConfig
 from .conversations import first_turn, is_conversation
 from .endpoints import endpoint_warnings
-from .identity import OFF, IdentityJudge, check_tokenizer, load_counts
-from .identity import Check as IdentityCheck
+from .identity import IdentityJudge, check_tokenizer, load_counts
+from .identity_votes import OFF
+from .identity_votes import CountCheck as IdentityCheck
 from .inputs import PROMPT_DECODER
 from .preflight_identity import allowed_providers, only, provider_rows, verdicts
 from .preflight_identity import table_text as identity_table_text

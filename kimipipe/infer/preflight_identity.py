@@ -28,7 +28,8 @@ from dataclasses import replace
 
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints
 from ..recorded.identity_table import VENDOR_BAND, band_verdict
-from .identity import OFF, PENDING, UNCHECKED, Check, IdentityJudge
+from .identity import IdentityJudge
+from .identity_votes import OFF, PENDING, CountCheck
 
 
 def allowed_providers(policy: Policy, endpoints: list[Endpoint] | None) -> list[tuple[str, list[str]]]:
@@ -46,20 +47,17 @@ def only(policy: Policy, tags: list[str]) -> Policy:
     return replace(policy, only=list(tags))
 
 
-def verdicts(judge: IdentityJudge, checks: list[Check]) -> None:
+def verdicts(judge: IdentityJudge, checks: list[CountCheck]) -> None:
     """Each check's verdict with every answer's evidence in hand (recorded by `measure`)."""
     for check in checks:
-        if check.offset is None:
-            check.verdict, check.why = (OFF, judge.far_why(check)) if check.far else (UNCHECKED, "")
-            continue
-        check.verdict, check.why = judge.verdict(check)
+        check.verdict, check.why = judge.votes.first_verdict(check)
         if check.verdict == PENDING:
             check.verdict = OFF
             check.why = (f"prompt_tokens {check.offset:+d} from kimipipe's count, which no other "
                          "provider showed")
 
 
-def provider_rows(judge: IdentityJudge, checks: list[Check], probed: list[str],
+def provider_rows(judge: IdentityJudge, checks: list[CountCheck], probed: list[str],
                   unanswered: dict[str, str]) -> list[dict]:
     """One row per provider (PROBED: asked through provider.only; UNANSWERED: why not)."""
     rows = []

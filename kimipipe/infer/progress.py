@@ -36,7 +36,7 @@ seconds when stderr is not a terminal. Its parts, most important first; those th
   tokens per second, and what is left of --token-budget.
 
 A terminal 100 columns wide or more also gets a small bar after the count. When stderr is
-not a terminal (make, a log file), cli.progress prints the line whole (no width limit, no
+not a terminal (make, a log file), terminal.progress prints the line whole (no width limit, no
 bar) as a plain line every KP_PROGRESS_INTERVAL seconds (default 10) instead.
 """
 
@@ -47,8 +47,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..cli import progress_interval, stderr_width
 from ..kinds import RetryCause
+from ..terminal import progress_interval, stderr_width
 from .report import permanent_failures
 
 if TYPE_CHECKING:

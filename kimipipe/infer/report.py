@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ..cli import counted
 from ..contracts import (
     FailuresNotWritten,
     InferSummary,
@@ -72,6 +71,7 @@ from ..kinds import FailureKind, StopReason
 from ..openrouter.attempt import Attempt
 from ..recorded.identity_table import band_text, identity_text
 from ..recorded.providers_table import ProviderTable, table_text
+from ..terminal import counted
 from .budget import Budget
 from .config import RunConfig
 

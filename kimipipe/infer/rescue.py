@@ -34,7 +34,6 @@ from collections.abc import Callable
 
 import msgspec
 
-from ..cli import counted
 from ..errors import ExitCode, InputError, KPError
 from ..io import (
     OutputWriteError,
@@ -44,6 +43,7 @@ from ..io import (
     repair_and_report,
 )
 from ..records import Failure, IdOnly, Response, record_cost
+from ..terminal import counted
 from .config import RunConfig
 
 

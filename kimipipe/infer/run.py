@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..cli import stderr_is_terminal
 from ..contracts import InferSummary
 from ..errors import ExitCode, KPError
 from ..io import iter_records
@@ -64,6 +63,7 @@ from ..openrouter.account import (
 from ..partition import in_partition
 from ..recorded.identity_table import state_path
 from ..records import Prompt
+from ..terminal import stderr_is_terminal
 from .acceptance import Acceptance
 from .budget import Budget, cap_below_one_request, prompt_token_bound
 from .config import RunConfig
@@ -87,7 +87,7 @@ from .worker_process import freeze_startup_objects
 from .writing import Output, check_outputs, output_locks
 
 if TYPE_CHECKING:
-    from ..cli import Stderr
+    from ..terminal import Stderr
 
 PRECOUNT = 64  # prompts read ahead and counted at once (--tokenizer: infer/identity.py)
 
@@ -459,7 +459,7 @@ def identity_counts(config: RunConfig, prepared: Prepared, say: Stderr):
 def run_infer(config: RunConfig, say: Stderr) -> int:
     """Prepare, then plan or run; print the summary; the exit code (see infer/report.py).
 
-    SAY is the command's quiet-aware stderr writer (`cli.Stderr`): every message of the run
+    SAY is the command's quiet-aware stderr writer (`terminal.Stderr`): every message of the run
     goes through it, the progress bar too."""
     check_outputs(config)  # before anything is created, locked or sent
     if config.tokenizer and not config.plan:

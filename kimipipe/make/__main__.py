@@ -25,9 +25,8 @@ import sys
 
 import click
 
-from ..cli import parse_quantity
 from ..errors import KPError
-from ..options import CommandSettings, argument, option, parameters, settings_from
+from ..options import CommandSettings, argument, option, parameters, parse_quantity, settings_from
 from ..recorded.api import api_of
 from .build_plan import build_plan, write_build_plan
 from .check import run_checks
@@ -37,7 +36,7 @@ from .plan_report import budget_suggestion, money, report, wrap
 from .stop import StopSettings, stop_message
 
 
-def say(text: str) -> None:
+def say_wrapped(text: str) -> None:
     """A message on stderr, in lines of 80 columns."""
     print("\n".join(wrap(text)), file=sys.stderr)
 
@@ -88,14 +87,14 @@ def cmd_plan(args: PlanSettings) -> int:
     if not problems:
         return 0
     if args.allow_short:
-        say(f"make all: ALLOW_SHORT=1: going ahead; {'; '.join(problems)}: the last datasets "
+        say_wrapped(f"make all: ALLOW_SHORT=1: going ahead; {'; '.join(problems)}: the last datasets "
             "will come up short")
         return 0
     fix = budget_suggestion(plan)
-    say(f"make all: refusing to start (nothing was sent): {'; '.join(problems)}.")
+    say_wrapped(f"make all: refusing to start (nothing was sent): {'; '.join(problems)}.")
     if fix and not plan.fits:
-        say(f"  make all {fix}    (fits TOTAL_COST), or")
-    say("  raise TOTAL_COST (or MAX_COST), or ALLOW_SHORT=1 to start anyway and let the last "
+        say_wrapped(f"  make all {fix}    (fits TOTAL_COST), or")
+    say_wrapped("  raise TOTAL_COST (or MAX_COST), or ALLOW_SHORT=1 to start anyway and let the last "
         "datasets come up short")
     return 2
 

@@ -32,44 +32,28 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
-from ..contracts import (
+from ..contracts import read_contract
+from ..plans import (
     BuildPlanFile,
+    DatasetFigures,
     DatasetPlanFile,
     InferPlan,
     PilotFigures,
     PlanPrices,
     PlanRoute,
     Recorded,
-    read_contract,
 )
 from ..recorded.spend import expand_spent_in, recorded_spend
 from .measure import measure, read_pilot
 
 
-@dataclass
-class DatasetPlan:
-    name: str
-    prompts: int
-    todo: int
-    answered: int
-    prompt_tokens: float  # per prompt, estimated (~4 bytes a token)
-    recorded_spend: float  # in D's responses and failures files
-    recorded_tokens: int  # completion tokens in D's responses file
-    answer_tokens: float  # L
-    cost_per_answer: float  # c
-    measured: str | None  # what L and c were measured on (None: assumed)
-    measured_answers: int  # how many answers (0: assumed)
-    token_budget: int | None
-    weight: float
-    worst_case_request: float
-    max_tokens: int
-    notes: list[str] = field(default_factory=list)
-    like: str | None = None  # measured on other datasets' answers (no answers of its own yet)
-    complete: bool = False  # its responses stage is stamped done, and make will not rerun it
+class DatasetPlan(DatasetFigures):
+    """One dataset's figures (plans.DatasetFigures) and what they give: the answers still
+    to buy and their expected cost."""
 
     def answers_for(self, budget: float | None) -> int:
         """Answers still needed to reach BUDGET, at most the prompts to do."""
@@ -182,7 +166,7 @@ class BuildPlan:
     def to_file(self) -> BuildPlanFile:
         """WORK/build.plan.json's contents (`write_build_plan`)."""
         return BuildPlanFile(
-            datasets=[DatasetPlanFile(**asdict(d), answers_to_go=d.answers_to_go, short=d.short,
+            datasets=[DatasetPlanFile(**msgspec.structs.asdict(d), answers_to_go=d.answers_to_go, short=d.short,
                                       expected_to_go=d.expected_to_go,
                                       expected_total=d.expected_total)
                       for d in self.datasets],
@@ -194,7 +178,7 @@ class BuildPlan:
 
 
 def write_build_plan(path: str, plan: BuildPlan) -> None:
-    """WORK/build.plan.json (`contracts.BuildPlanFile`, indented by one)."""
+    """WORK/build.plan.json (`plans.BuildPlanFile`, indented by one)."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(msgspec.to_builtins(plan.to_file()), f, indent=1)
 

@@ -103,7 +103,7 @@ def tokenizer_fingerprint(tokenizer: str, flags: str) -> dict | None:
             "versions": versions}
 
 
-def check_tokenizer(bin_dir: str, tokenizer: str, flags: str,
+def check_tokenizer_runs(bin_dir: str, tokenizer: str, flags: str,
                     memo: str | None = None) -> tuple[bool, str]:
     fingerprint = tokenizer_fingerprint(tokenizer, flags) if memo else None
     if fingerprint is not None:
@@ -151,7 +151,7 @@ def check_key(bin_dir: str, base_url: str, min_credits: str = "") -> tuple[bool,
     return False, f"key and base URL: {_last_line(err)} (BASE_URL={base_url})"
 
 
-def check_outputs(directories: list[str], work: str, datasets: list[str]) -> list[tuple[bool, str]]:
+def check_output_dirs(directories: list[str], work: str, datasets: list[str]) -> list[tuple[bool, str]]:
     results = []
     for directory in directories:
         try:
@@ -173,10 +173,10 @@ def run_checks(sources: dict[str, tuple[str, str]], bin_dir: str, tokenizer: str
                base_url: str, directories: list[str], work: str,
                min_credits: str = "") -> list[tuple[bool, str]]:
     results = check_sources(sources)
-    results.append(check_tokenizer(bin_dir, tokenizer, tokenize_flags,
+    results.append(check_tokenizer_runs(bin_dir, tokenizer, tokenize_flags,
                                    os.path.join(work, ".tokenizer-check.json")))
     results.append(check_key(bin_dir, base_url, min_credits))
-    results += check_outputs(directories, work, list(sources))
+    results += check_output_dirs(directories, work, list(sources))
     return results
 
 

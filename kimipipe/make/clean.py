@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..cli import counted
 from ..errors import ExitCode, KPError
 from ..io import iter_lines
 from ..locks import OutputLock, lock_path
 from ..recorded.api import is_standin
+from ..terminal import counted
 
 BUILD_FILES = ("build.flags", "build.gate", "build.plan.json", "total-cost.json", ".tokenizer-check.json")
 
@@ -43,16 +43,16 @@ _decoder = msgspec.json.Decoder(_Paid)
 
 
 @dataclass
-class Paid:
+class PaidFile:
     path: str
     records: int = 0
     cost: float = 0.0  # USD not billed by the stand-in
     apis: tuple[str, ...] = ()
 
 
-def paid_in(path: str) -> Paid:
+def paid_in(path: str) -> PaidFile:
     """The records of PATH whose cost was not the stand-in's, and what they cost."""
-    found = Paid(path)
+    found = PaidFile(path)
     apis = set()
     for _lineno, line, _ended in iter_lines(path):
         try:

@@ -1,7 +1,7 @@
 """What answers measured: the figures `make pilot` records and `make plan` reads.
 
 `measure(responses, failures)` reads a kp-infer responses file (finished lines only:
-kp-infer may be writing it) and returns its figures (`contracts.PilotFigures`; `make pilot`
+kp-infer may be writing it) and returns its figures (`plans.PilotFigures`; `make pilot`
 writes them to WORK/D.pilot.json, `write_pilot`, and make plan reads them, `read_pilot`):
 
     {"answers", "spend", "completion_tokens": {"total", "mean", "sd", "p50", "p90", "max"},
@@ -28,8 +28,9 @@ from collections import Counter
 
 import msgspec
 
-from ..contracts import CompletionFigures, CostPerAnswer, PilotFigures, read_contract
+from ..contracts import read_contract
 from ..io import finished_records
+from ..plans import CompletionFigures, CostPerAnswer, PilotFigures
 from ..records import RecordCost, Usage, record_cost
 
 

@@ -16,6 +16,7 @@
     routing.py       the provider policy, the `provider` object, and checking who served
     models.py        per-model presets (Kimi K2.5's native INT4 weights: the routing default;
                      its sampling as served)
+    api_key.py       the API key, from --api-key-file or OPENROUTER_API_KEY, kept secret
 """
 
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"

@@ -182,10 +182,6 @@ def _slug_matches(wanted: str, endpoint: Endpoint) -> bool:
     return False
 
 
-def slug_matches_name(wanted: str, provider_name: str) -> bool:
-    return _slug_matches(wanted, Endpoint(provider_name=provider_name))
-
-
 def why_excluded(policy: Policy, endpoint: Endpoint) -> str | None:
     """Why POLICY rules ENDPOINT out, or None when it is allowed."""
     if any(_slug_matches(s, endpoint) for s in policy.ignore):

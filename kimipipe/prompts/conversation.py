@@ -42,7 +42,7 @@ class Blocker(enum.Enum):
 
 
 @dataclass(slots=True)
-class Turn:
+class SourceTurn:
     role: str  # system | user | assistant (a tool result: "tool", always blocked)
     content: str  # "" where blocked
     blocker: Blocker | None = None
@@ -51,7 +51,7 @@ class Turn:
 
 @dataclass
 class Conversation:
-    turns: list[Turn]
+    turns: list[SourceTurn]
     # What blocks the record as a whole (a tool declaration, media without placeholders).
     record_blocker: tuple[Blocker, str] | None = None
     # False where the source holds user turns only (MT-Bench questions): a later turn then
@@ -120,11 +120,11 @@ def record_blocker(obj: dict, context: RecordContext) -> tuple[Blocker, str] | N
     return None
 
 
-def system_turn(text: str, where: str) -> Turn:
+def system_turn(text: str, where: str) -> SourceTurn:
     """A system prompt: a tool declaration where it lists tools in `<tools>` XML."""
     if "<tools>" in text and "</tools>" in text:
-        return Turn("system", "", Blocker.TOOL_DECLARATION, where)
-    return Turn("system", text, None, where)
+        return SourceTurn("system", "", Blocker.TOOL_DECLARATION, where)
+    return SourceTurn("system", text, None, where)
 
 
 def _declared(value: Any) -> bool:
@@ -195,7 +195,7 @@ def turns_of(obj: dict, key: str, role_key_pairs: tuple[tuple[str, str], ...]) -
         role = turn[role_key]
         name = role.lower() if isinstance(role, str) else None
         if name in TOOL_ROLES:
-            out.append(Turn(TOOL_ROLES[name], "", Blocker.TOOL_TURN, f"$.{key}[{i}].{role_key}"))
+            out.append(SourceTurn(TOOL_ROLES[name], "", Blocker.TOOL_TURN, f"$.{key}[{i}].{role_key}"))
             continue
         if name not in ROLE_NAMES:
             raise FormatError(f"unknown role {role!r} (accepted: {ACCEPTED_ROLES})",
@@ -205,25 +205,25 @@ def turns_of(obj: dict, key: str, role_key_pairs: tuple[tuple[str, str], ...]) -
             calls = ("tool_calls" if _declared(turn.get("tool_calls"))
                      else "function_call" if _declared(turn.get("function_call")) else None)
             if calls:
-                out.append(Turn(mapped, "", Blocker.TOOL_TURN, f"$.{key}[{i}].{calls}"))
+                out.append(SourceTurn(mapped, "", Blocker.TOOL_TURN, f"$.{key}[{i}].{calls}"))
                 continue
         if content_key not in turn:
             raise FormatError(f"turn has no `{content_key}` field", f"$.{key}[{i}]")
         content = turn[content_key]
         if isinstance(content, str) and not context.placeholders:  # plain text, the usual case
             out.append(system_turn(content, f"$.{key}[{i}].{content_key}") if mapped == "system"
-                       else Turn(mapped, content, None, ""))
+                       else SourceTurn(mapped, content, None, ""))
             continue
         text, blocker = content_of(content, f"$.{key}[{i}].{content_key}", context)
         if blocker:
-            out.append(Turn(mapped, "", *blocker))
+            out.append(SourceTurn(mapped, "", *blocker))
         elif mapped == "system":
             out.append(system_turn(text, f"$.{key}[{i}].{content_key}"))
         else:
-            out.append(Turn(mapped, text, None, f"$.{key}[{i}]"))
+            out.append(SourceTurn(mapped, text, None, f"$.{key}[{i}]"))
     return Conversation(out, record_blocker(obj, context))
 
 
-def plain(role: str, content: str, where: str = "$") -> Turn:
-    return Turn(role, content, None, where)
+def plain(role: str, content: str, where: str = "$") -> SourceTurn:
+    return SourceTurn(role, content, None, where)
 

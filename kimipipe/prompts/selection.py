@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..cli import counted
 from ..errors import InputError
 from ..ids import content_hash, hash_id, prompt_shuffle_key  # (the hashes: ids.py)
 from ..records import Message, Prompt
+from ..terminal import counted
 from .conversation import Blocker, FormatError
 from .formats import read_record
 from .reading import SourceRecord, read_source

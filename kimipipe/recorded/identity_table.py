@@ -90,7 +90,7 @@ def typical(values: Counter) -> int | None:
 
 
 @dataclass
-class _Row:
+class _Tally:
     checked: int = 0
     refused: int = 0
     unchecked: int = 0
@@ -104,10 +104,10 @@ class IdentityTable:
     """Identity figures per provider; `rows()` for JSON, `text()` for a terminal."""
 
     def __init__(self) -> None:
-        self._by: dict[str, _Row] = {}
+        self._by: dict[str, _Tally] = {}
 
-    def _of(self, provider: str | None) -> _Row:
-        return self._by.setdefault(provider or "unknown", _Row())
+    def _of(self, provider: str | None) -> _Tally:
+        return self._by.setdefault(provider or "unknown", _Tally())
 
     def checked(self, provider: str | None, offset: int | None, ratio: float | None,
                 refused: bool = False) -> None:

@@ -22,12 +22,12 @@ import sys
 from collections.abc import Callable
 
 from ..errors import ExitCode, KPError
-from .facts import BuildFacts, Settings, read_facts
+from .facts import BuildFacts, BuildLimits, read_facts
 
-__all__ = ["BuildFacts", "Settings", "read_facts", "write_report"]
+__all__ = ["BuildFacts", "BuildLimits", "read_facts", "write_report"]
 
 
-def write_report(paths: list[str], settings: Settings, out: str, say: Callable[[str], None],
+def write_report(paths: list[str], settings: BuildLimits, out: str, say: Callable[[str], None],
                  datasets: list[str] = ()) -> BuildFacts:
     """Read PATHS, write the page to OUT (whole or not at all; `-` is stdout)."""
     facts = read_facts(paths, say, datasets)

@@ -17,11 +17,10 @@ import sys
 
 import click
 
-from ..cli import parse_quantity
 from ..errors import KPError
-from ..options import CommandSettings, option, parameters, settings_from
+from ..options import CommandSettings, option, parameters, parse_quantity, settings_from
 from ..shard.readback import has_manifest
-from . import Settings, write_report
+from . import BuildLimits, write_report
 
 STAGE_FILES = ("responses.jsonl", "failures.jsonl", "rejects.jsonl", "tokens.jsonl.zst")
 
@@ -63,7 +62,7 @@ class ReportSettings(CommandSettings):
 
 def report(args: ReportSettings) -> int:
     datasets = args.datasets.split()
-    settings = Settings(total_cost=args.total_cost, max_cost=args.max_cost,
+    settings = BuildLimits(total_cost=args.total_cost, max_cost=args.max_cost,
                         token_budgets=args.token_budgets)
 
     def say(text: str) -> None:

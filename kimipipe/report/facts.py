@@ -67,7 +67,7 @@ MAX_LENGTHS = (4096, 8192, 16384, 32768)
 
 
 @dataclass
-class Settings:
+class BuildLimits:
     """What the build was asked to stay within (make's variables, or kp-infer's flags)."""
 
     total_cost: float | None = None
@@ -91,7 +91,7 @@ def parse_time(text: str | None) -> float | None:
 
 
 @dataclass(slots=True)
-class Answer:
+class AnswerFacts:
     provider: str
     completion: int
     reasoning: int
@@ -187,7 +187,7 @@ class Rows:
 @dataclass
 class DatasetFacts:
     name: str
-    answers: list[Answer] = field(default_factory=list)
+    answers: list[AnswerFacts] = field(default_factory=list)
     paid: list[Paid] = field(default_factory=list)
     refused: list[RefusedAnswer] = field(default_factory=list)
     failures: Counter = field(default_factory=Counter)
@@ -314,7 +314,7 @@ class _Reader:
         self.order = 0
         self.answered: set[tuple[str, str]] = set()  # (dataset, id) of the response records
         # (dataset, id, answer, refused, what _sent reads) of the token records' answers
-        self.from_tokens: list[tuple[str, str | None, Answer, list[Refusal], RecordLine]] = []
+        self.from_tokens: list[tuple[str, str | None, AnswerFacts, list[Refusal], RecordLine]] = []
         self.dataset_of: dict[str, str] = {}  # id -> dataset, for the rejects
         self.rejects: list[tuple[str, str, str]] = []  # (id, reason, dataset from the file name)
 
@@ -364,9 +364,9 @@ class _Reader:
         else:
             raise InputError("not a response, token, failure or reject record", path, lineno)
 
-    def _answer(self, line: RecordLine) -> Answer:
+    def _answer(self, line: RecordLine) -> AnswerFacts:
         usage = line.usage or Usage()
-        return Answer(line.provider or "unknown", usage.completion_tokens, usage.reasoning_tokens,
+        return AnswerFacts(line.provider or "unknown", usage.completion_tokens, usage.reasoning_tokens,
                       usage.prompt_tokens, usage.cost, line.finish_reason or "none", line.latency_s,
                       parse_time(line.finished_at), line.conversation, line.turn, line.turns)
 
@@ -377,7 +377,7 @@ class _Reader:
         for cause, n in (line.retried or {}).items():
             dataset.retried.append(Retried(at, cause, n))
 
-    def _keep(self, dataset: DatasetFacts, answer: Answer, refused: list[Refusal]) -> None:
+    def _keep(self, dataset: DatasetFacts, answer: AnswerFacts, refused: list[Refusal]) -> None:
         dataset.answers.append(answer)
         self._pay(dataset, answer.at, answer.cost)
         for r in refused:

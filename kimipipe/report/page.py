@@ -24,7 +24,7 @@ from ..recorded.providers_table import REFUSAL_KINDS
 from . import plots_build as build_plots
 from . import plots_providers as provider_plots
 from .canvas import Colors, Note, Plot, count_text, money
-from .facts import MAX_LENGTHS, BuildFacts, DatasetFacts, Settings
+from .facts import MAX_LENGTHS, BuildFacts, BuildLimits, DatasetFacts
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'"
 
@@ -93,7 +93,7 @@ def _of(value: float, cap: float | None, fmt) -> str:
     return f"<span{over}>{fmt(value)}</span> of {fmt(cap)} ({100 * value / cap:.0f}%)" if cap else fmt(value)
 
 
-def _overview(facts: BuildFacts, settings: Settings) -> str:
+def _overview(facts: BuildFacts, settings: BuildLimits) -> str:
     head = ["dataset", "answers", "failures", "refused", "spend", "refused cost", "completion tokens",
             "reasoning", "cut by length", "rows", "kept whole at 16k", "retries (429s)", "kp-shard verify",
             "rejects"]
@@ -219,7 +219,7 @@ def _provider_plots(d: DatasetFacts, rows: list[dict], colors: Colors, prefix: s
             provider_plots.refusals_by_kind(d, colors, f"{prefix}refusals")]
 
 
-def render(facts: BuildFacts, settings: Settings, now: datetime.datetime | None = None) -> str:
+def render(facts: BuildFacts, settings: BuildLimits, now: datetime.datetime | None = None) -> str:
     """The whole page (see the module docstring)."""
     now = now or datetime.datetime.now(datetime.UTC)
     colors = Colors(facts)

@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .. import __version__
-from ..contracts import ShardManifest, ShardSettings, ShardTotals
 from ..errors import InputError, display_path
 from ..io import iter_records
 from . import card as cards
 from .formats import DEFAULT, FORMATS
+from .manifest import ManifestOptions, ShardManifest, ShardTotals
 from .provenance import Provenance
 from .readback import Lengths
 from .rows import TOKEN_RECORD_DECODER, Drops, Row, RowBuilder, eval_point, id_fingerprint
@@ -195,7 +195,7 @@ def make_manifest(shards: list[ShardInfo], opts: ShardOptions, inputs: list[str]
         command=command,
         format=opts.fmt,
         row_schema=FORMATS[opts.fmt].row_schema,
-        options=ShardSettings(
+        options=ManifestOptions(
             name=opts.prefix,
             records_per_shard=opts.records_per_shard,
             tokens_per_shard=opts.tokens_per_shard,

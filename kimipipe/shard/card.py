@@ -30,9 +30,9 @@ from typing import Any
 import msgspec
 import yaml
 
-from ..contracts import ShardManifest, ShardProvenance
 from ..errors import InputError
 from .formats import FORMATS
+from .manifest import ShardManifest, ShardProvenance
 
 MARKER = "<!-- kp-shard card:"
 
@@ -55,7 +55,7 @@ class _Route(msgspec.Struct):
 
 
 class _Plan(msgspec.Struct):
-    """The view of kp-infer's plan (contracts.InferPlan) the card reads."""
+    """The view of kp-infer's plan (plans.InferPlan) the card reads."""
 
     model: str | None = None
     routes: list[_Route] | None = None

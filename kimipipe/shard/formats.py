@@ -22,6 +22,13 @@ from msgspec import Raw, Struct
 from ..errors import InputError
 from ..records import decode_passthrough
 
+
+class Unreadable(Exception):
+    """A shard that cannot be read at all (not zstd, not Parquet, wrong columns): why, as
+    verify and stats say it."""
+
+
+
 _encode = msgspec.json.Encoder().encode
 
 JSONL, PARQUET = "jsonl", "parquet"

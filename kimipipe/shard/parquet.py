@@ -33,16 +33,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import msgspec
 
 from ..errors import ExitCode, KPError
+from .formats import Unreadable
 
 ROW_GROUP_ROWS = 1_000
 ROW_GROUP_TOKENS = 3_000_000  # x 5 bytes (int32 + int8): ~15 MB of columns a row group
 _INT32_MAX = 2**31 - 1
 _COLUMNS = ("id", "input_ids", "loss_mask")
 INSTALL = "pip install 'kimipipe[parquet]' (or pip install pyarrow)"
-
-
-class Unreadable(Exception):
-    """A shard that cannot be read as Parquet at all (damaged, not Parquet, wrong columns)."""
 
 
 def require(what: str):

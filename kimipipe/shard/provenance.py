@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import msgspec
 from msgspec import Raw, Struct
 
-from ..contracts import DeltaStats, ProviderRows, SamplingRows, ShardProvenance
 from ..records import Tokens
+from .manifest import DeltaStats, ProviderRows, SamplingRows, ShardProvenance
 
 NULL = Raw(b"null")
 NO_DELTA = -(2**31)  # a row without that delta (the spill's int32 field)

@@ -29,11 +29,19 @@ from dataclasses import dataclass, field
 import msgspec
 import zstandard
 
-from ..contracts import ShardManifest
 from ..errors import InputError
 from ..io import zstd_reader
 from . import card as cards
-from .formats import DEFAULT, FORMATS, PARQUET, RowFormat, row_format, unknown_format
+from .formats import (
+    DEFAULT,
+    FORMATS,
+    PARQUET,
+    RowFormat,
+    Unreadable,
+    row_format,
+    unknown_format,
+)
+from .manifest import ShardManifest
 from .rows import id_fingerprint
 from .writer import CARD, LEGACY_MANIFEST, MANIFEST, SHARD_SUFFIXES, manifest_path
 
@@ -51,7 +59,7 @@ def has_manifest(directory: str) -> bool:
 
 
 def read_manifest(directory: str) -> ShardManifest:
-    """DIRECTORY's manifest, decoded (`contracts.ShardManifest`)."""
+    """DIRECTORY's manifest, decoded (`shard/manifest.py` ShardManifest)."""
     path = manifest_path(directory)
     try:
         with open(path, "rb") as f:
@@ -96,10 +104,6 @@ def iter_shard_lines(path: str) -> Iterator[tuple[int, bytes]]:
         yield from enumerate(f, 1)
 
 
-class Unreadable(Exception):
-    """A shard that cannot be read at all: why, as verify and stats say it."""
-
-
 def checked_rows(fmt: RowFormat, path: str) -> Iterator[tuple[str, tuple[str, int, int] | str]]:
     """(where in the shard, as `:LINE` or ` row N`; (id, input tokens, output tokens) or
     what is wrong with the row) of every row of the shard at PATH; Unreadable if the file
@@ -107,11 +111,8 @@ def checked_rows(fmt: RowFormat, path: str) -> Iterator[tuple[str, tuple[str, in
     if fmt.container == PARQUET:
         from . import parquet
 
-        try:
-            for n, result in parquet.checked_rows(path):
-                yield f" row {n}", result
-        except parquet.Unreadable as e:
-            raise Unreadable(str(e)) from None
+        for n, result in parquet.checked_rows(path):
+            yield f" row {n}", result
         return
     decoder = msgspec.json.Decoder(fmt.row)
     try:
@@ -130,7 +131,7 @@ def row_lengths(fmt: RowFormat, path: str) -> Iterator[tuple[int, int]]:
             yield from parquet.row_lengths(path)
         except FileNotFoundError:
             raise InputError("missing shard (run verify)", path) from None
-        except parquet.Unreadable as e:
+        except Unreadable as e:
             raise InputError(f"{e} (run verify)", path) from None
         return
     decoder = msgspec.json.Decoder(fmt.lengths)

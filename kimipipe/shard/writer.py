@@ -51,9 +51,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import msgspec
 import zstandard
 
-from ..contracts import ShardEntry, ShardFiles, ShardManifest
 from ..errors import KPError
 from .formats import JSONL, PARQUET, SUFFIXES
+from .manifest import ShardEntry, ShardFiles, ShardManifest
 from .rows import Row
 
 # The manifest's name ends in neither .json nor .jsonl: speculators' `prepare-data --data
@@ -106,7 +106,7 @@ def shard_pattern(prefix: str) -> re.Pattern:
     return re.compile(rf"^{re.escape(prefix)}-(?:(?:train|eval)-)?\d{{5,}}(?:{_SUFFIX_RE})$")
 
 
-ShardInfo = ShardEntry  # a finished shard as the manifest lists it (contracts.py)
+ShardInfo = ShardEntry  # a finished shard as the manifest lists it (manifest.py)
 _files_decoder = msgspec.json.Decoder(ShardFiles)
 
 
@@ -162,7 +162,7 @@ class _HashingFile:
         os.fsync(self.f.fileno())
 
 
-class ShardFile:
+class OpenShard:
     """One shard being written: rows in, zstd out, under a temporary name."""
 
     def __init__(self, directory: str, name: str, split: str, cctx: zstandard.ZstdCompressor,
@@ -210,7 +210,7 @@ class ShardFile:
 
 
 class ParquetShardFile:
-    """One Parquet shard being written (parquet.py), with ShardFile's attributes and calls:
+    """One Parquet shard being written (parquet.py), with OpenShard's attributes and calls:
     the row's `data` is its `input_ids` body (formats.ids_body)."""
 
     def __init__(self, directory: str, name: str, split: str, cctx: None, level: int = 3):
@@ -244,7 +244,7 @@ class ParquetShardFile:
         self._shard.abandon()
 
 
-_FILES = {JSONL: ShardFile, PARQUET: ParquetShardFile}
+_FILES = {JSONL: OpenShard, PARQUET: ParquetShardFile}
 
 
 class ShardSequence:
@@ -267,7 +267,7 @@ class ShardSequence:
         else:
             self.cctxs = [None, None]
         self.closing: list[Future | None] = [None, None]
-        self.open: ShardFile | None = None
+        self.open: OpenShard | None = None
         self.index = 0
 
     def add(self, row: Row) -> None:
@@ -286,12 +286,12 @@ class ShardSequence:
                                                 self.cctxs[turn], self.owner.level)
         shard.add(row)
 
-    def _finish(self, shard: ShardFile) -> None:
+    def _finish(self, shard: OpenShard) -> None:
         future = self.owner.closer.submit(shard.close)
         self.closing[(self.index - 1) % 2] = future
         self.owner.closing.append(future)
 
-    def _full_with(self, shard: ShardFile, row: Row) -> bool:
+    def _full_with(self, shard: OpenShard, row: Row) -> bool:
         limit_records = self.owner.records_per_shard
         limit_tokens = self.owner.tokens_per_shard
         if limit_records is not None and shard.records >= limit_records:

@@ -94,7 +94,7 @@ from ..errors import KPError
 from ..options import fields_for
 from .config import Config
 from .options import SECTIONS, StandInSettings
-from .server import StandIn
+from .server import StandinState
 
 if TYPE_CHECKING:
     from .selfhosted import SelfHosted
@@ -105,10 +105,10 @@ def _url_host(host: str) -> str:
 
 
 async def serve(config: Config, port: int, port_file: str | None, host: str = "127.0.0.1") -> None:
-    standin: StandIn | SelfHosted
+    standin: StandinState | SelfHosted
     try:
         if config.mode == "openrouter":
-            standin = StandIn(config)
+            standin = StandinState(config)
         else:
             from .selfhosted import SelfHosted
             standin = SelfHosted(config)

@@ -187,7 +187,7 @@ def _pieces(rng: random.Random, first: list[str], n: int) -> list[str]:
     return pieces
 
 
-def served_sampling(model: str, reasoning: bool) -> dict[str, float]:
+def default_sampling_of(model: str, reasoning: bool) -> dict[str, float]:
     """The temperature and top_p a model is served at when the request sends none."""
     return dict(SERVED_SAMPLING.get(model, {}).get(reasoning, {}))
 
@@ -195,7 +195,7 @@ def served_sampling(model: str, reasoning: bool) -> dict[str, float]:
 def sampling_key(model: str, reasoning: bool, temperature: float | None,
                  top_p: float | None) -> str:
     """What the sampling adds to an answer's RNG seed: nothing at the model's own values."""
-    served = served_sampling(model, reasoning)
+    served = default_sampling_of(model, reasoning)
     applied = {"temperature": temperature if temperature is not None
                else served.get("temperature"),
                "top_p": top_p if top_p is not None else served.get("top_p")}
@@ -215,7 +215,7 @@ def applied_sampling(body: dict, *, honours_sampling: bool = True
             if isinstance(body.get(k), (int, float)) and not isinstance(body.get(k), bool)}
     if not honours_sampling:
         return dict(PROVIDER_OWN_SAMPLING), sorted(sent)
-    return {**served_sampling(model, wants_reasoning(body, model)), **sent}, []
+    return {**default_sampling_of(model, wants_reasoning(body, model)), **sent}, []
 
 
 def expected_answer(messages: list[dict], *, model: str, seed: int | None, reasoning: bool,

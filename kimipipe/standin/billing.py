@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import time
 
-from .providers import Endpoint
+from .providers import StandinEndpoint
 
 
-def overrides_for(endpoint: Endpoint, config) -> list[dict]:
+def overrides_for(endpoint: StandinEndpoint, config) -> list[dict]:
     """The endpoint's `pricing.overrides[]` (USD per token, as strings), before the scale."""
     entries = []
     for slug, (factor, min_prompt_tokens) in config.price_overrides.items():
@@ -45,7 +45,7 @@ def overrides_for(endpoint: Endpoint, config) -> list[dict]:
     return entries
 
 
-def discount_for(endpoint: Endpoint, config) -> float:
+def discount_for(endpoint: StandinEndpoint, config) -> float:
     return next((float(d) for slug, d in config.discounts.items() if endpoint.matches(slug)), 0.0)
 
 
@@ -62,7 +62,7 @@ def _applies(override: dict, prompt_tokens: int, now: float) -> bool:
     return start <= clock < end if start <= end else (clock >= start or clock < end)
 
 
-def billed_prices(endpoint: Endpoint, config, prompt_tokens: int,
+def billed_prices(endpoint: StandinEndpoint, config, prompt_tokens: int,
                   now: float | None = None) -> tuple[float, float]:
     """(prompt, completion) USD per token a generation of PROMPT_TOKENS is billed at now."""
     prices = {"prompt": endpoint.prompt, "completion": endpoint.completion}
@@ -74,7 +74,7 @@ def billed_prices(endpoint: Endpoint, config, prompt_tokens: int,
     return prompt * scale, completion * scale
 
 
-def pricing_document(endpoint: Endpoint, config) -> dict:
+def pricing_document(endpoint: StandinEndpoint, config) -> dict:
     """The `pricing` object of the endpoints table: what is billed, as OpenRouter lists it."""
     scale = config.price_scale
 
@@ -89,8 +89,3 @@ def pricing_document(endpoint: Endpoint, config) -> dict:
     if overrides:
         pricing["overrides"] = overrides
     return pricing
-
-
-def zero_completion(completion_tokens: int, finish_reason: str | None) -> bool:
-    """OpenRouter's zero-completion insurance: such an answer is not billed."""
-    return finish_reason == "error" or (completion_tokens == 0 and not finish_reason)

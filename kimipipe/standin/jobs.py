@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aiohttp import web
 
 from .answers import Answer, user_text_sha256
 from .billing import billed_prices
-from .providers import Endpoint
+from .config import Config
+from .providers import StandinEndpoint
 from .sessions import CACHE_READ_FACTOR
-from .wire import Generation, encode, json_response
-
-if TYPE_CHECKING:
-    from .server import StandIn
+from .wire import GenerationStats, encode, json_response
 
 COMMENT = b": OPENROUTER PROCESSING\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -40,11 +38,28 @@ MIDSTREAM_ERRORS = {
 }
 
 
+class Books(Protocol):
+    """What a Job reports to: the server's books of generations and charges
+    (server.StandinState keeps them; a Job never reads them)."""
+
+    config: Config
+
+    def draw_usage_shown(self) -> str: ...
+
+    def charge(self, gen: GenerationStats, user_sha: str, extra: dict | None = None) -> None: ...
+
+    def remember_unbilled(self, gen: GenerationStats) -> None: ...
+
+    def abandoned_unbilled(self, gen: GenerationStats) -> None: ...
+
+    def count_abandoned(self) -> None: ...
+
+
 class Job:
     """One accepted completion: serves it plain or streamed, with its fault if any."""
 
-    def __init__(self, server: StandIn, request: web.Request, body: dict, answer: Answer,
-                 endpoint: Endpoint, fault: str | None, created: int, gen_id: str,
+    def __init__(self, server: Books, request: web.Request, body: dict, answer: Answer,
+                 endpoint: StandinEndpoint, fault: str | None, created: int, gen_id: str,
                  started: float, ledger_extra: dict | None = None, cached_tokens: int = 0,
                  logprobs: tuple[list, list] | None = None):
         self.server = server
@@ -89,7 +104,7 @@ class Job:
         self.shown = self.server.draw_usage_shown()
         now = time.monotonic()
         cost = self._cost()
-        self.server.charge(Generation(
+        self.server.charge(GenerationStats(
             self.gen_id, self.endpoint.provider_name, self.model, self.answer.prompt_tokens,
             self.answer.completion_tokens, self.answer.reasoning_tokens, cost,
             self.answer.finish_reason, self.created, first_token_at - self.started,
@@ -128,7 +143,7 @@ class Job:
         """A zero-completion answer (the `zero` fault): remembered for /generation at $0,
         never charged (OpenRouter's zero-completion insurance, billing.py)."""
         a = self.answer
-        self.server.remember_unbilled(Generation(
+        self.server.remember_unbilled(GenerationStats(
             self.gen_id, self.endpoint.provider_name, self.model, a.prompt_tokens, 0, 0, 0.0,
             None, self.created, 0.0, 0.0, bool(self.body.get("stream"))))
         return {"prompt_tokens": a.prompt_tokens, "completion_tokens": 0,
@@ -184,16 +199,13 @@ class Job:
         that was coming (an idle timeout on a slow machine) is told apart from one that
         met an injected stall."""
         if not self.charged and self.fault in (None, "misroute"):
-            self.server.abandoned += 1
+            self.server.count_abandoned()
             if self.config.bill_cancelled:
                 self._charge(time.monotonic(), streamed)
-            elif self.gen_id not in self.server.generations:
-                # not billed, yet known: GET /generation shows it cancelled at $0, as
-                # OpenRouter's `cancelled` field does (never in the ledger)
-                self.server.generations[self.gen_id] = Generation(
+            else:
+                self.server.abandoned_unbilled(GenerationStats(
                     self.gen_id, self.endpoint.provider_name, self.model, 0, 0, 0, 0.0,
-                    "cancelled", self.created, 0.0, 0.0, streamed, cancelled=True)
-                self.server.generation_ended[self.gen_id] = time.monotonic()
+                    "cancelled", self.created, 0.0, 0.0, streamed, cancelled=True))
 
     async def _plain(self) -> web.StreamResponse:
         fault = self.fault

@@ -2,7 +2,7 @@
 `/generation`, `/models`, `/models/{author}/{slug}/endpoints` (no `/model/{slug}`: OpenRouter
 has none).
 
-A mixin of `server.StandIn`: it reads the server's config, usage, budget layers and
+A mixin of `server.StandinState`: it reads the server's config, usage, budget layers and
 remembered generations, and changes nothing but the request counters.
 """
 
@@ -12,7 +12,7 @@ import time
 
 from aiohttp import web
 
-from .answers import REASONING_DEFAULT, served_sampling
+from .answers import REASONING_DEFAULT, default_sampling_of
 from .billing import pricing_document
 from .providers import MODELS, endpoints_document, model_document, with_nulls
 from .refusals import effective_budget, key_budget
@@ -109,7 +109,7 @@ class MetadataEndpoints:
     def model_document(self, model: str) -> dict:
         return model_document(model, int(time.time()), distillable=self.distillable(model),
                               price_scale=self.config.price_scale,
-                              default_sampling=served_sampling(model, REASONING_DEFAULT[model]))
+                              default_sampling=default_sampling_of(model, REASONING_DEFAULT[model]))
 
     async def models(self, request: web.Request) -> web.Response:
         """`GET /models`, with OpenRouter's `?distillable=true|false` filter."""

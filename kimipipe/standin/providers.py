@@ -34,7 +34,7 @@ from decimal import Decimal
 
 
 @dataclass(frozen=True)
-class Endpoint:
+class StandinEndpoint:
     provider_name: str
     tag: str
     quantization: str
@@ -63,22 +63,22 @@ class Endpoint:
 
 
 KIMI_K25 = (
-    Endpoint("Moonshot AI", "moonshotai", "unknown", "0.0000006", "0.000003", 45.0, 1.6),
-    Endpoint("Together", "together", "int4", "0.0000005", "0.0000028", 60.0, 0.9),
-    Endpoint("DeepInfra", "deepinfra", "int4", "0.00000045", "0.0000025", 35.0, 1.2),
+    StandinEndpoint("Moonshot AI", "moonshotai", "unknown", "0.0000006", "0.000003", 45.0, 1.6),
+    StandinEndpoint("Together", "together", "int4", "0.0000005", "0.0000028", 60.0, 0.9),
+    StandinEndpoint("DeepInfra", "deepinfra", "int4", "0.00000045", "0.0000025", 35.0, 1.2),
     # a variant under its provider's own name, told apart by its tag only (as listed)
-    Endpoint("DeepInfra", "deepinfra/turbo", "fp4", "0.0000003", "0.0000012", 110.0, 0.5),
-    Endpoint("Fireworks", "fireworks", "nvfp4", "0.00000035", "0.0000014", 140.0, 0.4),
-    Endpoint("BaseTen", "baseten", "fp4", "0.0000004", "0.0000016", 120.0, 0.6),
-    Endpoint("Parasail", "parasail", "int4", "0.00000055", "0.0000027", 50.0, 1.0),
+    StandinEndpoint("DeepInfra", "deepinfra/turbo", "fp4", "0.0000003", "0.0000012", 110.0, 0.5),
+    StandinEndpoint("Fireworks", "fireworks", "nvfp4", "0.00000035", "0.0000014", 140.0, 0.4),
+    StandinEndpoint("BaseTen", "baseten", "fp4", "0.0000004", "0.0000016", 120.0, 0.6),
+    StandinEndpoint("Parasail", "parasail", "int4", "0.00000055", "0.0000027", 50.0, 1.0),
 )
 
 KIMI_K2_0905 = (
-    Endpoint("Moonshot AI", "moonshotai", "fp8", "0.0000006", "0.0000025", 40.0, 0.8),
-    Endpoint("Groq", "groq", "unknown", "0.000001", "0.000003", 300.0, 0.3),
+    StandinEndpoint("Moonshot AI", "moonshotai", "fp8", "0.0000006", "0.0000025", 40.0, 0.8),
+    StandinEndpoint("Groq", "groq", "unknown", "0.000001", "0.000003", 300.0, 0.3),
 )
 
-MODELS: dict[str, tuple[Endpoint, ...]] = {
+MODELS: dict[str, tuple[StandinEndpoint, ...]] = {
     "moonshotai/kimi-k2.5": KIMI_K25,
     "moonshotai/kimi-k2-thinking": KIMI_K25,
     "moonshotai/kimi-k2.6": KIMI_K25,
@@ -118,11 +118,11 @@ LOGPROBS_PARAMETERS = ("logprobs", "top_logprobs")
 DISTILLABLE = {model: True for model in MODELS}
 
 
-def matches_any(endpoint: Endpoint, slugs) -> bool:
+def matches_any(endpoint: StandinEndpoint, slugs) -> bool:
     return any(endpoint.matches(s) for s in slugs)
 
 
-def supported_parameters(endpoint: Endpoint, no_sampling=(), logprobs=()) -> list[str]:
+def supported_parameters(endpoint: StandinEndpoint, no_sampling=(), logprobs=()) -> list[str]:
     lacking = (*(SAMPLING_PARAMETERS if matches_any(endpoint, no_sampling) else ()),
                *(() if matches_any(endpoint, logprobs) else LOGPROBS_PARAMETERS))
     return [p for p in SUPPORTED_PARAMETERS if p not in lacking]
@@ -150,9 +150,9 @@ class RoutingError(Exception):
 
 
 @dataclass(frozen=True)
-class Route:
-    endpoint: Endpoint
-    excluded: tuple[Endpoint, ...]   # endpoints the request's preferences removed
+class ChosenRoute:
+    endpoint: StandinEndpoint
+    excluded: tuple[StandinEndpoint, ...]   # endpoints the request's preferences removed
 
 
 def _slug_list(prefs: dict, key: str) -> list[str] | None:
@@ -175,7 +175,7 @@ def _price_limit(value, key: str) -> float | None:
 
 def route(model: str, prefs: dict | None, request_key: bytes, *,
           params: frozenset[str] = frozenset(), no_sampling=(),
-          distillable: bool = True, logprobs=()) -> Route:
+          distillable: bool = True, logprobs=()) -> ChosenRoute:
     """Choose the endpoint that serves a request, by OpenRouter's provider preferences.
 
     `params`: the parameters the request sends (for `require_parameters`); `no_sampling`:
@@ -231,7 +231,7 @@ def route(model: str, prefs: dict | None, request_key: bytes, *,
             continue
         left.append(e)
     if order:
-        def rank(e: Endpoint) -> int:
+        def rank(e: StandinEndpoint) -> int:
             return next((i for i, s in enumerate(order) if e.matches(s)), len(order))
         ranked = sorted(left, key=rank)
         if prefs.get("allow_fallbacks") is False:
@@ -251,10 +251,10 @@ def route(model: str, prefs: dict | None, request_key: bytes, *,
         chosen = min(left, key=lambda e: (e.latency, e.tag))
     else:
         chosen = load_balanced(left, request_key)
-    return Route(chosen, excluded)
+    return ChosenRoute(chosen, excluded)
 
 
-def load_balanced(endpoints: list[Endpoint], request_key: bytes) -> Endpoint:
+def load_balanced(endpoints: list[StandinEndpoint], request_key: bytes) -> StandinEndpoint:
     """OpenRouter's default: weight by inverse square price; here a deterministic draw."""
     weights = [1.0 / (e.prompt + e.completion) ** 2 for e in endpoints]
     h = int.from_bytes(hashlib.blake2b(request_key, digest_size=8).digest(), "big")

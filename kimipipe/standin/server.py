@@ -90,8 +90,8 @@ from .metadata import MetadataEndpoints
 from .providers import (
     DISTILLABLE,
     MODELS,
-    Endpoint,
     RoutingError,
+    StandinEndpoint,
     matches_any,
     request_parameters,
     route,
@@ -108,9 +108,9 @@ from .refusals import (
     weight_exceeds_budget,
 )
 from .sessions import MAX_SESSION_ID, Sessions, session_of
-from .wire import Generation, error_response, json_response
+from .wire import GenerationStats, error_response, json_response
 
-__all__ = ["CREDITS_MODES", "FAULT_KINDS", "Config", "StandIn"]
+__all__ = ["CREDITS_MODES", "FAULT_KINDS", "Config", "StandinState"]
 
 STATUS_FAULTS = {
     "429": "Rate limit exceeded",
@@ -134,7 +134,7 @@ class HTTPDone(Exception):
         self.response = response
 
 
-class StandIn(MetadataEndpoints):
+class StandinState(MetadataEndpoints):
     """The server's state: config, balance, counters, remembered generations, ledger."""
 
     def __init__(self, config: Config):
@@ -154,7 +154,7 @@ class StandIn(MetadataEndpoints):
         self.endpoint_requests: Counter[str] = Counter()
         # completions by the value of the request headers that change what OpenRouter does
         self.completion_headers: dict[str, Counter[str]] = {h: Counter() for h in WATCHED_HEADERS}
-        self.generations: dict[str, Generation] = {}
+        self.generations: dict[str, GenerationStats] = {}
         self.rng = random.Random(config.seed)
         self.quirk_rng = random.Random(f"quirks|{config.seed}")   # apart from the fault draws
         self.billing_rng = random.Random(f"billing|{config.seed}")  # what usage shows (billing.py)
@@ -249,12 +249,21 @@ class StandIn(MetadataEndpoints):
             return "none"
         return "cost"
 
-    def remember_unbilled(self, gen: Generation) -> None:
+    def remember_unbilled(self, gen: GenerationStats) -> None:
         """A generation /generation shows at $0 and the account is not charged for."""
         self.generations[gen.id] = gen
         self.generation_ended[gen.id] = time.monotonic()
 
-    def charge(self, gen: Generation, user_sha: str, extra: dict | None = None) -> None:
+    def count_abandoned(self) -> None:
+        self.abandoned += 1
+
+    def abandoned_unbilled(self, gen: GenerationStats) -> None:
+        """A cancelled generation not billed, yet known unless it already is: GET /generation
+        shows it cancelled at $0, as OpenRouter's `cancelled` field does (never in the ledger)."""
+        if gen.id not in self.generations:
+            self.remember_unbilled(gen)
+
+    def charge(self, gen: GenerationStats, user_sha: str, extra: dict | None = None) -> None:
         self.usage += gen.cost
         self.charged += 1
         self.generations[gen.id] = gen
@@ -447,7 +456,7 @@ class StandIn(MetadataEndpoints):
             return await job.stream()
         return await job.plain()
 
-    def sampled_tokens(self, body: dict, endpoint: Endpoint, answer, extra: dict):
+    def sampled_tokens(self, body: dict, endpoint: StandinEndpoint, answer, extra: dict):
         """(the answer, its sampled tokens: the reasoning's and the content's, each
         (end offset, logprobs entry or None), or None) from a provider given `--logprobs`
         (logprobs.py: it streams a chunk per token; the entries are shown when the request
@@ -491,7 +500,7 @@ class StandIn(MetadataEndpoints):
                                    layer.limit_source)
         return None
 
-    def credit_refusal(self, request: web.Request, endpoint: Endpoint, body: dict,
+    def credit_refusal(self, request: web.Request, endpoint: StandinEndpoint, body: dict,
                        asked: int) -> web.Response | None:
         """The worst case against what one request may reserve, then against the in-flight
         budget; a request let through reserves its worst case (with the budget on)."""
@@ -524,7 +533,7 @@ class StandIn(MetadataEndpoints):
         request["standin_reserved"] = worst
         return None
 
-    def served_answer(self, body: dict, endpoint: Endpoint):
+    def served_answer(self, body: dict, endpoint: StandinEndpoint):
         """The answer as this endpoint serves it (its quirks), and what the ledger adds."""
         cfg = self.config
         honours = not matches_any(endpoint, cfg.ignore_sampling)

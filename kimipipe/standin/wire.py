@@ -12,7 +12,7 @@ encode = msgspec.json.encode
 
 
 @dataclass
-class Generation:
+class GenerationStats:
     id: str
     provider: str
     model: str

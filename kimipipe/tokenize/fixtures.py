@@ -26,9 +26,12 @@ import shutil
 import sys
 from pathlib import Path
 
-REMOTE_CODE = Path(__file__).with_name("fixture_remote_code")  # the fixture tokenizer's trust_remote_code files
 BUNDLED = Path(__file__).resolve().parent.parent / "data" / "tokenizers"
 TIKTOKEN_NAME = "kimi-k2.5-mini-tiktoken"
+# The tiktoken kind's trust_remote_code files are written by hand and kept in one place: the
+# bundled directory itself (transformers imports them from the directory it loads), so a
+# fresh build copies them from there.
+REMOTE_CODE = BUNDLED / TIKTOKEN_NAME
 FAST_NAME = "kimi-k2.5-mini-fast"
 VOCAB_SIZE = 1500
 
@@ -212,7 +215,8 @@ def build_tiktoken(out: Path, bpe=None) -> Path:
         for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
             f.write(f"{base64.b64encode(token).decode('ascii')} {rank}\n")
     for name in ("tokenization_kimi.py", "tool_declaration_ts.py"):
-        shutil.copyfile(REMOTE_CODE / name, out / name)
+        if (out / name).resolve() != (REMOTE_CODE / name).resolve():  # regenerating in place
+            shutil.copyfile(REMOTE_CODE / name, out / name)
     _write_json(out / "tokenizer_config.json", {
         "tokenizer_class": "TikTokenTokenizer",
         "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},

@@ -22,11 +22,11 @@ import itertools
 import os
 from contextlib import closing
 
-from ..cli import counted, progress, say
 from ..errors import ExitCode, InputError, KPError
 from ..io import OutputLock, RecordWriter, iter_records
 from ..partition import in_partition
 from ..records import Rejected, encode_line
+from ..terminal import counted, progress, say
 from . import fields
 from .current import Prompts, Row, prune_output, scan_rows, stale_rows
 from .engine import Engine, Settings, spawned_worker

@@ -6,8 +6,8 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..cli import counted
 from ..records import Resegmented
+from ..terminal import counted
 from .deltas import DeltaTable
 
 TOP_PATTERNS = 5

@@ -4,14 +4,17 @@ A format module gives `DETECT` (the fields that identify its records, for `--for
 auto`), `conversation(obj)` (the record as a Conversation, kimipipe/prompts/conversation.py:
 its turns in chat order, what cannot be regenerated marked, or FormatError naming the JSON
 path of what is wrong) and, where it is not `id`, `ID_FIELD` (the field holding a record's
-own id). Adding a format is one module and one entry in FORMATS; `--format` offers every
-entry, and `auto` tries them in table order.
+own id), and `LABEL`, `RECORD`, `NOTES`: how the docs name and describe it (`make docs`
+writes the format lists of README.md and docs/kp-prompts.md, and `--help` lists the labels,
+from FORMATS). Adding a format is one module and one entry in FORMATS; `--format` offers
+every entry, and `auto` tries them in table order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from ..conversation import Conversation, FormatError, json_type
@@ -23,20 +26,39 @@ class SourceFormat:
     detect: tuple[str, ...]  # a record with one of these fields is of this format
     conversation: Callable[[dict], Conversation]
     # Where a record's own id is (of several, the first it has), unless --id-field says.
-    id_field: str | tuple[str, ...] = "id"
+    id_field: str | tuple[str, ...]
+    label: str  # its name in prose ("ShareGPT")
+    record: str  # a record's shape, for the docs' table
+    notes: str  # what else the docs' table says of it
+
+    @classmethod
+    def of(cls, module: ModuleType) -> SourceFormat:
+        return cls(module.DETECT, module.conversation, getattr(module, "ID_FIELD", "id"),
+                   module.LABEL, module.RECORD, module.NOTES)
 
 
 FORMATS: dict[str, SourceFormat] = {
-    "sharegpt": SourceFormat(sharegpt.DETECT, sharegpt.conversation),
-    "openai": SourceFormat(openai.DETECT, openai.conversation),
-    "alpaca": SourceFormat(alpaca.DETECT, alpaca.conversation),
+    "sharegpt": SourceFormat.of(sharegpt),
+    "openai": SourceFormat.of(openai),
+    "alpaca": SourceFormat.of(alpaca),
     # before `prompt`: an OpenAssistant message has a `text`, a tree a `prompt` object
-    "oasst": SourceFormat(oasst.DETECT, oasst.conversation, oasst.ID_FIELD),
-    "prompt": SourceFormat(prompt.DETECT, prompt.conversation),
-    "mtbench": SourceFormat(mtbench.DETECT, mtbench.conversation, mtbench.ID_FIELD),
+    "oasst": SourceFormat.of(oasst),
+    "prompt": SourceFormat.of(prompt),
+    "mtbench": SourceFormat.of(mtbench),
 }
 # `text` is a file layout (one prompt per line, kimipipe/prompts/reading.py) read as `prompt`.
 FORMAT_CHOICES = ("auto", *FORMATS, "text")
+
+
+def format_labels() -> str:
+    """Every format in prose, for --help and README.md ("ShareGPT, ..., plain text")."""
+    return ", ".join(f.label for f in FORMATS.values()) + ", plain text"
+
+
+def format_table() -> str:
+    """docs/kp-prompts.md's table of formats, in detection order."""
+    rows = [f"| `{name}` | {f.record} | {f.notes} |" for name, f in FORMATS.items()]
+    return "\n".join(["| format | a record | notes |", "|---|---|---|", *rows]) + "\n"
 
 
 def detect_format(obj: Any) -> str:

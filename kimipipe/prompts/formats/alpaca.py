@@ -14,7 +14,7 @@ from typing import Any
 from ..conversation import (
     Conversation,
     FormatError,
-    Turn,
+    SourceTurn,
     content_of,
     json_type,
     plain,
@@ -24,6 +24,15 @@ from ..conversation import (
     text_of,
 )
 
+# How docs/kp-prompts.md and README.md name and describe it (`make docs` writes them).
+LABEL = 'Alpaca'
+RECORD = '`{"instruction", "input"?, "system"?, "history"?}`'
+NOTES = (
+    '`history`: earlier `[instruction, answer]` pairs; the input joined after a blank '
+    'line. Stanford Alpaca\'s seed tasks (`"instances": [{"input", "output"}]`): the one '
+    'instance read as `input`/`output`; several instances are an error (one record gives '
+    'one conversation; give each its own)'
+)
 DETECT = ("instruction",)
 
 
@@ -42,13 +51,13 @@ def conversation(obj: dict) -> Conversation:
             raise FormatError("expected an [instruction, answer] pair", f"$.history[{i}]")
         for j, role in enumerate(("user", "assistant")):
             text, blocker = content_of(pair[j], f"$.history[{i}][{j}]", context)
-            turns.append(Turn(role, text, *blocker) if blocker else plain(role, text, f"$.history[{i}]"))
+            turns.append(SourceTurn(role, text, *blocker) if blocker else plain(role, text, f"$.history[{i}]"))
     text, blocker = content_of(obj["instruction"], "$.instruction", context)
     extra, where = _input(obj)
     if extra and not blocker:
         more, blocker = content_of(extra, where, context)
         text = f"{text}\n\n{more}"
-    turns.append(Turn("user", "", *blocker) if blocker else plain("user", text, "$.instruction"))
+    turns.append(SourceTurn("user", "", *blocker) if blocker else plain("user", text, "$.instruction"))
     return Conversation(turns, record_blocker(obj, context))
 
 

@@ -10,13 +10,21 @@ from __future__ import annotations
 from ..conversation import (
     Conversation,
     FormatError,
-    Turn,
+    SourceTurn,
     content_of,
     json_type,
     record_blocker,
     record_context,
 )
 
+# How docs/kp-prompts.md and README.md name and describe it (`make docs` writes them).
+LABEL = 'MT-Bench'
+RECORD = '`{"question_id", "turns": [str, ...]}`'
+NOTES = (
+    "FastChat's MT-Bench and Vicuna-bench `question.jsonl`, Arena-Hard v0.1 (turns "
+    '`{"content": str}`): user turns only, read with `--turns all`; the id is '
+    '`question_id`'
+)
 DETECT = ("turns",)
 ID_FIELD = "question_id"
 
@@ -34,5 +42,5 @@ def conversation(obj: dict) -> Conversation:
         elif not isinstance(turn, str):
             raise FormatError(f'expected a string or {{"content": str}}, got {json_type(turn)}', where)
         text, blocker = content_of(turn, where, context)
-        out.append(Turn("user", "", *blocker) if blocker else Turn("user", text, None, where))
+        out.append(SourceTurn("user", "", *blocker) if blocker else SourceTurn("user", text, None, where))
     return Conversation(out, record_blocker(obj, context), has_answers=False)

@@ -12,8 +12,17 @@ tree's `message_tree_id`)."""
 
 from __future__ import annotations
 
-from ..conversation import Conversation, FormatError, Turn, json_type, text_of
+from ..conversation import Conversation, FormatError, SourceTurn, json_type, text_of
 
+# How docs/kp-prompts.md and README.md name and describe it (`make docs` writes them).
+LABEL = 'OpenAssistant trees'
+RECORD = 'OpenAssistant: `{"message_id", "text", "role", "replies": [...]}`, or a tree `{"message_tree_id", "prompt": message}`'
+NOTES = (
+    'one thread: from the root, the best reply at each step (lowest `rank`, unranked '
+    'after ranked, the first among equals; `deleted` replies and those with '
+    '`review_result: false` left out). Other branches are alternative answers and the '
+    "replies to them: not read. The id is the root's `message_id`"
+)
 DETECT = ("replies", "message_tree_id")
 ID_FIELD = ("message_id", "message_tree_id")
 ROLES = {"prompter": "user", "assistant": "assistant"}
@@ -28,7 +37,7 @@ def conversation(obj: dict) -> Conversation:
         role = message.get("role")
         if role not in ROLES:
             raise FormatError(f"unknown role {role!r} (accepted: {', '.join(ROLES)})", f"{where}.role")
-        turns.append(Turn(ROLES[role], text_of(message.get("text"), f"{where}.text"), None, where))
+        turns.append(SourceTurn(ROLES[role], text_of(message.get("text"), f"{where}.text"), None, where))
         replies = message.get("replies") or []
         if not isinstance(replies, list):
             raise FormatError(f"expected an array, got {json_type(replies)}", f"{where}.replies")

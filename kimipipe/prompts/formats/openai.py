@@ -7,6 +7,13 @@ from __future__ import annotations
 
 from ..conversation import Conversation, turns_of
 
+# How docs/kp-prompts.md and README.md name and describe it (`make docs` writes them).
+LABEL = 'OpenAI `messages`'
+RECORD = '`{"messages": [{"role", "content"}, ...], "tools"?}`'
+NOTES = (
+    'content a string or parts: `{"type": "text", "text"}` (OpenAI) or `{"type": "text", '
+    '"value"}` (LLaMA-Factory v1)'
+)
 DETECT = ("messages",)
 
 

@@ -7,12 +7,18 @@ from __future__ import annotations
 from ..conversation import (
     Conversation,
     FormatError,
-    Turn,
+    SourceTurn,
     content_of,
     record_blocker,
     record_context,
 )
 
+# How docs/kp-prompts.md and README.md name and describe it (`make docs` writes them).
+LABEL = '`prompt`/`text` objects'
+RECORD = '`{"prompt"}` or `{"text"}`'
+NOTES = (
+    'one user turn'
+)
 DETECT = ("prompt", "text")
 
 
@@ -22,5 +28,5 @@ def conversation(obj: dict) -> Conversation:
         raise FormatError("missing field `prompt` (or `text`)")
     context = record_context(obj)
     text, blocker = content_of(obj[key], f"$.{key}", context)
-    turn = Turn("user", "", *blocker) if blocker else Turn("user", text, None, f"$.{key}")
+    turn = SourceTurn("user", "", *blocker) if blocker else SourceTurn("user", text, None, f"$.{key}")
     return Conversation([turn], record_blocker(obj, context))

@@ -7,6 +7,14 @@ from __future__ import annotations
 
 from ..conversation import Conversation, system_turn, text_of, turns_of
 
+# How docs/kp-prompts.md and README.md name and describe it (`make docs` writes them).
+LABEL = 'ShareGPT'
+RECORD = '`{"conversations": [{"from", "value"}, ...], "system"?, "tools"?}`'
+NOTES = (
+    'also `{"role", "content"}` turns; the top-level `system` (LLaMA-Factory) is the '
+    "system prompt where the turns have none; LLaVA's rows (`image` + `<image>`) are this "
+    'with media'
+)
 DETECT = ("conversations",)
 
 
