@@ -148,12 +148,20 @@ def align(tokens: list[bytes], segments: list[tuple[bool, str]], layout_ids: dic
         if held > laid:
             return _failed(CONTROL_ORDER, f"{held} control tokens sampled, the layout has {laid}")
     if found.problem and found.problem not in UNRENDERABLE and unresolved:
+        # a character left as it came stops the tokens spelling its part, and so hides
+        # where the control tokens after it stand; its bytes are all on its last token, so
+        # read whole (the empty tokens dropped) the tokens still show them: a turn the
+        # template cannot lay out is rejected, as on the server's IDs, not re-encoded
+        placed = _align([t for t in tokens if t], segments, layout_ids, None)
+        if placed.problem in UNRENDERABLE:
+            return placed
         return _failed(SPLIT_CHARACTER, f"{unresolved:,} such character(s)")
     return found
 
 
 def _align(tokens: list[bytes], segments: list[tuple[bool, str]], layout_ids: dict[str, int],
            codec) -> Alignment:
+    """(codec None: where the tokens put the control tokens only, no text part named)"""
     out = Alignment()
     i, n = 0, len(tokens)
     parted = ""  # where the tokens began a text segment and parted from it
@@ -181,6 +189,11 @@ def _align(tokens: list[bytes], segments: list[tuple[bool, str]], layout_ids: di
         run = tokens[i:end]
         if not controls.isdisjoint(run):  # one token spelling a control token is that token
             return _failed(CONTROL_IN_TEXT, "")
+        if codec is None:
+            out.ids.append(None)
+            out.tokens.append(None)
+            i = end
+            continue
         ids = codec.text_token_ids(run)
         if any(t is None for t in ids):
             bad = next(t for t, tid in zip(run, ids, strict=True) if tid is None)
