@@ -14,8 +14,10 @@ What the tier needs from it, and how the weights give it:
   after a reasoning token the next one is a reasoning token or `</think>` (about 1 in
   THINK_EVERY), and after `</think>` or a content token the next one is a content token or
   `<|im_end|>` (about 1 in END_EVERY); the prompt ends in `<think>`, whose half is
-  "reasoning". The other added tokens are never sampled: a control token inside the text
-  is a row the template cannot lay out, and the tier measures the rows that can be.
+  "reasoning". Now and then (about 1 reasoning token in END_IN_REASONING_EVERY) the
+  reasoning ends at `<|im_end|>`, no `</think>`: a turn the template cannot lay out,
+  which both of kp-tokenize's paths (the server's IDs, the logprobs' bytes) must reject.
+  The other added tokens are never sampled.
 - Answers that differ between prompts although every request of the tier has the same
   `seed` (so the same random draws at each step: a model whose next token depends only on
   the last one would give every prompt, all ending in `<think>`, the same answer, as the
@@ -45,6 +47,7 @@ HEAD_STD = 0.7  # the lm_head's random dimensions: the logits' spread within a h
 CONTEXT_GAIN = 24.0  # the averaged context added back (the answers' variety)
 THINK_EVERY = 60  # about one reasoning token in this many is followed by `</think>`
 END_EVERY = 45  # about one content token in this many is followed by `<|im_end|>`
+END_IN_REASONING_EVERY = 400  # a reasoning token followed by `<|im_end|>` (no `</think>`)
 ROW_STD = 0.3  # the random dimensions of those two rows: their odds' spread with the context
 NEVER = -60.0
 
@@ -91,7 +94,8 @@ def final_hidden(model, contexts: torch.Tensor) -> torch.Tensor:
 def calibrate(model, think_close: int, end_of_turn: int) -> None:
     """Scale the half-reading column so the halves are HALF_GAP apart, then set the two
     rows (constant, half) so `</think>` has odds 1:THINK_EVERY after a reasoning token
-    and none after a content one, and `<|im_end|>` the reverse with END_EVERY."""
+    and none after a content one, and `<|im_end|>` 1:END_EVERY after a content token and
+    1:END_IN_REASONING_EVERY after a reasoning one."""
     g = torch.Generator().manual_seed(1)
     head = model.lm_head.weight
     with torch.no_grad():
@@ -104,8 +108,10 @@ def calibrate(model, think_close: int, end_of_turn: int) -> None:
         lse = {name: torch.logsumexp(h @ head[:ORDINARY].T, dim=1).mean().item()
                for name, h in states.items()}
         mean = {name: h[:, :2].mean(0) for name, h in states.items()}
-        for row, on, off, every in ((think_close, "reasoning", "content", THINK_EVERY),
-                                    (end_of_turn, "content", "reasoning", END_EVERY)):
+        for row, on, off, every, off_odds in (
+                (think_close, "reasoning", "content", THINK_EVERY, NEVER),
+                (end_of_turn, "content", "reasoning", END_EVERY,
+                 -math.log(END_IN_REASONING_EVERY - 1))):
             # its random dimensions kept (ROW_STD): its odds move with the context, so the
             # answers do not all end their reasoning at the same step under one seed
             head[row] = torch.randn(HIDDEN, generator=g) * ROW_STD
@@ -113,7 +119,7 @@ def calibrate(model, think_close: int, end_of_turn: int) -> None:
             moved = {name: (h @ head[row]).mean().item() for name, h in states.items()}
             a = torch.stack([mean[on], mean[off]]).double()
             b = torch.tensor([lse[on] - math.log(every - 1) - moved[on],
-                              lse[off] + NEVER - moved[off]]).double()
+                              lse[off] + off_odds - moved[off]]).double()
             head[row, :2] = torch.linalg.solve(a, b).float()
 
 
