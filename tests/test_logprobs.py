@@ -501,14 +501,18 @@ def test_a_split_character_left_as_it_came_hides_no_unrenderable_turn(engine):
     lost = "Let me think: \ufffd ok."
     never = line_with("n", pieces_of(engine, "Let me think: ") + [b""] + pieces_of(engine, " ok.")
                       + [b"<|im_end|>"], reasoning=lost, content="")
-    outcomes = engine.process([(1, ended), (2, formed), (3, never)])
+    empty = line_with("m", untold + [b"</think>", b"<|im_end|>"], content="")  # well formed
+    # a provider giving `</think>` as an empty token: where it stands cannot be told
+    hidden = line_with("h", untold + [b"", b"<|im_end|>"], content="")
+    outcomes = engine.process([(1, ended), (2, formed), (3, never), (4, empty), (5, hidden)])
     for o in (outcomes[0], outcomes[2]):
         assert o.kind == "reject", (o.kind, json.loads(o.payload or b"{}").get("sampled_fallback"))
         assert o.reason.startswith(CONTROL_ORDER), o.reason
     assert "<|im_end|> after text, where the layout has it right after </think>" in outcomes[0].reason
-    assert outcomes[1].kind == "ok", outcomes[1].reason
-    row = json.loads(outcomes[1].payload)
-    assert row["sampled_fallback"] == SPLIT_CHARACTER and "output_ids_source" not in row
+    for o in (outcomes[1], outcomes[3], outcomes[4]):
+        assert o.kind == "ok", o.reason
+        row = json.loads(o.payload)
+        assert row["sampled_fallback"] == SPLIT_CHARACTER and "output_ids_source" not in row
 
 
 def test_a_split_character_two_cuts_fit_is_not_guessed(real_tokenizer):

@@ -163,7 +163,7 @@ def _misplaced_control(tokens: list[bytes], segments: list[tuple[bool, str]],
                        layout_ids: dict[str, int]) -> str:
     """Where TOKENS hold control tokens (their strings' bytes) that the layout cannot have
     there, whatever their text spells: the first one not the layout's next control token,
-    or one right after text where the layout has none before it (the model ended its
+    or one right after a text token where the layout has none before it (the model ended its
     reasoning with `<|im_end|>`: the layout has `</think>` and an empty content there).
     The tokens may begin inside the turn (a provider's logprobs that skip the reasoning),
     so the first one is matched to the layout's first of its kind. "" when none is."""
@@ -178,7 +178,7 @@ def _misplaced_control(tokens: list[bytes], segments: list[tuple[bool, str]],
     k, text = None, False
     for t in tokens:
         if t not in controls:
-            text = text or bool(t)  # (an empty token may be a control token's place)
+            text = bool(t)  # (an empty token may be a control token's place: none then)
             continue
         name = controls[t]
         if k is None:
