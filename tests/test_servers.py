@@ -197,6 +197,30 @@ def test_several_servers_one_killed_mid_run(standin, tmp_path):
         assert body["return_token_ids"] is True
 
 
+def test_a_servers_refused_answer_is_said_as_a_servers(standin, tmp_path):
+    """A server's answer without reasoning (thinking asked; the stand-in's `noreasoning`
+    fault) is refused as any answer is, and the prompt is sent again, to a server: the
+    summary says so, with no word of a provider ignored nor of money (a server has
+    neither), and counts those refusals by server apart from OpenRouter's providers'."""
+    server = standin(mode="vllm", faults={"noreasoning": 0.4})
+    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
+    r = kp("infer", write_prompts(tmp_path / "p.jsonl", 16), "-o", out, "--server",
+           server.base_url, "--max-attempts", "12", "--backoff-base", "0.01", "--no-stream",
+           "--summary-json", summary, env=no_openrouter_env())
+    assert r.code == 0, r.stderr
+    records = read_jsonl(out)
+    assert len(records) == 16 and all(x["response"]["reasoning"] for x in records)
+    # (the stand-in's count may hold one more: an attempt given up on under load)
+    refused = sum(len(x["refused"]) for x in records)
+    assert 1 <= refused <= server.stats()["faults"]["noreasoning"]
+    name = f"127.0.0.1:{server.port}"
+    assert f"  refused from the servers (not kept; sent again to a server): no_reasoning " \
+           f"{name} {refused}" in r.stderr.splitlines(), r.stderr
+    assert "provider ignored" not in r.stderr and "paid for" not in r.stderr, r.stderr
+    data = json.loads(summary.read_text())
+    assert data["server_refused"] == {"no_reasoning": {name: refused}} and data["refused"] == {}
+
+
 def test_server_run_needs_no_key_and_refuses_money_caps(standin, tmp_path):
     server = standin(mode="vllm")
     prompts = write_prompts(tmp_path / "p.jsonl", 2)

@@ -22,7 +22,9 @@ The summary (stderr, and `--summary-json`: `contracts.InferSummary`):
      "conversations": null | {"turns_by_number", "done", "cut", "turns_not_sent"},
      "providers": {name: share},
      "finish_reasons": {reason: n}, "routing_unverifiable": {provider: n},
-     "refused": {kind: {provider: n}},
+     "refused": {kind: {provider: n}} (OpenRouter's providers' answers: paid for, the prompt
+              sent again with that provider ignored),
+     "server_refused": {kind: {server: n}} (a --server's answers: sent again to a server),
      "by_provider": [row, ...] (recorded/providers_table.py: answers, tokens, reasoning share,
      finish reasons, refusals, tokens/s, latency, $ per million output tokens), "elapsed_s", "requests_per_s", "completion_tokens_per_s",
      "concurrency_limit_end",
@@ -96,6 +98,7 @@ class Stats:
     retries: Counter = field(default_factory=Counter)
     providers: Counter = field(default_factory=Counter)
     refused: Counter = field(default_factory=Counter)  # answers refused, by (provider, kind)
+    server_refused: Counter = field(default_factory=Counter)  # a --server's, by (server, kind)
     table: ProviderTable = field(default_factory=ProviderTable)
     finish_reasons: Counter = field(default_factory=Counter)
     prompt_tokens: int = 0  # of every answer paid for (kept, refused, or not written)
@@ -141,7 +144,10 @@ class Stats:
         """An ANSWER paid for and not kept (routing_violation, no_reasoning, think_marker,
         identity), its cost settled."""
         self.prompt_tokens += answer.prompt_tokens
-        self.refused[(answer.provider or "unknown", kind)] += 1
+        # a server's answer is not paid for and no provider is ignored after it: the prompt
+        # goes to a server again (infer/servers.py), so it is counted apart
+        refused = self.server_refused if answer.api else self.refused
+        refused[(answer.provider or "unknown", kind)] += 1
         self.table.refusal(answer.provider, kind, answer.cost)
 
     def not_written(self, answer: Attempt, cost: float, rescued: bool) -> None:
@@ -246,6 +252,7 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
                    if total_providers else {}),
         finish_reasons=dict(stats.finish_reasons),
         refused=refused_by_kind(stats.refused),
+        server_refused=refused_by_kind(stats.server_refused),
         routing_unverifiable={name: stats.providers[name] for name in config.policy.unverifiable_names
                               if stats.providers[name]},
         by_provider=stats.table.rows(),
@@ -329,6 +336,10 @@ def format_summary(summary: InferSummary) -> str:
         lines.append("  refused (paid for, not kept; sent again with the provider ignored): " + "; ".join(
             f"{kind} " + ", ".join(f"{p} {n}" for p, n in by.items())
             for kind, by in summary.refused.items()))
+    if summary.server_refused:
+        lines.append("  refused from the servers (not kept; sent again to a server): " + "; ".join(
+            f"{kind} " + ", ".join(f"{server} {n}" for server, n in by.items())
+            for kind, by in summary.server_refused.items()))
     if summary.abandoned_in_flight:
         lines.append(f"  abandoned in flight after the grace period: {summary.abandoned_in_flight}")
     if summary.taken_in_from_rescue:

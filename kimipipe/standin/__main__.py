@@ -76,6 +76,9 @@ A self-hosted server instead (standin/selfhosted.py):
     --max-model-len N               the context (default 262144): max_tokens above it or a
                                     prompt past it is vLLM's 400, prompt + max_tokens past
                                     it is cut short (finish_reason length)
+    --fault 500|502|503|cut|noreasoning=RATE
+                                    a server's faults; noreasoning: the answer is its
+                                    content alone (no reasoning, no </think>)
 """
 
 from __future__ import annotations

@@ -15,10 +15,13 @@ from .providers import known_provider
 from .refusals import LIMIT_RESETS, LIMIT_STATUSES
 
 FAULT_KINDS = ("429", "500", "502", "503", "524", "529", "error200", "empty", "midstream",
-               "cut", "usagecut", "hang", "heartbeat", "misroute", "moderation", "zero")
+               "cut", "usagecut", "hang", "heartbeat", "misroute", "moderation", "zero",
+               "noreasoning")
 CREDITS_MODES = ("normal", "forbidden", "zeros")
 MODES = ("openrouter", "vllm", "sglang")  # whose API it answers (selfhosted.py: the servers)
-SERVER_FAULTS = ("500", "502", "503", "cut")  # the faults a self-hosted mode injects
+# the faults a self-hosted mode injects (noreasoning: its own; OpenRouter's providers drop
+# their reasoning by drop_reasoning)
+SERVER_FAULTS = ("500", "502", "503", "cut", "noreasoning")
 DEFAULT_NONCANONICAL = 0.25
 # The tokenizer whose real tokens the stand-in samples (server modes, --logprobs) unless
 # --tokenizer names another: the bundled small Kimi-style one.
@@ -103,6 +106,9 @@ class Config:
             if bad:
                 raise ValueError(f"mode {self.mode} injects only {', '.join(SERVER_FAULTS)} "
                                  f"faults, not {', '.join(bad)}")
+        elif "noreasoning" in self.faults:
+            raise ValueError("the noreasoning fault is a self-hosted mode's (OpenRouter's "
+                             "providers drop their reasoning by drop_reasoning)")
         if self.noncanonical_rate is not None and not 0 <= self.noncanonical_rate <= 1:
             raise ValueError("noncanonical_rate must be in [0, 1]")
         for kind, rate in self.faults.items():

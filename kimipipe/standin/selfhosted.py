@@ -47,7 +47,8 @@ not supported with streaming on /v1/chat/completions ..."), as is
 request naming another model is vLLM's 404.
 
 Faults (`--fault KIND=RATE`): the HTTP statuses (500, 503, ...) with vLLM's error body,
-and `cut` (the connection aborted mid-answer). The control endpoints
+`cut` (the connection aborted mid-answer), and `noreasoning` (the answer, thinking asked,
+is its content alone: no reasoning, no `</think>`; kp-infer refuses it). The control endpoints
 (`/_standin/stats`, `/_standin/config`, `hold_after`) are as in OpenRouter mode.
 """
 
@@ -216,6 +217,13 @@ class Sampler:
         content = "".join(self.decode(ids) for k, ids in phases if k == "content")
         return SampledTurn(turn.prompt_ids, phases,
                            reasoning if turn.reasoning is not None else None, content, "length")
+
+    def without_reasoning(self, turn: SampledTurn) -> SampledTurn:
+        """TURN with no reasoning and no `</think>`: the content alone, as a model that
+        skipped its thinking samples it (kp-infer refuses it: no_reasoning)."""
+        phases = [(kind, ids) for kind, ids in turn.phases
+                  if kind != "reasoning" and ids != [self.think_close]]
+        return SampledTurn(turn.prompt_ids, phases, None, turn.content, turn.finish_reason)
 
     def sample(self, body: dict, rng: random.Random, noncanonical_rate: float,
                system_prompt: str | None) -> SampledTurn:
@@ -386,6 +394,8 @@ class SelfHosted:
         turn = self.sampler.sample({**body, "model": self.served()[model]}, rng,
                                    DEFAULT_NONCANONICAL if rate is None else rate,
                                    self.config.system_prompt)
+        if fault == "noreasoning":  # the model went straight to its answer
+            turn = self.sampler.without_reasoning(turn)
         context = self.config.max_model_len
         asked_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         if isinstance(asked_tokens, int) and asked_tokens > context:

@@ -147,9 +147,51 @@ def align(tokens: list[bytes], segments: list[tuple[bool, str]], layout_ids: dic
         laid = sum(is_token for is_token, _ in segments)
         if held > laid:
             return _failed(CONTROL_ORDER, f"{held} control tokens sampled, the layout has {laid}")
+    if found.problem and found.problem not in UNRENDERABLE:
+        # what stopped the tokens spelling a part (a split character left as it came, a
+        # character vLLM never finished: `bytes []`, U+FFFD in the text) hides where the
+        # control tokens after it stand; where they are is still seen without the text
+        misplaced = _misplaced_control(tokens, segments, layout_ids)
+        if misplaced:
+            return _failed(CONTROL_ORDER, misplaced)
     if found.problem and found.problem not in UNRENDERABLE and unresolved:
         return _failed(SPLIT_CHARACTER, f"{unresolved:,} such character(s)")
     return found
+
+
+def _misplaced_control(tokens: list[bytes], segments: list[tuple[bool, str]],
+                       layout_ids: dict[str, int]) -> str:
+    """Where TOKENS hold control tokens (their strings' bytes) that the layout cannot have
+    there, whatever their text spells: the first one not the layout's next control token,
+    or one right after a text token where the layout has none before it (the model ended its
+    reasoning with `<|im_end|>`: the layout has `</think>` and an empty content there).
+    The tokens may begin inside the turn (a provider's logprobs that skip the reasoning),
+    so the first one is matched to the layout's first of its kind. "" when none is."""
+    controls = {t.encode("utf-8"): t for t in layout_ids}
+    laid, text = [], False  # the layout's control tokens: (name, text right before it)
+    for is_token, piece in segments:
+        if is_token:
+            laid.append((piece, text))
+            text = False
+        elif piece:
+            text = True
+    k, text = None, False
+    for t in tokens:
+        if t not in controls:
+            text = bool(t)  # (an empty token may be a control token's place: none then)
+            continue
+        name = controls[t]
+        if k is None:
+            k = next((n for n, (laid_name, _) in enumerate(laid) if laid_name == name), None)
+            if k is None:
+                return f"{name} where the layout has none"
+        elif k >= len(laid) or laid[k][0] != name:
+            return f"{name} where the layout has {laid[k][0] if k < len(laid) else 'none'}"
+        if text and not laid[k][1]:
+            return (f"{name} after text, where the layout has it right after "
+                    f"{laid[k - 1][0] if k else 'the start'}")
+        k, text = k + 1, False
+    return ""
 
 
 def _align(tokens: list[bytes], segments: list[tuple[bool, str]], layout_ids: dict[str, int],

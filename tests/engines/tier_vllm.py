@@ -21,7 +21,9 @@ What it does, nothing downloaded:
   conversations turn by turn, --logprobs) -> kp-tokenize -> kp-shard;
 - the oracle: vLLM itself, asked directly (not through kimipipe) with the same request and
   its fixed `seed`: the `token_ids` it sampled. Every row kp-tokenize labels `sampled` must
-  be those IDs, whichever path (the server's IDs, or the logprobs' bytes) it came by.
+  be those IDs, whichever path (the server's IDs, or the logprobs' bytes) it came by; with
+  the server's IDs every row kept is; a turn rejected there as one the template cannot lay
+  out is written by neither path.
 """
 
 from __future__ import annotations
@@ -287,6 +289,15 @@ def test_pipeline_rows_are_what_the_server_sampled(servers, model, prompts, tmp_
     bytes_rows, bytes_rejects, _ = tokenize(without_ids(out, tmp_path / "b.jsonl"), model,
                                             tmp_path / "tb.jsonl")
     check_rows(f"{name}, logprobs bytes", server.url, records, bytes_rows, bytes_rejects, oracle)
+    # a turn the template cannot lay out (its reasoning ended at <|im_end|>) is rejected on
+    # the server's IDs; the logprobs' bytes must not write it either (re-encoded, it would
+    # hold a </think> the model never sampled), split characters or not
+    from kimipipe.tokenize.resegment import CONTROL_ORDER
+    unrenderable = {r["id"] for r in rejects if r["reason"].startswith(CONTROL_ORDER)}
+    written = sorted(unrenderable & {r["id"] for r in bytes_rows})
+    figure(f"{name}: the template cannot lay out {len(unrenderable)} (rejected on the server's "
+           f"IDs); of them written from the logprobs' bytes {len(written)}")
+    assert not written, written
     cut = [r for r in records if r.get("cut_by") == "context"]
     figure(f"{name}: finish {sorted({r['finish_reason'] for r in records})}, cut by the context "
            f"{len(cut)}")
