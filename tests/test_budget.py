@@ -9,6 +9,7 @@ import pytest
 from kimipipe.cli import parse_quantity
 from kimipipe.infer.budget import Budget
 from kimipipe.infer.config import RunConfig
+from kimipipe.kinds import Cap
 from kimipipe.openrouter.request import RequestOptions
 from kimipipe.openrouter.routing import (
     Endpoint,
@@ -66,7 +67,7 @@ def test_a_prompt_adding_to_its_reservation_leaves_admissions_claim_alone():
     assert budget.cap_left_no_room(0.5) is None and budget.claimed() == 0.25
     budget.reserve_more(0.5)
     assert (budget.reserved, budget.claimed()) == (0.5, 0.75)
-    assert budget.cap_left_no_room(0.75) == "max-cost"
+    assert budget.cap_left_no_room(0.75) is Cap.MAX_COST
     budget.reserve(0.25)
     assert (budget.reserved, budget.pending, budget.claimed()) == (0.75, 0.0, 0.75)
 

@@ -16,6 +16,7 @@ from helpers import billed, time_left
 from test_infer import infer, make_prompts
 
 from kimipipe.infer.total_cost import _proc_start
+from kimipipe.kinds import Cap
 from kimipipe.standin.answers import user_text_sha256
 
 # Answers cut at 60 tokens cost close to their worst case, so a cap that is not shared is
@@ -245,7 +246,7 @@ def test_a_refused_answers_cost_published_is_no_room_for_its_retry(tmp_path):
     a.reserve(0.9)
     a.record(0.3, 0)  # refused, paid; its 0.9 stays reserved for the retry: 1.2 committed
     a.total.publish(a.spent_this_run, a.claimed(), force=True)
-    assert a.cap_left_no_room(0.0) == "total-cost"  # the retry: 0.3 + 0.9 > 1.0
+    assert a.cap_left_no_room(0.0) is Cap.TOTAL_COST  # the retry: 0.3 + 0.9 > 1.0
     a.release(0.9)  # the prompt gives up its retry's reservation: 0.3 committed
     a.total.publish(a.spent_this_run, a.claimed(), force=True)
     assert a.cost_fits(0.7) and not a.cost_fits(0.71)
@@ -284,11 +285,11 @@ def test_two_runs_at_the_cap_give_back_stale_claims_and_do_not_wait_for_each_oth
         run.record(0.25, 10)
         run.release(0.4)
     # a looks for room: none, even for nothing (0.55 + b's 0.3 spent + b's 0.4 claim > 1.2)
-    assert a.cost_blocker(0.4) == "total-cost"
+    assert a.cost_blocker(0.4) is Cap.TOTAL_COST
     # b looks: a's claim came down to what a has in flight (nothing): no room for a request,
     # and no claim elsewhere that may free any
-    assert b.cost_blocker(0.4) == "total-cost" and not b.total.others_may_free_room()
-    assert a.cost_blocker(0.4) == "total-cost" and not a.total.others_may_free_room()
+    assert b.cost_blocker(0.4) is Cap.TOTAL_COST and not b.total.others_may_free_room()
+    assert a.cost_blocker(0.4) is Cap.TOTAL_COST and not a.total.others_may_free_room()
     entries = read_reservations(tmp_path / "total-cost.json")["entries"]
     assert [e["claim"] for e in entries] == [0.0, 0.0]
     assert sum(e["spent"] for e in entries) == pytest.approx(1.1)  # under the cap

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..kinds import Cap
 from ..openrouter.routing import PriceBound
 from .config import RunConfig
 from .total_cost import TotalCost
@@ -90,10 +91,9 @@ class Budget:
             return 0.0
         return request_worst_case(prompt_tokens, self.max_tokens, self.price)
 
-    def cost_blocker(self, amount: float) -> str | None:
-        """Admission's check: which cap a new request of worst case AMOUNT does not fit now
-        ("max-cost", "total-cost"), or None when it fits both; then AMOUNT is claimed
-        until `reserve`."""
+    def cost_blocker(self, amount: float) -> Cap | None:
+        """Admission's check: which money cap a new request of worst case AMOUNT does not
+        fit now, or None when it fits both; then AMOUNT is claimed until `reserve`."""
         self.pending = 0.0
         blocker = self.cap_left_no_room(amount)
         if blocker is None:
@@ -102,13 +102,13 @@ class Budget:
             self.pending = amount
         return blocker
 
-    def cap_left_no_room(self, amount: float) -> str | None:
+    def cap_left_no_room(self, amount: float) -> Cap | None:
         """cost_blocker's answer, claiming nothing (for a prompt that holds its reservation
         already: its next attempt, or its move to OpenRouter)."""
         if self.max_cost is not None and self.spent + self.reserved + amount > self.max_cost:
-            return "max-cost"
+            return Cap.MAX_COST
         if self.total is not None and not self.total.fits(self.spent_this_run, self.reserved, amount):
-            return "total-cost"
+            return Cap.TOTAL_COST
         return None
 
     def cost_fits(self, amount: float) -> bool:
@@ -171,8 +171,8 @@ def cap_below_one_request(budget: Budget, largest_prompt_tokens: int, todo: int)
     if price is None or not todo or not largest_prompt_tokens or budget.config.servers:
         return None  # (with --server, the servers answer what OpenRouter's share cannot)
     worst = budget.worst_case(largest_prompt_tokens)
-    caps = [(flag, cap) for flag, cap in (("--max-cost", budget.max_cost),
-                                          ("--total-cost", budget.total and budget.total.cap))
+    caps = [(flag, cap) for flag, cap in ((Cap.MAX_COST.flag, budget.max_cost),
+                                          (Cap.TOTAL_COST.flag, budget.total and budget.total.cap))
             if cap is not None and worst > cap]
     if not caps:
         return None

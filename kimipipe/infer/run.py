@@ -5,7 +5,7 @@
 summary (infer/report.py) and returns the exit code.
 
 The run itself (`Run`) streams the validated input again. Each prompt not done is
-admitted when a concurrency slot is free (infer/limiter.py: the limit shrinks on 429s),
+admitted (infer/admission.py: one `Ticket` holds what it took) when a concurrency slot is free (infer/limiter.py: the limit shrinks on 429s),
 its worst-case cost fits the budget (infer/budget.py) and the money in flight
 (infer/inflight.py: the sum of the worst cases in flight stays under a ceiling sized to
 the balance read at the start, refreshed every --credits-interval, cut by OpenRouter's
@@ -20,8 +20,8 @@ answer is paid for and the prompt sent again at once with its provider ignored, 
 cannot take (a full disk) stops the run and is kept in the rescue file, as is every answer
 still arriving, for the next run to take in (infer/rescue.py). What happens to one
 admitted prompt (attempts, retries, refused answers, records) is a `PromptWork` of its own
-(infer/prompt_work.py), given the run's parts explicitly (`RunParts`), with one handler per
-attempt kind.
+(infer/prompt_work.py), given the run's parts explicitly (`RunParts`) and its ticket, with
+one handler per attempt kind.
 
 An in-flight 402 is a wait, never a stop. A stop ends admission: the budget (`--max-cost`,
 `--token-budget`), a money limit OpenRouter names (the balance, the key's limit, a
@@ -65,7 +65,8 @@ from ..partition import in_partition
 from ..recorded.identity_table import state_path
 from ..records import Prompt
 from .acceptance import Acceptance
-from .budget import Budget, cap_below_one_request, prompt_token_bound
+from .admission import Admission
+from .budget import Budget, cap_below_one_request
 from .config import RunConfig
 from .conversations import ConversationQueue, TurnWork, is_conversation
 from .disk import DiskGuard
@@ -77,9 +78,9 @@ from .plan import plan_json, plan_text
 from .prepare import Prepared, prepare
 from .process_pool import open_transport
 from .progress import RunProgress
-from .prompt_work import PromptWork, RunParts, Transport, acquire_unless_stopped
+from .prompt_work import PromptWork, RunParts, Transport
 from .report import Stats, exit_code, format_summary, summary, write_summary_json
-from .servers import Route, Sources
+from .servers import Sources
 from .state import RunState, signals_handled
 from .systematic import SystematicFailure
 from .total_cost import PUBLISH_INTERVAL
@@ -118,6 +119,8 @@ class Run:
                            taken_in=prepared.taken_in)
         self.limiter = AdaptiveLimiter(config.total_concurrency)
         self.money = MoneyInFlight(lambda: budget.spent_this_run)
+        self.admission = Admission(self.state, budget, self.money, self.limiter, self.disk,
+                                   self.stop, say, self._show_waiting)
         # conversations (infer/conversations.py): their next turns go ahead of new prompts
         self.conversations = ConversationQueue(config.history_reasoning, prepared.conversations)
         self.progress = RunProgress(bar, config, prepared.turns_todo, self.state, self.stats,
@@ -160,8 +163,8 @@ class Run:
         if self.acceptance.identity is not None:  # a quarantine closes that provider's streams
             self.acceptance.identity.cancel_streams = getattr(transport, "cancel_streams_of", None)
         parts = RunParts(
-            config=self.config, transport=transport, limiter=self.limiter, money=self.money,
-            budget=self.budget, disk=self.disk, acceptance=self.acceptance, output=self.output,
+            config=self.config, transport=transport, admission=self.admission,
+            budget=self.budget, acceptance=self.acceptance, output=self.output,
             stats=self.stats, done=self.prepared.done, state=state, progress=self.progress,
             stop=self.stop, say=self.say, read_cost=self.account.generation_cost,
             systematic=SystematicFailure())
@@ -255,54 +258,31 @@ class Run:
     async def _admit(self, parts: RunParts, prompt, line: bytes, turn: TurnWork | None,
                      sources: Sources | None, to_servers: Callable[[], bool]) -> bool:
         """Admit one prompt (or turn) once its budget, disk room, money in flight and a slot
-        are there, and start its work; False when admission must stop."""
-        state = self.state
-        worst = self.budget.worst_case(prompt_token_bound(prompt.messages))
-        if (servers := await self._wait_for_budget(worst, to_servers)) is None:
+        are there (infer/admission.py), and start its work; False when admission must stop."""
+        ticket = await self.admission.admit(
+            prompt, line, to_servers,
+            lambda servers: sources.route(servers) if sources is not None else None,
+            self._probation)
+        if ticket is None:
             return False
-        reservation = 0.0 if servers else worst
-        route = sources.route(servers) if sources is not None else None
-        try:
-            record_bound = self.disk.worst_case(line)
-            if not await self.disk.wait_for_room(record_bound, state.stopping, state.settled,
-                                                 self.say, self._show_waiting):
-                if self.disk.gave_up:  # --disk-wait with nothing in flight: a full disk's stop
-                    self.stop(StopReason.DISK)
-                return False
-            if not self.money.fits(reservation):
-                state.waiting = "room for money in flight"  # (the progress line says so)
-            if not await self.money.acquire(reservation):
-                return False
-            state.waiting = None
-            judge = self.acceptance.identity
-            if judge is not None and judge.on_probation:  # (infer/identity.py: probation)
-                await judge.probation(lambda: len(state.in_progress), state.stopping)
-            if not await acquire_unless_stopped(self.limiter, state.stopping):
-                self.money.release(reservation)
-                return False
-            self.budget.reserve(reservation)
-            self.disk.reserve(record_bound)
-            state.admitted(prompt.id)
-            task = asyncio.create_task(self._work(
-                PromptWork(parts, prompt, line, reservation, record_bound,
-                           session_id=turn.conversation if turn else None, route=route),
-                turn, route))
-            route = None  # (the work closes it when it ends)
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-            return True
-        finally:
-            if route is not None:  # not admitted: its server slot is free again
-                route.close()
+        task = asyncio.create_task(self._work(
+            PromptWork(parts, prompt, line, ticket, session_id=turn.conversation if turn else None),
+            turn))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return True
 
-    async def _work(self, work: PromptWork, turn: TurnWork | None, route: Route | None = None
-                    ) -> None:
+    async def _probation(self) -> None:
+        """A provider on probation (infer/identity.py): admission waits for room in it."""
+        judge = self.acceptance.identity
+        if judge is not None and judge.on_probation:
+            await judge.probation(lambda: len(self.state.in_progress), self.state.stopping)
+
+    async def _work(self, work: PromptWork, turn: TurnWork | None) -> None:
         """One prompt's (or turn's) work; a turn's end queues its conversation's next."""
         try:
             await work.run()
         finally:
-            if route is not None:  # (its server slot is free for the next prompt)
-                route.close()
             if turn is not None:
                 self.conversations.ended(turn, work.kept, self.state.stopping.is_set())
 
@@ -310,44 +290,6 @@ class Run:
         """Admission waits for WHAT (the disk guard's: with the time left), shown now."""
         self.state.waiting = what
         self.progress.show(now=True)
-
-    async def _wait_for_budget(self, reservation: float,
-                               to_servers: Callable[[], bool] = lambda: False) -> bool | None:
-        """Wait until the next request fits: True when it goes to the servers (TO_SERVERS:
-        one has room; it reserves nothing), False when to OpenRouter (its worst case,
-        RESERVATION, fits the money caps); None when the run must stop."""
-        state = self.state
-        while not state.stopping.is_set():
-            if self.budget.tokens_exhausted():
-                self.stop(StopReason.TOKEN_BUDGET)
-                return None
-            servers = to_servers()
-            blocker = self.budget.cost_blocker(0.0 if servers else reservation)
-            # in_progress, not tasks: a finished task leaves `tasks` only in a later callback
-            if blocker is None and self.budget.tokens_fit(len(state.in_progress)):
-                return servers
-            total = self.budget.total
-            # another run sharing --total-cost may give room back: look again now and then
-            poll = blocker == "total-cost" and total is not None and total.others_may_free_room()
-            state.waiting = (f"--{blocker} room" if blocker
-                             else "--token-budget room")  # (the progress line says so)
-            if not state.in_progress and not poll:  # nothing in flight will free budget
-                if blocker == "max-cost":
-                    self.stop(StopReason.MAX_COST)
-                    return None
-                if blocker == "total-cost":
-                    self.stop(StopReason.TOTAL_COST)
-                    return None
-                return servers
-            state.settled.clear()
-            if poll:
-                try:
-                    await asyncio.wait_for(state.settled.wait(), timeout=PUBLISH_INTERVAL)
-                except TimeoutError:
-                    pass
-            else:
-                await state.settled.wait()
-        return None
 
     async def _drain(self) -> None:
         """Wait for the requests in flight once admission is over: all of them while the run
