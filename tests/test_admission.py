@@ -12,13 +12,12 @@ import pytest
 
 from kimipipe.infer.admission import Admission
 from kimipipe.infer.budget import Budget, prompt_token_bound
-from kimipipe.infer.config import RunConfig
+from kimipipe.infer.config import Money
 from kimipipe.infer.disk import DiskGuard
 from kimipipe.infer.inflight import MoneyInFlight
 from kimipipe.infer.limiter import AdaptiveLimiter
 from kimipipe.infer.state import RunState
 from kimipipe.kinds import Cap, StopReason
-from kimipipe.openrouter.request import RequestOptions
 from kimipipe.openrouter.routing import PriceBound
 from kimipipe.records import Message, Prompt
 
@@ -37,8 +36,7 @@ class Gate:
     def __init__(self, max_cost: float | None = None, concurrency: int = 4,
                  token_budget: int | None = None):
         self.state = RunState()
-        self.budget = Budget(RunConfig(max_cost=max_cost, token_budget=token_budget,
-                                       request=RequestOptions(max_tokens=1000)), PRICE)
+        self.budget = Budget(Money(max_cost=max_cost, token_budget=token_budget), 1000, PRICE)
         self.money = MoneyInFlight(lambda: self.budget.spent_this_run)
         self.limiter = AdaptiveLimiter(concurrency)
         self.disk = DiskGuard("-", 1000)

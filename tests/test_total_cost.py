@@ -195,7 +195,7 @@ def test_a_request_found_to_fit_keeps_its_room_until_it_is_reserved(tmp_path):
     cover that request, or another run could take the same room. Two runs' budgets on one
     reservations file, in this process."""
     from kimipipe.infer.budget import Budget
-    from kimipipe.infer.config import RunConfig
+    from kimipipe.infer.config import Money
     from kimipipe.infer.total_cost import ReservationFile, TotalCost
     from kimipipe.openrouter.routing import PriceBound
 
@@ -204,7 +204,7 @@ def test_a_request_found_to_fit_keeps_its_room_until_it_is_reserved(tmp_path):
     for label in ("a", "b"):
         shared = ReservationFile(path, label)
         snapshot = shared.register()
-        runs.append(Budget(RunConfig(total_cost=1.5), PriceBound(1e-6, 1e-6, "test"),
+        runs.append(Budget(Money(total_cost=1.5), 16384, PriceBound(1e-6, 1e-6, "test"),
                            total=TotalCost(1.5, -snapshot, shared)))
     a, b = runs
     assert a.cost_fits(1.0)  # a's next request fits; a waits for a slot before reserving it
@@ -222,7 +222,7 @@ def test_a_request_found_to_fit_keeps_its_room_until_it_is_reserved(tmp_path):
 
 def _two_budgets(tmp_path, cap: float):
     from kimipipe.infer.budget import Budget
-    from kimipipe.infer.config import RunConfig
+    from kimipipe.infer.config import Money
     from kimipipe.infer.total_cost import ReservationFile, TotalCost
     from kimipipe.openrouter.routing import PriceBound
 
@@ -231,7 +231,7 @@ def _two_budgets(tmp_path, cap: float):
     for label in ("a", "b"):
         shared = ReservationFile(path, label)
         snapshot = shared.register()
-        runs.append(Budget(RunConfig(total_cost=cap), PriceBound(1e-6, 1e-6, "test"),
+        runs.append(Budget(Money(total_cost=cap), 16384, PriceBound(1e-6, 1e-6, "test"),
                            total=TotalCost(cap, -snapshot, shared)))
     return runs
 

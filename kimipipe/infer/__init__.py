@@ -1,6 +1,7 @@
 """kp-infer's run, in rooms of one job each (the entry point: `run.run_infer`).
 
-    config.py          RunConfig: the one configuration of a run (every limit lives here)
+    config.py          RunConfig: the configuration of a run, in the parts each room reads
+                       (Files, Money, Sending, Retries, IdentityCheck; every limit once)
     options.py         kp-infer's options, each a typed field of InferOptions (its click
                        declaration, --help section, the field it fills; commands/infer.py's
                        `run_config` builds RunConfig from them)

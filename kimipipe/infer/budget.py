@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from ..kinds import Cap
 from ..openrouter.routing import PriceBound
-from .config import RunConfig
+from .config import Money
 from .total_cost import TotalCost
 
 MESSAGE_OVERHEAD_TOKENS = 16
@@ -58,10 +58,12 @@ def prompt_token_bound(messages) -> int:
 
 @dataclass
 class Budget:
-    """What a run may still spend. The limits are read from CONFIG (the one place they
-    live); `spent` and `tokens` start at what earlier runs recorded."""
+    """What a run may still spend. The limits are read from MONEY (the one place they
+    live); MAX_TOKENS is a request's completion at most; `spent` and `tokens` start at
+    what earlier runs recorded."""
 
-    config: RunConfig
+    money: Money
+    max_tokens: int
     price: PriceBound | None  # the highest per-token prices allowed endpoints charge
     spent: float = 0.0  # recorded, all runs
     spent_this_run: float = 0.0
@@ -76,15 +78,11 @@ class Budget:
 
     @property
     def max_cost(self) -> float | None:
-        return self.config.max_cost
+        return self.money.max_cost
 
     @property
     def token_budget(self) -> int | None:
-        return self.config.token_budget
-
-    @property
-    def max_tokens(self) -> int:
-        return self.config.request.max_tokens
+        return self.money.token_budget
 
     def worst_case(self, prompt_tokens: int) -> float:
         if self.price is None:
@@ -160,15 +158,17 @@ class Budget:
 
 
 
-def cap_below_one_request(budget: Budget, largest_prompt_tokens: int, todo: int) -> str | None:
+def cap_below_one_request(budget: Budget, largest_prompt_tokens: int, todo: int,
+                          servers: bool) -> str | None:
     """Why a money cap can never pay for one request, or None: --max-cost (or --total-cost)
     is below the worst case of the input's largest prompt, so that request could never be
     sent, even with nothing spent (the run would stop, once or at once, "reached" with the
     money unspent). The message names that worst case and what would fit: the cap it needs,
     and the largest --max-tokens the cap pays for (none when the prompt alone does not).
-    A cap that pays for one request but not for what is still to do stops the run, exit 3."""
+    A cap that pays for one request but not for what is still to do stops the run, exit 3.
+    SERVERS: the run has --server (they answer what OpenRouter's share cannot)."""
     price = budget.price
-    if price is None or not todo or not largest_prompt_tokens or budget.config.servers:
+    if price is None or not todo or not largest_prompt_tokens or servers:
         return None  # (with --server, the servers answer what OpenRouter's share cannot)
     worst = budget.worst_case(largest_prompt_tokens)
     caps = [(flag, cap) for flag, cap in ((Cap.MAX_COST.flag, budget.max_cost),

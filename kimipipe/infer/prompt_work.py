@@ -48,12 +48,14 @@ from typing import Protocol
 from ..contracts import MoneyLimit
 from ..kinds import AttemptKind, FailureKind, RefusalKind, RetryCause, StopReason
 from ..openrouter.attempt import Attempt
+from ..openrouter.request import RequestOptions
+from ..openrouter.routing import Policy
 from ..records import Prompt, Refusal
 from . import costs, identity
 from .acceptance import Acceptance
 from .admission import Admission, Ticket
 from .budget import Budget, prompt_token_bound
-from .config import RunConfig
+from .config import Retries
 from .progress import RunProgress
 from .report import Stats
 from .state import RunState
@@ -73,7 +75,10 @@ class Transport(Protocol):
 class RunParts:
     """What one prompt's work is given by its run: nothing else of the run is reached."""
 
-    config: RunConfig
+    request: RequestOptions  # what is asked (each attempt's body)
+    policy: Policy  # the run's routing (a prompt's refused providers are ignored on its copy)
+    retries: Retries  # --max-attempts and the backoff
+    cost_lookup_wait: float  # --cost-lookup-wait (infer/costs.py)
     transport: Transport
     admission: Admission  # the slots, the caps, money in flight, the disk (tickets' issuer)
     budget: Budget  # what is spent: --max-cost, --total-cost, --token-budget
@@ -110,8 +115,8 @@ class PromptWork:
         self.prompt = prompt
         self.line = line
         self.session_id = session_id  # a conversation's id, on each of its requests (sticky routing)
-        self.policy = parts.config.policy  # this prompt's: refused providers get ignored
-        self.body = parts.config.request.body(prompt, self.policy, session_id)
+        self.policy = parts.policy  # this prompt's: refused providers get ignored
+        self.body = parts.request.body(prompt, self.policy, session_id)
         self.kept: Attempt | None = None  # the answer written (a conversation's next turn is built on it)
         self.attempts = 0
         self.started = 0.0  # when the attempt now in flight was sent
@@ -122,12 +127,12 @@ class PromptWork:
 
     async def run(self) -> None:
         parts = self.parts
-        stream = parts.config.request.stream
+        stream = parts.request.stream
         try:
             while True:
                 if len(self.policy.quarantine) != self._quarantined:  # a provider quarantined
                     self._quarantined = len(self.policy.quarantine)   # since the body was built
-                    self.body = parts.config.request.body(self.prompt, self.policy, self.session_id)
+                    self.body = parts.request.body(self.prompt, self.policy, self.session_id)
                 self.attempts += 1
                 self.started = time.monotonic()
                 result = await self._attempt(stream)
@@ -150,7 +155,7 @@ class PromptWork:
             return await self.transport.attempt(self.body, stream)
 
         def send(policy):
-            body = self.body if policy is self.policy else self.parts.config.request.body(
+            body = self.body if policy is self.policy else self.parts.request.body(
                 self.prompt, policy, self.session_id)
             return self.transport.attempt(body, stream)
 
@@ -184,7 +189,7 @@ class PromptWork:
         if not await self._refuse(answer, *refused, source,
                             offset=check.offset if refused[0] == RefusalKind.IDENTITY else None):
             return False
-        self.body = parts.config.request.body(self.prompt, self.policy,
+        self.body = parts.request.body(self.prompt, self.policy,
                                               self.session_id)  # its own ignore
         self._quarantined = len(self.policy.quarantine)
         # a slot again (given back while its identity was settled), unless the run stops
@@ -202,7 +207,7 @@ class PromptWork:
                                          time.monotonic() - self.started)
         if not await self._refuse(answer, RefusalKind.IDENTITY, why, source):
             return False
-        self.body = parts.config.request.body(self.prompt, self.policy, self.session_id)
+        self.body = parts.request.body(self.prompt, self.policy, self.session_id)
         self._quarantined = len(self.policy.quarantine)
         return True
 
@@ -211,7 +216,7 @@ class PromptWork:
         parts.stats.retried(result.cause)
         if result.cause == RetryCause.RATE_LIMITED:
             parts.admission.rate_limited()
-        if self.attempts >= parts.config.max_attempts:
+        if self.attempts >= parts.retries.max_attempts:
             self._fail(FailureKind.RETRIES_EXHAUSTED, result)
             return False
         await self._move_to_openrouter(result)
@@ -244,7 +249,7 @@ class PromptWork:
         return False
 
     async def _on_no_route(self, result: Attempt) -> bool:
-        if self.policy is not self.parts.config.policy:
+        if self.policy is not self.parts.policy:
             # the providers this prompt ignores left no route: its failure, not the run's
             last = self.refused[-1]
             self._fail(last.kind, Attempt(AttemptKind.PERMANENT, message=(
@@ -288,7 +293,7 @@ class PromptWork:
             try:
                 answer.cost, source = await costs.settle(
                     answer, parts.budget.price, self.ticket.reservation, parts.read_cost,
-                    parts.config.cost_lookup_wait)
+                    parts.cost_lookup_wait)
             except asyncio.CancelledError:
                 answer.cost = costs.estimate(answer, parts.budget.price, self.ticket.reservation)
                 parts.stats.cost_settled(costs.ESTIMATE)
@@ -333,8 +338,8 @@ class PromptWork:
         return not stopping.is_set()
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        config = self.parts.config
-        delay = min(config.backoff_max, config.backoff_base * 2 ** (attempt - 1))
+        retries = self.parts.retries
+        delay = min(retries.backoff_max, retries.backoff_base * 2 ** (attempt - 1))
         delay *= random.uniform(0.5, 1.5)
         if retry_after is not None:
             delay = max(delay, retry_after)
@@ -358,7 +363,7 @@ class PromptWork:
         after --max-attempts, else a stop came first (run()'s end writes it as STOPPED)."""
         parts = self.parts
         self._book_refusal(answer, kind, why, source, offset)
-        if self.attempts >= parts.config.max_attempts:
+        if self.attempts >= parts.retries.max_attempts:
             self._fail(kind, Attempt(AttemptKind.PERMANENT, message=why, status=200),
                        provider=answer.provider, generation_id=answer.generation_id)
             return False

@@ -65,18 +65,18 @@ class PreviousWork:
 def read_previous_work(config: RunConfig, scan: InputScan, say: Callable[[str], None]
                        ) -> PreviousWork:
     """Everything above, in that order (see the module docstring)."""
-    taken_in = 0 if config.plan else take_in_rescued(config, say)
-    done, spent, tokens = previous_work(config.output, config.failures, say, repair=not config.plan,
-                                        api=config.apis)
-    conversations = scan_output(config.output)
+    taken_in = 0 if config.plan else take_in_rescued(config.files, say)
+    done, spent, tokens = previous_work(config.files.output, config.files.failures, say, repair=not config.plan,
+                                        api=config.sending.apis)
+    conversations = scan_output(config.files.output)
     check_recipe(conversations.recipes, config.request.model,
                  config.request.sampling(config.policy), config.history_reasoning,
-                 config.output, config.allow_mixed, say,
-                 server_sampling(config.request.fields(config.policy)) if config.servers else None)
+                 config.files.output, config.files.allow_mixed, say,
+                 server_sampling(config.request.fields(config.policy)) if config.sending.servers else None)
     check_no_single_answers(scan, done, conversations, config, say)
     note_answers_to_other_prompts(scan, done, config, say)
     done |= conversations.finished  # a finished conversation is done as a whole
-    for extra in config.done_files:
+    for extra in config.files.done_files:
         if not os.path.exists(extra):
             raise InputError("no such file", extra)
         done |= scan_done(extra, repair=False)
@@ -122,11 +122,11 @@ def check_no_single_answers(scan: InputScan, done: set[str], conversations: Outp
     single = sorted(i for i in scan.turns if i in done and i not in conversations.finished)
     if not single:
         return
-    where = "" if config.output == "-" else f"{config.output}: "
+    where = "" if config.files.output == "-" else f"{config.files.output}: "
     told = (f"{where}{len(single):,} conversation(s) of {scan.shown} (first: {single[0]!r}) are "
             "answered there as single prompts (kp-prompts --turns last/each: one answer on the "
             "source's history), and would be skipped as done")
-    if not config.allow_mixed:
+    if not config.files.allow_mixed:
         raise KPError(f"{told}; write the turns to a new output (make: `make D.clean`, or "
                       "another WORK), or --allow-mixed to keep those single answers",
                       ExitCode.USAGE)
@@ -139,9 +139,9 @@ def note_answers_to_other_prompts(scan: InputScan, done: set[str], config: RunCo
     under the same output): kept, as they were paid for, and said, with how to keep them
     out of the training data (kp-tokenize --prompts, which make passes)."""
     other = sorted(i for i in done if i not in scan.ids and i.rsplit("#", 1)[0] not in scan.ids)
-    if not other or config.output == "-":
+    if not other or config.files.output == "-":
         return
-    say(f"kp-infer: {config.output} holds {len(other):,} answer(s) to prompts {scan.shown} does "
+    say(f"kp-infer: {config.files.output} holds {len(other):,} answer(s) to prompts {scan.shown} does "
         f"not hold (first: {other[0]!r}; an earlier source's?): kept there and counted in the "
         f"spend, not sent again; `kp-tokenize --prompts {scan.shown}` leaves them out of the "
         "training data (make does)")
@@ -150,7 +150,7 @@ def note_answers_to_other_prompts(scan: InputScan, done: set[str], config: RunCo
 def take_in_quarantine(config: RunConfig, say: Callable[[str], None]) -> IdentityState:
     """The providers an earlier run on OUTPUT quarantined for identity (infer/identity.py):
     in provider.ignore again (Policy.quarantine), with or without --tokenizer, and said."""
-    path = state_path(config.output)
+    path = state_path(config.files.output)
     state = read_state(path)
     for q in state.quarantined:
         config.policy.quarantine.extend(s for s in q.slugs if s not in config.policy.quarantine)

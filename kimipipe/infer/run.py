@@ -107,23 +107,25 @@ class Run:
         self._guard_warned = False  # --min-credits with a key that reads no balance: said once
         self.state = RunState()
         self.output = Output(config)
-        self.acceptance = Acceptance.for_run(config, prepared.endpoints)
+        self.acceptance = Acceptance.for_run(config.policy, config.request, config.sending.servers,
+                                             prepared.endpoints)
         if counts is not None:  # --tokenizer: each answer's identity (infer/identity.py)
             self.acceptance.identity = IdentityJudge(
-                counts, config.policy, prepared.endpoints, config.identity_strikes, say,
-                state_path(config.output), prepared.identity,
-                stop=lambda: self.stop(StopReason.IDENTITY), wait=config.identity_wait)
-        self.disk = DiskGuard(config.output, config.request.max_tokens, config.min_free_disk,
-                              config.disk_wait)
+                counts, config.policy, prepared.endpoints, config.identity.identity_strikes, say,
+                state_path(config.files.output), prepared.identity,
+                stop=lambda: self.stop(StopReason.IDENTITY), wait=config.identity.identity_wait)
+        self.disk = DiskGuard(config.files.output, config.request.max_tokens, config.files.min_free_disk,
+                              config.files.disk_wait)
         self.stats = Stats(todo=prepared.todo, skipped=prepared.skipped,
                            taken_in=prepared.taken_in)
-        self.limiter = AdaptiveLimiter(config.total_concurrency)
+        self.limiter = AdaptiveLimiter(config.sending.total_concurrency)
         self.money = MoneyInFlight(lambda: budget.spent_this_run)
         self.admission = Admission(self.state, budget, self.money, self.limiter, self.disk,
                                    self.stop, say, self._show_waiting)
         # conversations (infer/conversations.py): their next turns go ahead of new prompts
         self.conversations = ConversationQueue(config.history_reasoning, prepared.conversations)
-        self.progress = RunProgress(bar, config, prepared.turns_todo, self.state, self.stats,
+        self.progress = RunProgress(bar, config.retries.grace, config.sending.total_concurrency,
+                                    prepared.turns_todo, self.state, self.stats,
                                     budget, self.limiter, self.money, stderr_is_terminal(),
                                     self.conversations if prepared.conversations_todo else None)
         self.tasks: set[asyncio.Task] = set()
@@ -133,7 +135,7 @@ class Run:
     def stop(self, reason: StopReason) -> None:
         if self.state.stop(reason):
             self.say(f"kp-infer: {reason.message}"
-                     + (f"; waiting up to {self.config.grace:g} s (--grace) for "
+                     + (f"; waiting up to {self.config.retries.grace:g} s (--grace) for "
                         f"{self.limiter.in_flight} requests in flight"
                         if self.limiter.in_flight else ""))
         self.conversations.changed.set()  # admission waiting for a conversation's next turn
@@ -162,8 +164,10 @@ class Run:
         state = self.state
         if self.acceptance.identity is not None:  # a quarantine closes that provider's streams
             self.acceptance.identity.cancel_streams = getattr(transport, "cancel_streams_of", None)
+        config = self.config
         parts = RunParts(
-            config=self.config, transport=transport, admission=self.admission,
+            request=config.request, policy=config.policy, retries=config.retries,
+            cost_lookup_wait=config.money.cost_lookup_wait, transport=transport, admission=self.admission,
             budget=self.budget, acceptance=self.acceptance, output=self.output,
             stats=self.stats, done=self.prepared.done, state=state, progress=self.progress,
             stop=self.stop, say=self.say, read_cost=self.account.generation_cost,
@@ -172,7 +176,7 @@ class Run:
         poller = publisher = None
         ticker = asyncio.create_task(self.progress.tick())
         try:
-            if not state.stopping.is_set() and self.config.openrouter:  # (a server has none)
+            if not state.stopping.is_set() and self.config.sending.openrouter:  # (a server has none)
                 await self._unless_stopped(self._check_balance())
                 poller = asyncio.create_task(self._poll_balance())
             if self.budget.total is not None and self.budget.total.shared is not None:
@@ -222,7 +226,7 @@ class Run:
     def _new_work_in_order(self) -> Iterator[tuple[Prompt, bytes, TurnWork | None]]:
         done = self.prepared.done
         for _lineno, prompt, line in iter_records(self.prepared.scan.path, PROMPT_DECODER):
-            if (prompt.id in done or not in_partition(prompt.id, self.config.partition)
+            if (prompt.id in done or not in_partition(prompt.id, self.config.files.partition)
                     or not self.prepared.selected(prompt.id)):
                 continue
             if not is_conversation(prompt):
@@ -303,7 +307,7 @@ class Run:
         pending = {task for task in tasks if not task.done()}
         if pending:
             stopped_at = self.state.stopped_at
-            left = self.config.grace - (time.monotonic() - (stopped_at or time.monotonic()))
+            left = self.config.retries.grace - (time.monotonic() - (stopped_at or time.monotonic()))
             _done, pending = await asyncio.wait(pending, timeout=max(0.0, left))
             for task in pending:
                 task.cancel()
@@ -330,18 +334,18 @@ class Run:
             return
         remaining = balance.spendable
         why = unreadable_balance(balance)
-        if why and self.config.min_credits is not None and not self._guard_warned:
+        if why and self.config.money.min_credits is not None and not self._guard_warned:
             self._guard_warned = True  # (once: the polls read the same)
-            self.say(f"kp-infer: warning: --min-credits {self.config.min_credits:g} guards "
+            self.say(f"kp-infer: warning: --min-credits {self.config.money.min_credits:g} guards "
                      f"nothing: {why}; {GUARD_FIX}")
         self.money.set_balance(remaining)
-        if (remaining is not None and self.config.min_credits is not None
-                and remaining < self.config.min_credits):
+        if (remaining is not None and self.config.money.min_credits is not None
+                and remaining < self.config.money.min_credits):
             self.stop(StopReason.MIN_CREDITS)
 
     async def _poll_balance(self) -> None:
         while not self.state.stopping.is_set():
-            await asyncio.sleep(self.config.credits_interval)
+            await asyncio.sleep(self.config.money.credits_interval)
             await self._check_balance()
 
     async def _publish_total_cost(self) -> None:
@@ -354,7 +358,7 @@ class Run:
 
 async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
                say: Callable[[str], None], counts=None) -> Run:
-    account = Account(config.api_key, config.base_url, proxy=config.proxy)
+    account = Account(config.sending.api_key, config.sending.base_url, proxy=config.sending.proxy)
     run = Run(config, prepared, budget, progress, say, account, counts)
     try:
         with run.signals_handled(asyncio.get_running_loop()):
@@ -377,7 +381,7 @@ def _event_loop_run(coro):
 def _balance_for_plan(config: RunConfig, say: Stderr) -> Balance | None:
     """What the plan sizes the money in flight to (None, said, when it cannot be read)."""
     try:
-        return fetch_balance(config.api_key, config.base_url, proxy=config.proxy, timeout=15.0)
+        return fetch_balance(config.sending.api_key, config.sending.base_url, proxy=config.sending.proxy, timeout=15.0)
     except AccountError as e:
         say(f"kp-infer: the balance could not be read: {e}")
         return None
@@ -387,13 +391,13 @@ def identity_counts(config: RunConfig, prepared: Prepared, say: Stderr):
     """The target's counts for checking each answer's identity (--tokenizer), loaded
     before any completion is sent (exit 2 when they do not load); None without it, said
     once. Not for a run with nothing to send, nor one with no OpenRouter answers to check."""
-    if not config.openrouter or not prepared.turns_todo:
+    if not config.sending.openrouter or not prepared.turns_todo:
         return None
-    if not config.tokenizer:
+    if not config.identity.tokenizer:
         say(UNCHECKED_WARNING)
         return None
-    counts = load_counts(config)
-    say(f"kp-infer: identity: each answer's counts checked against {config.tokenizer} "
+    counts = load_counts(config.identity, config.request)
+    say(f"kp-infer: identity: each answer's counts checked against {config.identity.tokenizer} "
         f"({counts.describe()})")
     return counts
 
@@ -404,20 +408,20 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
     SAY is the command's quiet-aware stderr writer (`cli.Stderr`): every message of the run
     goes through it, the progress bar too."""
     check_outputs(config)  # before anything is created, locked or sent
-    if config.tokenizer and not config.plan:
-        check_tokenizer(config)  # (a missing directory: exit 2 before anything is read)
+    if config.identity.tokenizer and not config.plan:
+        check_tokenizer(config.identity)  # (a missing directory: exit 2 before anything is read)
     with output_locks(config, say) as start, tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
         prepared = prepare(config, tmpdir, say)
-        budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
+        budget = Budget(config.money, config.request.max_tokens, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
                         total=prepared.total)
         too_small = cap_below_one_request(budget, prepared.scan.largest_prompt_bound,
-                                          prepared.turns_todo)
+                                          prepared.turns_todo, bool(config.sending.servers))
         if too_small and not config.plan:  # (--plan warns the same)
             if budget.total is not None:
                 budget.total.close(0.0)  # (its entry in --reservations: ended)
             raise KPError(too_small, ExitCode.USAGE)
         if config.plan:  # a report: stdout
-            balance = _balance_for_plan(config, say) if config.openrouter else None
+            balance = _balance_for_plan(config, say) if config.sending.openrouter else None
             click.echo(plan_json(config, prepared, budget, balance) if config.plan_json
                        else plan_text(config, prepared, budget, balance))
             return ExitCode.OK
@@ -433,8 +437,8 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
                 budget.total.close(budget.spent_this_run)
         start.fatal = run.exit_code() in (ExitCode.ERROR, ExitCode.USAGE)
     result = run.summary()
-    if config.summary_json:
-        write_summary_json(config.summary_json, result)
+    if config.files.summary_json:
+        write_summary_json(config.files.summary_json, result)
     say(format_summary(result))
     code = run.exit_code()
     if say.quiet and code in (ExitCode.ERROR, ExitCode.USAGE) and result.stop_reason:

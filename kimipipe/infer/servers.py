@@ -188,7 +188,7 @@ def discover_servers(config: RunConfig, say: Callable[[str], None]) -> list[Serv
     cannot say); not for --plan, which sends nothing anywhere."""
     if config.plan:
         return []
-    servers = [discover(arg, config.request.model) for arg in config.servers]
+    servers = [discover(arg, config.request.model) for arg in config.sending.servers]
     check_context(servers, config.request.max_tokens)
     for server in servers:
         if server.model != config.request.model:

@@ -84,20 +84,20 @@ def check_outputs(config: RunConfig) -> None:
     """Refuse (exit 2, one line, nothing created) an output the run could not write: all
     of them, before a lock is taken or a request sent (an unwritable --summary-json found
     after the run would have paid for every answer and then failed)."""
-    require_distinct(config.output, config.input)
-    check_writable(config.output, "-o")
-    if config.failures:
-        require_distinct(config.failures, config.input, config.output)
-        check_writable(config.failures, "--failures")
-    if config.summary_json == "-" and config.output == "-":
+    require_distinct(config.files.output, config.files.input)
+    check_writable(config.files.output, "-o")
+    if config.files.failures:
+        require_distinct(config.files.failures, config.files.input, config.files.output)
+        check_writable(config.files.failures, "--failures")
+    if config.files.summary_json == "-" and config.files.output == "-":
         raise KPError("--summary-json - and -o - both want stdout: give one of them a file",
                       ExitCode.USAGE)
-    if config.summary_json and config.summary_json != "-":
-        require_distinct(config.summary_json, config.input, config.output,
-                         *([config.failures] if config.failures else []))
-        check_writable(config.summary_json, "--summary-json", in_place=False)
-    if config.output != "-" or config.failures:
-        check_rescue_dir(config.rescue_dir)
+    if config.files.summary_json and config.files.summary_json != "-":
+        require_distinct(config.files.summary_json, config.files.input, config.files.output,
+                         *([config.files.failures] if config.files.failures else []))
+        check_writable(config.files.summary_json, "--summary-json", in_place=False)
+    if config.files.output != "-" or config.files.failures:
+        check_rescue_dir(config.files.rescue_dir)
 
 
 @contextmanager
@@ -108,7 +108,7 @@ def output_locks(config: RunConfig, say: Callable[[str], None]) -> Iterator[RunS
     def note(text: str) -> None:
         say(f"kp-infer: {text}")
 
-    paths = [] if config.plan else [p for p in (config.output, config.failures) if p and p != "-"]
+    paths = [] if config.plan else [p for p in (config.files.output, config.files.failures) if p and p != "-"]
     new = [p for p in paths if not os.path.exists(p)]
     start = RunStart()
     with ExitStack() as stack:
@@ -242,16 +242,16 @@ class Output:
         self.sampling = config.request.sampling(config.policy)  # the same for every prompt
         # a --server's answer: what a server was sent (no OpenRouter fields: infer/servers.py)
         self.server_sampling = (server_sampling(config.request.fields(config.policy))
-                                if config.servers else None)
+                                if config.sending.servers else None)
         # who answers: on every record (recorded/api.py); a server's answer names its host
-        self.api = api_of(config.base_url if config.openrouter or not config.servers
-                          else config.servers[0])
-        self.rescues = {name: Rescue(path, config.rescue_dir)
-                        for name, path in (("output", config.output), ("failures", config.failures))
+        self.api = api_of(config.sending.base_url if config.sending.openrouter or not config.sending.servers
+                          else config.sending.servers[0])
+        self.rescues = {name: Rescue(path, config.files.rescue_dir)
+                        for name, path in (("output", config.files.output), ("failures", config.files.failures))
                         if path and path != "-"}
-        self.responses = Destination(config.output, self.rescues.get("output"))
-        self.failures = (Destination(config.failures, self.rescues.get("failures"))
-                         if config.failures else None)
+        self.responses = Destination(config.files.output, self.rescues.get("output"))
+        self.failures = (Destination(config.files.failures, self.rescues.get("failures"))
+                         if config.files.failures else None)
         self.error: OSError | None = None  # the first write either file refused
         self.error_file: str | None = None
         self._said = False  # the refused write told (once)
@@ -331,7 +331,7 @@ class Output:
         note = None
         if not self._said:
             self._said = True
-            rescue = self.rescues.get("failures" if self.error_file == self.config.failures
+            rescue = self.rescues.get("failures" if self.error_file == self.config.files.failures
                                       else "output")
             note = (f"kp-infer: cannot write {self.write_error} (it ends with its last whole "
                     "record); answers paid for that it cannot take are kept in "
