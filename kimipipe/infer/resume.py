@@ -34,7 +34,7 @@ from ..recorded.api import other_api
 from ..recorded.identity_table import read_state, state_path
 from ..recorded.spend import SPENT_DECODER
 from ..records import CostOnly
-from .config import RunConfig
+from .config import Files, RunConfig
 from .conversations import OutputConversations, check_recipe, scan_output
 from .inputs import InputScan
 from .rescue import take_in_rescued
@@ -73,8 +73,8 @@ def read_previous_work(config: RunConfig, scan: InputScan, say: Callable[[str], 
                  config.request.sampling(config.policy), config.history_reasoning,
                  config.files.output, config.files.allow_mixed, say,
                  server_sampling(config.request.fields(config.policy)) if config.sending.servers else None)
-    check_no_single_answers(scan, done, conversations, config, say)
-    note_answers_to_other_prompts(scan, done, config, say)
+    check_no_single_answers(scan, done, conversations, config.files, say)
+    note_answers_to_other_prompts(scan, done, config.files, say)
     done |= conversations.finished  # a finished conversation is done as a whole
     for extra in config.files.done_files:
         if not os.path.exists(extra):
@@ -113,7 +113,7 @@ def previous_work(output: str, failures: str | None, say: Callable[[str], None],
 
 
 def check_no_single_answers(scan: InputScan, done: set[str], conversations: OutputConversations,
-                            config: RunConfig, say: Callable[[str], None]) -> None:
+                            files: Files, say: Callable[[str], None]) -> None:
     """A conversation of the input (a prompt with follow-ups) that OUTPUT answers as one
     plain record (written under `kp-prompts --turns last` or `each`: one answer, on the
     source's own history) would be skipped as done, and its single off-policy answer kept
@@ -122,26 +122,26 @@ def check_no_single_answers(scan: InputScan, done: set[str], conversations: Outp
     single = sorted(i for i in scan.turns if i in done and i not in conversations.finished)
     if not single:
         return
-    where = "" if config.files.output == "-" else f"{config.files.output}: "
+    where = "" if files.output == "-" else f"{files.output}: "
     told = (f"{where}{len(single):,} conversation(s) of {scan.shown} (first: {single[0]!r}) are "
             "answered there as single prompts (kp-prompts --turns last/each: one answer on the "
             "source's history), and would be skipped as done")
-    if not config.files.allow_mixed:
+    if not files.allow_mixed:
         raise KPError(f"{told}; write the turns to a new output (make: `make D.clean`, or "
                       "another WORK), or --allow-mixed to keep those single answers",
                       ExitCode.USAGE)
     say(f"kp-infer: warning: {told}; kept (--allow-mixed)")
 
 
-def note_answers_to_other_prompts(scan: InputScan, done: set[str], config: RunConfig,
+def note_answers_to_other_prompts(scan: InputScan, done: set[str], files: Files,
                                   say: Callable[[str], None]) -> None:
     """Answers in OUTPUT to prompts the input no longer holds (a source changed or replaced
     under the same output): kept, as they were paid for, and said, with how to keep them
     out of the training data (kp-tokenize --prompts, which make passes)."""
     other = sorted(i for i in done if i not in scan.ids and i.rsplit("#", 1)[0] not in scan.ids)
-    if not other or config.files.output == "-":
+    if not other or files.output == "-":
         return
-    say(f"kp-infer: {config.files.output} holds {len(other):,} answer(s) to prompts {scan.shown} does "
+    say(f"kp-infer: {files.output} holds {len(other):,} answer(s) to prompts {scan.shown} does "
         f"not hold (first: {other[0]!r}; an earlier source's?): kept there and counted in the "
         f"spend, not sent again; `kp-tokenize --prompts {scan.shown}` leaves them out of the "
         "training data (make does)")

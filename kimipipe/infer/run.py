@@ -407,10 +407,10 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
 
     SAY is the command's quiet-aware stderr writer (`cli.Stderr`): every message of the run
     goes through it, the progress bar too."""
-    check_outputs(config)  # before anything is created, locked or sent
+    check_outputs(config.files)  # before anything is created, locked or sent
     if config.identity.tokenizer and not config.plan:
         check_tokenizer(config.identity)  # (a missing directory: exit 2 before anything is read)
-    with output_locks(config, say) as start, tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
+    with output_locks(config.files, config.plan, say) as start, tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
         prepared = prepare(config, tmpdir, say)
         budget = Budget(config.money, config.request.max_tokens, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
                         total=prepared.total)

@@ -64,7 +64,7 @@ from ..records import (
     encode_line,
     encode_over,
 )
-from .config import RunConfig
+from .config import Files, RunConfig
 from .rescue import Rescue, check_rescue_dir
 from .servers import server_sampling
 
@@ -80,35 +80,35 @@ class Kept(StrEnum):
 WRITTEN, RESCUED, LOST = Kept.WRITTEN, Kept.RESCUED, Kept.LOST
 
 
-def check_outputs(config: RunConfig) -> None:
+def check_outputs(files: Files) -> None:
     """Refuse (exit 2, one line, nothing created) an output the run could not write: all
     of them, before a lock is taken or a request sent (an unwritable --summary-json found
     after the run would have paid for every answer and then failed)."""
-    require_distinct(config.files.output, config.files.input)
-    check_writable(config.files.output, "-o")
-    if config.files.failures:
-        require_distinct(config.files.failures, config.files.input, config.files.output)
-        check_writable(config.files.failures, "--failures")
-    if config.files.summary_json == "-" and config.files.output == "-":
+    require_distinct(files.output, files.input)
+    check_writable(files.output, "-o")
+    if files.failures:
+        require_distinct(files.failures, files.input, files.output)
+        check_writable(files.failures, "--failures")
+    if files.summary_json == "-" and files.output == "-":
         raise KPError("--summary-json - and -o - both want stdout: give one of them a file",
                       ExitCode.USAGE)
-    if config.files.summary_json and config.files.summary_json != "-":
-        require_distinct(config.files.summary_json, config.files.input, config.files.output,
-                         *([config.files.failures] if config.files.failures else []))
-        check_writable(config.files.summary_json, "--summary-json", in_place=False)
-    if config.files.output != "-" or config.files.failures:
-        check_rescue_dir(config.files.rescue_dir)
+    if files.summary_json and files.summary_json != "-":
+        require_distinct(files.summary_json, files.input, files.output,
+                         *([files.failures] if files.failures else []))
+        check_writable(files.summary_json, "--summary-json", in_place=False)
+    if files.output != "-" or files.failures:
+        check_rescue_dir(files.rescue_dir)
 
 
 @contextmanager
-def output_locks(config: RunConfig, say: Callable[[str], None]) -> Iterator[RunStart]:
-    """Hold the locks of -o and --failures (see the module docstring). Not for
-    --plan: it only reads them (no repair, no rescue taken in), and `make plan` may run
+def output_locks(files: Files, plan: bool, say: Callable[[str], None]) -> Iterator[RunStart]:
+    """Hold the locks of -o and --failures (FILES'; see the module docstring). Not for
+    --plan (PLAN): it only reads them (no repair, no rescue taken in), and `make plan` may run
     beside a build that is writing them."""
     def note(text: str) -> None:
         say(f"kp-infer: {text}")
 
-    paths = [] if config.plan else [p for p in (config.files.output, config.files.failures) if p and p != "-"]
+    paths = [] if plan else [p for p in (files.output, files.failures) if p and p != "-"]
     new = [p for p in paths if not os.path.exists(p)]
     start = RunStart()
     with ExitStack() as stack:
