@@ -206,7 +206,8 @@ def run_config(o: InferOptions) -> RunConfig:
     return RunConfig(
         **fields_for(o, RunConfig), request=request, policy=policy,
         files=Files(**fields_for(o, Files)), money=Money(**fields_for(o, Money)),
-        retries=Retries(**fields_for(o, Retries)), identity=IdentityCheck(**fields_for(o, IdentityCheck)),
+        retries=Retries(**fields_for(o, Retries)),
+        identity=IdentityCheck(**fields_for(o, IdentityCheck)),
         sending=Sending(
             **fields_for(o, Sending), openrouter=o.openrouter,
             # needed unless --plan; none without OpenRouter

@@ -249,7 +249,8 @@ class Ticket:
         # (cap_left_no_room: admission's claim on the budget is admission's, left alone)
         if a.budget.cap_left_no_room(worst) is not None or not a.money.fits(worst):
             return False
-        if self._money and not await a.money.acquire(worst):  # (at once: it fits, unless others wait first)
+        # (at once: it fits, unless others wait first)
+        if self._money and not await a.money.acquire(worst):
             return False
         a.budget.reserve_more(worst)
         self.reservation += worst  # released with the rest when the ticket closes

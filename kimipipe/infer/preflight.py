@@ -129,7 +129,8 @@ def run_preflight(config: RunConfig, n: int, as_json: bool, say: Callable[[str],
         check_tokenizer(config.identity)  # (a missing directory: exit 2 before anything is read)
     with tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
         prepared = prepare(config, tmpdir, say)
-        budget = Budget(config.money, config.request.max_tokens, prepared.price, spent=prepared.spent, tokens=prepared.tokens)
+        budget = Budget(config.money, config.request.max_tokens, prepared.price,
+                        spent=prepared.spent, tokens=prepared.tokens)
         counts = load_counts(config.identity, config.request) if config.identity.tokenizer and config.sending.openrouter else None
         # with --tokenizer, one more request per allowed provider (infer/preflight_identity.py)
         providers = (allowed_providers(config.policy, prepared.endpoints)

@@ -3,8 +3,9 @@
 The run (infer/run.py) admits a prompt, then hands it to a `PromptWork` of its own, given
 the run's parts explicitly (`RunParts`) and the prompt's `Ticket` (infer/admission.py:
 its slot, reservations and route, which the work gives back and takes again through it);
-the work owns the prompt's attempts and answers from admission to its record. It sends the request through the transport until an answer or a permanent failure;
-what each attempt ends in (`kinds.AttemptKind`) has one handler here (`PromptWork.HANDLERS`):
+the work owns the prompt's attempts and answers from admission to its record. It sends
+the request through the transport until an answer or a permanent failure; what each
+attempt ends in (`kinds.AttemptKind`) has one handler here (`PromptWork.HANDLERS`):
 
     ok         the answer is checked (routing, the reasoning asked for: infer/acceptance.py;
                with --tokenizer its identity, counted once per prompt: infer/identity.py,

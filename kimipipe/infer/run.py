@@ -5,8 +5,8 @@
 summary (infer/report.py) and returns the exit code.
 
 The run itself (`Run`) streams the validated input again. Each prompt not done is
-admitted (infer/admission.py: one `Ticket` holds what it took) when a concurrency slot is free (infer/limiter.py: the limit shrinks on 429s),
-its worst-case cost fits the budget (infer/budget.py) and the money in flight
+admitted (infer/admission.py: one `Ticket` holds what it took) when a concurrency slot
+is free (infer/limiter.py: the limit shrinks on 429s), its worst-case cost fits the budget (infer/budget.py) and the money in flight
 (infer/inflight.py: the sum of the worst cases in flight stays under a ceiling sized to
 the balance read at the start, refreshed every --credits-interval, cut by OpenRouter's
 in-flight 402s and grown back while none come), and its worst-case record fits the
