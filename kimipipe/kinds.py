@@ -14,6 +14,8 @@ Adding one is one member here plus what handles it:
     RefusalKind   why an answer paid for is not a result (infer/acceptance.py)
     FailureKind   why a prompt is given up on this run (a failure line's `kind`); a refused
                   answer not sent again fails with its RefusalKind instead
+    Cap           a limit admission waits under for room (infer/admission.py): its
+                  option, what the progress line says, the stop when nothing can free room
     StopReason    why a run stops admitting work before its input is exhausted: its name
                   in the summary (`stop_reason`), its exit code and its message (the
                   summary's last line; make's money-stop message falls back on it)
@@ -83,6 +85,29 @@ class FailureKind(StrEnum):
     # cost cap without room for its next attempt, a signal, a limit): the paid answers are
     # kept on this line, and the prompt is no failure of its own (a rerun sends it)
     STOPPED = "stopped"
+
+
+class Cap(StrEnum):
+    """A cap a request waits under for room (infer/admission.py), spelled as its option and
+    its stop's slug: the progress line says `waiting for --max-cost room`; when nothing in
+    flight can free room under it, the run stops for it (`stop_reason`)."""
+
+    MAX_COST = "max-cost"  # this output's spend and reservations (infer/budget.py)
+    TOTAL_COST = "total-cost"  # the build's, shared through --reservations (infer/total_cost.py)
+    TOKEN_BUDGET = "token-budget"  # completion tokens recorded and expected in flight
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.value}"
+
+    @property
+    def waiting(self) -> str:
+        """What admission waits for, as the progress line says it."""
+        return f"{self.flag} room"
+
+    @property
+    def stop_reason(self) -> StopReason:
+        return StopReason.from_slug(self.value)
 
 
 class StopReason(Enum):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from kimipipe.infer.budget import Budget
-from kimipipe.infer.config import RunConfig
-from kimipipe.openrouter.request import RequestOptions
+from kimipipe.infer.config import Money
+from kimipipe.kinds import Cap
 from kimipipe.openrouter.routing import (
     Endpoint,
     Policy,
@@ -42,8 +42,7 @@ def test_token_count_rejects_garbage():
 
 
 def test_worst_case_reservation_keeps_spend_under_cap():
-    config = RunConfig(max_cost=1.0, request=RequestOptions(max_tokens=1000))
-    budget = Budget(config, price=price_bound(Policy(), ENDPOINTS))
+    budget = Budget(Money(max_cost=1.0), 1000, price=price_bound(Policy(), ENDPOINTS))
     assert (budget.max_cost, budget.token_budget, budget.max_tokens) == (1.0, None, 1000)
     worst = budget.worst_case(prompt_tokens=100)
     assert worst == pytest.approx(100 * 6e-7 + 1000 * 2.5e-6)
@@ -60,13 +59,12 @@ def test_a_prompt_adding_to_its_reservation_leaves_admissions_claim_alone():
     --total-cost publishes) until it reserves it; a prompt in progress that adds to its own
     reservation meanwhile (a --server prompt moving to OpenRouter) checks without claiming
     and reserves without dropping that claim."""
-    budget = Budget(RunConfig(max_cost=1.0, request=RequestOptions(max_tokens=1000)),
-                    price=price_bound(Policy(), ENDPOINTS))
+    budget = Budget(Money(max_cost=1.0), 1000, price=price_bound(Policy(), ENDPOINTS))
     assert budget.cost_blocker(0.25) is None and budget.claimed() == 0.25
     assert budget.cap_left_no_room(0.5) is None and budget.claimed() == 0.25
     budget.reserve_more(0.5)
     assert (budget.reserved, budget.claimed()) == (0.5, 0.75)
-    assert budget.cap_left_no_room(0.75) == "max-cost"
+    assert budget.cap_left_no_room(0.75) is Cap.MAX_COST
     budget.reserve(0.25)
     assert (budget.reserved, budget.pending, budget.claimed()) == (0.75, 0.0, 0.75)
 

@@ -23,7 +23,7 @@ from kimipipe.commands import infer as infer_command
 from kimipipe.commands import prompts as prompts_command
 from kimipipe.commands import shard as shard_command
 from kimipipe.commands import tokenize as tokenize_command
-from kimipipe.infer.config import RunConfig
+from kimipipe.infer.config import Files, Money, RunConfig
 from kimipipe.infer.options import InferOptions, ReportOptions
 from kimipipe.openrouter.request import RequestOptions
 from kimipipe.options import (
@@ -78,7 +78,7 @@ def _settings(*fields: tuple) -> type:
 
 
 @pytest.mark.parametrize("field, sections, problem", [
-    (("max_cost", "float | None", option("--max-cost", type=float, fills=RunConfig)),
+    (("max_cost", "float | None", option("--max-cost", type=float, fills=Money)),
      ["Money"], "kp-x --max-cost: no --help section (one of: Money)"),
     (("max_cost", "float | None", option("--max-cost", type=float, section="Moneyy")),
      ["Money"], "kp-x --max-cost: no --help section (one of: Money)"),
@@ -86,10 +86,10 @@ def _settings(*fields: tuple) -> type:
      None, "kp-x --plan: section 'Money', but kp-x lists its options in one list"),
     (("max_cost", "float | None", None), ["Money"],
      "kp-x: _Settings.max_cost is no option (declare it with option(...) or argument(...))"),
-    (("max_costs", "float | None", option("--max-cost", section="Money", fills=RunConfig)),
-     ["Money"], "kp-x --max-cost: fills RunConfig.max_costs, which RunConfig lacks"),
-    (("max_cost", "float", option("--max-cost", section="Money", fills=RunConfig)),
-     ["Money"], "kp-x --max-cost: float here, float | None in RunConfig.max_cost"),
+    (("max_costs", "float | None", option("--max-cost", section="Money", fills=Money)),
+     ["Money"], "kp-x --max-cost: fills Money.max_costs, which Money lacks"),
+    (("max_cost", "float", option("--max-cost", section="Money", fills=Money)),
+     ["Money"], "kp-x --max-cost: float here, float | None in Money.max_cost"),
     (("sort", "str | None", option("--sort", section="Money", fills=RequestOptions)),
      ["Money"], "kp-x --sort: fills RequestOptions.sort, which RequestOptions lacks"),
     (("again", "bool", option("--plan", is_flag=True, section="Money")),
@@ -110,11 +110,11 @@ def test_the_command_gets_its_settings_typed():
     and an argument of several as lists, `convert=` applied, `fills=` by field name."""
     class Settings(CommandSettings):
         inputs: list[str] = argument(nargs=-1)
-        done_files: list[str] = option("--done", multiple=True, fills=RunConfig, help="Done.")
-        max_cost: float | None = option("--max-cost", type=float, default=None, fills=RunConfig,
+        done_files: list[str] = option("--done", multiple=True, fills=Files, help="Done.")
+        max_cost: float | None = option("--max-cost", type=float, default=None, fills=Money,
                                         help="Cap.")
         allow_mixed: bool = option("--strict-mix", is_flag=True, convert=lambda v: not v,
-                                   fills=RunConfig, help="Negated.")
+                                   fills=Files, help="Negated.")
         quiet: bool = option("-q", is_flag=True, help="Quiet.")
 
     got = []
@@ -124,10 +124,12 @@ def test_the_command_gets_its_settings_typed():
     (settings,) = got
     assert settings == Settings(inputs=["a", "b"], done_files=["d1", "d2"], max_cost=3.0,
                                 allow_mixed=True, quiet=False)
-    assert fields_for(settings, RunConfig) == {"done_files": ["d1", "d2"], "max_cost": 3.0,
-                                               "allow_mixed": True}
-    config = RunConfig(**fields_for(settings, RunConfig))
-    assert (config.done_files, config.max_cost, config.allow_mixed) == (["d1", "d2"], 3.0, True)
+    assert fields_for(settings, Files) == {"done_files": ["d1", "d2"], "allow_mixed": True}
+    assert fields_for(settings, Money) == {"max_cost": 3.0}
+    config = RunConfig(files=Files(**fields_for(settings, Files)),
+                       money=Money(**fields_for(settings, Money)))
+    assert (config.files.done_files, config.money.max_cost, config.files.allow_mixed) == (
+        ["d1", "d2"], 3.0, True)
 
 
 def test_the_options_reach_the_plan_and_the_requests_as_given(standin, tmp_path):

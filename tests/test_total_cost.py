@@ -16,6 +16,7 @@ from helpers import billed, time_left
 from test_infer import infer, make_prompts
 
 from kimipipe.infer.total_cost import _proc_start
+from kimipipe.kinds import Cap
 from kimipipe.standin.answers import user_text_sha256
 
 # Answers cut at 60 tokens cost close to their worst case, so a cap that is not shared is
@@ -194,7 +195,7 @@ def test_a_request_found_to_fit_keeps_its_room_until_it_is_reserved(tmp_path):
     cover that request, or another run could take the same room. Two runs' budgets on one
     reservations file, in this process."""
     from kimipipe.infer.budget import Budget
-    from kimipipe.infer.config import RunConfig
+    from kimipipe.infer.config import Money
     from kimipipe.infer.total_cost import ReservationFile, TotalCost
     from kimipipe.openrouter.routing import PriceBound
 
@@ -203,7 +204,7 @@ def test_a_request_found_to_fit_keeps_its_room_until_it_is_reserved(tmp_path):
     for label in ("a", "b"):
         shared = ReservationFile(path, label)
         snapshot = shared.register()
-        runs.append(Budget(RunConfig(total_cost=1.5), PriceBound(1e-6, 1e-6, "test"),
+        runs.append(Budget(Money(total_cost=1.5), 16384, PriceBound(1e-6, 1e-6, "test"),
                            total=TotalCost(1.5, -snapshot, shared)))
     a, b = runs
     assert a.cost_fits(1.0)  # a's next request fits; a waits for a slot before reserving it
@@ -221,7 +222,7 @@ def test_a_request_found_to_fit_keeps_its_room_until_it_is_reserved(tmp_path):
 
 def _two_budgets(tmp_path, cap: float):
     from kimipipe.infer.budget import Budget
-    from kimipipe.infer.config import RunConfig
+    from kimipipe.infer.config import Money
     from kimipipe.infer.total_cost import ReservationFile, TotalCost
     from kimipipe.openrouter.routing import PriceBound
 
@@ -230,7 +231,7 @@ def _two_budgets(tmp_path, cap: float):
     for label in ("a", "b"):
         shared = ReservationFile(path, label)
         snapshot = shared.register()
-        runs.append(Budget(RunConfig(total_cost=cap), PriceBound(1e-6, 1e-6, "test"),
+        runs.append(Budget(Money(total_cost=cap), 16384, PriceBound(1e-6, 1e-6, "test"),
                            total=TotalCost(cap, -snapshot, shared)))
     return runs
 
@@ -245,7 +246,7 @@ def test_a_refused_answers_cost_published_is_no_room_for_its_retry(tmp_path):
     a.reserve(0.9)
     a.record(0.3, 0)  # refused, paid; its 0.9 stays reserved for the retry: 1.2 committed
     a.total.publish(a.spent_this_run, a.claimed(), force=True)
-    assert a.cap_left_no_room(0.0) == "total-cost"  # the retry: 0.3 + 0.9 > 1.0
+    assert a.cap_left_no_room(0.0) is Cap.TOTAL_COST  # the retry: 0.3 + 0.9 > 1.0
     a.release(0.9)  # the prompt gives up its retry's reservation: 0.3 committed
     a.total.publish(a.spent_this_run, a.claimed(), force=True)
     assert a.cost_fits(0.7) and not a.cost_fits(0.71)
@@ -284,11 +285,11 @@ def test_two_runs_at_the_cap_give_back_stale_claims_and_do_not_wait_for_each_oth
         run.record(0.25, 10)
         run.release(0.4)
     # a looks for room: none, even for nothing (0.55 + b's 0.3 spent + b's 0.4 claim > 1.2)
-    assert a.cost_blocker(0.4) == "total-cost"
+    assert a.cost_blocker(0.4) is Cap.TOTAL_COST
     # b looks: a's claim came down to what a has in flight (nothing): no room for a request,
     # and no claim elsewhere that may free any
-    assert b.cost_blocker(0.4) == "total-cost" and not b.total.others_may_free_room()
-    assert a.cost_blocker(0.4) == "total-cost" and not a.total.others_may_free_room()
+    assert b.cost_blocker(0.4) is Cap.TOTAL_COST and not b.total.others_may_free_room()
+    assert a.cost_blocker(0.4) is Cap.TOTAL_COST and not a.total.others_may_free_room()
     entries = read_reservations(tmp_path / "total-cost.json")["entries"]
     assert [e["claim"] for e in entries] == [0.0, 0.0]
     assert sum(e["spent"] for e in entries) == pytest.approx(1.1)  # under the cap

@@ -76,7 +76,7 @@ import click
 
 from ..cli import KPCommand, KPGroup, kp_command, run_command, sigterm_as_ctrl_c
 from ..errors import ExitCode, KPError
-from ..infer.config import RunConfig
+from ..infer.config import Files, IdentityCheck, Money, Retries, RunConfig, Sending
 from ..infer.options import SECTIONS, InferOptions, ReportOptions
 from ..infer.preflight import DEFAULT_REQUESTS, run_preflight
 from ..infer.report_files import format_report, read_report, report_json
@@ -199,10 +199,15 @@ def run_config(o: InferOptions) -> RunConfig:
         raise KPError(str(e), ExitCode.USAGE) from None
     return RunConfig(
         **fields_for(o, RunConfig), request=request, policy=policy,
+        files=Files(**fields_for(o, Files)), money=Money(**fields_for(o, Money)),
+        retries=Retries(**fields_for(o, Retries)),
+        identity=IdentityCheck(**fields_for(o, IdentityCheck)),
+        sending=Sending(
+            **fields_for(o, Sending), openrouter=o.openrouter,
+            # needed unless --plan; none without OpenRouter
+            api_key=read_api_key(o.api_key_file, required=not o.plan) if o.openrouter else ""),
         history_reasoning=o.history_reasoning or history_reasoning_default(o.model),
-        openrouter=o.openrouter, plan_json=o.as_json and o.plan,
-        # needed unless --plan; none without OpenRouter
-        api_key=read_api_key(o.api_key_file, required=not o.plan) if o.openrouter else "")
+        plan_json=o.as_json and o.plan)
 
 
 cli = KPGroup(run, [report])

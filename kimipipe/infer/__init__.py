@@ -1,6 +1,7 @@
 """kp-infer's run, in rooms of one job each (the entry point: `run.run_infer`).
 
-    config.py          RunConfig: the one configuration of a run (every limit lives here)
+    config.py          RunConfig: the configuration of a run, in the parts each room reads
+                       (Files, Money, Sending, Retries, IdentityCheck; every limit once)
     options.py         kp-infer's options, each a typed field of InferOptions (its click
                        declaration, --help section, the field it fills; commands/infer.py's
                        `run_config` builds RunConfig from them)
@@ -12,11 +13,14 @@
                        tokens recorded, another API's records refused, the quarantine kept
     endpoints.py       the endpoints table and the model's entry: the price bound, the
                        routing warnings (re-quantized, one endpoint left), distillation
-    run.py             the run: admission (concurrency, budget, money in flight, disk),
-                       stops, draining, signals (bounded by --grace in every phase), the
-                       balance read at the start and polled;
-                       `run_infer`, what commands/infer.py calls
-    prompt_work.py     one admitted prompt (`PromptWork`, given the run's parts: `RunParts`):
+    run.py             the run: the input's prompts admitted in turn, stops, draining,
+                       signals (bounded by --grace in every phase), the balance read at
+                       the start and polled; `run_infer`, what commands/infer.py calls
+    admission.py       what a request holds to be sent, one `Ticket` taken and given back
+                       in one place (a concurrency slot, the caps' reservation, money in
+                       flight, disk room); the one wait for the caps' room (kinds.Cap)
+    prompt_work.py     one admitted prompt's attempts and answers (`PromptWork`, given the
+                       run's parts, `RunParts`, and its ticket):
                        one handler per attempt kind (kinds.AttemptKind): retries and
                        backoff, in-flight 402s waited out, money limits as stops, refused
                        answers sent again, its record or failure written

@@ -43,10 +43,10 @@ from dataclasses import replace
 from ..kinds import RefusalKind
 from ..openrouter.attempt import Attempt
 from ..openrouter.client import spelled_by, tokens_joined
+from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
 from ..openrouter.routing import routing_violation as policy_violation
 from ..think_tags import INLINE, THINK_CLOSE, THINK_OPEN, split_lone_think_close
-from .config import RunConfig
 from .servers import server_name
 
 
@@ -98,9 +98,12 @@ class Acceptance:
         self.identity = None
 
     @classmethod
-    def for_run(cls, config: RunConfig, endpoints: list[Endpoint] | None) -> Acceptance:
-        acceptance = cls(config.policy, endpoints, config.request.asks_for_reasoning())
-        acceptance.servers = frozenset(server_name(url) for url in config.servers)
+    def for_run(cls, policy: Policy, request: RequestOptions, servers: list[str],
+                endpoints: list[Endpoint] | None) -> Acceptance:
+        """The run's: its routing POLICY, the reasoning its REQUEST asks for, the --server
+        URLs SERVERS (whose answers no routing check applies to)."""
+        acceptance = cls(policy, endpoints, request.asks_for_reasoning())
+        acceptance.servers = frozenset(server_name(url) for url in servers)
         return acceptance
 
     def routing_violation(self, provider: str | None) -> str | None:

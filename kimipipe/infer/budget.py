@@ -32,8 +32,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..kinds import Cap
 from ..openrouter.routing import PriceBound
-from .config import RunConfig
+from .config import Money
 from .total_cost import TotalCost
 
 MESSAGE_OVERHEAD_TOKENS = 16
@@ -57,10 +58,12 @@ def prompt_token_bound(messages) -> int:
 
 @dataclass
 class Budget:
-    """What a run may still spend. The limits are read from CONFIG (the one place they
-    live); `spent` and `tokens` start at what earlier runs recorded."""
+    """What a run may still spend. The limits are read from MONEY (the one place they
+    live); MAX_TOKENS is a request's completion at most; `spent` and `tokens` start at
+    what earlier runs recorded."""
 
-    config: RunConfig
+    money: Money
+    max_tokens: int
     price: PriceBound | None  # the highest per-token prices allowed endpoints charge
     spent: float = 0.0  # recorded, all runs
     spent_this_run: float = 0.0
@@ -75,25 +78,20 @@ class Budget:
 
     @property
     def max_cost(self) -> float | None:
-        return self.config.max_cost
+        return self.money.max_cost
 
     @property
     def token_budget(self) -> int | None:
-        return self.config.token_budget
-
-    @property
-    def max_tokens(self) -> int:
-        return self.config.request.max_tokens
+        return self.money.token_budget
 
     def worst_case(self, prompt_tokens: int) -> float:
         if self.price is None:
             return 0.0
         return request_worst_case(prompt_tokens, self.max_tokens, self.price)
 
-    def cost_blocker(self, amount: float) -> str | None:
-        """Admission's check: which cap a new request of worst case AMOUNT does not fit now
-        ("max-cost", "total-cost"), or None when it fits both; then AMOUNT is claimed
-        until `reserve`."""
+    def cost_blocker(self, amount: float) -> Cap | None:
+        """Admission's check: which money cap a new request of worst case AMOUNT does not
+        fit now, or None when it fits both; then AMOUNT is claimed until `reserve`."""
         self.pending = 0.0
         blocker = self.cap_left_no_room(amount)
         if blocker is None:
@@ -102,13 +100,13 @@ class Budget:
             self.pending = amount
         return blocker
 
-    def cap_left_no_room(self, amount: float) -> str | None:
+    def cap_left_no_room(self, amount: float) -> Cap | None:
         """cost_blocker's answer, claiming nothing (for a prompt that holds its reservation
         already: its next attempt, or its move to OpenRouter)."""
         if self.max_cost is not None and self.spent + self.reserved + amount > self.max_cost:
-            return "max-cost"
+            return Cap.MAX_COST
         if self.total is not None and not self.total.fits(self.spent_this_run, self.reserved, amount):
-            return "total-cost"
+            return Cap.TOTAL_COST
         return None
 
     def cost_fits(self, amount: float) -> bool:
@@ -160,19 +158,21 @@ class Budget:
 
 
 
-def cap_below_one_request(budget: Budget, largest_prompt_tokens: int, todo: int) -> str | None:
+def cap_below_one_request(budget: Budget, largest_prompt_tokens: int, todo: int,
+                          servers: bool) -> str | None:
     """Why a money cap can never pay for one request, or None: --max-cost (or --total-cost)
     is below the worst case of the input's largest prompt, so that request could never be
     sent, even with nothing spent (the run would stop, once or at once, "reached" with the
     money unspent). The message names that worst case and what would fit: the cap it needs,
     and the largest --max-tokens the cap pays for (none when the prompt alone does not).
-    A cap that pays for one request but not for what is still to do stops the run, exit 3."""
+    A cap that pays for one request but not for what is still to do stops the run, exit 3.
+    SERVERS: the run has --server (they answer what OpenRouter's share cannot)."""
     price = budget.price
-    if price is None or not todo or not largest_prompt_tokens or budget.config.servers:
+    if price is None or not todo or not largest_prompt_tokens or servers:
         return None  # (with --server, the servers answer what OpenRouter's share cannot)
     worst = budget.worst_case(largest_prompt_tokens)
-    caps = [(flag, cap) for flag, cap in (("--max-cost", budget.max_cost),
-                                          ("--total-cost", budget.total and budget.total.cap))
+    caps = [(flag, cap) for flag, cap in ((Cap.MAX_COST.flag, budget.max_cost),
+                                          (Cap.TOTAL_COST.flag, budget.total and budget.total.cap))
             if cap is not None and worst > cap]
     if not caps:
         return None

@@ -75,13 +75,13 @@ def read_routing(config: RunConfig, identity: IdentityState, say: Callable[[str]
         for warning in requantization_warnings(config.request.model, config.policy, endpoints):
             say(f"kp-infer: warning: {warning}")
         if endpoints is not None and not allowed_endpoints(config.policy, endpoints):
-            quarantined = (f"; {state_path(config.output)} quarantines "
+            quarantined = (f"; {state_path(config.files.output)} quarantines "
                            + ", ".join(q.provider for q in identity.quarantined)
                            + " for identity (remove it to lift that)") if identity.quarantined else ""
             raise KPError("no provider in the endpoints table matches the routing flags "
                           f"(see kp-infer --plan){quarantined}", ExitCode.USAGE)
-        capped = "--max-cost" if config.max_cost is not None else "--total-cost"
-        if (config.max_cost is not None or config.total_cost is not None) and bound is None:
+        capped = "--max-cost" if config.money.max_cost is not None else "--total-cost"
+        if (config.money.max_cost is not None or config.money.total_cost is not None) and bound is None:
             raise KPError(f"{capped} needs a price bound: the endpoints table could not be read; "
                           "pass --max-price-prompt and --max-price-completion", ExitCode.USAGE)
         check_distillation(config, info, say)
@@ -136,10 +136,10 @@ def read_endpoints(config: RunConfig, say: Callable[[str], None]) -> list[Endpoi
     """The model's endpoints table, or None (with a warning) when it cannot be read;
     `--plan` needs it, so there it is an error."""
     try:
-        return fetch_endpoints(config.request.model, config.api_key, config.base_url,
-                               proxy=config.proxy)
+        return fetch_endpoints(config.request.model, config.sending.api_key, config.sending.base_url,
+                               proxy=config.sending.proxy)
     except AccountError as e:
-        why = scrub(str(e), config.proxy)
+        why = scrub(str(e), config.sending.proxy)
         if config.plan:
             raise KPError(f"cannot read the endpoints table: {why}") from None
         say(f"kp-infer: warning: cannot read the endpoints table ({why}); "
@@ -162,10 +162,10 @@ def check_provider_slugs(config: RunConfig, endpoints: list[Endpoint]) -> None:
 def read_model_info(config: RunConfig) -> ModelInfo | str:
     """The model's entry (for its distillation permission), or why it could not be read."""
     try:
-        return fetch_model_info(config.request.model, config.api_key, config.base_url,
-                                proxy=config.proxy)
+        return fetch_model_info(config.request.model, config.sending.api_key, config.sending.base_url,
+                                proxy=config.sending.proxy)
     except AccountError as e:
-        return scrub(str(e), config.proxy)
+        return scrub(str(e), config.sending.proxy)
 
 
 def check_distillation(config: RunConfig, info: ModelInfo | str, say: Callable[[str], None]) -> None:

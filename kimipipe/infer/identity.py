@@ -68,8 +68,10 @@ import msgspec
 
 from ..contracts import IdentityState, Quarantined
 from ..openrouter.attempt import Attempt
+from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
 from ..recorded.identity_table import VENDOR_BAND, IdentityTable, typical
+from .config import IdentityCheck
 from .identity_votes import (
     ACCEPT,
     OFF,
@@ -106,38 +108,39 @@ _SHOWN = 600  # characters of a rendered prompt a message shows
 
 
 
-def tokenizer_settings(config):
-    """The tokenize.engine.Settings kp-tokenize would load for this run (RunConfig):
+def tokenizer_settings(check: IdentityCheck, request: RequestOptions):
+    """The tokenize.engine.Settings kp-tokenize would load for this run (CHECK: --tokenizer
+    and its options; REQUEST: what is asked):
     thinking as the request asks, the preset of the model (Kimi K2.6's keeps earlier
     reasoning in its history: `kimi-k2.6`; else the tokenizer's own, `auto`)."""
     from ..tokenize.engine import Settings
 
     template = None
-    if config.chat_template:
-        with open(config.chat_template, encoding="utf-8") as f:
+    if check.chat_template:
+        with open(check.chat_template, encoding="utf-8") as f:
             template = f.read()
-    preset = "kimi-k2.6" if config.request.model.lower() == "moonshotai/kimi-k2.6" else "auto"
-    return Settings(tokenizer_dir=config.tokenizer, trust_remote_code=config.trust_remote_code,
+    preset = "kimi-k2.6" if request.model.lower() == "moonshotai/kimi-k2.6" else "auto"
+    return Settings(tokenizer_dir=check.tokenizer, trust_remote_code=check.trust_remote_code,
                     chat_template=template, preset=preset,
-                    thinking=config.request.asks_for_reasoning())
+                    thinking=request.asks_for_reasoning())
 
 
-def check_tokenizer(config) -> None:
+def check_tokenizer(check: IdentityCheck) -> None:
     """What can be checked of --tokenizer before anything is read or sent, without loading
     it (no such directory, not a tokenizer's, code to run without --trust-remote-code):
     exit 2 (tokenize/load.py)."""
     from ..tokenize.load import prepare_tokenizer_dir
 
-    config.tokenizer = str(prepare_tokenizer_dir(config.tokenizer, config.trust_remote_code))
+    check.tokenizer = str(prepare_tokenizer_dir(check.tokenizer, check.trust_remote_code))
 
 
-def load_counts(config):
+def load_counts(check: IdentityCheck, request: RequestOptions):
     """The target's counts (tokenize/counting.py TargetCounts), loaded and checked as
     kp-tokenize loads them: a tokenizer or template that does not load, or whose layout
     the preset does not match, is exit 2 before any request."""
     from ..tokenize.counting import TargetCounts
 
-    return TargetCounts(tokenizer_settings(config))
+    return TargetCounts(tokenizer_settings(check, request))
 
 
 UNCHECKED_WARNING = ("kp-infer: warning: answers' identity is unchecked: nothing compares their "

@@ -2,8 +2,9 @@
 (kimipipe/options.py has the idiom), and `ReportOptions`, those of `kp-infer report`.
 
 A new option is one field of InferOptions: its click declaration, its --help section, and
-with `fills=RunConfig` (or RequestOptions, Policy) the field of that name it goes to, as
-it is; when it is a new setting, that field too (its name and type checked against this
+with `fills=` a part of RunConfig (Files, Money, Sending, Retries, IdentityCheck:
+infer/config.py), RunConfig itself, RequestOptions or Policy, the field of that name it
+goes to, as it is; when it is a new setting, that field too (its name and type checked against this
 one at import). A value computed from several options (the served sampling preset, the
 quantization default, the API key, ...) is computed by `run_config` in commands/infer.py,
 which builds the run's RunConfig, its RequestOptions and its Policy; the options no record
@@ -38,7 +39,7 @@ from ..options import (
     argument,
     option,
 )
-from .config import RunConfig
+from .config import Files, IdentityCheck, Money, Retries, RunConfig, Sending
 from .conversations import HISTORY_POLICIES
 from .identity import DEFAULT_STRIKES
 from .preflight import DEFAULT_REQUESTS
@@ -95,7 +96,7 @@ HTML = functools.partial(
 class InferOptions(CommandSettings):
     """kp-infer's command line, one field per option, in --help order."""
 
-    input: str = INPUT(fills=RunConfig)
+    input: str = INPUT(fills=Files)
     # -- Plan and money
     plan: bool = option(
         "--plan", is_flag=True, section=MONEY, fills=RunConfig,
@@ -107,35 +108,35 @@ class InferOptions(CommandSettings):
              "prices, the stream's shape, the balance and how many requests it covers at "
              "once); a pass/fail table on stdout, exit 4 on a failed check. The answers are "
              "kept in -o FILE (needed) like a run's.")
-    max_cost: float | None = MAX_COST(section=MONEY, fills=RunConfig)
-    token_budget: int | None = TOKEN_BUDGET(section=MONEY, fills=RunConfig)
-    total_cost: float | None = TOTAL_COST(section=MONEY, fills=RunConfig)
+    max_cost: float | None = MAX_COST(section=MONEY, fills=Money)
+    token_budget: int | None = TOKEN_BUDGET(section=MONEY, fills=Money)
+    total_cost: float | None = TOTAL_COST(section=MONEY, fills=Money)
     spent_in: list[str] = option(
-        "--spent-in", multiple=True, metavar="FILE", section=MONEY, fills=RunConfig,
+        "--spent-in", multiple=True, metavar="FILE", section=MONEY, fills=Money,
         help="A responses or failures file (or a glob) whose recorded spend counts against "
              "--total-cost (repeatable; read at start).")
     reservations: str | None = option(
         "--reservations", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-        section=MONEY, fills=RunConfig,
+        section=MONEY, fills=Money,
         help="Share --total-cost with the kp-infer runs of this machine that name the same "
              "FILE (a JSON file, locked): their requests in flight are reserved against it too.")
     min_credits: float | None = option(
         "--min-credits", type=click.FloatRange(min=0), default=None, metavar="USD",
-        section=MONEY, fills=RunConfig,
+        section=MONEY, fills=Money,
         help="Stop admitting work when the account balance falls below USD (polled; exit 3).")
     credits_interval: float = option(
         "--credits-interval", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
-        section=MONEY, fills=RunConfig,
+        section=MONEY, fills=Money,
         help="Seconds between balance polls (the money in flight follows the balance; --min-credits).")
     cost_lookup_wait: float = option(
         "--cost-lookup-wait", type=click.FloatRange(min=0), default=30.0, show_default=True,
-        metavar="SECONDS", section=MONEY, fills=RunConfig,
+        metavar="SECONDS", section=MONEY, fills=Money,
         help="An answer whose usage shows no cost is booked at its worst price, then its "
              "cost is read from GET /generation for up to SECONDS before its record is "
              "written (else the estimate stays; docs/money.md).")
     sample: int | None = option(
         "--sample", type=click.IntRange(min=0), default=None, metavar="N", section=MONEY,
-        fills=RunConfig,
+        fills=Files,
         help="Only the N prompts whose SHA-256 of id is smallest: the same N in every run "
              "(a pilot whose answers stay part of the data).")
     # -- Routing (which providers may answer)
@@ -181,7 +182,7 @@ class InferOptions(CommandSettings):
              "be used for that).")
     # -- Identity (is each answer the target model's)
     tokenizer: str | None = option(
-        "--tokenizer", default=None, metavar="DIR", section=IDENTITY, fills=RunConfig,
+        "--tokenizer", default=None, metavar="DIR", section=IDENTITY, fills=IdentityCheck,
         help="The target model's tokenizer and chat template, as kp-tokenize takes them "
              "(a directory, or a model name in the local Hugging Face cache; nothing is "
              "downloaded): every answer's usage.prompt_tokens is checked against the "
@@ -189,17 +190,17 @@ class InferOptions(CommandSettings):
              "model's is refused and its prompt sent again (docs/kp-infer.md: identity). "
              "Without it, answers' identity is unchecked.")
     trust_remote_code: bool = option(
-        "--trust-remote-code", is_flag=True, section=IDENTITY, fills=RunConfig,
+        "--trust-remote-code", is_flag=True, section=IDENTITY, fills=IdentityCheck,
         help="Run the tokenizer code the --tokenizer directory ships (Kimi K2.5's "
              "tokenization_kimi.py).")
     chat_template: str | None = option(
         "--chat-template", type=click.Path(exists=True, dir_okay=False), default=None,
-        metavar="FILE", section=IDENTITY, fills=RunConfig,
+        metavar="FILE", section=IDENTITY, fills=IdentityCheck,
         help="A Jinja chat template file to use instead of the --tokenizer directory's "
              "(as kp-tokenize's).")
     identity_strikes: int = option(
         "--identity-strikes", type=click.IntRange(min=1), default=DEFAULT_STRIKES,
-        show_default=True, metavar="N", section=IDENTITY, fills=RunConfig,
+        show_default=True, metavar="N", section=IDENTITY, fills=IdentityCheck,
         help="A provider with N answers refused for identity is quarantined: in "
              "provider.ignore for the rest of the run and for its resumes (kept in "
              "OUTPUT.identity.json).")
@@ -255,36 +256,36 @@ class InferOptions(CommandSettings):
     # -- Files and resume
     output: str = OUTPUT(
         help="Output file, appended to and resumed from (`-` = stdout, no resume).",
-        section=FILES, fills=RunConfig)
+        section=FILES, fills=Files)
     failures: str | None = option(
-        "--failures", type=click.Path(), default=None, section=FILES, fills=RunConfig,
+        "--failures", type=click.Path(), default=None, section=FILES, fills=Files,
         help="Append permanent failures here (JSONL: id, kind, status, code, message, attempts, "
              "and for answers paid for and refused, provider, cost and refused).")
     summary_json: str | None = option(
-        "--summary-json", type=click.Path(), default=None, section=FILES, fills=RunConfig,
+        "--summary-json", type=click.Path(), default=None, section=FILES, fills=Files,
         help="Write the final summary here as JSON (`-`: stdout, when -o is a file).")
     done_files: list[str] = option(
-        "--done", multiple=True, type=click.Path(), section=FILES, fills=RunConfig,
+        "--done", multiple=True, type=click.Path(), section=FILES, fills=Files,
         help="Another responses file whose IDs count as done (repeatable).")
     rescue_dir: str | None = option(
         "--rescue", type=click.Path(), default=None, metavar="DIR", section=FILES,
-        fills=RunConfig,
+        fills=Files,
         help="Where answers paid for that the output cannot take (a full disk) are kept "
              "for the next run, which takes them in first; give the same DIR to that run "
              "(default: kimipipe-rescue-UID in the temp dir). Best on another filesystem.")
     min_free_disk: int = option(
         "--min-free-disk", type=Quantity("size", 1024, minimum=0), default="64M",
-        show_default=True, metavar="BYTES", section=FILES, fills=RunConfig,
+        show_default=True, metavar="BYTES", section=FILES, fills=Files,
         help="Free space kept on the output's filesystem beyond the worst case of the "
              "requests in flight (accepts 500M, 2G); below it admission waits for disk.")
     disk_wait: float = option(
         "--disk-wait", type=click.FloatRange(min=0), default=600.0, show_default=True,
-        metavar="S", section=FILES, fills=RunConfig,
+        metavar="S", section=FILES, fills=Files,
         help="Seconds to wait for disk room with nothing in flight before stopping "
              "(exit 3, resumable).")
-    partition: tuple[int, int] | None = PARTITION(section=FILES, fills=RunConfig)
+    partition: tuple[int, int] | None = PARTITION(section=FILES, fills=Files)
     allow_mixed: bool = option(
-        "--allow-mixed", is_flag=True, section=FILES, fills=RunConfig,
+        "--allow-mixed", is_flag=True, section=FILES, fills=Files,
         help="Resume into an output whose records were asked with another model, "
              "sampling or history policy (refused by default, exit 2).")
     report_files: list[str] = option(
@@ -298,12 +299,12 @@ class InferOptions(CommandSettings):
     # -- Tuning and connection
     concurrency: int = option(
         "--concurrency", type=click.IntRange(min=1), default=64, show_default=True,
-        section=TUNING, fills=RunConfig,
+        section=TUNING, fills=Sending,
         help="Requests in flight at most (the limit adapts down on 429s and back up). "
              "64 suits a first try; the user's runs in the README use 2000 (one client "
              "holds 2000 in flight: see docs/performance.md).")
     servers: list[str] = option(
-        "--server", multiple=True, metavar="URL[#NAME]", section=TUNING, fills=RunConfig,
+        "--server", multiple=True, metavar="URL[#NAME]", section=TUNING, fills=Sending,
         help="A self-hosted OpenAI-compatible server (vLLM, SGLang) to send prompts to, "
              "e.g. http://gpu1:30000/v1 (repeatable); #NAME: the name it serves --model "
              "under (else GET /v1/models tells). No provider object, balance or "
@@ -312,42 +313,42 @@ class InferOptions(CommandSettings):
              "See docs/servers.md.")
     server_concurrency: int = option(
         "--server-concurrency", type=click.IntRange(min=1), default=64, show_default=True,
-        section=TUNING, fills=RunConfig, help="Requests in flight at most per --server.")
+        section=TUNING, fills=Sending, help="Requests in flight at most per --server.")
     use_openrouter: bool = option(
         "--openrouter", is_flag=True, section=TUNING,
         help="With --server: send to OpenRouter too (up to --concurrency in flight there); "
              "each prompt goes to whichever has room. Implied without --server.")
     max_attempts: int = option(
         "--max-attempts", type=click.IntRange(min=1), default=8, show_default=True,
-        section=TUNING, fills=RunConfig,
+        section=TUNING, fills=Retries,
         help="Attempts per prompt before it is recorded as failed (this run); an answer "
              "refused (routing, no reasoning, a think tag) counts as one.")
     backoff_base: float = option(
         "--backoff-base", type=click.FloatRange(min=0), default=1.0, show_default=True,
-        section=TUNING, fills=RunConfig,
+        section=TUNING, fills=Retries,
         help="First retry delay in seconds (doubles per attempt, jittered, max 60 s).")
     grace: float = option(
         "--grace", type=click.FloatRange(min=0), default=300.0, show_default=True,
-        section=TUNING, fills=RunConfig,
+        section=TUNING, fills=Retries,
         help="Seconds a stop waits for requests in flight (they are paid for) before cancelling.")
     idle_timeout: float = option(
         "--idle-timeout", type=click.FloatRange(min=0.01), default=180.0, show_default=True,
-        section=TUNING, fills=RunConfig,
+        section=TUNING, fills=Sending,
         help="Seconds without data (keep-alive comments don't count) before an attempt is retried.")
     workers: int | None = option(
-        "--workers", type=click.IntRange(min=0), default=None, section=TUNING, fills=RunConfig,
+        "--workers", type=click.IntRange(min=0), default=None, section=TUNING, fills=Sending,
         help="Worker processes for the HTTP work (default: in this process when at most 256 "
              "requests can be in flight, else the number of cores; 0 = in this process).")
     stream: bool = option(
         "--stream/--no-stream", default=True, show_default=True, section=TUNING,
         fills=RequestOptions, help="Stream answers (SSE).")
     proxy: str | None = option(
-        "--proxy", default=None, metavar="URL", section=TUNING, fills=RunConfig,
+        "--proxy", default=None, metavar="URL", section=TUNING, fills=Sending,
         help="Send every request through this HTTP proxy (http://[USER:PASSWORD@]HOST:PORT), "
              "instead of HTTPS_PROXY/HTTP_PROXY/NO_PROXY. The password is never printed.")
     base_url: str = option(
         "--base-url", envvar="OPENROUTER_BASE_URL", default=DEFAULT_BASE_URL, show_default=True,
-        section=TUNING, fills=RunConfig, help="API base URL (or OPENROUTER_BASE_URL).")
+        section=TUNING, fills=Sending, help="API base URL (or OPENROUTER_BASE_URL).")
     api_key_file: str | None = option(
         "--api-key-file", type=click.Path(), default=None, section=TUNING,
         help="Read the API key from this file (default: OPENROUTER_API_KEY).")

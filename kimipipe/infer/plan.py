@@ -151,12 +151,12 @@ def in_flight_data(config: RunConfig, balance: Balance | None, prompt_tokens: fl
         return None
     worst = request_worst_case(prompt_tokens, config.request.max_tokens, bound)
     prompt_part, completion_price = prompt_tokens * bound.prompt, bound.completion
-    per_slot = spendable / config.concurrency - prompt_part
+    per_slot = spendable / config.sending.concurrency - prompt_part
     allowing = int(per_slot / completion_price) if completion_price > 0 and per_slot > 0 else None
     return PlanInFlight(balance=round(spendable, 6), balance_source=balance.source,
                         worst_case_request=round(worst, 6),
                         requests=int(spendable / worst) if worst > 0 else None,
-                        concurrency=config.concurrency, max_tokens_for_concurrency=allowing)
+                        concurrency=config.sending.concurrency, max_tokens_for_concurrency=allowing)
 
 
 def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
@@ -178,7 +178,8 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
                                     verdict=verdict, allowed=verdict == "allowed"))
     warnings = requantization_warnings(request.model, policy, endpoints)
     warnings += endpoint_warnings(policy, endpoints)
-    too_small = cap_below_one_request(budget, scan.largest_prompt_bound, prepared.turns_todo)
+    too_small = cap_below_one_request(budget, scan.largest_prompt_bound, prepared.turns_todo,
+                                      bool(config.sending.servers))
     if too_small:
         warnings.append(too_small)
     if endpoints is not None and not allowed:
@@ -223,15 +224,15 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
         cost = PlanCost(expected=round(expected, 6), worst_case=round(todo_requests * worst_request, 6),
                         worst_case_request=round(worst_request, 6))
     total = None
-    if config.total_cost is not None:
-        total = PlanTotalCost(cap=config.total_cost,
+    if config.money.total_cost is not None:
+        total = PlanTotalCost(cap=config.money.total_cost,
                               recorded=prepared.spent + prepared.spent_elsewhere,
                               spent_in=prepared.spent_in_files)
     return InferPlan(
         model=request.model,
         input=scan.shown,
         prompts=PlanPrompts(input=scan.records, todo=todo, done=prepared.skipped,
-                            sample=config.sample),
+                            sample=config.files.sample),
         prompt_tokens=PlanPromptTokens(estimated=round(per_prompt * scan.requests),
                                        per_prompt=round(per_prompt, 1),
                                        bound=round(per_prompt_bound * scan.requests)),
@@ -252,8 +253,8 @@ def plan_data(config: RunConfig, prepared: Prepared, budget: Budget,
         answer_tokens=PlanAnswerTokens(expected=round(expected_completion, 1), assumed=assumed),
         cost=cost,
         recorded=Recorded(spend=round(prepared.spent, 10), completion_tokens=prepared.tokens),
-        max_cost=config.max_cost,
-        token_budget=config.token_budget,
+        max_cost=config.money.max_cost,
+        token_budget=config.money.token_budget,
         total_cost=total,
         warnings=warnings,
         sampling=sampling_lines(request, policy),
@@ -273,9 +274,9 @@ def _logprobs_data(config: RunConfig, endpoints) -> PlanLogprobs | None:
 
 def identity_line(config: RunConfig) -> str:
     """What the run checks each answer's identity against (infer/identity.py)."""
-    if config.tokenizer:
-        return (f"identity: each answer's token counts checked against {config.tokenizer} "
-                f"(--tokenizer; a provider refused {config.identity_strikes} times is quarantined)")
+    if config.identity.tokenizer:
+        return (f"identity: each answer's token counts checked against {config.identity.tokenizer} "
+                f"(--tokenizer; a provider refused {config.identity.identity_strikes} times is quarantined)")
     return ("identity: unchecked: no --tokenizer, so nothing compares the answers' token "
             "counts with the target model's")
 
@@ -320,7 +321,7 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget,
         out.append(f"warning: {warning}")
     out.append(data.identity)
     out.extend(data.sampling)
-    if config.openrouter:
+    if config.sending.openrouter:
         out.extend(logprobs.plan_lines(data.logprobs, config.request))
     out.append(data.distillation)
     for note in data.notes:
@@ -348,8 +349,8 @@ def plan_text(config: RunConfig, prepared: Prepared, budget: Budget,
         what = "requests" if requests.conversations else "prompts"  # (a turn is a request)
         out.append(f"cost estimate for {todo} {what}: expected ~${cost.expected:,.2f} (prompts at ~4 bytes/token, "
                    f"answers at {data.answer_tokens.assumed}); worst case ${cost.worst_case:,.2f}")
-        if config.max_cost is not None:
-            out.append(f"--max-cost ${config.max_cost:g}: ${budget.spent:.4f} already recorded; "
+        if config.money.max_cost is not None:
+            out.append(f"--max-cost ${config.money.max_cost:g}: ${budget.spent:.4f} already recorded; "
                        + ("not one request fits under it (the warning above)"
                           if any(w.startswith("--max-cost") for w in data.warnings)
                           else "the run stops before exceeding it"))

@@ -121,17 +121,18 @@ class Check:
 def run_preflight(config: RunConfig, n: int, as_json: bool, say: Callable[[str], None],
                   echo: Callable[[str], None]) -> int:
     """Prepare, check, send N prompts, keep their answers; the report through ECHO."""
-    if config.output == "-":
+    if config.files.output == "-":
         raise KPError("--preflight keeps its answers for the run: give -o FILE (the run's output)",
                       ExitCode.USAGE)
     if config.plan:
         raise KPError("--preflight and --plan: one at a time", ExitCode.USAGE)
-    if config.tokenizer:
-        check_tokenizer(config)  # (a missing directory: exit 2 before anything is read)
+    if config.identity.tokenizer:
+        check_tokenizer(config.identity)  # (a missing directory: exit 2 before anything is read)
     with tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
         prepared = prepare(config, tmpdir, say)
-        budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens)
-        counts = load_counts(config) if config.tokenizer and config.openrouter else None
+        budget = Budget(config.money, config.request.max_tokens, prepared.price,
+                        spent=prepared.spent, tokens=prepared.tokens)
+        counts = load_counts(config.identity, config.request) if config.identity.tokenizer and config.sending.openrouter else None
         # with --tokenizer, one more request per allowed provider (infer/preflight_identity.py)
         providers = (allowed_providers(config.policy, prepared.endpoints)
                      if counts is not None else [])
@@ -139,7 +140,7 @@ def run_preflight(config: RunConfig, n: int, as_json: bool, say: Callable[[str],
         prompts, probes = chosen[:n], list(zip(providers, chosen[n:], strict=False))
         worst = sum(budget.worst_case(prompt_token_bound(p.messages)) for p, _line, _sid in chosen)
         if not budget.cost_fits(worst):
-            raise KPError(f"--max-cost ${config.max_cost:g} leaves no room for the preflight's "
+            raise KPError(f"--max-cost ${config.money.max_cost:g} leaves no room for the preflight's "
                           f"{len(chosen)} requests (worst case ${worst:.4f}; "
                           f"${budget.spent:.4f} recorded)", ExitCode.BUDGET)
         report = _interruptible(_preflight(config, prepared, budget, prompts, counts, probes,
@@ -186,7 +187,7 @@ def first_to_do(config: RunConfig, prepared: Prepared, n: int
     sent and kept as the run does it."""
     chosen = []
     for _lineno, prompt, line in iter_records(prepared.scan.path, PROMPT_DECODER):
-        if prompt.id in prepared.done or not in_partition(prompt.id, config.partition):
+        if prompt.id in prepared.done or not in_partition(prompt.id, config.files.partition):
             continue
         if is_conversation(prompt):
             resume = prepared.conversations
@@ -208,28 +209,29 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
     """The checks (module docstring); ONE_EACH: ((provider, tags), prompt) sent to that
     provider alone, and PROBED their names (--tokenizer: infer/preflight_identity.py)."""
     checks = []
-    if config.openrouter:  # (a run with --server alone reads nothing of OpenRouter's)
+    if config.sending.openrouter:  # (a run with --server alone reads nothing of OpenRouter's)
         checks += [_table_check(config, prepared), _logprobs_check(config, prepared),
                    Check("availability", *availability_text(
                        endpoints_left(config.policy, prepared.endpoints), config.request.model)),
                    _distillation_check(config, prepared.model_info)]
         checks += [Check("routing", "warn", w)
                    for w in endpoint_warnings(config.policy, prepared.endpoints)]
-        async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
+        async with Account(config.sending.api_key, config.sending.base_url, proxy=config.sending.proxy) as account:
             checks.extend(await _balance_checks(config, prepared, budget, account))
     checks += [_server_check(server, config) for server in prepared.servers]
     # the prompts go to the run's sources in turn (each server, then OpenRouter), so that
     # every source answers one when N is at least their number
-    targets: list[Server | None] = [*prepared.servers, *([None] if config.openrouter else [])]
+    targets: list[Server | None] = [*prepared.servers, *([None] if config.sending.openrouter else [])]
     sent_to = [targets[i % len(targets)] for i in range(len(prompts))]
     if len(prompts) < len(targets):
         checks.append(Check("sources", "warn", f"{len(prompts)} request(s) for {len(targets)} "
                             "sources: " + ", ".join(_source_name(t) for t in targets[len(prompts):])
                             + " not sent one (--preflight N with N at least the sources)"))
     output = Output(config)
-    acceptance = Acceptance.for_run(config, prepared.endpoints)
-    timeout = httpx.Timeout(config.idle_timeout, connect=30.0)
-    async with httpx.AsyncClient(timeout=timeout, trust_env=True, proxy=config.proxy) as http, \
+    acceptance = Acceptance.for_run(config.policy, config.request, config.sending.servers,
+                                    prepared.endpoints)
+    timeout = httpx.Timeout(config.sending.idle_timeout, connect=30.0)
+    async with httpx.AsyncClient(timeout=timeout, trust_env=True, proxy=config.sending.proxy) as http, \
             httpx.AsyncClient(timeout=timeout, trust_env=False) as local:
         sent = await asyncio.gather(*(
             [_send(http, local, config, target, config.request.body(prompt, config.policy, session_id))
@@ -249,14 +251,14 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
     unsettled = [(prompt, probe) for (prompt, _line, _sid), probe in zip(prompts, probes, strict=True)
                  if probe.attempt.kind == AttemptKind.OK and probe.attempt.cost is None]
     if unsettled:
-        async with Account(config.api_key, config.base_url, proxy=config.proxy) as account:
+        async with Account(config.sending.api_key, config.sending.base_url, proxy=config.sending.proxy) as account:
             for prompt, probe in unsettled:
                 worst = budget.worst_case(prompt_token_bound(prompt.messages))
                 probe.attempt.cost, sources[id(probe)] = await costs.settle(
                     probe.attempt, prepared.price, worst, account.generation_cost,
-                    config.cost_lookup_wait)
+                    config.money.cost_lookup_wait)
     judge, identities = _identities(config, prepared, counts, prompts, probes, sent_to, acceptance)
-    if counts is None and config.openrouter:
+    if counts is None and config.sending.openrouter:
         checks.append(Check("identity", "warn", "unchecked: the answers' token counts are not "
                             "compared with the target model's; pass --tokenizer DIR (the "
                             "target's tokenizer, as kp-tokenize takes it)"))
@@ -298,7 +300,7 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
                                 f"{row['verdict']}: {row['detail']}"))
     if not prompts:
         checks.append(Check("answers", "warn", "no prompt left to send: every one is done"))
-    return {"model": config.request.model, "output": config.output, "requests": len(prompts),
+    return {"model": config.request.model, "output": config.files.output, "requests": len(prompts),
             "spend": round(spend, 10), "checks": [asdict(c) for c in checks],
             "answers": answers, "identity": identity_rows,
             "passed": not any(c.verdict == "fail" for c in checks)}
@@ -359,7 +361,7 @@ async def _send(http: httpx.AsyncClient, local: httpx.AsyncClient, config: RunCo
     server's), read line by line (openrouter/probe.py)."""
     stream = config.request.stream if stream is None else stream
     if target is None:
-        return await send_probe(http, config.base_url, config.api_key, body, stream)
+        return await send_probe(http, config.sending.base_url, config.sending.api_key, body, stream)
     probe = await send_probe(local, target.url, server_api_key(), server_body(body, target), stream)
     server_answer(probe.attempt, target, config.request.model)
     return probe
@@ -488,15 +490,15 @@ async def _balance_checks(config: RunConfig, prepared: Prepared, budget: Budget,
         checks.append(Check("requests at once", "warn",
                             "unknown (no balance or no price bound to size a request's worst case)"))
         return checks
-    if config.max_cost is not None:
-        spendable = min(spendable, max(0.0, config.max_cost - budget.spent))
+    if config.money.max_cost is not None:
+        spendable = min(spendable, max(0.0, config.money.max_cost - budget.spent))
     at_once = int(spendable // worst)
     detail = (f"the balance covers {at_once:,} requests' worst case at once (${worst:.4f} each: "
               f"a mean prompt and --max-tokens {config.request.max_tokens:,} at the highest price)")
-    if at_once >= config.concurrency:
-        return [*checks, Check("requests at once", "pass", f"{detail}; --concurrency {config.concurrency:,}")]
+    if at_once >= config.sending.concurrency:
+        return [*checks, Check("requests at once", "pass", f"{detail}; --concurrency {config.sending.concurrency:,}")]
     return [*checks, Check("requests at once", "warn",
-                           f"{detail}, fewer than --concurrency {config.concurrency:,}: OpenRouter's "
+                           f"{detail}, fewer than --concurrency {config.sending.concurrency:,}: OpenRouter's "
                            "in-flight budget will refuse the rest with 402s (kp-infer waits them out); "
                            "lower --max-tokens or add credits")]
 

@@ -33,6 +33,7 @@ from ..openrouter.client import CompletionClient
 from ..openrouter.proxy import scrub
 from ..openrouter.routing import Endpoint, PriceBound
 from ..partition import in_partition
+from ..recorded.api import api_of
 from .config import RunConfig
 from .conversations import OutputConversations
 from .disk import DiskGuard
@@ -75,21 +76,21 @@ class Prepared:
 def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepared:
     """Validation, resume state and routing, before anything is sent (see the module doc)."""
     check_transport(config)
-    scan = read_input(config.input, tmpdir)
-    require_distinct(config.output, config.input, *config.done_files)
+    scan = read_input(config.files.input, tmpdir)
+    require_distinct(config.files.output, config.files.input, *config.files.done_files)
     if not config.plan:  # a disk that cannot take one answer: exit 3 now, not a wait for ever
-        DiskGuard(config.output, config.request.max_tokens, config.min_free_disk).check_room_at_start()
+        DiskGuard(config.files.output, config.request.max_tokens, config.files.min_free_disk).check_room_at_start()
     previous = read_previous_work(config, scan, say)
     done, conversations = previous.done, previous.conversations
-    sample = stable_sample(scan.ids, config.sample) if config.sample is not None else None
-    in_part = [i for i in scan.ids if in_partition(i, config.partition) and (sample is None or i in sample)]
+    sample = stable_sample(scan.ids, config.files.sample) if config.files.sample is not None else None
+    in_part = [i for i in scan.ids if in_partition(i, config.files.partition) and (sample is None or i in sample)]
     skipped = sum(1 for i in in_part if i in done)
     todo_ids = [i for i in in_part if i not in done]
     # what is left of each conversation: the turns OUTPUT holds are not asked again
     turns_todo = sum(scan.turns_of(i) - (conversations.open[i].turn if i in conversations.open
                                          else 0) for i in todo_ids)
     conversations_todo = sum(1 for i in todo_ids if i in scan.turns)
-    if not config.openrouter:  # servers only: no endpoints table, no prices, no model entry
+    if not config.sending.openrouter:  # servers only: no endpoints table, no prices, no model entry
         prepared = _servers_only(config, scan, previous, in_part, skipped, sample, say)
         prepared.turns_todo, prepared.conversations_todo = turns_todo, conversations_todo
         return prepared
@@ -103,20 +104,20 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
         servers=discover_servers(config, say), identity=identity)
     if routing.logprobs_note:
         prepared.notes.append(routing.logprobs_note)
-    if config.plan and config.output == "-":
+    if config.plan and config.files.output == "-":
         prepared.notes.append("no -o: the answers a run already wrote cannot be seen here, so every "
                               "prompt counts as to do; pass the -o (and --failures) of the run to "
                               "see what is left")
-    if config.total_cost is not None:
+    if config.money.total_cost is not None:
         prepared.total, prepared.spent_in_files, prepared.spent_elsewhere = open_total_cost(
-            config, prepared.spent)
+            config.money, config.files, api_of(config.sending.base_url), config.plan, prepared.spent)
     return prepared
 
 
 def _servers_only(config: RunConfig, scan: InputScan, previous, in_part: list[str],
                   skipped: int, sample: set[str] | None, say: Callable[[str], None]) -> Prepared:
     """A run with --server and no --openrouter: no endpoints table, prices or balance."""
-    if config.max_cost is not None or config.total_cost is not None:
+    if config.money.max_cost is not None or config.money.total_cost is not None:
         raise KPError("--max-cost and --total-cost cap OpenRouter's spend: a run with "
                       "--server and no --openrouter spends none (the token budget, "
                       "--token-budget, applies)", ExitCode.USAGE)
@@ -125,7 +126,7 @@ def _servers_only(config: RunConfig, scan: InputScan, previous, in_part: list[st
                         model_info="servers only", sample=sample,
                         conversations=previous.conversations,
                         servers=discover_servers(config, say))
-    prepared.notes.append(f"servers only ({', '.join(config.servers)}): no OpenRouter "
+    prepared.notes.append(f"servers only ({', '.join(config.sending.servers)}): no OpenRouter "
                           "routing, prices or balance; the answers cost nothing")
     return prepared
 
@@ -134,7 +135,7 @@ def check_transport(config: RunConfig) -> None:
     """Build what the workers will build, here: a bad base URL, key, CA file or proxy is
     exit 2 before anything is read or sent."""
     try:
-        CompletionClient(config.base_url, config.api_key or "-", idle_timeout=config.idle_timeout,
-                         proxy=config.proxy)
+        CompletionClient(config.sending.base_url, config.sending.api_key or "-", idle_timeout=config.sending.idle_timeout,
+                         proxy=config.sending.proxy)
     except ValueError as e:
-        raise KPError(scrub(str(e), config.proxy), ExitCode.USAGE) from None
+        raise KPError(scrub(str(e), config.sending.proxy), ExitCode.USAGE) from None

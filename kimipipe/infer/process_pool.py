@@ -242,22 +242,22 @@ def open_transport(config: RunConfig, todo: int, servers: list | None = None
     process carries well over a thousand live streams (docs/performance.md), so a small run
     gains nothing from workers and would pay their start (~0.3 s of CPU each) and an IPC
     hop per request."""
-    if config.servers:  # self-hosted servers (SERVERS: as discovered), OpenRouter beside or not
+    if config.sending.servers:  # self-hosted servers (SERVERS: as discovered), OpenRouter beside or not
         from .servers import Server, Sources, split_server
         return Sources.for_run(servers or [Server(split_server(u)[0], config.request.model)
-                                           for u in config.servers],
-                               config.server_concurrency, config.idle_timeout,
-                               openrouter_transport(config, todo) if config.openrouter else None,
-                               config.concurrency, model=config.request.model)
+                                           for u in config.sending.servers],
+                               config.sending.server_concurrency, config.sending.idle_timeout,
+                               openrouter_transport(config, todo) if config.sending.openrouter else None,
+                               config.sending.concurrency, model=config.request.model)
     return openrouter_transport(config, todo)
 
 
 def openrouter_transport(config: RunConfig, todo: int) -> WorkerPool | CompletionClient:
     """OpenRouter's transport: in this process, or a WorkerPool (see `open_transport`)."""
-    workers = default_workers(config.concurrency, todo) if config.workers is None else config.workers
+    workers = default_workers(config.sending.concurrency, todo) if config.sending.workers is None else config.sending.workers
     workers = min(workers, max(1, todo)) if workers else 0
     if workers:
-        return WorkerPool(workers, config.base_url, config.api_key, idle_timeout=config.idle_timeout,
-                          proxy=config.proxy)
-    return CompletionClient(config.base_url, config.api_key, idle_timeout=config.idle_timeout,
-                            proxy=config.proxy)
+        return WorkerPool(workers, config.sending.base_url, config.sending.api_key, idle_timeout=config.sending.idle_timeout,
+                          proxy=config.sending.proxy)
+    return CompletionClient(config.sending.base_url, config.sending.api_key, idle_timeout=config.sending.idle_timeout,
+                            proxy=config.sending.proxy)

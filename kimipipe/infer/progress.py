@@ -53,7 +53,6 @@ from .report import permanent_failures
 
 if TYPE_CHECKING:
     from .budget import Budget
-    from .config import RunConfig
     from .inflight import MoneyInFlight
     from .limiter import AdaptiveLimiter
     from .report import Stats
@@ -96,12 +95,13 @@ class RunProgress:
     disabled one) and the parts whose state it shows (it reads them, and writes nothing of
     theirs)."""
 
-    def __init__(self, bar, config: RunConfig, todo: int, state: RunState, stats: Stats,
-                 budget: Budget, limiter: AdaptiveLimiter, money: MoneyInFlight,
+    def __init__(self, bar, grace: float, concurrency: int, todo: int, state: RunState,
+                 stats: Stats, budget: Budget, limiter: AdaptiveLimiter, money: MoneyInFlight,
                  terminal: bool, conversations=None):
         self.bar = bar
         self.conversations = conversations  # a ConversationQueue when the run has any
-        self.config = config
+        self.grace = grace  # (--grace: the time a stop leaves, shown)
+        self.concurrency = concurrency  # the run's limit, the servers' slots included
         self.todo = todo
         self.state = state
         self.stats = stats
@@ -131,13 +131,13 @@ class RunProgress:
         ceiling = self.money.ceiling()
         grace_left = None
         if state.stopped_at is not None:
-            grace_left = max(0.0, self.config.grace - (now - state.stopped_at))
+            grace_left = max(0.0, self.grace - (now - state.stopped_at))
         return ProgressSnapshot(
             finished=finished, total=total, failed=failed, not_sent=not_sent,
             conversations=((conversations.done + conversations.cut, len(conversations.open))
                            if conversations is not None else None),
             in_flight=self.limiter.in_flight, limit=self.limiter.current,
-            concurrency=self.config.total_concurrency, waiting=state.waiting,
+            concurrency=self.concurrency, waiting=state.waiting,
             stopping=state.stop_reason.slug if state.stop_reason else None,
             grace_left=grace_left,
             **binding_cap(budget),

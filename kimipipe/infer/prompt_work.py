@@ -1,9 +1,11 @@
 """What happens to one admitted prompt of a kp-infer run: its attempts and what each ends in.
 
 The run (infer/run.py) admits a prompt, then hands it to a `PromptWork` of its own, given
-the run's parts explicitly (`RunParts`); the work owns the prompt from admission to its
-record. It sends the request through the transport until an answer or a permanent failure;
-what each attempt ends in (`kinds.AttemptKind`) has one handler here (`PromptWork.HANDLERS`):
+the run's parts explicitly (`RunParts`) and the prompt's `Ticket` (infer/admission.py:
+its slot, reservations and route, which the work gives back and takes again through it);
+the work owns the prompt's attempts and answers from admission to its record. It sends
+the request through the transport until an answer or a permanent failure; what each
+attempt ends in (`kinds.AttemptKind`) has one handler here (`PromptWork.HANDLERS`):
 
     ok         the answer is checked (routing, the reasoning asked for: infer/acceptance.py;
                with --tokenizer its identity, counted once per prompt: infer/identity.py,
@@ -31,7 +33,8 @@ what each attempt ends in (`kinds.AttemptKind`) has one handler here (`PromptWor
                settled as a missing one, and the prompt sent again elsewhere
 
 The record or failure is written whole (infer/writing.py), and what a failing output cannot
-take is kept in the rescue file. Admission, stops and draining stay in the run.
+take is kept in the rescue file. Admission and the caps' wait are infer/admission.py's;
+stops and draining stay in the run.
 """
 
 from __future__ import annotations
@@ -46,20 +49,18 @@ from typing import Protocol
 from ..contracts import MoneyLimit
 from ..kinds import AttemptKind, FailureKind, RefusalKind, RetryCause, StopReason
 from ..openrouter.attempt import Attempt
+from ..openrouter.request import RequestOptions
+from ..openrouter.routing import Policy
 from ..records import Prompt, Refusal
 from . import costs, identity
 from .acceptance import Acceptance
+from .admission import Admission, Ticket
 from .budget import Budget, prompt_token_bound
-from .config import RunConfig
-from .disk import DiskGuard
-from .inflight import MoneyInFlight
-from .limiter import AdaptiveLimiter
+from .config import Retries
 from .progress import RunProgress
 from .report import Stats
-from .servers import Route
 from .state import RunState
 from .systematic import SystematicFailure
-from .total_cost import PUBLISH_INTERVAL
 from .writing import RESCUED, WRITTEN, Output, failure_record
 
 
@@ -75,12 +76,13 @@ class Transport(Protocol):
 class RunParts:
     """What one prompt's work is given by its run: nothing else of the run is reached."""
 
-    config: RunConfig
+    request: RequestOptions  # what is asked (each attempt's body)
+    policy: Policy  # the run's routing (a prompt's refused providers are ignored on its copy)
+    retries: Retries  # --max-attempts and the backoff
+    cost_lookup_wait: float  # --cost-lookup-wait (infer/costs.py)
     transport: Transport
-    limiter: AdaptiveLimiter  # the concurrency slots
-    money: MoneyInFlight  # the worst cases in flight, under the balance's ceiling
-    budget: Budget  # --max-cost, --total-cost, --token-budget
-    disk: DiskGuard
+    admission: Admission  # the slots, the caps, money in flight, the disk (tickets' issuer)
+    budget: Budget  # what is spent: --max-cost, --total-cost, --token-budget
     acceptance: Acceptance
     output: Output
     stats: Stats
@@ -98,50 +100,28 @@ def _rounded(x: float | None) -> float | None:
     return None if x is None else round(x, 6)
 
 
-async def acquire_unless_stopped(limiter: AdaptiveLimiter, stopping: asyncio.Event) -> bool:
-    """A concurrency slot for a new request; False (and no slot) once the run stops."""
-    if limiter.in_flight < limiter.current:
-        await limiter.acquire()
-    else:
-        acquire = asyncio.create_task(limiter.acquire())
-        stopped = asyncio.create_task(stopping.wait())
-        await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-        if not acquire.done():
-            acquire.cancel()
-            await asyncio.wait({acquire})
-        if acquire.cancelled():
-            return False
-    if stopping.is_set():
-        await limiter.release()
-        return False
-    return True
-
-
 class PromptWork:
-    """One admitted PROMPT (its LINE as read), holding a concurrency slot, RESERVATION
-    dollars of budget and money in flight, and RECORD_BOUND bytes of disk: `await run()`."""
+    """One admitted PROMPT (its LINE as read), its attempts and answers: `await run()`.
+    What it holds to be sent (a slot, its reservations, its route) is its TICKET
+    (infer/admission.py), given back when the work ends."""
 
-    def __init__(self, parts: RunParts, prompt: Prompt, line: bytes, reservation: float,
-                 record_bound: int = 0, session_id: str | None = None,
-                 route: Route | None = None):
+    def __init__(self, parts: RunParts, prompt: Prompt, line: bytes, ticket: Ticket,
+                 session_id: str | None = None):
         self.parts = parts
+        self.ticket = ticket
         # where its attempts go: the run's transport, or (with --server) the route chosen at
         # its admission, to the servers or to OpenRouter (infer/servers.py)
-        self.route = route
-        self.transport: Transport = route if route is not None else parts.transport
+        self.route = ticket.route
+        self.transport: Transport = self.route if self.route is not None else parts.transport
         self.prompt = prompt
         self.line = line
-        self.reservation = reservation
-        self.record_bound = record_bound
         self.session_id = session_id  # a conversation's id, on each of its requests (sticky routing)
-        self.policy = parts.config.policy  # this prompt's: refused providers get ignored
-        self.body = parts.config.request.body(prompt, self.policy, session_id)
+        self.policy = parts.policy  # this prompt's: refused providers get ignored
+        self.body = parts.request.body(prompt, self.policy, session_id)
         self.kept: Attempt | None = None  # the answer written (a conversation's next turn is built on it)
         self.attempts = 0
         self.retried: dict[str, int] = {}  # attempts sent again, by cause (on its record)
         self.started = 0.0  # when the attempt now in flight was sent
-        self.holding_slot = self.holding_money = True
         self.refused: list[Refusal] = []  # answers refused (paid for), not yet on a record
         self.prompt_count: int | None = None  # kimipipe's count of the prompt (--tokenizer)
         self._counted = False
@@ -149,12 +129,12 @@ class PromptWork:
 
     async def run(self) -> None:
         parts = self.parts
-        stream = parts.config.request.stream
+        stream = parts.request.stream
         try:
             while True:
                 if len(self.policy.quarantine) != self._quarantined:  # a provider quarantined
                     self._quarantined = len(self.policy.quarantine)   # since the body was built
-                    self.body = parts.config.request.body(self.prompt, self.policy, self.session_id)
+                    self.body = parts.request.body(self.prompt, self.policy, self.session_id)
                 self.attempts += 1
                 self.started = time.monotonic()
                 result = await self._attempt(stream)
@@ -166,14 +146,7 @@ class PromptWork:
                 self._fail(FailureKind.STOPPED, Attempt(AttemptKind.PERMANENT, status=200, message=(
                     f"{last.kind}: {last.message}; not sent again: the run stopped")),
                     provider=last.provider, generation_id=last.generation_id)
-            parts.state.ended(self.prompt.id)
-            parts.budget.release(self.reservation)
-            parts.disk.release(self.record_bound)
-            if self.holding_money:
-                parts.money.release(self.reservation)
-            if self.holding_slot:
-                await parts.limiter.release()
-            parts.state.settled.set()  # (its reservations released: admission looks again)
+            await self.ticket.close()  # (admission looks again)
             parts.progress.show()
 
     async def _attempt(self, stream: bool) -> Attempt:
@@ -184,7 +157,7 @@ class PromptWork:
             return await self.transport.attempt(self.body, stream)
 
         def send(policy):
-            body = self.body if policy is self.policy else self.parts.config.request.body(
+            body = self.body if policy is self.policy else self.parts.request.body(
                 self.prompt, policy, self.session_id)
             return self.transport.attempt(body, stream)
 
@@ -218,14 +191,12 @@ class PromptWork:
         if not await self._refuse(answer, *refused, source,
                             offset=check.offset if refused[0] == RefusalKind.IDENTITY else None):
             return False
-        self.body = parts.config.request.body(self.prompt, self.policy,
+        self.body = parts.request.body(self.prompt, self.policy,
                                               self.session_id)  # its own ignore
         self._quarantined = len(self.policy.quarantine)
-        if not self.holding_slot:  # (given back while its identity was settled)
-            if not await acquire_unless_stopped(parts.limiter, parts.state.stopping):
-                return False  # (its refusal becomes its failure line: not sent again)
-            self.holding_slot = True
-        return True
+        # a slot again (given back while its identity was settled), unless the run stops
+        # (its refusal becomes its failure line: not sent again)
+        return await self.ticket.take_slot()
 
     async def _on_cancelled(self, answer: Attempt) -> bool:
         """A stream closed because its provider was quarantined (infer/identity.py): it may
@@ -238,7 +209,7 @@ class PromptWork:
                                          time.monotonic() - self.started)
         if not await self._refuse(answer, RefusalKind.IDENTITY, why, source):
             return False
-        self.body = parts.config.request.body(self.prompt, self.policy, self.session_id)
+        self.body = parts.request.body(self.prompt, self.policy, self.session_id)
         self._quarantined = len(self.policy.quarantine)
         return True
 
@@ -247,21 +218,15 @@ class PromptWork:
         parts.stats.retried(result.cause)
         self.retried[result.cause] = self.retried.get(result.cause, 0) + 1
         if result.cause == RetryCause.RATE_LIMITED:
-            parts.limiter.rate_limited()
-        if self.attempts >= parts.config.max_attempts:
+            parts.admission.rate_limited()
+        if self.attempts >= parts.retries.max_attempts:
             self._fail(FailureKind.RETRIES_EXHAUSTED, result)
             return False
         await self._move_to_openrouter(result)
-        await parts.limiter.release()
-        self.holding_slot = False
+        await self.ticket.give_back_slot()
         if not await self._sleep_unless_stopped(self._backoff(self.attempts, result.retry_after)):
             return False  # not sent again: a stop admits no new requests
-        # a slot again, unless the run stops while waiting for one (a Ctrl-C must not wait
-        # for a slot that only a long answer would free)
-        if not await acquire_unless_stopped(parts.limiter, parts.state.stopping):
-            return False
-        self.holding_slot = True
-        return True
+        return await self.ticket.take_slot()  # (False: the run stopped meanwhile)
 
     async def _on_wait(self, result: Attempt) -> bool:
         """The in-flight budget is full: not this prompt's fault, and no attempt of its."""
@@ -269,25 +234,16 @@ class PromptWork:
         self.attempts -= 1
         parts.stats.retried(result.cause)
         parts.stats.limit_met(result.limit_key())
-        parts.money.refused(result.retry_after)
-        parts.money.release(self.reservation, finished=False)
-        self.holding_money = False
-        await parts.limiter.release()
-        self.holding_slot = False
+        self.ticket.refused_in_flight(result.retry_after)
+        await self.ticket.give_back_slot()
         delay = result.retry_after if result.retry_after is not None else self._backoff(1, None)
-        if (not await self._sleep_unless_stopped(delay)
-                or not await parts.money.acquire(self.reservation)):
-            return False
-        self.holding_money = True
-        if not await acquire_unless_stopped(parts.limiter, parts.state.stopping):
-            return False
-        self.holding_slot = True
-        return True
+        return (await self._sleep_unless_stopped(delay) and await self.ticket.take_money()
+                and await self.ticket.take_slot())
 
     async def _on_payment(self, result: Attempt) -> bool:
         self.parts.stats.limit_met(result.limit_key(), MoneyLimit(
-            **result.limit(), balance_left=_rounded(self.parts.money.spendable()),
-            worst_case_request=round(self.reservation, 6)))
+            **result.limit(), balance_left=_rounded(self.parts.admission.spendable()),
+            worst_case_request=round(self.ticket.reservation, 6)))
         self.parts.stop(StopReason.for_limit(result.limit_source))
         return False
 
@@ -296,7 +252,7 @@ class PromptWork:
         return False
 
     async def _on_no_route(self, result: Attempt) -> bool:
-        if self.policy is not self.parts.config.policy:
+        if self.policy is not self.parts.policy:
             # the providers this prompt ignores left no route: its failure, not the run's
             last = self.refused[-1]
             self._fail(last.kind, Attempt(AttemptKind.PERMANENT, message=(
@@ -339,10 +295,10 @@ class PromptWork:
         else:
             try:
                 answer.cost, source = await costs.settle(
-                    answer, parts.budget.price, self.reservation, parts.read_cost,
-                    parts.config.cost_lookup_wait)
+                    answer, parts.budget.price, self.ticket.reservation, parts.read_cost,
+                    parts.cost_lookup_wait)
             except asyncio.CancelledError:
-                answer.cost = costs.estimate(answer, parts.budget.price, self.reservation)
+                answer.cost = costs.estimate(answer, parts.budget.price, self.ticket.reservation)
                 parts.stats.cost_settled(costs.ESTIMATE)
                 if refused is None:
                     self._accept(answer, latency, costs.ESTIMATE)
@@ -357,8 +313,7 @@ class PromptWork:
         concurrency slot, so that the next requests reach the other providers whose answers
         settle it. Cancelled meanwhile, the answer is booked as refused (paid, not kept)."""
         parts = self.parts
-        await parts.limiter.release()
-        self.holding_slot = False
+        await self.ticket.give_back_slot()
         try:
             await judge.settle(check, parts.state.stopping)
         except asyncio.CancelledError:
@@ -372,16 +327,9 @@ class PromptWork:
         now (else it stays, and is sent to the servers again)."""
         if self.route is None or not self.route.may_move(result.cause):
             return
-        parts = self.parts
-        worst = parts.budget.worst_case(prompt_token_bound(self.prompt.messages))
-        # (cap_left_no_room: admission's claim on the budget is admission's, left alone)
-        if parts.budget.cap_left_no_room(worst) is not None or not parts.money.fits(worst):
-            return
-        if not await parts.money.acquire(worst):  # (at once: it fits, unless others wait first)
-            return
-        parts.budget.reserve_more(worst)
-        self.reservation += worst  # released with the rest when the prompt is done
-        self.route.move_to_openrouter()
+        worst = self.parts.budget.worst_case(prompt_token_bound(self.prompt.messages))
+        if await self.ticket.add(worst):
+            self.route.move_to_openrouter()
 
     async def _sleep_unless_stopped(self, delay: float) -> bool:
         """Wait DELAY seconds before sending again; False when the run stops meanwhile."""
@@ -393,8 +341,8 @@ class PromptWork:
         return not stopping.is_set()
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        config = self.parts.config
-        delay = min(config.backoff_max, config.backoff_base * 2 ** (attempt - 1))
+        retries = self.parts.retries
+        delay = min(retries.backoff_max, retries.backoff_base * 2 ** (attempt - 1))
         delay *= random.uniform(0.5, 1.5)
         if retry_after is not None:
             delay = max(delay, retry_after)
@@ -418,44 +366,15 @@ class PromptWork:
         after --max-attempts, else a stop came first (run()'s end writes it as STOPPED)."""
         parts = self.parts
         self._book_refusal(answer, kind, why, source, offset)
-        if self.attempts >= parts.config.max_attempts:
+        if self.attempts >= parts.retries.max_attempts:
             self._fail(kind, Attempt(AttemptKind.PERMANENT, message=why, status=200),
                        provider=answer.provider, generation_id=answer.generation_id)
             return False
-        if not await self._room_for_next_attempt():
+        if not await self.ticket.room_for_next_attempt():
             return False  # not sent again: run()'s end keeps the paid answers (STOPPED)
         parts.stats.retried(kind)
         self.policy = parts.acceptance.next_policy(self.policy, answer.provider)
         return True
-
-    async def _room_for_next_attempt(self) -> bool:
-        """After a refused answer (its cost booked, its worst case still reserved): wait, as
-        admission waits, until the caps have room for the next attempt. False when the run
-        stops first, or when nothing else in flight can free room: then it is the cap's
-        stop (exit 3, resumable), not this prompt's failure."""
-        parts = self.parts
-        state, budget = parts.state, parts.budget
-        with state.waiting_for_room():
-            while not state.stopping.is_set():
-                blocker = budget.cap_left_no_room(0.0)
-                if blocker is None:
-                    return True
-                total = budget.total
-                # another run sharing --total-cost may give room back: look now and then
-                poll = (blocker == "total-cost" and total is not None
-                        and total.others_may_free_room())
-                if state.only_waiting_for_room() and not poll:
-                    # nothing in flight but prompts waiting like this one (the stop wakes them)
-                    parts.stop(StopReason.MAX_COST if blocker == "max-cost"
-                               else StopReason.TOTAL_COST)
-                    return False
-                state.settled.clear()
-                try:
-                    await asyncio.wait_for(state.settled.wait(),
-                                           timeout=PUBLISH_INTERVAL if poll else None)
-                except TimeoutError:
-                    pass
-            return False
 
     def _accept(self, answer: Attempt, latency: float | None, source: str,
                 identity_mark=None) -> None:

@@ -227,7 +227,7 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
         skipped=stats.skipped,
         done=stats.done,
         failed=dict(stats.failed),
-        failures_file=config.failures,
+        failures_file=config.files.failures,
         retries=dict(stats.retries),
         abandoned_in_flight=stats.abandoned,
         taken_in_from_rescue=stats.taken_in,
@@ -240,14 +240,14 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
             rescue_file=rescue_files.get("failures")),
         spend_this_run=round(budget.spent_this_run, 10),
         spend_total=round(budget.spent, 10),
-        max_cost=config.max_cost,
-        total_cost=config.total_cost,
+        max_cost=config.money.max_cost,
+        total_cost=config.money.total_cost,
         tokens=SummaryTokens(prompt=stats.prompt_tokens, completion=stats.completion_tokens,
                              reasoning=stats.reasoning_tokens, completion_total=budget.tokens,
                              cached=stats.cached_tokens,
                              cached_share=(round(stats.cached_tokens / stats.prompt_tokens, 4)
                                            if stats.prompt_tokens else 0.0)),
-        token_budget=config.token_budget,
+        token_budget=config.money.token_budget,
         providers=({k: round(v / total_providers, 4) for k, v in stats.providers.most_common()}
                    if total_providers else {}),
         finish_reasons=dict(stats.finish_reasons),
@@ -270,7 +270,7 @@ def summary(stats: Stats, stop: StopReason | None, input_records: int, budget: B
                                    completion_tokens=stats.source_tokens[name],
                                    tokens_per_s=round(stats.source_tokens[name] / elapsed, 1)
                                    if elapsed else 0.0)
-                 for name, n in stats.sources.most_common()} if config.servers else {},
+                 for name, n in stats.sources.most_common()} if config.sending.servers else {},
         logprobs=({name: SummaryLogprobs(answers=n, with_tokens=stats.with_tokens[name])
                    for name, n in stats.providers.most_common()}
                   if config.request.logprobs or config.request.require_logprobs else None),

@@ -44,7 +44,7 @@ from ..io import (
 )
 from ..records import Failure, IdOnly, Response, record_cost
 from ..terminal import counted
-from .config import RunConfig
+from .config import Files
 
 
 def default_rescue_dir() -> str:
@@ -161,17 +161,17 @@ def take_in(target: str, rescue_dir: str | None, decoder: msgspec.json.Decoder, 
     return added, cost
 
 
-def take_in_rescued(config: RunConfig, say: Callable[[str], None]) -> int:
+def take_in_rescued(files: Files, say: Callable[[str], None]) -> int:
     """Append what earlier runs paid for but could not write (see above) to OUTPUT
     and the failures file, after repairing their torn tails; the answers taken in."""
     answers = 0
-    if config.output != "-":
-        repair_and_report(config.output, report=say)
-        answers, _cost = take_in(config.output, config.rescue_dir, _response_decoder, by_id=True,
+    if files.output != "-":
+        repair_and_report(files.output, report=say)
+        answers, _cost = take_in(files.output, files.rescue_dir, _response_decoder, by_id=True,
                                  say=say, what="answer")
-    if config.failures:
-        repair_and_report(config.failures, report=say)
-        take_in(config.failures, config.rescue_dir, _failure_decoder, by_id=False, say=say,
+    if files.failures:
+        repair_and_report(files.failures, report=say)
+        take_in(files.failures, files.rescue_dir, _failure_decoder, by_id=False, say=say,
                 what="failure record")
     return answers
 

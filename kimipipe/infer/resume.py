@@ -40,7 +40,7 @@ from ..recorded.asked import prompt_digest
 from ..recorded.identity_table import read_state, state_path
 from ..recorded.spend import SPENT_DECODER
 from ..records import CostOnly, Message
-from .config import RunConfig
+from .config import Files, RunConfig
 from .conversations import OutputConversations, check_recipe, scan_output
 from .inputs import InputScan
 from .rescue import take_in_rescued
@@ -71,19 +71,19 @@ class PreviousWork:
 def read_previous_work(config: RunConfig, scan: InputScan, say: Callable[[str], None]
                        ) -> PreviousWork:
     """Everything above, in that order (see the module docstring)."""
-    taken_in = 0 if config.plan else take_in_rescued(config, say)
-    done, spent, tokens = previous_work(config.output, config.failures, say, repair=not config.plan,
-                                        api=config.apis)
-    conversations = scan_output(config.output)
+    taken_in = 0 if config.plan else take_in_rescued(config.files, say)
+    done, spent, tokens = previous_work(config.files.output, config.files.failures, say, repair=not config.plan,
+                                        api=config.sending.apis)
+    conversations = scan_output(config.files.output)
     check_recipe(conversations.recipes, config.request.model,
                  config.request.sampling(config.policy), config.history_reasoning,
-                 config.output, config.allow_mixed, say,
-                 server_sampling(config.request.fields(config.policy)) if config.servers else None)
-    check_no_single_answers(scan, done, conversations, config, say)
-    note_answers_to_other_prompts(scan, done, config, say)
-    done -= changed_prompts(scan, done, config, say)
+                 config.files.output, config.files.allow_mixed, say,
+                 server_sampling(config.request.fields(config.policy)) if config.sending.servers else None)
+    check_no_single_answers(scan, done, conversations, config.files, say)
+    note_answers_to_other_prompts(scan, done, config.files, say)
+    done -= changed_prompts(scan, done, config.files, say)
     done |= conversations.finished  # a finished conversation is done as a whole
-    for extra in config.done_files:
+    for extra in config.files.done_files:
         if not os.path.exists(extra):
             raise InputError("no such file", extra)
         done |= scan_done(extra, repair=False)
@@ -120,7 +120,7 @@ def previous_work(output: str, failures: str | None, say: Callable[[str], None],
 
 
 def check_no_single_answers(scan: InputScan, done: set[str], conversations: OutputConversations,
-                            config: RunConfig, say: Callable[[str], None]) -> None:
+                            files: Files, say: Callable[[str], None]) -> None:
     """A conversation of the input (a prompt with follow-ups) that OUTPUT answers as one
     plain record (written under `kp-prompts --turns last` or `each`: one answer, on the
     source's own history) would be skipped as done, and its single off-policy answer kept
@@ -129,26 +129,26 @@ def check_no_single_answers(scan: InputScan, done: set[str], conversations: Outp
     single = sorted(i for i in scan.turns if i in done and i not in conversations.finished)
     if not single:
         return
-    where = "" if config.output == "-" else f"{config.output}: "
+    where = "" if files.output == "-" else f"{files.output}: "
     told = (f"{where}{len(single):,} conversation(s) of {scan.shown} (first: {single[0]!r}) are "
             "answered there as single prompts (kp-prompts --turns last/each: one answer on the "
             "source's history), and would be skipped as done")
-    if not config.allow_mixed:
+    if not files.allow_mixed:
         raise KPError(f"{told}; write the turns to a new output (make: `make D.clean`, or "
                       "another WORK), or --allow-mixed to keep those single answers",
                       ExitCode.USAGE)
     say(f"kp-infer: warning: {told}; kept (--allow-mixed)")
 
 
-def note_answers_to_other_prompts(scan: InputScan, done: set[str], config: RunConfig,
+def note_answers_to_other_prompts(scan: InputScan, done: set[str], files: Files,
                                   say: Callable[[str], None]) -> None:
     """Answers in OUTPUT to prompts the input no longer holds (a source changed or replaced
     under the same output): kept, as they were paid for, and said, with how to keep them
     out of the training data (kp-tokenize --prompts, which make passes)."""
     other = sorted(i for i in done if i not in scan.ids and i.rsplit("#", 1)[0] not in scan.ids)
-    if not other or config.output == "-":
+    if not other or files.output == "-":
         return
-    say(f"kp-infer: {config.output} holds {len(other):,} answer(s) to prompts {scan.shown} does "
+    say(f"kp-infer: {files.output} holds {len(other):,} answer(s) to prompts {scan.shown} does "
         f"not hold (first: {other[0]!r}; an earlier source's?): kept there and counted in the "
         f"spend, not sent again; `kp-tokenize --prompts {scan.shown}` leaves them out of the "
         "training data (make does)")
@@ -166,16 +166,16 @@ class _Asked(msgspec.Struct):
 _asked_decoder = msgspec.json.Decoder(_Asked)
 
 
-def changed_prompts(scan: InputScan, done: set[str], config: RunConfig,
+def changed_prompts(scan: InputScan, done: set[str], files: Files,
                     say: Callable[[str], None]) -> set[str]:
     """The single prompts of the input that OUTPUT answers only as they were asked before
     (a source fixed under the same IDs): to be asked again; said, with what stays."""
-    if config.output == "-" or not done or not os.path.exists(config.output):
+    if files.output == "-" or not done or not os.path.exists(files.output):
         return set()
     matched: set[str] = set()
     seen: set[str] = set()
     conversations: set[str] = set()
-    for rec in finished_records(config.output, _asked_decoder):
+    for rec in finished_records(files.output, _asked_decoder):
         if rec.conversation is not None:  # its first turn asks the prompt's messages
             opening = scan.asked.get(rec.conversation)
             if (opening is not None and rec.conversation in scan.turns and rec.turn == 1
@@ -190,13 +190,13 @@ def changed_prompts(scan: InputScan, done: set[str], config: RunConfig,
             matched.add(rec.id)
     changed = sorted(seen - matched)
     if changed:
-        say(f"kp-infer: {config.output} answers {len(changed):,} prompt(s) of {scan.shown} as they "
+        say(f"kp-infer: {files.output} answers {len(changed):,} prompt(s) of {scan.shown} as they "
             f"were asked before (first: {changed[0]!r}; fixed under the same id?): asked again; "
             "the old answers stay there, paid for and counted in the spend, and `kp-tokenize "
             f"--prompts {scan.shown}` leaves them out of the training data (make does)")
     if conversations:
         first = sorted(conversations)[0]
-        say(f"kp-infer: warning: {config.output} holds {len(conversations):,} conversation(s) of "
+        say(f"kp-infer: warning: {files.output} holds {len(conversations):,} conversation(s) of "
             f"{scan.shown} asked with other opening messages (first: {first!r}): a "
             "conversation's turns are resumed, never replaced, so they are not asked again; "
             "`kp-tokenize --prompts` leaves their turns out of the training data; to ask them "
@@ -207,7 +207,7 @@ def changed_prompts(scan: InputScan, done: set[str], config: RunConfig,
 def take_in_quarantine(config: RunConfig, say: Callable[[str], None]) -> IdentityState:
     """The providers an earlier run on OUTPUT quarantined for identity (infer/identity.py):
     in provider.ignore again (Policy.quarantine), with or without --tokenizer, and said."""
-    path = state_path(config.output)
+    path = state_path(config.files.output)
     state = read_state(path)
     for q in state.quarantined:
         config.policy.quarantine.extend(s for s in q.slugs if s not in config.policy.quarantine)

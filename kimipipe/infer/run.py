@@ -5,8 +5,8 @@
 summary (infer/report.py) and returns the exit code.
 
 The run itself (`Run`) streams the validated input again. Each prompt not done is
-admitted when a concurrency slot is free (infer/limiter.py: the limit shrinks on 429s),
-its worst-case cost fits the budget (infer/budget.py) and the money in flight
+admitted (infer/admission.py: one `Ticket` holds what it took) when a concurrency slot
+is free (infer/limiter.py: the limit shrinks on 429s), its worst-case cost fits the budget (infer/budget.py) and the money in flight
 (infer/inflight.py: the sum of the worst cases in flight stays under a ceiling sized to
 the balance read at the start, refreshed every --credits-interval, cut by OpenRouter's
 in-flight 402s and grown back while none come), and its worst-case record fits the
@@ -20,8 +20,8 @@ answer is paid for and the prompt sent again at once with its provider ignored, 
 cannot take (a full disk) stops the run and is kept in the rescue file, as is every answer
 still arriving, for the next run to take in (infer/rescue.py). What happens to one
 admitted prompt (attempts, retries, refused answers, records) is a `PromptWork` of its own
-(infer/prompt_work.py), given the run's parts explicitly (`RunParts`), with one handler per
-attempt kind.
+(infer/prompt_work.py), given the run's parts explicitly (`RunParts`) and its ticket, with
+one handler per attempt kind.
 
 An in-flight 402 is a wait, never a stop. A stop ends admission: the budget (`--max-cost`,
 `--token-budget`), a money limit OpenRouter names (the balance, the key's limit, a
@@ -65,7 +65,8 @@ from ..recorded.identity_table import state_path
 from ..records import Prompt
 from ..terminal import stderr_is_terminal
 from .acceptance import Acceptance
-from .budget import Budget, cap_below_one_request, prompt_token_bound
+from .admission import Admission
+from .budget import Budget, cap_below_one_request
 from .config import RunConfig
 from .conversations import ConversationQueue, TurnWork, is_conversation
 from .disk import DiskGuard
@@ -77,9 +78,9 @@ from .plan import plan_json, plan_text
 from .prepare import Prepared, prepare
 from .process_pool import open_transport
 from .progress import RunProgress
-from .prompt_work import PromptWork, RunParts, Transport, acquire_unless_stopped
+from .prompt_work import PromptWork, RunParts, Transport
 from .report import Stats, exit_code, format_summary, summary, write_summary_json
-from .servers import Route, Sources
+from .servers import Sources
 from .state import RunState, signals_handled
 from .systematic import SystematicFailure
 from .total_cost import PUBLISH_INTERVAL
@@ -106,21 +107,25 @@ class Run:
         self._guard_warned = False  # --min-credits with a key that reads no balance: said once
         self.state = RunState()
         self.output = Output(config)
-        self.acceptance = Acceptance.for_run(config, prepared.endpoints)
+        self.acceptance = Acceptance.for_run(config.policy, config.request, config.sending.servers,
+                                             prepared.endpoints)
         if counts is not None:  # --tokenizer: each answer's identity (infer/identity.py)
             self.acceptance.identity = IdentityJudge(
-                counts, config.policy, prepared.endpoints, config.identity_strikes, say,
-                state_path(config.output), prepared.identity,
-                stop=lambda: self.stop(StopReason.IDENTITY), wait=config.identity_wait)
-        self.disk = DiskGuard(config.output, config.request.max_tokens, config.min_free_disk,
-                              config.disk_wait)
+                counts, config.policy, prepared.endpoints, config.identity.identity_strikes, say,
+                state_path(config.files.output), prepared.identity,
+                stop=lambda: self.stop(StopReason.IDENTITY), wait=config.identity.identity_wait)
+        self.disk = DiskGuard(config.files.output, config.request.max_tokens, config.files.min_free_disk,
+                              config.files.disk_wait)
         self.stats = Stats(todo=prepared.todo, skipped=prepared.skipped,
                            taken_in=prepared.taken_in)
-        self.limiter = AdaptiveLimiter(config.total_concurrency)
+        self.limiter = AdaptiveLimiter(config.sending.total_concurrency)
         self.money = MoneyInFlight(lambda: budget.spent_this_run)
+        self.admission = Admission(self.state, budget, self.money, self.limiter, self.disk,
+                                   self.stop, say, self._show_waiting)
         # conversations (infer/conversations.py): their next turns go ahead of new prompts
         self.conversations = ConversationQueue(config.history_reasoning, prepared.conversations)
-        self.progress = RunProgress(bar, config, prepared.turns_todo, self.state, self.stats,
+        self.progress = RunProgress(bar, config.retries.grace, config.sending.total_concurrency,
+                                    prepared.turns_todo, self.state, self.stats,
                                     budget, self.limiter, self.money, stderr_is_terminal(),
                                     self.conversations if prepared.conversations_todo else None)
         self.tasks: set[asyncio.Task] = set()
@@ -130,7 +135,7 @@ class Run:
     def stop(self, reason: StopReason) -> None:
         if self.state.stop(reason):
             self.say(f"kp-infer: {reason.message}"
-                     + (f"; waiting up to {self.config.grace:g} s (--grace) for "
+                     + (f"; waiting up to {self.config.retries.grace:g} s (--grace) for "
                         f"{self.limiter.in_flight} requests in flight"
                         if self.limiter.in_flight else ""))
         self.conversations.changed.set()  # admission waiting for a conversation's next turn
@@ -159,9 +164,11 @@ class Run:
         state = self.state
         if self.acceptance.identity is not None:  # a quarantine closes that provider's streams
             self.acceptance.identity.cancel_streams = getattr(transport, "cancel_streams_of", None)
+        config = self.config
         parts = RunParts(
-            config=self.config, transport=transport, limiter=self.limiter, money=self.money,
-            budget=self.budget, disk=self.disk, acceptance=self.acceptance, output=self.output,
+            request=config.request, policy=config.policy, retries=config.retries,
+            cost_lookup_wait=config.money.cost_lookup_wait, transport=transport, admission=self.admission,
+            budget=self.budget, acceptance=self.acceptance, output=self.output,
             stats=self.stats, done=self.prepared.done, state=state, progress=self.progress,
             stop=self.stop, say=self.say, read_cost=self.account.generation_cost,
             systematic=SystematicFailure())
@@ -169,7 +176,7 @@ class Run:
         poller = publisher = None
         ticker = asyncio.create_task(self.progress.tick())
         try:
-            if not state.stopping.is_set() and self.config.openrouter:  # (a server has none)
+            if not state.stopping.is_set() and self.config.sending.openrouter:  # (a server has none)
                 await self._unless_stopped(self._check_balance())
                 poller = asyncio.create_task(self._poll_balance())
             if self.budget.total is not None and self.budget.total.shared is not None:
@@ -219,7 +226,7 @@ class Run:
     def _new_work_in_order(self) -> Iterator[tuple[Prompt, bytes, TurnWork | None]]:
         done = self.prepared.done
         for _lineno, prompt, line in iter_records(self.prepared.scan.path, PROMPT_DECODER):
-            if (prompt.id in done or not in_partition(prompt.id, self.config.partition)
+            if (prompt.id in done or not in_partition(prompt.id, self.config.files.partition)
                     or not self.prepared.selected(prompt.id)):
                 continue
             if not is_conversation(prompt):
@@ -255,54 +262,31 @@ class Run:
     async def _admit(self, parts: RunParts, prompt, line: bytes, turn: TurnWork | None,
                      sources: Sources | None, to_servers: Callable[[], bool]) -> bool:
         """Admit one prompt (or turn) once its budget, disk room, money in flight and a slot
-        are there, and start its work; False when admission must stop."""
-        state = self.state
-        worst = self.budget.worst_case(prompt_token_bound(prompt.messages))
-        if (servers := await self._wait_for_budget(worst, to_servers)) is None:
+        are there (infer/admission.py), and start its work; False when admission must stop."""
+        ticket = await self.admission.admit(
+            prompt, line, to_servers,
+            lambda servers: sources.route(servers) if sources is not None else None,
+            self._probation)
+        if ticket is None:
             return False
-        reservation = 0.0 if servers else worst
-        route = sources.route(servers) if sources is not None else None
-        try:
-            record_bound = self.disk.worst_case(line)
-            if not await self.disk.wait_for_room(record_bound, state.stopping, state.settled,
-                                                 self.say, self._show_waiting):
-                if self.disk.gave_up:  # --disk-wait with nothing in flight: a full disk's stop
-                    self.stop(StopReason.DISK)
-                return False
-            if not self.money.fits(reservation):
-                state.waiting = "room for money in flight"  # (the progress line says so)
-            if not await self.money.acquire(reservation):
-                return False
-            state.waiting = None
-            judge = self.acceptance.identity
-            if judge is not None and judge.on_probation:  # (infer/identity.py: probation)
-                await judge.probation(lambda: len(state.in_progress), state.stopping)
-            if not await acquire_unless_stopped(self.limiter, state.stopping):
-                self.money.release(reservation)
-                return False
-            self.budget.reserve(reservation)
-            self.disk.reserve(record_bound)
-            state.admitted(prompt.id)
-            task = asyncio.create_task(self._work(
-                PromptWork(parts, prompt, line, reservation, record_bound,
-                           session_id=turn.conversation if turn else None, route=route),
-                turn, route))
-            route = None  # (the work closes it when it ends)
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-            return True
-        finally:
-            if route is not None:  # not admitted: its server slot is free again
-                route.close()
+        task = asyncio.create_task(self._work(
+            PromptWork(parts, prompt, line, ticket, session_id=turn.conversation if turn else None),
+            turn))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return True
 
-    async def _work(self, work: PromptWork, turn: TurnWork | None, route: Route | None = None
-                    ) -> None:
+    async def _probation(self) -> None:
+        """A provider on probation (infer/identity.py): admission waits for room in it."""
+        judge = self.acceptance.identity
+        if judge is not None and judge.on_probation:
+            await judge.probation(lambda: len(self.state.in_progress), self.state.stopping)
+
+    async def _work(self, work: PromptWork, turn: TurnWork | None) -> None:
         """One prompt's (or turn's) work; a turn's end queues its conversation's next."""
         try:
             await work.run()
         finally:
-            if route is not None:  # (its server slot is free for the next prompt)
-                route.close()
             if turn is not None:
                 self.conversations.ended(turn, work.kept, self.state.stopping.is_set())
 
@@ -310,44 +294,6 @@ class Run:
         """Admission waits for WHAT (the disk guard's: with the time left), shown now."""
         self.state.waiting = what
         self.progress.show(now=True)
-
-    async def _wait_for_budget(self, reservation: float,
-                               to_servers: Callable[[], bool] = lambda: False) -> bool | None:
-        """Wait until the next request fits: True when it goes to the servers (TO_SERVERS:
-        one has room; it reserves nothing), False when to OpenRouter (its worst case,
-        RESERVATION, fits the money caps); None when the run must stop."""
-        state = self.state
-        while not state.stopping.is_set():
-            if self.budget.tokens_exhausted():
-                self.stop(StopReason.TOKEN_BUDGET)
-                return None
-            servers = to_servers()
-            blocker = self.budget.cost_blocker(0.0 if servers else reservation)
-            # in_progress, not tasks: a finished task leaves `tasks` only in a later callback
-            if blocker is None and self.budget.tokens_fit(len(state.in_progress)):
-                return servers
-            total = self.budget.total
-            # another run sharing --total-cost may give room back: look again now and then
-            poll = blocker == "total-cost" and total is not None and total.others_may_free_room()
-            state.waiting = (f"--{blocker} room" if blocker
-                             else "--token-budget room")  # (the progress line says so)
-            if not state.in_progress and not poll:  # nothing in flight will free budget
-                if blocker == "max-cost":
-                    self.stop(StopReason.MAX_COST)
-                    return None
-                if blocker == "total-cost":
-                    self.stop(StopReason.TOTAL_COST)
-                    return None
-                return servers
-            state.settled.clear()
-            if poll:
-                try:
-                    await asyncio.wait_for(state.settled.wait(), timeout=PUBLISH_INTERVAL)
-                except TimeoutError:
-                    pass
-            else:
-                await state.settled.wait()
-        return None
 
     async def _drain(self) -> None:
         """Wait for the requests in flight once admission is over: all of them while the run
@@ -361,7 +307,7 @@ class Run:
         pending = {task for task in tasks if not task.done()}
         if pending:
             stopped_at = self.state.stopped_at
-            left = self.config.grace - (time.monotonic() - (stopped_at or time.monotonic()))
+            left = self.config.retries.grace - (time.monotonic() - (stopped_at or time.monotonic()))
             _done, pending = await asyncio.wait(pending, timeout=max(0.0, left))
             for task in pending:
                 task.cancel()
@@ -388,18 +334,18 @@ class Run:
             return
         remaining = balance.spendable
         why = unreadable_balance(balance)
-        if why and self.config.min_credits is not None and not self._guard_warned:
+        if why and self.config.money.min_credits is not None and not self._guard_warned:
             self._guard_warned = True  # (once: the polls read the same)
-            self.say(f"kp-infer: warning: --min-credits {self.config.min_credits:g} guards "
+            self.say(f"kp-infer: warning: --min-credits {self.config.money.min_credits:g} guards "
                      f"nothing: {why}; {GUARD_FIX}")
         self.money.set_balance(remaining)
-        if (remaining is not None and self.config.min_credits is not None
-                and remaining < self.config.min_credits):
+        if (remaining is not None and self.config.money.min_credits is not None
+                and remaining < self.config.money.min_credits):
             self.stop(StopReason.MIN_CREDITS)
 
     async def _poll_balance(self) -> None:
         while not self.state.stopping.is_set():
-            await asyncio.sleep(self.config.credits_interval)
+            await asyncio.sleep(self.config.money.credits_interval)
             await self._check_balance()
 
     async def _publish_total_cost(self) -> None:
@@ -412,7 +358,7 @@ class Run:
 
 async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
                say: Callable[[str], None], counts=None) -> Run:
-    account = Account(config.api_key, config.base_url, proxy=config.proxy)
+    account = Account(config.sending.api_key, config.sending.base_url, proxy=config.sending.proxy)
     run = Run(config, prepared, budget, progress, say, account, counts)
     try:
         with run.signals_handled(asyncio.get_running_loop()):
@@ -435,7 +381,7 @@ def _event_loop_run(coro):
 def _balance_for_plan(config: RunConfig, say: Stderr) -> Balance | None:
     """What the plan sizes the money in flight to (None, said, when it cannot be read)."""
     try:
-        return fetch_balance(config.api_key, config.base_url, proxy=config.proxy, timeout=15.0)
+        return fetch_balance(config.sending.api_key, config.sending.base_url, proxy=config.sending.proxy, timeout=15.0)
     except AccountError as e:
         say(f"kp-infer: the balance could not be read: {e}")
         return None
@@ -445,13 +391,13 @@ def identity_counts(config: RunConfig, prepared: Prepared, say: Stderr):
     """The target's counts for checking each answer's identity (--tokenizer), loaded
     before any completion is sent (exit 2 when they do not load); None without it, said
     once. Not for a run with nothing to send, nor one with no OpenRouter answers to check."""
-    if not config.openrouter or not prepared.turns_todo:
+    if not config.sending.openrouter or not prepared.turns_todo:
         return None
-    if not config.tokenizer:
+    if not config.identity.tokenizer:
         say(UNCHECKED_WARNING)
         return None
-    counts = load_counts(config)
-    say(f"kp-infer: identity: each answer's counts checked against {config.tokenizer} "
+    counts = load_counts(config.identity, config.request)
+    say(f"kp-infer: identity: each answer's counts checked against {config.identity.tokenizer} "
         f"({counts.describe()})")
     return counts
 
@@ -461,21 +407,21 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
 
     SAY is the command's quiet-aware stderr writer (`terminal.Stderr`): every message of the run
     goes through it, the progress bar too."""
-    check_outputs(config)  # before anything is created, locked or sent
-    if config.tokenizer and not config.plan:
-        check_tokenizer(config)  # (a missing directory: exit 2 before anything is read)
-    with output_locks(config, say) as start, tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
+    check_outputs(config.files)  # before anything is created, locked or sent
+    if config.identity.tokenizer and not config.plan:
+        check_tokenizer(config.identity)  # (a missing directory: exit 2 before anything is read)
+    with output_locks(config.files, config.plan, say) as start, tempfile.TemporaryDirectory(prefix="kp-infer-") as tmpdir:
         prepared = prepare(config, tmpdir, say)
-        budget = Budget(config, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
+        budget = Budget(config.money, config.request.max_tokens, prepared.price, spent=prepared.spent, tokens=prepared.tokens,
                         total=prepared.total)
         too_small = cap_below_one_request(budget, prepared.scan.largest_prompt_bound,
-                                          prepared.turns_todo)
+                                          prepared.turns_todo, bool(config.sending.servers))
         if too_small and not config.plan:  # (--plan warns the same)
             if budget.total is not None:
                 budget.total.close(0.0)  # (its entry in --reservations: ended)
             raise KPError(too_small, ExitCode.USAGE)
         if config.plan:  # a report: stdout
-            balance = _balance_for_plan(config, say) if config.openrouter else None
+            balance = _balance_for_plan(config, say) if config.sending.openrouter else None
             click.echo(plan_json(config, prepared, budget, balance) if config.plan_json
                        else plan_text(config, prepared, budget, balance))
             return ExitCode.OK
@@ -491,8 +437,8 @@ def run_infer(config: RunConfig, say: Stderr) -> int:
                 budget.total.close(budget.spent_this_run)
         start.fatal = run.exit_code() in (ExitCode.ERROR, ExitCode.USAGE)
     result = run.summary()
-    if config.summary_json:
-        write_summary_json(config.summary_json, result)
+    if config.files.summary_json:
+        write_summary_json(config.files.summary_json, result)
     say(format_summary(result))
     code = run.exit_code()
     if say.quiet and code in (ExitCode.ERROR, ExitCode.USAGE) and result.stop_reason:

@@ -188,7 +188,7 @@ def discover_servers(config: RunConfig, say: Callable[[str], None]) -> list[Serv
     cannot say); not for --plan, which sends nothing anywhere."""
     if config.plan:
         return []
-    servers = [discover(arg, config.request.model) for arg in config.servers]
+    servers = [discover(arg, config.request.model) for arg in config.sending.servers]
     check_context(servers, config.request.max_tokens)
     for server in servers:
         if server.model != config.request.model:
@@ -270,7 +270,8 @@ class Source:
 
 class Route:
     """The attempts of one prompt, to the servers only or to OpenRouter only (the run's
-    Transport for that prompt, infer/prompt_work.py); `close()` when the prompt is done."""
+    Transport for that prompt, infer/prompt_work.py); its ticket (infer/admission.py)
+    `close()`s it when the prompt is done."""
 
     def __init__(self, sources: Sources, servers: bool):
         self.sources = sources
@@ -288,7 +289,7 @@ class Route:
                 and not self.sources.servers_up())
 
     def move_to_openrouter(self) -> None:
-        """(its worst case reserved by the caller: infer/prompt_work.py)"""
+        """(its worst case reserved by the caller: infer/admission.py `Ticket.add`)"""
         self.close()
 
     def close(self) -> None:

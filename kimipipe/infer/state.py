@@ -2,8 +2,9 @@
 
 `RunState` owns these and is told what happens: the run stops it (`stop`), admits a
 prompt (`admitted`) and says what admission waits for (`waiting`); each prompt's work
-(infer/prompt_work.py) ends (`ended`, then `settled`: admission looks again) or waits for
-the caps' room after a refused answer (`waiting_for_room`); the progress line
+(infer/prompt_work.py) ends (its ticket, infer/admission.py: `ended`, then `settled`:
+admission looks again) or waits for the caps' room after a refused answer
+(`waiting_for_room`); the progress line
 (infer/progress.py) only reads it.
 """
 
@@ -32,7 +33,7 @@ class RunState:
     # prompt ID -> when admitted, oldest first (retries and back-off included)
     in_progress: dict[str, float] = field(default_factory=dict)
     # of them, those waiting after a refused answer for the caps' room for their next
-    # attempt (prompt_work.py): they free no room, so when they are all that is in flight
+    # attempt (admission.py): they free no room, so when they are all that is in flight
     # the cap stops the run
     room_waiters: int = 0
 

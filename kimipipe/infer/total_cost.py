@@ -68,9 +68,8 @@ import msgspec
 
 from ..contracts import ReservationEntry, Reservations
 from ..errors import ExitCode, KPError
-from ..recorded.api import api_of
 from ..recorded.spend import expand_spent_in, recorded_spend
-from .config import RunConfig
+from .config import Files, Money
 
 PUBLISH_INTERVAL = 0.5  # seconds between publications of a run's spend and claim
 
@@ -327,24 +326,26 @@ class TotalCost:
             self.shared.close()
 
 
-def open_total_cost(config: RunConfig, spent: float) -> tuple[TotalCost, list[str], float]:
-    """--total-cost for a run whose OUTPUT and --failures record SPENT: register with
-    --reservations (not for --plan), THEN read the --spent-in files (in this order: see
-    the module docstring). The cap, the files read and the spend they record."""
+def open_total_cost(money: Money, files: Files, api: str, plan: bool, spent: float
+                    ) -> tuple[TotalCost, list[str], float]:
+    """--total-cost (MONEY's) for a run whose OUTPUT and --failures (FILES') record SPENT
+    at API (the host whose answers count): register with --reservations (not for --plan,
+    PLAN), THEN read the --spent-in files (in this order: see the module docstring). The
+    cap, the files read and the spend they record."""
     shared = None
     snapshot = 0.0
-    if config.reservations and not config.plan:
-        shared = ReservationFile(config.reservations, label=config.output)
+    if money.reservations and not plan:
+        shared = ReservationFile(money.reservations, label=files.output)
         try:
             snapshot = shared.register()
         except OSError as e:
             shared.close()
             raise KPError(f"--reservations: {e}", ExitCode.USAGE) from None
     try:
-        files = expand_spent_in(config.spent_in, [config.output, config.failures or ""])
-        elsewhere = sum(recorded_spend(path, api_of(config.base_url)) for path in files)
+        spent_in = expand_spent_in(money.spent_in, [files.output, files.failures or ""])
+        elsewhere = sum(recorded_spend(path, api) for path in spent_in)
     except BaseException:
         if shared is not None:
-            TotalCost(config.total_cost, 0.0, shared).close(0.0)
+            TotalCost(money.total_cost, 0.0, shared).close(0.0)
         raise
-    return TotalCost(config.total_cost, spent + elsewhere - snapshot, shared), files, elsewhere
+    return TotalCost(money.total_cost, spent + elsewhere - snapshot, shared), spent_in, elsewhere

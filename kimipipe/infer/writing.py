@@ -64,7 +64,7 @@ from ..records import (
     encode_line,
     encode_over,
 )
-from .config import RunConfig
+from .config import Files, RunConfig
 from .rescue import Rescue, check_rescue_dir
 from .servers import server_sampling
 
@@ -80,35 +80,35 @@ class Kept(StrEnum):
 WRITTEN, RESCUED, LOST = Kept.WRITTEN, Kept.RESCUED, Kept.LOST
 
 
-def check_outputs(config: RunConfig) -> None:
+def check_outputs(files: Files) -> None:
     """Refuse (exit 2, one line, nothing created) an output the run could not write: all
     of them, before a lock is taken or a request sent (an unwritable --summary-json found
     after the run would have paid for every answer and then failed)."""
-    require_distinct(config.output, config.input)
-    check_writable(config.output, "-o")
-    if config.failures:
-        require_distinct(config.failures, config.input, config.output)
-        check_writable(config.failures, "--failures")
-    if config.summary_json == "-" and config.output == "-":
+    require_distinct(files.output, files.input)
+    check_writable(files.output, "-o")
+    if files.failures:
+        require_distinct(files.failures, files.input, files.output)
+        check_writable(files.failures, "--failures")
+    if files.summary_json == "-" and files.output == "-":
         raise KPError("--summary-json - and -o - both want stdout: give one of them a file",
                       ExitCode.USAGE)
-    if config.summary_json and config.summary_json != "-":
-        require_distinct(config.summary_json, config.input, config.output,
-                         *([config.failures] if config.failures else []))
-        check_writable(config.summary_json, "--summary-json", in_place=False)
-    if config.output != "-" or config.failures:
-        check_rescue_dir(config.rescue_dir)
+    if files.summary_json and files.summary_json != "-":
+        require_distinct(files.summary_json, files.input, files.output,
+                         *([files.failures] if files.failures else []))
+        check_writable(files.summary_json, "--summary-json", in_place=False)
+    if files.output != "-" or files.failures:
+        check_rescue_dir(files.rescue_dir)
 
 
 @contextmanager
-def output_locks(config: RunConfig, say: Callable[[str], None]) -> Iterator[RunStart]:
-    """Hold the locks of -o and --failures (see the module docstring). Not for
-    --plan: it only reads them (no repair, no rescue taken in), and `make plan` may run
+def output_locks(files: Files, plan: bool, say: Callable[[str], None]) -> Iterator[RunStart]:
+    """Hold the locks of -o and --failures (FILES'; see the module docstring). Not for
+    --plan (PLAN): it only reads them (no repair, no rescue taken in), and `make plan` may run
     beside a build that is writing them."""
     def note(text: str) -> None:
         say(f"kp-infer: {text}")
 
-    paths = [] if config.plan else [p for p in (config.output, config.failures) if p and p != "-"]
+    paths = [] if plan else [p for p in (files.output, files.failures) if p and p != "-"]
     new = [p for p in paths if not os.path.exists(p)]
     start = RunStart()
     with ExitStack() as stack:
@@ -244,16 +244,16 @@ class Output:
         self.sampling = config.request.sampling(config.policy)  # the same for every prompt
         # a --server's answer: what a server was sent (no OpenRouter fields: infer/servers.py)
         self.server_sampling = (server_sampling(config.request.fields(config.policy))
-                                if config.servers else None)
+                                if config.sending.servers else None)
         # who answers: on every record (recorded/api.py); a server's answer names its host
-        self.api = api_of(config.base_url if config.openrouter or not config.servers
-                          else config.servers[0])
-        self.rescues = {name: Rescue(path, config.rescue_dir)
-                        for name, path in (("output", config.output), ("failures", config.failures))
+        self.api = api_of(config.sending.base_url if config.sending.openrouter or not config.sending.servers
+                          else config.sending.servers[0])
+        self.rescues = {name: Rescue(path, config.files.rescue_dir)
+                        for name, path in (("output", config.files.output), ("failures", config.files.failures))
                         if path and path != "-"}
-        self.responses = Destination(config.output, self.rescues.get("output"))
-        self.failures = (Destination(config.failures, self.rescues.get("failures"))
-                         if config.failures else None)
+        self.responses = Destination(config.files.output, self.rescues.get("output"))
+        self.failures = (Destination(config.files.failures, self.rescues.get("failures"))
+                         if config.files.failures else None)
         self.error: OSError | None = None  # the first write either file refused
         self.error_file: str | None = None
         self._said = False  # the refused write told (once)
@@ -335,7 +335,7 @@ class Output:
         note = None
         if not self._said:
             self._said = True
-            rescue = self.rescues.get("failures" if self.error_file == self.config.failures
+            rescue = self.rescues.get("failures" if self.error_file == self.config.files.failures
                                       else "output")
             note = (f"kp-infer: cannot write {self.write_error} (it ends with its last whole "
                     "record); answers paid for that it cannot take are kept in "

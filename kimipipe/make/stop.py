@@ -61,7 +61,7 @@ def stop_message(dataset: str, work: str, plan: BuildPlan | None, complete: set[
                               "(nothing paid for is lost)"))
     spent = f"{money(summary.spend_this_run)} this run, {money(summary.spend_total)} recorded for {dataset}"
     lines = []
-    if slug == "total-cost":
+    if slug == StopReason.TOTAL_COST.slug:
         cap = settings.total_cost
         lines.append(f"make: {dataset} stopped by TOTAL_COST={cap:g} (the cap on the whole build, kp-infer exit 3)")
         if plan is not None:
@@ -73,7 +73,7 @@ def stop_message(dataset: str, work: str, plan: BuildPlan | None, complete: set[
             lines.append(f"  make all TOTAL_COST={target:g}")
         else:
             lines.append(f"  {spent}; raise TOTAL_COST and rerun make to resume")
-    elif slug == "max-cost":
+    elif slug == StopReason.MAX_COST.slug:
         cap = settings.max_cost
         lines.append(f"make: {dataset} stopped by MAX_COST={cap:g} (the cap per dataset, kp-infer exit 3): {spent}")
         suggestion = ""
