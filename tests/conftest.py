@@ -45,7 +45,13 @@ _SET_BY_KIMIPIPE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TE
 forked.AS_STARTED.update({name: _STARTED_WITH.get(name) for name in _SET_BY_KIMIPIPE})
 
 
-def _restore_environment() -> None:
+def restore_environment() -> None:
+    """Also before every command `kp` runs, after every stand-in starts and in make's
+    builds (test_make.py): a stand-in that counts with a tokenizer loads it in this process
+    (kimipipe.standin.testing, PRELOAD_TOKENIZERS), which sets these mid-test; a kp-tokenize
+    or kp-infer --tokenizer run with them set differs from the warm fork server's
+    environment and ran on the cold one, importing transformers itself (~0.9 CPU-s a run,
+    every run of the first such test of each test process)."""
     for name in _SET_BY_KIMIPIPE:
         if name in _STARTED_WITH:
             os.environ[name] = _STARTED_WITH[name]
@@ -54,7 +60,7 @@ def _restore_environment() -> None:
 
 
 def pytest_collection_finish(session):
-    _restore_environment()
+    restore_environment()
 
 
 # The long modules first, and shared out. `--dist worksteal` (the Makefile's) hands each
@@ -134,9 +140,9 @@ def pytest_runtest_protocol(item, nextitem):
 
 @pytest.fixture(autouse=True)
 def _environment_as_started():
-    _restore_environment()
+    restore_environment()
     yield
-    _restore_environment()
+    restore_environment()
 
 
 # In CI (CI=true, as the CI runner sets it) or with KP_NO_SKIP=1 (.ci/run sets it), a skip
@@ -191,6 +197,7 @@ def kp(command: str, *args, input: bytes | None = None, env: dict | None = None,
     ENV changes what the interpreter sets as it starts, or KP_EXEC=1; "exec": the
     console script, as a user's shell starts it."""
     argv = [str(BIN / f"kp-{command}"), *map(str, args)]
+    restore_environment()
     full_env = {**os.environ, **(env or {})}
     data = input if input is not None else b""
     if start == "fork" and not EXEC_ALWAYS and forked.SERVER.can_run(full_env):
@@ -256,7 +263,9 @@ def standin(tmp_path):
         kwargs.setdefault("workdir", tmp_path / f"standin-{len(servers)}")
         server = StandIn(**kwargs)
         servers.append(server)
-        return server.start()
+        server.start()
+        restore_environment()  # (its tokenizer's load set HF_HUB_OFFLINE and friends here)
+        return server
 
     yield start
     for server in servers:

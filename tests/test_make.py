@@ -17,7 +17,7 @@ from pathlib import Path
 import browser
 import forked as fork_servers
 import pytest
-from conftest import BIN, EXEC_ALWAYS, REPO, read_jsonl
+from conftest import BIN, EXEC_ALWAYS, REPO, read_jsonl, restore_environment
 from helpers import KP_COMMANDS, time_left, whole_lines
 
 from kimipipe.standin.answers import user_text_sha256
@@ -69,6 +69,7 @@ def make_command(server, tmp_path, *args, seed_check: bool = True, forked: bool 
     if seed_check and not work.exists():  # a fresh build directory only
         seed_tokenizer_check(work, settings["TOKENIZER"], str(settings["TOKENIZE_FLAGS"]))
     cmd = ["make", "-C", str(REPO), *args, *(f"{k}={v}" for k, v in settings.items())]
+    restore_environment()  # (kp-tokenize's shims then fork from the warm server: conftest.py)
     return cmd, {**os.environ, "OPENROUTER_API_KEY": server.api_key}
 
 
