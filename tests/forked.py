@@ -319,6 +319,17 @@ class Servers:
         return directory
 
 
+def _make_command_line_names(env: dict) -> set[str]:
+    """The variables make was given on its command line (`make all WORK=...`): make puts
+    them in its recipes' environment, and lists them in MAKEFLAGS after ` -- `."""
+    import re
+
+    flags = env.get("MAKEFLAGS", "")
+    if " -- " not in flags:
+        return set()
+    return set(re.findall(r"(?:^|(?<!\\) )([A-Za-z_][A-Za-z0-9_]*)=", flags.split(" -- ", 1)[1]))
+
+
 def client_main(config_path: str, command: str) -> None:
     """A `kp-<command>` shim (Servers.shim_bin), as make starts it: the command forked by a
     server with this process's argv, environment, cwd and descriptors 0-2; the signals it
@@ -332,7 +343,10 @@ def client_main(config_path: str, command: str) -> None:
     env = dict(os.environ)
     if _at_start(env) != config["at_start"]:
         os.execv(real, argv)
-    warm = _needs_transformers(argv) and not _differs_for_transformers(env, config["hot_env"])
+    made = _make_command_line_names(env)  # (make exports them; transformers reads none)
+    warm = _needs_transformers(argv) and not [
+        k for k in _differs_for_transformers(env, config["hot_env"])
+        if k not in made or k.startswith(("HF_", "TRANSFORMERS", "TOKENIZERS"))]
     child = []
     pending = []
 
