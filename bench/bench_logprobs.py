@@ -8,7 +8,7 @@
 Three parts, each printing JSON lines with the ratio of logprobs on to off measured in the
 same run:
 
-  parse   the streamed-chunk parse in this process (openrouter/client.py `StreamAnswer`,
+  parse   the streamed-chunk parse in this process (openrouter/answer.py `StreamAnswer`,
           the code the workers run): the same streams of OpenRouter-shaped chunks, one
           token each (a real provider's shape: `logprobs.content` with one entry of
           token, logprob, bytes, top_logprobs []) against the same chunks with
@@ -136,7 +136,7 @@ def streams(c, n_chunks: int) -> list[list[bytes]]:
 
 def parse_part(args) -> None:
     from kimipipe.kinds import AttemptKind
-    from kimipipe.openrouter.client import StreamAnswer
+    from kimipipe.openrouter.answer import StreamAnswer
 
     c, name = codec()
     tail = [json.dumps({**HEAD, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop",

@@ -21,7 +21,7 @@ import msgspec
 import pytest
 from stream_reference import ReferenceAnswer, dechunk, reference_outcome, sse_payloads
 
-from kimipipe.openrouter.client import StreamAnswer
+from kimipipe.openrouter.answer import StreamAnswer
 from kimipipe.openrouter.http11 import Http11Pool, _Connection
 from kimipipe.openrouter.outcomes import Broken
 from kimipipe.standin.testing import StandIn

@@ -2,7 +2,10 @@
 
     request.py       the chat completion request body (`RequestOptions.body`)
     client.py        the data plane: one completion attempt over HTTP (`CompletionClient`),
-                     streamed or plain, assembled into an answer
+                     streamed or plain
+    answer.py        the answer assembled from what came (`StreamAnswer`, `read_plain`):
+                     reasoning, token logprobs, the Attempt
+    wire.py          the msgspec views of a body and a streamed chunk, and their decoders
     http11.py        the HTTP/1.1 connection pool under the client: llhttp framing, SSE
                      split in the body callback (http11_message.py: the request head)
     connect.py       connecting: every resolved address, proxies' CONNECT tunnels, TLS

@@ -8,7 +8,7 @@ where the usage came (a last chunk of its own with `choices: []`, or on the fini
 OpenRouter sends both shapes), whether `[DONE]` ended the stream,
 and where the reasoning came from. So a probe goes over httpx (the control plane's
 library, account.py), line by line, and assembles the answer with the very code the run
-uses (`StreamAnswer` for a stream, `CompletionClient._read_plain` for a plain body), so
+uses (`StreamAnswer` for a stream, `answer.read_plain` for a plain body), so
 the answer it gives is the one a run would have kept.
 
     async with httpx.AsyncClient(...) as http:
@@ -27,8 +27,9 @@ import msgspec
 
 from ..errors import redact
 from ..kinds import AttemptKind, RetryCause
+from .answer import StreamAnswer, read_plain
 from .attempt import Attempt, error_attempt, retry_after_seconds
-from .client import COMPLETION_HEADERS, CompletionClient, StreamAnswer
+from .client import COMPLETION_HEADERS
 
 # The two shapes of a stream's last chunk, both OpenRouter's (docs/robustness.md, docs/kp-infer.md).
 USAGE_OWN_CHUNK = "own chunk"  # a chunk of its own with `choices: []`
@@ -93,7 +94,7 @@ async def send_probe(http: httpx.AsyncClient, base_url: str, api_key: str, body:
 
 def _plain(response: httpx.Response, raw: bytes) -> Attempt:
     if response.status_code == 200:
-        return CompletionClient._read_plain(raw)
+        return read_plain(raw)
     try:
         payload = msgspec.json.decode(raw) if raw.strip() else None
     except msgspec.DecodeError:
