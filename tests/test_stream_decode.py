@@ -292,12 +292,12 @@ def test_a_malformed_field_that_is_never_read_no_longer_fails_the_chunk():
     assert encode(outcome) == feed([raw])
 
 
-def test_streamed_records_through_a_paced_worker_are_the_plain_records(standin, tmp_path, kp_run):
-    """End to end: the same prompts streamed through one worker process with more streams
-    open than PACE_FROM (so its loop reads in paced turns, several chunks a read), and sent
+def test_streamed_records_through_paced_turns_are_the_plain_records(standin, tmp_path, kp_run):
+    """End to end: the same prompts streamed with more streams open than PACE_FROM (so
+    kp-infer's loop reads in paced turns, several chunks a read), and sent
     plain, to one provider of a stand-in whose answers are a function of the request: the
     records are the same but for what names the generation and when it ended."""
-    from kimipipe.infer.worker_process import PACE_FROM
+    from kimipipe.infer.transport import PACE_FROM
 
     prompts = tmp_path / "prompts.jsonl"
     n = PACE_FROM + 32
@@ -308,7 +308,7 @@ def test_streamed_records_through_a_paced_worker_are_the_plain_records(standin, 
     for mode in ("--stream", "--no-stream"):
         out = tmp_path / f"out{mode}.jsonl"
         r = kp_run("infer", prompts, "-o", out, "--base-url", server.base_url, "-q", mode,
-                   "--workers", "1", "--concurrency", n, "--max-tokens", 200,
+                   "--concurrency", n, "--max-tokens", 200,
                    "--only-provider", "moonshotai", env={"OPENROUTER_API_KEY": server.api_key})
         assert r.code == 0, r.stderr
         rows = sorted((json.loads(line) for line in out.read_text().splitlines()),

@@ -53,8 +53,8 @@
     disk.py            the disk guard: admission waits while the output's free space is short
     rescue.py          answers a failing output cannot take, kept for the next run (--rescue)
     limiter.py         adaptive concurrency (shrinks on 429s, grows back)
-    process_pool.py    the HTTP transport: in this process, or a WorkerPool of processes
+    transport.py       the HTTP transport (OpenRouter's client, or the --server Sources),
+                       and the paced turns of the event loop at many requests in flight
     servers.py         --server: self-hosted servers as sources beside (or instead of)
                        OpenRouter, the request as a server takes it
-    worker_process.py  a worker process (`python -m kimipipe.infer.worker_process`)
 """

@@ -49,7 +49,6 @@ class RunConfig:
     backoff_max: float = 60.0
     idle_timeout: float = 180.0
     grace: float = 300.0  # seconds a stop waits for the requests in flight
-    workers: int | None = None  # HTTP worker processes; None: process_pool.default_workers; 0: in this process
     proxy: str | None = field(default=None, repr=False)  # --proxy (may hold a password)
     # money and tokens
     max_cost: float | None = None  # USD recorded in OUTPUT (and --failures), all runs

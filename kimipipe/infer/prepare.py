@@ -131,7 +131,7 @@ def _servers_only(config: RunConfig, scan: InputScan, previous, in_part: list[st
 
 
 def check_transport(config: RunConfig) -> None:
-    """Build what the workers will build, here: a bad base URL, key, CA file or proxy is
+    """Build the run's client once before the run: a bad base URL, key, CA file or proxy is
     exit 2 before anything is read or sent."""
     try:
         CompletionClient(config.base_url, config.api_key or "-", idle_timeout=config.idle_timeout,

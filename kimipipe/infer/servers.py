@@ -254,7 +254,7 @@ class Source:
     """One place answers come from: a server, or OpenRouter (`server` None)."""
 
     name: str
-    transport: object  # CompletionClient, or OpenRouter's transport (infer/process_pool.py)
+    transport: CompletionClient
     capacity: int
     server: Server | None = None
     api: str | None = None
@@ -320,6 +320,11 @@ class Sources:
     @property
     def capacity(self) -> int:
         return sum(s.capacity for s in self.sources)
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts out to any source now (infer/transport.py paces the loop by it)."""
+        return sum(s.in_flight for s in self.sources)
 
     @property
     def has_openrouter(self) -> bool:
