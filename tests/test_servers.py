@@ -207,6 +207,9 @@ def test_server_run_needs_no_key_and_refuses_money_caps(standin, tmp_path):
            env=no_openrouter_env())
     assert r.code == 0, r.stderr
     assert "balance" not in r.stderr and "endpoints table" not in r.stderr
+    # discovery (GET /v1/models: only the run that was not refused) goes through the
+    # run's own client
+    assert server.stats()["user_agents"] == {"models": {"kimipipe": 1}, "completions": {"kimipipe": 2}}
 
 
 def test_hybrid_run_money_caps_apply_to_the_openrouter_share(standin, tmp_path):

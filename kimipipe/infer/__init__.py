@@ -42,6 +42,8 @@
     report_files.py    `kp-infer report FILE...`: the providers compared (one row per
                        provider, kimipipe/recorded/providers_table.py) from files on disk
     preflight.py       `--preflight [N]`: N real requests that check what the run assumes
+                       (sent by the run's transport with a tap: openrouter/probe.py);
+                       preflight_checks.py each check's verdict, the report's table
     plan.py            --plan: the routing table, the cost estimate, what the balance keeps
                        in flight
     budget.py          money and tokens: worst-case reservations against the caps

@@ -162,7 +162,7 @@ class Run:
             config=self.config, transport=transport, limiter=self.limiter, money=self.money,
             budget=self.budget, disk=self.disk, acceptance=self.acceptance, output=self.output,
             stats=self.stats, done=self.prepared.done, state=state, progress=self.progress,
-            stop=self.stop, say=self.say, read_cost=self.account.generation_cost,
+            stop=self.stop, say=self.say, read_cost=transport.generation_cost,
             systematic=SystematicFailure())
         self.output.open()
         poller = publisher = None

@@ -49,11 +49,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import urlsplit
 
-import httpx
 import msgspec
 
 from ..errors import ExitCode, KPError, redact
 from ..kinds import RetryCause
+from ..openrouter.answer import StreamAnswer
 from ..openrouter.attempt import Attempt
 from ..openrouter.client import CompletionClient
 from ..recorded.api import api_of
@@ -137,13 +137,12 @@ def discover(arg: str, model: str, timeout: float = DISCOVERY_TIMEOUT) -> Server
     url, named = split_server(arg)
     where = f"--server {arg}"
     try:
-        with httpx.Client(timeout=timeout, trust_env=False) as http:
-            response = http.get(url.rstrip("/") + "/models",
-                                headers={"Authorization": f"Bearer {server_api_key()}"})
-        response.raise_for_status()
-        entries = [e for e in response.json().get("data") or () if isinstance(e, dict)
+        status, body = asyncio.run(_models(url, timeout))
+        if status != 200:
+            raise ValueError(f"HTTP {status}")
+        entries = [e for e in _json.decode(body).get("data") or () if isinstance(e, dict)
                    and isinstance(e.get("id"), str)]
-    except (httpx.HTTPError, ValueError, AttributeError) as e:
+    except (OSError, TimeoutError, ValueError, AttributeError, msgspec.DecodeError) as e:
         raise KPError(f"{where}: GET {url.rstrip('/')}/models (what it serves) failed: "
                       f"{redact(str(e) or type(e).__name__)[:300]}; is the server up?",
                       ExitCode.USAGE) from None
@@ -167,6 +166,14 @@ def discover(arg: str, model: str, timeout: float = DISCOVERY_TIMEOUT) -> Server
     context = context if isinstance(context, int) and not isinstance(context, bool) \
         and context > 0 else None
     return Server(url, chosen, kind, context)
+
+
+async def _models(url: str, timeout: float) -> tuple[int, bytes]:
+    """GET URL/models through the client the run will send the server its prompts with
+    (`Sources.for_run`: its proxy rules, its connections' checks)."""
+    async with CompletionClient(url, server_api_key(), idle_timeout=timeout,
+                                connect_timeout=timeout) as client:
+        return await client.get("/models")
 
 
 def check_context(servers: list[Server], max_tokens: int | None) -> None:
@@ -380,14 +387,30 @@ class Sources:
         return source
 
     async def attempt(self, body: bytes, stream: bool, servers: bool | None = None) -> Attempt:
-        source = await self._source(servers)
+        return await self.send(await self._source(servers), body, stream)
+
+    async def generation_cost(self, generation_id: str) -> float | None:
+        """GET /generation's figure, from OpenRouter (None without it: a server bills nothing)."""
+        openrouter = next((s for s in self.sources if s.server is None), None)
+        if openrouter is None:
+            return None
+        return await openrouter.transport.generation_cost(generation_id)
+
+    def source_of(self, server: Server | None) -> Source:
+        """The source of SERVER (None: OpenRouter)."""
+        return next(s for s in self.sources if s.server == server)
+
+    async def send(self, source: Source, body: bytes, stream: bool,
+                   answer: StreamAnswer | None = None) -> Attempt:
+        """BODY (the OpenRouter request) sent to SOURCE as it takes it; ANSWER: the
+        assembler of a stream, when not the client's own (the preflight's tap)."""
         source.in_flight += 1
         source.sent += 1
         try:
             if source.server is None:
-                return await source.transport.attempt(body, stream)
+                return await source.transport.attempt(body, stream, answer)
             sent = server_body(body, source.server)
-            result = await source.transport.attempt(sent, stream)
+            result = await source.transport.attempt(sent, stream, answer)
         finally:
             source.in_flight -= 1
             self._freed.set()

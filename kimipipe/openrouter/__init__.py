@@ -14,8 +14,8 @@
     attempt.py       an attempt's outcome (`Attempt`) and the classification of error answers
     account.py       the control plane: the endpoints table, the model's entry
                      (distillation), the balance (httpx, for kp-infer and kp-credits alike)
-    probe.py         one completion read line by line over httpx, for --preflight: the
-                     answer as the run assembles it, and the stream's shape
+    probe.py         --preflight's tap on the run's client: the answer as the run assembles
+                     it, and the stream's shape (comments, usage, [DONE])
     routing.py       the provider policy, the `provider` object, and checking who served
     models.py        per-model presets (Kimi K2.5's native INT4 weights: the routing default;
                      its sampling as served)

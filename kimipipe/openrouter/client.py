@@ -22,6 +22,8 @@ waking the reading task per segment), Http11Pool less on both.
 
 from __future__ import annotations
 
+from urllib.parse import quote, urlsplit
+
 import msgspec
 
 from ..errors import redact
@@ -31,6 +33,7 @@ from .attempt import Attempt, error_attempt, retry_after_seconds
 from .http11 import Http11Pool
 from .outcomes import Broken, CollectedResponse, Stalled
 from .proxy import ProxyError
+from .wire import generation_decoder
 
 __all__ = ["COMPLETION_HEADERS", "CompletionClient"]
 
@@ -54,6 +57,7 @@ class CompletionClient:
                  connect_timeout: float = 30.0, extra_headers: dict[str, str] | None = None,
                  proxy: str | None = None):
         self.url = base_url.rstrip("/") + "/chat/completions"
+        self._base_path = urlsplit(base_url).path.rstrip("/")
         self.idle_timeout = idle_timeout
         self._connect_timeout = connect_timeout
         headers = {
@@ -75,6 +79,32 @@ class CompletionClient:
     async def __aexit__(self, *exc) -> None:
         await self._pool.__aexit__(*exc)
 
+    async def get(self, path: str) -> tuple[int, bytes]:
+        """GET the base URL's PATH over the completions' own connections: (status, body).
+        OSError (ConnectionError for a broken or stalled answer), TimeoutError or
+        ProxyError when no answer came; no message holds the key."""
+        assert self._entered, "use `async with CompletionClient(...)`"
+        outcome = await self._pool.get(self._base_path + path)
+        if isinstance(outcome, CollectedResponse):
+            return outcome.status, outcome.body
+        if isinstance(outcome, Stalled):
+            raise ConnectionError(f"no bytes for {outcome.seconds:g} s")
+        raise ConnectionError(redact(outcome.message)[:300])
+
+    async def generation_cost(self, generation_id: str) -> float | None:
+        """`GET /generation?id=`'s `total_cost` (USD) of a generation; None while OpenRouter
+        has it not yet (404: it can for a few seconds after the answer). ValueError for any
+        other answer, or a 200 without a number (infer/costs.py asks again, then estimates)."""
+        status, body = await self.get("/generation?id=" + quote(generation_id, safe=""))
+        if status == 404:
+            return None
+        if status != 200:
+            raise ValueError(f"GET /generation answered {status}")
+        try:
+            return generation_decoder.decode(body).data.total_cost
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise ValueError("GET /generation answered 200 without a total_cost") from None
+
     @property
     def in_flight(self) -> int:
         return self._pool.in_flight
@@ -90,10 +120,15 @@ class CompletionClient:
             lambda a: a.cancel() if isinstance(a, StreamAnswer) and a.provider is not None
             and a.provider.lower() == name else None)
 
-    async def attempt(self, body: bytes, stream: bool) -> Attempt:
+    async def attempt(self, body: bytes, stream: bool, answer: StreamAnswer | None = None
+                      ) -> Attempt:
+        """One request; ANSWER: the assembler of a streamed one, when not the run's own
+        `StreamAnswer` (the preflight's tapped one: openrouter/probe.py)."""
         assert self._entered, "use `async with CompletionClient(...)`"
+        if stream and answer is None:
+            answer = StreamAnswer(self._stopped)
         try:
-            outcome = await self._pool.post(body, StreamAnswer(self._stopped) if stream else None)
+            outcome = await self._pool.post(body, answer if stream else None)
         except TimeoutError:
             return Attempt(AttemptKind.RETRY, cause=RetryCause.TIMEOUT, message=f"no connection within {self._connect_timeout:g} s")
         except ProxyError as e:  # its message names the proxy, never its credentials

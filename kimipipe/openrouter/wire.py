@@ -1,6 +1,6 @@
 """What kimipipe reads of a chat completion on the wire: msgspec views and their decoders.
 
-A plain answer's body (`BodyView`), a streamed chunk (`ChunkView`, the lean view read from
+A plain answer's body (`BodyView`), a generation's cost (`GenerationView`), a streamed chunk (`ChunkView`, the lean view read from
 every chunk, and `ChunkHead`, read once per stream for who answered), and the lenient
 twins (`Lenient*`) that read a body or a chunk whose `logprobs` are not the schema's shape
 without them (the answer is kept: it was paid for). msgspec skips every field not named
@@ -199,3 +199,16 @@ chunk_decoder = msgspec.json.Decoder(ChunkView)
 chunks_decoder = msgspec.json.Decoder(list[ChunkView])
 head_decoder = msgspec.json.Decoder(ChunkHead)
 details_decoder = msgspec.json.Decoder(list[ReasoningDetail] | None)
+
+
+class GenerationData(msgspec.Struct, gc=False):
+    total_cost: float  # USD; an int is taken as a float, a bool or a string is not
+
+
+class GenerationView(msgspec.Struct, gc=False):
+    """`GET /generation?id=`'s answer: what one generation cost (openrouter/client.py)."""
+
+    data: GenerationData
+
+
+generation_decoder = msgspec.json.Decoder(GenerationView)
