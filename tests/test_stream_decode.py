@@ -7,7 +7,7 @@ leaves `reasoning_details` undecoded beside `reasoning`; what it keeps must not 
 every stream the stand-in sends (each fault, quirk and usage shape of OpenRouter's API, and
 vLLM's and SGLang's), captured as the raw bytes of its HTTP response, and hand-made streams
 for what the stand-in never sends, are read both ways, each split into reads in several
-ways, and the Attempts compared byte for byte (as the msgpack a worker sends its parent).
+ways, and the Attempts compared byte for byte (each as a msgpack array of its fields).
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from kimipipe.openrouter.http11 import Http11Pool, _Connection
 from kimipipe.openrouter.outcomes import Broken
 from kimipipe.standin.testing import StandIn
 
-encode = msgspec.msgpack.encode
+
+def encode(attempt) -> bytes:
+    """ATTEMPT as a msgpack array of all its fields: two Attempts equal byte for byte."""
+    return msgspec.msgpack.encode(msgspec.structs.astuple(attempt))
 
 
 def capture(server: StandIn, body: dict, headers: dict | None = None) -> list[bytes]:

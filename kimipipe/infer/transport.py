@@ -11,7 +11,7 @@ chunks a second. The HTTP/1.1 client (openrouter/http11.py) hands each read's ch
 the answer in one synchronous call, and with many requests in flight the loop reads in
 paced turns (`pace_reads`), so one wake-up serves every connection that got data.
 Measured (bench/README.md, "One process"): the whole of kp-infer's work at 2000 live
-40-chunk/s streams stays well under one core. (Until 2026-12 the HTTP work could also run
+40-chunk/s streams takes about half of one core, less than it did spread over workers. (Until 2026-12 the HTTP work could also run
 in worker processes; one process carries the user's load for less CPU, so they are gone.)
 """
 
