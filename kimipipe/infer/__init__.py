@@ -59,4 +59,5 @@
                        and the paced turns of the event loop at many requests in flight
     servers.py         --server: self-hosted servers as sources beside (or instead of)
                        OpenRouter, the request as a server takes it
+    discovery.py       each --server asked what it serves (GET /v1/models) before the run
 """
