@@ -67,8 +67,6 @@ def run(name: str, prompts: Path, out: Path, tmp: Path, args, requests: int) -> 
                "--concurrency", str(args.concurrency), "--max-tokens", "4096", "--quiet",
                "--stream" if args.stream else "--no-stream", "--idle-timeout", "600",
                "--summary-json", str(summary)]
-        if args.workers is not None:
-            cmd += ["--workers", str(args.workers)]
         measured = run_client(cmd, env)
         answered = server.stats()["charged"]
     elapsed = json.loads(summary.read_text())["elapsed_s"]
@@ -90,7 +88,6 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2000)
     parser.add_argument("--latency", type=float, default=8.0)
     parser.add_argument("--stream", action="store_true")
-    parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--pairs", type=int, default=1,
                         help="run the pair N times, alternating which goes first; medians last")
     args = parser.parse_args()

@@ -13,8 +13,8 @@ other, each against a fresh stand-in: `reference` without --tokenizer (the warni
 identity is unchecked), `identity` with it (`--trust-remote-code`), each once with the one
 first prompt (its start, and one request) and once with all of them. Printed per run, as
 JSON lines:
-  cpu_ms_per_request  user+system CPU of kp-infer's whole process tree (parent and
-                      workers, start-up included) per request
+  cpu_ms_per_request  user+system CPU of kp-infer's whole process tree (start-up
+                      included) per request
   steady_cpu_ms_per_request  the same without the start: (CPU of the whole run - CPU of
                       the one-prompt run) / (requests - 1)
   startup_s           wall time minus the run's own elapsed time: process start, imports,
@@ -80,8 +80,6 @@ def one_run(name: str, tmp: Path, prompts: Path, tokenizer: Path, args, requests
                "--summary-json", str(summary)]
         if name == "identity":
             cmd += ["--tokenizer", str(tokenizer), "--trust-remote-code"]
-        if args.workers is not None:
-            cmd += ["--workers", str(args.workers)]
         measured = run_client(cmd, env)
     result = json.loads(summary.read_text())
     assert result["done"] == requests, result
@@ -106,7 +104,6 @@ def main() -> None:
     parser.add_argument("--tokens-per-second", type=float, default=40.0)
     parser.add_argument("--max-tokens", type=int, default=100,
                         help="the stand-in's answers cut at this many words (~100 chunks each)")
-    parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="default: Kimi K2.5's real tokenizer (see above)")

@@ -77,8 +77,8 @@ def one_run(code: str, scenario: str, tmp: Path, prompts: Path, args) -> dict:
                  workdir=run_dir / "standin", start_timeout=120,
                  **scenario_settings(scenario, args.switch_after)) as server:
         env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
-        # each kimipipe from its own directory, its workers too (`python -m` puts the working
-        # directory first), as bench_infer.py's --kp-pythonpath does
+        # each kimipipe from its own directory (an older commit's worker processes, started
+        # with `python -m`, put the working directory first), as bench_infer.py's --kp-pythonpath does
         env["PYTHONPATH"] = cwd = str(args.before if code == "before" else REPO)
         cmd = [str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
                server.base_url, "--concurrency", str(args.concurrency),

@@ -11,7 +11,7 @@ per client run) answers after `--latency` seconds (8 s by default, so that the s
 which shares the cores, is not the bottleneck), streaming at `--tokens-per-second` (each
 token its own write, as a live stream arrives). Each client runs in its own process, one
 after the other, on the same prompts:
-  plain   kp-infer (`--no-stream`, default `--workers`), then the openai SDK
+  plain   kp-infer (`--no-stream`), then the openai SDK
           (`openai.AsyncOpenAI` and an asyncio.Semaphore)
   stream  kp-infer streamed, the naive aiohttp client streamed (bench/naive_client.py:
           uvloop, one session, json.loads per data line, deltas joined), then both plain on
@@ -29,7 +29,7 @@ Printed per run, as JSON lines:
                     schedule ideal can be reached
   startup_s         kp-infer only: wall time minus the run's own elapsed time
   cpu_ms_per_request, cpu_us_per_chunk   user+system CPU of the client's whole process
-                    tree (parent and workers), per request and per streamed chunk (one
+                    tree, per request and per streamed chunk (one
                     chunk per token)
   peak_rss_mb, load_avg_1m   peak summed RSS of the tree; the machine's load after the run
 and per workload a summary line of ratios in the same run. For streams:
@@ -67,7 +67,7 @@ sys.path.insert(0, str(REPO))
 from kimipipe.standin.testing import StandIn  # noqa: E402
 
 BIN = Path(sys.executable).parent
-# --kp-pythonpath: kp-infer (and its workers) import kimipipe from there (an exported commit,
+# --kp-pythonpath: kp-infer imports kimipipe from there (an exported commit,
 # for a before/after in one session); the stand-in and the references run from this checkout
 KP_PYTHONPATH: str | None = None
 
@@ -182,14 +182,14 @@ def schedule_ideal(durations: list[float], concurrency: int) -> float:
 
 
 def client_command(name: str, stream: bool, tmp: Path, prompts: Path, server, concurrency: int,
-                   max_tokens: int, workers: int | None) -> list[str]:
+                   max_tokens: int) -> list[str]:
     if name == "kp-infer":
         cmd = [str(BIN / "kp-infer"), str(prompts), "-o", str(tmp / "out.jsonl"),
                "--base-url", server.base_url, "--concurrency", str(concurrency),
                "--max-tokens", str(max_tokens), "--quiet",
                "--stream" if stream else "--no-stream", "--idle-timeout", "600",
                "--summary-json", str(tmp / "summary.json")]
-        return cmd + (["--workers", str(workers)] if workers is not None else [])
+        return cmd
     if name == "naive-aiohttp":
         return [sys.executable, str(REPO / "bench" / "naive_client.py"), server.base_url,
                 str(prompts), str(concurrency), str(max_tokens), "stream" if stream else "plain"]
@@ -200,7 +200,7 @@ def client_command(name: str, stream: bool, tmp: Path, prompts: Path, server, co
 
 
 def one_run(name: str, stream: bool, tmp: Path, prompts: Path, requests: int, concurrency: int,
-            latency: float, tps: float, workers: int | None, max_tokens: int,
+            latency: float, tps: float, max_tokens: int,
             paced: bool) -> dict:
     """One client's run against its own stand-in. PACED: the stand-in takes the token rate
     (a plain answer then comes after the time its stream would have taken)."""
@@ -210,10 +210,10 @@ def one_run(name: str, stream: bool, tmp: Path, prompts: Path, requests: int, co
         env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
         cwd = None
         if name == "kp-infer" and KP_PYTHONPATH:
-            # and run from there: `python -m kimipipe.infer.worker_process` puts the working
-            # directory ahead of PYTHONPATH, so from this checkout the workers would be its own
+            # and run from there (an older commit's worker processes, started with
+            # `python -m`, put the working directory ahead of PYTHONPATH)
             env["PYTHONPATH"] = cwd = KP_PYTHONPATH
-        cmd = client_command(name, stream, run_dir, prompts, server, concurrency, max_tokens, workers)
+        cmd = client_command(name, stream, run_dir, prompts, server, concurrency, max_tokens)
         measured = run_client(cmd, env, cwd)
         ledger = server.ledger()
     tokens = sum(x["completion_tokens"] for x in ledger)
@@ -248,13 +248,13 @@ def one_run(name: str, stream: bool, tmp: Path, prompts: Path, requests: int, co
     return row
 
 
-def plain_workload(requests: int, concurrency: int, latency: float, workers: int | None,
+def plain_workload(requests: int, concurrency: int, latency: float,
                    skip_reference: bool, max_tokens: int) -> None:
     with tempfile.TemporaryDirectory(prefix="kp-bench-") as tmp:
         tmp = Path(tmp)
         prompts = tmp / "prompts.jsonl"
         write_prompts(prompts, requests)
-        args = (tmp, prompts, requests, concurrency, latency, 0.0, workers, max_tokens, False)
+        args = (tmp, prompts, requests, concurrency, latency, 0.0, max_tokens, False)
         kp = one_run("kp-infer", False, *args)
         if skip_reference:
             return
@@ -267,7 +267,7 @@ def plain_workload(requests: int, concurrency: int, latency: float, workers: int
 
 
 def stream_workload(requests: int, concurrency: int, latency: float, tps: float,
-                    workers: int | None, skip_reference: bool, max_tokens: int,
+                    skip_reference: bool, max_tokens: int,
                     openai_sdk: bool) -> None:
     """kp-infer streamed and plain, and the naive aiohttp client streamed and plain, on the
     same prompts, each against a stand-in at the same token rate (a plain answer comes
@@ -278,7 +278,7 @@ def stream_workload(requests: int, concurrency: int, latency: float, tps: float,
         tmp = Path(tmp)
         prompts = tmp / "prompts.jsonl"
         write_prompts(prompts, requests)
-        args = (tmp, prompts, requests, concurrency, latency, tps, workers, max_tokens, True)
+        args = (tmp, prompts, requests, concurrency, latency, tps, max_tokens, True)
         kp = one_run("kp-infer", True, *args)
         naive = None if skip_reference else one_run("naive-aiohttp", True, *args)
         kp_plain = one_run("kp-infer", False, *args)
@@ -323,7 +323,6 @@ def main() -> None:
                         help="default: 4096 plain; 100 stream (answers cut at 100 tokens: about "
                              "100 chunks each, the target's workload; 4096 gives the stand-in's "
                              "natural 20-250 with a long tail)")
-    parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--openai-sdk", action="store_true",
                         help="stream mode: run the openai SDK streaming too (the older reference)")
@@ -340,11 +339,11 @@ def main() -> None:
             requests = args.requests or (8000 if mode == "plain" else 3000)
             concurrency = args.concurrency or (2000 if mode == "plain" else 1000)
             if mode == "plain":
-                plain_workload(requests, concurrency, args.latency, args.workers,
+                plain_workload(requests, concurrency, args.latency,
                                args.skip_reference, args.max_tokens or 4096)
             else:
                 stream_workload(requests, concurrency, args.latency, args.tokens_per_second,
-                                args.workers, args.skip_reference, args.max_tokens or 100,
+                                args.skip_reference, args.max_tokens or 100,
                                 args.openai_sdk)
 
 

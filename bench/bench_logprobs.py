@@ -8,15 +8,14 @@
 Three parts, each printing JSON lines with the ratio of logprobs on to off measured in the
 same run:
 
-  parse   the streamed-chunk parse in this process (openrouter/client.py `StreamAnswer`,
-          the code the workers run): the same streams of OpenRouter-shaped chunks, one
+  parse   the streamed-chunk parse in this process (openrouter/answer.py `StreamAnswer`,
+          the code a run runs): the same streams of OpenRouter-shaped chunks, one
           token each (a real provider's shape: `logprobs.content` with one entry of
           token, logprob, bytes, top_logprobs []) against the same chunks with
           `logprobs: null`; CPU per chunk, the answer's join at its end included. The
           tokens are Kimi K2.5's real tokens of public answers (../shared, or
           KP_KIMI_TOKENIZER), else the bundled mini tokenizer's.
-  run     kp-infer itself, the real command at --concurrency 2000 (worker processes as
-          by default) against the stand-in (`--logprobs together`, routed there with
+  run     kp-infer itself, the real command at --concurrency 2000 against the stand-in (`--logprobs together`, routed there with
           `--only-provider together`), `--logprobs` against `--no-logprobs`, one after the
           other on the same prompts: CPU of kp-infer's whole process tree per streamed
           chunk, and the bytes per response record, with the `sampled_tokens` field's
@@ -136,7 +135,7 @@ def streams(c, n_chunks: int) -> list[list[bytes]]:
 
 def parse_part(args) -> None:
     from kimipipe.kinds import AttemptKind
-    from kimipipe.openrouter.client import StreamAnswer
+    from kimipipe.openrouter.answer import StreamAnswer
 
     c, name = codec()
     tail = [json.dumps({**HEAD, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop",
@@ -197,8 +196,6 @@ def run_part(args) -> None:
                        server.base_url, "--concurrency", str(args.concurrency), "--max-tokens",
                        str(args.max_tokens), "--quiet", "--idle-timeout", "600",
                        "--only-provider", "together", flag]
-                if args.workers is not None:
-                    cmd += ["--workers", str(args.workers)]
                 measured = run_client(cmd, env)
                 ledger = server.ledger()
             # a --logprobs provider of the stand-in streams a chunk per sampled token (its
@@ -286,7 +283,6 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=4.0)
     parser.add_argument("--tokens-per-second", type=float, default=40.0)
     parser.add_argument("--max-tokens", type=int, default=100)
-    parser.add_argument("--workers", type=int, default=None)
     args = parser.parse_args()
     if args.part in ("parse", "all"):
         parse_part(args)

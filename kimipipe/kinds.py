@@ -57,7 +57,6 @@ class RetryCause(StrEnum):
     BAD_JSON = "bad_json"  # a 200 body or stream chunk that is not JSON
     ERROR200 = "error200"  # a 200 whose body is an error object
     MIDSTREAM = "midstream"  # an error chunk after output had flowed
-    WORKER = "worker"  # the worker process that held the request ended
 
     @staticmethod
     def of_status(status: int) -> str:

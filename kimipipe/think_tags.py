@@ -8,7 +8,7 @@ before the `</think>` is the reasoning (`reasoning_source: inline`), the text af
 content. Anything else (two closers, an opener, reasoning already given) is left as it
 came: where the split falls would be a guess.
 
-Used by kp-infer when it reads an answer (openrouter/client.py) and by kp-tokenize for
+Used by kp-infer when it reads an answer (openrouter/answer.py) and by kp-tokenize for
 records written by other clients (tokenize/engine.py). Pure: no I/O, no state.
 """
 

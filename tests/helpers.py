@@ -95,11 +95,6 @@ def smallest_hashes(ids, n) -> set[str]:
     return set(sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:n])
 
 
-def worker_pids(pid: int) -> list[int]:
-    """The `kimipipe.infer.worker_process` children of PID (from /proc)."""
-    return children(pid, b"kimipipe.infer.worker_process")
-
-
 def children(pid: int, cmdline_has: bytes = b"") -> list[int]:
     """The processes whose parent is PID and whose command line holds CMDLINE_HAS (from
     /proc; a forked child without an exec has its parent's command line)."""

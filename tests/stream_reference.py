@@ -1,9 +1,9 @@
 """The reference for kp-infer's streamed answers: how a stream was assembled before the
 chunk decode was made lean (tests/test_stream_decode.py compares the two).
 
-One full decode (`client._Body`, every field kimipipe knows) of each `data:` payload, in
+One full decode (`wire.BodyView`, every field kimipipe knows) of each `data:` payload, in
 order, on its own: the plain, per-event way. It is kept here, not in the product, as the
-oracle the lean path (`client.StreamAnswer`: lean `_Chunk` views, several chunks of one
+oracle the lean path (`answer.StreamAnswer`: lean `ChunkView` views, several chunks of one
 read in one decoder call, `reasoning_details` left undecoded beside `reasoning`) must
 agree with, Attempt for Attempt.
 """
@@ -13,8 +13,9 @@ from __future__ import annotations
 import msgspec
 
 from kimipipe.kinds import AttemptKind, RetryCause
+from kimipipe.openrouter.answer import finish_answer, reasoning_text
 from kimipipe.openrouter.attempt import Attempt, midstream_error
-from kimipipe.openrouter.client import _body_decoder, _finish, _reasoning_text, _without_logprobs
+from kimipipe.openrouter.wire import body_decoder, body_without_logprobs
 
 
 class ReferenceAnswer:
@@ -38,9 +39,9 @@ class ReferenceAnswer:
             return self.end(done=True)
         self.chunks += 1
         try:
-            chunk = _body_decoder.decode(payload)
+            chunk = body_decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            chunk = _without_logprobs(payload)  # logprobs not the schema's: read without
+            chunk = body_without_logprobs(payload)  # logprobs not the schema's: read without
             if chunk is None:
                 return Attempt(AttemptKind.RETRY, cause=RetryCause.BAD_JSON, status=200,
                                message="stream chunk is not valid JSON")
@@ -88,8 +89,8 @@ class ReferenceAnswer:
                                message="stream with no output")
             return Attempt(AttemptKind.RETRY, cause=RetryCause.CUT, status=200,
                            message="stream ended early")
-        return _finish(self.gen_id, self.provider, self.model, "".join(self.content),
-                       _reasoning_text("".join(self.reasoning), self.details), self.finish_reason,
+        return finish_answer(self.gen_id, self.provider, self.model, "".join(self.content),
+                       reasoning_text("".join(self.reasoning), self.details), self.finish_reason,
                        self.usage, self.chunks, self.prompt_ids, self.output_ids,
                        None if self.tokens_lost else self.tokens)
 

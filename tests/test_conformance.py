@@ -667,7 +667,7 @@ def test_logprobs_chunks_and_bodies_decode_with_both_sdks(logprobs_server, provi
     provider's logprobs cover the content only; kimipipe's client reads them the same."""
     import openai.types.chat as oai
 
-    from kimipipe.openrouter.client import CompletionClient, StreamAnswer
+    from kimipipe.openrouter.answer import StreamAnswer, read_plain
 
     request = kimipipe_request("Logprobs: 6 x 7 = 42, 数据 🙂", logprobs=True, top_logprobs=0,
                                provider={"only": [provider]})
@@ -703,5 +703,5 @@ def test_logprobs_chunks_and_bodies_decode_with_both_sdks(logprobs_server, provi
     body = plain.json()
     conforms(orc.ChatResult, body, DIALECT)
     assert len(oai.ChatCompletion.model_validate(body).choices[0].logprobs.content) == len(tokens)
-    read = CompletionClient._read_plain(plain.content)
+    read = read_plain(plain.content)
     assert (read.token_spells, read.token_lengths) == (covers, got.token_lengths)

@@ -83,7 +83,7 @@ COMMANDS = [
     Command("prompts", records=prompt_sources),
     Command("infer", records=prompts,
             args=lambda ctx: ["--base-url", ctx["server"].base_url, "--concurrency", "8",
-                              "--workers", "1", "--backoff-base", "0.01"],
+                              "--backoff-base", "0.01"],
             env=lambda ctx: {"OPENROUTER_API_KEY": ctx["server"].api_key},
             comparable=lambda r: (r["id"], r["messages"], r["response"], r["finish_reason"]),
             ordered=False,

@@ -21,7 +21,8 @@ import zlib
 
 import pytest
 
-from kimipipe.openrouter.client import CompletionClient, StreamAnswer
+from kimipipe.openrouter.answer import StreamAnswer
+from kimipipe.openrouter.client import CompletionClient
 from kimipipe.openrouter.http11 import Http11Pool, _Connection
 from kimipipe.openrouter.outcomes import Broken, CollectedResponse
 
@@ -119,7 +120,7 @@ def feed(pieces: list[bytes]):
 
 
 def as_attempt(outcome):
-    from kimipipe.openrouter.client import Attempt
+    from kimipipe.openrouter.attempt import Attempt
     assert isinstance(outcome, Attempt), outcome
     return outcome
 

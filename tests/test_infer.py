@@ -12,7 +12,6 @@ import time
 
 import pytest
 from conftest import BIN, kp, read_jsonl, write_jsonl
-from helpers import worker_pids
 
 from kimipipe.infer.identity import UNCHECKED_WARNING
 from kimipipe.standin.answers import expected_answer
@@ -20,7 +19,6 @@ from kimipipe.standin.answers import expected_answer
 KEY = "sk-or-v1-testkey-0123456789abcdef"
 
 # The rules that matter most run with the HTTP work in one worker process and in two.
-with_workers = pytest.mark.parametrize("workers", ["1", "2"], ids=["1worker", "2workers"])
 
 
 def make_prompts(path, n, dataset="B3", start=0):
@@ -94,8 +92,7 @@ def test_stdout_output_and_stdin_input(standin, tmp_path):
     assert r.stderr == ""
 
 
-@with_workers
-def test_fault_mix_still_gives_exactly_one_correct_record_each(standin, tmp_path, workers):
+def test_fault_mix_still_gives_exactly_one_correct_record_each(standin, tmp_path):
     faults = {"429": 0.08, "500": 0.03, "502": 0.03, "503": 0.03, "524": 0.02, "529": 0.02,
               "error200": 0.04, "empty": 0.04, "midstream": 0.05, "cut": 0.05, "hang": 0.02,
               "heartbeat": 0.02}
@@ -105,7 +102,7 @@ def test_fault_mix_still_gives_exactly_one_correct_record_each(standin, tmp_path
     summary = tmp_path / "s.json"
     # 2 s of silence before a timeout (as in the fault mix below): at 0.5 s a loaded machine
     # left answers the stand-in had written whole unread long enough to time out
-    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "20", "--idle-timeout", "2",
+    r = infer(server, prompts, "-o", out, "--concurrency", "20", "--idle-timeout", "2",
               "--max-attempts", "30", "--summary-json", summary)
     assert r.code == 0, r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(80)]
@@ -155,8 +152,7 @@ def test_permanent_error_is_recorded_not_retried(standin, tmp_path):
     assert server.stats()["requests"] == 2 + 0  # completions only: no retry of a 400
 
 
-@with_workers
-def test_kill_9_then_resume_loses_nothing_and_writes_no_id_twice(standin, tmp_path, workers):
+def test_kill_9_then_resume_loses_nothing_and_writes_no_id_twice(standin, tmp_path):
     # the stand-in answers 20 and holds the rest: the kill lands mid-run on any machine
     server = standin(latency=0.3, ledger=True)
     server.configure(hold_after=20)
@@ -164,7 +160,7 @@ def test_kill_9_then_resume_loses_nothing_and_writes_no_id_twice(standin, tmp_pa
     out = tmp_path / "r.jsonl"
     env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
     proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
-                             server.base_url, "--concurrency", "10", "--quiet", "--workers", workers], env=env)
+                             server.base_url, "--concurrency", "10", "--quiet"], env=env)
     deadline = time.monotonic() + 120
     while not out.exists() or len(out.read_bytes().splitlines()) < 20 or not server.stats()["held"]:
         assert proc.poll() is None and time.monotonic() < deadline, "kp-infer never reached the gate"
@@ -176,7 +172,7 @@ def test_kill_9_then_resume_loses_nothing_and_writes_no_id_twice(standin, tmp_pa
     assert len(first) == 20
     with open(out, "ab") as f:  # what a crash mid-write would leave on a slower file system
         f.write(b'{"id": "p00119", "dataset": "B3", "messa')
-    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "10")
+    r = infer(server, prompts, "-o", out, "--concurrency", "10")
     assert r.code == 0, r.stderr
     assert "torn last line" in r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(120)]
@@ -184,13 +180,12 @@ def test_kill_9_then_resume_loses_nothing_and_writes_no_id_twice(standin, tmp_pa
     assert out.read_bytes().endswith(b"\n")
 
 
-@pytest.mark.parametrize(("mode", "workers"), [("--stream", "1"), ("--no-stream", "0")],
-                         ids=["stream-worker", "plain-in-process"])
-def test_every_completion_connection_has_tcp_keepalive(standin, tmp_path, mode, workers):
+@pytest.mark.parametrize("mode", ["--stream", "--no-stream"], ids=["stream", "plain"])
+def test_every_completion_connection_has_tcp_keepalive(standin, tmp_path, mode):
     """README (load): TCP keepalive on every completion connection, so a connection a
     middlebox dropped during a long answer is found. While the stand-in holds 6 requests open, the kernel's
     own view of every connection to it (`ss -o`: a keepalive timer is shown only for a
-    socket with SO_KEEPALIVE) has the timer, in a worker process and in-process alike."""
+    socket with SO_KEEPALIVE) has the timer, streamed and plain alike."""
     import shutil
     if not shutil.which("ss"):
         pytest.skip("ss (iproute2) not installed")
@@ -200,7 +195,7 @@ def test_every_completion_connection_has_tcp_keepalive(standin, tmp_path, mode, 
     env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
     proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(tmp_path / "r.jsonl"),
                              "--base-url", server.base_url, "--concurrency", "6", "--quiet",
-                             mode, "--workers", workers], env=env)
+                             mode], env=env)
     try:
         deadline = time.monotonic() + 60
         while server.stats()["held"] < 6:
@@ -219,13 +214,12 @@ def test_every_completion_connection_has_tcp_keepalive(standin, tmp_path, mode, 
     assert len(ss) - len(without) == 6 and len(without) <= 1, ss
 
 
-@with_workers
-def test_max_cost_is_never_exceeded_and_raising_it_resumes(standin, tmp_path, workers):
+def test_max_cost_is_never_exceeded_and_raising_it_resumes(standin, tmp_path):
     server = standin(ledger=True, price_scale=1000.0)
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
     out = tmp_path / "r.jsonl"
     summary = tmp_path / "s.json"
-    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "8", "--max-tokens", "200",
+    r = infer(server, prompts, "-o", out, "--concurrency", "8", "--max-tokens", "200",
               "--max-cost", "2.5", "--summary-json", summary)
     assert r.code == 3, r.stderr
     assert "--max-cost reached" in r.stderr
@@ -235,19 +229,18 @@ def test_max_cost_is_never_exceeded_and_raising_it_resumes(standin, tmp_path, wo
     assert recorded == pytest.approx(spent, rel=1e-9)
     done_first = len(ids_of(out))
     assert 0 < done_first < 60
-    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "8", "--max-tokens", "200", "--max-cost", "4")
+    r = infer(server, prompts, "-o", out, "--concurrency", "8", "--max-tokens", "200", "--max-cost", "4")
     # raised, not enough for all: the 60 answers cost $15 at the least ($0.25 each)
     assert r.code == 3 and "--max-cost reached" in r.stderr, r.stderr
     total = sum(x["cost"] for x in server.ledger())
     assert total <= 4 and len(ids_of(out)) > done_first
 
 
-@with_workers
-def test_token_budget_is_done_as_asked_exit_0_with_bounded_overshoot(standin, tmp_path, workers):
+def test_token_budget_is_done_as_asked_exit_0_with_bounded_overshoot(standin, tmp_path):
     server = standin()
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
     out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
-    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "4", "--token-budget", "1k",
+    r = infer(server, prompts, "-o", out, "--concurrency", "4", "--token-budget", "1k",
               "--summary-json", summary)
     assert r.code == 0, r.stderr  # the output holds what was asked for: not a money stop
     assert "--token-budget reached" in r.stderr
@@ -256,16 +249,15 @@ def test_token_budget_is_done_as_asked_exit_0_with_bounded_overshoot(standin, tm
     tokens = [x["usage"]["completion_tokens"] for x in read_jsonl(out)]
     assert sum(tokens) >= 1000 and len(tokens) < 60
     assert sum(tokens) - 1000 < 4 * max(tokens)  # overshoot bounded by the work in flight
-    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "4", "--token-budget", "1k")
+    r = infer(server, prompts, "-o", out, "--concurrency", "4", "--token-budget", "1k")
     assert r.code == 0 and "0 done" in r.stderr  # the budget counts across runs
 
 
-@with_workers
-def test_402_mid_run_stops_admission_and_resumes_after_top_up(standin, tmp_path, workers):
+def test_402_mid_run_stops_admission_and_resumes_after_top_up(standin, tmp_path):
     server = standin(balance=0.02, ledger=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 300)
     out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
-    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "4", "--max-tokens", "400",
+    r = infer(server, prompts, "-o", out, "--concurrency", "4", "--max-tokens", "400",
               "--failures", failures)
     assert r.code == 3, r.stderr
     assert "402" in r.stderr
@@ -273,7 +265,7 @@ def test_402_mid_run_stops_admission_and_resumes_after_top_up(standin, tmp_path,
     assert 0 < len(first) < 300
     assert not failures.exists() or read_jsonl(failures) == []  # a 402 is not a failure
     server.configure(balance=100.0)
-    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "16", "--max-tokens", "400")
+    r = infer(server, prompts, "-o", out, "--concurrency", "16", "--max-tokens", "400")
     assert r.code == 0, r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(300)]
 
@@ -350,14 +342,13 @@ def test_missing_key_is_a_usage_error(tmp_path):
     assert r.code == 2 and "OPENROUTER_API_KEY" in r.stderr
 
 
-@with_workers
-def test_sigint_finishes_in_flight_then_resume_completes(standin, tmp_path, workers):
+def test_sigint_finishes_in_flight_then_resume_completes(standin, tmp_path):
     server = standin(latency=1.0)
     prompts = make_prompts(tmp_path / "p.jsonl", 40)
     out = tmp_path / "r.jsonl"
     env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
     proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
-                             server.base_url, "--concurrency", "5", "--workers", workers], env=env,
+                             server.base_url, "--concurrency", "5"], env=env,
                             stderr=subprocess.PIPE)
     deadline = time.time() + 30
     while time.time() < deadline and server.stats()["in_flight"] < 5:
@@ -369,7 +360,7 @@ def test_sigint_finishes_in_flight_then_resume_completes(standin, tmp_path, work
     first = ids_of(out)
     assert len(first) >= 5  # the five in flight were finished and kept
     assert server.stats()["completions_started"] == len(first)
-    r = infer(server, prompts, "--workers", workers, "-o", out, "--concurrency", "20")
+    r = infer(server, prompts, "-o", out, "--concurrency", "20")
     assert r.code == 0 and sorted(ids_of(out)) == [f"p{i:05d}" for i in range(40)]
 
 
@@ -496,17 +487,15 @@ def test_grace_period_bounds_the_wait_for_in_flight(standin, tmp_path):
     assert s["abandoned_in_flight"] == 3 and s["stop_reason"] == "interrupted"
 
 
-@pytest.mark.parametrize(("mode", "workers"), [
-    ("--no-stream", "1"), ("--stream", "0"), ("--no-stream", "0")],
-    ids=["plain-1worker", "stream-in-process", "plain-in-process"])
-def test_fault_mix_plain_and_in_process(standin, tmp_path, mode, workers):
-    """Plain requests and the in-process client (--workers 0) meet every fault too."""
+def test_fault_mix_plain(standin, tmp_path):
+    """Plain requests meet every fault too (streamed ones: the fault mix test above)."""
+    mode = "--no-stream"
     faults = {"429": 0.08, "502": 0.05, "error200": 0.05, "empty": 0.05, "midstream": 0.05,
               "cut": 0.05, "hang": 0.03, "heartbeat": 0.03}
     server = standin(faults=faults, retry_after=0.05, hang_seconds=60, ledger=True, seed=5)
     prompts = make_prompts(tmp_path / "p.jsonl", 60)
     out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
-    r = infer(server, prompts, mode, "--workers", workers, "-o", out,
+    r = infer(server, prompts, mode, "-o", out,
               # 2 s of silence, not 0.5: on a loaded machine an answer the stand-in has
               # already written whole (so it does not count it abandoned) can sit unread
               # for half a second, and its timeout would be a retry no fault explains.
@@ -662,29 +651,3 @@ def test_quiet_silences_the_torn_tail_note_too(standin, tmp_path):
         f.write(b'{"id": "p00005", "dataset": "B3", "messa')
     r = infer(server, prompts, "-o", out)  # without --quiet the repair is reported
     assert r.code == 0 and f"{out}:7: removed a torn last line" in r.stderr
-
-
-@pytest.mark.parametrize("concurrency,prompts,workers", [(64, 300, 0), (300, 300, os.cpu_count() or 1),
-                                                         (2000, 200, 0)])
-def test_worker_processes_by_default_only_when_many_can_be_in_flight(standin, tmp_path, concurrency,
-                                                                     prompts, workers):
-    """README: no worker process while at most 256 requests can be in flight (the smaller of
-    --concurrency and the prompts to do), one per core above that."""
-    server = standin(latency=1.0)
-    path = make_prompts(tmp_path / "p.jsonl", prompts)
-    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
-    proc = subprocess.Popen([str(BIN / "kp-infer"), str(path), "-o", str(tmp_path / "r.jsonl"),
-                             "--base-url", server.base_url, "--concurrency", str(concurrency),
-                             "--max-tokens", "50", "-q"], env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while server.stats()["completions_started"] == 0:  # requests are being sent now
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        seen = len(worker_pids(proc.pid))
-        assert proc.wait(timeout=120) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert seen == workers
-    assert len(read_jsonl(tmp_path / "r.jsonl")) == prompts

@@ -62,15 +62,13 @@ def cancelled_refusals(records, failures) -> list[dict]:
             if x["message"].startswith(CANCELLED)]
 
 
-@pytest.mark.parametrize("billed, workers", [(True, "0"), (False, "0"), (False, "2")],
-                         ids=["billed-on-cancel", "not-billed", "not-billed-worker-processes"])
-def test_quarantine_cancels_the_providers_streams_in_flight(standin, tmp_path, billed, workers):
+@pytest.mark.parametrize("billed", [True, False], ids=["billed-on-cancel", "not-billed"])
+def test_quarantine_cancels_the_providers_streams_in_flight(standin, tmp_path, billed):
     """Fireworks' streams in flight are closed at its quarantine, each refused for identity
     with its cost from GET /generation: the bill where the provider bills a cancel, $0
-    where it does not; the money is exact and every prompt is answered elsewhere. With
-    worker processes, each closes its own streams (told by the parent)."""
+    where it does not; the money is exact and every prompt is answered elsewhere."""
     server, records, failures, summary, r = quarantine_run(
-        standin, tmp_path, "stream", "--workers", workers, bill_cancelled=billed)
+        standin, tmp_path, "stream", bill_cancelled=billed)
     assert r.code == 0, r.stderr
     assert len(records) == PROMPTS and not failures
     assert "quarantined provider Fireworks" in r.stderr

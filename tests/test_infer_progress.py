@@ -73,7 +73,7 @@ def test_progress_line_fits_an_80_column_terminal_with_its_essentials(standin, t
     server = standin(latency=0.4, faults={"429": 0.25}, retry_after=0.05, seed=3, ledger=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 12)
     out = tmp_path / "r.jsonl"
-    code, drawn = run_in_terminal(server, prompts, "-o", out, "--concurrency", "4", "--workers", "0",
+    code, drawn = run_in_terminal(server, prompts, "-o", out, "--concurrency", "4",
                                   "--max-cost", "5", "--backoff-base", "0.05")
     assert code == 0, drawn
     frames = [ANSI.sub("", f) for f in re.split(r"[\r\n]", drawn)]
@@ -94,7 +94,7 @@ def test_progress_line_fits_an_80_column_terminal_with_its_essentials(standin, t
 def test_plain_progress_lines_when_stderr_is_not_a_terminal(standin, tmp_path):
     server = standin(latency=0.3)
     prompts = make_prompts(tmp_path / "p.jsonl", 8)
-    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--concurrency", "2", "--workers", "0",
+    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--concurrency", "2",
               env={"KP_PROGRESS_INTERVAL": "0.2"})
     assert r.code == 0, r.stderr
     assert "\r" not in r.stderr
@@ -103,7 +103,7 @@ def test_plain_progress_lines_when_stderr_is_not_a_terminal(standin, tmp_path):
     assert lines[0] == "kp-infer: 0/8"  # drawn as the run starts
     assert all(re.match(r"kp-infer: \d/8, \d in flight", x) for x in lines[1:]), lines
     assert lines[-1].startswith("kp-infer: 8/8, 0 in flight, all sent, $")
-    quiet = infer(server, prompts, "-o", tmp_path / "q.jsonl", "--workers", "0", "--quiet",
+    quiet = infer(server, prompts, "-o", tmp_path / "q.jsonl", "--quiet",
                   env={"KP_PROGRESS_INTERVAL": "0.05"})
     assert quiet.code == 0 and quiet.stderr == ""
 
@@ -116,14 +116,14 @@ def test_the_progress_line_shows_the_cap_that_binds(standin, tmp_path):
     other = write_jsonl(tmp_path / "B4.responses.jsonl", [
         {"id": "x", "dataset": "B4", "api": "127.0.0.1", "generation_id": "gen-standin-x",
          "usage": {"prompt_tokens": 1, "completion_tokens": 1, "cost": 1.25}}])
-    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--concurrency", "2", "--workers", "0",
+    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--concurrency", "2",
               "--max-cost", "95", "--total-cost", "5", "--spent-in", other,
               env={"KP_PROGRESS_INTERVAL": "0.2"})
     assert r.code == 0, r.stderr
     last = [x for x in r.stderr.splitlines() if x.startswith("kp-infer: 6/6")][-1]
     spent = sum(x["usage"]["cost"] for x in read_jsonl(tmp_path / "r.jsonl")) + 1.25
     assert f", ${spent:.2f} of $5 total" in last and "of $95" not in r.stderr, last
-    r = infer(server, prompts, "-o", tmp_path / "s.jsonl", "--workers", "0", "--max-cost", "3",
+    r = infer(server, prompts, "-o", tmp_path / "s.jsonl", "--max-cost", "3",
               "--total-cost", "50", "--spent-in", other, env={"KP_PROGRESS_INTERVAL": "0.2"})
     assert r.code == 0 and ", $" in r.stderr and " of $3," in r.stderr and "total" not in r.stderr
 
@@ -161,7 +161,7 @@ def test_sigint_after_the_last_admission_is_bounded_by_grace(standin, tmp_path):
     server = standin(latency=3, ledger=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 6)
     out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
-    proc = start(server, prompts, "-o", out, "--concurrency", "3", "--workers", "1", "--grace",
+    proc = start(server, prompts, "-o", out, "--concurrency", "3", "--grace",
                  "0.3", "--summary-json", summary, stderr=subprocess.PIPE)
     wait_until(lambda: server.stats()["completions_started"] == 6, proc, "the last admission")
     proc.send_signal(signal.SIGINT)
@@ -172,7 +172,7 @@ def test_sigint_after_the_last_admission_is_bounded_by_grace(standin, tmp_path):
     assert s["done"] == 3 and len(ids_of(out)) == 3  # whole lines: the 3 answered before
     assert out.read_bytes().endswith(b"\n")
     server.configure(latency=0)
-    r = infer(server, prompts, "-o", out, "--workers", "0")
+    r = infer(server, prompts, "-o", out)
     assert r.code == 0, r.stderr
     assert sorted(ids_of(out)) == [f"p{i:05d}" for i in range(6)]
     paid_once_each(server, prompts)  # the 3 cancelled were not billed, nothing twice
@@ -184,7 +184,7 @@ def test_sigint_during_backoff_ends_at_once(standin, tmp_path):
     server = standin(faults={"429": 1.0}, retry_after=60, ledger=True)
     prompts = make_prompts(tmp_path / "p.jsonl", 3)
     out = tmp_path / "r.jsonl"
-    proc = start(server, prompts, "-o", out, "--concurrency", "3", "--workers", "0",
+    proc = start(server, prompts, "-o", out, "--concurrency", "3",
                  stderr=subprocess.PIPE)
     wait_until(lambda: server.stats()["completions_started"] >= 3, proc, "three 429s")
     proc.send_signal(signal.SIGINT)
@@ -192,7 +192,7 @@ def test_sigint_during_backoff_ends_at_once(standin, tmp_path):
     assert proc.returncode == 130, err
     assert b"interrupted" in err and read_jsonl(out) == []
     server.configure(faults={})
-    r = infer(server, prompts, "-o", out, "--workers", "0")
+    r = infer(server, prompts, "-o", out)
     assert r.code == 0 and len(ids_of(out)) == 3
     paid_once_each(server, prompts)
 
@@ -211,7 +211,7 @@ def test_sigterm_while_reading_the_input_exits_130(standin, tmp_path):
     assert proc.returncode == 130, err
     assert b"interrupted" in err
     assert server.stats()["completions_started"] == 0
-    r = infer(server, tmp_path / "p.jsonl", "-o", out, "--workers", "0")  # not locked out
+    r = infer(server, tmp_path / "p.jsonl", "-o", out)  # not locked out
     assert r.code == 0 and len(ids_of(out)) == 2
 
 

@@ -13,12 +13,8 @@ from conftest import read_jsonl
 from helpers import MODEL, money_is_exact
 from test_infer import infer, make_prompts
 
-from kimipipe.openrouter.client import (
-    _Message,
-    _reasoning_text,
-    _ReasoningDetail,
-    split_inline_think,
-)
+from kimipipe.openrouter.answer import reasoning_text, split_inline_think
+from kimipipe.openrouter.wire import MessageView, ReasoningDetail
 from kimipipe.standin.answers import expected_answer
 
 
@@ -182,20 +178,20 @@ def test_reasoning_cut_by_max_tokens_is_kept_and_marked(standin, tmp_path):
 
 def test_reasoning_extraction_order():
     def details(rows):  # as the client decodes them from the wire
-        return msgspec.json.decode(msgspec.json.encode(rows), type=list[_ReasoningDetail])
+        return msgspec.json.decode(msgspec.json.encode(rows), type=list[ReasoningDetail])
 
     # (the text, where it came from: the reasoning field, else reasoning_details)
-    assert _reasoning_text("direct", details([{"type": "reasoning.text", "text": "x"}])) == (
+    assert reasoning_text("direct", details([{"type": "reasoning.text", "text": "x"}])) == (
         "direct", "field")
-    assert _reasoning_text(None, details([{"type": "reasoning.text", "text": "a"},
+    assert reasoning_text(None, details([{"type": "reasoning.text", "text": "a"},
                                           {"type": "reasoning.summary", "summary": "s"},
                                           {"type": "reasoning.text", "text": "b"}])) == ("ab", "details")
-    assert _reasoning_text("", None) == (None, "")
+    assert reasoning_text("", None) == (None, "")
     assert split_inline_think("<think>plan</think>answer", None) == ("answer", "plan")
     assert split_inline_think("<think>plan</think>answer", "real") == ("<think>plan</think>answer", "real")
     assert split_inline_think("no think", None) == ("no think", None)
     # an inline block cut by max_tokens before it closed: all reasoning, only when cut
     assert split_inline_think("<think>plan and", None) == ("<think>plan and", None)
     assert split_inline_think("<think>plan and", None, cut=True) == ("", "plan and")
-    assert _Message().content is None
+    assert MessageView().content is None
 

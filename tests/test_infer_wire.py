@@ -188,20 +188,20 @@ def test_midstream_errors_with_4xx_and_string_codes_are_retried(standin, tmp_pat
 
 # -- 7. provenance and hygiene on every request ---------------------------------------------
 
-@pytest.mark.parametrize("workers", ["0", "1"])
-def test_every_completion_asks_for_no_cache_and_names_kimipipe(standin, tmp_path, workers):
+def test_every_completion_asks_for_no_cache_and_names_kimipipe(standin, tmp_path):
     """X-OpenRouter-Cache: false (a cached answer is a verbatim duplicate at $0, whatever
-    the sampling) and the current X-OpenRouter-Title, on the run's requests (in this
-    process and from a worker) and the preflight's."""
+    the sampling) and the current X-OpenRouter-Title, on the run's requests and the
+    preflight's, which are sent by the run's own client (User-Agent: kimipipe, http11.py)."""
     server = standin()
     prompts = make_prompts(tmp_path / "p.jsonl", 6)
     out = tmp_path / "r.jsonl"
     assert infer(server, "--preflight", "2", prompts, "-o", out).code == 0
-    assert infer(server, prompts, "-o", out, "--workers", workers).code == 0
+    assert infer(server, prompts, "-o", out).code == 0
     headers = server.stats()["completion_headers"]
     assert headers["X-OpenRouter-Cache"] == {"false": 6}
     assert headers["X-OpenRouter-Title"] == {"kimipipe": 6}
     assert headers["HTTP-Referer"] == {"https://github.com/kimipipe/kimipipe": 6}
+    assert server.stats()["user_agents"]["completions"] == {"kimipipe": 6}
 
 
 # -- 4. nulls in the endpoints table --------------------------------------------------------

@@ -346,7 +346,7 @@ def test_logprobs_the_schema_does_not_have_cost_the_tokens_never_the_answer():
     """A chunk (or body) whose `logprobs` are not ChatTokenLogprobs' shape is read without
     them: the answer, paid for, is kept as ever; it keeps no tokens (none rather than some)."""
     from kimipipe.kinds import AttemptKind
-    from kimipipe.openrouter.client import CompletionClient, StreamAnswer
+    from kimipipe.openrouter.answer import StreamAnswer, read_plain
 
     head = {"id": "gen-1", "provider": "P", "model": "m"}
     tokens = {"content": [{"token": " there", "logprob": -0.1, "bytes": list(b" there"),
@@ -366,7 +366,7 @@ def test_logprobs_the_schema_does_not_have_cost_the_tokens_never_the_answer():
     plain = {**head, "choices": [{"index": 0, "finish_reason": "stop", "logprobs": {"content": 7},
                                   "message": {"role": "assistant", "content": "Hi"}}],
              "usage": {"prompt_tokens": 3, "completion_tokens": 1, "cost": 0.001}}
-    got = CompletionClient._read_plain(json.dumps(plain).encode())
+    got = read_plain(json.dumps(plain).encode())
     assert got.kind == AttemptKind.OK and got.content == "Hi" and got.token_lengths is None
 
 

@@ -219,6 +219,8 @@ def test_max_cost_holds_when_half_the_answers_show_no_cost_in_a_run_and_a_rerun(
     assert s["costs"]["usage"] + s["costs"]["generation"] == len(records) and s["costs"]["estimate"] == 0
     assert s["spend_total"] == pytest.approx(billed(server))
     assert "looked up (GET /generation" in r.stderr
+    # read over the completions' own client and connections (openrouter/client.py)
+    assert set(server.stats()["user_agents"]["generation"]) == {"kimipipe"}
     # the rerun of the same command reads those figures back: the cap still holds
     r = infer(server, prompts, *flags)
     assert r.code == 3, r.stderr
@@ -412,3 +414,6 @@ def test_preflight_settles_a_missing_cost_as_the_run_does(standin, tmp_path):
     assert len(records) == 2 and all(rec["cost_source"] == "generation" for rec in records)
     assert all(rec["usage"]["cost"] == pytest.approx(by_id[rec["generation_id"]]) for rec in records)
     assert report["spend"] == pytest.approx(sum(by_id.values()))
+    # the preflight's requests and lookups are the run's client's (infer/transport.py)
+    agents = server.stats()["user_agents"]
+    assert agents["completions"] == {"kimipipe": 2} and set(agents["generation"]) == {"kimipipe"}

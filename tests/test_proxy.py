@@ -27,7 +27,6 @@ from pathlib import Path
 
 import pytest
 from conftest import kp, read_jsonl, write_jsonl
-from helpers import wait_for
 
 trustme = pytest.importorskip("trustme")
 pytest.importorskip("pproxy")
@@ -195,17 +194,16 @@ def infer(base_url, api_key, tmp_path, *args, env):
 
 # -- kp-infer ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("mode", "workers"), [("--stream", "1"), ("--no-stream", "0")],
-                         ids=["stream-worker", "plain-in-process"])
+@pytest.mark.parametrize("mode", ["--stream", "--no-stream"], ids=["stream", "plain"])
 def test_kp_infer_through_https_proxy_to_a_tls_origin_with_a_corporate_ca(
-        standin, proxies, ca, tmp_path, mode, workers):
+        standin, proxies, ca, tmp_path, mode):
     pem, context = ca
     server = standin(request_log=True)
     proxy = proxies()
     with TLSTerminator(int(server.base_url.split(":")[2].split("/")[0]), context) as tls:
         base_url = f"https://localhost:{tls.port}/api/v1"
         env = {**proxy_env(https=proxy.url()), "SSL_CERT_FILE": str(pem)}
-        r, out = infer(base_url, server.api_key, tmp_path, mode, "--workers", workers, env=env)
+        r, out = infer(base_url, server.api_key, tmp_path, mode, env=env)
         assert r.code == 0, r.stderr
         assert "endpoints table" not in r.stderr  # the control plane got through as well
         assert sorted(rec["id"] for rec in read_jsonl(out)) == [f"p{i}" for i in range(6)]
@@ -222,7 +220,7 @@ def test_kp_infer_without_the_ca_refuses_the_origin(standin, proxies, ca, tmp_pa
     failures = tmp_path / "failures.jsonl"
     with TLSTerminator(int(server.base_url.split(":")[2].split("/")[0]), context) as tls:
         r, out = infer(f"https://localhost:{tls.port}/api/v1", server.api_key, tmp_path,
-                       "--max-attempts", "1", "--workers", "0", "--failures", failures,
+                       "--max-attempts", "1", "--failures", failures,
                        env={**proxy_env(https=proxy.url()), "SSL_CERT_FILE": "", "SSL_CERT_DIR": ""})
     assert r.code == 4, r.stderr  # every prompt failed: the certificate is not trusted
     assert read_jsonl(out) == [] and server.requests() == []
@@ -240,15 +238,13 @@ def test_ssl_cert_dir_is_honoured(standin, ca, tmp_path):
     subprocess.run(["openssl", "rehash", str(certs)], check=True, capture_output=True)
     server = standin()
     with TLSTerminator(int(server.base_url.split(":")[2].split("/")[0]), context) as tls:
-        r, out = infer(f"https://localhost:{tls.port}/api/v1", server.api_key, tmp_path, "--workers", "1",
-                       env={**proxy_env(), "SSL_CERT_FILE": "", "SSL_CERT_DIR": str(certs)})
+        r, out = infer(f"https://localhost:{tls.port}/api/v1", server.api_key, tmp_path, env={**proxy_env(), "SSL_CERT_FILE": "", "SSL_CERT_DIR": str(certs)})
     assert r.code == 0, r.stderr
     assert "endpoints table" not in r.stderr
     assert len(read_jsonl(out)) == 6
 
 
-@pytest.mark.parametrize("workers", ["0", "1"], ids=["in-process", "worker"])
-def test_an_unloadable_ssl_cert_file_is_exit_2_before_any_request(standin, ca, tmp_path, workers):
+def test_an_unloadable_ssl_cert_file_is_exit_2_before_any_request(standin, ca, tmp_path):
     """README (proxies and CAs): an SSL_CERT_FILE that cannot be loaded (here: not a PEM)
     stops kp-infer with exit 2 and one line naming it, before any request: not the
     endpoints table, not a completion; nothing is written."""
@@ -258,7 +254,7 @@ def test_an_unloadable_ssl_cert_file_is_exit_2_before_any_request(standin, ca, t
     server = standin(request_log=True)
     with TLSTerminator(int(server.base_url.split(":")[2].split("/")[0]), context) as tls:
         r, out = infer(f"https://localhost:{tls.port}/api/v1", server.api_key, tmp_path,
-                       "--workers", workers, env={**proxy_env(), "SSL_CERT_FILE": str(bad)})
+                       env={**proxy_env(), "SSL_CERT_FILE": str(bad)})
         connections = tls.connections
     assert r.code == 2, r.stderr
     assert f"SSL_CERT_FILE={bad}" in r.stderr and "Traceback" not in r.stderr
@@ -272,8 +268,7 @@ def test_kp_infer_plain_http_origin_through_http_proxy(standin, proxies, tmp_pat
     server = standin(request_log=True)
     proxy = proxies()
     port = int(server.base_url.split(":")[2].split("/")[0])
-    r, out = infer(server.base_url, server.api_key, tmp_path, "--no-stream", "--workers", "1",
-                   env=proxy_env(http=proxy.url()))
+    r, out = infer(server.base_url, server.api_key, tmp_path, "--no-stream", env=proxy_env(http=proxy.url()))
     assert r.code == 0, r.stderr
     assert len(read_jsonl(out)) == 6 and len(server.requests()) == 6
     assert f"127.0.0.1:{port}" in proxy.targets()
@@ -284,13 +279,12 @@ def test_no_proxy_sends_the_origin_direct(standin, tmp_path):
     with dead_port() as port:  # nothing listens: only a bypass can work
         dead_proxy = f"http://127.0.0.1:{port}"
         for no_proxy in ("127.0.0.1", "localhost,127.0.0.0/8", "*", f".example.com,127.0.0.1:{server.base_url.split(':')[2].split('/')[0]}"):
-            r, out = infer(server.base_url, server.api_key, tmp_path, "--workers", "1",
-                           env=proxy_env(http=dead_proxy, https=dead_proxy, no=no_proxy))
+            r, out = infer(server.base_url, server.api_key, tmp_path, env=proxy_env(http=dead_proxy, https=dead_proxy, no=no_proxy))
             assert r.code == 0, (no_proxy, r.stderr)
             assert len(read_jsonl(out)) == 6
         # and without the bypass the dead proxy is used, and named (as a proxy) in the failures
         failures = tmp_path / "failures.jsonl"
-        r, out = infer(server.base_url, server.api_key, tmp_path, "--workers", "0", "--max-attempts", "1",
+        r, out = infer(server.base_url, server.api_key, tmp_path, "--max-attempts", "1",
                        "--failures", failures, env=proxy_env(http=dead_proxy))
     assert r.code == 4 and read_jsonl(out) == []
     assert all("cannot reach proxy 127.0.0.1:" in f["message"] for f in read_jsonl(failures))
@@ -301,7 +295,7 @@ def test_proxy_option_overrides_the_environment(standin, proxies, tmp_path):
     proxy = proxies()
     with dead_port() as port:
         dead = f"http://127.0.0.1:{port}"
-        r, out = infer(server.base_url, server.api_key, tmp_path, "--workers", "1", "--proxy", proxy.url(),
+        r, out = infer(server.base_url, server.api_key, tmp_path, "--proxy", proxy.url(),
                        env=proxy_env(http=dead, https=dead, no="*"))
     assert r.code == 0, r.stderr
     assert len(read_jsonl(out)) == 6 and proxy.targets()
@@ -314,21 +308,19 @@ def test_proxy_credentials_are_sent_and_never_printed(standin, proxies, ca, tmp_
     with TLSTerminator(int(server.base_url.split(":")[2].split("/")[0]), context) as tls:
         base_url = f"https://localhost:{tls.port}/api/v1"
         env = {**proxy_env(), "SSL_CERT_FILE": str(pem)}
-        # right credentials, in --proxy: passed to the worker through its environment
-        r, out = infer(base_url, server.api_key, tmp_path, "--workers", "1",
-                       "--proxy", proxy.url(USER, PASSWORD), env=env)
+        # right credentials, in --proxy
+        r, out = infer(base_url, server.api_key, tmp_path, "--proxy", proxy.url(USER, PASSWORD), env=env)
         assert r.code == 0, r.stderr
         assert "endpoints table" not in r.stderr and PASSWORD not in r.stderr
         assert len(read_jsonl(out)) == 6 and proxy.refusals() == 0
         # the same credentials in HTTPS_PROXY
-        r, out = infer(base_url, server.api_key, tmp_path, "--workers", "0",
-                       env={**env, **proxy_env(https=proxy.url(USER, PASSWORD))})
+        r, out = infer(base_url, server.api_key, tmp_path, env={**env, **proxy_env(https=proxy.url(USER, PASSWORD))})
         assert r.code == 0, r.stderr
         assert "endpoints table" not in r.stderr and PASSWORD not in r.stderr
         # a wrong password: refused (407), said so, the password shown nowhere
         failures, summary = tmp_path / "failures.jsonl", tmp_path / "summary.json"
         wrong = "Wr0ng-pa55word"
-        r, out = infer(base_url, server.api_key, tmp_path, "--workers", "1", "--max-attempts", "1",
+        r, out = infer(base_url, server.api_key, tmp_path, "--max-attempts", "1",
                        "--failures", failures, "--summary-json", summary,
                        "--proxy", proxy.url(USER, wrong), env=env)
         assert r.code == 4 and read_jsonl(out) == [] and proxy.refusals() > 0
@@ -338,27 +330,6 @@ def test_proxy_credentials_are_sent_and_never_printed(standin, proxies, ca, tmp_
         for text in (r.stderr, failures.read_text(), summary.read_text()):
             assert wrong not in text and PASSWORD not in text and "Pr0xy-pa55word-A" not in text
         assert server.requests() != []  # only from the runs that had the right password
-
-
-def test_worker_command_line_never_holds_the_proxy_password():
-    from kimipipe.infer.process_pool import WorkerPool
-
-    async def go():
-        pool = WorkerPool(1, "http://127.0.0.1:9/api/v1", "sk-or-test", idle_timeout=5,
-                          proxy=f"http://{USER}:{PASSWORD}@127.0.0.1:9")
-        async with pool:
-            pid = pool._workers[0].proc.pid
-            # read once the child has exec'd (before, or during the exec, /proc shows the
-            # parent's command line or none: the soak caught an empty one)
-            wait_for(lambda: b"kimipipe.infer.worker_process" in
-                     Path(f"/proc/{pid}/cmdline").read_bytes(), "the worker's exec", 60)
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        return cmdline, environ
-
-    cmdline, environ = asyncio.run(go())
-    assert PASSWORD.encode() not in cmdline and b"127.0.0.1:9" in cmdline
-    assert f"KP_INFER_PROXY=http://{USER}:{PASSWORD}@".encode() in environ
 
 
 def test_bad_proxy_urls_are_usage_errors(standin, tmp_path):

@@ -231,11 +231,15 @@ def test_server_run_needs_no_key_and_refuses_money_caps(standin, tmp_path):
            env=no_openrouter_env())
     assert r.code == 0, r.stderr
     assert "balance" not in r.stderr and "endpoints table" not in r.stderr
+    # discovery (GET /v1/models: only the run that was not refused) goes through the
+    # run's own client
+    assert server.stats()["user_agents"] == {"models": {"kimipipe": 1}, "completions": {"kimipipe": 2}}
 
 
 def test_hybrid_run_money_caps_apply_to_the_openrouter_share(standin, tmp_path):
     server = standin(mode="vllm", request_log=True, latency=0.2)
-    openrouter = standin(request_log=True, ledger=True, latency=0.2)
+    # no cost in OpenRouter's usage: each of its answers is settled by GET /generation
+    openrouter = standin(request_log=True, ledger=True, latency=0.2, no_cost=1.0)
     prompts = write_prompts(tmp_path / "p.jsonl", 16)
     out = tmp_path / "r.jsonl"
     r = kp("infer", prompts, "-o", out, "--server", server.base_url, "--server-concurrency", "2",
@@ -248,6 +252,7 @@ def test_hybrid_run_money_caps_apply_to_the_openrouter_share(standin, tmp_path):
     assert mine and theirs
     assert all(r["sampled_ids"] and r["usage"]["cost"] == 0 for r in mine)
     assert all(r.get("sampled_ids") is None and r["usage"]["cost"] > 0 for r in theirs)
+    assert {r["cost_source"] for r in theirs} == {"generation"}  # (through the Sources)
     # OpenRouter's share carries its routing; the server's none of it
     assert all("provider" in b for b in openrouter.requests())
     assert all("provider" not in b for b in server.requests())
@@ -432,6 +437,11 @@ def test_a_server_serving_the_model_under_another_name(standin, tmp_path):
                env=no_openrouter_env())
     assert wrong.code == 2 and f"--server {server.base_url}#kimi: it serves kimi-local, not " \
         "#kimi; name the one to use as --server URL#NAME" in wrong.stderr, wrong.stderr
+    # a URL where nothing serves /models (404): exit 2, the status said
+    lost = kp("infer", prompts, "-o", tmp_path / "l.jsonl", "--server", server.base_url + "/nowhere",
+              env=no_openrouter_env())
+    assert lost.code == 2 and "/nowhere/models (what it serves) failed: HTTP 404" in lost.stderr, \
+        lost.stderr
     server.stop()
     down = kp("infer", prompts, "-o", tmp_path / "d.jsonl", "--server", server.base_url,
               env=no_openrouter_env())

@@ -7,7 +7,7 @@ leaves `reasoning_details` undecoded beside `reasoning`; what it keeps must not 
 every stream the stand-in sends (each fault, quirk and usage shape of OpenRouter's API, and
 vLLM's and SGLang's), captured as the raw bytes of its HTTP response, and hand-made streams
 for what the stand-in never sends, are read both ways, each split into reads in several
-ways, and the Attempts compared byte for byte (as the msgpack a worker sends its parent).
+ways, and the Attempts compared byte for byte (each as a msgpack array of its fields).
 """
 
 from __future__ import annotations
@@ -21,12 +21,15 @@ import msgspec
 import pytest
 from stream_reference import ReferenceAnswer, dechunk, reference_outcome, sse_payloads
 
-from kimipipe.openrouter.client import StreamAnswer
+from kimipipe.openrouter.answer import StreamAnswer
 from kimipipe.openrouter.http11 import Http11Pool, _Connection
 from kimipipe.openrouter.outcomes import Broken
 from kimipipe.standin.testing import StandIn
 
-encode = msgspec.msgpack.encode
+
+def encode(attempt) -> bytes:
+    """ATTEMPT as a msgpack array of all its fields: two Attempts equal byte for byte."""
+    return msgspec.msgpack.encode(msgspec.structs.astuple(attempt))
 
 
 def capture(server: StandIn, body: dict, headers: dict | None = None) -> list[bytes]:
@@ -292,12 +295,12 @@ def test_a_malformed_field_that_is_never_read_no_longer_fails_the_chunk():
     assert encode(outcome) == feed([raw])
 
 
-def test_streamed_records_through_a_paced_worker_are_the_plain_records(standin, tmp_path, kp_run):
-    """End to end: the same prompts streamed through one worker process with more streams
-    open than PACE_FROM (so its loop reads in paced turns, several chunks a read), and sent
+def test_streamed_records_through_paced_turns_are_the_plain_records(standin, tmp_path, kp_run):
+    """End to end: the same prompts streamed with more streams open than PACE_FROM (so
+    kp-infer's loop reads in paced turns, several chunks a read), and sent
     plain, to one provider of a stand-in whose answers are a function of the request: the
     records are the same but for what names the generation and when it ended."""
-    from kimipipe.infer.worker_process import PACE_FROM
+    from kimipipe.infer.transport import PACE_FROM
 
     prompts = tmp_path / "prompts.jsonl"
     n = PACE_FROM + 32
@@ -308,7 +311,7 @@ def test_streamed_records_through_a_paced_worker_are_the_plain_records(standin, 
     for mode in ("--stream", "--no-stream"):
         out = tmp_path / f"out{mode}.jsonl"
         r = kp_run("infer", prompts, "-o", out, "--base-url", server.base_url, "-q", mode,
-                   "--workers", "1", "--concurrency", n, "--max-tokens", 200,
+                   "--concurrency", n, "--max-tokens", 200,
                    "--only-provider", "moonshotai", env={"OPENROUTER_API_KEY": server.api_key})
         assert r.code == 0, r.stderr
         rows = sorted((json.loads(line) for line in out.read_text().splitlines()),

@@ -47,6 +47,8 @@
     report_files.py    `kp-infer report FILE...`: the providers compared (one row per
                        provider, kimipipe/recorded/providers_table.py) from files on disk
     preflight.py       `--preflight [N]`: N real requests that check what the run assumes
+                       (sent by the run's transport with a tap: openrouter/probe.py);
+                       preflight_checks.py each check's verdict, the report's table
     plan.py            --plan: the routing table, the cost estimate, what the balance keeps
                        in flight
     budget.py          money and tokens: worst-case reservations against the caps
@@ -58,8 +60,9 @@
     disk.py            the disk guard: admission waits while the output's free space is short
     rescue.py          answers a failing output cannot take, kept for the next run (--rescue)
     limiter.py         adaptive concurrency (shrinks on 429s, grows back)
-    process_pool.py    the HTTP transport: in this process, or a WorkerPool of processes
+    transport.py       the HTTP transport (OpenRouter's client, or the --server Sources),
+                       and the paced turns of the event loop at many requests in flight
     servers.py         --server: self-hosted servers as sources beside (or instead of)
                        OpenRouter, the request as a server takes it
-    worker_process.py  a worker process (`python -m kimipipe.infer.worker_process`)
+    discovery.py       each --server asked what it serves (GET /v1/models) before the run
 """

@@ -41,8 +41,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..kinds import RefusalKind
+from ..openrouter.answer import spelled_by, tokens_joined
 from ..openrouter.attempt import Attempt
-from ..openrouter.client import spelled_by, tokens_joined
 from ..openrouter.request import RequestOptions
 from ..openrouter.routing import Endpoint, Policy, allowed_endpoints, slugs_of
 from ..openrouter.routing import routing_violation as policy_violation

@@ -7,7 +7,7 @@
                    what shares it, --min-credits, the cost lookup (infer/budget.py reads its
                    limits from here, keeping no copy)
     Sending        where requests go and how many at once: OpenRouter (its URL, key, proxy)
-                   and the --server URLs, the concurrency, the idle timeout, the workers
+                   and the --server URLs, the concurrency, the idle timeout
     Retries        how a prompt is sent again: --max-attempts, the backoff; --grace
     IdentityCheck  --tokenizer and what checking each answer's identity takes
 
@@ -67,7 +67,6 @@ class Sending:
     proxy: str | None = field(default=None, repr=False)  # --proxy (may hold a password)
     concurrency: int = 64
     idle_timeout: float = 180.0
-    workers: int | None = None  # HTTP worker processes; None: process_pool.default_workers; 0: in this process
     # self-hosted servers (infer/servers.py): --server URLs, each with its own concurrency,
     # beside OpenRouter (--openrouter; implied without --server)
     servers: list[str] = field(default_factory=list)

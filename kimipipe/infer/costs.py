@@ -58,9 +58,10 @@ def estimate(answer: Attempt, price: PriceBound | None, worst_case: float) -> fl
 
 async def look_up(generation_id: str | None, read: Callable[[str], Awaitable[float | None]],
                   wait: float) -> float | None:
-    """GET /generation's `total_cost` for GENERATION_ID (READ: `Account.generation_cost`),
-    asked again while it is not there yet (None), for at most WAIT seconds; None when no
-    figure came (no id, a failed read, or not in time)."""
+    """GET /generation's `total_cost` for GENERATION_ID (READ: the run's client's
+    `generation_cost`, openrouter/client.py), asked again while it is not there yet (None),
+    for at most WAIT seconds; None when no figure came (no id, a failed read, or not in
+    time)."""
     if not generation_id or wait <= 0:
         return None
     loop = asyncio.get_running_loop()

@@ -335,10 +335,6 @@ class InferOptions(CommandSettings):
         "--idle-timeout", type=click.FloatRange(min=0.01), default=180.0, show_default=True,
         section=TUNING, fills=Sending,
         help="Seconds without data (keep-alive comments don't count) before an attempt is retried.")
-    workers: int | None = option(
-        "--workers", type=click.IntRange(min=0), default=None, section=TUNING, fills=Sending,
-        help="Worker processes for the HTTP work (default: in this process when at most 256 "
-             "requests can be in flight, else the number of cores; 0 = in this process).")
     stream: bool = option(
         "--stream/--no-stream", default=True, show_default=True, section=TUNING,
         fills=RequestOptions, help="Stream answers (SSE).")

@@ -10,8 +10,11 @@ then checks, each `pass`, `warn` or `fail`:
     requests at once   how many requests' worst case the balance covers at once, against
                        --concurrency (OpenRouter's in-flight budget is at most the balance:
                        fewer than --concurrency means its 402s will pace the run)
-and sends the first N prompts still to do (streamed or not, as the run will), reading every
-line of each answer (openrouter/probe.py), per answer:
+and sends the first N prompts still to do (streamed or not, as the run will), through the
+run's own transport (infer/transport.py: the same client, connections, proxy and answer
+assembly) with a tap that sees every line of each answer (openrouter/probe.py); an answer
+whose usage shows no cost is settled as the run settles it (infer/costs.py: GET
+/generation over the same client). The verdicts: infer/preflight_checks.py. Per answer:
     status             an answer came back (else the error, classified as the run would)
     provider           the provider that served it is allowed, and the endpoints table
                        lists it, with the quantization the table gives it
@@ -62,28 +65,24 @@ Exit 0 when no check failed (warnings allowed), 4 when one did; 2 for bad input 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import math
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
-import httpx
 import msgspec
 
 from ..errors import ExitCode, KPError
 from ..io import iter_records
 from ..kinds import AttemptKind, RefusalKind
-from ..openrouter import logprobs
-from ..openrouter.account import Account, AccountError, ModelInfo
+from ..openrouter.account import Account
 from ..openrouter.attempt import Attempt
 from ..openrouter.probe import Probe, send_probe
-from ..openrouter.routing import allowed_endpoints, serving_endpoints
 from ..partition import in_partition
-from ..recorded.identity_table import band_text
 from ..records import Prompt, Refusal
 from . import costs
-from .acceptance import Acceptance, reasoning_refusal
+from .acceptance import Acceptance
 from .availability import availability_text, endpoints_left
 from .budget import Budget, prompt_token_bound
 from .config import RunConfig
@@ -93,29 +92,28 @@ from .identity import IdentityJudge, check_tokenizer, load_counts
 from .identity_votes import OFF
 from .identity_votes import CountCheck as IdentityCheck
 from .inputs import PROMPT_DECODER
+from .preflight_checks import (
+    Check,
+    answer_checks,
+    balance_checks,
+    distillation_check,
+    format_preflight,
+    logprobs_check,
+    server_check,
+    table_check,
+)
 from .preflight_identity import allowed_providers, only, provider_rows, verdicts
-from .preflight_identity import table_text as identity_table_text
 from .prepare import Prepared, prepare
 from .servers import (
-    ID_REQUEST,
     Server,
-    ServerKind,
-    server_answer,
-    server_api_key,
-    server_body,
+    Sources,
     thinking_asked,
 )
-from .state import signals_handled
+from .state import run_interruptible
+from .transport import open_transport
 from .writing import Output, failure_record
 
 DEFAULT_REQUESTS = 3
-
-
-@dataclass
-class Check:
-    check: str
-    verdict: str  # pass | warn | fail | skip
-    detail: str
 
 
 def run_preflight(config: RunConfig, n: int, as_json: bool, say: Callable[[str], None],
@@ -143,41 +141,10 @@ def run_preflight(config: RunConfig, n: int, as_json: bool, say: Callable[[str],
             raise KPError(f"--max-cost ${config.money.max_cost:g} leaves no room for the preflight's "
                           f"{len(chosen)} requests (worst case ${worst:.4f}; "
                           f"${budget.spent:.4f} recorded)", ExitCode.BUDGET)
-        report = _interruptible(_preflight(config, prepared, budget, prompts, counts, probes,
+        report = run_interruptible(_preflight(config, prepared, budget, prompts, counts, probes,
                                            [name for (name, _tags), _p in probes]))
     echo(json.dumps(report, indent=2) if as_json else format_preflight(report))
     return ExitCode.OK if report["passed"] else ExitCode.PARTIAL
-
-
-def _interruptible(coro):
-    """Run CORO; a SIGINT or SIGTERM meanwhile cancels it and is then a KeyboardInterrupt
-    (exit 130, one line). Taken by the loop's own handlers: a KeyboardInterrupt raised by
-    the signal inside whichever task was running left that task's exception unretrieved,
-    and asyncio printed its traceback (seen once in a full suite run)."""
-    interrupted = False
-
-    async def main():
-        nonlocal interrupted
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-
-        def stop() -> None:
-            nonlocal interrupted
-            interrupted = True
-            task.cancel()
-
-        with signals_handled(loop, stop):
-            try:
-                return await coro
-            except asyncio.CancelledError:
-                if interrupted:
-                    return None
-                raise
-
-    result = asyncio.run(main())
-    if interrupted:
-        raise KeyboardInterrupt
-    return result
 
 
 def first_to_do(config: RunConfig, prepared: Prepared, n: int
@@ -206,19 +173,32 @@ def first_to_do(config: RunConfig, prepared: Prepared, n: int
 async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
                      prompts: list[tuple[Prompt, bytes, str | None]], counts=None,
                      one_each: list = (), probed: list[str] = ()) -> dict:
-    """The checks (module docstring); ONE_EACH: ((provider, tags), prompt) sent to that
-    provider alone, and PROBED their names (--tokenizer: infer/preflight_identity.py)."""
+    """The checks (module docstring), over the clients a run opens (infer/run.py): its
+    transport (infer/transport.py) and its Account (the balance, GET /generation)."""
+    account = Account(config.sending.api_key, config.sending.base_url, proxy=config.sending.proxy)
+    try:
+        async with open_transport(config, prepared.servers) as transport:
+            return await _checks(config, prepared, budget, prompts, counts, one_each, probed,
+                                 account, transport)
+    finally:
+        await account.aclose()
+
+
+async def _checks(config: RunConfig, prepared: Prepared, budget: Budget,
+                  prompts: list[tuple[Prompt, bytes, str | None]], counts, one_each: list,
+                  probed: list[str], account: Account, transport) -> dict:
+    """The checks; ONE_EACH: ((provider, tags), prompt) sent to that provider alone, and
+    PROBED their names (--tokenizer: infer/preflight_identity.py)."""
     checks = []
     if config.sending.openrouter:  # (a run with --server alone reads nothing of OpenRouter's)
-        checks += [_table_check(config, prepared), _logprobs_check(config, prepared),
+        checks += [table_check(config, prepared), logprobs_check(config, prepared),
                    Check("availability", *availability_text(
                        endpoints_left(config.policy, prepared.endpoints), config.request.model)),
-                   _distillation_check(config, prepared.model_info)]
+                   distillation_check(config, prepared.model_info)]
         checks += [Check("routing", "warn", w)
                    for w in endpoint_warnings(config.policy, prepared.endpoints)]
-        async with Account(config.sending.api_key, config.sending.base_url, proxy=config.sending.proxy) as account:
-            checks.extend(await _balance_checks(config, prepared, budget, account))
-    checks += [_server_check(server, config) for server in prepared.servers]
+        checks.extend(await balance_checks(config, prepared, budget, account))
+    checks += [server_check(server, config) for server in prepared.servers]
     # the prompts go to the run's sources in turn (each server, then OpenRouter), so that
     # every source answers one when N is at least their number
     targets: list[Server | None] = [*prepared.servers, *([None] if config.sending.openrouter else [])]
@@ -230,16 +210,13 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
     output = Output(config)
     acceptance = Acceptance.for_run(config.policy, config.request, config.sending.servers,
                                     prepared.endpoints)
-    timeout = httpx.Timeout(config.sending.idle_timeout, connect=30.0)
-    async with httpx.AsyncClient(timeout=timeout, trust_env=True, proxy=config.sending.proxy) as http, \
-            httpx.AsyncClient(timeout=timeout, trust_env=False) as local:
-        sent = await asyncio.gather(*(
-            [_send(http, local, config, target, config.request.body(prompt, config.policy, session_id))
-             for (prompt, _line, session_id), target in zip(prompts, sent_to, strict=True)]
-            + [_send(http, local, config, None,
-                     config.request.body(prompt, only(config.policy, tags), session_id))
-               for (_name, tags), (prompt, _line, session_id) in one_each]))
-        switches = await _thinking_switches(local, config, prepared.servers, prompts)
+    sent = await asyncio.gather(*(
+        [_send(transport, config, target, config.request.body(prompt, config.policy, session_id))
+         for (prompt, _line, session_id), target in zip(prompts, sent_to, strict=True)]
+        + [_send(transport, config, None,
+                 config.request.body(prompt, only(config.policy, tags), session_id))
+           for (_name, tags), (prompt, _line, session_id) in one_each]))
+    switches = await _thinking_switches(transport, config, prepared.servers, prompts)
     # the requests to one provider each (--tokenizer): kept as the run keeps its answers
     probes, asked = sent[:len(prompts)], sent[len(prompts):]
     prompts = [*prompts, *(p for _provider, p in one_each)]
@@ -250,13 +227,11 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
                if target is not None}
     unsettled = [(prompt, probe) for (prompt, _line, _sid), probe in zip(prompts, probes, strict=True)
                  if probe.attempt.kind == AttemptKind.OK and probe.attempt.cost is None]
-    if unsettled:
-        async with Account(config.sending.api_key, config.sending.base_url, proxy=config.sending.proxy) as account:
-            for prompt, probe in unsettled:
-                worst = budget.worst_case(prompt_token_bound(prompt.messages))
-                probe.attempt.cost, sources[id(probe)] = await costs.settle(
-                    probe.attempt, prepared.price, worst, account.generation_cost,
-                    config.money.cost_lookup_wait)
+    for prompt, probe in unsettled:
+        worst = budget.worst_case(prompt_token_bound(prompt.messages))
+        probe.attempt.cost, sources[id(probe)] = await costs.settle(
+            probe.attempt, prepared.price, worst, transport.generation_cost,
+            config.money.cost_lookup_wait)
     judge, identities = _identities(config, prepared, counts, prompts, probes, sent_to, acceptance)
     if counts is None and config.sending.openrouter:
         checks.append(Check("identity", "warn", "unchecked: the answers' token counts are not "
@@ -269,7 +244,7 @@ async def _preflight(config: RunConfig, prepared: Prepared, budget: Budget,
         for i, ((prompt, line, _sid), probe, target) in enumerate(
                 zip(prompts, probes, sent_to, strict=True), start=1):
             source = sources.get(id(probe), costs.USAGE)
-            checks.extend(_answer_checks(i, probe, acceptance, config, source, target))
+            checks.extend(answer_checks(i, probe, acceptance, config, source, target))
             spend += _keep(prompt, line, probe, acceptance, output, source,
                            identities.get(id(probe)), judge)
             a = probe.attempt
@@ -354,23 +329,22 @@ def _source_name(target: Server | None) -> str:
     return "openrouter" if target is None else target.name
 
 
-async def _send(http: httpx.AsyncClient, local: httpx.AsyncClient, config: RunConfig,
-                target: Server | None, body: bytes, stream: bool | None = None) -> Probe:
-    """BODY (the OpenRouter request) sent to TARGET as the run would send it: to
-    OpenRouter, or to a server (infer/servers.py: as the server takes it, its answer the
-    server's), read line by line (openrouter/probe.py)."""
+async def _send(transport, config: RunConfig, target: Server | None, body: bytes,
+                stream: bool | None = None) -> Probe:
+    """BODY (the OpenRouter request) sent to TARGET (None: OpenRouter) by the run's
+    TRANSPORT, as the run sends it (to a server as the server takes it, its answer the
+    server's: infer/servers.py), a stream read through the probe's tap (openrouter/probe.py)."""
     stream = config.request.stream if stream is None else stream
-    if target is None:
-        return await send_probe(http, config.sending.base_url, config.sending.api_key, body, stream)
-    probe = await send_probe(local, target.url, server_api_key(), server_body(body, target), stream)
-    server_answer(probe.attempt, target, config.request.model)
-    return probe
+    if isinstance(transport, Sources):
+        source = transport.source_of(target)
+        return await send_probe(functools.partial(transport.send, source), body, stream)
+    return await send_probe(transport.attempt, body, stream)
 
 
 SWITCH_MAX_TOKENS = 512  # enough for reasoning to begin, or for an answer without it
 
 
-async def _thinking_switches(local: httpx.AsyncClient, config: RunConfig,
+async def _thinking_switches(transport, config: RunConfig,
                              servers: list[Server], prompts) -> list[Check]:
     """Each server asked the first prompt with thinking switched the other way from the run
     (`chat_template_kwargs`): a server whose template ignores the switch answers both ways
@@ -383,7 +357,7 @@ async def _thinking_switches(local: httpx.AsyncClient, config: RunConfig,
     fields["reasoning"] = {"enabled": not asked}
     fields["max_tokens"] = min(config.request.max_tokens, SWITCH_MAX_TOKENS)
     body = msgspec.json.encode(fields)
-    probes = await asyncio.gather(*(_send(local, local, config, server, body) for server in servers))
+    probes = await asyncio.gather(*(_send(transport, config, server, body) for server in servers))
     checks = []
     for server, probe in zip(servers, probes, strict=True):
         name = f"{server.name}: thinking {'on' if not asked else 'off'}"
@@ -402,211 +376,3 @@ async def _thinking_switches(local: httpx.AsyncClient, config: RunConfig,
     return checks
 
 
-def _server_check(server: Server, config: RunConfig) -> Check:
-    alias = f" as {server.model!r}" if server.model != config.request.model else ""
-    return Check(f"server {server.name}", "pass",
-                 f"answers GET /v1/models: a {server.kind} server serving "
-                 f"{config.request.model}{alias}")
-
-
-def _ids_check(name: str, a: Attempt, server: Server) -> Check:
-    """The sampled IDs a server of its kind returns (infer/servers.py ID_REQUEST)."""
-    if a.output_ids is None:
-        verdict = "warn" if server.kind == ServerKind.OTHER else "fail"
-        return Check(name + "sampled IDs", verdict, f"none returned (a {server.kind} server "
-                     f"asked with {', '.join(ID_REQUEST[server.kind])}): kp-tokenize will "
-                     "re-encode the text")
-    detail = (f"{len(a.output_ids):,} generated"
-              + (f", {len(a.prompt_ids):,} prompt" if a.prompt_ids is not None else ", no prompt IDs"))
-    if a.completion_tokens and len(a.output_ids) != a.completion_tokens:
-        return Check(name + "sampled IDs", "warn",
-                     f"{detail}, against {a.completion_tokens:,} completion tokens in its usage")
-    return Check(name + "sampled IDs", "pass", detail)
-
-
-def _table_check(config: RunConfig, prepared: Prepared) -> Check:
-    if prepared.endpoints is None:
-        return Check("endpoints table", "fail", "unreadable: routing can be checked by name only")
-    allowed = allowed_endpoints(config.policy, prepared.endpoints)
-    return Check("endpoints table", "pass",
-                 f"{len(prepared.endpoints)} endpoints, {len(allowed)} allowed by the routing flags: "
-                 + ", ".join(f"{e.provider_name} ({e.quantization or 'unknown'})" for e in allowed))
-
-
-def _logprobs_check(config: RunConfig, prepared: Prepared) -> Check:
-    """Which allowed endpoints list token logprobs, and the share of answers to carry them."""
-    found = logprobs.plan(config.request, config.policy, prepared.endpoints)
-    lines = logprobs.plan_lines(found, config.request)
-    detail = "; ".join(line.strip() for line in lines).removeprefix("token logprobs: ")
-    if found is None:
-        return Check("token logprobs", "warn", detail)
-    if found.asked and not found.listing and not found.unknown:
-        return Check("token logprobs", "warn", detail + ": no answer will carry them")
-    return Check("token logprobs", "pass", detail)
-
-
-def _logprobs_answer_check(name: str, a: Attempt, acceptance: Acceptance) -> Check:
-    """The answer's sampled tokens (token logprobs asked), as the record keeps them."""
-    served = serving_endpoints(a.provider or "", acceptance.endpoints)
-    listed = [logprobs.lists_logprobs(e) for e in served]
-    if a.token_lengths is None:
-        if served and not any(listed):
-            return Check(name + "logprobs", "pass", f"none: {a.provider} does not list them")
-        return Check(name + "logprobs", "warn", f"none came from {a.provider}, which lists "
-                     "them: kp-tokenize re-encodes its text")
-    spelled = {"answer": "spelling the reasoning and the content",
-               "content": "spelling the content only"}.get(
-        a.token_spells, "not spelling the text as recorded (kept whole)")
-    nulls = f", {a.token_nulls:,} with null bytes" if a.token_nulls else ""
-    return Check(name + "logprobs", "pass", f"{len(a.token_lengths):,} tokens, {spelled}{nulls}")
-
-
-def _distillation_check(config: RunConfig, info: ModelInfo | str | None) -> Check:
-    if not isinstance(info, ModelInfo) or info.is_trainable_text is None:
-        why = info if isinstance(info, str) else "the model's entry does not say"
-        return Check("distillation", "warn", f"unknown ({why}); "
-                     + ("OpenRouter enforces it (enforce_distillable_text)"
-                        if config.policy.enforce_distillable_text else "not enforced"))
-    if info.is_trainable_text:
-        return Check("distillation", "pass", "allowed by the model's authors (is_trainable_text)")
-    return Check("distillation", "fail", "NOT allowed by the model's authors "
-                 "(--allow-non-distillable): the answers must not train a drafter")
-
-
-async def _balance_checks(config: RunConfig, prepared: Prepared, budget: Budget,
-                          account: Account) -> list[Check]:
-    try:
-        balance = await account.balance()
-    except AccountError as e:
-        return [Check("balance", "fail", f"not readable with this key: {e}"),
-                Check("requests at once", "skip", "the balance is unknown")]
-    spendable = balance.spendable
-    shown = "unknown" if spendable is None else f"${spendable:,.2f}"
-    checks = [Check("balance", "pass", f"readable with this key (from /{balance.source}"
-                    + (f"; {balance.note}" if balance.note else "") + f"): {shown} spendable")]
-    records = max(1, prepared.scan.records)
-    worst = budget.worst_case(math.ceil(prepared.scan.prompt_token_bound / records))
-    if spendable is None or worst <= 0:
-        checks.append(Check("requests at once", "warn",
-                            "unknown (no balance or no price bound to size a request's worst case)"))
-        return checks
-    if config.money.max_cost is not None:
-        spendable = min(spendable, max(0.0, config.money.max_cost - budget.spent))
-    at_once = int(spendable // worst)
-    detail = (f"the balance covers {at_once:,} requests' worst case at once (${worst:.4f} each: "
-              f"a mean prompt and --max-tokens {config.request.max_tokens:,} at the highest price)")
-    if at_once >= config.sending.concurrency:
-        return [*checks, Check("requests at once", "pass", f"{detail}; --concurrency {config.sending.concurrency:,}")]
-    return [*checks, Check("requests at once", "warn",
-                           f"{detail}, fewer than --concurrency {config.sending.concurrency:,}: OpenRouter's "
-                           "in-flight budget will refuse the rest with 402s (kp-infer waits them out); "
-                           "lower --max-tokens or add credits")]
-
-
-def _answer_checks(i: int, probe: Probe, acceptance: Acceptance, config: RunConfig,
-                   source: str = "usage", server: Server | None = None) -> list[Check]:
-    a = probe.attempt
-    name = f"answer {i}: "
-    if a.kind != AttemptKind.OK:
-        return [Check(name + "status", "fail",
-                      f"{a.kind} ({a.status or a.cause}): {a.message or 'no answer'}")]
-    checks = [Check(name + "status", "pass",
-                    f"{probe.status}, {a.completion_tokens:,} completion tokens in {probe.seconds:.1f} s")]
-    if server is not None:
-        checks.append(Check(name + "provider", "pass", f"the server {server.name}"))
-    else:
-        checks.append(_provider_check(name, a, acceptance))
-    if acceptance.expects_reasoning:
-        refused = reasoning_refusal(a)
-        if refused:
-            checks.append(Check(name + "reasoning", "fail", f"{refused[0]}: {refused[1]}"))
-        else:
-            wire = f"; on the wire: {', '.join(sorted(probe.reasoning_fields))}" if probe.reasoning_fields else ""
-            checks.append(Check(name + "reasoning", "pass",
-                                f"{len(a.reasoning or ''):,} characters, from {a.reasoning_source}{wire}"))
-    else:
-        checks.append(Check(name + "reasoning", "skip", "not asked for"))
-    if server is not None:
-        checks.append(Check(name + "cost", "skip", "a server's answer costs nothing"))
-        checks.append(_ids_check(name, a, server))
-    else:
-        checks.append(_cost_check(name, a, acceptance, source))
-        if config.request.logprobs or config.request.require_logprobs:
-            checks.append(_logprobs_answer_check(name, a, acceptance))
-    if a.finish_reason == "stop":
-        checks.append(Check(name + "finish", "pass", "stop"))
-    elif a.finish_reason == "length":
-        checks.append(Check(name + "finish", "warn", f"length: cut by --max-tokens {config.request.max_tokens:,}"))
-    else:
-        checks.append(Check(name + "finish", "fail", f"{a.finish_reason}"))
-    if not probe.streamed:
-        checks.append(Check(name + "stream", "skip", "--no-stream"))
-    else:
-        # Both shapes of the last chunk are OpenRouter's: only a stream that would lose
-        # money (no usage to book) or data (no finish) fails.
-        shape = (f"{probe.events:,} events, {probe.comments:,} keep-alive comments, "
-                 + (f"usage on the {probe.usage_shape}" if probe.usage_shape else "NO usage")
-                 + ("" if probe.finished else ", NO finish_reason")
-                 + (", [DONE]" if probe.done else ", no [DONE]"))
-        ok = probe.usage_shape is not None and probe.finished
-        checks.append(Check(name + "stream", "pass" if ok else "fail", shape))
-    return checks
-
-
-def _provider_check(name: str, a: Attempt, acceptance: Acceptance) -> Check:
-    violation = acceptance.routing_violation(a.provider)
-    if violation:
-        return Check(name + "provider", "fail", violation)
-    if not a.provider:
-        return Check(name + "provider", "warn", "the answer names no provider")
-    if acceptance.endpoints is None:
-        return Check(name + "provider", "warn", f"{a.provider}: no endpoints table, name checked only")
-    served = serving_endpoints(a.provider, acceptance.endpoints)
-    if not served:
-        return Check(name + "provider", "fail",
-                     f"{a.provider} is not in the endpoints table: its quantization is unknown")
-    quants = ", ".join(sorted({e.quantization or "unknown" for e in served}))
-    return Check(name + "provider", "pass", f"{a.provider}: {quants} in the endpoints table, allowed")
-
-
-def _cost_check(name: str, a: Attempt, acceptance: Acceptance, source: str = "usage") -> Check:
-    if source == costs.ESTIMATE:
-        return Check(name + "cost", "warn", f"usage.cost missing and GET /generation had no figure "
-                     f"in time: booked at the estimate ${a.cost:.6f} (the run does the same)")
-    if source == costs.GENERATION:
-        return Check(name + "cost", "warn", f"usage.cost missing: ${a.cost:.6f} read from GET "
-                     "/generation (the run does the same)")
-    served = serving_endpoints(a.provider or "", acceptance.endpoints)
-    if not served:
-        return Check(name + "cost", "warn", f"${a.cost:.6f}; no listed price to compare it with")
-    listed = max(a.prompt_tokens * e.prompt_price + a.completion_tokens * e.completion_price
-                 for e in served)
-    detail = f"${a.cost:.6f} (the listed prices give ${listed:.6f})"
-    if a.cost <= 0 or listed <= 0:
-        return Check(name + "cost", "fail" if a.cost <= 0 < listed else "warn", detail)
-    if a.cost > listed * 1.01:
-        return Check(name + "cost", "fail", detail + ": above the listed price, so the budget's "
-                     "worst case would not hold")
-    if a.cost < listed * 0.5:
-        return Check(name + "cost", "warn", detail + ": well below the listed price")
-    return Check(name + "cost", "pass", detail)
-
-
-def format_preflight(report: dict) -> str:
-    checks = report["checks"]
-    width = max([len(c["check"]) for c in checks] + [5]) + 2
-    lines = [f"kp-infer preflight: {report['requests']} request(s) to {report['model']}, "
-             f"${report['spend']:.6f} paid; answers kept in {report['output']}",
-             f"  {'check':<{width}}{'verdict':<9}detail"]
-    for c in checks:
-        lines.append(f"  {c['check']:<{width}}{c['verdict']:<9}{c['detail']}")
-    if report.get("identity"):
-        lines.append("identity per provider (usage.prompt_tokens minus kimipipe's count of the "
-                     f"prompt, the target's inside the vendor verifier's tolerance, {band_text()}; "
-                     "completion ratio: usage.completion_tokens over the answer re-encoded):")
-        lines.append(identity_table_text(report["identity"]))
-    failed = sum(c["verdict"] == "fail" for c in checks)
-    warned = sum(c["verdict"] == "warn" for c in checks)
-    lines.append(f"preflight: {'FAILED' if failed else 'passed'}: {failed} failed, {warned} "
-                 f"warning{'s' if warned != 1 else ''}")
-    return "\n".join(lines)

@@ -13,7 +13,7 @@ infer/writing.py `check_outputs`, `output_locks`):
 4. The endpoints table and the model's entry (infer/endpoints.py): the routing flags'
    endpoints, the price bound, the warnings, the refusals (no endpoint, no price bound
    for a cap, a forbidden distillation).
-5. `--server`: each server asked what it serves (infer/servers.py `discover_servers`).
+5. `--server`: each server asked what it serves (infer/discovery.py `discover_servers`).
 6. `--total-cost` (infer/total_cost.py `open_total_cost`): this run's entry in
    `--reservations`, THEN the spend recorded in the `--spent-in` files.
 
@@ -36,11 +36,12 @@ from ..partition import in_partition
 from ..recorded.api import api_of
 from .config import RunConfig
 from .conversations import OutputConversations
+from .discovery import discover_servers
 from .disk import DiskGuard
 from .endpoints import read_routing
 from .inputs import InputScan, read_input, stable_sample
 from .resume import read_previous_work, take_in_quarantine
-from .servers import Server, discover_servers
+from .servers import Server
 from .total_cost import TotalCost, open_total_cost
 
 
@@ -132,7 +133,7 @@ def _servers_only(config: RunConfig, scan: InputScan, previous, in_part: list[st
 
 
 def check_transport(config: RunConfig) -> None:
-    """Build what the workers will build, here: a bad base URL, key, CA file or proxy is
+    """Build the run's client once before the run: a bad base URL, key, CA file or proxy is
     exit 2 before anything is read or sent."""
     try:
         CompletionClient(config.sending.base_url, config.sending.api_key or "-", idle_timeout=config.sending.idle_timeout,

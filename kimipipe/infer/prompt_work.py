@@ -65,9 +65,8 @@ from .writing import RESCUED, WRITTEN, Output, failure_record
 
 
 class Transport(Protocol):
-    """Where a prompt's attempts go: a CompletionClient or a WorkerPool
-    (infer/process_pool.py), or with --server the Sources or one prompt's Route
-    (infer/servers.py)."""
+    """Where a prompt's attempts go: a CompletionClient (infer/transport.py), or with
+    --server the Sources or one prompt's Route (infer/servers.py)."""
 
     async def attempt(self, body: bytes, stream: bool) -> Attempt: ...
 

@@ -11,7 +11,7 @@ is free (infer/limiter.py: the limit shrinks on 429s), its worst-case cost fits 
 the balance read at the start, refreshed every --credits-interval, cut by OpenRouter's
 in-flight 402s and grown back while none come), and its worst-case record fits the
 free space of the output's filesystem (infer/disk.py); it is then sent by the
-transport (infer/process_pool.py) until it gets an answer or a permanent failure, with
+transport (infer/transport.py) until it gets an answer or a permanent failure, with
 jittered exponential backoff between attempts. Each answer is checked (routing, and the
 reasoning asked for: infer/acceptance.py) and written whole as it completes
 (infer/writing.py); a refused
@@ -31,7 +31,7 @@ output, or SIGINT/SIGTERM. Requests in
 flight then finish within `--grace` seconds counted from the stop (they are paid for) and
 are written, also when the stop comes after the last admission; prompts in back-off are
 not sent again; a second Ctrl-C cancels at once. The handlers cover the whole event loop
-(the workers' start and close too); outside it SIGINT/SIGTERM exit 130 at once
+(the transport's start and close too); outside it SIGINT/SIGTERM exit 130 at once
 (`cli.sigterm_as_ctrl_c`). The progress line and its snapshot of the run are
 infer/progress.py (`RunProgress`); what the parts share while the run runs (the stop, what
 admission waits for, the prompts in progress) is one `RunState` (infer/state.py).
@@ -76,7 +76,6 @@ from .inputs import PROMPT_DECODER
 from .limiter import AdaptiveLimiter
 from .plan import plan_json, plan_text
 from .prepare import Prepared, prepare
-from .process_pool import open_transport
 from .progress import RunProgress
 from .prompt_work import PromptWork, RunParts, Transport
 from .report import Stats, exit_code, format_summary, summary, write_summary_json
@@ -84,7 +83,7 @@ from .servers import Sources
 from .state import RunState, signals_handled
 from .systematic import SystematicFailure
 from .total_cost import PUBLISH_INTERVAL
-from .worker_process import freeze_startup_objects
+from .transport import freeze_startup_objects, open_transport, pace_reads
 from .writing import Output, check_outputs, output_locks
 
 if TYPE_CHECKING:
@@ -170,7 +169,7 @@ class Run:
             cost_lookup_wait=config.money.cost_lookup_wait, transport=transport, admission=self.admission,
             budget=self.budget, acceptance=self.acceptance, output=self.output,
             stats=self.stats, done=self.prepared.done, state=state, progress=self.progress,
-            stop=self.stop, say=self.say, read_cost=self.account.generation_cost,
+            stop=self.stop, say=self.say, read_cost=transport.generation_cost,
             systematic=SystematicFailure())
         self.output.open()
         poller = publisher = None
@@ -362,7 +361,8 @@ async def _run(config: RunConfig, prepared: Prepared, budget: Budget, progress,
     run = Run(config, prepared, budget, progress, say, account, counts)
     try:
         with run.signals_handled(asyncio.get_running_loop()):
-            async with open_transport(config, prepared.todo, prepared.servers) as transport:
+            async with open_transport(config, prepared.servers) as transport:
+                pace_reads(asyncio.get_running_loop(), lambda: transport.in_flight)
                 await run.run(transport)
     finally:
         await account.aclose()

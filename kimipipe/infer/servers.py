@@ -2,7 +2,7 @@
 
 `kp-infer --server URL[#MODEL]` (repeatable) sends prompts to OpenAI-compatible servers of
 one's own (docs/servers.md). Before anything is sent, each server is asked what it serves
-(`GET /v1/models`, `discover`): the model name to send (MODEL when given, else the run's
+(`GET /v1/models`, infer/discovery.py): the model name to send (MODEL when given, else the run's
 `--model` when it serves that, else the one model it serves) and what kind of server it
 is (`owned_by`: vllm, sglang; `ServerKind`), since each asks for its sampled IDs its own
 way (`ID_REQUEST`). A run's transport is then a `Sources`: the servers, each with its own
@@ -44,25 +44,21 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import urlsplit
 
-import httpx
 import msgspec
 
-from ..errors import ExitCode, KPError, redact
 from ..kinds import RetryCause
+from ..openrouter.answer import StreamAnswer
 from ..openrouter.attempt import Attempt
 from ..openrouter.client import CompletionClient
 from ..recorded.api import api_of
 from ..records import Sampling
-from .config import RunConfig
 
 DEFAULT_SERVER_CONCURRENCY = 64
 COOLDOWN_MIN, COOLDOWN_MAX = 2.0, 60.0
-DISCOVERY_TIMEOUT = 30.0  # seconds for a server's GET /v1/models at the start
 DOWN_CAUSES = (RetryCause.CONNECTION, RetryCause.CUT, RetryCause.STALE, RetryCause.TIMEOUT)
 # OpenRouter's own fields, meaningless to a self-hosted server (SGLang reads a
 # `session_id` as one of its own sessions)
@@ -130,73 +126,6 @@ def server_api_key() -> str:
     return os.environ.get("KP_SERVER_API_KEY") or "EMPTY"
 
 
-def discover(arg: str, model: str, timeout: float = DISCOVERY_TIMEOUT) -> Server:
-    """Ask the server of ARG (`URL[#MODEL]`) what it serves (GET /v1/models): the Server,
-    with the model name to send (MODEL; else MODEL, the run's --model, when served; else
-    the one model it serves). Exit 2 when it cannot say, or serves no such model."""
-    url, named = split_server(arg)
-    where = f"--server {arg}"
-    try:
-        with httpx.Client(timeout=timeout, trust_env=False) as http:
-            response = http.get(url.rstrip("/") + "/models",
-                                headers={"Authorization": f"Bearer {server_api_key()}"})
-        response.raise_for_status()
-        entries = [e for e in response.json().get("data") or () if isinstance(e, dict)
-                   and isinstance(e.get("id"), str)]
-    except (httpx.HTTPError, ValueError, AttributeError) as e:
-        raise KPError(f"{where}: GET {url.rstrip('/')}/models (what it serves) failed: "
-                      f"{redact(str(e) or type(e).__name__)[:300]}; is the server up?",
-                      ExitCode.USAGE) from None
-    served = {e["id"]: e for e in entries}
-    if named is not None:
-        chosen = named
-    elif model in served:
-        chosen = model
-    elif len(served) == 1:
-        chosen = next(iter(served))
-    else:
-        chosen = None
-    if chosen not in served:
-        listed = ", ".join(served) or "no model"
-        wanted = f"#{named}" if named else f"--model {model}"
-        raise KPError(f"{where}: it serves {listed}, not {wanted}; name the one to use "
-                      "as --server URL#NAME", ExitCode.USAGE)
-    owner = str(served[chosen].get("owned_by") or "").lower()
-    kind = ServerKind(owner) if owner in {k.value for k in ServerKind} else ServerKind.OTHER
-    context = served[chosen].get("max_model_len")  # vLLM and SGLang report it
-    context = context if isinstance(context, int) and not isinstance(context, bool) \
-        and context > 0 else None
-    return Server(url, chosen, kind, context)
-
-
-def check_context(servers: list[Server], max_tokens: int | None) -> None:
-    """Exit 2, before anything is sent, when --max-tokens is more than a server's context:
-    vLLM refuses every such request (400, `max_tokens ... cannot be greater than
-    max_model_len`), so the run would fail every prompt. Not clamped: the answers' length
-    cap is part of the dataset's recipe, which the user chooses."""
-    for server in servers:
-        if max_tokens is not None and server.max_model_len is not None \
-                and max_tokens > server.max_model_len:
-            raise KPError(f"--max-tokens {max_tokens:,} is more than {server.name} can "
-                          f"generate: its context (max_model_len) is {server.max_model_len:,} "
-                          "tokens, prompt included; pass --max-tokens below "
-                          f"{server.max_model_len:,}", ExitCode.USAGE)
-
-
-def discover_servers(config: RunConfig, say: Callable[[str], None]) -> list[Server]:
-    """Each --server asked what it serves (`discover`; exit 2 when one
-    cannot say); not for --plan, which sends nothing anywhere."""
-    if config.plan:
-        return []
-    servers = [discover(arg, config.request.model) for arg in config.sending.servers]
-    check_context(servers, config.request.max_tokens)
-    for server in servers:
-        if server.model != config.request.model:
-            say(f"kp-infer: {server.name} serves {config.request.model} as {server.model!r} "
-                f"({server.kind}); its records name {config.request.model}")
-    return servers
-
-
 def thinking_asked(body: dict) -> bool | None:
     """Thinking on/off as the OpenRouter body asks it (None: the model's default)."""
     reasoning = body.get("reasoning")
@@ -254,7 +183,7 @@ class Source:
     """One place answers come from: a server, or OpenRouter (`server` None)."""
 
     name: str
-    transport: object  # CompletionClient, or OpenRouter's transport (infer/process_pool.py)
+    transport: CompletionClient
     capacity: int
     server: Server | None = None
     api: str | None = None
@@ -323,6 +252,11 @@ class Sources:
         return sum(s.capacity for s in self.sources)
 
     @property
+    def in_flight(self) -> int:
+        """Attempts out to any source now (infer/transport.py paces the loop by it)."""
+        return sum(s.in_flight for s in self.sources)
+
+    @property
     def has_openrouter(self) -> bool:
         return any(s.server is None for s in self.sources)
 
@@ -376,14 +310,30 @@ class Sources:
         return source
 
     async def attempt(self, body: bytes, stream: bool, servers: bool | None = None) -> Attempt:
-        source = await self._source(servers)
+        return await self.send(await self._source(servers), body, stream)
+
+    async def generation_cost(self, generation_id: str) -> float | None:
+        """GET /generation's figure, from OpenRouter (None without it: a server bills nothing)."""
+        openrouter = next((s for s in self.sources if s.server is None), None)
+        if openrouter is None:
+            return None
+        return await openrouter.transport.generation_cost(generation_id)
+
+    def source_of(self, server: Server | None) -> Source:
+        """The source of SERVER (None: OpenRouter)."""
+        return next(s for s in self.sources if s.server == server)
+
+    async def send(self, source: Source, body: bytes, stream: bool,
+                   answer: StreamAnswer | None = None) -> Attempt:
+        """BODY (the OpenRouter request) sent to SOURCE as it takes it; ANSWER: the
+        assembler of a stream, when not the client's own (the preflight's tap)."""
         source.in_flight += 1
         source.sent += 1
         try:
             if source.server is None:
-                return await source.transport.attempt(body, stream)
+                return await source.transport.attempt(body, stream, answer)
             sent = server_body(body, source.server)
-            result = await source.transport.attempt(sent, stream)
+            result = await source.transport.attempt(sent, stream, answer)
         finally:
             source.in_flight -= 1
             self._freed.set()

@@ -93,3 +93,34 @@ def signals_handled(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]
                 signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
+
+
+def run_interruptible(coro):
+    """Run CORO; a SIGINT or SIGTERM meanwhile cancels it and is then a KeyboardInterrupt
+    (exit 130, one line). Taken by the loop's own handlers: a KeyboardInterrupt raised by
+    the signal inside whichever task was running left that task's exception unretrieved,
+    and asyncio printed its traceback (seen once in a full suite run)."""
+    interrupted = False
+
+    async def main():
+        nonlocal interrupted
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+
+        def stop() -> None:
+            nonlocal interrupted
+            interrupted = True
+            task.cancel()
+
+        with signals_handled(loop, stop):
+            try:
+                return await coro
+            except asyncio.CancelledError:
+                if interrupted:
+                    return None
+                raise
+
+    result = asyncio.run(main())
+    if interrupted:
+        raise KeyboardInterrupt
+    return result

@@ -2,7 +2,10 @@
 
     request.py       the chat completion request body (`RequestOptions.body`)
     client.py        the data plane: one completion attempt over HTTP (`CompletionClient`),
-                     streamed or plain, assembled into an answer
+                     streamed or plain
+    answer.py        the answer assembled from what came (`StreamAnswer`, `read_plain`):
+                     reasoning, token logprobs, the Attempt
+    wire.py          the msgspec views of a body and a streamed chunk, and their decoders
     http11.py        the HTTP/1.1 connection pool under the client: llhttp framing, SSE
                      split in the body callback (http11_message.py: the request head)
     connect.py       connecting: every resolved address, proxies' CONNECT tunnels, TLS
@@ -11,8 +14,8 @@
     attempt.py       an attempt's outcome (`Attempt`) and the classification of error answers
     account.py       the control plane: the endpoints table, the model's entry
                      (distillation), the balance (httpx, for kp-infer and kp-credits alike)
-    probe.py         one completion read line by line over httpx, for --preflight: the
-                     answer as the run assembles it, and the stream's shape
+    probe.py         --preflight's tap on the run's client: the answer as the run assembles
+                     it, and the stream's shape (comments, usage, [DONE])
     routing.py       the provider policy, the `provider` object, and checking who served
     models.py        per-model presets (Kimi K2.5's native INT4 weights: the routing default;
                      its sampling as served)

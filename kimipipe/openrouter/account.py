@@ -26,8 +26,9 @@ or 200 with zeros. `GET /key` works with any key and gives the key's usage and l
                                                  remaining = the key's limit_remaining
                                                  (unknown when the key has no limit)
 
-`/key` is always read as well, for the key's limit. `generation_cost(id)` reads what one
-generation cost (`GET /generation?id=`, `total_cost`) for an answer whose usage had none. `Balance.spendable` is what can still
+`/key` is always read as well, for the key's limit. (What one generation cost, `GET
+/generation`, is read over the completions' own connections: openrouter/client.py.)
+`Balance.spendable` is what can still
 be spent: the smaller of the account's remaining and the key's limit_remaining. When it is
 unknown (a normal key without a limit), `unreadable_balance(balance)` says what the key
 can and cannot read, for every balance guard to warn with (`GUARD_FIX`: what makes it work).
@@ -261,24 +262,6 @@ class Account:
         defaults = entry.get("default_parameters")
         return ModelInfo(model, trainable if isinstance(trainable, bool) else None,
                          defaults if isinstance(defaults, dict) else None, path)
-
-    async def generation_cost(self, generation_id: str) -> float | None:
-        """`GET /generation?id=`'s `total_cost` (USD) of a generation; None while OpenRouter
-        has it not yet (404: it can for a few seconds after the answer). AccountError for
-        any other answer, or a 200 without a number."""
-        path = "/generation"
-        try:
-            response = await self._client.get(f"{self.base_url}{path}", params={"id": generation_id})
-        except (httpx.HTTPError, httpx.InvalidURL, OSError) as e:
-            raise NetworkError(redact(f"cannot reach OpenRouter at {self.base_url}{path} "
-                                      f"({type(e).__name__})")) from None
-        if response.status_code == 404:
-            return None
-        data = _data(response.status_code, self._json(response), path)
-        cost = data.get("total_cost")
-        if isinstance(cost, bool) or not isinstance(cost, (int, float)):
-            raise AccountError(f"GET {path} answered 200 without a total_cost")
-        return float(cost)
 
     async def balance(self) -> Balance:
         """The account's balance and the key's limit (see the module docstring)."""

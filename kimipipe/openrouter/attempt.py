@@ -34,9 +34,6 @@ stream. When the error carries `availability.retryable`, that flag decides ("alw
 on `availability.retryable`, not just the code"), and its `retry_after` wins over the
 `Retry-After` header. `metadata.error_type` is kept (`error_type`). Messages are
 cut to 500 characters and never hold the API key.
-
-An Attempt crosses process boundaries as msgpack (kimipipe/infer/process_pool.py), so it
-is a flat Struct sent as an array.
 """
 
 from __future__ import annotations
@@ -49,8 +46,8 @@ from ..kinds import AttemptKind, RetryCause
 RETRYABLE_STATUSES = {408, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 525, 526, 529}
 
 
-class Attempt(msgspec.Struct, omit_defaults=True, array_like=True):
-    """The outcome of one HTTP attempt (sent between processes as msgpack: keep it flat)."""
+class Attempt(msgspec.Struct):
+    """The outcome of one HTTP attempt."""
 
     kind: AttemptKind
     cause: str = ""  # for retries/failures: a RetryCause, or the HTTP status ("502", "400")

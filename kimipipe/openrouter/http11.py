@@ -29,7 +29,9 @@ An assembler whose `abandon` is true once it decided has its connection closed r
 than read to its end, and `pool.abandon(decide)` does the same to the streams in flight
 that `decide(assembler)` gives an outcome for: closing the connection is how a client
 cancels a generation (kimipipe: a quarantined provider's streams, openrouter/client.py).
-`post` returns that result, or
+An assembler with a `lines(lines: list[bytes])` method is also handed every whole line of
+each read (comments and blank lines too): a tap for a caller that must see the stream's
+shape, not only its data (kimipipe's --preflight, openrouter/probe.py). `post` returns that result, or
 one of the outcome objects of `outcomes.py` (CollectedResponse, Stalled, Broken), which
 the caller maps to its own error kinds.
 
@@ -45,10 +47,11 @@ literal; header names and values we send are checked (no CR, LF or other control
 characters).
 
 kimipipe has two HTTP stacks, each for a reason: this one for the data plane (completions:
-thousands in flight, per-chunk CPU is what limits a worker), and a general client for
-the control plane (balance, key, endpoints: a few GETs per run, where a well-kept library
-matters and CPU per request does not; httpx, openrouter/account.py, for kp-infer and
-kp-credits alike). The aiohttp escape hatch (`--http-client
+thousands in flight, per-chunk CPU is what limits the process; and what goes with them:
+`get` for a generation's cost and a server's models, --preflight's requests through a tap),
+and a general client for the control plane (balance, key, endpoints: a few GETs per run,
+where a well-kept library matters and CPU per request does not; httpx,
+openrouter/account.py, for kp-infer and kp-credits alike). The aiohttp escape hatch (`--http-client
 aiohttp`) is gone: it was kept in case a proxy or load balancer tripped the hand-written
 parser, and the parser is now llhttp, the one aiohttp itself uses, while aiohttp costs
 several times the CPU per event (docs/performance.md) and would need its own proxy handling.
@@ -103,6 +106,7 @@ class _Connection(asyncio.Protocol):
         self.busy = False             # a request is out and its response not read to its end
         self.future: asyncio.Future | None = None
         self.assembler = None
+        self.tap = None               # the assembler's `lines`, when it has one (module docstring)
         self.decided = True           # the request's outcome is known (future resolved)
         self.got_bytes = False
         self.any_byte_counts = False  # plain: any byte is progress; streamed: data lines only
@@ -195,6 +199,7 @@ class _Connection(asyncio.Protocol):
     def start(self, request: bytes, future: asyncio.Future, assembler) -> None:
         self.future = future
         self.assembler = assembler
+        self.tap = getattr(assembler, "lines", None)
         self.decided = False
         self.busy = True
         self.got_bytes = self.head_done = self.informational = self.complete = False
@@ -325,6 +330,8 @@ class _Connection(asyncio.Protocol):
         if len(rest) > _MAX_EVENT_LINE:
             raise ProtocolError("event stream line too long")
         self.sse = rest
+        if self.tap is not None:
+            self.tap(lines)
         payloads = self.payloads
         for line in lines:
             if line[:5] == b"data:":
@@ -391,12 +398,15 @@ class Http11Pool:
                     if k.lower() not in ("content-length", "accept", "proxy-authorization")}}
         self.proxy = proxy_for(url, proxy)
         self.tunnel = self.proxy is not None and self.ssl is not None
+        self._origin = ""  # what goes before a path in a request's target
         if self.proxy is not None and not self.tunnel:
             # an http origin through a proxy: absolute-form requests on the proxy's connection
-            target = f"http://{host}{target}"
+            self._origin = f"http://{host}"
+            target = self._origin + target
             if self.proxy.authorization:
                 fixed["Proxy-Authorization"] = self.proxy.authorization
         head = request_head(target, fixed)
+        self._fixed = fixed
         self._stream_head = (head + "Accept: text/event-stream\r\n").encode("latin-1")
         self._plain_head = (head + "Accept: application/json\r\n").encode("latin-1")
         self.idle_timeout = idle_timeout
@@ -442,7 +452,17 @@ class Http11Pool:
     async def post(self, body: bytes, assembler=None):
         """One request, one outcome: never sent again here (see outcomes.Broken.stale)."""
         head = self._plain_head if assembler is None else self._stream_head
-        request = head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        return await self._send(head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body,
+                                assembler)
+
+    async def get(self, path: str):
+        """GET PATH (with its query) on this pool's host, over the same connections: a
+        CollectedResponse with the whole body, or Stalled/Broken (a control call beside
+        the completions: a generation's cost, a server's models)."""
+        head = request_head(self._origin + path, self._fixed, method="GET")
+        return await self._send((head + "Accept: application/json\r\n\r\n").encode("latin-1"), None)
+
+    async def _send(self, request: bytes, assembler):
         conn = await self._acquire()
         future = asyncio.get_running_loop().create_future()
         conn.start(request, future, assembler)

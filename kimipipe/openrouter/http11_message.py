@@ -41,12 +41,12 @@ def host_header(host: str, port: int, default_port: int) -> str:
     return name if port == default_port else f"{name}:{port}"
 
 
-def request_head(target: str, headers: dict[str, str]) -> str:
-    """`POST TARGET HTTP/1.1` and HEADERS, each checked: a line break in a value (e.g. an
+def request_head(target: str, headers: dict[str, str], method: str = "POST") -> str:
+    """`METHOD TARGET HTTP/1.1` and HEADERS, each checked: a line break in a value (e.g. an
     API key file with two lines) would end the head early and smuggle what follows."""
     if not target or any(c in target for c in " \t\r\n\x00"):
         raise ValueError("the request path holds whitespace or a control character")
-    lines = [f"POST {target} HTTP/1.1\r\n"]
+    lines = [f"{method} {target} HTTP/1.1\r\n"]
     for name, value in headers.items():
         if not _TOKEN.fullmatch(name):
             raise ValueError(f"header name {name!r} is not an HTTP token")

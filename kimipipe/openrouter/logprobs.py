@@ -2,7 +2,7 @@
 
 OpenRouter returns each answer's sampled tokens when asked `logprobs: true` (kimipipe
 asks `top_logprobs: 0`: the tokens, no alternatives); each choice then carries
-`logprobs.content[]` with every token's `bytes` (openrouter/client.py keeps them, and
+`logprobs.content[]` with every token's `bytes` (openrouter/answer.py keeps them, and
 kp-tokenize turns them into IDs). An endpoint that supports them lists `logprobs` in its
 `supported_parameters`; one that does not ignores the parameter, unless the request sends
 `provider.require_parameters: true`, which routes only to endpoints that list every

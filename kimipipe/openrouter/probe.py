@@ -1,34 +1,33 @@
-"""One completion sent to see everything about it: the answer, and the shape of the wire.
+"""One completion sent as the run sends it, with a tap that records the shape of the wire.
 
 `kp-infer --preflight` (infer/preflight.py) checks the assumptions a long run rests on
-before the money goes. The data plane (openrouter/client.py over http11) reads streams
-for the least CPU per chunk and hands the assembler only `data:` payloads, which hides
-what a preflight must see: the keep-alive comments (`: OPENROUTER PROCESSING`), whether
-where the usage came (a last chunk of its own with `choices: []`, or on the finish chunk:
-OpenRouter sends both shapes), whether `[DONE]` ended the stream,
-and where the reasoning came from. So a probe goes over httpx (the control plane's
-library, account.py), line by line, and assembles the answer with the very code the run
-uses (`StreamAnswer` for a stream, `CompletionClient._read_plain` for a plain body), so
-the answer it gives is the one a run would have kept.
+before the money goes. Its requests go through the run's own client (openrouter/client.py
+over http11.py, as infer/transport.py opens it), so what it sees is what the run will see:
+the same connections, proxy, headers, timeouts and answer assembly. The client hands the
+assembler only the `data:` payloads, which hides what a preflight must see: the keep-alive
+comments (`: OPENROUTER PROCESSING`), where the usage came (a last chunk of its own with
+`choices: []`, or on the finish chunk: OpenRouter sends both shapes), whether `[DONE]`
+ended the stream, and which reasoning fields were on the wire. So a preflight's stream is
+assembled by a `ProbeAnswer`: the run's `StreamAnswer` (the answer it gives is the one a
+run would have kept) with a tap on every payload and, through http11's `lines` hook, on
+every line of the stream.
 
-    async with httpx.AsyncClient(...) as http:
-        probe = await send_probe(http, base_url, api_key, body, stream=True)
-        probe.attempt            # an Attempt, as the run would have it
-        probe.comments, probe.usage_shape, probe.finished, probe.done, probe.reasoning_fields
+    probe = await send_probe(client.attempt, body, stream=True)
+    probe.attempt            # an Attempt, as the run would have it
+    probe.comments, probe.usage_shape, probe.finished, probe.done, probe.reasoning_fields
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import httpx
 import msgspec
 
-from ..errors import redact
-from ..kinds import AttemptKind, RetryCause
-from .attempt import Attempt, error_attempt, retry_after_seconds
-from .client import COMPLETION_HEADERS, CompletionClient, StreamAnswer
+from ..kinds import AttemptKind
+from .answer import StreamAnswer
+from .attempt import Attempt
 
 # The two shapes of a stream's last chunk, both OpenRouter's (docs/robustness.md, docs/kp-infer.md).
 USAGE_OWN_CHUNK = "own chunk"  # a chunk of its own with `choices: []`
@@ -68,58 +67,40 @@ def _note_chunk(probe: Probe, payload: bytes) -> None:
             probe.reasoning_fields.update(k for k in ("reasoning", "reasoning_details") if delta.get(k))
 
 
-async def send_probe(http: httpx.AsyncClient, base_url: str, api_key: str, body: bytes,
-                     stream: bool) -> Probe:
-    """Send BODY to /chat/completions and read every line of the answer."""
-    url = base_url.rstrip("/") + "/chat/completions"
-    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
-               **COMPLETION_HEADERS}
-    started = time.monotonic()
-    probe = Probe(Attempt(AttemptKind.RETRY, cause=RetryCause.CONNECTION), streamed=stream)
-    try:
-        async with http.stream("POST", url, content=body, headers=headers) as response:
-            probe.status = response.status_code
-            if response.status_code != 200 or not stream:
-                raw = await response.aread()
-                probe.attempt = _plain(response, raw)
+class ProbeAnswer(StreamAnswer):
+    """The run's StreamAnswer, with a tap: every line and `data:` payload of the stream
+    noted on PROBE before the answer takes it."""
+
+    __slots__ = ("probe",)
+
+    def __init__(self, probe: Probe) -> None:
+        super().__init__()
+        self.probe = probe
+
+    def lines(self, lines: list[bytes]) -> None:
+        """Every whole line of one read (http11.py): the keep-alive comments counted."""
+        self.probe.comments += sum(1 for line in lines if line[:1] == b":")
+
+    def events(self, payloads: list[bytes]) -> Attempt | None:
+        probe = self.probe
+        for payload in payloads:
+            probe.events += 1
+            if payload == b"[DONE]":
+                probe.done = True
             else:
-                probe.attempt = await _read_stream(response, probe)
-    except httpx.HTTPError as e:
-        probe.attempt = Attempt(AttemptKind.RETRY, cause=RetryCause.CONNECTION,
-                                message=redact(f"{type(e).__name__}: {e}")[:300])
+                _note_chunk(probe, payload)
+        return super().events(payloads)
+
+
+Send = Callable[[bytes, bool, StreamAnswer | None], Awaitable[Attempt]]
+
+
+async def send_probe(send: Send, body: bytes, stream: bool) -> Probe:
+    """BODY sent by SEND (the run's: `CompletionClient.attempt`, or `Sources.send` to one
+    source), a stream read through a ProbeAnswer."""
+    probe = Probe(Attempt(AttemptKind.RETRY), streamed=stream)
+    started = time.monotonic()
+    probe.attempt = await send(body, stream, ProbeAnswer(probe) if stream else None)
     probe.seconds = time.monotonic() - started
+    probe.status = probe.attempt.status
     return probe
-
-
-def _plain(response: httpx.Response, raw: bytes) -> Attempt:
-    if response.status_code == 200:
-        return CompletionClient._read_plain(raw)
-    try:
-        payload = msgspec.json.decode(raw) if raw.strip() else None
-    except msgspec.DecodeError:
-        payload = None
-    return error_attempt(response.status_code, payload,
-                         retry_after_seconds(response.headers.get("retry-after")),
-                         f"HTTP {response.status_code}")
-
-
-async def _read_stream(response: httpx.Response, probe: Probe) -> Attempt:
-    answer = StreamAnswer()
-    decided: Attempt | None = None
-    async for line in response.aiter_lines():
-        if not line.strip():
-            continue
-        if line.startswith(":"):
-            probe.comments += 1
-            continue
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip().encode()
-        probe.events += 1
-        if payload == b"[DONE]":
-            probe.done = True
-        else:
-            _note_chunk(probe, payload)
-        if decided is None:
-            decided = answer.event(payload)
-    return decided if decided is not None else answer.end()

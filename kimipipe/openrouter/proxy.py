@@ -95,7 +95,7 @@ def environment_proxies() -> dict[str, str]:
     """{"https": URL, "http": ..., "all": ..., "no": LIST} from the environment, as
     urllib.request.getproxies_environment reads it (lower-case names win over upper-case;
     HTTP_PROXY ignored in a CGI request). Not imported from there: urllib.request pulls
-    in http.client and email, ~10 MB and ~0.1 s in every worker process."""
+    in http.client and email, ~10 MB and ~0.1 s of every start."""
     found: dict[str, str] = {}
     for lower_wins in (False, True):
         for name, value in os.environ.items():

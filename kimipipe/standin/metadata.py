@@ -61,6 +61,7 @@ class MetadataEndpoints:
 
     async def generation(self, request: web.Request) -> web.Response:
         self.endpoint_requests["generation"] += 1
+        self.user_agents["generation"][request.headers.get("User-Agent", "(none)")] += 1
         if (denied := self.auth_error(request)) is not None:
             return denied
         gid = request.query.get("id", "")

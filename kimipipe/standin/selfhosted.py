@@ -276,6 +276,8 @@ class SelfHosted:
         self.held = 0
         self.faults: Counter[str] = Counter()
         self.statuses: Counter[str] = Counter()
+        # the client behind each GET /v1/models and completion, by User-Agent
+        self.user_agents: dict[str, Counter[str]] = {"models": Counter(), "completions": Counter()}
         self.rng = random.Random(config.seed)
         self._gate = asyncio.Event()
         self._ids = random.Random()
@@ -299,7 +301,8 @@ class SelfHosted:
         return {"mode": self.mode, "requests": self.requests,
                 "completions_started": self.completions_started, "completed": self.completed,
                 "in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
-                "held": self.held, "faults": dict(self.faults), "statuses": dict(self.statuses)}
+                "held": self.held, "faults": dict(self.faults), "statuses": dict(self.statuses),
+                "user_agents": {path: dict(c) for path, c in self.user_agents.items()}}
 
     async def stats_handler(self, request: web.Request) -> web.Response:
         return json_response(self.stats())
@@ -323,6 +326,7 @@ class SelfHosted:
         return (sglang_error if self.mode == "sglang" else vllm_error)(status, message, kind)
 
     async def models(self, request: web.Request) -> web.Response:
+        self.user_agents["models"][request.headers.get("User-Agent", "(none)")] += 1
         return json_response({"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": self.mode, "root": model,
              "max_model_len": self.config.max_model_len}
@@ -330,6 +334,7 @@ class SelfHosted:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
+        self.user_agents["completions"][request.headers.get("User-Agent", "(none)")] += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         status = 0

@@ -154,6 +154,8 @@ class StandinState(MetadataEndpoints):
         self.endpoint_requests: Counter[str] = Counter()
         # completions by the value of the request headers that change what OpenRouter does
         self.completion_headers: dict[str, Counter[str]] = {h: Counter() for h in WATCHED_HEADERS}
+        # the client behind each completion and /generation read, by User-Agent
+        self.user_agents: dict[str, Counter[str]] = {"completions": Counter(), "generation": Counter()}
         self.generations: dict[str, GenerationStats] = {}
         self.rng = random.Random(config.seed)
         self.quirk_rng = random.Random(f"quirks|{config.seed}")   # apart from the fault draws
@@ -293,6 +295,7 @@ class StandinState(MetadataEndpoints):
             "statuses": dict(self.statuses),
             "endpoint_requests": dict(self.endpoint_requests),
             "completion_headers": {h: dict(c) for h, c in self.completion_headers.items()},
+            "user_agents": {path: dict(c) for path, c in self.user_agents.items()},
             "refusals": {status: dict(kinds) for status, kinds in self.refusals.items()},
             "inflight_reserved": self.inflight.reserved(time.monotonic()),
             "inflight_cap": self.inflight_cap(),
@@ -388,6 +391,7 @@ class StandinState(MetadataEndpoints):
         self.log_request(raw)
         for header, seen in self.completion_headers.items():
             seen[request.headers.get(header, "(none)")] += 1
+        self.user_agents["completions"][request.headers.get("User-Agent", "(none)")] += 1
         body = self._parse(raw)
         await self._pass_gate()
         model = body["model"]
