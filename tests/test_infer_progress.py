@@ -238,7 +238,7 @@ def test_the_progress_total_never_moves_when_conversations_end_early(standin, tm
     server = standin(latency=0.05)
     prompts = make_conversations(tmp_path / "p.jsonl", 20, turns=3)
     summary = tmp_path / "s.json"
-    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--max-tokens", "120", "--workers", "0",
+    r = infer(server, prompts, "-o", tmp_path / "r.jsonl", "--max-tokens", "120",
               "--concurrency", "4", "--summary-json", summary, env={"KP_PROGRESS_INTERVAL": "0.05"})
     assert r.code == 0, r.stderr
     lines = [x for x in r.stderr.splitlines() if PROGRESS.match(x)]
