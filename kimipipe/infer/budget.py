@@ -150,12 +150,6 @@ class Budget:
             return self.tokens < self.token_budget
         return self.tokens + (in_flight + 1) * self.mean_completion() <= self.token_budget
 
-    def remaining_cost(self) -> float | None:
-        left = [] if self.max_cost is None else [max(0.0, self.max_cost - self.spent)]
-        if self.total is not None:
-            left.append(self.total.remaining(self.spent_this_run))
-        return min(left) if left else None
-
 
 
 def cap_below_one_request(budget: Budget, largest_prompt_tokens: int, todo: int,
