@@ -131,7 +131,10 @@ def test_two_runs_sharing_one_reservations_file_at_once_stay_under_the_cap(stand
         for p in runs:
             p.kill()
         said = {n: (work / f"{n}.stderr").read_text()[-3000:] for n in ("B3", "B4")}
-        raise AssertionError(f"the runs did not end: {said}\n{(work / 'total-cost.json').read_text()}") from None
+        # (seen at load ~11-20, 1 run in 3: each run's last attempts sent and never
+        # answered; the stand-in's books say whether they reached it)
+        raise AssertionError(f"the runs did not end: {said}\n{(work / 'total-cost.json').read_text()}"
+                             f"\nthe stand-in: {server.stats()}") from None
     assert billed(server) <= CAP, f"billed {billed(server):.4f} under a {CAP} cap"
     assert codes == [3, 3], [(work / f"{n}.stderr").read_text() for n in ("B3", "B4")]
     files = sorted(work.glob("*.responses.jsonl")) + sorted(work.glob("*.failures.jsonl"))
