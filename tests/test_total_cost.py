@@ -293,3 +293,21 @@ def test_two_runs_at_the_cap_give_back_stale_claims_and_do_not_wait_for_each_oth
     entries = read_reservations(tmp_path / "total-cost.json")["entries"]
     assert [e["claim"] for e in entries] == [0.0, 0.0]
     assert sum(e["spent"] for e in entries) == pytest.approx(1.1)  # under the cap
+
+
+def test_a_run_that_becomes_stuck_says_so_though_it_just_looked_for_room(tmp_path):
+    """A look for room (`cost_blocker`, every PUBLISH_INTERVAL while a prompt waits) counts
+    as a publish; two runs whose prompts all wait for room each look every interval, so
+    the publisher's quiet interval never came and neither run ever said it was stuck: both
+    waited forever (seen at load, 1 run of the two-runs test in 4). A change of `stuck`
+    goes out at once."""
+    a, b = _two_budgets(tmp_path, 1.0)
+    assert b.cost_fits(0.8)
+    b.reserve(0.8)
+    b.record(0.3, 0)  # refused and paid; its 0.8 stays reserved for the retry: 1.1
+    b.total.publish(b.spent_this_run, b.claimed(), force=True)
+    assert b.cost_blocker(0.0) is Cap.TOTAL_COST  # b's admission looks: no room (just now)
+    b.total.publish(b.spent_this_run, b.claimed(), stuck=True)  # its publisher, not forced
+    a.total.publish(0.0, 0.0, force=True)
+    assert not a.total.others_may_free_room()
+    assert [e.get("stuck") for e in read_reservations(tmp_path / "total-cost.json")["entries"]] == [None, True]

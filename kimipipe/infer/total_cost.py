@@ -298,7 +298,10 @@ class TotalCost:
         if self.shared is None:
             return
         now = time.monotonic()
-        if not force and now - self._last_publish < PUBLISH_INTERVAL:
+        # (a change of STUCK goes out at once: a look for room (`claim`) also counts as a
+        # publish, and two runs whose prompts all wait for room each look every interval,
+        # so an interval's quiet would never come and neither would say it is stuck)
+        if not force and stuck == self.stuck and now - self._last_publish < PUBLISH_INTERVAL:
             return
         if not force and (spent_this_run, reserved, stuck) == (
                 self.spent_published, self.claim_held, self.stuck):
