@@ -181,11 +181,12 @@ CAPS = {
 
 def mixed_prompts(path, singles: int, tagged: int, conversations: int):
     """CONVERSATIONS of three user turns (first: their later turns come before the cap),
-    SINGLES one-turn prompts, TAGGED whose answers hold a literal think tag."""
+    TAGGED whose answers hold a literal think tag (next: they go while Parasail still serves
+    the model), SINGLES one-turn prompts."""
     from test_infer_conversations import make_conversations
     rows = read_jsonl(make_conversations(path, conversations, turns=3))
-    rows += read_jsonl(make_prompts(path, singles))
     rows += read_jsonl(tagged_prompts(path, tagged, start=10_000))
+    rows += read_jsonl(make_prompts(path, singles))
     return write_jsonl(path, rows)
 
 
@@ -197,14 +198,14 @@ PATHS = ("kept", "no_reasoning", "think_marker", "routing_violation", "identity"
 def test_each_cap_holds_on_every_path_a_paid_answer_takes(standin, tmp_path, cap):
     """One run under each cap where paid answers take every path at once: kept; refused for
     each reason and sent again (Together drops reasoning; Parasail writes it inline, where
-    a literal tag makes the split uncertain, and turns into another model from its 8th
+    a literal tag makes the split uncertain, and turns into another model from its 12th
     answer; misroutes); refused at --max-attempts (a failure line carries the cost); a
     stream cut after its usage (kept: the answer is whole and billed); a conversation's
     later turn. The bill stays under the cap, the cap stops the run (3), and every answer
     billed is on a record or a failure line."""
     server = standin(ledger=True, tokenizer=TOKENIZER, drop_reasoning={"together": 0.6},
-                     inline_reasoning=["parasail"], impostors={"parasail": 8},
-                     faults={"usagecut": 0.3, "misroute": 0.15})
+                     inline_reasoning=["parasail"], impostors={"parasail": 12},
+                     faults={"usagecut": 0.5, "misroute": 0.15})
     source = mixed_prompts(tmp_path / "p.jsonl", 100, 60, 40)
     out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
     r = infer(server, source, "-o", out, "--failures", failures, "--max-attempts", "2",
