@@ -117,3 +117,14 @@ def test_a_list_the_code_no_longer_matches_stops_before_anything_runs(tmp_path):
     r = mutants(broken)
     assert r.returncode == 2 and "CAUGHT" not in r.stdout
     assert "tests/test_calc.py::test_add fails on the unmutated copy: fix it first" in r.stderr
+
+
+def test_the_projects_own_lists_apply_to_this_tree():
+    """Every mutant in tests/mutations/ finds its anchor once in the file it names: a change
+    that moves the code (a module split) updates the list in the same change, or this fails
+    (it did: eight anchors were left behind when openrouter/client.py and identity.py split)."""
+    r = subprocess.run([sys.executable, str(TOOL), "--list"], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    listed = [x for x in r.stdout.splitlines() if x and not x.startswith(" ")]
+    assert len(listed) >= 60, r.stdout  # the lists hold 62 (a list that vanished is a loss)
