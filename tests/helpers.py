@@ -138,3 +138,18 @@ def money_is_exact(server, records, failures=()):
     assert {**kept, **refused} == pytest.approx(billed, rel=1e-12)
     assert sum(f["cost"] for f in failures) == pytest.approx(
         sum(x["cost"] for f in failures for x in f["refused"]), rel=1e-12)
+
+
+# Each money cap as kp-infer is given it: --max-cost; --total-cost alone; --total-cost with
+# --reservations, as make passes TOTAL_COST (docs/money.md's table has a column for each)
+CAPS = {
+    "max-cost": lambda tmp, usd: ("--max-cost", f"{usd}"),
+    "total-cost": lambda tmp, usd: ("--total-cost", f"{usd}"),
+    "total-cost-shared": lambda tmp, usd: ("--total-cost", f"{usd}", "--reservations",
+                                           tmp / "total-cost.json"),
+}
+
+
+def cap_reached(cap: str) -> str:
+    """What kp-infer says when the cap CAP (a CAPS key) stops it."""
+    return f"--{cap.removesuffix('-shared')} reached"

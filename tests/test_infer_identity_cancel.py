@@ -27,7 +27,7 @@ import json
 
 import pytest
 from conftest import TOKENIZER_KINDS, read_jsonl
-from helpers import money_is_exact
+from helpers import CAPS, cap_reached, money_is_exact
 from test_infer import infer, make_prompts
 
 TOKENIZER = TOKENIZER_KINDS["fast"]
@@ -111,17 +111,18 @@ def test_cancelling_pays_for_fewer_answers_of_the_other_model(standin, tmp_path)
     assert after < before, (before, after)
 
 
-def test_max_cost_holds_with_cancelled_streams_billed(standin, tmp_path):
-    """--max-cost counts each cancelled generation at its bill (the stand-in bills them):
-    the run stops at the cap (exit 3), having spent no more than it, every cent on a
+@pytest.mark.parametrize("cap", list(CAPS))
+def test_each_cap_holds_with_cancelled_streams_billed(standin, tmp_path, cap):
+    """Each money cap counts each cancelled generation at its bill (the stand-in bills
+    them): the run stops at the cap (exit 3), having spent no more than it, every cent on a
     record or failure line."""
     full = quarantine_run(standin, tmp_path, "full", bill_cancelled=True)
-    cap = round(full[3]["spend_this_run"] * 0.6, 6)
+    usd = round(full[3]["spend_this_run"] * 0.6, 6)
     server, records, failures, summary, r = quarantine_run(
-        standin, tmp_path, "capped", "--max-cost", str(cap), bill_cancelled=True)
-    assert r.code == 3, r.stderr
+        standin, tmp_path, "capped", *CAPS[cap](tmp_path, usd), bill_cancelled=True)
+    assert r.code == 3 and cap_reached(cap) in r.stderr, r.stderr
     billed = sum(x["cost"] for x in server.ledger())
-    assert billed <= cap
+    assert billed <= usd
     assert cancelled_refusals(records, failures)  # (the cap met with cancels among them)
     money_is_exact(server, records, failures)
     assert summary["spend_this_run"] == pytest.approx(billed, rel=1e-9)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from conftest import kp, read_jsonl, write_jsonl
-from helpers import billed
+from helpers import CAPS, billed, cap_reached
 from test_infer import infer, make_prompts
 
 
@@ -194,17 +194,18 @@ def _recorded(*paths) -> float:
     return total
 
 
-def test_max_cost_holds_when_half_the_answers_show_no_cost_in_a_run_and_a_rerun(standin, tmp_path):
+@pytest.mark.parametrize("cap", list(CAPS))
+def test_each_cap_holds_when_half_the_answers_show_no_cost_in_a_run_and_a_rerun(standin, tmp_path, cap):
     """Half the answers' usage has no `cost` (it is in /generation only, after a delay):
     each is booked at its estimate at once, its real figure read and written into its
     record. Booked as $0 instead, they let --max-cost 0.03 bill 0.0583."""
     server = standin(ledger=True, price_scale=5, no_cost=0.5, generation_delay=0.3)
     prompts = make_prompts(tmp_path / "p.jsonl", 40)
     out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
-    flags = ("-o", out, "--max-cost", "0.03", "--max-tokens", "200", "--concurrency", "4",
+    flags = ("-o", out, *CAPS[cap](tmp_path, 0.03), "--max-tokens", "200", "--concurrency", "4",
              "--summary-json", summary)
     r = infer(server, prompts, *flags)
-    assert r.code == 3 and "--max-cost reached" in r.stderr, r.stderr
+    assert r.code == 3 and cap_reached(cap) in r.stderr, r.stderr
     assert billed(server) <= 0.03
     records = read_jsonl(out)
     by_id = {x["generation_id"]: x["cost"] for x in server.ledger()}

@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 from conftest import BIN, read_jsonl, write_jsonl
-from helpers import billed, money_is_exact, time_left
+from helpers import CAPS, billed, cap_reached, money_is_exact, time_left
 from test_infer import infer, make_prompts
 from test_make import make
 
@@ -171,12 +171,6 @@ def test_make_all_keeps_total_cost_across_three_datasets_with_answers_refused(st
 
 
 # -- every cap x every path a paid answer takes (docs/money.md's table) ----------------------
-CAPS = {
-    "max-cost": lambda tmp, usd=CAP: ("--max-cost", f"{usd}"),
-    "total-cost": lambda tmp, usd=CAP: ("--total-cost", f"{usd}"),
-    "total-cost-shared": lambda tmp, usd=CAP: ("--total-cost", f"{usd}", "--reservations",
-                                               tmp / "total-cost.json"),
-}
 
 
 def mixed_prompts(path, singles: int, tagged: int, conversations: int):
@@ -210,9 +204,9 @@ def test_each_cap_holds_on_every_path_a_paid_answer_takes(standin, tmp_path, cap
     out, failures = tmp_path / "r.jsonl", tmp_path / "f.jsonl"
     r = infer(server, source, "-o", out, "--failures", failures, "--max-attempts", "2",
               "--tokenizer", TOKENIZER, "--identity-strikes", "100000",
-              "--concurrency", "50", *FLAGS, *CAPS[cap](tmp_path), timeout=time_left())
+              "--concurrency", "50", *FLAGS, *CAPS[cap](tmp_path, CAP), timeout=time_left())
     assert billed(server) <= CAP, f"{cap}: billed {billed(server):.4f} under a {CAP} cap"
-    assert r.code == 3 and f"--{cap.removesuffix('-shared')} reached" in r.stderr, r.stderr
+    assert r.code == 3 and cap_reached(cap) in r.stderr, r.stderr
     records = read_jsonl(out)
     failed = read_jsonl(failures) if failures.exists() else []
     cut = {x["generation_id"] for x in server.ledger() if x.get("fault") == "usagecut"}
@@ -258,22 +252,46 @@ def test_each_cap_counts_answers_rescued_from_a_full_output(standin, tmp_path, c
 
 
 def test_every_cell_of_docs_money_table_names_a_test_that_exists():
-    """docs/money.md's cap x path table: each test it names is defined (with its parameter
-    where it names one), so a renamed or deleted test leaves no cell held by nothing."""
+    """docs/money.md's cap x path table: each test a cell names, with the parameter it
+    names ("the same `[cap]`": the test of the cell to its left, under this column's cap), is
+    one pytest collects, so a renamed or deleted test or parameter leaves no cell held by
+    nothing; a cell names a test or says why none applies."""
     import re
+    import sys
 
     from conftest import REPO
     text = (REPO / "docs" / "money.md").read_text()
     table = text[text.index("## Every cap on every path"):text.index("## An answer whose usage")]
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(rows) >= 12
-    sources = {p.name: p.read_text() for p in (REPO / "tests").glob("test_*.py")}
-    named = set()
+    files = sorted({f"tests/{f}" for f in re.findall(r"tests/(test_\w+\.py)", table)}
+                   | {"tests/test_money_paths.py"})
+    collected = subprocess.run([sys.executable, "-m", "pytest", "-q", "--co", "-p", "no:xdist", *files],
+                               cwd=REPO, capture_output=True, text=True, timeout=120).stdout
+    ids = {x.split("::", 1)[1] for x in collected.splitlines() if "::" in x}
+    # a name, "...its_tail" (abbreviated, the row above names it whole) or `[param]` alone
+    ref = re.compile(r"(\.\.\.)?(test_\w+?|(?<=\.\.\.)\w+?)?(\.\.\.)?(\[[\w-]+\])?`")
+    reasons = ("per run", "(as at 50)", "not shared", "not a build's path")
+    named = 0
     for row in rows:
-        cells = row.split(" | ")[1:]
-        assert all(c.strip() for c in cells), row  # no empty cell
-        for name in re.findall(r"\b(test_\w+?)(?:\[|`|\.\.\.)", row):
-            named.add(name)
-    assert named
-    for name in named:
-        assert any(re.search(rf"def {name}\w*\(", src) for src in sources.values()), name
+        left = None
+        for cell in row.strip(" |").split(" | ")[1:]:
+            found = []
+            for dots, name, more, param in ref.findall(cell):
+                if not name and param and left:  # "the same `[cap]`"
+                    name = left
+                if not name:
+                    continue
+                want = name + param
+                if dots or more:  # abbreviated: the end of a name (with its parameter)
+                    match = [i for i in ids if i.endswith(want) or i.startswith(name) and param
+                             and i.endswith(param) or not param and name in i]
+                else:
+                    match = [i for i in ids if i == want or i.startswith(want + "[")]
+                assert match, f"{row}: {want} is collected by no test"
+                found.append(match[0].split("[")[0])
+            assert found or cell.strip().startswith(reasons) or cell.strip() == "the same", row
+            # ("the same" alone: the test of the cell above, this column's parameter)
+            left = found[0] if found else left
+            named += len(found)
+    assert named >= 25  # (28 when written)
