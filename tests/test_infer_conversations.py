@@ -19,6 +19,8 @@ from conftest import BIN, TOKENIZER_KINDS, kp, read_jsonl, tokenize_in_process, 
 from helpers import wait_for, whole_lines
 from test_infer import infer
 
+from kimipipe.recorded.asked import answers_prompt, prompt_key
+from kimipipe.records import Message
 from kimipipe.standin.answers import answer_for_request, history_sha256
 
 # Words the source's own assistant answers held: kp-prompts drops them, and no request
@@ -407,3 +409,193 @@ def test_make_all_with_turns_all_builds_shards_of_whole_conversations(standin, t
     assert r.returncode == 2, r.stderr + r.stdout
     assert "sampling.temperature 1.0" in r.stderr and "--allow-mixed" in r.stderr
     assert server.stats()["requests"] == sent
+
+
+def current_turns(records, prompts_path):
+    """The records asked on the prompts as PROMPTS_PATH holds them now: per conversation,
+    turn k's record whose messages are the prompt's, each earlier current turn's answer and
+    the prompt's follow-ups (rebuilt from the records alone, turn by turn)."""
+    prompts = {p["id"]: p for p in read_jsonl(prompts_path)}
+    out: dict[str, dict[int, dict]] = {}
+    for cid, prompt in prompts.items():
+        turns: dict[int, dict] = {}
+        for k in range(1, 2 + len(prompt["follow_ups"])):
+            history = expected_history(prompt, turns, k)
+            asked = [x for x in records if x.get("conversation") == cid and x["turn"] == k
+                     and x["messages"] == history]
+            if not asked:
+                break
+            assert len(asked) == 1, f"{cid}#{k} answered twice on the same history"
+            turns[k] = asked[0]
+        out[cid] = turns
+    return out
+
+
+def fix_conversations(path):
+    """A source fixed under the same IDs: c0001's opening, c0002's second follow-up (its
+    turn 3), c0003's first (its turn 2); c0000 as it was. The turns each asks again."""
+    rows = read_jsonl(path)
+    rows[1]["messages"][-1]["content"] += " (fixed)"
+    rows[2]["follow_ups"][1] += " (fixed)"
+    rows[3]["follow_ups"][0] += " (fixed)"
+    write_jsonl(path, rows)
+    return {"c0001": [1, 2, 3], "c0002": [3], "c0003": [2, 3]}
+
+
+def test_a_conversation_fixed_under_its_id_is_asked_again_from_the_turn_that_changed(
+        standin, tmp_path):
+    """A conversation whose opening is fixed is asked again from turn 1; one whose k-th
+    follow-up is fixed from turn k+1, on its earlier turns (the model's own answers to the
+    same messages). Exactly those turns are paid; the old turns stay in the output (paid,
+    in the spend), are never taken as history, and kp-tokenize --prompts trains on the
+    current turns alone; a rerun sends nothing."""
+    server = standin(ledger=True, request_log=True)
+    prompts = make_conversations(tmp_path / "p.jsonl", 4, turns=3)
+    out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
+    r = infer(server, prompts, "-o", out)
+    assert r.code == 0, r.stderr
+    before = out.read_bytes()
+    assert len(server.ledger()) == 12
+    again = fix_conversations(prompts)
+    # --plan counts the turns to send
+    r = infer(server, prompts, "-o", out, "--plan", "--json")
+    assert r.code == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["requests"]["todo"] == 6 and plan["requests"]["conversations_todo"] == 3
+    assert plan["prompts"]["todo"] == 3 and plan["prompts"]["done"] == 1
+    r = infer(server, prompts, "-o", out, "--summary-json", summary)
+    assert r.code == 0, r.stderr
+    said = " ".join(r.stderr.split())
+    assert "turns of 3 conversation(s)" in said and "'c0001', asked again from turn 1" in said
+    # exactly the re-asked turns were paid, each once
+    ledger = server.ledger()
+    assert len(ledger) == 12 + 6
+    records = read_jsonl(out)
+    assert out.read_bytes().startswith(before) and len(records) == 18  # the old turns stay
+    new = records[12:]
+    assert sorted((x["conversation"], x["turn"]) for x in new) == sorted(
+        (c, k) for c, ks in again.items() for k in ks)
+    current = current_turns(records, prompts)
+    assert all(sorted(turns) == [1, 2, 3] for turns in current.values())
+    for cid, turns in current.items():  # the earlier turns that still match are reused
+        assert [k for k, x in turns.items() if x in new] == again.get(cid, [])
+    kept = [x for turns in current.values() for x in turns.values()]
+    assert_chained(kept, prompts, server.requests())
+    s = json.loads(summary.read_text())
+    assert s["done"] == 6 and s["skipped"] == 1
+    assert s["conversations"] == {"turns_by_number": {"1": 1, "2": 2, "3": 3}, "done": 3,
+                                  "cut": 0, "turns_not_sent": 0}
+    assert s["spend_total"] == pytest.approx(sum(x["usage"]["cost"] for x in records))
+    assert "kp-infer: 6/6, conversations 3 done, 0 in progress" in r.stderr
+    # a rerun sends nothing, and says nothing is asked again
+    r = infer(server, prompts, "-o", out)
+    assert r.code == 0, r.stderr
+    assert len(server.ledger()) == 18 and len(server.requests()) == 18
+    assert "asked again" not in r.stderr and len(read_jsonl(out)) == 18
+    # kp-tokenize --prompts: the current turns' rows alone, each its own answer's
+    tokens = tmp_path / "t.jsonl"
+    r = tokenize_in_process(out, "--tokenizer", TOKENIZER_KINDS["fast"], "-o", tokens,
+                            "--workers", "1", "--prompts", prompts)
+    assert r.code == 0, r.stderr
+    assert sorted((t["id"], t["generation_id"]) for t in read_jsonl(tokens)) == sorted(
+        (x["id"], x["generation_id"]) for x in kept)
+
+
+def test_kill_9_mid_reask_then_resume_asks_every_turn_once(standin, tmp_path):
+    """Every conversation's opening fixed; the re-ask is killed (-9) once 8 of its 18 turns
+    are written and the next ones wait at the stand-in's gate (never answered, never
+    paid). The resume goes on from the new turns written, never from the old ones: every
+    turn of the new versions paid exactly once, chained on the new answers."""
+    server = standin(ledger=True, request_log=True)
+    prompts = make_conversations(tmp_path / "p.jsonl", 6, turns=3)
+    out = tmp_path / "r.jsonl"
+    r = infer(server, prompts, "-o", out)
+    assert r.code == 0, r.stderr
+    rows = read_jsonl(prompts)
+    for row in rows:
+        row["messages"][-1]["content"] += " (fixed)"
+    write_jsonl(prompts, rows)
+    server.configure(hold_after=18 + 8)
+    env = {**os.environ, "OPENROUTER_API_KEY": server.api_key}
+    proc = subprocess.Popen([str(BIN / "kp-infer"), str(prompts), "-o", str(out), "--base-url",
+                             server.base_url, "--concurrency", "6", "--quiet"], env=env)
+    try:
+        wait_for(lambda: len(whole_lines(out)) == 26 and server.stats()["held"] >= 1
+                 or proc.poll() is not None, "8 new turns written and the next held", 60)
+        assert proc.poll() is None, "the run ended before the gate"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    server.configure(hold_after=None)
+    first = read_jsonl(out)
+    assert len(first) == 26 and any(x["turn"] > 1 for x in first[18:])
+    assert len(server.ledger()) == 26
+    r = infer(server, prompts, "-o", out, "--concurrency", "6")
+    assert r.code == 0, r.stderr
+    records = read_jsonl(out)
+    assert len(records) == 36 and records[:26] == first
+    assert len(server.ledger()) == 36  # each new turn paid once
+    ids = [x["id"] for x in records]
+    assert all(ids.count(i) == 2 for i in ids)
+    current = current_turns(records, prompts)
+    assert all(sorted(turns) == [1, 2, 3] for turns in current.values())
+    kept = [x for turns in current.values() for x in turns.values()]
+    assert all(x in records[18:] for x in kept)
+    assert_chained(kept, prompts, server.requests())
+
+
+def test_a_conversation_given_more_or_fewer_follow_ups_goes_on_or_ends_as_the_input_says(
+        standin, tmp_path):
+    """The turns a conversation has are the input's now: one given a third follow-up is
+    asked its turn 4 on its three turns; one whose last follow-up is gone ends at turn 2,
+    and its turn 3 (asked on a user turn the input no longer holds) is not trained on."""
+    server = standin(ledger=True)
+    prompts = make_conversations(tmp_path / "p.jsonl", 2, turns=3)
+    out = tmp_path / "r.jsonl"
+    r = infer(server, prompts, "-o", out)
+    assert r.code == 0, r.stderr
+    rows = read_jsonl(prompts)
+    rows[0]["follow_ups"].append("follow-up 4 of c0000")
+    rows[1]["follow_ups"].pop()
+    write_jsonl(prompts, rows)
+    r = infer(server, prompts, "-o", out)
+    assert r.code == 0, r.stderr
+    assert "1 skipped" in r.stderr
+    records = read_jsonl(out)
+    assert [x["id"] for x in records[6:]] == ["c0000#4"] and len(server.ledger()) == 7
+    turns = by_conversation(records)["c0000"]
+    assert records[6]["messages"] == expected_history(rows[0], turns, 4)
+    r = infer(server, prompts, "-o", out)
+    assert r.code == 0 and len(server.ledger()) == 7
+    tokens = tmp_path / "t.jsonl"
+    r = tokenize_in_process(out, "--tokenizer", TOKENIZER_KINDS["fast"], "-o", tokens,
+                            "--workers", "1", "--prompts", prompts)
+    assert r.code == 0, r.stderr
+    assert sorted(t["id"] for t in read_jsonl(tokens)) == [
+        "c0000#1", "c0000#2", "c0000#3", "c0000#4", "c0001#1", "c0001#2"]
+
+
+def test_a_turn_answers_a_prompt_only_as_it_is_asked_now():
+    """recorded/asked.py `answers_prompt`, the one test kp-infer's resume and kp-tokenize
+    --prompts apply: turn k's messages are the prompt's opening, then for each earlier turn
+    an assistant answer (any) and the next follow-up as a user turn."""
+    def m(role, content):
+        return Message(role=role, content=content)
+
+    opening = [m("system", "Be brief."), m("user", "why?")]
+    key = prompt_key(opening, ["and then?", "so?"])
+    assert key.turns == 3
+    turn3 = [*opening, m("assistant", "A"), m("user", "and then?"), m("assistant", "B"),
+             m("user", "so?")]
+    for k in (1, 2, 3):
+        assert answers_prompt(key, turn3[:2 * k])
+    assert not answers_prompt(key, [*turn3, m("assistant", "C"), m("user", "so?")])  # no turn 4
+    assert not answers_prompt(key, turn3[:5])  # a trailing answer is no turn
+    assert not answers_prompt(key, [m("user", "why?"), *turn3[2:]])  # the opening differs
+    assert not answers_prompt(key, [*opening, m("assistant", "A"), m("user", "and then!")])
+    assert not answers_prompt(key, [*opening, m("user", "A"), m("user", "and then?")])  # roles
+    assert not answers_prompt(key, [*opening, m("assistant", "A"), m("assistant", "and then?")])
+    assert not answers_prompt(key, opening[1:])  # fewer messages than its opening
+    single = prompt_key(opening)
+    assert answers_prompt(single, opening) and single.turns == 1
+    assert not answers_prompt(single, turn3[:4])

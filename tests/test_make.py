@@ -682,3 +682,60 @@ def test_a_prompt_fixed_under_its_id_is_asked_again_and_only_its_new_answer_trai
     rows = {row["id"]: row for f in sorted(shards.glob("D1-*.jsonl.zst")) for row in read_jsonl(f)}
     assert sorted(rows) == sorted(c["id"] for c in conversations)
     assert rows[fixed]["input_ids"] == new["input_ids"] + new["output_ids"]
+
+
+def test_a_conversation_fixed_under_its_id_is_asked_again_from_the_turn_that_changed(
+        standin, tmp_path):
+    """A source of three-turn conversations fixed under the same IDs: one conversation's
+    opening message, another's second follow-up. make all asks the first again from turn 1
+    and the second from turn 3 (on its turns 1 and 2, which still match), each turn once;
+    the old turns stay in the responses file (paid for, in the spend), and the tokens file
+    and the shards hold the current turns alone; another make all pays nothing."""
+    conversations = [{"id": f"conv-{i}", "conversations": [
+        {"from": "human", "value": f"Conversation {i}: what is {i} squared?"},
+        {"from": "gpt", "value": "An answer."},
+        {"from": "human", "value": f"And {i} cubed? ({i})"},
+        {"from": "gpt", "value": "Another."},
+        {"from": "human", "value": f"Now say it in words. ({i})"},
+        {"from": "gpt", "value": "A third."}]} for i in range(4)]
+    source = tmp_path / "s.json"
+    source.write_text(json.dumps(conversations))
+    server = standin(ledger=True, tokenizer=TOKENIZER)
+    work, shards = tmp_path / "work", tmp_path / "shards" / "D1"
+    r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS="all")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert len(server.ledger()) == 12
+    before = (work / "D1.responses.jsonl").read_bytes()
+    conversations[1]["conversations"][0]["value"] += " (fixed)"  # its opening: from turn 1
+    conversations[2]["conversations"][4]["value"] += " (fixed)"  # its 2nd follow-up: turn 3
+    source.write_text(json.dumps(conversations))
+    r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS="all")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert len(server.ledger()) == 12 + 4  # the re-asked turns paid, no other
+    raw = (work / "D1.responses.jsonl").read_bytes()
+    answers = read_jsonl(work / "D1.responses.jsonl")
+    assert raw.startswith(before) and len(answers) == 16  # the old turns stay
+    new = answers[12:]
+    assert sorted(a["id"] for a in new) == ["conv-1#1", "conv-1#2", "conv-1#3", "conv-2#3"]
+    assert new[0]["messages"][-1]["content"].endswith("(fixed)")
+    summary = json.loads((work / "D1.infer-summary.json").read_text())
+    assert summary["spend_total"] == pytest.approx(sum(a["usage"]["cost"] for a in answers))
+    # the current turns: the old ones of conv-0 and conv-3, conv-1's new ones, conv-2's old
+    # turns 1 and 2 with its new turn 3
+    current = {a["id"]: a for a in answers[:12] if a["conversation"] in ("conv-0", "conv-3")
+               or a["id"] in ("conv-2#1", "conv-2#2")}
+    current.update({a["id"]: a for a in new})
+    tokens = read_jsonl(work / "D1.tokens.jsonl.zst")
+    assert sorted((t["id"], t["generation_id"]) for t in tokens) == sorted(
+        (a["id"], a["generation_id"]) for a in current.values())
+    rows = {}
+    for f in sorted(shards.glob("D1-*.jsonl.zst")):
+        for row in read_jsonl(f):
+            assert row["id"] not in rows
+            rows[row["id"]] = row
+    assert sorted(rows) == sorted(current)
+    for t in tokens:
+        assert rows[t["id"]]["input_ids"] == t["input_ids"] + t["output_ids"]
+    r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS="all")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert len(server.ledger()) == 16 and len(read_jsonl(work / "D1.responses.jsonl")) == 16

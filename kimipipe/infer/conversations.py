@@ -26,6 +26,23 @@ last turn's record (its messages as sent, and its answer). Memory holds, per unf
 conversation, that one record; finished ones are IDs. A failed turn is not in the output,
 so a rerun sends it again and the conversation goes on.
 
+Only the turns asked on the conversation as the input holds it now count: a turn record
+is the conversation's if its messages as sent are the prompt's messages, then for each
+earlier turn an answer and the prompt's next follow-up (recorded/asked.py
+`answers_prompt`, the test kp-tokenize --prompts applies to choose the turns it trains
+on). A conversation fixed under its ID (a typo corrected in its opening, or in its
+follow-up k, and kp-prompts run again) is so asked again from its first turn whose
+messages changed: turn 1 if the opening did, else turn k+1, on its turns 1..k, which
+still match and are kept as its history. They are reused rather than asked again: they
+are the model's own answers to the very messages the conversation sends now, under the
+same recipe (`recipe_mismatch`), so asking them again would pay for an answer of the
+same kind, and kp-tokenize --prompts trains on them by the same test. The old turns from
+there on stay in the output (paid for, counted in the spend) and are never taken as any
+conversation's history; their IDs recur in the output, each answered again beside them
+(told apart by `generation_id`). The turns a conversation has are the input's now: one
+given more follow-ups goes on after its last turn; one given fewer ends at its last turn
+the input still asks.
+
 A resume does not mix recipes (`recipe_mismatch`): every record says how it was asked for
 (`model`, `sampling` with the reasoning object, and on a turn `history_reasoning`); a run
 whose settings differ from what the output holds is refused (exit 2), naming the
@@ -37,7 +54,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 from msgspec import Raw, Struct
@@ -46,6 +63,7 @@ from ..contracts import SummaryConversations
 from ..errors import ExitCode, InputError, KPError
 from ..io import describe_decode_error, iter_lines
 from ..openrouter.attempt import Attempt
+from ..recorded.asked import PromptKey, answers_prompt
 from ..records import (
     Message,
     Prompt,
@@ -230,8 +248,20 @@ class _TurnBody(Struct):
     response: ResponseText
 
 
+class _AskedMessage(Struct):
+    role: str
+    content: str
+
+
+class _TurnAsked(Struct):
+    """What tells whose turn a record is: the messages it was asked with (role, content)."""
+
+    messages: list[_AskedMessage]
+
+
 _head_decoder = msgspec.json.Decoder(_RecordHead)
 _body_decoder = msgspec.json.Decoder(_TurnBody)
+_asked_decoder = msgspec.json.Decoder(_TurnAsked)
 
 
 @dataclass
@@ -276,6 +306,15 @@ class OutputConversations:
     answers: int = 0  # records read (turns or not), and their tokens: what --plan measures
     completion_tokens: int = 0
     reasoning_tokens: int = 0
+    # the input's conversations with turns there asked on another version of them (fixed
+    # under the same id): those turns are no conversation's history
+    replaced: set[str] = field(default_factory=set)
+
+    def asked_again(self) -> dict[str, int]:
+        """The conversations fixed under their IDs that are not finished as they are now,
+        each with the turn they are asked again from (the first whose messages changed)."""
+        return {c: (self.open[c].turn + 1 if c in self.open else 1)
+                for c in sorted(self.replaced) if c not in self.finished}
 
     def mean_history_answer(self, history_reasoning: str) -> float | None:
         """The tokens an earlier answer adds to a later turn's prompt, as measured: its
@@ -300,15 +339,21 @@ def _decode(decoder, line: bytes, path: str, lineno: int):
         raise InputError(describe_decode_error(e, True), path, lineno) from None
 
 
-def scan_output(path: str) -> OutputConversations:
+def scan_output(path: str, current: dict[str, PromptKey] | None = None) -> OutputConversations:
     """Group OUTPUT's turn records by conversation, in two passes: the first reads each
     record's head (id, recipe, conversation, turn) and keeps, per unfinished
     conversation, the line number of its last turn; the second decodes only those lines.
     A last line without its newline (being written by another process, as `--plan`
-    reads it) is left alone."""
+    reads it) is left alone.
+
+    CURRENT: the input's conversations (their PromptKeys): a turn of one of them counts
+    only if it was asked on it as it is now (`answers_prompt`: else it is an old
+    version's, in `replaced`, and no history), and the conversation's turns are its
+    current ones. Conversations the input does not hold count as their records say."""
     found = OutputConversations(set(), 0, {}, 0, Counter())
     if path == "-" or not os.path.exists(path):
         return found
+    current = current or {}
     last: dict[str, tuple[int, int]] = {}  # conversation -> (its last turn there, line number)
     for lineno, line, ended in iter_lines(path):
         if not ended:
@@ -323,9 +368,15 @@ def scan_output(path: str) -> OutputConversations:
         if conv is None or head.turn is None:
             continue
         found.turns += 1
+        turns = head.turns
+        if (key := current.get(conv)) is not None:
+            if not answers_prompt(key, _decode(_asked_decoder, line, path, lineno).messages):
+                found.replaced.add(conv)  # asked on an earlier version of it: kept, not history
+                continue
+            turns = key.turns
         if conv in found.finished:
             continue
-        if head.finish_reason == "length" or (head.turns is not None and head.turn >= head.turns):
+        if head.finish_reason == "length" or (turns is not None and head.turn >= turns):
             found.finished.add(conv)
             found.cut += head.finish_reason == "length"
             last.pop(conv, None)

@@ -5,7 +5,9 @@ time, as it sends), then checks every line (`validate_input`): its format, dupli
 empty messages, no user turn, an empty follow-up. A bad line stops the command (`PATH:LINE`,
 exit 2) before any money is spent. The pass keeps only the IDs, the turns of each
 conversation, a digest of each prompt's messages (a prompt fixed under its id is
-asked again: infer/resume.py) and a few sums (bytes and a token bound, for `--plan`):
+asked again: infer/resume.py) and of each conversation's messages and follow-ups (a
+conversation fixed under its id is asked again from the turn that changed:
+infer/conversations.py `scan_output`) and a few sums (bytes and a token bound, for `--plan`):
 `InputScan`.
 `--sample N` keeps the N prompts whose SHA-256 of id is smallest (`stable_sample`: the same
 prompts in every run, so a pilot's answers are part of the final data).
@@ -21,7 +23,7 @@ import msgspec
 from ..errors import InputError
 from ..ids import sample_key
 from ..io import iter_records, spool_stdin
-from ..recorded.asked import prompt_digest
+from ..recorded.asked import PromptKey, prompt_digest, prompt_key
 from ..records import Prompt
 from .budget import MESSAGE_OVERHEAD_TOKENS, prompt_token_bound
 from .conversations import turn_count
@@ -51,6 +53,9 @@ class InputScan:
     # a prompt's id -> its messages' digest (recorded/asked.py): an answer in the output to
     # the same id asked otherwise (a source fixed under its ids) is not its answer
     asked: dict[str, bytes] = field(default_factory=dict)
+    # a conversation's id -> its messages' and follow-ups' digests: which of the output's
+    # turns were asked on it as it is now (recorded/asked.py `answers_prompt`)
+    conversations: dict[str, PromptKey] = field(default_factory=dict)
 
     def turns_of(self, prompt_id: str) -> int:
         return self.turns.get(prompt_id, 1)
@@ -88,6 +93,7 @@ def validate_input(path: str, shown: str) -> InputScan:
     first_line: dict[str, int] = {}
     turns: dict[str, int] = {}
     asked: dict[str, bytes] = {}
+    conversations: dict[str, PromptKey] = {}
     requests = _Requests()
     prompt_bytes = 0
     token_bound = 0
@@ -113,10 +119,11 @@ def validate_input(path: str, shown: str) -> InputScan:
         requests.add(prompt)
         if prompt.follow_ups:
             turns[prompt.id] = turn_count(prompt)
+            conversations[prompt.id] = prompt_key(prompt.messages, prompt.follow_ups)
         asked[prompt.id] = prompt_digest(prompt.messages)
     return InputScan(path, shown, set(first_line), records, prompt_bytes, token_bound, turns,
                      requests.n, requests.bytes, requests.token_bound, requests.answers,
-                     largest, asked)
+                     largest, asked, conversations)
 
 
 def stable_sample(ids: set[str], n: int) -> set[str]:

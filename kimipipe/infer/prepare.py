@@ -87,7 +87,8 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     in_part = [i for i in scan.ids if in_partition(i, config.files.partition) and (sample is None or i in sample)]
     skipped = sum(1 for i in in_part if i in done)
     todo_ids = [i for i in in_part if i not in done]
-    # what is left of each conversation: the turns OUTPUT holds are not asked again
+    # what is left of each conversation: the turns OUTPUT holds of it as it is now are not
+    # asked again (a conversation fixed under its id: from the turn that changed)
     turns_todo = sum(scan.turns_of(i) - (conversations.open[i].turn if i in conversations.open
                                          else 0) for i in todo_ids)
     conversations_todo = sum(1 for i in todo_ids if i in scan.turns)

@@ -9,15 +9,19 @@
   run, exit 2, naming both (recorded/api.py): offline answers never pass for real ones.
 - The conversations' turns OUTPUT holds (infer/conversations.py): they were asked under
   this run's recipe, and no conversation of the input is answered there as a single
-  prompt (`check_no_single_answers`).
+  prompt (`check_no_single_answers`). Only the turns asked on a conversation as the input
+  holds it now are its history (`scan_output` with the input's conversations).
 - Answers OUTPUT holds to prompts the input does not (a changed source's) are kept, as
   paid work, and said (`note_answers_to_other_prompts`): kp-tokenize --prompts leaves them
   out of the training data.
 - A single prompt fixed under its old ID (its messages are not those its answers in OUTPUT
   were asked with: recorded/asked.py) is not done: it is asked again, its new answer
   written beside the old one, which stays, paid for and counted in the spend, and is left
-  out of the training data by kp-tokenize --prompts (`changed_prompts`). A conversation's
-  turns are resumed, never replaced: one fixed under its ID is said, not asked again.
+  out of the training data by kp-tokenize --prompts (`changed_prompts`). A conversation
+  fixed under its ID (its opening or a follow-up) is asked again from its first turn whose
+  messages changed, on its earlier turns, which still match (infer/conversations.py); its
+  old turns from there on stay, paid for and counted in the spend, and kp-tokenize
+  --prompts leaves them out (`note_conversations_asked_again`).
 - The providers an earlier run quarantined for identity stay ignored
   (`take_in_quarantine`).
 
@@ -74,7 +78,7 @@ def read_previous_work(config: RunConfig, scan: InputScan, say: Callable[[str], 
     taken_in = 0 if config.plan else take_in_rescued(config.files, say)
     done, spent, tokens = previous_work(config.files.output, config.files.failures, say, repair=not config.plan,
                                         api=config.sending.apis)
-    conversations = scan_output(config.files.output)
+    conversations = scan_output(config.files.output, scan.conversations)
     check_recipe(conversations.recipes, config.request.model,
                  config.request.sampling(config.policy), config.history_reasoning,
                  config.files.output, config.files.allow_mixed, say,
@@ -82,6 +86,7 @@ def read_previous_work(config: RunConfig, scan: InputScan, say: Callable[[str], 
     check_no_single_answers(scan, done, conversations, config.files, say)
     note_answers_to_other_prompts(scan, done, config.files, say)
     done -= changed_prompts(scan, done, config.files, say)
+    note_conversations_asked_again(scan, conversations, config.files, say)
     done |= conversations.finished  # a finished conversation is done as a whole
     for extra in config.files.done_files:
         if not os.path.exists(extra):
@@ -160,7 +165,6 @@ class _Asked(msgspec.Struct):
     id: str
     messages: list[Message]
     conversation: str | None = None
-    turn: int | None = None
 
 
 _asked_decoder = msgspec.json.Decoder(_Asked)
@@ -169,18 +173,15 @@ _asked_decoder = msgspec.json.Decoder(_Asked)
 def changed_prompts(scan: InputScan, done: set[str], files: Files,
                     say: Callable[[str], None]) -> set[str]:
     """The single prompts of the input that OUTPUT answers only as they were asked before
-    (a source fixed under the same IDs): to be asked again; said, with what stays."""
-    if files.output == "-" or not done or not os.path.exists(files.output):
+    (a source fixed under the same IDs): to be asked again; said, with what stays. (A
+    conversation's turns: `scan_output`, `note_conversations_asked_again`.)"""
+    if (files.output == "-" or not done or not os.path.exists(files.output)
+            or len(scan.turns) == len(scan.ids)):  # (conversations only: no single prompt)
         return set()
     matched: set[str] = set()
     seen: set[str] = set()
-    conversations: set[str] = set()
     for rec in finished_records(files.output, _asked_decoder):
-        if rec.conversation is not None:  # its first turn asks the prompt's messages
-            opening = scan.asked.get(rec.conversation)
-            if (opening is not None and rec.conversation in scan.turns and rec.turn == 1
-                    and prompt_digest(rec.messages) != opening):
-                conversations.add(rec.conversation)
+        if rec.conversation is not None:
             continue
         digest = scan.asked.get(rec.id)
         if digest is None or rec.id in scan.turns:  # (a conversation answered as a single
@@ -194,14 +195,24 @@ def changed_prompts(scan: InputScan, done: set[str], files: Files,
             f"were asked before (first: {changed[0]!r}; fixed under the same id?): asked again; "
             "the old answers stay there, paid for and counted in the spend, and `kp-tokenize "
             f"--prompts {scan.shown}` leaves them out of the training data (make does)")
-    if conversations:
-        first = sorted(conversations)[0]
-        say(f"kp-infer: warning: {files.output} holds {len(conversations):,} conversation(s) of "
-            f"{scan.shown} asked with other opening messages (first: {first!r}): a "
-            "conversation's turns are resumed, never replaced, so they are not asked again; "
-            "`kp-tokenize --prompts` leaves their turns out of the training data; to ask them "
-            "as they are now, write to another output")
     return set(changed)
+
+
+def note_conversations_asked_again(scan: InputScan, conversations: OutputConversations,
+                                   files: Files, say: Callable[[str], None]) -> None:
+    """Say the conversations of the input whose turns in OUTPUT were asked on another
+    version of them (fixed under the same ID) and which are asked again (from the turn
+    that changed: infer/conversations.py), with what stays."""
+    again = conversations.asked_again()
+    if not again or files.output == "-":
+        return
+    first, turn = next(iter(again.items()))
+    say(f"kp-infer: {files.output} holds turns of {len(again):,} conversation(s) of {scan.shown} "
+        f"asked with other messages (first: {first!r}, asked again from turn {turn}; fixed "
+        "under the same id?): each is asked again from its first turn whose messages changed, "
+        "on its earlier turns, which still match; the old turns stay there, paid for and "
+        f"counted in the spend, and `kp-tokenize --prompts {scan.shown}` leaves them out of "
+        "the training data (make does)")
 
 
 def take_in_quarantine(config: RunConfig, say: Callable[[str], None]) -> IdentityState:

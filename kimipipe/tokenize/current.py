@@ -8,14 +8,18 @@ reused, unpaid, if the old prompts come back. They must not be trained on.
 
 - `kp-tokenize --prompts FILE` tokenizes only the answers to FILE's prompts (`Prompts.holds`:
   the answer's prompt ID, a conversation turn's `conversation`, is in FILE, and its messages
-  start with that prompt's messages and user turns; a source fixed under the same IDs
-  changes them). The others are counted and said, never written. make passes the dataset's
-  prompts file.
+  are that prompt's messages, then for each earlier turn an answer and the prompt's next
+  follow-up: recorded/asked.py `answers_prompt`, the test kp-infer's resume applies too; a
+  source fixed under the same IDs changes them). The others are counted and said, never
+  written. make passes the dataset's prompts file.
 - A row is an answer's: kp-tokenize tells rows and answers by (id, generation_id), not by
   id alone (`scan_rows`), since a prompt fixed under its id is answered again (kp-infer
   asks it again: recorded/asked.py) and its old answer stays in the responses file under
   the same id. The new answer's row is made; the old answer's is then a row the input does
-  not give.
+  not give. A conversation fixed under its id is asked again from its first turn whose
+  messages changed (infer/conversations.py): its turns from there on are answered again
+  under their old turn ids, and their old answers' rows (and those of every later old
+  turn, asked on an old history) are rows the input does not give.
 - An output kp-tokenize resumes may hold rows its input no longer gives (an earlier input's,
   or an answer --prompts now leaves out). They are found at the end of the run (`stale_rows`:
   the output's rows minus those the input gave, which is all the run keeps in memory) and
@@ -32,7 +36,7 @@ import os
 import msgspec
 
 from ..io import iter_finished, iter_lines, iter_records, repair_and_report
-from ..recorded.asked import message_digest
+from ..recorded.asked import PromptKey, answers_prompt, prompt_key
 from ..records import Prompt
 from ..writers import AtomicOutput
 
@@ -66,29 +70,20 @@ def scan_rows(path: str, quiet: bool = False) -> set[Row]:
 
 class Prompts:
     """The prompts of a prompts file, as much as telling their answers apart needs: per ID,
-    a digest of each message and of each follow-up (8 bytes each)."""
+    a digest of each message and of each follow-up (recorded/asked.py `PromptKey`)."""
 
     def __init__(self, path: str):
         self.path = path
-        self._by_id: dict[str, tuple[tuple[bytes, ...], tuple[bytes, ...]]] = {}
+        self._by_id: dict[str, PromptKey] = {}
         for _lineno, prompt, _line in iter_records(path, _PROMPT_DECODER, expect="prompt"):
-            self._by_id[prompt.id] = (tuple(message_digest(m.role, m.content) for m in prompt.messages),
-                                      tuple(message_digest("user", f) for f in prompt.follow_ups))
+            self._by_id[prompt.id] = prompt_key(prompt.messages, prompt.follow_ups)
 
     def holds(self, record_id: str, conversation: str | None, messages) -> bool:
         """Whether an answer (its id, its `conversation` on a conversation's turn, and the
-        messages it was asked with) answers one of these prompts as they are now."""
+        messages it was asked with) answers one of these prompts as they are now: the test
+        kp-infer's resume applies to a conversation's turns (`answers_prompt`)."""
         known = self._by_id.get(conversation or record_id)
-        if known is None:
-            return False
-        prompt, follow_ups = known
-        asked = [message_digest(m.role, msgspec.to_builtins(m.content)) for m in messages]
-        if asked[:len(prompt)] != list(prompt):
-            return False
-        # a later turn's history: the prompt, then each earlier answer and the next user turn
-        later_users = [d for m, d in zip(messages[len(prompt):], asked[len(prompt):], strict=True)
-                       if m.role == "user"]
-        return later_users == list(follow_ups[:len(later_users)])
+        return known is not None and answers_prompt(known, messages)
 
 
 def stale_rows(done: set[Row], given: set[Row]) -> list[Row]:
