@@ -544,6 +544,40 @@ def test_kill_9_mid_reask_then_resume_asks_every_turn_once(standin, tmp_path):
     assert_chained(kept, prompts, server.requests())
 
 
+def test_a_reasked_turns_answer_in_the_rescue_file_is_taken_in_beside_the_old_turn(
+        standin, tmp_path):
+    """A run asking again the first turn of a conversation fixed under its id paid for its
+    answer and could not write it (the rescue file holds it, and a line the output holds
+    already). The next run takes the new answer in beside the old turn of the same id (an
+    answer is told by its id and the messages it was asked with, not its id alone), then
+    goes on from it: only turn 2 is asked again."""
+    import hashlib
+
+    server = standin(ledger=True)
+    prompts = make_conversations(tmp_path / "p.jsonl", 1, turns=2)
+    out, rescue = tmp_path / "r.jsonl", tmp_path / "rescue"
+    rescue.mkdir(mode=0o700)
+    r = infer(server, prompts, "-o", out, "--rescue", rescue)
+    assert r.code == 0, r.stderr
+    old = read_jsonl(out)
+    rows = read_jsonl(prompts)
+    rows[0]["messages"][-1]["content"] += " (fixed)"
+    write_jsonl(prompts, rows)
+    again = {**old[0], "messages": rows[0]["messages"],
+             "generation_id": old[0]["generation_id"] + "-again"}
+    digest = hashlib.sha256(str(out).encode()).hexdigest()[:16]
+    (rescue / f"r.jsonl.{digest}.jsonl").write_text(
+        json.dumps(old[1]) + "\n" + json.dumps(again) + "\n")
+    r = infer(server, prompts, "-o", out, "--rescue", rescue)
+    assert r.code == 0, r.stderr
+    assert "took in 1 answer " in r.stderr
+    records = read_jsonl(out)
+    assert records[:3] == [*old, again] and len(records) == 4
+    assert len(server.ledger()) == 3  # turn 2 alone was paid again
+    assert records[3]["id"] == "c0000#2"
+    assert records[3]["messages"] == expected_history(rows[0], {1: again}, 2)
+
+
 def test_a_conversation_given_more_or_fewer_follow_ups_goes_on_or_ends_as_the_input_says(
         standin, tmp_path):
     """The turns a conversation has are the input's now: one given a third follow-up is

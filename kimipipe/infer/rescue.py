@@ -19,8 +19,9 @@ same host, with the output at the same absolute path.
 
 Format: exactly the lines the target file would have held (JSON lines, plain even for a
 `.zst` target), so `cat RESCUE >> OUTPUT` does by hand what the next run does. Taking a
-file in appends the lines whose record is not in the target yet (by ID for the output; for
-the failures file, lines not already there), then removes the rescue file; a run stopped
+file in appends the lines whose record is not in the target yet (by ID and the messages
+asked, for the output: a prompt fixed under its ID is answered again under it; for the
+failures file, lines not already there), then removes the rescue file; a run stopped
 half-way through is safe to repeat.
 """
 
@@ -42,7 +43,8 @@ from ..io import (
     iter_lines,
     repair_and_report,
 )
-from ..records import Failure, IdOnly, Response, record_cost
+from ..recorded.asked import prompt_digest
+from ..records import Failure, IdOnly, Message, Response, record_cost
 from ..terminal import counted
 from .config import Files
 
@@ -110,7 +112,15 @@ class Rescue:
             self.writer = None
 
 
-_id_decoder = msgspec.json.Decoder(IdOnly)
+class _Answer(IdOnly):
+    """Which request a record answers: its id and the messages it was asked with (a prompt
+    fixed under its id, or a conversation's turn, is answered again under the same id, with
+    other messages: infer/resume.py)."""
+
+    messages: list[Message]
+
+
+_id_decoder = msgspec.json.Decoder(_Answer)
 _response_decoder = msgspec.json.Decoder(Response)
 _failure_decoder = msgspec.json.Decoder(Failure)
 
@@ -123,6 +133,9 @@ def take_in(target: str, rescue_dir: str | None, decoder: msgspec.json.Decoder, 
     file kept). BY_ID: a record whose ID is in TARGET already is not appended again (the
     output); else a line already in TARGET is not (the failures file). Returns (records
     appended, their cost). Run it with TARGET's lock held, after its torn tail is repaired.
+    An answer is told by its ID and the messages it was asked with (recorded/asked.py): the
+    new answer to a prompt (or turn) fixed under its ID and asked again is taken in beside
+    the old answer; a second answer to the same request is not.
     """
     path = rescue_path(target, rescue_dir)
     if not os.path.exists(path):
@@ -138,12 +151,12 @@ def take_in(target: str, rescue_dir: str | None, decoder: msgspec.json.Decoder, 
     have: set = set()
     if os.path.exists(target):
         for _lineno, line, _ended in iter_lines(target):
-            have.add(_id_decoder.decode(line).id if by_id else line)
+            have.add(_answer_key(_id_decoder.decode(line)) if by_id else line)
     added, cost = 0, 0.0
     writer = RecordWriter(target, append=True, durable=True)
     try:
         for record, line in rescued:
-            key = record.id if by_id else line
+            key = _answer_key(record) if by_id else line
             if key in have:
                 continue
             writer.write_line(line + b"\n")  # raises OutputWriteError: the rescue file stays
@@ -159,6 +172,10 @@ def take_in(target: str, rescue_dir: str | None, decoder: msgspec.json.Decoder, 
     else:
         say(f"kp-infer: removed {path}: its records are in {target} already")
     return added, cost
+
+
+def _answer_key(record) -> tuple[str, bytes]:
+    return record.id, prompt_digest(record.messages)
 
 
 def take_in_rescued(files: Files, say: Callable[[str], None]) -> int:
