@@ -7,6 +7,7 @@ and when the one wait stops the run."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +17,7 @@ from kimipipe.infer.config import Money
 from kimipipe.infer.disk import DiskGuard
 from kimipipe.infer.inflight import MoneyInFlight
 from kimipipe.infer.limiter import AdaptiveLimiter
+from kimipipe.infer.servers import Route
 from kimipipe.infer.state import RunState
 from kimipipe.kinds import Cap, StopReason
 from kimipipe.openrouter.routing import PriceBound
@@ -83,6 +85,35 @@ def test_a_ticket_holds_the_four_ledgers_and_gives_them_back_once():
         await ticket.close()
         await ticket.close()
         assert gate.ledgers() == (0, 0, 0, 0, 0) and gate.state.settled.is_set()
+
+    asyncio.run(scenario())
+
+
+def test_a_ticket_closed_twice_gives_back_its_own_share_once_and_its_server_slot():
+    """Two prompts in progress: the first one's ticket closed twice gives back the first
+    one's share once, never any of what the second holds; a --server prompt's ticket
+    (its route to the servers) frees its server slot as it closes."""
+
+    async def scenario():
+        gate = Gate(max_cost=1.0)
+        first, second = await gate.admit(1), await gate.admit(2)
+        assert first is not None and second is not None
+        await first.close()
+        await first.close()
+        assert gate.ledgers() == (1, round(second.reservation, 9), round(second.reservation, 9),
+                                  second.record_bound, 1)
+        await second.close()
+        assert gate.ledgers() == (0, 0, 0, 0, 0)
+
+        sources = SimpleNamespace(bound=0)  # what a Route counts its server slots on
+
+        async def no_probation():
+            return None
+        ticket = await gate.admission.admit(prompt(3), b'{"id": "p3"}', lambda: True,
+                                            lambda servers: Route(sources, servers), no_probation)
+        assert ticket is not None and ticket.reservation == 0 and sources.bound == 1
+        await ticket.close()
+        assert sources.bound == 0 and gate.ledgers() == (0, 0, 0, 0, 0)
 
     asyncio.run(scenario())
 

@@ -36,7 +36,8 @@ def test_a_control_tokens_string_that_is_also_a_text_token_is_not_taken_as_text(
     """In a byte-level vocabulary that holds a control token's string as a text token too
     (GPT-2's `<|endoftext|>`), tokens spelling that string inside the text would name the
     control token's ID: the row is not taken as sampled (`a control token inside the
-    text`), where the same text without it is."""
+    text`), where the same text without it is. So too for a control token the layout
+    does not place (`<|other|>`): no check of the layout's tokens finds it, its ID does."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -46,16 +47,20 @@ def test_a_control_tokens_string_that_is_also_a_text_token_is_not_taken_as_text(
     alphabet = byte_level_alphabet()
     vocab = {alphabet[b]: b for b in range(256)}
     vocab["<|end|>"] = 256
+    vocab["<|other|>"] = 257
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|end|>"])
+    tok.add_special_tokens(["<|end|>", "<|other|>"])
     codec = FastCodec(PreTrainedTokenizerFast(tokenizer_object=tok))
-    assert codec.control_ids == {256} and codec.text_token_ids([b"<|end|>"]) == [256]
+    assert codec.control_ids == {256, 257} and codec.text_token_ids([b"<|end|>"]) == [256]
     layout = {"<|end|>": 256}
     segments = [(False, "a<|end|>b"), (True, "<|end|>")]
     control_inside = align([b"a", b"<|end|>", b"b", b"<|end|>"], segments, layout, codec)
     assert control_inside.problem == CONTROL_IN_TEXT
+    other = align([b"a", b"<|other|>", b"b", b"<|end|>"], [(False, "a<|other|>b"), (True, "<|end|>")],
+                  layout, codec)
+    assert other.problem == CONTROL_IN_TEXT
     plain = align([b"a", b"b"], [(False, "ab"), (True, "<|end|>")], layout, codec)
     assert not plain.problem and plain.ids == [[97, 98], None]
 

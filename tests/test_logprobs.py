@@ -537,6 +537,59 @@ def test_a_split_character_two_cuts_fit_is_not_guessed(real_tokenizer):
     assert rows[1]["output_ids"][-4:] == ids_of(engine, [char[:1], char[1:2], char[2:]]) + [end]
 
 
+def byte_level_codec(*texts: bytes):
+    """A byte-level vocabulary of every byte, the multi-byte tokens TEXTS and one control
+    token, `<|end|>` (the tokenizers library's own BPE, as a tokenizer.json builds it)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from kimipipe.tokenize.codec import FastCodec, byte_level_alphabet
+
+    alphabet = byte_level_alphabet()
+    vocab = {alphabet[b]: b for b in range(256)}
+    for text in texts:
+        vocab["".join(alphabet[b] for b in text)] = len(vocab)
+    vocab["<|end|>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|end|>"])
+    return FastCodec(PreTrainedTokenizerFast(tokenizer_object=tok))
+
+
+def test_a_split_character_after_a_whole_one_is_cut_only_inside_the_character():
+    """vLLM gives the token that completes a character the bytes of the run, a whole
+    character before it included (` \xe6` then `\x9d\xb1` come as `bytes []` then ` 東`).
+    The only cut kept is the one whose first piece ends inside the character: a cut after
+    the space (` ` + `東`, both in the vocabulary) would have made vLLM give no empty token,
+    so it is not a second way, and the run is rebuilt."""
+    from kimipipe.tokenize.resegment import rebuild_split_characters
+
+    char = "東".encode()
+    codec = byte_level_codec(b" " + char[:1], char[1:], char)
+    assert None not in codec.text_token_ids([b" ", char, b" " + char[:1], char[1:]])
+    assert rebuild_split_characters([b"A", b"", b" " + char, b"."], codec) == (
+        [b"A", b" " + char[:1], char[1:], b"."], 0)
+
+
+def test_an_empty_token_before_ascii_is_no_split_character():
+    """An empty token before a token that ends no multi-byte character is a control
+    token's place (a provider giving `</think>` as an empty token), not a split character:
+    left as it came and not counted, so a row it stops is not said to be one (its reason
+    is what stopped it), where a row with a character left as it came is."""
+    from kimipipe.tokenize.resegment import SPLIT_CHARACTER, align, rebuild_split_characters
+
+    codec = byte_level_codec()
+    layout = {"<|end|>": max(codec.control_ids)}
+    tokens = [b"a", b"", b"b", b"<|end|>"]
+    assert rebuild_split_characters(tokens, codec) == (tokens, 0)
+    assert align(tokens, [(False, "ab"), (True, "<|end|>")], layout, codec).problem == NOT_SPELLED
+    char = "東".encode()
+    split = [b"a", b"", b"", b"", char, b"<|end|>"]  # more empty tokens than the character has bytes
+    assert rebuild_split_characters(split, codec) == (split, 1)
+    assert align(split, [(False, "a東"), (True, "<|end|>")], layout, codec).problem == SPLIT_CHARACTER
+
+
 def test_vllm_split_logprobs_through_kp_infer_are_the_sampled_ids(standin, tmp_path):
     """The stand-in's `vllm-split` provider gives a token ending inside a character `token
     ""`, `bytes []` and the completing one the whole character, as vLLM does: kp-infer keeps

@@ -20,7 +20,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, kp, write_jsonl
+from conftest import BIN, REPO, kp, read_jsonl, write_jsonl
 from helpers import KP_COMMANDS
 
 VENV = Path(sys.executable).parent.parent
@@ -375,3 +375,30 @@ def test_the_report_draws_a_runs_retries_says_which_api_answered_and_verifies_th
     page.feed(html_out.read_text())
     verdict = next(row for row in page.rows if row and row[0] == "B1")[12]
     assert re.match(r"\d+ problem\(s\)", verdict) and "does not match the manifest" in verdict, verdict
+
+
+def test_a_shard_set_whose_rows_still_read_shows_verifys_problem(tmp_path):
+    """A shard rewritten whole with rows of the same lengths: its rows still read (the
+    report counts them), and the verdict column is kp-shard verify's: its problems, the first
+    naming the shard (its size, its sha256), not OK; a set left as it was is OK."""
+    import zstandard
+    from test_shard_export import build
+
+    good = build(tmp_path, "good", prefix="g")
+    bad = build(tmp_path, "bad", prefix="b")
+    first = bad / json.loads((bad / "kp-shard.manifest").read_text())["shards"][0]["file"]
+    rows = read_jsonl(first)
+    rows[0]["input_ids"][0] += 1  # another token, the same lengths
+    first.write_bytes(zstandard.ZstdCompressor().compress(
+        b"".join(json.dumps(row).encode() + b"\n" for row in rows)))
+    html_out = tmp_path / "r.html"
+    for shards, verdict in ((good, "OK"), (bad, None)):
+        r = kp("infer", "report", shards, "--html", html_out)
+        assert r.code == 0, r.stderr
+        page = _Page()
+        page.feed(html_out.read_text())
+        got = next(row for row in page.rows if row and row[0] == "B3")[12]
+        if verdict is not None:
+            assert got == verdict, got
+        else:
+            assert re.match(r"\d+ problem\(s\)", got) and f"{first.name}: " in got, got

@@ -723,3 +723,30 @@ def test_a_servers_context_is_read_at_discovery_and_each_overflow_said(standin, 
     assert len(server.requests()) - sent == 3  # the prompt past the context: asked once
     # the progress lines: the servers' slots are the run's limit, and no 429 was met
     assert "in flight (max 2)" in r.stderr and "after 429s" not in r.stderr, r.stderr
+
+
+def test_an_answer_ending_at_max_tokens_where_the_context_ends_too_is_not_the_contexts_cut(
+        standin, tmp_path):
+    """`cut_by: context` marks an answer the context stopped before --max-tokens would
+    have: `length` with fewer tokens than max_tokens. An answer whose --max-tokens ends
+    exactly where the server's context ends is the answer max_tokens lets the model give
+    (cut_by null); one token more of --max-tokens and the context is what cut it."""
+    server = standin(mode="vllm")
+    long_text = "question 1: " + "explain the word tokenizer again " * 40
+    answer = json.loads(post(server.base_url + "/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": long_text}],
+        "chat_template_kwargs": {"thinking": True}}))
+    p1, c1 = answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"]
+    context = p1 + c1 - 10  # the answer is 10 tokens longer than the room the context leaves
+    server.configure(max_model_len=context)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "q1", "dataset": "D", "messages": [
+        {"role": "user", "content": long_text}]}) + "\n")
+    for max_tokens, cut_by in ((context - p1, None), (context - p1 + 1, "context")):
+        out = tmp_path / f"r{max_tokens}.jsonl"
+        r = kp("infer", prompts, "-o", out, "--server", server.base_url,
+               "--max-tokens", str(max_tokens), env=no_openrouter_env())
+        assert r.code == 0, r.stderr
+        [record] = read_jsonl(out)
+        assert record["finish_reason"] == "length" and record["cut_by"] == cut_by, (max_tokens, record)
+        assert record["usage"]["completion_tokens"] == context - p1

@@ -15,6 +15,7 @@ import py_compile
 from pathlib import Path
 
 import yaml
+import zstandard
 from conftest import kp, read_jsonl, write_jsonl
 from test_shard import manifest_of, read_raw, records
 
@@ -157,6 +158,27 @@ def test_a_set_whose_rows_disagree_with_its_manifest_is_refused(tmp_path):
     assert f"{shards / m['shards'][0]['file']}: does not match kp-shard.manifest" in r.stderr
     assert not (tmp_path / "ex" / "train.jsonl").exists()
     assert not [n for n in os.listdir(tmp_path / "ex") if n.startswith(".")]
+
+
+def test_a_shard_rewritten_with_the_same_counts_is_refused_on_its_sha256(tmp_path):
+    """A shard rewritten whole with other rows of the same lengths (a valid zstd file, its
+    rows and token counts what the manifest says): only its SHA-256 tells, and the export
+    stops on it, naming the shard, with --out left as it was."""
+    shards = build(tmp_path, "set")
+    m = manifest_of(shards)
+    first = shards / m["shards"][0]["file"]
+    rows = read_jsonl(first)
+    rows[0]["input_ids"][0] += 1  # another token, the same lengths
+    first.write_bytes(zstandard.ZstdCompressor().compress(
+        b"".join(json.dumps(row).encode() + b"\n" for row in rows)))
+    out = tmp_path / "ex"
+    r = kp("shard", "export", shards, "--for", "speculators", "--out", out)
+    assert r.code == 2, r.stderr
+    [line] = r.stderr.splitlines()
+    assert line.startswith(f"kp-shard: {first}: does not match kp-shard.manifest") and (
+        "another sha256" in line and "kp-shard verify" in line), line
+    assert not (out / "train.jsonl").exists()
+    assert not [n for n in os.listdir(out) if n.startswith(".")]
 
 
 def test_a_raw_set_and_a_directory_without_a_set_are_one_clear_line(tmp_path):

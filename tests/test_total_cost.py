@@ -252,6 +252,23 @@ def test_a_refused_answers_cost_published_is_no_room_for_its_retry(tmp_path):
     assert a.cost_fits(0.7) and not a.cost_fits(0.71)
 
 
+def test_a_look_that_finds_no_room_gives_none_to_the_next_look(tmp_path):
+    """A refused answer paid (its retry's worst case still reserved) puts the run past what
+    the cap gave it: its look for room finds none, and neither does the next one (each
+    checked under the lock), however often the retry waiting for room looks; what is in
+    flight stays claimed. (A look that took spend + claim for room let the second look
+    through unchecked.)"""
+    a, _b = _two_budgets(tmp_path, 1.0)
+    assert a.cost_fits(0.9)
+    a.reserve(0.9)
+    a.record(0.3, 0)  # refused, paid; its 0.9 stays reserved for the retry: 1.2 committed
+    for _look in range(3):
+        assert a.cap_left_no_room(0.0) is Cap.TOTAL_COST
+    entries = read_reservations(tmp_path / "total-cost.json")["entries"]
+    assert [(e["spent"], e["claim"]) for e in entries] == [(pytest.approx(0.3), pytest.approx(0.9)),
+                                                          (0.0, 0.0)]
+
+
 def test_a_run_whose_prompts_all_wait_for_room_is_not_waited_for(tmp_path):
     """Two runs whose every prompt in progress waits for room (their claims free nothing
     while they wait) would wait for each other forever: a run publishes itself `stuck`,
