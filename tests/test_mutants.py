@@ -128,3 +128,19 @@ def test_the_projects_own_lists_apply_to_this_tree():
     assert r.returncode == 0, r.stderr
     listed = [x for x in r.stdout.splitlines() if x and not x.startswith(" ")]
     assert len(listed) >= 60, r.stdout  # the lists hold 62 (a list that vanished is a loss)
+
+
+def test_a_pytest_killed_by_a_signal_judges_no_mutant(tmp_path):
+    """A run whose pytest dies of a signal (a pkill from another shell, the OOM killer, or
+    the mutated code itself) says nothing of the mutant: UNJUDGED, exit 1, never CAUGHT (it
+    was: 'CAUGHT ... -> pytest exit -15' after a pkill of another job's pytest)."""
+    root = small_repository(tmp_path / "repo")
+    with open(root / "tests" / "mutations" / "calc.toml", "a") as f:
+        f.write('[[mutant]]\nid = "killed"\nfile = "pkg/calc.py"\nanchor = "return a + b"\n'
+                'replace = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"\n'
+                'claim = "-"\ntests = ["tests/test_calc.py"]\n')
+    r = mutants(root, "--only", "killed")
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = next(x for x in r.stdout.splitlines() if "killed" in x and "pkg/calc.py" in x)
+    assert line.startswith("UNJUDGED") and "pytest killed by signal 15" in line, line
+    assert r.stdout.splitlines()[-1] == "mutants: 0 of 1 caught, 1 unjudged"

@@ -86,7 +86,7 @@ class Outcome:
     id: str
     where: str
     claim: str
-    verdict: str  # caught, survived, untested
+    verdict: str  # caught, survived, untested, unjudged (its pytest killed by a signal)
     by: str = ""  # the first failing test (or "timeout")
     ran: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -257,6 +257,8 @@ def run_pytest(tree: Path, env: dict, tests: list[str], jobs: int, timeout: floa
     failed = _FAILED.findall(output) or failed_in_junit
     if failed:
         return False, failed[0], output[-4000:]
+    if proc.returncode < 0:  # killed by a signal, not by TIMEOUT (above): no verdict
+        raise NotJudged(f"pytest killed by signal {-proc.returncode}: look")
     last = next((x for x in reversed(output.splitlines()) if x.strip(" =!")), "")
     return False, f"pytest exit {proc.returncode}: {last.strip(' =!')[:200]}", output[-4000:]
 
@@ -346,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=1) + "\n")
     caught = sum(o.verdict == "caught" for o in outcomes)
     print(f"mutants: {caught} of {len(outcomes)} caught"
-          + "".join(f", {n} {v}" for v in ("survived", "untested")
+          + "".join(f", {n} {v}" for v in ("survived", "untested", "unjudged")
                     if (n := sum(o.verdict == v for o in outcomes))), flush=True)
     return 0 if caught == len(outcomes) else 1
 
@@ -356,6 +358,12 @@ def stages(m: Mutant, root: Path) -> tuple[list[str], list[str]]:
     first = list(dict.fromkeys(m.tests))
     files = {t.split("::")[0] for t in first}
     return first, [t for t in tests_naming(m.file, root) if t not in files]
+
+
+class NotJudged(Exception):
+    """pytest ended without judging the mutant, killed by a signal (from outside the run, a
+    pkill or the OOM killer; or by the mutated code itself): neither caught nor survived,
+    and the run exits 1 as for a survivor, so a person looks."""
 
 
 class BaselineFails(Exception):
@@ -411,6 +419,9 @@ def run_one(m: Mutant, plan: tuple[list[str], list[str]], tree: Path, env: dict,
                 out.ran += tests or ["(the whole suite)"]
                 ok, first, _ = run_pytest(tree, env, tests, args.jobs, args.timeout,
                                           deselect=frozenset(baseline.flaky))
+            except NotJudged as e:
+                out.verdict, out.by = "unjudged", str(e)
+                break
             finally:
                 path.write_text(original, encoding="utf-8")
                 drop_bytecode(path)
