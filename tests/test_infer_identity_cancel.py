@@ -116,10 +116,13 @@ def test_each_cap_holds_with_cancelled_streams_billed(standin, tmp_path, cap):
     """Each money cap counts each cancelled generation at its bill (the stand-in bills
     them): the run stops at the cap (exit 3), having spent no more than it, every cent on a
     record or failure line."""
-    full = quarantine_run(standin, tmp_path, "full", bill_cancelled=True)
+    # (half the scenario's prompts: the quarantine and its cancels come in the first
+    # hundred answers, and each cap's two runs cost half as much)
+    full = quarantine_run(standin, tmp_path, "full", bill_cancelled=True, prompts=PROMPTS // 2)
     usd = round(full[3]["spend_this_run"] * 0.6, 6)
     server, records, failures, summary, r = quarantine_run(
-        standin, tmp_path, "capped", *CAPS[cap](tmp_path, usd), bill_cancelled=True)
+        standin, tmp_path, "capped", *CAPS[cap](tmp_path, usd), bill_cancelled=True,
+        prompts=PROMPTS // 2)
     assert r.code == 3 and cap_reached(cap) in r.stderr, r.stderr
     billed = sum(x["cost"] for x in server.ledger())
     assert billed <= usd
