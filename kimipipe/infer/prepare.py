@@ -92,20 +92,26 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     turns_todo = sum(scan.turns_of(i) - (conversations.open[i].turn if i in conversations.open
                                          else 0) for i in todo_ids)
     conversations_todo = sum(1 for i in todo_ids if i in scan.turns)
-    if not config.sending.openrouter:  # servers only: no endpoints table, no prices, no model entry
-        prepared = _servers_only(config, scan, previous, in_part, skipped, sample, say)
-        prepared.turns_todo, prepared.conversations_todo = turns_todo, conversations_todo
-        return prepared
-    identity = take_in_quarantine(config, say)
-    routing = read_routing(config, identity, say)
+    notes: list[str] = []
+    if config.sending.openrouter:
+        identity = take_in_quarantine(config, say)
+        routing = read_routing(config, identity, say)
+        endpoints, price, model_info = routing.endpoints, routing.price, routing.model_info
+        notes += [routing.logprobs_note] if routing.logprobs_note else []
+    else:  # servers only: no endpoints table, prices, model entry, balance or quarantine
+        if config.money.max_cost is not None or config.money.total_cost is not None:
+            raise KPError("--max-cost and --total-cost cap OpenRouter's spend: a run with "
+                          "--server and no --openrouter spends none (the token budget, "
+                          "--token-budget, applies)", ExitCode.USAGE)
+        identity, endpoints, price, model_info = IdentityState(), None, None, "servers only"
+        notes.append(f"servers only ({', '.join(config.sending.servers)}): no OpenRouter "
+                     "routing, prices or balance; the answers cost nothing")
     prepared = Prepared(
         scan, done, previous.spent, previous.tokens, len(in_part) - skipped, skipped,
-        routing.endpoints, routing.price, taken_in=previous.taken_in,
-        model_info=routing.model_info, sample=sample, conversations=conversations,
-        turns_todo=turns_todo, conversations_todo=conversations_todo,
-        servers=discover_servers(config, say), identity=identity)
-    if routing.logprobs_note:
-        prepared.notes.append(routing.logprobs_note)
+        endpoints, price, taken_in=previous.taken_in, model_info=model_info, sample=sample,
+        conversations=conversations, turns_todo=turns_todo,
+        conversations_todo=conversations_todo, servers=discover_servers(config, say),
+        identity=identity, notes=notes)
     if config.plan and config.files.output == "-":
         prepared.notes.append("no -o: the answers a run already wrote cannot be seen here, so every "
                               "prompt counts as to do; pass the -o (and --failures) of the run to "
@@ -113,23 +119,6 @@ def prepare(config: RunConfig, tmpdir: str, say: Callable[[str], None]) -> Prepa
     if config.money.total_cost is not None:
         prepared.total, prepared.spent_in_files, prepared.spent_elsewhere = open_total_cost(
             config.money, config.files, api_of(config.sending.base_url), config.plan, prepared.spent)
-    return prepared
-
-
-def _servers_only(config: RunConfig, scan: InputScan, previous, in_part: list[str],
-                  skipped: int, sample: set[str] | None, say: Callable[[str], None]) -> Prepared:
-    """A run with --server and no --openrouter: no endpoints table, prices or balance."""
-    if config.money.max_cost is not None or config.money.total_cost is not None:
-        raise KPError("--max-cost and --total-cost cap OpenRouter's spend: a run with "
-                      "--server and no --openrouter spends none (the token budget, "
-                      "--token-budget, applies)", ExitCode.USAGE)
-    prepared = Prepared(scan, previous.done, previous.spent, previous.tokens,
-                        len(in_part) - skipped, skipped, None, None, taken_in=previous.taken_in,
-                        model_info="servers only", sample=sample,
-                        conversations=previous.conversations,
-                        servers=discover_servers(config, say))
-    prepared.notes.append(f"servers only ({', '.join(config.sending.servers)}): no OpenRouter "
-                          "routing, prices or balance; the answers cost nothing")
     return prepared
 
 
