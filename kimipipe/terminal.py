@@ -4,7 +4,8 @@ Nothing but records goes to stdout; progress (`progress`, tqdm: redrawn on a ter
 plain line every 10 s otherwise), warnings and summaries (`say`, or a command's `Stderr`,
 which writes its messages between the redraws of its bar) go to stderr, redacted, and
 `--quiet` silences them all. Summary lines count things with `counted(n, "record")` (`1
-record`, `12,345 records`), so numbers and plurals read the same in every command.
+record`, `12,345 records`) and dollars with `money`, so numbers and plurals read the same in
+every command.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ PROGRESS_INTERVAL_ENV = "KP_PROGRESS_INTERVAL"
 # Without the bar graphics: at 80 columns tqdm's bar squeezes to one character and the
 # counts after it are cut off.
 NARROW_FORMAT = "{desc}: {n_fmt}/{total_fmt} {percentage:.0f}% [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+
+
+def money(x: float) -> str:
+    """A dollar figure as the reports and make's messages write it: `$12.34` from a
+    dollar, `$0.0123` below."""
+    return f"${x:,.2f}" if abs(x) >= 1 else f"${x:.4f}"
 
 
 def progress_interval() -> float:

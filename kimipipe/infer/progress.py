@@ -223,11 +223,11 @@ def progress_line(snap: ProgressSnapshot, width: int | None = None, name: str = 
 
 def _parts(snap: ProgressSnapshot) -> list[str]:
     parts = [_in_flight(snap),
-             f"{money(snap.spent)} of {money(snap.cap)}" + (" total" if snap.cap_is_total else "")
-             if snap.cap is not None else f"{money(snap.spent)} spent"]
+             f"{line_money(snap.spent)} of {line_money(snap.cap)}" + (" total" if snap.cap_is_total else "")
+             if snap.cap is not None else f"{line_money(snap.spent)} spent"]
     if snap.money_in_flight is not None:
         in_flight, ceiling = snap.money_in_flight
-        parts.append(f"{money(in_flight)} in flight of {money(ceiling)}")
+        parts.append(f"{line_money(in_flight)} in flight of {line_money(ceiling)}")
     if snap.rate_limited:
         parts.append(f"429s {snap.rate_limited:,}")
     if snap.failed:
@@ -262,7 +262,7 @@ def _in_flight(snap: ProgressSnapshot) -> str:
     return f"{text} (max {snap.limit:,})"
 
 
-def money(dollars: float) -> str:
+def line_money(dollars: float) -> str:
     """`$0.0123` under a dollar, `$12.34` above (`$10` when whole), `$1,234` from a thousand."""
     if dollars >= 1000:
         return f"${dollars:,.0f}"

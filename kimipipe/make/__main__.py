@@ -28,11 +28,12 @@ import click
 from ..errors import KPError
 from ..options import CommandSettings, argument, option, parameters, parse_quantity, settings_from
 from ..recorded.api import api_of
+from ..terminal import money
 from .build_plan import build_plan, write_build_plan
 from .check import run_checks
 from .clean import clean
 from .measure import measure, pilot_line, write_pilot
-from .plan_report import budget_suggestion, money, report, wrap
+from .plan_report import budget_suggestion, report, wrap
 from .stop import StopSettings, stop_message
 
 

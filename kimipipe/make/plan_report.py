@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import textwrap
 
+from ..terminal import money
 from .build_plan import BuildPlan
 
 
-def count_text(n: int | float | None) -> str:
-    """7030000 -> 7.03M, 12300 -> 12.3k: as TOKEN_BUDGET= takes it."""
+def budget_text(n: int | float | None) -> str:
+    """7030000 -> 7.03M, 12345 -> 12.35k: a token count as TOKEN_BUDGET= takes it (four
+    significant digits; report/canvas.py `count_text` shows three on a plot)."""
     if n is None:
         return "none"
     n = int(n)
@@ -22,10 +24,6 @@ def count_text(n: int | float | None) -> str:
         if n >= size:
             return f"{n / size:.4g}{suffix}"
     return str(n)
-
-
-def money(x: float) -> str:
-    return f"${x:,.2f}" if abs(x) >= 1 else f"${x:.4f}"
 
 
 def wrap(text: str, width: int = 80) -> list[str]:
@@ -48,8 +46,8 @@ def budget_suggestion(plan: BuildPlan) -> str | None:
     if budgets is None:
         return None
     if len({d.weight for d in plan.datasets}) == 1:
-        return f"TOKEN_BUDGET={count_text(next(iter(budgets.values())))}"
-    return " ".join(f"TOKEN_BUDGET_{d}={count_text(b)}" for d, b in budgets.items())
+        return f"TOKEN_BUDGET={budget_text(next(iter(budgets.values())))}"
+    return " ".join(f"TOKEN_BUDGET_{d}={budget_text(b)}" for d, b in budgets.items())
 
 
 def report(plan: BuildPlan, title: str = "make plan") -> str:
@@ -86,13 +84,13 @@ def report(plan: BuildPlan, title: str = "make plan") -> str:
         needed = d.answers_needed
         if d.short:
             to_go = f"{d.todo:,} (short)"
-            shorts.append(f"{d.name}: {d.todo:,} prompts to do reach ~{count_text(d.reachable_tokens)} "
-                          f"tokens of {count_text(d.token_budget)} (needs {needed:,} answers)")
+            shorts.append(f"{d.name}: {d.todo:,} prompts to do reach ~{budget_text(d.reachable_tokens)} "
+                          f"tokens of {budget_text(d.token_budget)} (needs {needed:,} answers)")
         else:
             to_go = f"{d.answers_to_go:,}"
         if d.complete:
             to_go = "0 (done)"
-        rows.append([d.name, count_text(d.token_budget), to_go, money(d.expected_to_go),
+        rows.append([d.name, budget_text(d.token_budget), to_go, money(d.expected_to_go),
                      money(d.recorded_spend), money(d.expected_total)])
     out += _table(rows, {1, 2, 3, 4, 5})
     for line in shorts:

@@ -21,8 +21,9 @@ import msgspec
 
 from ..contracts import SummaryStop, read_summary
 from ..kinds import StopReason
+from ..terminal import money
 from .build_plan import BuildPlan
-from .plan_report import money, wrap
+from .plan_report import wrap
 
 MARGIN = 1.10
 LIMITS = {"key-limit": "the API key's spending limit (openrouter_key_limit)",

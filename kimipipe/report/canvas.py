@@ -126,10 +126,6 @@ class Canvas:
         return Plot(self.key, title, self.svg(), caption)
 
 
-def money(x: float) -> str:
-    return f"${x:,.2f}" if abs(x) >= 1 else f"${x:.4f}"
-
-
 def count_text(n: float) -> str:
     for size, suffix in ((10**9, "G"), (10**6, "M"), (10**3, "k")):
         if abs(n) >= size:

@@ -21,9 +21,10 @@ import re
 
 from ..kinds import RetryCause
 from ..recorded.providers_table import REFUSAL_KINDS
+from ..terminal import money
 from . import plots_build as build_plots
 from . import plots_providers as provider_plots
-from .canvas import Colors, Note, Plot, count_text, money
+from .canvas import Colors, Note, Plot, count_text
 from .facts import MAX_LENGTHS, BuildFacts, BuildLimits, DatasetFacts
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'"

@@ -8,6 +8,7 @@ from collections import Counter
 from matplotlib.ticker import FuncFormatter
 
 from ..kinds import RetryCause
+from ..terminal import money
 from .canvas import (
     BUILD_COLOR,
     FINISH_COLORS,
@@ -20,7 +21,6 @@ from .canvas import (
     human_tokens,
     legend_above,
     log_edges,
-    money,
 )
 from .facts import MAX_LENGTHS, DatasetFacts, conversations
 

@@ -10,6 +10,7 @@ from collections import Counter
 from matplotlib.patches import Patch
 
 from ..recorded.providers_table import REFUSAL_KINDS
+from ..terminal import money
 from .canvas import (
     BUILD_COLOR,
     KIND_NAMES,
@@ -22,7 +23,6 @@ from .canvas import (
     barh_height,
     legend_above,
     log_edges,
-    money,
 )
 from .facts import DatasetFacts
 
