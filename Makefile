@@ -169,7 +169,12 @@ all: $(foreach d,$(DATASETS),$(SHARDS)/$(d)/kp-shard.manifest)
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+# What makes the venv stale (reinstalled when newer than its stamp). The suite sets it
+# empty (tests/conftest.py): its make runs pass VENV= the running venv, and a checkout
+# other than the venv's own (a worktree, make mutants' scratch copy) would otherwise
+# reinstall that venv from itself.
+VENV_DEPS ?= setup.cfg pyproject.toml
+$(VENV)/.installed: $(VENV_DEPS)
 	@# (no `pip install --upgrade pip`: the pip a Python >= 3.11 venv starts with, 22.3 or
 	@# newer, installs this editable project as it is; the upgrade was ~3 CPU-s of CI's setup)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -37,6 +37,12 @@ EXEC_ALWAYS = os.environ.get("KP_EXEC") == "1"
 # in the test process that would leak into every subprocess the suite starts, and hide
 # whether each command keeps itself offline. They are put back as found after collection
 # and around every test.
+# The make runs of the suite pass VENV= this very venv; with the Makefile's VENV_DEPS
+# empty they never reinstall it. Otherwise a checkout whose setup.cfg is newer than the
+# venv's stamp (a git worktree, make mutants' scratch copy under /tmp) reinstalled the
+# venv from itself, and every kp-* command then imported a tree that was gone ("No module
+# named 'kimipipe'"), in this run and every other run on the venv.
+os.environ["VENV_DEPS"] = ""
 _STARTED_WITH = dict(os.environ)
 _SET_BY_KIMIPIPE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY",
                     "TRANSFORMERS_VERBOSITY", "TOKENIZERS_PARALLELISM")

@@ -739,3 +739,23 @@ def test_a_conversation_fixed_under_its_id_is_asked_again_from_the_turn_that_cha
     r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS="all")
     assert r.returncode == 0, r.stderr + r.stdout
     assert len(server.ledger()) == 16 and len(read_jsonl(work / "D1.responses.jsonl")) == 16
+
+
+def test_the_suites_make_runs_never_reinstall_the_venv_from_another_checkout(tmp_path):
+    """The suite's make runs pass VENV= the running venv. From a checkout whose setup.cfg is
+    newer than that venv's stamp (a git worktree; make mutants' scratch copy under /tmp),
+    make used to reinstall the venv from that checkout, and every kp-* command afterwards
+    imported a tree that was gone. With VENV_DEPS empty (conftest.py) the stamp is enough;
+    without it (a user's make), a newer setup.cfg still remakes the venv."""
+    copy = tmp_path / "checkout"
+    copy.mkdir()
+    for name in ("Makefile", "setup.cfg", "pyproject.toml"):
+        shutil.copy2(REPO / name, copy / name)
+        os.utime(copy / name)  # newer than any stamp
+    dry = ["make", "-n", "-C", str(copy), "venv", f"VENV={VENV}"]
+    assert os.environ.get("VENV_DEPS") == ""
+    r = subprocess.run(dry, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "pip install" not in r.stdout, r.stdout + r.stderr
+    user = {k: v for k, v in os.environ.items() if k != "VENV_DEPS"}
+    r = subprocess.run(dry, capture_output=True, text=True, timeout=60, env=user)
+    assert r.returncode == 0 and "pip install" in r.stdout, r.stdout + r.stderr
