@@ -16,7 +16,8 @@ PYTEST_ARGS ?=
 # sockets and the product's own back-offs (the credit-limit, lock, disk and total-cost tests
 # spend ~80% of their time waiting), so extra workers keep the cores busy. On 2 cores,
 # KP_CPU_LOG's busy share of the cores over the run: 3 workers 87-89%, 4 workers 95-96%;
-# the suite (1,103 tests, 2026-12) 337 s with 4 (this VM's speed moves by ~10% between runs).
+# the suite (1,126 tests, 2026-12-03) 216-224 s with 4 on an idle machine (337 s the day
+# before on a busier one: this VM's speed moves with what else runs).
 # An older suite with fewer waits ran slower with 4 than with 3 (529 s against 504-508 s).
 PYTEST_JOBS ?= $(shell $(PYTHON) -c 'import os; print((os.cpu_count() or 1) + 2)')
 
