@@ -50,8 +50,8 @@ class InputScan:
     request_token_bound: int = 0
     history_answers: int = 0
     largest_prompt_bound: int = 0  # the largest prompt's token bound (a cap's floor)
-    # a prompt's id -> its messages' digest (recorded/asked.py): an answer in the output to
-    # the same id asked otherwise (a source fixed under its ids) is not its answer
+    # a single prompt's id -> its messages' digest (recorded/asked.py): an answer in the
+    # output to the same id asked otherwise (a source fixed under its ids) is not its answer
     asked: dict[str, bytes] = field(default_factory=dict)
     # a conversation's id -> its messages' and follow-ups' digests: which of the output's
     # turns were asked on it as it is now (recorded/asked.py `answers_prompt`)
@@ -120,7 +120,8 @@ def validate_input(path: str, shown: str) -> InputScan:
         if prompt.follow_ups:
             turns[prompt.id] = turn_count(prompt)
             conversations[prompt.id] = prompt_key(prompt.messages, prompt.follow_ups)
-        asked[prompt.id] = prompt_digest(prompt.messages)
+        else:
+            asked[prompt.id] = prompt_digest(prompt.messages)
     return InputScan(path, shown, set(first_line), records, prompt_bytes, token_bound, turns,
                      requests.n, requests.bytes, requests.token_bound, requests.answers,
                      largest, asked, conversations)

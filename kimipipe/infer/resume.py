@@ -175,17 +175,16 @@ def changed_prompts(scan: InputScan, done: set[str], files: Files,
     """The single prompts of the input that OUTPUT answers only as they were asked before
     (a source fixed under the same IDs): to be asked again; said, with what stays. (A
     conversation's turns: `scan_output`, `note_conversations_asked_again`.)"""
-    if (files.output == "-" or not done or not os.path.exists(files.output)
-            or len(scan.turns) == len(scan.ids)):  # (conversations only: no single prompt)
-        return set()
+    if files.output == "-" or not done or not scan.asked or not os.path.exists(files.output):
+        return set()  # (no single prompt: conversations only)
     matched: set[str] = set()
     seen: set[str] = set()
     for rec in finished_records(files.output, _asked_decoder):
         if rec.conversation is not None:
             continue
         digest = scan.asked.get(rec.id)
-        if digest is None or rec.id in scan.turns:  # (a conversation answered as a single
-            continue                                # prompt: check_no_single_answers' case)
+        if digest is None:  # (not a single prompt of the input; a conversation answered as
+            continue        # a single prompt is check_no_single_answers' case)
         seen.add(rec.id)
         if prompt_digest(rec.messages) == digest:
             matched.add(rec.id)
