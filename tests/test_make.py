@@ -651,23 +651,27 @@ def test_make_test_creates_the_venv_when_it_is_missing(tmp_path):
     assert again.returncode == 0 and "pip install" not in again.stdout  # made once
 
 
+def make_all_from(server, tmp_path, rows, turns):
+    """`make all` of D1 with ROWS (ShareGPT records) as its source (tmp_path/s.json,
+    rewritten: a source fixed under the same IDs), TURNS as given; it must succeed."""
+    source = tmp_path / "s.json"
+    source.write_text(json.dumps(rows))
+    r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS=turns)
+    assert r.returncode == 0, r.stderr + r.stdout
+
+
 def test_a_prompt_fixed_under_its_id_is_asked_again_and_only_its_new_answer_trained_on(
         standin, tmp_path):
     """A source fixed under the same IDs (one user turn corrected): make all asks that prompt
     again, once; its old answer stays in the responses file (paid for, in the spend) and
     its new answer's row replaces the old one's in the tokens file and the shards."""
     conversations = json.loads(SOURCE.read_text())[:8]
-    source = tmp_path / "s.json"
-    source.write_text(json.dumps(conversations))
     server = standin(ledger=True, tokenizer=TOKENIZER)
     work, shards = tmp_path / "work", tmp_path / "shards" / "D1"
-    r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS="last")
-    assert r.returncode == 0, r.stderr + r.stdout
+    make_all_from(server, tmp_path, conversations, "last")
     fixed = conversations[3]["id"]
     conversations[3]["conversations"][0]["value"] += " (fixed: in two sentences)"
-    source.write_text(json.dumps(conversations))
-    r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS="last")
-    assert r.returncode == 0, r.stderr + r.stdout
+    make_all_from(server, tmp_path, conversations, "last")
     assert len(server.ledger()) == 9  # the fixed prompt paid again, no other
     answers = read_jsonl(work / "D1.responses.jsonl")
     twice = [a for a in answers if a["id"] == fixed]
@@ -698,19 +702,14 @@ def test_a_conversation_fixed_under_its_id_is_asked_again_from_the_turn_that_cha
         {"from": "gpt", "value": "Another."},
         {"from": "human", "value": f"Now say it in words. ({i})"},
         {"from": "gpt", "value": "A third."}]} for i in range(4)]
-    source = tmp_path / "s.json"
-    source.write_text(json.dumps(conversations))
     server = standin(ledger=True, tokenizer=TOKENIZER)
     work, shards = tmp_path / "work", tmp_path / "shards" / "D1"
-    r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS="all")
-    assert r.returncode == 0, r.stderr + r.stdout
+    make_all_from(server, tmp_path, conversations, "all")
     assert len(server.ledger()) == 12
     before = (work / "D1.responses.jsonl").read_bytes()
     conversations[1]["conversations"][0]["value"] += " (fixed)"  # its opening: from turn 1
     conversations[2]["conversations"][4]["value"] += " (fixed)"  # its 2nd follow-up: turn 3
-    source.write_text(json.dumps(conversations))
-    r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS="all")
-    assert r.returncode == 0, r.stderr + r.stdout
+    make_all_from(server, tmp_path, conversations, "all")
     assert len(server.ledger()) == 12 + 4  # the re-asked turns paid, no other
     raw = (work / "D1.responses.jsonl").read_bytes()
     answers = read_jsonl(work / "D1.responses.jsonl")
@@ -736,8 +735,7 @@ def test_a_conversation_fixed_under_its_id_is_asked_again_from_the_turn_that_cha
     assert sorted(rows) == sorted(current)
     for t in tokens:
         assert rows[t["id"]]["input_ids"] == t["input_ids"] + t["output_ids"]
-    r = make(server, tmp_path, "all", SOURCE_D1=source, TURNS="all")
-    assert r.returncode == 0, r.stderr + r.stdout
+    make_all_from(server, tmp_path, conversations, "all")  # the same source: nothing to pay
     assert len(server.ledger()) == 16 and len(read_jsonl(work / "D1.responses.jsonl")) == 16
 
 
